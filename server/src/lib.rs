@@ -1,1 +1,20 @@
+//! The Mailcluster mail pod: SMTP, IMAP and POP3 over a shared store and cache.
+//!
+//! Data flows one way: [`net`] accepts, [`proto`] parses, the protocol session
+//! ([`smtp`], [`imap`], [`pop3`]) decides, [`store`] and [`cache`] persist.
 #![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod app;
+pub mod auth;
+pub mod cache;
+pub mod config;
+pub mod delivery;
+pub mod imap;
+pub mod message;
+pub mod metrics;
+pub mod net;
+pub mod pop3;
+pub mod proto;
+pub mod smtp;
+pub mod store;

@@ -1,0 +1,97 @@
+//! Shared, lossy state that makes pods interchangeable: verified-credential cache,
+//! rate-limit counters, mailbox-change notifications, short-lived locks (one POP3
+//! session per maildrop) and shared secrets (TLS session-ticket keys).
+//!
+//! Redis in a cluster; an in-process implementation for the embedded default. Both
+//! pass `tests/cache_conformance.rs`. Nothing here is the system of record: losing
+//! the cache costs performance, never mail.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache unavailable: {0}")]
+    Unavailable(String),
+    #[error("cache error: {0}")]
+    Internal(String),
+}
+
+pub type CacheResult<T> = Result<T, CacheError>;
+
+/// "Something changed in this mailbox": published after every delivery, APPEND,
+/// STORE, EXPUNGE, COPY/MOVE, so IDLE sessions on any pod re-check the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MailboxEvent {
+    pub account_id: i64,
+    pub mailbox_id: i64,
+    pub modseq: u64,
+}
+
+/// A held lock; pass it back to release. Locks expire by themselves after their TTL
+/// so a crashed holder cannot block the resource for ever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockToken {
+    pub key: String,
+    pub token: String,
+}
+
+/// A secret shared by every pod, rotated on a schedule: `current` signs new things,
+/// `previous` is still accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RotatingSecret {
+    pub current: Vec<u8>,
+    pub previous: Option<Vec<u8>>,
+    /// Monotonic generation number, bumped on each rotation.
+    pub generation: u64,
+}
+
+#[async_trait]
+pub trait Cache: Send + Sync + 'static {
+    /// "redis" or "local".
+    fn backend(&self) -> &'static str;
+    async fn ping(&self) -> CacheResult<()>;
+    /// Connection figures for `mail_cache_pool_connections`.
+    fn pool_stats(&self) -> crate::store::PoolStats;
+
+    // ---- verified credentials ----
+    /// Remembers that `key` (a keyed hash of user + password, never the password)
+    /// verified as `account_id`, for `ttl`.
+    async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()>;
+    async fn credential_get(&self, key: &[u8; 32]) -> CacheResult<Option<i64>>;
+    /// Forget every cached credential of an account (password change, deletion).
+    async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()>;
+
+    // ---- counters ----
+    /// Increments a fixed-window counter and returns the new value; the window
+    /// (and the key) expires `window` after the first increment.
+    async fn counter_incr(&self, key: &str, window: Duration) -> CacheResult<u64>;
+    async fn counter_get(&self, key: &str) -> CacheResult<u64>;
+
+    // ---- generic small values (e.g. recipient-exists cache) ----
+    async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()>;
+    async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>>;
+    async fn value_del(&self, key: &str) -> CacheResult<()>;
+
+    // ---- mailbox-change notifications ----
+    async fn publish(&self, event: MailboxEvent) -> CacheResult<()>;
+    /// Events for one account (all its mailboxes), from now on. The stream ends when
+    /// the backend connection is lost; callers then fall back to polling the store.
+    async fn subscribe(&self, account_id: i64) -> CacheResult<BoxStream<'static, MailboxEvent>>;
+
+    // ---- locks ----
+    /// Takes `key` for `ttl` if free; `None` when somebody else holds it.
+    async fn lock_try(&self, key: &str, ttl: Duration) -> CacheResult<Option<LockToken>>;
+    /// Extends a held lock; `false` when it was lost (expired and taken).
+    async fn lock_refresh(&self, lock: &LockToken, ttl: Duration) -> CacheResult<bool>;
+    async fn lock_release(&self, lock: &LockToken) -> CacheResult<()>;
+
+    // ---- shared secrets ----
+    /// Returns the secret `name`, creating it (random, `len` bytes) if absent and
+    /// rotating it when older than `rotate_every`. All pods calling this see the same
+    /// value for a given generation.
+    async fn secret_get(&self, name: &str, len: usize, rotate_every: Duration)
+    -> CacheResult<RotatingSecret>;
+}

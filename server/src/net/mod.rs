@@ -1,0 +1,143 @@
+//! Listeners, TLS, PROXY protocol, connection limits and graceful shutdown.
+//!
+//! Protocol sessions are written against [`SessionStream`]: a plain TCP stream, an
+//! implicit-TLS stream, and a plain stream upgraded with STARTTLS all present the
+//! same type, so one session code path serves all three and tests can drive a
+//! session over an in-memory duplex.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+/// The connection a session reads and writes.
+pub enum SessionStream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// In-memory, for tests.
+    Memory(DuplexStream),
+}
+
+impl SessionStream {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, SessionStream::Tls(_))
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            SessionStream::Plain($s) => $e,
+            SessionStream::Tls($s) => $e,
+            SessionStream::Memory($s) => $e,
+        }
+    };
+}
+
+impl AsyncRead for SessionStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for SessionStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        delegate!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        delegate!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        delegate!(self, s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            SessionStream::Plain(s) => s.is_write_vectored(),
+            SessionStream::Tls(s) => s.is_write_vectored(),
+            SessionStream::Memory(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// What a session knows about its connection when it starts.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The client as seen after the PROXY header (if any was accepted).
+    pub remote: SocketAddr,
+    pub local: SocketAddr,
+    /// Which listener accepted it (e.g. "smtp", "submission", "imaps").
+    pub listener: &'static str,
+}
+
+pub mod tls;
+
+pub use tls::TlsProvider;
+
+impl SessionStream {
+    /// STARTTLS / STLS: performs the server side of a TLS handshake on a plain
+    /// stream. Called after the protocol's "go ahead" reply has been flushed and any
+    /// bytes the client pipelined after the command have been discarded (RFC 3207 §4.2).
+    pub async fn upgrade(self, tls: &TlsProvider) -> std::io::Result<SessionStream> {
+        match self {
+            SessionStream::Plain(tcp) => {
+                let tls_stream = tls.acceptor().accept(tcp).await?;
+                Ok(SessionStream::Tls(Box::new(tls_stream)))
+            }
+            SessionStream::Tls(_) => Err(std::io::Error::other("TLS already active")),
+            SessionStream::Memory(_) => Err(std::io::Error::other("in-memory streams cannot start TLS")),
+        }
+    }
+}
+
+/// A signal every session watches: when it fires, the session says goodbye in its
+/// protocol (`421`, `* BYE`, `-ERR`) and closes.
+#[derive(Clone, Debug)]
+pub struct Shutdown {
+    rx: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Shutdown {
+    pub fn new() -> (tokio::sync::watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Shutdown { rx })
+    }
+    pub fn is_signalled(&self) -> bool {
+        *self.rx.borrow()
+    }
+    /// Resolves once shutdown has been requested (immediately if it already was).
+    pub async fn signalled(&mut self) {
+        // An error means the sender is gone, which also means "stop".
+        let _ = self.rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Everything a protocol session gets from the network layer.
+pub struct SessionCtx {
+    pub conn: ConnInfo,
+    /// Present when a certificate is configured: enables STARTTLS/STLS.
+    pub tls: Option<TlsProvider>,
+    pub shutdown: Shutdown,
+}
+
+/// A protocol served on a listener. Implementations own the whole connection.
+#[async_trait::async_trait]
+pub trait Protocol: Send + Sync + 'static {
+    /// Called when the listener is full: write a one-line protocol refusal
+    /// (`421 4.7.0 …`, `* BYE …`, `-ERR [SYS/TEMP] …`) before the socket is closed.
+    fn busy_reply(&self) -> &'static [u8];
+    async fn handle(&self, stream: SessionStream, ctx: SessionCtx);
+}

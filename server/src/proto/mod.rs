@@ -1,0 +1,1 @@
+//! Protocol grammar and replies, no sockets: one module per protocol.

@@ -1,0 +1,8 @@
+//! SMTP sessions.
+
+use serde::{Deserialize, Serialize};
+
+/// `[smtp]` section of the server configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpConfig {}

@@ -1,0 +1,157 @@
+//! The system of record: domains, accounts, mailboxes, messages, flags and the
+//! outbound queue.
+//!
+//! Sessions talk to a `dyn Store`; two implementations pass the same conformance
+//! suite (`tests/store_conformance.rs`): PostgreSQL for clusters and SQLite for the
+//! embedded single-process default.
+//!
+//! Schema decisions that every implementation keeps:
+//! - A message body is stored once (`messages`) however many mailboxes link it
+//!   (`mailbox_messages`); bodies are zstd-compressed when that saves space.
+//! - Parsed metadata ([`MessageMeta`]) is computed once at delivery and stored next to
+//!   the body, so FETCH ENVELOPE/BODYSTRUCTURE and header SEARCH never re-parse.
+//! - UIDs are allocated per mailbox by bumping that mailbox's `uid_next` row: the
+//!   only lock a delivery takes is the row lock of the mailboxes it writes, never a
+//!   global one. Batches lock mailboxes in ascending id order so concurrent batches
+//!   cannot deadlock.
+//! - Every change to a mailbox bumps its `highest_modseq`; flag changes stamp the row
+//!   with the new modseq and expunges leave a tombstone, so a session on any pod can
+//!   ask "what changed since modseq N" with an indexed query.
+
+pub mod types;
+
+pub use types::*;
+
+use async_trait::async_trait;
+
+/// Errors a store reports. `NotFound`/`AlreadyExists`/`Invalid` are the caller's
+/// business (they become protocol replies); `Unavailable` and `Internal` mean the
+/// backend failed and the session should answer with a temporary failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    #[error("invalid: {0}")]
+    Invalid(String),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// "postgres" or "sqlite"; used in logs and metrics labels.
+    fn backend(&self) -> &'static str;
+
+    /// Apply pending schema migrations (idempotent).
+    async fn migrate(&self) -> StoreResult<()>;
+    /// A cheap round trip used by `/readyz`.
+    async fn ping(&self) -> StoreResult<()>;
+    /// Connection pool figures for the `mail_db_pool_*` metrics.
+    fn pool_stats(&self) -> PoolStats;
+
+    // ---- domains ----
+    async fn domain_add(&self, domain: &str) -> StoreResult<()>;
+    /// Deleting a domain that still has accounts is refused with `Invalid`.
+    async fn domain_del(&self, domain: &str) -> StoreResult<()>;
+    async fn domain_list(&self) -> StoreResult<Vec<String>>;
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool>;
+
+    // ---- accounts ----
+    /// Creates the account (its domain must exist) and its default mailboxes:
+    /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive).
+    /// `email` is stored lower-cased.
+    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account>;
+    async fn account_delete(&self, email: &str) -> StoreResult<()>;
+    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()>;
+    /// Case-insensitive lookup by full address.
+    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>>;
+    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
+
+    // ---- mailboxes ----
+    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>>;
+    /// Exact name match; "INBOX" is matched case-insensitively.
+    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>>;
+    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>>;
+    async fn mailbox_create(
+        &self,
+        account_id: i64,
+        name: &str,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox>;
+    /// Deletes the mailbox and its message links (bodies no longer linked anywhere
+    /// are removed too). INBOX cannot be deleted.
+    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()>;
+    /// Renames a mailbox and its children (`from/…` → `to/…`). Each renamed mailbox
+    /// gets a new UIDVALIDITY. Renaming INBOX moves its messages into a new mailbox
+    /// `to` and leaves INBOX empty (RFC 3501 §6.3.5).
+    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()>;
+    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()>;
+    /// Subscribed names (they may name mailboxes that no longer exist).
+    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>>;
+    /// Counts for STATUS / SELECT, served from indexes (no scan of the mailbox).
+    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus>;
+
+    // ---- messages ----
+    /// The group-commit entry point: stores every message of the batch once and links
+    /// it into each of its target mailboxes, all in ONE transaction (one fsync).
+    /// Returns, per delivery and in order, the (mailbox_id, uid) pairs assigned.
+    /// On error nothing of the batch is stored.
+    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>>;
+    /// All UIDs of the mailbox in ascending order (a session's sequence map).
+    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>>;
+    /// Per-message rows (flags, size, dates, metadata) for the given UIDs, ascending.
+    /// Unknown UIDs are skipped.
+    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;
+    /// UID/flags/modseq only: the light query behind `UID FETCH 1:* FLAGS`.
+    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>>;
+    /// The raw RFC 5322 bytes of a message as delivered (decompressed).
+    async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes>;
+    /// UIDs whose system flags contain all of `with` and none of `without`
+    /// (e.g. `UID SEARCH UNSEEN` = without SEEN), from an index.
+    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>>;
+    /// Changes a flag set; returns the rows that actually changed, with their new
+    /// modseq. One modseq is used for the whole call.
+    async fn store_flags(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>>;
+    /// Removes the given messages (or, with `None`, every message flagged \Deleted)
+    /// and leaves tombstones. Returns the UIDs removed, ascending.
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>>;
+    /// Links the messages into `dest` with fresh UIDs (bodies are not copied).
+    /// Returns (source uid, destination uid) pairs in source order.
+    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;
+    /// COPY then expunge from the source, atomically.
+    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;
+    /// Everything that changed after `modseq`: flag rows stamped later (including
+    /// new messages) and UIDs expunged later. Served from the modseq indexes.
+    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges>;
+
+    // ---- outbound queue ----
+    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64>;
+    /// Claims up to `limit` due items for `lease` (FOR UPDATE SKIP LOCKED on
+    /// PostgreSQL) so that workers on different pods never take the same row.
+    async fn queue_claim(
+        &self,
+        worker: &str,
+        limit: u32,
+        lease: std::time::Duration,
+    ) -> StoreResult<Vec<QueueItem>>;
+    async fn queue_complete(&self, id: i64) -> StoreResult<()>;
+    /// Reschedules (`retry_at` Some) or marks failed for good (`None`).
+    async fn queue_fail(
+        &self,
+        id: i64,
+        error: &str,
+        retry_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> StoreResult<()>;
+}

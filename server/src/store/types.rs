@@ -1,0 +1,283 @@
+//! Plain data exchanged with a [`Store`](super::Store). No I/O here.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub id: i64,
+    /// Full lower-cased address, `local@domain`.
+    pub email: String,
+    pub domain: String,
+    /// PHC string (argon2id).
+    pub password_hash: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpecialUse {
+    Drafts,
+    Sent,
+    Trash,
+    Junk,
+    Archive,
+}
+
+impl SpecialUse {
+    pub const ALL: [SpecialUse; 5] = [Self::Drafts, Self::Sent, Self::Trash, Self::Junk, Self::Archive];
+
+    /// The RFC 6154 attribute, e.g. `\Sent`.
+    pub fn attribute(self) -> &'static str {
+        match self {
+            Self::Drafts => "\\Drafts",
+            Self::Sent => "\\Sent",
+            Self::Trash => "\\Trash",
+            Self::Junk => "\\Junk",
+            Self::Archive => "\\Archive",
+        }
+    }
+
+    /// The mailbox name created for new accounts.
+    pub fn default_name(self) -> &'static str {
+        match self {
+            Self::Drafts => "Drafts",
+            Self::Sent => "Sent",
+            Self::Trash => "Trash",
+            Self::Junk => "Junk",
+            Self::Archive => "Archive",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.default_name()
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|u| u.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mailbox {
+    pub id: i64,
+    pub account_id: i64,
+    /// Full hierarchical name with `/` as the separator, UTF-8 (the IMAP layer
+    /// converts to and from modified UTF-7).
+    pub name: String,
+    pub uid_validity: u32,
+    pub uid_next: u32,
+    pub highest_modseq: u64,
+    pub special_use: Option<SpecialUse>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MailboxStatus {
+    pub messages: u32,
+    pub unseen: u32,
+    pub uid_next: u32,
+    pub uid_validity: u32,
+    pub highest_modseq: u64,
+}
+
+/// The IMAP system flags as a bit set; keywords travel separately in [`FlagSet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Flags(pub u32);
+
+impl Flags {
+    pub const SEEN: Flags = Flags(1);
+    pub const ANSWERED: Flags = Flags(2);
+    pub const FLAGGED: Flags = Flags(4);
+    pub const DELETED: Flags = Flags(8);
+    pub const DRAFT: Flags = Flags(16);
+    pub const NONE: Flags = Flags(0);
+
+    pub const NAMED: [(Flags, &'static str); 5] = [
+        (Self::SEEN, "\\Seen"),
+        (Self::ANSWERED, "\\Answered"),
+        (Self::FLAGGED, "\\Flagged"),
+        (Self::DELETED, "\\Deleted"),
+        (Self::DRAFT, "\\Draft"),
+    ];
+
+    pub fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub fn intersects(self, other: Flags) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub fn union(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
+    }
+    pub fn difference(self, other: Flags) -> Flags {
+        Flags(self.0 & !other.0)
+    }
+    /// `\Seen` → SEEN (case-insensitive); `None` for keywords and `\Recent`.
+    pub fn from_name(name: &str) -> Option<Flags> {
+        Self::NAMED.iter().find(|(_, n)| n.eq_ignore_ascii_case(name)).map(|(f, _)| *f)
+    }
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Self::NAMED.into_iter().filter(move |(f, _)| self.contains(*f)).map(|(_, n)| n)
+    }
+}
+
+/// System flags plus keywords (`$Forwarded`, `Junk`, …), keywords kept sorted and
+/// unique.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlagSet {
+    pub system: Flags,
+    pub keywords: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagOp {
+    Add,
+    Remove,
+    Replace,
+}
+
+/// A set of UIDs as inclusive ranges; `u32::MAX` as an upper bound means `*`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UidSet(pub Vec<(u32, u32)>);
+
+impl UidSet {
+    pub fn all() -> Self {
+        UidSet(vec![(1, u32::MAX)])
+    }
+    pub fn single(uid: u32) -> Self {
+        UidSet(vec![(uid, uid)])
+    }
+    pub fn from_uids(uids: &[u32]) -> Self {
+        let mut sorted: Vec<u32> = uids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut ranges: Vec<(u32, u32)> = Vec::new();
+        for uid in sorted {
+            match ranges.last_mut() {
+                Some((_, hi)) if *hi + 1 == uid => *hi = uid,
+                _ => ranges.push((uid, uid)),
+            }
+        }
+        UidSet(ranges)
+    }
+    pub fn contains(&self, uid: u32) -> bool {
+        self.0.iter().any(|&(lo, hi)| lo.min(hi) <= uid && uid <= lo.max(hi))
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Location of one MIME part inside the raw message, so that `BODY[1.2]` and
+/// `BODY[1.MIME]` are byte slices, not a re-parse.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PartInfo {
+    /// IMAP section path, e.g. `[1, 2]`; empty for the whole message.
+    pub path: Vec<u32>,
+    pub header_start: u32,
+    pub body_start: u32,
+    pub body_end: u32,
+    /// For `message/rfc822` parts: the embedded message's header end, so that
+    /// `BODY[2.HEADER]` works.
+    pub is_message: bool,
+}
+
+/// Everything FETCH, SEARCH and STATUS need, computed once at delivery
+/// (see [`crate::message::parse_meta`]) and stored beside the body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MessageMeta {
+    /// RFC822.SIZE: octets of the stored message.
+    pub size: u32,
+    /// Octets of the header block including the blank line.
+    pub header_size: u32,
+    /// The IMAP ENVELOPE, already in response syntax.
+    pub envelope: String,
+    /// The IMAP BODYSTRUCTURE (with extension data), in response syntax.
+    pub body_structure: String,
+    /// The IMAP BODY (non-extensible form), in response syntax.
+    pub body: String,
+    pub parts: Vec<PartInfo>,
+    /// Header summary for SEARCH and sorting (decoded, UTF-8).
+    pub subject: String,
+    pub from: String,
+    pub to: String,
+    pub cc: String,
+    pub bcc: String,
+    pub message_id: String,
+    /// The Date: header, if parseable (SENTBEFORE/SENTON/SENTSINCE).
+    pub sent_date: Option<DateTime<Utc>>,
+}
+
+/// One message to deliver: stored once, linked into every mailbox of `targets`.
+#[derive(Debug, Clone)]
+pub struct NewDelivery {
+    pub raw: bytes::Bytes,
+    pub meta: MessageMeta,
+    pub internal_date: DateTime<Utc>,
+    pub targets: Vec<i64>,
+    /// Initial flags (APPEND may set them; SMTP delivers with none).
+    pub flags: FlagSet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveredTo {
+    pub mailbox_id: i64,
+    pub uid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagRow {
+    pub uid: u32,
+    pub flags: FlagSet,
+    pub modseq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageRow {
+    pub uid: u32,
+    pub message_id: i64,
+    pub flags: FlagSet,
+    pub modseq: u64,
+    pub internal_date: DateTime<Utc>,
+    pub meta: MessageMeta,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MailboxChanges {
+    pub highest_modseq: u64,
+    /// Rows (new or with changed flags) stamped after the asked modseq, by UID.
+    pub changed: Vec<FlagRow>,
+    /// UIDs expunged after the asked modseq, ascending.
+    pub expunged: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    pub max: u32,
+    pub idle: u32,
+    pub in_use: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewQueueItem {
+    /// Envelope sender (may be empty for bounces).
+    pub sender: String,
+    pub recipients: Vec<String>,
+    pub raw: bytes::Bytes,
+    /// The submitting account, for accounting and DSNs.
+    pub account_id: Option<i64>,
+    pub not_before: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct QueueItem {
+    pub id: i64,
+    pub sender: String,
+    pub recipients: Vec<String>,
+    pub raw: bytes::Bytes,
+    pub account_id: Option<i64>,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
