@@ -374,3 +374,111 @@ async fn redis_pool_stats_count_requests_in_flight() {
     assert_eq!(pods.a.counter_get("load").await.unwrap(), 200);
     assert_eq!(pods.a.pool_stats().in_use, 0);
 }
+
+// ---- Redis outages, through a TCP proxy the test can cut ----
+
+/// A TCP proxy in front of Redis: `cut` drops every open connection, `refuse`
+/// makes it accept and immediately close new ones (Redis "down").
+struct Proxy {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::broadcast::Sender<()>,
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.cut.send(());
+        self.task.abort();
+    }
+}
+
+impl Proxy {
+    async fn start(target: String) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let (cut, _) = tokio::sync::broadcast::channel(4);
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cut_tx, refusing) = (cut.clone(), refuse.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if refusing.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let mut cut = cut_tx.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(&target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                        _ = cut.recv() => {}
+                    }
+                });
+            }
+        });
+        Proxy { addr, cut, refuse, task }
+    }
+
+    fn cut(&self) {
+        let _ = self.cut.send(());
+    }
+
+    fn set_refusing(&self, refusing: bool) {
+        self.refuse.store(refusing, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `url` with its host:port replaced by the proxy's.
+    fn url_for(&self, url: &str) -> String {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let (auth, host_path) = rest.rsplit_once('@').map_or(("", rest), |(a, h)| (a, h));
+        let path = host_path.find('/').map_or("", |i| &host_path[i..]);
+        let auth = if auth.is_empty() { String::new() } else { format!("{auth}@") };
+        format!("redis://{auth}{}{path}", self.addr)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_ends_streams_fails_fast_and_recovers() {
+    let url = redis_url();
+    let target =
+        ::redis::Client::open(url.as_str()).expect("REDIS_URL").get_connection_info().addr().to_string();
+    let proxy = Proxy::start(target).await;
+    let prefix = format!("mctest:{}:", random_hex());
+    let _cleanup = RedisCleanup { url: url.clone(), prefix: prefix.clone() };
+    let connect_timeout = Duration::from_secs(1);
+    let flaky = cache::open(Some(&proxy.url_for(&url)), &prefix, connect_timeout)
+        .await
+        .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"));
+    let direct = cache::open(Some(&url), &prefix, Duration::from_secs(5)).await.expect("direct Redis");
+    let ev = |modseq| MailboxEvent { account_id: 9, mailbox_id: 90, modseq };
+
+    let mut events = flaky.subscribe(9).await.unwrap();
+    direct.publish(ev(1)).await.unwrap();
+    assert_eq!(next_event(&mut events).await, ev(1));
+
+    // Connection lost: the stream ends (its owner falls back to polling).
+    proxy.set_refusing(true);
+    proxy.cut();
+    let end = tokio::time::timeout(WAIT, events.next()).await.expect("stream did not end after the cut");
+    assert_eq!(end, None);
+
+    // Redis away: requests fail promptly as Unavailable, they do not hang.
+    let started = std::time::Instant::now();
+    let err = flaky.counter_incr("c", Duration::from_secs(5)).await.expect_err("Redis is away");
+    assert!(matches!(err, CacheError::Unavailable(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+    assert!(matches!(flaky.subscribe(9).await, Err(CacheError::Unavailable(_))));
+    assert_eq!(flaky.pool_stats().in_use, 0, "failed requests give their slot back");
+
+    // Redis back: the same cache instance recovers for commands and pub/sub.
+    proxy.set_refusing(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while flaky.ping().await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "command connection did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(flaky.counter_incr("c", Duration::from_secs(5)).await.unwrap(), 1);
+    let mut events = flaky.subscribe(9).await.expect("subscribe after recovery");
+    direct.publish(ev(2)).await.unwrap();
+    assert_eq!(next_event(&mut events).await, ev(2));
+}

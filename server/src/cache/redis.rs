@@ -33,7 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
-use ::redis::{Client, RedisError, Script};
+use ::redis::{Client, RedisError, Script, ScriptInvocation};
 use async_trait::async_trait;
 use futures::stream::{BoxStream, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
@@ -282,7 +282,26 @@ impl RedisCache {
 
     async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> CacheResult<T> {
         let (_permit, mut conn) = self.conn().await?;
-        cmd.query_async(&mut conn).await.map_err(|e| self.err(e))
+        self.bounded(cmd.query_async(&mut conn)).await
+    }
+
+    async fn invoke<T: ::redis::FromRedisValue>(&self, script: &ScriptInvocation<'_>) -> CacheResult<T> {
+        let (_permit, mut conn) = self.conn().await?;
+        self.bounded(script.invoke_async(&mut conn)).await
+    }
+
+    /// Bounds a request, including any wait for the connection manager to
+    /// reconnect: while Redis is away, sessions get `Unavailable` promptly instead
+    /// of hanging through the reconnect back-off.
+    async fn bounded<T>(&self, request: impl Future<Output = ::redis::RedisResult<T>>) -> CacheResult<T> {
+        let limit = self.inner.connect_timeout + RESPONSE_TIMEOUT;
+        match tokio::time::timeout(limit, request).await {
+            Ok(result) => result.map_err(|e| self.err(e)),
+            Err(_) => Err(CacheError::Unavailable(format!(
+                "Redis at {} did not answer within {limit:?}",
+                self.inner.addr
+            ))),
+        }
     }
 
     /// The live subscriber, connecting a new one when there is none or the last
@@ -426,18 +445,17 @@ impl Cache for RedisCache {
     }
 
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
-        let (_permit, mut conn) = self.conn().await?;
         let _: i64 = self
-            .inner
-            .scripts
-            .credential_put
-            .key(self.key("cred", &hex(key)))
-            .key(self.key("credidx", &account_id.to_string()))
-            .arg(account_id)
-            .arg(millis(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .invoke(
+                self.inner
+                    .scripts
+                    .credential_put
+                    .key(self.key("cred", &hex(key)))
+                    .key(self.key("credidx", &account_id.to_string()))
+                    .arg(account_id)
+                    .arg(millis(ttl)),
+            )
+            .await?;
         Ok(())
     }
 
@@ -446,28 +464,14 @@ impl Cache for RedisCache {
     }
 
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {
-        let (_permit, mut conn) = self.conn().await?;
         let _: i64 = self
-            .inner
-            .scripts
-            .credential_purge
-            .key(self.key("credidx", &account_id.to_string()))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .invoke(&self.inner.scripts.credential_purge.key(self.key("credidx", &account_id.to_string())))
+            .await?;
         Ok(())
     }
 
     async fn counter_incr(&self, key: &str, window: Duration) -> CacheResult<u64> {
-        let (_permit, mut conn) = self.conn().await?;
-        self.inner
-            .scripts
-            .counter_incr
-            .key(self.key("cnt", key))
-            .arg(millis(window))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))
+        self.invoke(self.inner.scripts.counter_incr.key(self.key("cnt", key)).arg(millis(window))).await
     }
 
     async fn counter_get(&self, key: &str) -> CacheResult<u64> {
@@ -545,31 +549,23 @@ impl Cache for RedisCache {
     }
 
     async fn lock_refresh(&self, lock: &LockToken, ttl: Duration) -> CacheResult<bool> {
-        let (_permit, mut conn) = self.conn().await?;
         let extended: i64 = self
-            .inner
-            .scripts
-            .lock_refresh
-            .key(self.key("lock", &lock.key))
-            .arg(&lock.token)
-            .arg(millis(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .invoke(
+                self.inner
+                    .scripts
+                    .lock_refresh
+                    .key(self.key("lock", &lock.key))
+                    .arg(&lock.token)
+                    .arg(millis(ttl)),
+            )
+            .await?;
         Ok(extended == 1)
     }
 
     async fn lock_release(&self, lock: &LockToken) -> CacheResult<()> {
-        let (_permit, mut conn) = self.conn().await?;
         let _: i64 = self
-            .inner
-            .scripts
-            .lock_release
-            .key(self.key("lock", &lock.key))
-            .arg(&lock.token)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .invoke(self.inner.scripts.lock_release.key(self.key("lock", &lock.key)).arg(&lock.token))
+            .await?;
         Ok(())
     }
 
@@ -579,17 +575,16 @@ impl Cache for RedisCache {
         len: usize,
         rotate_every: Duration,
     ) -> CacheResult<RotatingSecret> {
-        let (_permit, mut conn) = self.conn().await?;
         let (current, previous, generation, has_previous): (Vec<u8>, Vec<u8>, u64, i64) = self
-            .inner
-            .scripts
-            .secret_get
-            .key(self.key("secret", name))
-            .arg(random_bytes(len))
-            .arg(millis(rotate_every))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            .invoke(
+                self.inner
+                    .scripts
+                    .secret_get
+                    .key(self.key("secret", name))
+                    .arg(random_bytes(len))
+                    .arg(millis(rotate_every)),
+            )
+            .await?;
         Ok(RotatingSecret { current, previous: (has_previous == 1).then_some(previous), generation })
     }
 }
