@@ -377,18 +377,26 @@ async fn redis_pool_stats_count_requests_in_flight() {
 
 // ---- Redis outages, through a TCP proxy the test can cut ----
 
-/// A TCP proxy in front of Redis: `cut` drops every open connection, `refuse`
-/// makes it accept and immediately close new ones (Redis "down").
+/// A TCP proxy in front of Redis: `cut` drops every open connection, `freeze`
+/// stops forwarding while keeping the sockets open (a peer that vanished without
+/// closing), `refuse` makes it accept and immediately close new ones (Redis
+/// "down").
 struct Proxy {
     addr: std::net::SocketAddr,
-    cut: tokio::sync::broadcast::Sender<()>,
+    cut: tokio::sync::broadcast::Sender<Signal>,
     refuse: Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Signal {
+    Cut,
+    Freeze,
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
-        let _ = self.cut.send(());
+        let _ = self.cut.send(Signal::Cut);
         self.task.abort();
     }
 }
@@ -409,9 +417,13 @@ impl Proxy {
                 let target = target.clone();
                 tokio::spawn(async move {
                     let Ok(mut upstream) = tokio::net::TcpStream::connect(&target).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
-                        _ = cut.recv() => {}
+                    let signal = tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => return,
+                        signal = cut.recv() => signal,
+                    };
+                    if signal == Ok(Signal::Freeze) {
+                        // Hold both sockets open, forwarding nothing, until cut.
+                        while !matches!(cut.recv().await, Ok(Signal::Cut) | Err(_)) {}
                     }
                 });
             }
@@ -420,7 +432,11 @@ impl Proxy {
     }
 
     fn cut(&self) {
-        let _ = self.cut.send(());
+        let _ = self.cut.send(Signal::Cut);
+    }
+
+    fn freeze(&self) {
+        let _ = self.cut.send(Signal::Freeze);
     }
 
     fn set_refusing(&self, refusing: bool) {
@@ -481,4 +497,25 @@ async fn redis_outage_ends_streams_fails_fast_and_recovers() {
     let mut events = flaky.subscribe(9).await.expect("subscribe after recovery");
     direct.publish(ev(2)).await.unwrap();
     assert_eq!(next_event(&mut events).await, ev(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_silent_pubsub_connection_is_detected_and_streams_end() {
+    let url = redis_url();
+    let target =
+        ::redis::Client::open(url.as_str()).expect("REDIS_URL").get_connection_info().addr().to_string();
+    let proxy = Proxy::start(target).await;
+    let prefix = format!("mctest:{}:", random_hex());
+    let _cleanup = RedisCleanup { url: url.clone(), prefix: prefix.clone() };
+    let flaky = cache::open(Some(&proxy.url_for(&url)), &prefix, Duration::from_secs(1))
+        .await
+        .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"));
+    let mut events = flaky.subscribe(4).await.unwrap();
+    // The peer goes silent without closing anything: only the keepalive ping
+    // (every 15 s, 2 s to answer) can notice.
+    proxy.freeze();
+    let end = tokio::time::timeout(Duration::from_secs(25), events.next())
+        .await
+        .expect("silent pub/sub connection not detected within 25 s");
+    assert_eq!(end, None);
 }

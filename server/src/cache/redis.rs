@@ -49,6 +49,8 @@ const MAX_IN_FLIGHT: u32 = 512;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Events buffered per account for slow local subscribers.
 const EVENTS_PER_ACCOUNT: usize = 256;
+/// How often the shared pub/sub connection proves it is alive.
+const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// Sets the counter's expiry when it has none: on the first increment of a window,
 /// and also should a key ever exist without one (which would otherwise count for
@@ -329,11 +331,14 @@ impl RedisCache {
             _stop: stop_tx,
         });
         let reader = Arc::downgrade(&sub);
+        let (dead_tx, mut dead_rx) = oneshot::channel::<()>();
+        tokio::spawn(keepalive(Arc::downgrade(&sub), dead_tx));
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
                     msg = stream.next() => msg,
                     _ = &mut stop_rx => return,
+                    _ = &mut dead_rx => break,
                 };
                 let Some(msg) = msg else { break };
                 let Some(sub) = reader.upgrade() else { return };
@@ -353,6 +358,25 @@ impl RedisCache {
         });
         *slot = Some(sub.clone());
         Ok(sub)
+    }
+}
+
+/// Pings the pub/sub connection every [`KEEPALIVE`]. A Redis that vanished without
+/// closing the socket (node failure, network partition) would otherwise leave
+/// every IDLE session of this pod waiting for events that never come; a failed
+/// ping tells the reader to drop the connection, which ends the local streams so
+/// their owners poll the store until they resubscribe.
+async fn keepalive(sub: Weak<Subscriber>, dead: oneshot::Sender<()>) {
+    loop {
+        tokio::time::sleep(KEEPALIVE).await;
+        let Some(mut sink) = sub.upgrade().map(|s| s.sink.clone()) else { return };
+        match tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<::redis::Value>()).await {
+            Ok(Ok(_)) => {}
+            _ => {
+                let _ = dead.send(());
+                return;
+            }
+        }
     }
 }
 
