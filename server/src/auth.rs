@@ -16,6 +16,12 @@
 //!
 //! Any store or cache error yields `Unavailable` (a temporary failure reply), never
 //! success and never a counted failure.
+//!
+//! The limits are checked before and counted after the password check, so
+//! attempts already in flight when a limit is reached still finish: the overshoot
+//! is bounded by the argon2 runs in flight (`max_concurrent_hashes` per pod).
+//! Counting attempts up front instead would also lock out users whose clients
+//! reconnect often with the right password.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -256,6 +262,9 @@ impl Authenticator {
                     self.cache.counter_incr(&user_key, user_window),
                     self.cache.counter_incr(&ip_key, ip_window)
                 )?;
+                // Who and from where, never the password: what fail2ban-style
+                // tooling and an operator investigating need.
+                tracing::info!(user = %who, %remote, "login failed");
                 Ok(AuthOutcome::Failed)
             }
         }
