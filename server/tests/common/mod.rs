@@ -36,7 +36,7 @@ pub fn app_with(store: Arc<dyn Store>, cache: Arc<dyn Cache>, plaintext_auth: bo
     config.imap.max_literal_bytes = 1024 * 1024;
     App {
         config: Arc::new(config),
-        auth: Arc::new(Authenticator { store: store.clone(), cache: cache.clone() }),
+        auth: Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default())),
         deliverer: Arc::new(Deliverer::new(store.clone())),
         store,
         cache,
