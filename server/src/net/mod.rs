@@ -83,18 +83,24 @@ pub struct ConnInfo {
     pub listener: &'static str,
 }
 
+pub mod listener;
+pub mod proxy;
+pub mod server;
 pub mod tls;
 
-pub use tls::TlsProvider;
+pub use listener::{Listener, ListenerSpec, TlsMode};
+pub use server::{ShutdownController, raise_nofile_limit, run_listeners, serve};
+pub use tls::{TLS_HANDSHAKE_TIMEOUT, TlsProvider};
 
 impl SessionStream {
     /// STARTTLS / STLS: performs the server side of a TLS handshake on a plain
     /// stream. Called after the protocol's "go ahead" reply has been flushed and any
     /// bytes the client pipelined after the command have been discarded (RFC 3207 §4.2).
+    /// Bounded by [`TLS_HANDSHAKE_TIMEOUT`] and counted like implicit-TLS handshakes.
     pub async fn upgrade(self, tls: &TlsProvider) -> std::io::Result<SessionStream> {
         match self {
             SessionStream::Plain(tcp) => {
-                let tls_stream = tls.acceptor().accept(tcp).await?;
+                let tls_stream = tls.accept(tcp).await?;
                 Ok(SessionStream::Tls(Box::new(tls_stream)))
             }
             SessionStream::Tls(_) => Err(std::io::Error::other("TLS already active")),
