@@ -2,6 +2,8 @@
 //! PROXY protocol, implicit TLS and STARTTLS, certificate reload, shared session
 //! tickets, the SIGTERM drain and the admin endpoints.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -458,6 +460,60 @@ async fn session_tickets_resume_on_another_provider_sharing_the_key() {
     for s in [a, b, c] {
         s.stop().await;
     }
+}
+
+/// The path `serve` takes: no certificate configured, so a self-signed one is
+/// generated in the data dir; ticket keys come from the cache. Two "pods" over the
+/// same data dir and cache share both, so a client resumes on the other one.
+#[tokio::test]
+async fn app_config_default_certificate_and_cache_shared_tickets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = mailcluster_server::config::Config {
+        data_dir: dir.path().to_path_buf(),
+        hostname: "mx.example.test".into(),
+        ..Default::default()
+    };
+    let cache: Arc<dyn mailcluster_server::cache::Cache> = Arc::new(common::mem::MemCache::default());
+    let metrics_a = Metrics::new();
+    let pod_a = TlsProvider::from_app_config(&config, cache.clone(), &metrics_a).await.expect("pod a");
+    let metrics_b = Metrics::new();
+    let pod_b = TlsProvider::from_app_config(&config, cache.clone(), &metrics_b).await.expect("pod b");
+    assert!(dir.path().join("tls/cert.pem").exists() && dir.path().join("tls/key.pem").exists());
+    assert_eq!(metrics_a.tls_handshakes_total.with_label_values(&["true"]).get(), 0, "series exists");
+
+    use rustls::pki_types::pem::PemObject as _;
+    let der = CertificateDer::from_pem_file(dir.path().join("tls/cert.pem")).expect("pem");
+    let (proto_a, _ea) = echo(false);
+    let (proto_b, _eb) = echo(false);
+    let a = start(spec("imaps", TlsMode::Implicit), proto_a, Some(pod_a), Duration::from_secs(5));
+    let b = start(spec("imaps", TlsMode::Implicit), proto_b, Some(pod_b), Duration::from_secs(5));
+    let client = client_config(&[&der]);
+    let mut first = tls_connect(a.addr, client.clone()).await;
+    assert!(read_line(&mut first).await.starts_with("HELLO"));
+    let mut second = tls_connect(b.addr, client).await;
+    assert!(read_line(&mut second).await.starts_with("HELLO"));
+    assert_eq!(second.get_ref().get_ref().1.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
+    // Counted where `from_app_config` was told to count.
+    assert_eq!(handshakes(&metrics_b, "true"), 1);
+    assert_eq!(handshakes(&metrics_a, "false"), 1);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn proxy_header_precedes_implicit_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pair = new_cert();
+    let (cert, key) = write_pair(dir.path(), &pair);
+    let tls = TlsProvider::from_files(&cert, &key).expect("provider");
+    let (proto, _events) = echo(false);
+    let spec = ListenerSpec { tls: TlsMode::Implicit, ..proxy_spec("127.0.0.1/32") };
+    let server = start(spec, proto, Some(tls), Duration::from_secs(5));
+    let mut tcp = TcpStream::connect(server.addr).await.expect("connect");
+    tcp.write_all(b"PROXY TCP6 2001:db8::9 2001:db8::1 40001 993\r\n").await.expect("write");
+    let mut t = tls_handshake(tcp, client_config(&[&pair.der])).await;
+    assert_eq!(read_line(&mut t).await, "HELLO [2001:db8::9]:40001 tls=true\r\n");
+    server.stop().await;
 }
 
 fn proxy_spec(trusted: &str) -> ListenerSpec {

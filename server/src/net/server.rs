@@ -68,18 +68,42 @@ impl ShutdownController {
     }
 
     /// Waits for SIGTERM (Kubernetes) or SIGINT (a terminal), then triggers the drain.
-    /// Also returns when the drain is triggered some other way.
+    /// Also returns when the drain is triggered some other way. The handlers are
+    /// installed when this is first polled; [`ShutdownController::spawn_signal_handler`]
+    /// installs them at once.
     pub async fn wait_for_signal(&self) -> std::io::Result<()> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: draining"),
-            _ = int.recv() => tracing::info!("SIGINT: draining"),
-            _ = self.triggered() => {}
-        }
-        self.trigger();
+        let signals = Signals::install()?;
+        signals.wait(self).await;
         Ok(())
+    }
+
+    /// Installs the SIGTERM/SIGINT handlers now (from then on those signals no longer
+    /// kill the process) and spawns a task that triggers the drain on the first one.
+    pub fn spawn_signal_handler(&self) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        let signals = Signals::install()?;
+        let this = self.clone();
+        Ok(tokio::spawn(async move { signals.wait(&this).await }))
+    }
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+    }
+
+    async fn wait(mut self, shutdown: &ShutdownController) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = self.int.recv() => tracing::info!("SIGINT: draining"),
+            _ = shutdown.triggered() => {}
+        }
+        shutdown.trigger();
     }
 }
 
