@@ -4,6 +4,30 @@
 //! implicit-TLS stream, and a plain stream upgraded with STARTTLS all present the
 //! same type, so one session code path serves all three and tests can drive a
 //! session over an in-memory duplex.
+//!
+//! Wiring (what `serve` does):
+//!
+//! ```ignore
+//! let shutdown = ShutdownController::new(Duration::from_secs(config.shutdown_grace_secs));
+//! shutdown.spawn_signal_handler()?;                       // SIGTERM/SIGINT -> drain
+//! let tls = TlsProvider::from_app_config(&config, cache.clone(), &metrics).await?;
+//! let listeners = vec![
+//!     (Listener::bind(ListenerSpec::from_config("smtp", config.ports.smtp, TlsMode::Plain, &config))?,
+//!      smtp_protocol as Arc<dyn Protocol>),
+//!     (Listener::bind(ListenerSpec::from_config("imaps", config.ports.imaps, TlsMode::Implicit, &config))?,
+//!      imap_protocol),
+//! ];
+//! let admin = admin::bind(SocketAddr::new(config.listen_addr, config.ports.admin)).await?;
+//! let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+//! let admin_task = tokio::spawn(admin::serve_admin(
+//!     admin,
+//!     AdminState::new(store, cache, metrics.clone(), shutdown.clone()),
+//!     async { let _ = admin_stopped.await; },
+//! ));
+//! net::serve(listeners, Some(tls), metrics, shutdown).await; // returns after the drain
+//! let _ = stop_admin.send(());                                // admin goes last
+//! admin_task.await??;
+//! ```
 
 use std::net::SocketAddr;
 use std::pin::Pin;

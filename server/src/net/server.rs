@@ -161,6 +161,7 @@ pub async fn serve(
             shutdown: shutdown.clone(),
             total: Arc::new(ConnCounter::default()),
             per_ip: Arc::new(PerIpCounter::default()),
+            lingering: Arc::new(ConnCounter::default()),
         };
         tasks.spawn(accept_loop(listener, shared));
     }
@@ -181,6 +182,8 @@ struct Shared {
     shutdown: ShutdownController,
     total: Arc<ConnCounter>,
     per_ip: Arc<PerIpCounter>,
+    /// Refused connections still being closed politely (see [`refuse`]).
+    lingering: Arc<ConnCounter>,
 }
 
 /// Longest pause after failed accepts (EMFILE and friends); retrying at once would
@@ -188,6 +191,10 @@ struct Shared {
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a refused client gets to read the busy reply before the socket closes.
 const REFUSE_LINGER: Duration = Duration::from_secs(2);
+/// Refused connections lingering at once per listener. Past this (a flood), refusals
+/// are written and closed at once: lingering would pile up descriptors exactly when
+/// the listener is already full.
+const MAX_LINGERING: usize = 256;
 
 async fn accept_loop(listener: Listener, shared: Shared) {
     let name = shared.spec.name;
@@ -261,7 +268,21 @@ fn log_session_end(listener: &'static str, res: Result<(), tokio::task::JoinErro
 fn admit(shared: &Shared, sessions: &mut JoinSet<()>, tcp: TcpStream, peer: SocketAddr) {
     let Some(slot) = shared.total.try_acquire(shared.spec.max_connections) else {
         refused(shared, "max_connections");
-        sessions.spawn(refuse(tcp, shared.spec.tls, shared.protocol.busy_reply()));
+        let reply = shared.protocol.busy_reply();
+        match shared.lingering.try_acquire(MAX_LINGERING) {
+            Some(linger) => {
+                let mode = shared.spec.tls;
+                sessions.spawn(async move {
+                    let _linger = linger;
+                    refuse(tcp, mode, reply).await;
+                });
+            }
+            // A fresh socket's send buffer is empty, so a one-line reply fits.
+            None if shared.spec.tls == TlsMode::Plain => {
+                let _ = tcp.try_write(reply);
+            }
+            None => {}
+        }
         return;
     };
     let shared = shared.clone();
