@@ -1,1 +1,3 @@
 //! Protocol grammar and replies, no sockets: one module per protocol.
+
+pub mod imap;
