@@ -110,3 +110,19 @@ pub fn unique(prefix: &str) -> String {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
+
+/// `url` with its database name replaced by `name` (query parameters kept).
+pub fn with_database(url: &str, name: &str) -> String {
+    let authority_start = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let rest = &url[authority_start..];
+    let authority_end = authority_start + rest.find(['/', '?']).unwrap_or(rest.len());
+    let query = url.find('?').map(|q| &url[q..]).unwrap_or("");
+    format!("{}/{name}{query}", &url[..authority_end])
+}
+
+#[test]
+fn with_database_replaces_the_path() {
+    assert_eq!(with_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
+    assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+    assert_eq!(with_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
+}

@@ -348,10 +348,9 @@ impl Config {
         }
         if let Some(url) = &self.redis.url {
             let url = url.expose();
-            let known = ["redis://", "rediss://", "redis+unix://", "unix://"];
-            if !known.iter().any(|p| url.starts_with(p)) {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 problems.push(format!(
-                    "redis.url must start with redis://, rediss:// or unix:// (got {})",
+                    "redis.url must start with redis:// or rediss:// (got {})",
                     redact_url(url)
                 ));
             }
