@@ -91,16 +91,16 @@ log "cargo fmt --check"
 cargo fmt --all -- --check
 
 log "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 if cargo nextest --version >/dev/null 2>&1; then
     log "cargo nextest run"
-    cargo nextest run --workspace --locked --no-fail-fast
+    cargo nextest run --workspace --no-fail-fast
     log "doc tests"
-    cargo test --workspace --locked --doc
+    cargo test --workspace --doc
 else
     log "cargo test"
-    cargo test --workspace --locked --no-fail-fast
+    cargo test --workspace --no-fail-fast
 fi
 
 log "all checks passed"
