@@ -1,1 +1,2 @@
 //! Protocol grammar and replies, no sockets: one module per protocol.
+pub mod smtp;
