@@ -157,7 +157,11 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
             }
         }
         Ok(results) => {
-            tracing::error!(expected = replies.len(), got = results.len(), "deliver_batch result count mismatch");
+            tracing::error!(
+                expected = replies.len(),
+                got = results.len(),
+                "deliver_batch result count mismatch"
+            );
             for reply in replies {
                 let _ = reply.send(Err(StoreError::Internal("deliver_batch result count mismatch".into())));
             }

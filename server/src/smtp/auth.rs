@@ -36,7 +36,11 @@ impl Session {
             return Step::Continue;
         }
         if !self.auth_allowed() {
-            self.reply(Reply::new(538, "5.7.11", "Encryption required for requested authentication mechanism"));
+            self.reply(Reply::new(
+                538,
+                "5.7.11",
+                "Encryption required for requested authentication mechanism",
+            ));
             return Step::Continue;
         }
         let Some(mechanism) = SaslMechanism::from_smtp_proto(mechanism) else {

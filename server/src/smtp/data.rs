@@ -236,7 +236,8 @@ impl Session {
         // transaction spanning both.)
         if !remotes.is_empty() {
             let now = Utc::now();
-            let expiry = chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
+            let expiry =
+                chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
             let item = NewQueueItem {
                 sender: envelope.from.clone(),
                 recipients: remotes,

@@ -47,7 +47,8 @@ pub(super) enum Lookup {
 /// MAIL parameters we implement: BODY=7BIT/8BITMIME and SMTPUTF8 (plus SIZE and
 /// AUTH=, which are fields, not flags). DSN, REQUIRETLS, BINARYMIME, … are not
 /// advertised, so a client using them gets 555 (RFC 5321 §4.1.1.11).
-const MAIL_FLAGS_SUPPORTED: u64 = smtp_proto::MAIL_BODY_7BIT | smtp_proto::MAIL_BODY_8BITMIME | smtp_proto::MAIL_SMTPUTF8;
+const MAIL_FLAGS_SUPPORTED: u64 =
+    smtp_proto::MAIL_BODY_7BIT | smtp_proto::MAIL_BODY_8BITMIME | smtp_proto::MAIL_SMTPUTF8;
 
 fn new_message_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -197,7 +198,8 @@ impl Session {
         if !ttl.is_zero() {
             // Negative answers are kept briefly so a newly created user is not
             // refused for long. Cache trouble only costs a store lookup.
-            let ttl = if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(Duration::from_secs(5)) };
+            let ttl =
+                if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(Duration::from_secs(5)) };
             let _ = cache.value_put(&key, encode_lookup(found).as_bytes(), ttl).await;
         }
         Ok(Some(found))

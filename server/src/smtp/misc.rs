@@ -32,7 +32,11 @@ impl Session {
 
     pub(super) fn cmd_vrfy(&mut self) -> Step {
         self.junk_command();
-        self.reply(Reply::new(252, "2.5.0", "Cannot VRFY user, but will accept message and attempt delivery"));
+        self.reply(Reply::new(
+            252,
+            "2.5.0",
+            "Cannot VRFY user, but will accept message and attempt delivery",
+        ));
         Step::Continue
     }
 

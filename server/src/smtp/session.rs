@@ -115,24 +115,20 @@ impl Session {
         } else {
             let r = Reply::new(220, "", format!("{} ESMTP Mailcluster", self.hostname()));
             self.reply(r);
-            loop {
-                match self.command_loop(&mut stream).await {
-                    Step::StartTls => {
-                        let Some(tls) = self.tls.clone() else { break };
-                        if self.flush(&mut stream).await.is_err() {
-                            return;
-                        }
-                        stream = match stream.upgrade(&tls).await {
-                            Ok(s) => s,
-                            Err(err) => {
-                                tracing::debug!(error = %err, remote = %self.conn.remote, "STARTTLS handshake failed");
-                                return;
-                            }
-                        };
-                        self.after_tls();
-                    }
-                    Step::Close | Step::Continue => break,
+            // Only STARTTLS comes back here; every other outcome ends the session.
+            while let Step::StartTls = self.command_loop(&mut stream).await {
+                let Some(tls) = self.tls.clone() else { break };
+                if self.flush(&mut stream).await.is_err() {
+                    return;
                 }
+                stream = match stream.upgrade(&tls).await {
+                    Ok(s) => s,
+                    Err(err) => {
+                        tracing::debug!(error = %err, remote = %self.conn.remote, "STARTTLS handshake failed");
+                        return;
+                    }
+                };
+                self.after_tls();
             }
         }
         let _ = self.flush(&mut stream).await;
@@ -222,7 +218,10 @@ impl Session {
                     Request::Expn { .. } => self.cmd_expn(),
                     Request::Help { .. } => self.cmd_help(),
                     Request::Quit => self.cmd_quit(),
-                    Request::Lhlo { .. } | Request::Etrn { .. } | Request::Atrn { .. } | Request::Burl { .. } => {
+                    Request::Lhlo { .. }
+                    | Request::Etrn { .. }
+                    | Request::Atrn { .. }
+                    | Request::Burl { .. } => {
                         self.reply(replies::not_implemented());
                         Step::Continue
                     }
