@@ -296,3 +296,80 @@ async fn hundred_megabytes_against_ten_megabyte_limit() {
     assert!(grown_mb < 40, "peak memory grew by {grown_mb} MB for a 100 MB upload");
     assert!(h.mem.delivered.lock().unwrap().is_empty());
 }
+
+const STARTTLS_INJECTION: &str = r#"
+import socket, ssl, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+def reply(f):
+    lines = []
+    while True:
+        l = f.readline().decode()
+        lines.append(l)
+        if l[3:4] != "-":
+            return lines
+f = s.makefile("rb")
+assert reply(f)[0].startswith("220")
+s.sendall(b"EHLO py.test\r\n")
+reply(f)
+# A man in the middle appends a command to STARTTLS in the same segment.
+s.sendall(b"STARTTLS\r\nMAIL FROM:<injected@remote.test>\r\n")
+assert reply(f)[0].startswith("220 2.0.0")
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+t = ctx.wrap_socket(s, server_hostname="localhost")
+tf = t.makefile("rb")
+t.sendall(b"EHLO py.test\r\n")
+ehlo = reply(tf)
+# The first reply inside TLS answers EHLO: the injected MAIL was dropped.
+assert ehlo[0].startswith("250-"), ehlo
+assert not any("STARTTLS" in l for l in ehlo), ehlo
+t.sendall(b"RCPT TO:<alice@example.test>\r\n")
+r = reply(tf)
+assert r[0].startswith("503"), r
+t.sendall(b"QUIT\r\n")
+assert reply(tf)[0].startswith("221")
+print("OK")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starttls_discards_pipelined_plaintext() {
+    let h = Harness::new(config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(STARTTLS_INJECTION).arg(addr.port().to_string());
+    run(cmd).await;
+}
+
+const SUBMISSIONS_NO_AUTH: &str = r#"
+import smtplib, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+with smtplib.SMTP_SSL("127.0.0.1", int(sys.argv[1]), context=ctx, timeout=30) as s:
+    s.ehlo("py.test")
+    assert "PLAIN" in s.esmtp_features.get("auth", ""), s.esmtp_features
+    assert not s.has_extn("starttls")
+    code, msg = s.mail("alice@example.test")
+    assert code == 530, (code, msg)
+    try:
+        s.login("alice@example.test", "wrong-password")
+        raise SystemExit("login with a wrong password succeeded")
+    except smtplib.SMTPAuthenticationError as e:
+        assert e.smtp_code in (535, 454), e
+print("OK")
+"#;
+
+/// Port 465 style, both ways the listener may hand over the connection: already
+/// wrapped in TLS, or plain (the protocol then does the handshake itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_implicit_tls() {
+    let h = Harness::new(config(|_| {})).await;
+    let proto = Arc::new(SmtpProtocol::new(h.app.clone(), mailcluster_server::smtp::SmtpKind::Submissions));
+    for wrapped in [true, false] {
+        let addr = listen(proto.clone(), tls_provider(), wrapped, h.shutdown.clone()).await;
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(SUBMISSIONS_NO_AUTH).arg(addr.port().to_string());
+        run(cmd).await;
+    }
+}
