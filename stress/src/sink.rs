@@ -107,7 +107,21 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(stream: S) -> std::io::Resul
                 }
                 w.write_all(b"250 2.0.0 queued\r\n").await?;
             }
-            b"AUTH" => w.write_all(b"235 2.7.0 ok\r\n").await?,
+            b"AUTH" => {
+                // AUTH LOGIN without an initial response takes two challenges.
+                let upper = line.to_ascii_uppercase();
+                if upper.starts_with(b"AUTH LOGIN") && upper.len() <= b"AUTH LOGIN\r\n".len() {
+                    for challenge in [&b"334 VXNlcm5hbWU6\r\n"[..], b"334 UGFzc3dvcmQ6\r\n"] {
+                        w.write_all(challenge).await?;
+                        w.flush().await?;
+                        line.clear();
+                        if (&mut r).take(8192).read_until(b'\n', &mut line).await? == 0 {
+                            return Ok(());
+                        }
+                    }
+                }
+                w.write_all(b"235 2.7.0 ok\r\n").await?
+            }
             b"QUIT" => {
                 w.write_all(b"221 bye\r\n").await?;
                 w.flush().await?;
