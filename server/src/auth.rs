@@ -67,6 +67,7 @@ impl AuthOutcome {
 pub struct AuthConfig {
     /// Failed logins allowed per user name in one window; further attempts are
     /// refused (`RateLimited`) without checking the password until it ends.
+    /// 0 disables this limit (likewise `max_failures_per_ip`).
     pub max_failures_per_user: u64,
     pub user_window_secs: u64,
     /// Failed logins allowed per client address (IPv6: per /64, what one host
@@ -241,9 +242,11 @@ impl Authenticator {
         let ip_key = format!("authfail:net:{}", network_of(remote));
         let (user_failures, ip_failures) =
             tokio::try_join!(self.cache.counter_get(&user_key), self.cache.counter_get(&ip_key))?;
-        if user_failures >= self.config.max_failures_per_user
-            || ip_failures >= self.config.max_failures_per_ip
+        let over = |failures: u64, max: u64| max > 0 && failures >= max;
+        if over(user_failures, self.config.max_failures_per_user)
+            || over(ip_failures, self.config.max_failures_per_ip)
         {
+            tracing::info!(user = %who, %remote, user_failures, ip_failures, "login refused: too many failures");
             return Ok(AuthOutcome::RateLimited);
         }
 

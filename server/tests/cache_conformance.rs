@@ -141,12 +141,12 @@ async fn credentials_put_get_expire(p: &Pods) {
     let short = [3u8; 32];
     assert_eq!(p.a.credential_get(&k1).await.unwrap(), None);
     p.a.credential_put(&k1, 42, Duration::from_secs(60)).await.unwrap();
-    p.a.credential_put(&short, 42, Duration::from_millis(300)).await.unwrap();
+    p.a.credential_put(&short, 42, Duration::from_secs(1)).await.unwrap();
     assert_eq!(p.a.credential_get(&k1).await.unwrap(), Some(42));
     assert_eq!(p.b.credential_get(&k1).await.unwrap(), Some(42), "other pod sees it");
     assert_eq!(p.b.credential_get(&k2).await.unwrap(), None);
     assert_eq!(p.a.credential_get(&short).await.unwrap(), Some(42));
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     assert_eq!(p.a.credential_get(&short).await.unwrap(), None, "expired after its TTL");
     assert_eq!(p.a.credential_get(&k1).await.unwrap(), Some(42), "longer TTL still live");
 }
@@ -167,7 +167,7 @@ async fn credentials_purge_one_account_only(p: &Pods) {
 }
 
 async fn counters_count_in_fixed_windows(p: &Pods) {
-    let window = Duration::from_secs(1);
+    let window = Duration::from_secs(2);
     assert_eq!(p.a.counter_get("fail:u").await.unwrap(), 0);
     assert_eq!(p.a.counter_incr("fail:u", window).await.unwrap(), 1);
     assert_eq!(p.b.counter_incr("fail:u", window).await.unwrap(), 2, "shared between pods");
@@ -176,9 +176,9 @@ async fn counters_count_in_fixed_windows(p: &Pods) {
     // Still inside the window: a later increment does not extend it.
     assert_eq!(p.a.counter_incr("fail:u", window).await.unwrap(), 3);
     assert_eq!(p.b.counter_get("fail:u").await.unwrap(), 3);
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    // 1.2 s after the first increment: the window (fixed from the first increment)
-    // is over although the last increment was only 0.8 s ago.
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    // 2.1 s after the first increment: the window (fixed from the first increment)
+    // is over although the last increment was only 1.7 s ago.
     assert_eq!(p.a.counter_get("fail:u").await.unwrap(), 0);
     assert_eq!(p.a.counter_incr("fail:u", window).await.unwrap(), 1, "a new window starts");
 }
@@ -196,9 +196,9 @@ async fn values_put_get_del_expire(p: &Pods) {
     p.a.value_del("rcpt:x").await.unwrap();
     assert_eq!(p.b.value_get("rcpt:x").await.unwrap(), None);
     p.a.value_del("rcpt:never").await.unwrap();
-    p.a.value_put("rcpt:short", b"1", Duration::from_millis(300)).await.unwrap();
+    p.a.value_put("rcpt:short", b"1", Duration::from_secs(1)).await.unwrap();
     assert!(p.a.value_get("rcpt:short").await.unwrap().is_some());
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     assert_eq!(p.a.value_get("rcpt:short").await.unwrap(), None, "expired");
     // Values, counters and locks live in separate namespaces.
     assert_eq!(p.a.counter_get("rcpt:empty").await.unwrap(), 0);
@@ -280,10 +280,10 @@ async fn lock_expires_and_stale_holder_cannot_refresh_or_release(p: &Pods) {
 }
 
 async fn lock_refresh_extends(p: &Pods) {
-    let lock = p.a.lock_try("long", Duration::from_millis(600)).await.unwrap().expect("taken");
+    let lock = p.a.lock_try("long", Duration::from_secs(2)).await.unwrap().expect("taken");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(p.a.lock_refresh(&lock, Duration::from_secs(30)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert!(p.b.lock_try("long", Duration::from_secs(1)).await.unwrap().is_none(), "refreshed lock held");
     p.a.lock_release(&lock).await.unwrap();
     assert!(p.b.lock_try("long", Duration::from_secs(1)).await.unwrap().is_some());
@@ -308,10 +308,10 @@ async fn secret_created_once_for_racing_pods(p: &Pods) {
 }
 
 async fn secret_rotation_yields_one_generation(p: &Pods) {
-    let every = Duration::from_millis(400);
+    let every = Duration::from_millis(1500);
     let g1 = p.a.secret_get("rot", 32, every).await.unwrap();
     assert_eq!(p.b.secret_get("rot", 32, every).await.unwrap(), g1, "not due yet");
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1700)).await;
     // Due: pods racing to rotate produce exactly one new generation.
     let got = futures::future::join_all((0..16).map(|i| {
         let pod = if i % 2 == 0 { &p.a } else { &p.b };
