@@ -20,6 +20,14 @@
 //! `P secret:<name>` → hash {current, previous, generation, rotated_at}, and the
 //! channel `P mbx:<account>`.
 //!
+//! Credential purge keeps a per-account index set rather than a per-account
+//! generation number stamped into each entry: a purge then really deletes the
+//! entries (nothing stale survives to be trusted by mistake), a lookup stays one
+//! GET with no second key to consult, and the index needs no key that lives for
+//! ever — a generation counter would, since its expiry would reset it and revive
+//! old entries. The set holds only verified credentials (normally one or two per
+//! account) and expires with the longest of them.
+//!
 //! Every multi-step change is one Lua script, so it is atomic against other pods.
 //! Scripts touch keys derived from their arguments (the credential purge deletes
 //! the keys listed in the account's index), which standalone and Sentinel Redis
