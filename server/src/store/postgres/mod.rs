@@ -36,6 +36,9 @@ use super::*;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// Pooled connections idle longer than this are pinged before use.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
+
 pub struct PgStore {
     pool: PgPool,
     options: PgConnectOptions,
@@ -122,8 +125,20 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(1))
             .acquire_timeout(connect_timeout)
-            // a restarted or failed-over server leaves dead sockets in the pool
-            .test_before_acquire(true)
+            // sqlx's default pings on every acquire: a round trip per query, which
+            // IMAP sessions issuing STATUS/FETCH in loops would pay. Ping only
+            // connections that sat idle long enough to have been cut (failover,
+            // NAT/LB idle timeouts); a connection broken in use fails that query
+            // with `Unavailable` and is discarded.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .idle_timeout(Duration::from_secs(300))
             .connect_with(options.clone())
             .await
@@ -1221,10 +1236,14 @@ impl Store for PgStore {
         // Bounded by `highest`: modseqs are allocated and committed under the
         // mailbox row lock, so everything up to `highest` is visible now and
         // anything later is reported by the next call.
+        // Not persistent: an unnamed statement is planned with the actual modseq,
+        // so "changed since a minute ago" uses the (mailbox_id, modseq) index where
+        // a cached generic plan could settle on walking the whole mailbox.
         let rows = sqlx::query(
             "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
              WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
         )
+        .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .bind(highest)
@@ -1235,6 +1254,7 @@ impl Store for PgStore {
         let expunged: Vec<i64> = sqlx::query_scalar(
             "SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
         )
+        .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .bind(highest)

@@ -1004,8 +1004,18 @@ impl Store for SqliteStore {
     }
 
     async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+        // Without statistics SQLite prefers the primary key (it serves ORDER BY uid)
+        // and filters the whole mailbox; name the partial index so that UNSEEN and
+        // DELETED searches cost what they return, not the mailbox size.
+        let index = if without.contains(Flags::SEEN) {
+            " INDEXED BY mailbox_messages_unseen"
+        } else if with.contains(Flags::DELETED) && !without.contains(Flags::DELETED) {
+            " INDEXED BY mailbox_messages_deleted"
+        } else {
+            ""
+        };
         let sql = format!(
-            "SELECT uid FROM mailbox_messages WHERE mailbox_id = ?{} ORDER BY uid",
+            "SELECT uid FROM mailbox_messages{index} WHERE mailbox_id = ?{} ORDER BY uid",
             flag_conditions(with, without)
         );
         let uids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
@@ -1082,7 +1092,7 @@ impl Store for SqliteStore {
             None => {
                 let rows = sqlx::query(
                     "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
-                     WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
+                     INDEXED BY mailbox_messages_deleted WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)
@@ -1122,6 +1132,8 @@ impl Store for SqliteStore {
 
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         // One read transaction: a consistent snapshot of mailbox, rows and tombstones.
+        // The modseq indexes are named because SQLite, lacking statistics, would
+        // rather walk the primary key for the ORDER BY and filter the whole mailbox.
         let mut tx = self.reader.begin().await.map_err(db_err)?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
             .bind(mailbox_id)
@@ -1135,7 +1147,7 @@ impl Store for SqliteStore {
             return Ok(out);
         }
         let rows = sqlx::query(
-            "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
+            "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
              WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
         )
         .bind(mailbox_id)
@@ -1145,7 +1157,9 @@ impl Store for SqliteStore {
         .map_err(db_err)?;
         out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
         let expunged: Vec<i64> =
-            sqlx::query_scalar("SELECT uid FROM expunged WHERE mailbox_id = ? AND modseq > ? ORDER BY uid")
+            sqlx::query_scalar(
+                "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
+            )
                 .bind(mailbox_id)
                 .bind(since)
                 .fetch_all(&mut *tx)
