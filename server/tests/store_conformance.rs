@@ -295,6 +295,16 @@ async fn basics_ping_stats_migrate(ctx: Ctx) {
     let stats = s.pool_stats();
     assert!(stats.max >= 1, "{stats:?}");
     assert!(stats.idle + stats.in_use <= stats.max, "{stats:?}");
+    // acquire times reach the observer (mail_db_pool_acquire_seconds)
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    s.set_acquire_observer(Arc::new(move |d: Duration| {
+        assert!(d < CONNECT_TIMEOUT);
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
+    s.domain_list().await.expect("list");
+    s.ping().await.expect("ping");
+    assert!(seen.load(std::sync::atomic::Ordering::Relaxed) >= 2, "observer called per acquisition");
     // a second store (another pod) on the same database agrees
     let other = ctx.open_again().await;
     other.migrate().await.expect("migrate from second store");
