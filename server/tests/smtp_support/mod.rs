@@ -51,7 +51,11 @@ impl Harness {
             store: store.clone(),
             cache: cache_dyn.clone(),
             metrics: Arc::new(mailcluster_server::metrics::Metrics::new()),
-            auth: Arc::new(mailcluster_server::auth::Authenticator { store, cache: cache_dyn }),
+            auth: Arc::new(mailcluster_server::auth::Authenticator::new(
+                store,
+                cache_dyn,
+                Default::default(),
+            )),
             deliverer,
         };
         let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
