@@ -273,6 +273,17 @@ async fn plain_session_sees_peer_and_gauge_follows_it() {
 }
 
 #[tokio::test]
+async fn dual_stack_listener_reports_ipv4_clients_plainly() {
+    let (proto, _events) = echo(false);
+    let spec = ListenerSpec { addr: "[::]:0".parse().expect("addr"), ..spec("smtp", TlsMode::Plain) };
+    let server = start(spec, proto, None, Duration::from_secs(5));
+    let mut c = connect(SocketAddr::from(([127, 0, 0, 1], server.addr.port()))).await;
+    let local = c.get_ref().local_addr().expect("local");
+    assert_eq!(read_line(&mut c).await, format!("HELLO {local} tls=false\r\n"));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn implicit_tls_and_failed_handshakes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pair = new_cert();
