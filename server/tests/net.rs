@@ -786,6 +786,18 @@ async fn admin_endpoints() {
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     assert_eq!(http_get(addr, "/readyz").await, (200, "ready\n".to_string()));
 
+    // What Prometheus and kubelet-style probes see, through a real HTTP client.
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-D", "-", &format!("http://{addr}/metrics")])
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{text}");
+    assert!(text.contains("mail_pool_saturation 0.875"));
+
     *store.fail.lock().expect("lock") = Some("connection\nrefused".into());
     assert_eq!(http_get(addr, "/readyz").await, (503, "store (test): connection refused\n".to_string()));
     *store.fail.lock().expect("lock") = None;
