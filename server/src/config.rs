@@ -30,6 +30,7 @@ pub struct Config {
     pub smtp: crate::smtp::SmtpConfig,
     pub imap: crate::imap::ImapConfig,
     pub pop3: crate::pop3::Pop3Config,
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl Default for Config {
@@ -49,6 +50,7 @@ impl Default for Config {
             smtp: Default::default(),
             imap: Default::default(),
             pop3: Default::default(),
+            auth: Default::default(),
         }
     }
 }

@@ -1,0 +1,176 @@
+//! Shared helpers for the SMTP tests: an App over a real store (SQLite in a temp
+//! dir, or PostgreSQL in a fresh database), sessions driven over an in-memory
+//! duplex, and a small SMTP client reading replies.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailcluster_server::app::App;
+use mailcluster_server::config::Config;
+use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown};
+use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+pub mod memstore;
+
+pub use memstore::{MemCache, MemStore};
+
+pub struct Harness {
+    pub app: App,
+    pub mem: Arc<MemStore>,
+    pub cache: Arc<MemCache>,
+    pub mx: Arc<SmtpProtocol>,
+    pub submission: Arc<SmtpProtocol>,
+    pub shutdown_tx: tokio::sync::watch::Sender<bool>,
+    pub shutdown: Shutdown,
+}
+
+pub fn config(edit: impl FnOnce(&mut Config)) -> Config {
+    let mut c = Config { hostname: "mx.test".into(), ..Config::default() };
+    edit(&mut c);
+    c
+}
+
+impl Harness {
+    pub async fn new(config: Config) -> Harness {
+        let mem = Arc::new(MemStore::default());
+        mem.add_domain("example.test");
+        mem.add_account("alice@example.test", "alice-password");
+        mem.add_account("bob@example.test", "bob-password");
+        let cache = Arc::new(MemCache::default());
+        let store: Arc<dyn mailcluster_server::store::Store> = mem.clone();
+        let cache_dyn: Arc<dyn mailcluster_server::cache::Cache> = cache.clone();
+        let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
+            store.clone(),
+            config.smtp.delivery_options(),
+        ));
+        let app = App {
+            config: Arc::new(config),
+            store: store.clone(),
+            cache: cache_dyn.clone(),
+            metrics: Arc::new(mailcluster_server::metrics::Metrics::new()),
+            auth: Arc::new(mailcluster_server::auth::Authenticator { store, cache: cache_dyn }),
+            deliverer,
+        };
+        let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
+        let submission = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Submission));
+        let (shutdown_tx, shutdown) = Shutdown::new();
+        Harness { app, mem, cache, mx, submission, shutdown_tx, shutdown }
+    }
+
+    /// Starts a session on `proto` over an in-memory stream; returns the client end.
+    pub fn connect(&self, proto: &Arc<SmtpProtocol>) -> Client {
+        self.connect_from(proto, "192.0.2.10:40000".parse().expect("addr"))
+    }
+
+    pub fn connect_from(&self, proto: &Arc<SmtpProtocol>, remote: SocketAddr) -> Client {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let ctx = SessionCtx {
+            conn: ConnInfo {
+                remote,
+                local: "192.0.2.1:25".parse().expect("addr"),
+                listener: proto.kind().listener_name(),
+            },
+            tls: None,
+            shutdown: self.shutdown.clone(),
+        };
+        let proto = proto.clone();
+        let task = tokio::spawn(async move { proto.handle(SessionStream::Memory(server), ctx).await });
+        Client { io: client, buf: Vec::new(), task: Some(task) }
+    }
+}
+
+/// A minimal SMTP client over the in-memory stream.
+pub struct Client {
+    pub io: DuplexStream,
+    buf: Vec<u8>,
+    pub task: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub const STEP: Duration = Duration::from_secs(10);
+
+impl Client {
+    pub async fn send(&mut self, data: &str) {
+        self.send_bytes(data.as_bytes()).await;
+    }
+
+    pub async fn send_bytes(&mut self, data: &[u8]) {
+        tokio::time::timeout(STEP, self.io.write_all(data)).await.expect("write in time").expect("write");
+    }
+
+    /// Reads one complete (possibly multi-line) reply; returns its lines.
+    pub async fn reply(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let line = self.line().await;
+            let last = line.len() < 4 || line.as_bytes()[3] != b'-';
+            lines.push(line);
+            if last {
+                return lines;
+            }
+        }
+    }
+
+    /// Reads one reply and checks that its last line starts with `prefix`.
+    pub async fn expect(&mut self, prefix: &str) -> Vec<String> {
+        let r = self.reply().await;
+        let last = r.last().cloned().unwrap_or_default();
+        assert!(last.starts_with(prefix), "expected {prefix:?}, got {r:?}");
+        r
+    }
+
+    /// Sends a command and checks the reply.
+    pub async fn cmd(&mut self, line: &str, prefix: &str) -> Vec<String> {
+        self.send(&format!("{line}\r\n")).await;
+        self.expect(prefix).await
+    }
+
+    async fn line(&mut self) -> String {
+        loop {
+            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = self.buf.drain(..pos + 2).collect();
+                return String::from_utf8_lossy(&line[..pos]).into_owned();
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout(STEP, self.io.read(&mut chunk))
+                .await
+                .expect("reply in time")
+                .expect("read");
+            assert!(n > 0, "connection closed while waiting for a reply; buffered {:?}", self.buf);
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// One read: what the server has written so far (used to check flush batching).
+    pub async fn read_once(&mut self) -> Vec<u8> {
+        let mut chunk = vec![0u8; 1 << 16];
+        let n =
+            tokio::time::timeout(STEP, self.io.read(&mut chunk)).await.expect("read in time").expect("read");
+        chunk.truncate(n);
+        chunk
+    }
+
+    /// Waits for the server to close the connection.
+    pub async fn expect_closed(&mut self) {
+        let mut chunk = [0u8; 1024];
+        loop {
+            let n = tokio::time::timeout(STEP, self.io.read(&mut chunk))
+                .await
+                .expect("close in time")
+                .unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+        }
+        if let Some(t) = self.task.take() {
+            tokio::time::timeout(STEP, t).await.expect("session ends").expect("session task");
+        }
+    }
+
+    pub async fn ehlo(&mut self) -> Vec<String> {
+        self.expect("220 ").await;
+        self.cmd("EHLO client.test", "250 ").await
+    }
+}
