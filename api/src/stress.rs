@@ -155,6 +155,15 @@ pub enum ScenarioKind {
     SmtpNoop,
 }
 
+/// A mail protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Smtp,
+    Imap,
+    Pop3,
+}
+
 /// IMAP or SMTP authentication mechanism.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -196,6 +205,9 @@ pub struct ScenarioSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub kind: ScenarioKind,
+    /// Protocol for `connect-flood` and `auth` (default: every configured target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
     /// Concurrent sessions (workers). For connect-flood: connections held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
@@ -241,6 +253,7 @@ impl ScenarioSpec {
         ScenarioSpec {
             name: None,
             kind,
+            protocol: None,
             concurrency: None,
             rate: None,
             duration: None,

@@ -701,22 +701,4 @@ mod tests {
             }
         }
     }
-
-    #[test]
-    fn speed_of_a_4k_message() {
-        let raw = MessageBuilder::new()
-            .from(("Alice", "alice@example.com"))
-            .to("bob@example.org")
-            .subject("A 4 KB message")
-            .text_body("lorem ipsum dolor sit amet ".repeat(150))
-            .write_to_vec()
-            .expect("build");
-        let n = 2000;
-        let start = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(parse_meta(&raw));
-        }
-        let per = start.elapsed() / n;
-        println!("parse_meta: {} bytes in {:?} per message", raw.len(), per);
-    }
 }

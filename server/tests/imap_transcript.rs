@@ -390,3 +390,103 @@ async fn tenant_isolation() {
     let r = c.cmd("c", "CREATE ../escape").await;
     assert!(tagged(&r).contains(" NO "), "{r:?}");
 }
+
+#[tokio::test]
+async fn idle_falls_back_to_polling_when_notifications_end() {
+    let cache = common::mem::MemCache { broken_notifications: true, ..Default::default() };
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(cache),
+        |c| {
+            c.tls.allow_plaintext_auth = true;
+            c.imap.idle_poll_secs = 1;
+        },
+    );
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("s", "SELECT INBOX").await;
+    a.send("i IDLE\r\n").await;
+    assert_eq!(a.line().await, "+ idling");
+    // Straight into the store: no notification is published at all.
+    deliver(&app, &bob, "INBOX", &sample("polled", "x"), FlagSet::default()).await;
+    let started = std::time::Instant::now();
+    assert_eq!(a.line().await, "* 1 EXISTS");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "{:?}", started.elapsed());
+    a.send("DONE\r\n").await;
+    assert_eq!(a.line().await, "i OK IDLE terminated");
+}
+
+#[tokio::test]
+async fn autologout_before_authentication() {
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(common::mem::MemCache::default()),
+        |c| c.imap.preauth_timeout_secs = 1,
+    );
+    let (mut c, _tx) = connect(&app);
+    c.line().await;
+    assert_eq!(c.line().await, "* BYE Autologout; idle for too long");
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn connections_per_user_are_limited() {
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(common::mem::MemCache::default()),
+        |c| {
+            c.tls.allow_plaintext_auth = true;
+            c.imap.max_connections_per_user = 2;
+        },
+    );
+    account(&app, "bob@example.org", "pw").await;
+    let (_a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    let (mut c, _tc) = connect(&app);
+    c.line().await;
+    let r = c.cmd("x", "LOGIN bob@example.org pw").await;
+    assert_eq!(tagged(&r), "x NO [LIMIT] Too many connections for this account");
+    // A slot is freed when a session ends.
+    b.cmd("o", "LOGOUT").await;
+    assert!(b.closed().await);
+    let r = c.cmd("y", "LOGIN bob@example.org pw").await;
+    assert!(tagged(&r).starts_with("y OK"), "{r:?}");
+}
+
+#[tokio::test]
+async fn metrics_count_imap_commands_and_idle_sessions() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    c.cmd("f", "UID FETCH 1:* FLAGS").await;
+    c.cmd("b", "FROB").await;
+    c.send("i IDLE\r\n").await;
+    c.line().await;
+    let text = {
+        use prometheus::Encoder as _;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&app.metrics.registry.gather(), &mut buf).expect("encode");
+        String::from_utf8(buf).expect("utf8")
+    };
+    assert!(
+        text.contains("mail_commands_total{command=\"UID FETCH\",protocol=\"imap\",result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_commands_total{command=\"LOGIN\",protocol=\"imap\",result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_commands_total{command=\"UNKNOWN\",protocol=\"imap\",result=\"bad\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_command_duration_seconds_count{command=\"SELECT\",protocol=\"imap\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("mail_connections_active{protocol=\"imap\"} 1"), "{text}");
+    assert!(text.contains("mail_imap_idle_sessions 1"), "{text}");
+    c.send("DONE\r\n").await;
+    c.line().await;
+}

@@ -382,12 +382,14 @@ impl Store for MemStore {
 
 /// Notifications over a tokio broadcast channel; the rest is inert.
 pub struct MemCache {
-    tx: tokio::sync::broadcast::Sender<MailboxEvent>,
+    pub tx: tokio::sync::broadcast::Sender<MailboxEvent>,
+    /// Simulates a lost backend: subscriptions end at once.
+    pub broken_notifications: bool,
 }
 
 impl Default for MemCache {
     fn default() -> Self {
-        MemCache { tx: tokio::sync::broadcast::channel(1024).0 }
+        MemCache { tx: tokio::sync::broadcast::channel(1024).0, broken_notifications: false }
     }
 }
 
@@ -431,6 +433,9 @@ impl Cache for MemCache {
         Ok(())
     }
     async fn subscribe(&self, account_id: i64) -> CacheResult<BoxStream<'static, MailboxEvent>> {
+        if self.broken_notifications {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
         let rx = self.tx.subscribe();
         let stream = futures::stream::unfold(rx, move |mut rx| async move {
             loop {

@@ -31,12 +31,16 @@ pub fn cheap_hash(password: &str) -> String {
 }
 
 pub fn app_with(store: Arc<dyn Store>, cache: Arc<dyn Cache>, plaintext_auth: bool) -> App {
+    app_configured(store, cache, |c| c.tls.allow_plaintext_auth = plaintext_auth)
+}
+
+pub fn app_configured(store: Arc<dyn Store>, cache: Arc<dyn Cache>, tweak: impl FnOnce(&mut Config)) -> App {
     let mut config = Config::default();
-    config.tls.allow_plaintext_auth = plaintext_auth;
     config.imap.max_literal_bytes = 1024 * 1024;
+    tweak(&mut config);
     App {
         config: Arc::new(config),
-        auth: Arc::new(Authenticator { store: store.clone(), cache: cache.clone() }),
+        auth: Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default())),
         deliverer: Arc::new(Deliverer::new(store.clone())),
         store,
         cache,
