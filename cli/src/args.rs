@@ -40,6 +40,9 @@ pub enum Command {
         #[command(subcommand)]
         command: DomainCommand,
     },
+    /// Run load scenarios against a server and check them against SLOs
+    /// (exit 0 all SLOs met, 3 an SLO missed, 1 the run failed).
+    Stress(Box<mailcluster_stress::StressArgs>),
     /// Print the version.
     Version,
 }

@@ -92,14 +92,18 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
         }
         (UserCommand::Passwd { email, .. }, Some(password)) => {
             let hash = hash(&password).await?;
+            let account = existing_account(&*store, email).await?;
             store
                 .account_set_password(email, &hash)
                 .await
                 .with_context(|| format!("cannot change the password of {email}"))?;
+            forget_credentials(config, account.id).await;
             eprintln!("password of {email} changed");
         }
         (UserCommand::Del { email }, _) => {
+            let account = existing_account(&*store, email).await?;
             store.account_delete(email).await.with_context(|| format!("cannot delete user {email}"))?;
+            forget_credentials(config, account.id).await;
             eprintln!("user {email} deleted");
         }
         (UserCommand::List { domain }, _) => {
@@ -114,6 +118,34 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
         }
     }
     Ok(())
+}
+
+async fn existing_account(
+    store: &dyn Store,
+    email: &str,
+) -> Result<mailcluster_server::store::Account, Failure> {
+    match store.account_get(email).await.with_context(|| format!("cannot look up {email}"))? {
+        Some(account) => Ok(account),
+        None => Err(anyhow::anyhow!("no such user: {email}").into()),
+    }
+}
+
+/// Servers keep verified credentials in the cache for a short while; with a shared
+/// (Redis) cache, drop them so the old password stops working at once. The
+/// in-process cache of a running embedded server is out of reach and expires by
+/// itself. Failing here is a warning: the change itself is already stored.
+async fn forget_credentials(config: &Config, account_id: i64) {
+    if config.redis.url.is_none() {
+        return;
+    }
+    let purge = async {
+        let cache = mailcluster_server::serve::open_cache(config).await?;
+        cache.credential_purge_account(account_id).await?;
+        anyhow::Ok(())
+    };
+    if let Err(e) = purge.await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear cached credentials; they expire by themselves");
+    }
 }
 
 fn check_email(email: &str) -> Result<(), Failure> {

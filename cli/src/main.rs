@@ -17,7 +17,7 @@ use crate::failure::Failure;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(failure) => {
             eprintln!("mailcluster: error: {}", failure.message());
             failure.exit_code()
@@ -25,14 +25,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
-    let config_arg = match &cli.command {
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let config_arg = match cli.command {
         Command::Version => {
             println!("mailcluster {}", env!("CARGO_PKG_VERSION"));
-            return Ok(());
+            return Ok(ExitCode::SUCCESS);
         }
-        Command::Serve(args) => &args.config,
-        Command::Migrate(config) | Command::User { config, .. } | Command::Domain { config, .. } => config,
+        // The stress runner talks to servers over the network; it reads no server
+        // configuration and has its own exit codes.
+        Command::Stress(args) => {
+            let rust_log = std::env::var("RUST_LOG").ok();
+            let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), "warn")
+                .map_err(Failure::usage)?;
+            logging::init(filter, "auto");
+            let code = runtime()?.block_on(mailcluster_stress::run(*args));
+            return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+        }
+        Command::Serve(ref args) => &args.config,
+        Command::Migrate(ref config)
+        | Command::User { ref config, .. }
+        | Command::Domain { ref config, .. } => config,
     };
     let config = commands::load_config(config_arg)?;
     let rust_log = std::env::var("RUST_LOG").ok();
@@ -40,18 +52,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(Failure::usage)?;
     logging::init(filter, &config.log.format);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("mailcluster")
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
         match &cli.command {
             Command::Serve(args) => commands::serve(args, config).await,
             Command::Migrate(_) => commands::migrate(&config).await,
             Command::User { command, .. } => commands::user(&config, command).await,
             Command::Domain { command, .. } => commands::domain(&config, command).await,
-            Command::Version => Ok(()),
+            Command::Version | Command::Stress(_) => Ok(()),
         }
-    })
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mailcluster")
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}").into())
 }

@@ -5,36 +5,119 @@
 //! migrations → cache → shared state → TLS → listeners and admin → wait for
 //! SIGTERM/SIGINT → drain.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::admin::{self, AdminState};
+use crate::app::App;
+use crate::auth::Authenticator;
+use crate::cache::{self, Cache};
 use crate::config::{Config, redact_url};
-use crate::store::{Store, StoreError};
+use crate::delivery::Deliverer;
+use crate::imap::ImapProtocol;
+use crate::metrics::Metrics;
+use crate::net::{self, Listener, ListenerSpec, Protocol, ShutdownController, TlsMode, TlsProvider};
+use crate::smtp::{SmtpKind, SmtpProtocol};
+use crate::store::{self, Store, StoreError};
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    raise_nofile_limit();
+    net::raise_nofile_limit();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
+    let config = Arc::new(config);
 
     let store = open_store(&config).await?;
     if config.database.migrate_on_start {
         store.migrate().await.context("database migration failed")?;
     }
-    let _ = store;
-    anyhow::bail!("serving is not available in this build yet (listeners are not wired)")
+    let cache = open_cache(&config).await?;
+
+    let metrics = Arc::new(Metrics::new());
+    let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
+    auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
+    let deliverer = Arc::new(Deliverer::with_options(store.clone(), config.smtp.delivery_options()));
+    let app = App {
+        config: config.clone(),
+        store: store.clone(),
+        cache: cache.clone(),
+        metrics: metrics.clone(),
+        auth,
+        deliverer,
+    };
+
+    let tls =
+        TlsProvider::from_app_config(&config, cache.clone(), &metrics).await.context("TLS setup failed")?;
+    let shutdown = ShutdownController::new(Duration::from_secs(config.shutdown_grace_secs));
+    // From here on SIGTERM/SIGINT start a drain instead of killing the process.
+    shutdown.spawn_signal_handler().context("cannot install the SIGTERM/SIGINT handler")?;
+
+    // Bind everything before serving anything: a taken port fails the start with
+    // its name instead of leaving a half-working pod.
+    let admin_addr = config.admin_addr();
+    let admin_listener =
+        admin::bind(admin_addr).await.with_context(|| format!("cannot listen on {admin_addr} (admin)"))?;
+    let mut bound = Vec::new();
+    for name in config.enabled_protocols() {
+        let Some((tls_mode, protocol)) = protocol_for(name, &app) else {
+            tracing::warn!(listener = name, "protocol not available in this build; not listening");
+            continue;
+        };
+        let port = config.ports.get(name).unwrap_or(0);
+        let spec = ListenerSpec::from_config(name, port, tls_mode, &config);
+        let addr = spec.addr;
+        let listener = Listener::bind(spec).with_context(|| format!("cannot listen on {addr} ({name})"))?;
+        bound.push((listener, protocol));
+    }
+
+    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin_state = AdminState::new(store.clone(), cache.clone(), metrics.clone(), shutdown.clone());
+    let admin_task = tokio::spawn(admin::serve_admin(admin_listener, admin_state, async move {
+        let _ = admin_stopped.await;
+    }));
+
+    tracing::info!(hostname = %config.hostname, store = store.backend(), cache = cache.backend(), "mailcluster serving");
+    net::serve(bound, Some(tls), metrics, shutdown).await;
+    tracing::info!("drained; stopping");
+
+    // The admin port stays up during the drain so probes see `/readyz` fail.
+    let _ = admin_stop.send(());
+    match admin_task.await {
+        Ok(result) => result.context("admin server failed")?,
+        Err(e) => anyhow::bail!("admin server task failed: {e}"),
+    }
+    Ok(())
 }
 
-/// Raises RLIMIT_NOFILE to the hard limit: every connection is a descriptor, and
-/// the usual soft limit of 1024 would cap a pod far below what it can serve.
-pub fn raise_nofile_limit() {
-    match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(limit) => tracing::debug!(limit, "open file limit"),
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+/// The session type and TLS mode of each listener name in
+/// [`PROTOCOLS`](crate::config::PROTOCOLS); `None` for a protocol this build does
+/// not serve yet (POP3).
+fn protocol_for(name: &str, app: &App) -> Option<(TlsMode, Arc<dyn Protocol>)> {
+    let app = app.clone();
+    Some(match name {
+        "smtp" => (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Mx))),
+        "submission" => (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Submission))),
+        "submissions" => (TlsMode::Implicit, Arc::new(SmtpProtocol::new(app, SmtpKind::Submissions))),
+        "imap" => (TlsMode::Plain, Arc::new(ImapProtocol::new(app, false))),
+        "imaps" => (TlsMode::Implicit, Arc::new(ImapProtocol::new(app, true))),
+        _ => return None,
+    })
+}
+
+/// Opens the cache: Redis when configured, else the in-process one (single pod).
+pub async fn open_cache(config: &Config) -> anyhow::Result<Arc<dyn Cache>> {
+    let url = config.redis.url.as_ref().map(|s| s.expose());
+    let timeout = Duration::from_secs(config.redis.connect_timeout_secs);
+    let cache = cache::open(url, &config.redis.key_prefix, timeout).await.map_err(|e| match url {
+        Some(url) => anyhow::anyhow!("cannot connect to Redis at {}: {e}", redact_url(url)),
+        None => anyhow::anyhow!("cannot start the in-process cache: {e}"),
+    })?;
+    if url.is_none() {
+        tracing::warn!("no MAILCLUSTER_REDIS_URL: using the in-process cache (one pod only)");
     }
+    Ok(cache)
 }
 
 /// Opens the configured store. While the database is unavailable it keeps trying,
@@ -66,78 +149,6 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 }
 
 async fn open_store_once(config: &Config, url: Option<&str>) -> Result<Arc<dyn Store>, StoreError> {
-    let _ = (config, url);
-    Err(StoreError::Internal("no store backend is built into this binary yet".into()))
-}
-
-/// Certificate and key for TLS: the configured files, or a self-signed pair kept in
-/// the data directory (generated once, so clients that pinned it keep working across
-/// restarts). Returns the PEM file paths.
-pub fn tls_files(config: &Config) -> anyhow::Result<(PathBuf, PathBuf)> {
-    match (&config.tls.cert, &config.tls.key) {
-        (Some(cert), Some(key)) => Ok((cert.clone(), key.clone())),
-        _ => ensure_dev_certificate(&config.data_dir, &config.hostname),
-    }
-}
-
-/// Writes `dev-cert.pem` / `dev-key.pem` into `dir` unless both exist.
-pub fn ensure_dev_certificate(dir: &Path, hostname: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let cert_path = dir.join("dev-cert.pem");
-    let key_path = dir.join("dev-key.pem");
-    if cert_path.exists() && key_path.exists() {
-        return Ok((cert_path, key_path));
-    }
-    let mut names = vec![hostname.to_string(), "localhost".to_string()];
-    names.dedup();
-    let certified = rcgen::generate_simple_self_signed(names).context("cannot generate a certificate")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    write_private(&key_path, certified.signing_key.serialize_pem().as_bytes())?;
-    std::fs::write(&cert_path, certified.cert.pem())
-        .with_context(|| format!("cannot write {}", cert_path.display()))?;
-    tracing::warn!(
-        cert = %cert_path.display(),
-        "no TLS certificate configured: generated a self-signed one (set MAILCLUSTER_TLS_CERT/MAILCLUSTER_TLS_KEY in production)"
-    );
-    Ok((cert_path, key_path))
-}
-
-/// Private keys are created readable by the owner only.
-fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(data).with_context(|| format!("cannot write {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dev_certificate_is_generated_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = ensure_dev_certificate(dir.path(), "mx.example.com").unwrap();
-        let pem = std::fs::read_to_string(&cert).unwrap();
-        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
-        assert!(std::fs::read_to_string(&key).unwrap().contains("PRIVATE KEY"));
-        use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
-        let again = ensure_dev_certificate(dir.path(), "mx.example.com").unwrap();
-        assert_eq!(again, (cert.clone(), key));
-        assert_eq!(std::fs::read_to_string(&cert).unwrap(), pem, "not regenerated");
-    }
-
-    #[test]
-    fn configured_files_win() {
-        let mut config = Config::default();
-        config.tls.cert = Some("/c.pem".into());
-        config.tls.key = Some("/k.pem".into());
-        assert_eq!(tls_files(&config).unwrap(), (PathBuf::from("/c.pem"), PathBuf::from("/k.pem")));
-    }
+    let timeout = Duration::from_secs(config.database.connect_timeout_secs);
+    store::open(url, &config.data_dir, config.database.pool_size, timeout).await
 }

@@ -119,10 +119,3 @@ pub fn with_database(url: &str, name: &str) -> String {
     let query = url.find('?').map(|q| &url[q..]).unwrap_or("");
     format!("{}/{name}{query}", &url[..authority_end])
 }
-
-#[test]
-fn with_database_replaces_the_path() {
-    assert_eq!(with_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
-    assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
-    assert_eq!(with_database("postgres://u@h/db?sslmode=disable", "x"), "postgres://u@h/x?sslmode=disable");
-}
