@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 ulimit -n "$(ulimit -Hn)"
 [ -x "$BIN" ] || nice cargo build --release -p mailcluster-stress
 COMMON=(--users-count "$USERS" -k --no-progress)
-run() { local name=$1; shift; echo "## $name: $*"; "$BIN" "$@" "${COMMON[@]}" --json "$OUT/$name.json" | tee "$OUT/$name.txt"; echo "exit $?"; }
+run() { local name=$1; shift; echo "## $name: $*"; "$BIN" "$@" "${COMMON[@]}" --json "$OUT/$name.json" | tee "$OUT/$name.txt"; echo "exit ${PIPESTATUS[0]}"; }
 
 echo "## machine: $(nproc) cores; $(free -g | awk '/Mem:/{print $2" GiB RAM"}'); $(date -u +%FT%TZ)" | tee "$OUT/machine.txt"
 [ "${SKIP_SEED:-0}" = 1 ] || run seed --smtp 127.0.0.1:2526 -s seed --messages-per-user "$PER_USER" -c 20

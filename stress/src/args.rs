@@ -517,7 +517,9 @@ fn check_targets(plan: &Plan, t: &Targets) -> anyhow::Result<()> {
     let need = |ok: bool, what: &str| {
         if ok { Ok(()) } else { Err(anyhow::anyhow!("scenario {} needs a {what} target", plan.name)) }
     };
-    for (op, _) in &plan.mix {
+    // connect-flood has no operation mix: it needs whichever target it floods.
+    let mix: &[(Op, u64)] = if plan.kind == ScenarioKind::ConnectFlood { &[] } else { &plan.mix };
+    for (op, _) in mix {
         match op {
             Op::Deliver | Op::Noop | Op::Seed => need(t.smtp.is_some(), "SMTP")?,
             Op::Search | Op::Fetch => need(t.imap.is_some(), "IMAP")?,

@@ -141,3 +141,28 @@ async fn missing_target_is_a_run_error() {
     assert!(err.to_string().contains("IMAP"), "{err}");
     assert_eq!(mailcluster_stress::run(a).await, mailcluster_stress::EXIT_ERROR);
 }
+
+#[tokio::test]
+async fn connect_flood_holds_imap_connections() {
+    let addr = serve(|s| async move {
+        let mut c = Lines::new(s);
+        c.send("* OK ready\r\n").await;
+        while let Some(l) = c.line().await {
+            let tag = l.split_whitespace().next().unwrap_or("*").to_string();
+            let bye = if l.to_ascii_uppercase().contains("LOGOUT") { "* BYE\r\n" } else { "" };
+            if !c.send(&format!("{bye}{tag} OK done\r\n")).await {
+                return;
+            }
+        }
+    })
+    .await;
+    let mut a = args(&[ScenarioKind::ConnectFlood]);
+    a.imap = Some(addr.to_string());
+    a.concurrency = Some(20);
+    a.duration = Some("300ms".into());
+    a.ramp_up = Some("100ms".into());
+    let r = run(a).await;
+    assert_eq!(op(&r, "connect").ok, 20);
+    assert_eq!(op(&r, "hold").ok, 20, "every connection survived the hold and answered NOOP");
+    assert!(r.passed());
+}
