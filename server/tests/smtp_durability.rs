@@ -82,19 +82,31 @@ fn spawn_child(url: &str) -> (Child, u16) {
         .stderr(Stdio::null())
         .spawn()
         .expect("child starts");
-    let stdout = child.stdout.take().unwrap();
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("child without stdout");
+    };
     let mut lines = BufReader::new(stdout).lines();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < deadline, "child did not start");
-        let line = lines.next().expect("child output").expect("line");
-        // The test harness may print "test child_server ... " before it on the line.
-        if let Some((_, port)) = line.split_once("LISTENING ") {
-            // Keep draining stdout so the child never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            return (child, port.trim().parse().unwrap());
+    let port = loop {
+        match lines.next() {
+            // The test harness may print "test child_server ... " before it on the line.
+            Some(Ok(line)) => {
+                if let Some(port) = line.split_once("LISTENING ").and_then(|(_, p)| p.trim().parse().ok()) {
+                    break Some(port);
+                }
+            }
+            _ => break None,
         }
-    }
+    };
+    let Some(port) = port else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("child exited before listening");
+    };
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, port)
 }
 
 /// Starts the child off the runtime threads (it blocks reading the child's output).
