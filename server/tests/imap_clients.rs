@@ -1,5 +1,6 @@
-//! Real clients against the real server over TCP and TLS on 127.0.0.1:0: Python's
-//! imaplib (implicit TLS, STARTTLS, IDLE on a raw socket) and curl's imap(s)://.
+//! Real clients against the real server (net listeners, SQLite store, in-process
+//! cache) over TCP and TLS on 127.0.0.1:0: Python's imaplib (implicit TLS,
+//! STARTTLS, IDLE on a raw socket) and curl's imap(s)://.
 
 mod common;
 
@@ -9,11 +10,13 @@ use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
+use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::imap::ImapProtocol;
-use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
-use mailcluster_server::store::FlagSet;
+use mailcluster_server::net::listener::{Listener, ListenerSpec, TlsMode};
+use mailcluster_server::net::server::{self, ShutdownController};
+use mailcluster_server::net::{Protocol, TlsProvider};
+use mailcluster_server::store::{self, FlagSet};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::net::TcpListener;
 
 fn tls_provider() -> TlsProvider {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
@@ -29,42 +32,38 @@ fn tls_provider() -> TlsProvider {
     TlsProvider::from_config(Arc::new(config))
 }
 
-/// A minimal accept loop (the production listeners live in `net`): implicit TLS
-/// when `implicit`, else plain with STARTTLS available.
-async fn serve(app: App, implicit: bool, tls: TlsProvider) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let local = listener.local_addr().expect("addr");
-    let proto = Arc::new(ImapProtocol::new(app, implicit));
-    tokio::spawn(async move {
-        while let Ok((tcp, remote)) = listener.accept().await {
-            let (proto, tls) = (proto.clone(), tls.clone());
-            tokio::spawn(async move {
-                let stream = if implicit {
-                    match tls.acceptor().accept(tcp).await {
-                        Ok(s) => SessionStream::Tls(Box::new(s)),
-                        Err(_) => return,
-                    }
-                } else {
-                    SessionStream::Plain(tcp)
-                };
-                let (_keep, shutdown) = Shutdown::new();
-                let conn = ConnInfo { remote, local, listener: if implicit { "imaps" } else { "imap" } };
-                proto.handle(stream, SessionCtx { conn, tls: Some(tls), shutdown }).await;
-            });
-        }
-    });
-    local
+/// Serves `imaps` (implicit TLS) and `imap` (STARTTLS) with the production
+/// listeners of `net` on 127.0.0.1:0; returns their addresses.
+async fn serve(app: App, tls: TlsProvider) -> (SocketAddr, SocketAddr) {
+    let spec = |name: &'static str, mode: TlsMode| {
+        let mut s = ListenerSpec::from_config(name, 0, mode, &app.config);
+        s.addr = "127.0.0.1:0".parse().expect("addr");
+        s
+    };
+    let imaps = Listener::bind(spec("imaps", TlsMode::Implicit)).expect("bind imaps");
+    let imap = Listener::bind(spec("imap", TlsMode::Plain)).expect("bind imap");
+    let addrs = (imaps.local_addr().expect("addr"), imap.local_addr().expect("addr"));
+    let listeners: Vec<(Listener, Arc<dyn Protocol>)> = vec![
+        (imaps, Arc::new(ImapProtocol::new(app.clone(), true))),
+        (imap, Arc::new(ImapProtocol::new(app.clone(), false))),
+    ];
+    let shutdown = ShutdownController::new(Duration::from_secs(1));
+    tokio::spawn(server::serve(listeners, Some(tls), app.metrics.clone(), shutdown));
+    addrs
 }
 
-async fn setup() -> (App, SocketAddr, SocketAddr) {
-    let app = mem_app(false);
+/// The real embedded store (SQLite in a temporary directory) and in-process cache.
+async fn setup() -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store::open(None, dir.path(), 4, Duration::from_secs(5)).await.expect("open store");
+    store.migrate().await.expect("migrate");
+    store.domain_add("example.org").await.expect("domain");
+    let app = app_with(store, Arc::new(LocalCache::new()), false);
     let bob = account(&app, "bob@example.org", "pw").await;
     deliver(&app, &bob, "INBOX", &sample("first", "first body"), FlagSet::default()).await;
     deliver(&app, &bob, "INBOX", &sample("second", "second body"), FlagSet::default()).await;
-    let tls = tls_provider();
-    let imaps = serve(app.clone(), true, tls.clone()).await;
-    let imap = serve(app.clone(), false, tls).await;
-    (app, imaps, imap)
+    let (imaps, imap) = serve(app.clone(), tls_provider()).await;
+    (app, imaps, imap, dir)
 }
 
 async fn run(cmd: &mut tokio::process::Command) -> (bool, String) {
@@ -78,7 +77,7 @@ async fn run(cmd: &mut tokio::process::Command) -> (bool, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_imaplib() {
-    let (_app, imaps, imap) = setup().await;
+    let (_app, imaps, imap, _dir) = setup().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/imaplib_session.py");
     let (ok, out) = run(tokio::process::Command::new("python3").args([
         script,
@@ -92,7 +91,7 @@ async fn python_imaplib() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_imaps() {
-    let (_app, imaps, imap) = setup().await;
+    let (_app, imaps, imap, _dir) = setup().await;
     let base = format!("imaps://127.0.0.1:{}", imaps.port());
     let curl = |url: String, extra: &[&str]| {
         let mut c = tokio::process::Command::new("curl");

@@ -485,7 +485,6 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
         text.contains("mail_command_duration_seconds_count{command=\"SELECT\",protocol=\"imap\"} 1"),
         "{text}"
     );
-    assert!(text.contains("mail_connections_active{protocol=\"imap\"} 1"), "{text}");
     assert!(text.contains("mail_imap_idle_sessions 1"), "{text}");
     c.send("DONE\r\n").await;
     c.line().await;

@@ -140,10 +140,8 @@ impl Session {
         self.stream.flush().await
     }
 
-    /// The whole session.
+    /// The whole session. (`mail_connections_active` is kept by the listener.)
     pub async fn run(mut self) {
-        let gauge = self.app.metrics.connections_active.with_label_values(&["imap"]);
-        gauge.inc();
         if let Err(e) = self.serve().await {
             tracing::debug!(error = %e, "imap: session ended with an I/O error");
         }
@@ -151,7 +149,6 @@ impl Session {
             drop(sel);
         }
         let _ = self.stream.shutdown().await;
-        gauge.dec();
     }
 
     async fn serve(&mut self) -> std::io::Result<()> {
