@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# SMTP side by side, in one run on one machine: the Mailcluster MX (release build,
+# PostgreSQL store, group commit) against Postfix + Dovecot (/work/shared/peers,
+# started with setup-postfix-dovecot.sh; Postfix SMTP on 2526, delivery over LMTP
+# into Maildir).
+#
+#   1. throughput: Postfix's smtp-source, 20,000 x 4 KB over 50 sessions, one recipient
+#   2. the same load spread over 1,000 recipients (smtp_bench_client)
+#   3. latency at a fixed offered rate (default 2,000 msg/s)
+#   4. a mailbox holding 100,000 messages against an empty one
+#
+# Mailcluster answers 250 only once a message is committed, so "accepted" is
+# "delivered" there; for Postfix the script also waits until the messages are in
+# the Maildir. Reports msg/s, latency, server CPU seconds and peak RSS.
+#
+# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, PORT, DATABASE_URL)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-20000}
+S=${S:-50}
+SIZE=${SIZE:-4096}
+RATE=${RATE:-2000}
+BIG=${BIG:-100000}
+PORT=${PORT:-12525}
+PG=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PEERS=${PEERS_DIR:-/var/tmp/mailcluster-peers}
+SRV=target/release/examples/smtp_bench_server
+CLI=target/release/examples/smtp_bench_client
+TICKS=$(getconf CLK_TCK)
+ulimit -n "$(ulimit -Hn)"
+
+[ -x "$SRV" ] && [ -x "$CLI" ] ||
+  nice cargo build --release -p mailcluster-server --example smtp_bench_server --example smtp_bench_client
+
+echo "## machine: $(nproc) cores; $(free -g | awk '/Mem:/{print $2" GiB RAM"}'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+
+DB=mc_bench_smtp_$$
+psql "$PG" -qc "CREATE DATABASE $DB" || exit 1
+URL="${PG%/*}/$DB"
+LOG=$(mktemp)
+"$SRV" "$URL" "$PORT" 1000 example.test 2>"$LOG" &
+PID=$!
+cleanup() { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; psql "$PG" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; rm -f "$LOG"; }
+trap cleanup EXIT
+for _ in $(seq 1 300); do grep -q listening "$LOG" && break; sleep 1; done
+grep -q listening "$LOG" || { echo "server did not start"; cat "$LOG"; exit 1; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+cpu_of() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# CPU ticks of every Postfix/Dovecot process (they come and go: sampled totals).
+peer_cpu() { ps -eo user=,comm=,times= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot|trivial-rewrite)$/ {s+=$3} END {print s+0}'; }
+peer_rss_mb() { ps -eo user=,comm=,rss= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot)$/ {s+=$3} END {printf "%.0f", s/1024}'; }
+stored() { psql "${URL}" -Atc "SELECT count(*) FROM mailbox_messages"; }
+maildir_count() { find "$PEERS/mail/example.test/$1/Maildir/new" "$PEERS/mail/example.test/$1/Maildir/cur" -type f 2>/dev/null | wc -l; }
+
+mc_run() { # name, command...
+  local name=$1; shift
+  local c0 t0 t1 c1 s0 s1 out
+  c0=$(cpu_of "$PID"); s0=$(stored); t0=$(date +%s.%N)
+  out=$("$@" 2>&1)
+  t1=$(date +%s.%N); c1=$(cpu_of "$PID"); s1=$(stored)
+  awk -v n="$name" -v d=$((s1 - s0)) -v t0="$t0" -v t1="$t1" -v c=$((c1 - c0)) -v tk="$TICKS" -v o="$out" \
+    'BEGIN { e=t1-t0; printf "mailcluster %-22s delivered=%d in %.2fs = %.0f msg/s; server CPU %.1fs (%.0f%% of one core) | %s\n", n, d, e, d/e, c/tk, 100*c/tk/e, o }'
+}
+
+echo "## 1. smtp-source: $N x $SIZE B over $S sessions, one recipient"
+mc_run smtp-source /usr/sbin/smtp-source -d -s "$S" -m "$N" -l "$SIZE" -f user0001@example.test -t user0911@example.test "127.0.0.1:$PORT"
+if port_open 2526; then
+  before=$(maildir_count user0911); c0=$(peer_cpu); t0=$(date +%s.%N); peak=0
+  /usr/sbin/smtp-source -d -s "$S" -m "$N" -l "$SIZE" -f user0001@example.test -t user0911@example.test 127.0.0.1:2526 &
+  SP=$!
+  while kill -0 "$SP" 2>/dev/null; do r=$(peer_rss_mb); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.5; done
+  ta=$(date +%s.%N)
+  for _ in $(seq 1 600); do [ $(( $(maildir_count user0911) - before )) -ge "$N" ] && break; r=$(peer_rss_mb); [ "$r" -gt "$peak" ] && peak=$r; sleep 0.5; done
+  td=$(date +%s.%N); c1=$(peer_cpu); got=$(( $(maildir_count user0911) - before ))
+  awk -v t0="$t0" -v ta="$ta" -v td="$td" -v n="$N" -v got="$got" -v c=$((c1 - c0)) -v p="$peak" \
+    'BEGIN { printf "postfix     smtp-source            accepted %d in %.2fs = %.0f msg/s; delivered %d in %.2fs = %.0f msg/s; CPU %ds; RSS sum peak %d MB\n", n, ta-t0, n/(ta-t0), got, td-t0, got/(td-t0), c, p }'
+else
+  echo "postfix     (not running on 2526: start /work/shared/peers/setup-postfix-dovecot.sh)"
+fi
+
+echo "## 2. $N x $SIZE B over $S sessions, spread over 1,000 recipients"
+mc_run spread-1000 "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
+port_open 2526 && echo "postfix     spread-1000            $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)"
+
+echo "## 3. latency at $RATE msg/s offered (10 s), 1,000 recipients"
+mc_run "rate-$RATE" "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
+port_open 2526 && echo "postfix     rate-$RATE              $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)"
+
+echo "## 4. a mailbox with $BIG messages against an empty one"
+"$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$BIG" --size 1024 --rcpt-count 1 --rcpt-first 500 >/dev/null
+mc_run "into-${BIG}-mailbox" "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1 --rcpt-first 500
+mc_run into-empty-mailbox "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1 --rcpt-first 912
+
+echo "## mailcluster server peak RSS: $(awk '/VmHWM/{printf "%.0f MB", $2/1024}' "/proc/$PID/status")"
+kill -TERM "$PID"; wait "$PID" 2>/dev/null
+grep -E '^mail_group_commit_batch_size_(sum|count)|^mail_smtp_delivery_seconds_(sum|count)' "$LOG"
