@@ -243,7 +243,7 @@ pub const ENV_PREFIX: &str = "MAILCLUSTER_";
 
 /// Variables with the prefix that are not configuration keys: they are read by the
 /// command line (`--config`) and must not be reported as unknown.
-const ENV_NOT_CONFIG: &[&str] = &["MAILCLUSTER_CONFIG", "MAILCLUSTER_LOG"];
+const ENV_NOT_CONFIG: &[&str] = &["MAILCLUSTER_CONFIG"];
 
 /// Why a configuration could not be loaded. Every variant names where the bad value
 /// came from (file and line, or variable) in one line, so an operator reading a pod's

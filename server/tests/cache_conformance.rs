@@ -354,11 +354,46 @@ async fn open_unreachable_redis_names_host_port_not_password() {
         Ok(_) => panic!("connected to 127.0.0.1:1"),
         Err(e) => e,
     };
-    assert!(started.elapsed() < Duration::from_secs(5), "connect timeout not honoured");
+    assert!(started.elapsed() < Duration::from_secs(1), "a refused connection is reported at once");
     assert!(matches!(err, CacheError::Unavailable(_)), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("127.0.0.1:1"), "{msg}");
+    assert!(msg.to_lowercase().contains("refused"), "the cause is named: {msg}");
     assert!(!msg.contains("hunter2"), "password leaked: {msg}");
+}
+
+#[tokio::test]
+async fn open_silent_server_times_out_after_connect_timeout() {
+    // Accepts connections and never answers, like a hung Redis or a black hole.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let started = std::time::Instant::now();
+    let result = cache::open(Some(&format!("redis://{addr}")), "x:", Duration::from_millis(500)).await;
+    let elapsed = started.elapsed();
+    holder.abort();
+    let err = result.err().expect("a silent server is not a cache");
+    assert!(matches!(err, CacheError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    assert!(elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(3), "took {elapsed:?}");
+}
+
+#[tokio::test]
+async fn open_rediss_is_supported_and_unreachable_is_unavailable() {
+    // TLS support is compiled in: the failure is the refused connection, not the
+    // scheme.
+    let err = match cache::open(Some("rediss://:hunter2@127.0.0.1:1"), "x:", Duration::from_secs(2)).await {
+        Ok(_) => panic!("connected to 127.0.0.1:1"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, CacheError::Unavailable(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.contains("127.0.0.1:1") && !msg.contains("hunter2"), "{msg}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

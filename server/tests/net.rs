@@ -273,6 +273,17 @@ async fn plain_session_sees_peer_and_gauge_follows_it() {
 }
 
 #[tokio::test]
+async fn dual_stack_listener_reports_ipv4_clients_plainly() {
+    let (proto, _events) = echo(false);
+    let spec = ListenerSpec { addr: "[::]:0".parse().expect("addr"), ..spec("smtp", TlsMode::Plain) };
+    let server = start(spec, proto, None, Duration::from_secs(5));
+    let mut c = connect(SocketAddr::from(([127, 0, 0, 1], server.addr.port()))).await;
+    let local = c.get_ref().local_addr().expect("local");
+    assert_eq!(read_line(&mut c).await, format!("HELLO {local} tls=false\r\n"));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn implicit_tls_and_failed_handshakes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pair = new_cert();
@@ -774,6 +785,18 @@ async fn admin_endpoints() {
 
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     assert_eq!(http_get(addr, "/readyz").await, (200, "ready\n".to_string()));
+
+    // What Prometheus and kubelet-style probes see, through a real HTTP client.
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-D", "-", &format!("http://{addr}/metrics")])
+        .output()
+        .await
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{text}");
+    assert!(text.contains("mail_pool_saturation 0.875"));
 
     *store.fail.lock().expect("lock") = Some("connection\nrefused".into());
     assert_eq!(http_get(addr, "/readyz").await, (503, "store (test): connection refused\n".to_string()));

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
 use mailcluster_server::smtp::SmtpProtocol;
-use smtp_support::{Harness, config};
+use mailcluster_server::store::Store as _;
+use smtp_support::{Backend, Harness, PASSWORD, config};
 use tokio::net::TcpListener;
 
 fn tls_provider() -> TlsProvider {
@@ -106,16 +107,15 @@ with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
 print("OK")
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_smtplib_starttls_smtputf8_attachment() {
-    let h = Harness::new(config(|_| {})).await;
-    h.mem.add_account("jörg@example.test", "x");
+async fn python_smtplib_starttls_smtputf8_attachment(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    h.add_account("jörg@example.test").await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(SMTPLIB_STARTTLS).arg(addr.port().to_string());
     let out = run(cmd).await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
-    let msgs = h.mem.messages_in(h.mem.inbox_of("jörg@example.test"));
+    let msgs = h.messages("jörg@example.test").await;
     assert_eq!(msgs.len(), 1);
     let raw = &msgs[0];
     assert!(raw.len() > 4 * 1024 * 1024, "attachment arrived whole: {} octets", raw.len());
@@ -126,9 +126,8 @@ async fn python_smtplib_starttls_smtputf8_attachment() {
     assert!(text.contains("Hallo J") && text.contains("\r\n.\r\nhier ist"), "dot line preserved");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn swaks_pipelining_over_starttls() {
-    let h = Harness::new(config(|_| {})).await;
+async fn swaks_pipelining_over_starttls(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let mut cmd = Command::new("swaks");
     cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
@@ -140,16 +139,15 @@ async fn swaks_pipelining_over_starttls() {
     assert!(transcript.contains("PIPELINING"), "{transcript}");
     assert!(transcript.contains("250 2.0.0 OK: queued as"), "{transcript}");
     for who in ["alice@example.test", "bob@example.test"] {
-        let msgs = h.mem.messages_in(h.mem.inbox_of(who));
+        let msgs = h.messages(who).await;
         assert_eq!(msgs.len(), 1, "{who}");
         let text = String::from_utf8_lossy(&msgs[0]);
         assert!(text.contains("Subject: via swaks") && text.contains("with ESMTPS id"), "{text}");
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn swaks_relay_and_unknown_user_refused() {
-    let h = Harness::new(config(|_| {})).await;
+async fn swaks_relay_and_unknown_user_refused(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     for (to, code) in [("someone@elsewhere.test", "550 5.7.1"), ("nobody@example.test", "550 5.1.1")] {
         let mut cmd = Command::new("swaks");
@@ -166,12 +164,11 @@ async fn swaks_relay_and_unknown_user_refused() {
         let transcript = String::from_utf8_lossy(&out.stdout);
         assert!(transcript.contains(code), "{transcript}");
     }
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn curl_smtp_upload() {
-    let h = Harness::new(config(|_| {})).await;
+async fn curl_smtp_upload(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("msg.eml");
@@ -186,7 +183,7 @@ async fn curl_smtp_upload() {
         .arg("--upload-file")
         .arg(&file);
     run(cmd).await;
-    let msgs = h.mem.messages_in(h.mem.inbox_of("alice@example.test"));
+    let msgs = h.messages("alice@example.test").await;
     assert_eq!(msgs.len(), 1);
     assert!(
         msgs[0].ends_with(b"Subject: curl\r\n\r\n.dot first\r\nend\r\n"),
@@ -218,14 +215,13 @@ assert codes == ["250", "250", "250", "250", "221"], codes
 print("OK")
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chunking_over_a_socket() {
-    let h = Harness::new(config(|_| {})).await;
+async fn chunking_over_a_socket(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(CHUNKING).arg(addr.port().to_string());
     run(cmd).await;
-    let msgs = h.mem.messages_in(h.mem.inbox_of("alice@example.test"));
+    let msgs = h.messages("alice@example.test").await;
     assert_eq!(msgs.len(), 1);
     assert!(msgs[0].ends_with(b"Subject: chunked\r\n\r\n.\r\nend of message\r\n"));
 }
@@ -244,12 +240,16 @@ fn vm_hwm_kb() -> u64 {
 /// (server and client both) never holds anywhere near 100 MB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_megabytes_against_ten_megabyte_limit() {
+    let b = Backend::Sqlite;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-    let h = Harness::new(config(|c| {
-        c.smtp.max_message_size = 10 * 1024 * 1024;
-        c.smtp.max_discard_size = 200 * 1024 * 1024;
-    }))
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 10 * 1024 * 1024;
+            c.smtp.max_discard_size = 200 * 1024 * 1024;
+        }),
+    )
     .await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let before = vm_hwm_kb();
@@ -294,7 +294,7 @@ async fn hundred_megabytes_against_ten_megabyte_limit() {
     assert!(next(&mut r, &mut line).await.starts_with("221"));
     let grown_mb = (vm_hwm_kb().saturating_sub(before)) / 1024;
     assert!(grown_mb < 40, "peak memory grew by {grown_mb} MB for a 100 MB upload");
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 }
 
 const STARTTLS_INJECTION: &str = r#"
@@ -332,9 +332,8 @@ assert reply(tf)[0].startswith("221")
 print("OK")
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn starttls_discards_pipelined_plaintext() {
-    let h = Harness::new(config(|_| {})).await;
+async fn starttls_discards_pipelined_plaintext(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(STARTTLS_INJECTION).arg(addr.port().to_string());
@@ -362,9 +361,8 @@ print("OK")
 
 /// Port 465 style, both ways the listener may hand over the connection: already
 /// wrapped in TLS, or plain (the protocol then does the handshake itself).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submissions_implicit_tls() {
-    let h = Harness::new(config(|_| {})).await;
+async fn submissions_implicit_tls(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
     let proto = Arc::new(SmtpProtocol::new(h.app.clone(), mailcluster_server::smtp::SmtpKind::Submissions));
     for wrapped in [true, false] {
         let addr = listen(proto.clone(), tls_provider(), wrapped, h.shutdown.clone()).await;
@@ -373,3 +371,84 @@ async fn submissions_implicit_tls() {
         run(cmd).await;
     }
 }
+
+const SMTPLIB_SUBMISSION: &str = r#"
+import smtplib, ssl, sys
+from email.message import EmailMessage
+port, password = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+msg = EmailMessage()
+msg["From"] = "alice@example.test"
+msg["To"] = "bob@example.test, friend@elsewhere.test"
+msg["Subject"] = "submitted"
+msg.set_content("via submission\n")
+msg.add_attachment(b"\x00\x01" * (2 * 1024 * 1024), maintype="application", subtype="octet-stream", filename="a.bin")
+with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
+    s.ehlo("py.test")
+    assert not s.has_extn("auth"), "no AUTH before TLS"
+    code, _ = s.mail("alice@example.test")
+    assert code == 530, code
+    s.rset()
+    s.starttls(context=ctx)
+    s.ehlo("py.test")
+    assert "PLAIN" in s.esmtp_features["auth"]
+    s.login("alice@example.test", password)
+    refused = s.send_message(msg)
+    assert not refused, refused
+print("OK")
+"#;
+
+async fn python_smtplib_submission_starttls_auth(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.submission.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(SMTPLIB_SUBMISSION).arg(addr.port().to_string()).arg(PASSWORD);
+    run(cmd).await;
+    let msgs = h.messages("bob@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].len() > 5 * 1024 * 1024);
+    assert!(String::from_utf8_lossy(&msgs[0][..400]).contains("with ESMTPSA id"));
+    let queued = h.store.queue_claim("test", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].recipients, vec!["friend@elsewhere.test".to_string()]);
+}
+
+async fn swaks_auth_login_submission(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.submission.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("swaks");
+    cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--from", "alice@example.test", "--to", "bob@example.test"])
+        .args(["--tls", "--auth", "LOGIN", "--auth-user", "alice@example.test", "--auth-password", PASSWORD])
+        .args(["--pipeline", "--timeout", "30", "--header", "Subject: swaks auth"]);
+    let out = run(cmd).await;
+    let transcript = String::from_utf8_lossy(&out.stdout);
+    assert!(transcript.contains("235 2.7.0"), "{transcript}");
+    let msgs = h.messages("bob@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(String::from_utf8_lossy(&msgs[0]).contains("Subject: swaks auth"));
+    // Wrong password: 535 and nothing sent.
+    let mut cmd = Command::new("swaks");
+    cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--from", "alice@example.test", "--to", "bob@example.test"])
+        .args(["--tls", "--auth", "LOGIN", "--auth-user", "alice@example.test", "--auth-password", "wrong"])
+        .args(["--timeout", "30"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("535 5.7.8"));
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+}
+
+both_backends!(
+    python_smtplib_starttls_smtputf8_attachment,
+    swaks_pipelining_over_starttls,
+    swaks_relay_and_unknown_user_refused,
+    curl_smtp_upload,
+    chunking_over_a_socket,
+    starttls_discards_pipelined_plaintext,
+    submissions_implicit_tls,
+    python_smtplib_submission_starttls_auth,
+    swaks_auth_login_submission,
+);

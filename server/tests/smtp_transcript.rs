@@ -4,19 +4,20 @@
 mod smtp_support;
 
 use std::sync::atomic::Ordering;
+
+use mailcluster_server::store::Store as _;
 use std::time::Duration;
 
-use smtp_support::{Harness, config};
+use smtp_support::{Backend, Harness, PASSWORD, config};
 
 const MSG: &str = "From: a@remote.test\r\nTo: alice@example.test\r\nSubject: hi\r\n\r\nHello\r\n";
 
-async fn harness() -> Harness {
-    Harness::new(config(|_| {})).await
+async fn harness(b: Backend) -> Harness {
+    Harness::new(b, config(|_| {})).await
 }
 
-#[tokio::test]
-async fn ehlo_lists_extensions_for_mx() {
-    let h = harness().await;
+async fn ehlo_lists_extensions_for_mx(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     let greeting = c.expect("220 mx.test ESMTP").await;
     assert_eq!(greeting.len(), 1);
@@ -32,9 +33,8 @@ async fn ehlo_lists_extensions_for_mx() {
     c.expect_closed().await;
 }
 
-#[tokio::test]
-async fn mx_delivery_stores_once_with_trace_headers() {
-    let h = harness().await;
+async fn mx_delivery_stores_once_with_trace_headers(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<sender@remote.test> BODY=8BITMIME SIZE=100", "250 2.1.0").await;
@@ -46,8 +46,8 @@ async fn mx_delivery_stores_once_with_trace_headers() {
     let r = c.expect("250 2.0.0 OK: queued as ").await;
     c.cmd("QUIT", "221 ").await;
 
-    let alice = h.mem.messages_in(h.mem.inbox_of("alice@example.test"));
-    let bob = h.mem.messages_in(h.mem.inbox_of("bob@example.test"));
+    let alice = h.messages("alice@example.test").await;
+    let bob = h.messages("bob@example.test").await;
     assert_eq!(alice.len(), 1);
     assert_eq!(bob.len(), 1);
     let raw = String::from_utf8(alice[0].to_vec()).unwrap();
@@ -62,22 +62,28 @@ async fn mx_delivery_stores_once_with_trace_headers() {
     assert!(!raw.contains("for <"), "several recipients are not listed: {raw}");
     assert!(raw.ends_with("Subject: dots\r\n\r\n.leading dot\r\n"), "{raw}");
     // One body, both mailboxes, one batch.
-    assert_eq!(*h.mem.batches.lock().unwrap(), vec![1]);
-    let events = h.cache.events.lock().unwrap().clone();
-    // Published after the reply; allow it a moment.
-    drop(events);
-    for _ in 0..50 {
-        if h.cache.events.lock().unwrap().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(h.cache.events.lock().unwrap().len(), 2);
+    assert_eq!(*h.store.batches.lock().unwrap(), vec![1]);
 }
 
-#[tokio::test]
-async fn recipient_errors_and_cache() {
-    let h = harness().await;
+/// IDLE sessions learn about a delivery through the cache.
+async fn delivery_publishes_mailbox_event(b: Backend) {
+    use futures::StreamExt;
+    let h = harness(b).await;
+    let (account, inbox) = h.inbox_of("alice@example.test").await;
+    let mut events = h.cache.subscribe(account).await.unwrap();
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 2.0.0").await;
+    let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
+    assert_eq!((event.account_id, event.mailbox_id), (account, inbox));
+}
+
+async fn recipient_errors_and_cache(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("RCPT TO:<alice@example.test>", "503 5.5.1").await;
@@ -88,20 +94,19 @@ async fn recipient_errors_and_cache() {
     c.cmd("RCPT TO:<postmaster>", "501 5.1.3").await;
     c.cmd("RCPT TO:alice@example.test", "501 5.5.4").await;
     c.cmd("DATA", "554 5.5.1").await;
-    let before = h.mem.lookups.load(Ordering::SeqCst);
+    let before = h.store.lookups.load(Ordering::SeqCst);
     c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
     c.cmd("RSET", "250 2.0.0").await;
     c.cmd("MAIL FROM:<>", "250 2.1.0").await;
     c.cmd("RCPT TO:<ALICE@example.test>", "250 2.1.5").await;
-    assert_eq!(h.mem.lookups.load(Ordering::SeqCst), before + 1, "second lookup served by the cache");
+    assert_eq!(h.store.lookups.load(Ordering::SeqCst), before + 1, "second lookup served by the cache");
     c.cmd("RSET", "250 2.0.0").await;
     c.cmd("DATA", "503 5.5.1").await;
     c.cmd("BDAT 0 LAST", "503 5.5.1").await;
 }
 
-#[tokio::test]
-async fn sequence_errors_before_greeting() {
-    let h = harness().await;
+async fn sequence_errors_before_greeting(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.expect("220 ").await;
     c.cmd("MAIL FROM:<a@remote.test>", "503 5.5.1 Send EHLO/HELO first").await;
@@ -116,9 +121,8 @@ async fn sequence_errors_before_greeting() {
     c.cmd("AUTH PLAIN AGFsaWNlAHB3", "502 5.5.1").await;
 }
 
-#[tokio::test]
-async fn too_many_recipients() {
-    let h = Harness::new(config(|c| c.smtp.max_recipients = 2)).await;
+async fn too_many_recipients(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_recipients = 2)).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
@@ -127,9 +131,8 @@ async fn too_many_recipients() {
     c.cmd("RCPT TO:<carol@example.test>", "452 4.5.3").await;
 }
 
-#[tokio::test]
-async fn unsupported_parameters() {
-    let h = harness().await;
+async fn unsupported_parameters(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<a@remote.test> RET=FULL", "555 5.5.4").await;
@@ -140,10 +143,9 @@ async fn unsupported_parameters() {
     c.cmd("RCPT TO:<alice@example.test> NOTIFY=NEVER", "555 5.5.4").await;
 }
 
-#[tokio::test]
-async fn smtputf8_addresses() {
-    let h = harness().await;
-    h.mem.add_account("jörg@example.test", "x");
+async fn smtputf8_addresses(b: Backend) {
+    let h = harness(b).await;
+    h.add_account("jörg@example.test").await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<jürgen@remote.test>", "553 5.6.7").await;
@@ -152,16 +154,15 @@ async fn smtputf8_addresses() {
     c.cmd("DATA", "354").await;
     c.send("Subject: Grüße\r\n\r\nÄ\r\n.\r\n").await;
     c.expect("250 2.0.0").await;
-    let msgs = h.mem.messages_in(h.mem.inbox_of("jörg@example.test"));
+    let msgs = h.messages("jörg@example.test").await;
     assert_eq!(msgs.len(), 1);
     let raw = String::from_utf8(msgs[0].to_vec()).unwrap();
     assert!(raw.contains("with UTF8SMTP id"), "{raw}");
     assert!(raw.starts_with("Return-Path: <jürgen@remote.test>"), "{raw}");
 }
 
-#[tokio::test]
-async fn smuggling_bare_lf_does_not_end_data() {
-    let h = harness().await;
+async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
@@ -176,7 +177,7 @@ async fn smuggling_bare_lf_does_not_end_data() {
     // Only now does the data end, and the whole of it is refused.
     c.expect("550 5.6.0").await;
     c.cmd("NOOP", "250 2.0.0").await;
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 
     for payload in ["a\r.\r\nMAIL FROM:<x@y.test>\r\n", "a\r\n.\nRCPT TO:<bob@example.test>\r\n", "a\n.\r\n"]
     {
@@ -187,15 +188,17 @@ async fn smuggling_bare_lf_does_not_end_data() {
         c.send("tail\r\n.\r\n").await;
         c.expect("550 5.6.0").await;
     }
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 }
 
-#[tokio::test]
-async fn oversized_data_is_refused_and_not_buffered() {
-    let h = Harness::new(config(|c| {
-        c.smtp.max_message_size = 10_000;
-        c.smtp.max_discard_size = 1_000_000;
-    }))
+async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 10_000;
+            c.smtp.max_discard_size = 1_000_000;
+        }),
+    )
     .await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
@@ -225,12 +228,11 @@ async fn oversized_data_is_refused_and_not_buffered() {
         c.expect("552 5.3.4").await;
     }
     c.expect_closed().await;
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 }
 
-#[tokio::test]
-async fn bdat_chunks_exact_sizes() {
-    let h = harness().await;
+async fn bdat_chunks_exact_sizes(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
@@ -243,7 +245,7 @@ async fn bdat_chunks_exact_sizes() {
     let part2 = "bare\nLF ok in BDAT\r\n";
     c.send(&format!("BDAT {} LAST\r\n{part2}", part2.len())).await;
     c.expect("250 2.0.0 OK: queued as").await;
-    let msgs = h.mem.messages_in(h.mem.inbox_of("alice@example.test"));
+    let msgs = h.messages("alice@example.test").await;
     assert_eq!(msgs.len(), 1);
     assert!(msgs[0].ends_with(format!("{part1}{part2}").as_bytes()));
 
@@ -255,16 +257,18 @@ async fn bdat_chunks_exact_sizes() {
     c.send("BDAT 3\r\nabc").await;
     c.expect("250 2.0.0 3 octets").await;
     c.cmd("BDAT 0 LAST", "250 2.0.0 OK").await;
-    assert!(h.mem.messages_in(h.mem.inbox_of("bob@example.test"))[0].ends_with(b"abc"));
+    assert!(h.messages("bob@example.test").await[0].ends_with(b"abc"));
     c.cmd("BDAT x", "501 5.5.4").await;
 }
 
-#[tokio::test]
-async fn bdat_over_limit() {
-    let h = Harness::new(config(|c| {
-        c.smtp.max_message_size = 100;
-        c.smtp.max_discard_size = 1000;
-    }))
+async fn bdat_over_limit(b: Backend) {
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 100;
+            c.smtp.max_discard_size = 1000;
+        }),
+    )
     .await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
@@ -284,12 +288,11 @@ async fn bdat_over_limit() {
     c.send("BDAT 100000 LAST\r\n").await;
     c.expect("552 5.3.4").await;
     c.expect_closed().await;
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
+    assert_eq!(h.total_messages().await, 0);
 }
 
-#[tokio::test]
-async fn pipelined_commands_answered_in_one_flush() {
-    let h = harness().await;
+async fn pipelined_commands_answered_in_one_flush(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.send("MAIL FROM:<a@remote.test>\r\nRCPT TO:<alice@example.test>\r\nRCPT TO:<nobody@example.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n").await;
@@ -303,12 +306,11 @@ async fn pipelined_commands_answered_in_one_flush() {
     c.send(".\r\nQUIT\r\n").await;
     c.expect("250 ").await;
     c.expect("221 ").await;
-    assert_eq!(h.mem.messages_in(h.mem.inbox_of("bob@example.test")).len(), 2);
+    assert_eq!(h.messages("bob@example.test").await.len(), 2);
 }
 
-#[tokio::test]
-async fn long_lines_and_error_limit() {
-    let h = Harness::new(config(|c| c.smtp.max_errors = 5)).await;
+async fn long_lines_and_error_limit(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_errors = 5)).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.send(&"A".repeat(10_000)).await;
@@ -327,30 +329,28 @@ async fn long_lines_and_error_limit() {
     c.expect_closed().await;
 }
 
-#[tokio::test]
-async fn store_failure_acknowledges_nothing() {
-    let h = harness().await;
+async fn store_failure_acknowledges_nothing(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    h.mem.fail_deliveries.store(true, Ordering::SeqCst);
+    h.store.fail.store(true, Ordering::SeqCst);
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
     c.cmd("DATA", "354").await;
     c.send(&format!("{MSG}.\r\n")).await;
     c.expect("451 4.3.0").await;
-    assert!(h.mem.delivered.lock().unwrap().is_empty());
-    h.mem.fail_deliveries.store(false, Ordering::SeqCst);
+    assert_eq!(h.total_messages().await, 0);
+    h.store.fail.store(false, Ordering::SeqCst);
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
     c.cmd("DATA", "354").await;
     c.send(&format!("{MSG}.\r\n")).await;
     c.expect("250 2.0.0").await;
-    assert_eq!(h.mem.delivered.lock().unwrap().len(), 1);
+    assert_eq!(h.total_messages().await, 1);
 }
 
-#[tokio::test]
-async fn shutdown_says_421() {
-    let h = harness().await;
+async fn shutdown_says_421(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     h.shutdown_tx.send(true).unwrap();
@@ -361,18 +361,16 @@ async fn shutdown_says_421() {
     c.expect("421 4.3.2").await;
 }
 
-#[tokio::test]
-async fn command_timeout_says_421() {
-    let h = Harness::new(config(|c| c.smtp.command_timeout_secs = 1)).await;
+async fn command_timeout_says_421(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.command_timeout_secs = 1)).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.expect("421 4.4.2").await;
     c.expect_closed().await;
 }
 
-#[tokio::test]
-async fn per_ip_connection_limit() {
-    let h = Harness::new(config(|c| c.smtp.max_connections_per_ip = 1)).await;
+async fn per_ip_connection_limit(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_connections_per_ip = 1)).await;
     let mut a = h.connect(&h.mx);
     a.expect("220 ").await;
     let mut b = h.connect(&h.mx);
@@ -385,9 +383,8 @@ async fn per_ip_connection_limit() {
     c.expect("220 ").await;
 }
 
-#[tokio::test]
-async fn submission_requires_auth_and_tls() {
-    let h = harness().await;
+async fn submission_requires_auth_and_tls(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.submission);
     let ehlo = c.ehlo().await;
     assert!(!ehlo.iter().any(|l| l.contains("AUTH")), "no AUTH over plaintext: {ehlo:?}");
@@ -395,9 +392,8 @@ async fn submission_requires_auth_and_tls() {
     c.cmd("AUTH PLAIN AGFsaWNlQGV4YW1wbGUudGVzdABhbGljZS1wYXNzd29yZA==", "538 5.7.11").await;
 }
 
-#[tokio::test]
-async fn submission_auth_exchanges() {
-    let h = Harness::new(config(|c| c.smtp.require_tls_for_auth = false)).await;
+async fn submission_auth_exchanges(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
     let mut c = h.connect(&h.submission);
     let ehlo = c.ehlo().await;
     assert!(ehlo.iter().any(|l| l[4..] == *"AUTH PLAIN LOGIN"), "{ehlo:?}");
@@ -410,16 +406,58 @@ async fn submission_auth_exchanges() {
     c.cmd("Zm9v", "501 5.5.2 Invalid PLAIN").await;
     c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
     c.cmd("YWxpY2VAZXhhbXBsZS50ZXN0", "334 UGFzc3dvcmQ6").await;
-    // The reply to a complete exchange comes from the Authenticator: 235 on
-    // success, 535 on bad credentials, 454 when it cannot tell.
-    let r = c.cmd("d3Jvbmc=", "").await;
-    let code = &r[0][..3];
-    assert!(["535", "454"].contains(&code), "{r:?}");
+    c.cmd("d3Jvbmc=", "535 5.7.8").await;
+    // PLAIN without initial response, then the PLAIN message.
+    c.cmd("AUTH PLAIN", "334 ").await;
+    let plain = base64_encode(&format!("\0alice@example.test\0{PASSWORD}"));
+    c.cmd(&plain, "235 2.7.0").await;
+    c.cmd("AUTH PLAIN", "503 5.5.1").await;
 }
 
-#[tokio::test]
-async fn metrics_are_counted() {
-    let h = harness().await;
+fn base64_encode(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+async fn submission_login_and_send(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    c.ehlo().await;
+    c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
+    c.cmd(&base64_encode("bob@example.test"), "334 UGFzc3dvcmQ6").await;
+    c.cmd(&base64_encode(PASSWORD), "235 2.7.0").await;
+    c.cmd("MAIL FROM:<alice@example.test>", "553 5.7.1").await;
+    c.cmd("MAIL FROM:<BOB@example.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<friend@elsewhere.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
+    c.cmd("DATA", "354").await;
+    c.send("Subject: out\r\n\r\nhello\r\n.\r\n").await;
+    c.expect("250 2.0.0").await;
+    let local = h.messages("alice@example.test").await;
+    assert_eq!(local.len(), 1);
+    assert!(String::from_utf8_lossy(&local[0]).contains("with ESMTPA id"), "authenticated: {:?}", local[0]);
+    let queued = h.store.queue_claim("test", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].recipients, vec!["friend@elsewhere.test".to_string()]);
+    assert_eq!(queued[0].sender, "BOB@example.test");
+    assert!(queued[0].raw.ends_with(b"Subject: out\r\n\r\nhello\r\n"));
+}
+
+async fn submission_initial_response(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    c.ehlo().await;
+    let wrong = base64_encode("\0alice@example.test\0nope");
+    c.cmd(&format!("AUTH PLAIN {wrong}"), "535 5.7.8").await;
+    let right = base64_encode(&format!("alice@example.test\0alice@example.test\0{PASSWORD}"));
+    c.cmd(&format!("AUTH PLAIN {right}"), "235 2.7.0").await;
+    c.cmd("MAIL FROM:<alice@example.test>", "250 ").await;
+    c.cmd("AUTH LOGIN", "503 5.5.1").await;
+}
+
+async fn metrics_are_counted(b: Backend) {
+    let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
@@ -449,10 +487,9 @@ async fn metrics_are_counted() {
     assert!(text.contains(&format!(r#"mail_smtp_bytes_total{{listener="smtp"}} {}"#, MSG.len())), "{text}");
 }
 
-#[tokio::test]
-async fn concurrent_deliveries_share_commits() {
-    let h = harness().await;
-    h.mem.commit_delay_ms.store(20, Ordering::SeqCst);
+async fn concurrent_deliveries_share_commits(b: Backend) {
+    let h = harness(b).await;
+    h.store.commit_delay_ms.store(20, Ordering::SeqCst);
     let mut tasks = Vec::new();
     for i in 0..40u32 {
         let mut c = h.connect_from(&h.mx, format!("203.0.113.{}:1000", i + 1).parse().unwrap());
@@ -468,8 +505,35 @@ async fn concurrent_deliveries_share_commits() {
     for t in tasks {
         t.await.unwrap();
     }
-    let batches = h.mem.batches.lock().unwrap().clone();
+    let batches = h.store.batches.lock().unwrap().clone();
     assert_eq!(batches.iter().sum::<usize>(), 40);
     assert!(batches.len() < 40, "deliveries were grouped: {batches:?}");
-    assert_eq!(h.mem.messages_in(h.mem.inbox_of("alice@example.test")).len(), 40);
+    assert_eq!(h.messages("alice@example.test").await.len(), 40);
 }
+
+both_backends!(
+    submission_login_and_send,
+    submission_initial_response,
+    delivery_publishes_mailbox_event,
+    ehlo_lists_extensions_for_mx,
+    mx_delivery_stores_once_with_trace_headers,
+    recipient_errors_and_cache,
+    sequence_errors_before_greeting,
+    too_many_recipients,
+    unsupported_parameters,
+    smtputf8_addresses,
+    smuggling_bare_lf_does_not_end_data,
+    oversized_data_is_refused_and_not_buffered,
+    bdat_chunks_exact_sizes,
+    bdat_over_limit,
+    pipelined_commands_answered_in_one_flush,
+    long_lines_and_error_limit,
+    store_failure_acknowledges_nothing,
+    shutdown_says_421,
+    command_timeout_says_421,
+    per_ip_connection_limit,
+    submission_requires_auth_and_tls,
+    submission_auth_exchanges,
+    metrics_are_counted,
+    concurrent_deliveries_share_commits,
+);

@@ -295,6 +295,16 @@ async fn basics_ping_stats_migrate(ctx: Ctx) {
     let stats = s.pool_stats();
     assert!(stats.max >= 1, "{stats:?}");
     assert!(stats.idle + stats.in_use <= stats.max, "{stats:?}");
+    // acquire times reach the observer (mail_db_pool_acquire_seconds)
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    s.set_acquire_observer(Arc::new(move |d: Duration| {
+        assert!(d < CONNECT_TIMEOUT);
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
+    s.domain_list().await.expect("list");
+    s.ping().await.expect("ping");
+    assert!(seen.load(std::sync::atomic::Ordering::Relaxed) >= 2, "observer called per acquisition");
     // a second store (another pod) on the same database agrees
     let other = ctx.open_again().await;
     other.migrate().await.expect("migrate from second store");
@@ -1123,4 +1133,73 @@ async fn postgres_keeps_synchronous_commit_on() {
         deliver_one(&ctx.store, "durable", &[inbox]).await;
     })
     .await;
+}
+
+/// Helper run as a child process by `sqlite_acknowledged_delivery_survives_kill_9`:
+/// delivers into the database named by `MC_KILL_DB` forever, printing each
+/// acknowledged UID. Ignored on its own (it never ends).
+#[tokio::test]
+#[ignore = "child process of sqlite_acknowledged_delivery_survives_kill_9"]
+async fn kill9_child_delivers_forever() {
+    let Ok(db) = std::env::var("MC_KILL_DB") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = store::open(Some(&format!("sqlite://{db}")), dir.path(), 2, CONNECT_TIMEOUT).await.expect("open");
+    let acc = s.account_get("k@example.com").await.expect("get").expect("account");
+    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
+    for i in 0.. {
+        let out = s.deliver_batch(&[delivery(&format!("k{i}"), &[inbox])]).await.expect("deliver");
+        // the acknowledgement: printed only after deliver_batch returned
+        println!("ACK {}", out[0][0].uid);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_delivery_survives_kill_9() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("kill.db");
+    {
+        let s = store::open(Some(&format!("sqlite://{}", db.display())), dir.path(), 2, CONNECT_TIMEOUT)
+            .await
+            .expect("open");
+        s.migrate().await.expect("migrate");
+        account(&s, "k@example.com").await;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "kill9_child_delivers_forever", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("MC_KILL_DB", &db)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let acked = tokio::task::spawn_blocking(move || {
+        let mut acked = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(uid) = line.strip_prefix("ACK ") {
+                acked.push(uid.trim().parse::<u32>().expect("uid"));
+                if acked.len() == 200 {
+                    break;
+                }
+            }
+        }
+        acked
+    });
+    let acked = tokio::time::timeout(Duration::from_secs(60), acked)
+        .await
+        .expect("child acks in time")
+        .expect("reader");
+    child.kill().expect("SIGKILL the child mid-delivery"); // SIGKILL on Unix
+    let _ = child.wait();
+    assert_eq!(acked.len(), 200, "child acknowledged deliveries");
+    let s = store::open(Some(&format!("sqlite://{}", db.display())), dir.path(), 2, CONNECT_TIMEOUT)
+        .await
+        .expect("reopen");
+    let acc = s.account_get("k@example.com").await.expect("get").expect("account");
+    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
+    let present: BTreeSet<u32> = s.mailbox_uids(inbox).await.expect("uids").into_iter().collect();
+    for uid in &acked {
+        assert!(present.contains(uid), "acknowledged UID {uid} lost after kill -9");
+    }
+    assert_counts(&s, inbox).await;
 }

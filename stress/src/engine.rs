@@ -495,13 +495,18 @@ impl Worker {
                 Ok(0)
             }
             Action::Search => {
-                let s = self.imap_session(false).await?;
+                let s = self.imap_session().await?;
                 let n = s.client.uid_search("UNSEEN").await?.len();
                 self.imap_used().await;
                 Ok(n as u64)
             }
             Action::FetchBody | Action::FetchHeader => {
-                let s = self.imap_session(true).await?;
+                let s = self.imap_session().await?;
+                // The UID list is loaded on first use (a session opened by a search has
+                // none yet) and reloaded while empty (a mixed run fills the mailbox).
+                if s.uids.is_empty() {
+                    s.uids = s.client.uid_search("ALL").await?;
+                }
                 if s.uids.is_empty() {
                     return Err(ClientError::Imap("empty-mailbox".into(), "INBOX has no messages".into()));
                 }
@@ -559,7 +564,7 @@ impl Worker {
         }
     }
 
-    async fn imap_session(&mut self, want_uids: bool) -> Result<&mut ImapSession, ClientError> {
+    async fn imap_session(&mut self) -> Result<&mut ImapSession, ClientError> {
         if self.imap.is_none() {
             let ep = self.endpoint(Protocol::Imap)?;
             let u = self.next_user();
@@ -573,12 +578,11 @@ impl Worker {
                 client.login(user, pass).await?;
             }
             client.select("INBOX", false).await?;
-            let uids = if want_uids { client.uid_search("ALL").await? } else { Vec::new() };
             self.rec.ok_aux("imap-session", t0.elapsed());
             // Start each session at a different message so workers on the same
             // mailbox do not all fetch the same UID.
             let cursor = (self.random() % 1024) as usize;
-            self.imap = Some(ImapSession { client, uids, cursor, ops: 0 });
+            self.imap = Some(ImapSession { client, uids: Vec::new(), cursor, ops: 0 });
         }
         match &mut self.imap {
             Some(s) => Ok(s),

@@ -230,6 +230,15 @@ impl RedisCache {
             )
         })?;
         let addr = client.get_connection_info().addr().to_string();
+        let too_slow =
+            || CacheError::Unavailable(format!("Redis at {addr} did not answer within {connect_timeout:?}"));
+        // One plain attempt first: the connection manager retries a refused or
+        // rejected connection with back-off until the timeout, which would turn
+        // "connection refused" or "wrong password" into a vague timeout.
+        tokio::time::timeout(connect_timeout, client.get_multiplexed_async_connection())
+            .await
+            .map_err(|_| too_slow())?
+            .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -237,11 +246,7 @@ impl RedisCache {
         let conn =
             tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(client.clone(), config))
                 .await
-                .map_err(|_| {
-                    CacheError::Unavailable(format!(
-                        "Redis at {addr} did not answer within {connect_timeout:?}"
-                    ))
-                })?
+                .map_err(|_| too_slow())?
                 .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
         let cache = RedisCache {
             inner: Arc::new(Inner {

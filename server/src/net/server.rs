@@ -319,6 +319,9 @@ async fn refuse(mut tcp: TcpStream, mode: TlsMode, reply: &'static [u8]) {
 
 async fn session(shared: Shared, mut tcp: TcpStream, peer: SocketAddr) {
     let spec = &shared.spec;
+    // On a dual-stack `[::]` listener IPv4 clients appear as ::ffff:a.b.c.d; sessions,
+    // logs and per-IP limits should see the plain IPv4 address.
+    let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     configure_accepted(&tcp, spec.keepalive);
     let local = tcp.local_addr().unwrap_or(peer);
 

@@ -9,6 +9,25 @@ use bytes::Bytes;
 
 use super::{FlagOp, FlagSet, Flags, NewDelivery, StoreError, StoreResult, UidSet};
 
+/// The acquire-time callback of a store, settable once after construction.
+#[derive(Default)]
+pub(crate) struct AcquireTimer(std::sync::OnceLock<super::AcquireObserver>);
+
+impl AcquireTimer {
+    pub fn set(&self, observer: super::AcquireObserver) {
+        let _ = self.0.set(observer);
+    }
+
+    /// Awaits `acquire`, reporting how long it took.
+    pub async fn time<T>(&self, acquire: impl std::future::Future<Output = T>) -> T {
+        let Some(observer) = self.0.get() else { return acquire.await };
+        let started = std::time::Instant::now();
+        let out = acquire.await;
+        observer(started.elapsed());
+        out
+    }
+}
+
 /// Bodies smaller than this are stored as they are: zstd cannot win 10% on a few
 /// hundred bytes often enough to pay for the attempt.
 const COMPRESS_MIN: usize = 512;

@@ -50,6 +50,9 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Receives the time a store waited for a pooled connection.
+pub type AcquireObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// "postgres" or "sqlite"; used in logs and metrics labels.
@@ -61,6 +64,12 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> StoreResult<()>;
     /// Connection pool figures for the `mail_db_pool_*` metrics.
     fn pool_stats(&self) -> PoolStats;
+    /// Registers a callback told how long each connection acquisition waited
+    /// (for `mail_db_pool_acquire_seconds`). Set once; stores without a pool
+    /// ignore it.
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        let _ = observer;
+    }
 
     // ---- domains ----
     async fn domain_add(&self, domain: &str) -> StoreResult<()>;
@@ -71,8 +80,8 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- accounts ----
     /// Creates the account (its domain must exist) and its default mailboxes:
-    /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive).
-    /// `email` is stored lower-cased.
+    /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive), all
+    /// subscribed. `email` is stored lower-cased.
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account>;
     async fn account_delete(&self, email: &str) -> StoreResult<()>;
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()>;
@@ -147,12 +156,15 @@ pub trait Store: Send + Sync + 'static {
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64>;
     /// Claims up to `limit` due items for `lease` (FOR UPDATE SKIP LOCKED on
     /// PostgreSQL) so that workers on different pods never take the same row.
+    /// Each claim counts as an attempt (`attempts` includes this one); an item
+    /// whose lease ran out (its worker died) is claimable again.
     async fn queue_claim(
         &self,
         worker: &str,
         limit: u32,
         lease: std::time::Duration,
     ) -> StoreResult<Vec<QueueItem>>;
+    /// Delivered: the item is removed.
     async fn queue_complete(&self, id: i64) -> StoreResult<()>;
     /// Reschedules (`retry_at` Some) or marks failed for good (`None`).
     async fn queue_fail(

@@ -23,22 +23,27 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::common::{
-    apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json, meta_to_json,
-    normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
-    u32_of, u64_of, uid_ranges,
+    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
+    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
+    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
+    parent_names, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// Pooled connections idle longer than this are pinged before use.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
+
 pub struct PgStore {
     pool: PgPool,
     options: PgConnectOptions,
+    acquire: AcquireTimer,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -122,8 +127,20 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(1))
             .acquire_timeout(connect_timeout)
-            // a restarted or failed-over server leaves dead sockets in the pool
-            .test_before_acquire(true)
+            // sqlx's default pings on every acquire: a round trip per query, which
+            // IMAP sessions issuing STATUS/FETCH in loops would pay. Ping only
+            // connections that sat idle long enough to have been cut (failover,
+            // NAT/LB idle timeouts); a connection broken in use fails that query
+            // with `Unavailable` and is discarded.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .idle_timeout(Duration::from_secs(300))
             .connect_with(options.clone())
             .await
@@ -133,7 +150,7 @@ impl PgStore {
                     redact_error(&e, url)
                 ))
             })?;
-        let store = PgStore { pool, options };
+        let store = PgStore { pool, options, acquire: AcquireTimer::default() };
         match store.synchronous_commit().await {
             Ok(v) if v == "off" => tracing::warn!(
                 target = %target,
@@ -155,8 +172,13 @@ impl PgStore {
         &self.pool
     }
 
+    async fn conn(&self) -> StoreResult<PoolConnection<Postgres>> {
+        self.acquire.time(self.pool.acquire()).await.map_err(db_err)
+    }
+
     async fn tx(&self) -> StoreResult<Tx> {
-        self.pool.begin().await.map_err(db_err)
+        let conn = self.conn().await?;
+        Transaction::begin(conn, None).await.map_err(db_err)
     }
 
     async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
@@ -435,8 +457,12 @@ impl Store for PgStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await.map_err(db_err)?;
+        sqlx::query("SELECT 1").execute(&mut *self.conn().await?).await.map_err(db_err)?;
         Ok(())
+    }
+
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        self.acquire.set(observer);
     }
 
     fn pool_stats(&self) -> PoolStats {
@@ -450,7 +476,11 @@ impl Store for PgStore {
 
     async fn domain_add(&self, domain: &str) -> StoreResult<()> {
         let d = normalize_domain(domain)?;
-        match sqlx::query("INSERT INTO domains (name) VALUES ($1)").bind(&d).execute(&self.pool).await {
+        match sqlx::query("INSERT INTO domains (name) VALUES ($1)")
+            .bind(&d)
+            .execute(&mut *self.conn().await?)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
             Err(e) => Err(db_err(e)),
@@ -488,7 +518,7 @@ impl Store for PgStore {
 
     async fn domain_list(&self) -> StoreResult<Vec<String>> {
         sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db_err)
     }
@@ -497,7 +527,7 @@ impl Store for PgStore {
         let Ok(d) = normalize_domain(domain) else { return Ok(false) };
         let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1")
             .bind(d)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         Ok(found.is_some())
@@ -596,7 +626,7 @@ impl Store for PgStore {
         let res = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
             .bind(password_hash)
             .bind(&email)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         if res.rows_affected() == 0 {
@@ -610,7 +640,7 @@ impl Store for PgStore {
         let sql = format!("{ACCOUNT_SELECT} WHERE a.email = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(email)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(account_from_row).transpose()
@@ -621,11 +651,11 @@ impl Store for PgStore {
             Some(d) => {
                 let d = normalize_domain(d)?;
                 let sql = format!("{ACCOUNT_SELECT} WHERE d.name = $1 ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&self.pool).await
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.conn().await?).await
             }
             None => {
                 let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.pool).await
+                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.conn().await?).await
             }
         }
         .map_err(db_err)?;
@@ -638,7 +668,7 @@ impl Store for PgStore {
             format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(account_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         rows.iter().map(mailbox_from_row).collect()
@@ -650,7 +680,7 @@ impl Store for PgStore {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(account_id)
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(mailbox_from_row).transpose()
@@ -660,7 +690,7 @@ impl Store for PgStore {
         let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(mailbox_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(mailbox_from_row).transpose()
@@ -842,7 +872,7 @@ impl Store for PgStore {
         let name = normalize_mailbox_name(name)?;
         let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
             .bind(account_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         if exists.is_none() {
@@ -853,19 +883,21 @@ impl Store for PgStore {
         } else {
             "DELETE FROM subscriptions WHERE account_id = $1 AND name = $2"
         };
-        sqlx::query(sql).bind(account_id).bind(&name).execute(&self.pool).await.map_err(|e| match e {
-            sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
-                StoreError::NotFound(format!("account {account_id}"))
-            }
-            e => db_err(e),
-        })?;
+        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *self.conn().await?).await.map_err(
+            |e| match e {
+                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
+                    StoreError::NotFound(format!("account {account_id}"))
+                }
+                e => db_err(e),
+            },
+        )?;
         Ok(())
     }
 
     async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
         sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"")
             .bind(account_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db_err)
     }
@@ -877,7 +909,7 @@ impl Store for PgStore {
             "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = $1",
         )
         .bind(mailbox_id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(db_err)?
         .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
@@ -1026,7 +1058,7 @@ impl Store for PgStore {
         let uids: Vec<i64> =
             sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")
                 .bind(mailbox_id)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *self.conn().await?)
                 .await
                 .map_err(db_err)?;
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
@@ -1046,7 +1078,7 @@ impl Store for PgStore {
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
         rows.iter()
@@ -1078,7 +1110,7 @@ impl Store for PgStore {
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
         rows.iter().map(flag_row).collect()
@@ -1087,7 +1119,7 @@ impl Store for PgStore {
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
         let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = $1")
             .bind(message_id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?
             .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
@@ -1105,7 +1137,7 @@ impl Store for PgStore {
         );
         let uids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(mailbox_id)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
@@ -1206,7 +1238,7 @@ impl Store for PgStore {
     }
 
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
-        let mut conn = self.pool.acquire().await.map_err(db_err)?;
+        let mut conn = self.conn().await?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
             .bind(mailbox_id)
             .fetch_optional(&mut *conn)
@@ -1221,10 +1253,14 @@ impl Store for PgStore {
         // Bounded by `highest`: modseqs are allocated and committed under the
         // mailbox row lock, so everything up to `highest` is visible now and
         // anything later is reported by the next call.
+        // Not persistent: an unnamed statement is planned with the actual modseq,
+        // so "changed since a minute ago" uses the (mailbox_id, modseq) index where
+        // a cached generic plan could settle on walking the whole mailbox.
         let rows = sqlx::query(
             "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
              WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
         )
+        .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .bind(highest)
@@ -1235,6 +1271,7 @@ impl Store for PgStore {
         let expunged: Vec<i64> = sqlx::query_scalar(
             "SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
         )
+        .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .bind(highest)
@@ -1258,7 +1295,7 @@ impl Store for PgStore {
         .bind(item.account_id)
         .bind(item.not_before)
         .bind(item.expires_at)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *self.conn().await?)
         .await
         .map_err(db_err)
     }
@@ -1283,7 +1320,7 @@ impl Store for PgStore {
         .bind(worker)
         .bind(lease_us)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
         let mut items = Vec::with_capacity(rows.len());
@@ -1311,7 +1348,7 @@ impl Store for PgStore {
     async fn queue_complete(&self, id: i64) -> StoreResult<()> {
         let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
         if res.rows_affected() == 0 {
@@ -1336,7 +1373,7 @@ impl Store for PgStore {
             .bind(error)
             .bind(id),
         }
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
         if res.rows_affected() == 0 {

@@ -26,16 +26,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
-    apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json, meta_to_json,
-    normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
-    u32_of, u64_of, uid_ranges,
+    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
+    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
+    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
+    parent_names, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
@@ -49,6 +50,7 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// In-memory databases use one connection for both roles.
     shared: bool,
+    acquire: AcquireTimer,
 }
 
 type Tx = Transaction<'static, Sqlite>;
@@ -144,7 +146,7 @@ impl SqliteStore {
                 .await
                 .map_err(unavailable)?
         };
-        Ok(SqliteStore { writer, reader, shared: in_memory })
+        Ok(SqliteStore { writer, reader, shared: in_memory, acquire: AcquireTimer::default() })
     }
 
     /// Opens the file at `path` (created with its directory if missing).
@@ -167,8 +169,18 @@ impl SqliteStore {
         Self::connect(options, pool_size, acquire_timeout).await
     }
 
+    async fn read_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        self.acquire.time(self.reader.acquire()).await.map_err(db_err)
+    }
+
+    /// The writer connection; waiting for it is how concurrent writers queue.
+    async fn write_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        self.acquire.time(self.writer.acquire()).await.map_err(db_err)
+    }
+
     async fn write_tx(&self) -> StoreResult<Tx> {
-        self.writer.begin_with("BEGIN IMMEDIATE").await.map_err(db_err)
+        let conn = self.write_conn().await?;
+        Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await.map_err(db_err)
     }
 
     /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; returns
@@ -413,8 +425,12 @@ impl Store for SqliteStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.reader).await.map_err(db_err)?;
+        sqlx::query("SELECT 1").execute(&mut *self.read_conn().await?).await.map_err(db_err)?;
         Ok(())
+    }
+
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        self.acquire.set(observer);
     }
 
     fn pool_stats(&self) -> PoolStats {
@@ -434,7 +450,7 @@ impl Store for SqliteStore {
         let res = sqlx::query("INSERT INTO domains (name, created_at) VALUES (?, ?)")
             .bind(&d)
             .bind(to_us(Utc::now()))
-            .execute(&self.writer)
+            .execute(&mut *self.write_conn().await?)
             .await;
         match res {
             Ok(_) => Ok(()),
@@ -466,7 +482,7 @@ impl Store for SqliteStore {
 
     async fn domain_list(&self) -> StoreResult<Vec<String>> {
         sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&self.reader)
+            .fetch_all(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)
     }
@@ -475,7 +491,7 @@ impl Store for SqliteStore {
         let Ok(d) = normalize_domain(domain) else { return Ok(false) };
         let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
             .bind(d)
-            .fetch_optional(&self.reader)
+            .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         Ok(found.is_some())
@@ -576,7 +592,7 @@ impl Store for SqliteStore {
         let res = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
             .bind(password_hash)
             .bind(&email)
-            .execute(&self.writer)
+            .execute(&mut *self.write_conn().await?)
             .await
             .map_err(db_err)?;
         if res.rows_affected() == 0 {
@@ -590,7 +606,7 @@ impl Store for SqliteStore {
         let sql = format!("{ACCOUNT_SELECT} WHERE a.email = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(email)
-            .fetch_optional(&self.reader)
+            .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(account_from_row).transpose()
@@ -601,11 +617,11 @@ impl Store for SqliteStore {
             Some(d) => {
                 let d = normalize_domain(d)?;
                 let sql = format!("{ACCOUNT_SELECT} WHERE d.name = ? ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&self.reader).await
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.read_conn().await?).await
             }
             None => {
                 let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&self.reader).await
+                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.read_conn().await?).await
             }
         }
         .map_err(db_err)?;
@@ -616,7 +632,7 @@ impl Store for SqliteStore {
         let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? ORDER BY name");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(account_id)
-            .fetch_all(&self.reader)
+            .fetch_all(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         rows.iter().map(mailbox_from_row).collect()
@@ -628,7 +644,7 @@ impl Store for SqliteStore {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(account_id)
             .bind(name)
-            .fetch_optional(&self.reader)
+            .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(mailbox_from_row).transpose()
@@ -638,7 +654,7 @@ impl Store for SqliteStore {
         let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = ?");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(mailbox_id)
-            .fetch_optional(&self.reader)
+            .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         row.as_ref().map(mailbox_from_row).transpose()
@@ -817,7 +833,7 @@ impl Store for SqliteStore {
     async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
         sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = ? ORDER BY name")
             .bind(account_id)
-            .fetch_all(&self.reader)
+            .fetch_all(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)
     }
@@ -827,7 +843,7 @@ impl Store for SqliteStore {
             "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = ?",
         )
         .bind(mailbox_id)
-        .fetch_optional(&self.reader)
+        .fetch_optional(&mut *self.read_conn().await?)
         .await
         .map_err(db_err)?
         .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
@@ -931,14 +947,14 @@ impl Store for SqliteStore {
         let uids: Vec<i64> =
             sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
                 .bind(mailbox_id)
-                .fetch_all(&self.reader)
+                .fetch_all(&mut *self.read_conn().await?)
                 .await
                 .map_err(db_err)?;
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let mut conn = self.reader.acquire().await.map_err(db_err)?;
+        let mut conn = self.read_conn().await?;
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
             let rows = sqlx::query(
@@ -969,7 +985,7 @@ impl Store for SqliteStore {
     }
 
     async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        let mut conn = self.reader.acquire().await.map_err(db_err)?;
+        let mut conn = self.read_conn().await?;
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
             let rows = sqlx::query(
@@ -992,7 +1008,7 @@ impl Store for SqliteStore {
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
         let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = ?")
             .bind(message_id)
-            .fetch_optional(&self.reader)
+            .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?
             .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
@@ -1004,13 +1020,23 @@ impl Store for SqliteStore {
     }
 
     async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+        // Without statistics SQLite prefers the primary key (it serves ORDER BY uid)
+        // and filters the whole mailbox; name the partial index so that UNSEEN and
+        // DELETED searches cost what they return, not the mailbox size.
+        let index = if without.contains(Flags::SEEN) {
+            " INDEXED BY mailbox_messages_unseen"
+        } else if with.contains(Flags::DELETED) && !without.contains(Flags::DELETED) {
+            " INDEXED BY mailbox_messages_deleted"
+        } else {
+            ""
+        };
         let sql = format!(
-            "SELECT uid FROM mailbox_messages WHERE mailbox_id = ?{} ORDER BY uid",
+            "SELECT uid FROM mailbox_messages{index} WHERE mailbox_id = ?{} ORDER BY uid",
             flag_conditions(with, without)
         );
         let uids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(mailbox_id)
-            .fetch_all(&self.reader)
+            .fetch_all(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
@@ -1082,7 +1108,7 @@ impl Store for SqliteStore {
             None => {
                 let rows = sqlx::query(
                     "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
-                     WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
+                     INDEXED BY mailbox_messages_deleted WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)
@@ -1122,7 +1148,9 @@ impl Store for SqliteStore {
 
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         // One read transaction: a consistent snapshot of mailbox, rows and tombstones.
-        let mut tx = self.reader.begin().await.map_err(db_err)?;
+        // The modseq indexes are named because SQLite, lacking statistics, would
+        // rather walk the primary key for the ORDER BY and filter the whole mailbox.
+        let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
             .bind(mailbox_id)
             .fetch_optional(&mut *tx)
@@ -1135,7 +1163,7 @@ impl Store for SqliteStore {
             return Ok(out);
         }
         let rows = sqlx::query(
-            "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
+            "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
              WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
         )
         .bind(mailbox_id)
@@ -1145,7 +1173,9 @@ impl Store for SqliteStore {
         .map_err(db_err)?;
         out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
         let expunged: Vec<i64> =
-            sqlx::query_scalar("SELECT uid FROM expunged WHERE mailbox_id = ? AND modseq > ? ORDER BY uid")
+            sqlx::query_scalar(
+                "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
+            )
                 .bind(mailbox_id)
                 .bind(since)
                 .fetch_all(&mut *tx)
@@ -1169,7 +1199,7 @@ impl Store for SqliteStore {
         .bind(to_us(item.not_before))
         .bind(to_us(Utc::now()))
         .bind(to_us(item.expires_at))
-        .fetch_one(&self.writer)
+        .fetch_one(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)
     }
@@ -1188,7 +1218,7 @@ impl Store for SqliteStore {
         .bind(to_us(until))
         .bind(to_us(now))
         .bind(i64::from(limit))
-        .fetch_all(&self.writer)
+        .fetch_all(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)?;
         let mut items = Vec::with_capacity(rows.len());
@@ -1215,7 +1245,7 @@ impl Store for SqliteStore {
     async fn queue_complete(&self, id: i64) -> StoreResult<()> {
         let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
             .bind(id)
-            .execute(&self.writer)
+            .execute(&mut *self.write_conn().await?)
             .await
             .map_err(db_err)?;
         if res.rows_affected() == 0 {
@@ -1240,7 +1270,7 @@ impl Store for SqliteStore {
             .bind(error)
             .bind(id),
         }
-        .execute(&self.writer)
+        .execute(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)?;
         if res.rows_affected() == 0 {
