@@ -58,14 +58,16 @@ impl Session {
             let mut seen_changed: Vec<u32> = Vec::new();
             if sets_seen {
                 let seen = FlagSet { system: Flags::SEEN, keywords: Vec::new() };
-                match store.store_flags(mailbox_id, &uid_set, FlagOp::Add, &seen).await {
-                    Ok(rows) => seen_changed = rows.iter().map(|r| r.uid).collect(),
+                let rows = match store.store_flags(mailbox_id, &uid_set, FlagOp::Add, &seen).await {
+                    Ok(rows) => rows,
                     Err(e) => return store_error(e),
-                }
-                if let Some(last) = seen_changed.last() {
-                    let _ = last;
-                    let modseq =
-                        store.mailbox_status(mailbox_id).await.map(|s| s.highest_modseq).unwrap_or_default();
+                };
+                seen_changed = rows.iter().map(|r| r.uid).collect();
+                if let Some(modseq) = rows.iter().map(|r| r.modseq).max() {
+                    if let Some(sel) = self.selected.as_mut() {
+                        // Answered in this FETCH; not again at the next sync.
+                        sel.own_changes.extend(rows.iter().map(|r| (r.uid, r.modseq)));
+                    }
                     self.notify(mailbox_id, modseq).await;
                 }
             }

@@ -21,13 +21,14 @@ pub mod selected;
 mod session;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
 
 pub use session::Session;
 
 use crate::app::App;
+use crate::metrics::Metrics;
 use crate::net::{Protocol, SessionCtx, SessionStream};
 
 /// `[imap]` section of the server configuration.
@@ -86,43 +87,32 @@ pub(crate) struct Shared {
     pub idle_gauge: prometheus::IntGauge,
 }
 
-/// One gauge per metrics registry: the `imap` and `imaps` listeners share the
-/// process's registry and must not register the name twice.
-fn idle_gauge(app: &App) -> prometheus::IntGauge {
-    static GAUGES: Mutex<Vec<(usize, prometheus::IntGauge)>> = Mutex::new(Vec::new());
-    let key = Arc::as_ptr(&app.metrics) as usize;
-    let mut gauges = GAUGES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, g)) = gauges.iter().find(|(k, _)| *k == key) {
-        return g.clone();
-    }
-    let gauge =
-        prometheus::IntGauge::new("mail_imap_idle_sessions", "IMAP sessions in IDLE").expect("valid metric");
-    // A registry that already has the name (another owner) keeps its own; ours
-    // then still counts, just unexported.
-    let _ = app.metrics.registry.register(Box::new(gauge.clone()));
-    gauges.push((key, gauge.clone()));
-    gauge
-}
-
-static SHARED: Mutex<Vec<(usize, Arc<Shared>)>> = Mutex::new(Vec::new());
+/// Per-process IMAP state, one per metrics registry: the `imap` and `imaps`
+/// listeners of a pod share it (and must not register the gauge twice). Keyed by
+/// a `Weak` so that a dropped `Metrics` (tests build many) can never be confused
+/// with a new one at the same address.
+static SHARED: Mutex<Vec<(Weak<Metrics>, Arc<Shared>)>> = Mutex::new(Vec::new());
 
 impl ImapProtocol {
     pub fn new(app: App, implicit_tls: bool) -> Self {
-        let key = Arc::as_ptr(&app.metrics) as usize;
-        let shared = {
-            let mut all = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-            match all.iter().find(|(k, _)| *k == key) {
-                Some((_, s)) => s.clone(),
-                None => {
-                    let s = Arc::new(Shared {
-                        per_user: Mutex::new(HashMap::new()),
-                        idle_gauge: idle_gauge(&app),
-                    });
-                    all.push((key, s.clone()));
-                    s
-                }
+        let mut all = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(m, _)| m.strong_count() > 0);
+        let key = Arc::downgrade(&app.metrics);
+        let shared = match all.iter().find(|(m, _)| m.ptr_eq(&key)) {
+            Some((_, s)) => s.clone(),
+            None => {
+                let idle_gauge =
+                    prometheus::IntGauge::new("mail_imap_idle_sessions", "IMAP sessions in IDLE")
+                        .expect("valid metric");
+                // A registry that already has the name keeps its own; ours then
+                // still counts, just unexported.
+                let _ = app.metrics.registry.register(Box::new(idle_gauge.clone()));
+                let s = Arc::new(Shared { per_user: Mutex::new(HashMap::new()), idle_gauge });
+                all.push((key, s.clone()));
+                s
             }
         };
+        drop(all);
         ImapProtocol { app, implicit_tls, shared }
     }
 }

@@ -132,10 +132,11 @@ impl Session {
         let mut new_uids: Vec<u32> = Vec::new();
         let mut flag_updates: Vec<&FlagRow> = Vec::new();
         let mut new_keyword = false;
-        let own = std::mem::take(&mut sel.own_changes);
+        let mut own = std::mem::take(&mut sel.own_changes);
+        own.sort_unstable();
         for row in &changes.changed {
             new_keyword |= sel.learn_keywords(row.flags.keywords.iter());
-            if own.contains(&(row.uid, row.modseq)) {
+            if own.binary_search(&(row.uid, row.modseq)).is_ok() {
                 continue;
             }
             if row.uid > max {
