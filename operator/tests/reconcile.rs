@@ -27,6 +27,11 @@ struct Call {
 }
 
 impl Call {
+    /// Events are written by POST, or PATCH when the recorder extends a series.
+    fn is_event(&self) -> bool {
+        self.path.contains("/events")
+    }
+
     fn is(&self, method: &str, path_suffix: &str) -> bool {
         self.method == method && self.path.ends_with(path_suffix)
     }
@@ -256,7 +261,7 @@ fn condition<'a>(
 fn applies(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
-        .filter(|c| c.method == "PATCH" && !c.path.ends_with("/status"))
+        .filter(|c| c.method == "PATCH" && !c.path.ends_with("/status") && !c.is_event())
         .map(|c| {
             let (coll, name, _) = split(&c.path);
             format!("{}/{}", coll.rsplit('/').next().unwrap(), name.unwrap())
@@ -303,15 +308,14 @@ async fn create_applies_children_then_status() {
     let lists: Vec<&Call> =
         calls.iter().filter(|c| c.method == "GET" && c.query.contains("labelSelector")).collect();
     assert_eq!(lists.len(), 11);
-    assert!(
-        lists[0]
-            .query
-            .contains("app.kubernetes.io/managed-by=mailcluster-operator,mailcluster.dev/cluster=mail")
+    assert_eq!(
+        query_param(&lists[0].query, "labelSelector").as_deref(),
+        Some("app.kubernetes.io/managed-by=mailcluster-operator,mailcluster.dev/cluster=mail")
     );
     // Status last among API writes (events are best effort after it).
     let status_idx =
         calls.iter().position(|c| c.is("PATCH", "/mailclusters/mail/status")).expect("status patch");
-    assert!(calls[status_idx + 1..].iter().all(|c| c.method == "POST" && c.path.contains("/events")));
+    assert!(calls[status_idx + 1..].iter().all(Call::is_event));
     let body = calls[status_idx].body.as_ref().unwrap();
     assert_eq!(body["kind"], "MailCluster");
     assert!(body["status"].get("lastStress").is_none(), "never applies the stress Job's field");
@@ -357,7 +361,7 @@ async fn create_applies_children_then_status() {
     run(&fake, &now).await;
     let calls = fake.take_calls();
     assert!(!calls.iter().any(|c| c.path.ends_with("/status")), "unchanged status is not rewritten");
-    assert!(!calls.iter().any(|c| c.method == "POST"));
+    assert!(!calls.iter().any(Call::is_event));
     assert!(!calls.iter().any(|c| c.method == "DELETE"));
     assert_eq!(condition(&stored(&fake, &now), "Ready").last_transition_time, ready_since);
 }
@@ -447,7 +451,7 @@ async fn invalid_spec_sets_degraded_and_builds_nothing() {
     let action = run(&fake, &mc).await;
     assert_eq!(action, Action::await_change());
     let calls = fake.take_calls();
-    let writes: Vec<&Call> = calls.iter().filter(|c| c.method != "POST").collect();
+    let writes: Vec<&Call> = calls.iter().filter(|c| !c.is_event()).collect();
     assert_eq!(writes.len(), 1, "only the status patch: {writes:?}");
     assert!(writes[0].is("PATCH", "/mailclusters/broken/status"));
     let now = stored(&fake, &mc);
@@ -455,7 +459,7 @@ async fn invalid_spec_sets_degraded_and_builds_nothing() {
     assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "InvalidSpec"));
     assert!(d.message.contains("tls: set exactly one"), "{}", d.message);
     assert_eq!(now.status.as_ref().unwrap().phase, Some(mailcluster_api::Phase::Degraded));
-    let warning = calls.iter().find(|c| c.method == "POST").expect("event");
+    let warning = calls.iter().find(|c| c.is_event()).expect("event");
     assert_eq!(warning.body.as_ref().unwrap()["type"], "Warning");
 }
 
@@ -463,15 +467,30 @@ async fn invalid_spec_sets_degraded_and_builds_nothing() {
 async fn budget_capping_is_reported() {
     let fake = fake_with_secrets();
     let mut mc = fixture("minimal");
-    // 60 − 10 reserved − 2 migration = 48 → 4 pods of 10 + ... 3 protocols of (2..10).
-    mc.spec.postgres.max_connections = 110;
-    let mc = running(&fake, &mc).await;
+    // 70 − 10 reserved − 2 migration = 58 → 14 pods of 4 for 3 × (6 + 1) asked.
+    mc.spec.postgres.max_connections = 70;
+    run(&fake, &mc).await;
+    let calls = fake.take_calls();
+    let capped = calls
+        .iter()
+        .filter(|c| c.is_event())
+        .filter_map(|c| c.body.clone())
+        .find(|b| b["reason"] == "ConnectionBudgetCapped")
+        .expect("capping announced in an event");
+    assert_eq!(capped["type"], "Warning");
+    assert!(capped["note"].as_str().unwrap().contains("smtp maxReplicas 6→4"), "{capped}");
+
+    let mc = running(&fake, &stored(&fake, &mc)).await;
     let d = condition(&mc, "Degraded");
     assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "ConnectionBudgetCapped"));
-    assert!(d.message.contains("maxReplicas 10→"), "{}", d.message);
-    let hpa: k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler =
-        serde_json::from_value(fake.get(HPAS, "mail-smtp").unwrap()).unwrap();
-    assert!(hpa.spec.unwrap().max_replicas < 10);
+    assert!(d.message.contains("smtp maxReplicas 6→4"), "{}", d.message);
+    let max = |name: &str| {
+        let h: k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler =
+            serde_json::from_value(fake.get(HPAS, name).unwrap()).unwrap();
+        h.spec.unwrap().max_replicas
+    };
+    assert_eq!([max("mail-smtp"), max("mail-submission"), max("mail-imap")], [4, 4, 3]);
+    assert_eq!(mc.status.as_ref().unwrap().imap.as_ref().unwrap().max_replicas, Some(3));
 }
 
 #[tokio::test]
