@@ -1,0 +1,832 @@
+//! `MailCluster` (`mailcluster.dev/v1alpha1`): spec and status (DESIGN §5).
+//!
+//! Validation lives in two places on purpose:
+//! - the CRD schema (types, ranges, and CEL `x-kubernetes-validations`) so the
+//!   apiserver refuses bad objects at `kubectl apply` time, and
+//! - the operator's own `validate` step, because a CRD may be installed from an older
+//!   version, and some rules (effective ports after defaults, CIDR syntax on old
+//!   apiservers, the connection budget) need more than CEL offers.
+//!
+//! Immutable field: `spec.redis.keyPrefix`. Every pod namespaces its shared state
+//! (rate limits, notification channels, TLS ticket keys) under it; changing it on a
+//! running cluster would, during the rolling update, split pods into two groups that
+//! cannot see each other's IDLE notifications or ticket keys, and orphan the old keys.
+//! Everything else (image, pool sizes, secret references) is rolled safely.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A mail system: SMTP, submission, IMAP and POP3 pods over PostgreSQL and Redis.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "mailcluster.dev",
+    version = "v1alpha1",
+    kind = "MailCluster",
+    plural = "mailclusters",
+    shortname = "mc",
+    category = "mail",
+    namespaced,
+    status = "MailClusterStatus",
+    derive = "PartialEq",
+    doc = "A Kubernetes-native mail system: stateless SMTP/IMAP/POP3 pods over PostgreSQL and Redis.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "SMTP",
+        type_ = "integer",
+        json_path = ".status.smtp.readyReplicas",
+        description = "Ready SMTP pods"
+    ),
+    printcolumn(
+        name = "IMAP",
+        type_ = "integer",
+        json_path = ".status.imap.readyReplicas",
+        description = "Ready IMAP pods"
+    ),
+    printcolumn(
+        name = "Stress",
+        type_ = "string",
+        json_path = ".status.lastStress.verdict",
+        description = "Verdict of the last stress run"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MailClusterSpec {
+    /// Container image of the `mailcluster` binary (all pods and Jobs use it).
+    pub image: ImageSpec,
+    /// Mail domains served; the first is the primary (hostname, certificate).
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self.all(d, self.filter(e, e == d).size() == 1)").message("domains must be unique"))]
+    pub domains: Vec<Domain>,
+    /// Name used in greetings and Received headers; default `mail.<first domain>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub hostname: Option<String>,
+    /// Inbound SMTP (port 25). Enabled unless `enabled: false`.
+    #[serde(default = "ProtocolSpec::enabled_default")]
+    pub smtp: ProtocolSpec,
+    /// Message submission (587 STARTTLS, 465 implicit TLS).
+    #[serde(default = "ProtocolSpec::enabled_default")]
+    pub submission: ProtocolSpec,
+    /// IMAP (143 STARTTLS, 993 implicit TLS).
+    #[serde(default = "ProtocolSpec::enabled_default")]
+    pub imap: ProtocolSpec,
+    /// POP3 (110 STLS, 995 implicit TLS). Disabled unless the section is present.
+    #[serde(default = "ProtocolSpec::disabled_default")]
+    pub pop3: ProtocolSpec,
+    /// Certificate for all listeners. Absent: pods generate a self-signed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+    pub postgres: PostgresSpec,
+    pub redis: RedisSpec,
+    /// Defaults for every protocol's autoscaler (each protocol may override).
+    #[serde(default)]
+    pub autoscaling: AutoscalingSpec,
+    #[serde(default)]
+    pub proxy_protocol: ProxyProtocolSpec,
+    /// In-cluster load test: scheduled and on-demand (`mailcluster.dev/run-stress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stress: Option<StressSpec>,
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+    #[serde(default)]
+    pub monitoring: MonitoringSpec,
+    /// Seconds sessions get to finish after SIGTERM before the server says goodbye.
+    #[serde(default = "default_grace")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub shutdown_grace_seconds: u32,
+    /// Log filter directive for the pods, e.g. `info` or `mailcluster_server=debug`.
+    #[serde(default = "default_log_level")]
+    pub log_level: String,
+    /// When true the operator changes no child object (status still reports).
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_grace() -> u32 {
+    25
+}
+
+fn default_log_level() -> String {
+    "info".into()
+}
+
+/// A DNS domain name.
+pub type Domain = String;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    #[serde(default = "default_repository")]
+    pub repository: String,
+    /// Tag (or `@sha256:` digest reference suffix is not accepted here; use `digest`).
+    #[schemars(length(min = 1, max = 128))]
+    pub tag: String,
+    /// Optional digest pinning the tag (`sha256:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull_policy: Option<PullPolicy>,
+}
+
+fn default_repository() -> String {
+    "ghcr.io/mailcluster/mailcluster".into()
+}
+
+impl ImageSpec {
+    /// The full image reference the pods run.
+    pub fn reference(&self) -> String {
+        match &self.digest {
+            Some(d) => format!("{}:{}@{}", self.repository, self.tag, d),
+            None => format!("{}:{}", self.repository, self.tag),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// One protocol's pods, Service and autoscaler.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Fixed replica count when autoscaling is disabled for this protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: Option<i32>,
+    /// Per-pod, per-listener connection cap; over it clients get an immediate refusal.
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_connections: u32,
+    /// Per-client-IP connection cap per listener (0 = unlimited).
+    #[serde(default)]
+    pub max_connections_per_ip: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default)]
+    pub service: ServiceSpec,
+    /// Overrides `spec.autoscaling` for this protocol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_max_connections() -> u32 {
+    5000
+}
+
+impl ProtocolSpec {
+    pub fn enabled_default() -> Self {
+        ProtocolSpec {
+            enabled: true,
+            replicas: None,
+            max_connections: default_max_connections(),
+            max_connections_per_ip: 0,
+            resources: None,
+            service: ServiceSpec::default(),
+            autoscaling: None,
+        }
+    }
+
+    pub fn disabled_default() -> Self {
+        ProtocolSpec { enabled: false, ..Self::enabled_default() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(default, rename = "type")]
+    pub type_: ServiceType,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Service ports per listener; listeners not named keep their standard port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[x_kube(validation = Rule::new("self.all(p, self.filter(q, q.port == p.port).size() == 1)").message("service ports must be unique"))]
+    #[x_kube(validation = Rule::new("self.all(p, self.filter(q, q.name == p.name).size() == 1)").message("each listener may be listed once"))]
+    pub ports: Vec<PortSpec>,
+    /// Restrict LoadBalancer clients (cloud firewall).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub load_balancer_source_ranges: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortSpec {
+    pub name: Listener,
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// A listener of the server; each has a fixed container port (standard port + 10000).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Listener {
+    Smtp,
+    Submission,
+    Submissions,
+    Imap,
+    Imaps,
+    Pop3,
+    Pop3s,
+}
+
+impl Listener {
+    pub const ALL: [Listener; 7] = [
+        Listener::Smtp,
+        Listener::Submission,
+        Listener::Submissions,
+        Listener::Imap,
+        Listener::Imaps,
+        Listener::Pop3,
+        Listener::Pop3s,
+    ];
+
+    /// The name used in `MAILCLUSTER_PROTOCOLS`, config and port names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Listener::Smtp => "smtp",
+            Listener::Submission => "submission",
+            Listener::Submissions => "submissions",
+            Listener::Imap => "imap",
+            Listener::Imaps => "imaps",
+            Listener::Pop3 => "pop3",
+            Listener::Pop3s => "pop3s",
+        }
+    }
+
+    /// The well-known port clients use; Services expose it.
+    pub fn standard_port(self) -> i32 {
+        match self {
+            Listener::Smtp => 25,
+            Listener::Submission => 587,
+            Listener::Submissions => 465,
+            Listener::Imap => 143,
+            Listener::Imaps => 993,
+            Listener::Pop3 => 110,
+            Listener::Pop3s => 995,
+        }
+    }
+
+    /// The unprivileged port the pod listens on (operational contract: standard + 10000).
+    pub fn container_port(self) -> i32 {
+        self.standard_port() + 10000
+    }
+}
+
+/// The four protocol families, each its own Deployment and Service.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Smtp,
+    Submission,
+    Imap,
+    Pop3,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 4] = [Protocol::Smtp, Protocol::Submission, Protocol::Imap, Protocol::Pop3];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Smtp => "smtp",
+            Protocol::Submission => "submission",
+            Protocol::Imap => "imap",
+            Protocol::Pop3 => "pop3",
+        }
+    }
+
+    /// Listeners served by this protocol's pods.
+    pub fn listeners(self) -> &'static [Listener] {
+        match self {
+            Protocol::Smtp => &[Listener::Smtp],
+            Protocol::Submission => &[Listener::Submission, Listener::Submissions],
+            Protocol::Imap => &[Listener::Imap, Listener::Imaps],
+            Protocol::Pop3 => &[Listener::Pop3, Listener::Pop3s],
+        }
+    }
+}
+
+impl MailClusterSpec {
+    pub fn protocol(&self, p: Protocol) -> &ProtocolSpec {
+        match p {
+            Protocol::Smtp => &self.smtp,
+            Protocol::Submission => &self.submission,
+            Protocol::Imap => &self.imap,
+            Protocol::Pop3 => &self.pop3,
+        }
+    }
+
+    /// Enabled protocols in a fixed order.
+    pub fn enabled_protocols(&self) -> Vec<Protocol> {
+        Protocol::ALL.into_iter().filter(|p| self.protocol(*p).enabled).collect()
+    }
+
+    /// The autoscaling settings in force for a protocol.
+    pub fn autoscaling_for(&self, p: Protocol) -> &AutoscalingSpec {
+        self.protocol(p).autoscaling.as_ref().unwrap_or(&self.autoscaling)
+    }
+
+    pub fn hostname(&self) -> String {
+        match (&self.hostname, self.domains.first()) {
+            (Some(h), _) => h.clone(),
+            (None, Some(d)) => format!("mail.{d}"),
+            (None, None) => "localhost".into(),
+        }
+    }
+}
+
+/// Exactly one of `secretName` (an existing `kubernetes.io/tls` Secret) or
+/// `issuerRef` (the operator requests a cert-manager Certificate).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretName) != has(self.issuerRef)").message("set exactly one of tls.secretName or tls.issuerRef"))]
+pub struct TlsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+    /// Extra DNS names for the Certificate (the hostname and domains are always in it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub dns_names: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    pub name: String,
+    /// `Issuer` or `ClusterIssuer`.
+    #[serde(default = "default_issuer_kind")]
+    pub kind: String,
+    #[serde(default = "default_issuer_group")]
+    pub group: String,
+}
+
+fn default_issuer_kind() -> String {
+    "Issuer".into()
+}
+
+fn default_issuer_group() -> String {
+    "cert-manager.io".into()
+}
+
+/// A key in a Secret in the MailCluster's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default = "default_url_key")]
+    pub key: String,
+}
+
+fn default_url_key() -> String {
+    "url".into()
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.poolSize) || !has(self.maxConnections) || self.poolSize <= self.maxConnections").message("postgres.poolSize must not exceed postgres.maxConnections"))]
+pub struct PostgresSpec {
+    /// Secret key holding the `postgres://` URL.
+    pub url_secret_ref: SecretKeyRef,
+    /// Connections per pod.
+    #[serde(default = "default_pool_size")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub pool_size: u32,
+    /// The server's `max_connections`: the budget every pod, Job and admin shares.
+    #[serde(default = "default_pg_max")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_connections: u32,
+    /// Connections kept free for superusers, backups and humans.
+    #[serde(default = "default_pg_reserved")]
+    pub reserved_connections: u32,
+}
+
+/// Defaults fit a stock PostgreSQL (`max_connections = 100`): three protocols at
+/// their default maximum (6 pods + 1 surge) × 4 = 84 of the 88 left after the
+/// reserve and the migration Job.
+fn default_pool_size() -> u32 {
+    4
+}
+
+fn default_pg_max() -> u32 {
+    100
+}
+
+fn default_pg_reserved() -> u32 {
+    10
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.keyPrefix) ? self.keyPrefix : '') == (has(oldSelf.keyPrefix) ? oldSelf.keyPrefix : '')").message("redis.keyPrefix is immutable"))]
+pub struct RedisSpec {
+    /// Secret key holding the `redis://` URL.
+    pub url_secret_ref: SecretKeyRef,
+    #[serde(default = "default_redis_pool")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub pool_size: u32,
+    /// Prefix of every key; default `mc:<namespace>:<name>:`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub key_prefix: Option<String>,
+}
+
+fn default_redis_pool() -> u32 {
+    8
+}
+
+/// Horizontal Pod Autoscaler settings.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must not exceed autoscaling.maxReplicas"))]
+pub struct AutoscalingSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_replicas: i32,
+    #[serde(default = "default_max_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Target average CPU utilisation, percent of requests.
+    #[serde(default = "default_cpu", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub cpu_utilization: Option<i32>,
+    /// Target average `mail_pool_saturation`, percent (metric 0..1 × 100).
+    #[serde(default = "default_pool_saturation", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub pool_saturation: Option<i32>,
+    /// Target average `mail_connections_active` per pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub connections_per_pod: Option<i32>,
+}
+
+fn default_min_replicas() -> i32 {
+    2
+}
+
+fn default_max_replicas() -> i32 {
+    6
+}
+
+fn default_cpu() -> Option<i32> {
+    Some(70)
+}
+
+fn default_pool_saturation() -> Option<i32> {
+    Some(70)
+}
+
+impl Default for AutoscalingSpec {
+    fn default() -> Self {
+        AutoscalingSpec {
+            enabled: true,
+            min_replicas: default_min_replicas(),
+            max_replicas: default_max_replicas(),
+            cpu_utilization: default_cpu(),
+            pool_saturation: default_pool_saturation(),
+            connections_per_pod: None,
+        }
+    }
+}
+
+/// PROXY protocol (v1/v2) in front of the listeners, e.g. behind a TCP load balancer.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.enabled) || !self.enabled || (has(self.trustedCidrs) && self.trustedCidrs.size() > 0)").message("proxyProtocol.trustedCidrs is required when enabled: a PROXY header from anyone lets clients forge their address"))]
+pub struct ProxyProtocolSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub trusted_cidrs: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Namespaces allowed to scrape the admin port (9090) besides this one.
+    #[serde(default = "default_metrics_namespaces")]
+    #[schemars(length(max = 16))]
+    pub metrics_namespaces: Vec<String>,
+}
+
+fn default_metrics_namespaces() -> Vec<String> {
+    vec!["monitoring".into()]
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        NetworkPolicySpec { enabled: false, metrics_namespaces: default_metrics_namespaces() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MonitoringSpec {
+    /// Create a Prometheus-operator ServiceMonitor when its CRD is installed.
+    #[serde(default = "yes")]
+    pub service_monitor: bool,
+    #[serde(default = "default_scrape_interval")]
+    pub interval: String,
+}
+
+fn default_scrape_interval() -> String {
+    "30s".into()
+}
+
+impl Default for MonitoringSpec {
+    fn default() -> Self {
+        MonitoringSpec { service_monitor: true, interval: default_scrape_interval() }
+    }
+}
+
+/// In-cluster load test.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StressSpec {
+    /// Cron schedule of the recurring run; absent: on-demand runs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Scenarios run in order (DESIGN §6).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub scenarios: Vec<ScenarioSpec>,
+    #[serde(default)]
+    pub slo: SloSpec,
+    /// Hard bound on one run; the Job is killed after it.
+    #[serde(default = "default_stress_deadline")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub deadline_seconds: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Optional Prometheus Pushgateway URL for the run's metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushgateway: Option<String>,
+}
+
+fn default_stress_deadline() -> i64 {
+    3600
+}
+
+impl Default for StressSpec {
+    /// On-demand runs without a `stress` section use the stress runner's default scenarios.
+    fn default() -> Self {
+        StressSpec {
+            schedule: None,
+            scenarios: Vec::new(),
+            slo: SloSpec::default(),
+            deadline_seconds: default_stress_deadline(),
+            resources: None,
+            pushgateway: None,
+        }
+    }
+}
+
+/// One load scenario. Kept small and typed; `params` carries scenario-specific knobs.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScenarioSpec {
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    pub kind: ScenarioKind,
+    #[serde(default = "default_scenario_duration")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub duration_seconds: u32,
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub concurrency: u32,
+    /// Target operations per second (deliver: messages per second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u32>,
+    /// Number of distinct users the scenario provisions and cycles through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<u32>,
+}
+
+fn default_scenario_duration() -> u32 {
+    60
+}
+
+fn default_concurrency() -> u32 {
+    10
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScenarioKind {
+    ConnectFlood,
+    Auth,
+    Deliver,
+    Search,
+    Fetch,
+    Pop3,
+    Mixed,
+}
+
+/// Service level objectives a stress run is judged against.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.successRate) || (self.successRate >= 0.0 && self.successRate <= 100.0)").message("slo.successRate is a percentage (0..100)"))]
+pub struct SloSpec {
+    /// Percent of operations that must succeed.
+    #[serde(default = "default_success_rate")]
+    pub success_rate: f64,
+    #[serde(default = "default_smtp_p95")]
+    #[schemars(range(min = 1))]
+    pub smtp_p95_ms: u32,
+    #[serde(default = "default_imap_p95")]
+    #[schemars(range(min = 1))]
+    pub imap_fetch_p95_ms: u32,
+    #[serde(default = "default_imap_p95")]
+    #[schemars(range(min = 1))]
+    pub imap_search_p95_ms: u32,
+}
+
+fn default_success_rate() -> f64 {
+    99.95
+}
+
+fn default_smtp_p95() -> u32 {
+    120
+}
+
+fn default_imap_p95() -> u32 {
+    350
+}
+
+impl Default for SloSpec {
+    fn default() -> Self {
+        SloSpec {
+            success_rate: default_success_rate(),
+            smtp_p95_ms: default_smtp_p95(),
+            imap_fetch_p95_ms: default_imap_p95(),
+            imap_search_p95_ms: default_imap_p95(),
+        }
+    }
+}
+
+/// Observed state, written by the operator (and `lastStress` by the stress Job).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MailClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Ready, Progressing, Degraded, SLOMet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smtp: Option<ProtocolStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission: Option<ProtocolStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imap: Option<ProtocolStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pop3: Option<ProtocolStatus>,
+    /// Image whose schema migration has completed; Deployments run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrated_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stress: Option<StressResult>,
+}
+
+impl MailClusterStatus {
+    pub fn protocol(&self, p: Protocol) -> Option<&ProtocolStatus> {
+        match p {
+            Protocol::Smtp => self.smtp.as_ref(),
+            Protocol::Submission => self.submission.as_ref(),
+            Protocol::Imap => self.imap.as_ref(),
+            Protocol::Pop3 => self.pop3.as_ref(),
+        }
+    }
+
+    pub fn protocol_mut(&mut self, p: Protocol) -> &mut Option<ProtocolStatus> {
+        match p {
+            Protocol::Smtp => &mut self.smtp,
+            Protocol::Submission => &mut self.submission,
+            Protocol::Imap => &mut self.imap,
+            Protocol::Pop3 => &mut self.pop3,
+        }
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Waiting for Secrets or the first schema migration.
+    Pending,
+    /// A migration Job for a new image is running; pods stay on the old image.
+    Migrating,
+    /// Children applied; see the Ready condition for pod readiness.
+    Running,
+    /// The spec is invalid or cannot be applied.
+    Degraded,
+    /// `spec.paused`: children are left alone.
+    Paused,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolStatus {
+    pub replicas: i32,
+    pub ready_replicas: i32,
+    /// The HPA's maxReplicas in force (after connection-budget capping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_replicas: Option<i32>,
+}
+
+/// Outcome of the last stress run.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StressResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    pub verdict: StressVerdict,
+    /// Percent of operations that succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_rate: Option<f64>,
+    /// P95 latency in milliseconds per operation (e.g. `smtp.deliver`, `imap.fetch`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub p95_ms: BTreeMap<String, f64>,
+    /// True when the load generator itself was the bottleneck (result not conclusive).
+    #[serde(default)]
+    pub generator_saturated: bool,
+    /// Name of the Job that ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Human summary, e.g. which SLO was missed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+pub enum StressVerdict {
+    Pass,
+    Fail,
+    /// The run could not complete (setup failure, deadline).
+    Error,
+}
+
+/// The scenario file the operator writes for a stress Job
+/// (`mailcluster stress --scenario-file /etc/mailcluster/stress.yaml`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StressPlan {
+    /// The `MailCluster` the verdict is reported to (`--report-to namespace/name`).
+    pub namespace: String,
+    pub name: String,
+    /// Hostname the servers present (TLS SNI / certificate name).
+    pub hostname: String,
+    /// Service address per listener, e.g. `imaps: mc-imap.mail.svc:993`.
+    pub targets: BTreeMap<String, String>,
+    /// Mail domain the stress accounts are created in.
+    pub domain: String,
+    pub scenarios: Vec<ScenarioSpec>,
+    pub slo: SloSpec,
+    pub deadline_seconds: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushgateway: Option<String>,
+}

@@ -1,0 +1,196 @@
+//! Jobs: the schema migration Job and the stress runs (CronJob + on-demand Job) with
+//! the identity that lets a stress Job write its verdict into the resource's status.
+
+use std::collections::BTreeMap;
+
+use mailcluster_api::{MailCluster, StressPlan, StressSpec};
+use serde_json::{Value, json};
+
+use super::metadata;
+use super::workload::{
+    container_security_context, pod_security_context, scratch_mounts, scratch_volumes, secret_envs,
+};
+use crate::config;
+use crate::names::{self, CONFIG_DIR, DATA_DIR};
+
+/// The migration Job is named after what its pod template is made of (image and
+/// database secret reference): a Job's template is immutable, so a new image gets a
+/// new Job, and the same image never migrates twice.
+pub fn migration_job_name(mc: &MailCluster) -> String {
+    let r = &mc.spec.postgres.url_secret_ref;
+    format!(
+        "{}-migrate-{}",
+        names::cluster_name(mc),
+        names::short_hash(&[&mc.spec.image.reference(), &r.name, &r.key])
+    )
+}
+
+pub fn migration_job(mc: &MailCluster) -> Value {
+    let image = mc.spec.image.reference();
+    let key = config::config_key(None);
+    let mut volumes = vec![json!({
+        "name": "config",
+        "configMap": {"name": names::config_map(mc), "items": [{"key": key, "path": key}]},
+    })];
+    volumes.extend(scratch_volumes());
+    let mut mounts = vec![json!({"name": "config", "mountPath": CONFIG_DIR, "readOnly": true})];
+    mounts.extend(scratch_mounts());
+    let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
+    env.extend(secret_envs(mc));
+    json!({
+        "metadata": metadata(mc, &migration_job_name(mc), "migrate"),
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": 1800,
+            "template": {
+                "metadata": {"labels": names::selector_labels_for(mc, "migrate")},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": names::cluster_name(mc),
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "securityContext": pod_security_context(),
+                    "containers": [{
+                        "name": "migrate",
+                        "image": image,
+                        "args": ["migrate", "--config", format!("{CONFIG_DIR}/{key}")],
+                        "env": env,
+                        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                        "securityContext": container_security_context(),
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    })
+}
+
+pub fn stress_service_account(mc: &MailCluster) -> Value {
+    json!({"metadata": metadata(mc, &names::stress(mc), "stress")})
+}
+
+/// The stress Job may read its MailCluster and patch its status — nothing else.
+pub fn stress_role(mc: &MailCluster) -> Value {
+    let name = names::cluster_name(mc);
+    json!({
+        "metadata": metadata(mc, &names::stress(mc), "stress"),
+        "rules": [
+            {"apiGroups": [mailcluster_api::GROUP], "resources": ["mailclusters"], "resourceNames": [name], "verbs": ["get"]},
+            {"apiGroups": [mailcluster_api::GROUP], "resources": ["mailclusters/status"], "resourceNames": [name], "verbs": ["get", "patch"]},
+        ],
+    })
+}
+
+pub fn stress_role_binding(mc: &MailCluster) -> Value {
+    json!({
+        "metadata": metadata(mc, &names::stress(mc), "stress"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::stress(mc)},
+        "subjects": [{"kind": "ServiceAccount", "name": names::stress(mc), "namespace": names::namespace(mc)}],
+    })
+}
+
+pub fn stress_plan(mc: &MailCluster, stress: &StressSpec) -> StressPlan {
+    let ns = names::namespace(mc);
+    let mut targets = BTreeMap::new();
+    for p in mc.spec.enabled_protocols() {
+        let svc = &mc.spec.protocol(p).service;
+        for l in p.listeners() {
+            let port = svc.ports.iter().find(|o| o.name == *l).map_or(l.standard_port(), |o| o.port);
+            targets
+                .insert(l.name().to_string(), format!("{}.{ns}.svc:{port}", names::protocol_object(mc, p)));
+        }
+    }
+    StressPlan {
+        namespace: ns.to_string(),
+        name: names::cluster_name(mc).to_string(),
+        hostname: mc.spec.hostname(),
+        targets,
+        domain: mc.spec.domains.first().cloned().unwrap_or_default(),
+        scenarios: stress.scenarios.clone(),
+        slo: stress.slo.clone(),
+        deadline_seconds: stress.deadline_seconds,
+        pushgateway: stress.pushgateway.clone(),
+    }
+}
+
+pub fn stress_config_map(mc: &MailCluster, stress: &StressSpec) -> Value {
+    // A plan of strings and numbers always serializes.
+    let yaml = serde_yaml_ng::to_string(&stress_plan(mc, stress)).unwrap_or_default();
+    json!({
+        "metadata": metadata(mc, &names::stress(mc), "stress"),
+        "data": {"stress.yaml": yaml},
+    })
+}
+
+fn stress_job_spec(mc: &MailCluster, stress: &StressSpec, image: &str) -> Value {
+    let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
+    // The runner provisions its test accounts through the store (budgeted as the
+    // stress reserve) and reports through the Kubernetes API.
+    env.extend(secret_envs(mc));
+    let mut volumes = vec![json!({"name": "scenarios", "configMap": {"name": names::stress(mc)}})];
+    volumes.extend(scratch_volumes());
+    let mut mounts = vec![json!({"name": "scenarios", "mountPath": CONFIG_DIR, "readOnly": true})];
+    mounts.extend(scratch_mounts());
+    json!({
+        // One attempt: a retried load test measures a different situation and would
+        // report twice; a failed run is a verdict, not a glitch.
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": stress.deadline_seconds,
+        "template": {
+            "metadata": {"labels": names::selector_labels_for(mc, "stress")},
+            "spec": {
+                "restartPolicy": "Never",
+                "serviceAccountName": names::stress(mc),
+                "enableServiceLinks": false,
+                "securityContext": pod_security_context(),
+                "containers": [{
+                    "name": "stress",
+                    "image": image,
+                    "args": [
+                        "stress",
+                        "--report-to", format!("{}/{}", names::namespace(mc), names::cluster_name(mc)),
+                        "--scenario-file", format!("{CONFIG_DIR}/stress.yaml"),
+                    ],
+                    "env": env,
+                    "resources": stress.resources.as_ref().map_or_else(
+                        || json!({"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}),
+                        |r| json!(r),
+                    ),
+                    "securityContext": container_security_context(),
+                    "volumeMounts": mounts,
+                }],
+                "volumes": volumes,
+            },
+        },
+    })
+}
+
+pub fn stress_cron_job(mc: &MailCluster, stress: &StressSpec, schedule: &str, image: &str) -> Value {
+    json!({
+        "metadata": metadata(mc, &names::stress(mc), "stress"),
+        "spec": {
+            "schedule": schedule,
+            // Two overlapping load tests measure each other.
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 300,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                // Not the managed-by/cluster labels: the Jobs this template spawns belong
+                // to the CronJob, and orphan deletion must never list them.
+                "metadata": {"labels": names::selector_labels_for(mc, "stress")},
+                "spec": stress_job_spec(mc, stress, image),
+            },
+        },
+    })
+}
+
+/// On-demand run for annotation value `token`. It stays (and is not re-run) while the
+/// annotation keeps that value; a new value is a new Job, and the old one is deleted.
+pub fn stress_job(mc: &MailCluster, stress: &StressSpec, token: &str, image: &str) -> Value {
+    let name = format!("{}-{}", names::stress(mc), names::short_hash(&[token]));
+    let mut meta = metadata(mc, &name, "stress");
+    meta["annotations"] = json!({mailcluster_api::RUN_STRESS_ANNOTATION: token});
+    json!({"metadata": meta, "spec": stress_job_spec(mc, stress, image)})
+}

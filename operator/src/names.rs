@@ -1,0 +1,113 @@
+//! Names and labels of child objects: one place, so build, orphan deletion and tests agree.
+
+use std::collections::BTreeMap;
+
+use mailcluster_api::{CLUSTER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, MailCluster, Protocol};
+use sha2::{Digest, Sha256};
+
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub const CONFIG_HASH_ANNOTATION: &str = "mailcluster.dev/config-hash";
+pub const IMAGE_ANNOTATION: &str = "mailcluster.dev/image";
+
+/// Longest `MailCluster` name: children append at most `-submission` (11) or
+/// `-migrate-<10 hex>` (19) and Service names must stay DNS labels (63).
+pub const MAX_NAME_LEN: usize = 40;
+
+/// Where the pods find things (read-only root filesystem: only these are writable or mounted).
+pub const CONFIG_DIR: &str = "/etc/mailcluster";
+pub const TLS_DIR: &str = "/etc/mailcluster/tls";
+pub const DATA_DIR: &str = "/var/lib/mailcluster";
+pub const ADMIN_PORT: i32 = 9090;
+
+pub fn cluster_name(mc: &MailCluster) -> &str {
+    mc.metadata.name.as_deref().unwrap_or("")
+}
+
+pub fn namespace(mc: &MailCluster) -> &str {
+    mc.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// Labels every child carries; orphan deletion lists by the last two.
+pub fn common_labels(mc: &MailCluster) -> BTreeMap<String, String> {
+    let name = cluster_name(mc).to_string();
+    BTreeMap::from([
+        (NAME_LABEL.to_string(), "mailcluster".to_string()),
+        (INSTANCE_LABEL.to_string(), name.clone()),
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+        (CLUSTER_LABEL.to_string(), name),
+    ])
+}
+
+/// The label selector of orphan deletion: everything this operator made for this cluster.
+pub fn owned_selector(mc: &MailCluster) -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY},{CLUSTER_LABEL}={}", cluster_name(mc))
+}
+
+pub fn component_labels(mc: &MailCluster, component: &str) -> BTreeMap<String, String> {
+    let mut l = common_labels(mc);
+    l.insert(COMPONENT_LABEL.to_string(), component.to_string());
+    l
+}
+
+/// Pod selector of one protocol's pods. Deliberately excludes anything that changes
+/// over the life of a Deployment (image, version): selectors are immutable.
+pub fn selector_labels(mc: &MailCluster, p: Protocol) -> BTreeMap<String, String> {
+    selector_labels_for(mc, p.name())
+}
+
+/// name/instance/component only: for pods and for objects that must not be mistaken
+/// for operator-owned children (Jobs spawned by the stress CronJob).
+pub fn selector_labels_for(mc: &MailCluster, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME_LABEL.to_string(), "mailcluster".to_string()),
+        (INSTANCE_LABEL.to_string(), cluster_name(mc).to_string()),
+        (COMPONENT_LABEL.to_string(), component.to_string()),
+    ])
+}
+
+/// Selector of every mail pod of the cluster (metrics Service, NetworkPolicy).
+pub fn all_pods_selector(mc: &MailCluster) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME_LABEL.to_string(), "mailcluster".to_string()),
+        (INSTANCE_LABEL.to_string(), cluster_name(mc).to_string()),
+        ("mailcluster.dev/role".to_string(), "server".to_string()),
+    ])
+}
+
+pub fn protocol_object(mc: &MailCluster, p: Protocol) -> String {
+    format!("{}-{}", cluster_name(mc), p.name())
+}
+
+pub fn config_map(mc: &MailCluster) -> String {
+    format!("{}-config", cluster_name(mc))
+}
+
+pub fn metrics_service(mc: &MailCluster) -> String {
+    format!("{}-metrics", cluster_name(mc))
+}
+
+pub fn stress(mc: &MailCluster) -> String {
+    format!("{}-stress", cluster_name(mc))
+}
+
+pub fn tls_secret_from_issuer(mc: &MailCluster) -> String {
+    format!("{}-tls", cluster_name(mc))
+}
+
+/// First 10 hex digits of SHA-256 over the parts, separated so ("ab","c") ≠ ("a","bc").
+pub fn short_hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    let digest = h.finalize();
+    digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Full hex SHA-256 (config-hash annotation).
+pub fn hash_hex(data: &str) -> String {
+    Sha256::digest(data.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}

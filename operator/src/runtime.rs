@@ -1,0 +1,210 @@
+//! The running operator: leader election, the controller, `/metrics` and `/healthz`,
+//! graceful shutdown on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::routing::get;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use mailcluster_api::{MANAGED_BY, MANAGED_BY_LABEL, MailCluster};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::reconcile::{Capabilities, Context, error_policy, reconcile};
+
+#[derive(Debug, Clone)]
+pub struct OperatorOptions {
+    /// Watch only this namespace; None = all namespaces.
+    pub namespace: Option<String>,
+    /// Address of `/metrics` and `/healthz`.
+    pub metrics_addr: SocketAddr,
+    pub leader_election: bool,
+    pub lease_name: String,
+    /// Namespace of the Lease; default `$POD_NAMESPACE`, else `default`.
+    pub lease_namespace: Option<String>,
+    /// This replica's identity in the Lease; default `$POD_NAME`, else the hostname.
+    pub identity: Option<String>,
+}
+
+impl Default for OperatorOptions {
+    fn default() -> Self {
+        OperatorOptions {
+            namespace: None,
+            metrics_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            leader_election: true,
+            lease_name: "mailcluster-operator".into(),
+            lease_namespace: None,
+            identity: None,
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The admin HTTP server: `/metrics` (Prometheus text) and `/healthz`.
+pub fn admin_router(metrics: Metrics) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" })).route(
+        "/metrics",
+        get(move || {
+            let m = metrics.clone();
+            async move { m.render() }
+        }),
+    )
+}
+
+pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
+    let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
+    let metrics = Metrics::new();
+
+    // One shutdown signal fans out to the HTTP server, the election and the controller.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutdown requested");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let listener = tokio::net::TcpListener::bind(opts.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", opts.metrics_addr))?;
+    info!(addr = %opts.metrics_addr, "serving /metrics and /healthz");
+    let server =
+        axum::serve(listener, admin_router(metrics.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let server = tokio::spawn(async move { server.await });
+
+    let elector = if opts.leader_election {
+        let identity = opts
+            .identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| format!("mailcluster-operator-{}", std::process::id()));
+        let namespace = opts
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".into());
+        let e = LeaderElector::new(
+            client.clone(),
+            LeaseConfig {
+                name: opts.lease_name.clone(),
+                namespace,
+                identity: identity.clone(),
+                lease_duration: Duration::from_secs(15),
+                renew_every: Duration::from_secs(5),
+            },
+        );
+        info!(%identity, "waiting for leadership");
+        tokio::select! {
+            _ = e.acquire() => info!(%identity, "became leader"),
+            _ = stopped(stop_rx.clone()) => {
+                let _ = server.await;
+                return Ok(());
+            }
+        }
+        Some(Arc::new(e))
+    } else {
+        None
+    };
+
+    let capabilities = Capabilities::discover(&client).await;
+    info!(?capabilities, "optional CRDs");
+    let ctx = Arc::new(Context::new(client.clone(), metrics, capabilities));
+    let mcs: Api<MailCluster> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    // Children are watched by our label only: the operator's caches hold its own
+    // objects, not every Deployment in the cluster.
+    let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    macro_rules! api {
+        ($t:ty) => {
+            match &opts.namespace {
+                Some(ns) => Api::<$t>::namespaced(client.clone(), ns),
+                None => Api::<$t>::all(client.clone()),
+            }
+        };
+    }
+
+    // Leadership lost (renewal impossible) stops the controller like a shutdown does.
+    let (lost_tx, lost_rx) = watch::channel(false);
+    if let Some(e) = elector.clone() {
+        tokio::spawn(async move {
+            e.keep().await;
+            let _ = lost_tx.send(true);
+        });
+    }
+    let mut stop_for_controller = stop_rx.clone();
+    let mut lost_for_controller = lost_rx.clone();
+    let trigger = async move {
+        tokio::select! {
+            _ = stop_for_controller.wait_for(|s| *s) => {}
+            _ = lost_for_controller.wait_for(|s| *s) => {}
+        }
+    };
+
+    Controller::new(mcs, watcher::Config::default().any_semantic())
+        .owns(api!(Deployment), owned.clone())
+        .owns(api!(Service), owned.clone())
+        .owns(api!(HorizontalPodAutoscaler), owned.clone())
+        .owns(api!(Job), owned.clone())
+        .owns(api!(CronJob), owned.clone())
+        .owns(api!(ConfigMap), owned.clone())
+        .owns(api!(PodDisruptionBudget), owned)
+        .graceful_shutdown_on(trigger)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(mailcluster = %obj, "reconciled"),
+                Err(e) => warn!(error = %e, "controller"),
+            }
+        })
+        .await;
+
+    if let Some(e) = elector {
+        e.release().await;
+    }
+    if *lost_rx.borrow() {
+        server.abort();
+        anyhow::bail!("leadership lost; exiting so a fresh replica can take over");
+    }
+    let _ = server.await;
+    info!("stopped");
+    Ok(())
+}

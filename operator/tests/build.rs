@@ -1,0 +1,437 @@
+//! The pure build step from YAML fixtures, asserted field by field.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use mailcluster_api::{MailCluster, StressPlan};
+use mailcluster_operator::build::{BuildContext, Built, Rollout, build};
+use mailcluster_operator::children::ChildKind;
+use mailcluster_operator::names;
+
+fn fixture(name: &str) -> MailCluster {
+    let path = format!("{}/tests/fixtures/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("fixture readable");
+    serde_yaml_ng::from_str(&text).expect("fixture parses as MailCluster")
+}
+
+fn steady(mc: &MailCluster) -> Built {
+    build(mc, &BuildContext::steady_state(mc)).expect("fixture builds")
+}
+
+fn get<T: serde::de::DeserializeOwned>(b: &Built, kind: ChildKind, name: &str) -> T {
+    b.get(kind, name).unwrap_or_else(|| panic!("{kind:?} {name} missing")).to_typed().expect("decodes")
+}
+
+fn container(d: &Deployment) -> Container {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].clone()
+}
+
+fn names_of(b: &Built, kind: ChildKind) -> Vec<String> {
+    let mut v: Vec<String> = b.of_kind(kind).map(|c| c.name().to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn minimal_builds_every_default_object() {
+    let mc = fixture("minimal");
+    let b = steady(&mc);
+    assert_eq!(names_of(&b, ChildKind::Deployment), ["mail-imap", "mail-smtp", "mail-submission"]);
+    assert_eq!(
+        names_of(&b, ChildKind::Service),
+        ["mail-imap", "mail-metrics", "mail-smtp", "mail-submission"]
+    );
+    assert_eq!(
+        names_of(&b, ChildKind::HorizontalPodAutoscaler),
+        ["mail-imap", "mail-smtp", "mail-submission"]
+    );
+    assert_eq!(names_of(&b, ChildKind::PodDisruptionBudget), ["mail-imap", "mail-smtp", "mail-submission"]);
+    assert_eq!(names_of(&b, ChildKind::ConfigMap), ["mail-config"]);
+    assert_eq!(names_of(&b, ChildKind::ServiceAccount), ["mail"]);
+    assert_eq!(names_of(&b, ChildKind::Job), [b.migration_job.clone()]);
+    assert!(
+        b.migration_job.starts_with("mail-migrate-") && b.migration_job.len() == "mail-migrate-".len() + 10
+    );
+    assert_eq!(names_of(&b, ChildKind::ServiceMonitor), ["mail"]);
+    for absent in [ChildKind::CronJob, ChildKind::NetworkPolicy, ChildKind::Certificate, ChildKind::Role] {
+        assert_eq!(b.of_kind(absent).count(), 0, "{absent:?} not asked for");
+    }
+    assert_eq!(b.rollout, Rollout::Current);
+    assert!(b.warnings.is_empty(), "{:?}", b.warnings);
+}
+
+#[test]
+fn every_child_has_owner_reference_and_labels() {
+    for f in ["minimal", "full"] {
+        let mc = fixture(f);
+        let uid = mc.metadata.uid.clone().unwrap();
+        let b = steady(&mc);
+        for c in &b.children {
+            let owners = c.object.metadata.owner_references.as_ref().expect("owner refs");
+            assert_eq!(owners.len(), 1);
+            assert_eq!(owners[0].uid, uid);
+            assert_eq!(owners[0].kind, "MailCluster");
+            assert_eq!(owners[0].api_version, "mailcluster.dev/v1alpha1");
+            assert_eq!(owners[0].controller, Some(true));
+            let labels = c.object.metadata.labels.as_ref().expect("labels");
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "mailcluster-operator", "{}", c.name());
+            assert_eq!(labels["mailcluster.dev/cluster"], mc.metadata.name.clone().unwrap());
+            assert_eq!(c.object.metadata.namespace.as_deref(), Some("mail"));
+        }
+    }
+}
+
+#[test]
+fn deployment_pod_is_locked_down_and_probed() {
+    let mc = fixture("minimal");
+    let b = steady(&mc);
+    let d: Deployment = get(&b, ChildKind::Deployment, "mail-imap");
+    let spec = d.spec.as_ref().unwrap();
+    // HPA owns the count: not in the applied object.
+    assert_eq!(spec.replicas, None);
+    let ru = spec.strategy.as_ref().unwrap().rolling_update.as_ref().unwrap();
+    assert_eq!(ru.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(ru.max_unavailable, Some(IntOrString::Int(0)));
+    let pod = spec.template.spec.as_ref().unwrap();
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.termination_grace_period_seconds, Some(5 + 25 + 5));
+    let spread = pod.topology_spread_constraints.as_ref().unwrap();
+    assert_eq!(spread[0].topology_key, "kubernetes.io/hostname");
+    assert_eq!(spread[0].label_selector.as_ref().unwrap().match_labels, spec.selector.match_labels);
+
+    let c = container(&d);
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.capabilities.as_ref().unwrap().drop, Some(vec!["ALL".to_string()]));
+    assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    assert_eq!(c.image.as_deref(), Some("ghcr.io/mailcluster/mailcluster:0.1.0"));
+    assert_eq!(c.args.as_ref().unwrap(), &["serve", "--config", "/etc/mailcluster/imap.toml"]);
+
+    let ready = c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/readyz"));
+    assert_eq!(ready.port, IntOrString::String("admin".into()));
+    let live = c.liveness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+    assert_eq!(live.path.as_deref(), Some("/healthz"));
+    let ports: Vec<(String, i32)> =
+        c.ports.as_ref().unwrap().iter().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
+    assert_eq!(ports, [("imap".into(), 10143), ("imaps".into(), 10993), ("admin".into(), 9090)]);
+    assert_eq!(c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().sleep.as_ref().unwrap().seconds, 5);
+    let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+    assert!(mounts.contains(&"/tmp") && mounts.contains(&"/var/lib/mailcluster"), "{mounts:?}");
+
+    let env = c.env.as_ref().unwrap();
+    let var = |n: &str| env.iter().find(|e| e.name == n).unwrap_or_else(|| panic!("{n} missing"));
+    assert_eq!(var("MAILCLUSTER_PROTOCOLS").value.as_deref(), Some("imap,imaps"));
+    let db = var("MAILCLUSTER_DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((db.name.as_str(), db.key.as_str()), ("mail-db", "url"));
+    let redis = var("MAILCLUSTER_REDIS_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!(redis.name, "mail-redis");
+    assert!(env.iter().all(|e| !e.name.starts_with("MAILCLUSTER_TLS")), "no TLS configured");
+
+    // The config hash is the hash of this protocol's file in the ConfigMap.
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "mail-config");
+    let text = &cm.data.as_ref().unwrap()["imap.toml"];
+    let ann = spec.template.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
+    assert_eq!(ann[names::CONFIG_HASH_ANNOTATION], names::hash_hex(text));
+}
+
+#[test]
+fn config_files_are_accepted_by_the_server() {
+    let mc = fixture("full");
+    let b = steady(&mc);
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-config");
+    let data = cm.data.unwrap();
+    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["imap.toml", "migrate.toml", "pop3.toml", "smtp.toml", "submission.toml"]);
+    for (key, text) in &data {
+        let cfg: mailcluster_server::config::Config =
+            toml::from_str(text).unwrap_or_else(|e| panic!("{key} rejected by the server: {e}"));
+        assert!(!cfg.database.migrate_on_start, "{key}: the migration Job migrates");
+        assert!(cfg.database.url.is_none(), "{key}: URLs come from Secrets, not the ConfigMap");
+        assert_eq!(cfg.hostname, "mx.example.com");
+        assert_eq!(cfg.redis.key_prefix, "prod:");
+        assert_eq!(cfg.shutdown_grace_secs, 40);
+        assert_eq!(cfg.ports, mailcluster_server::config::Ports::default(), "contract ports");
+        assert_eq!(cfg.tls.cert.as_deref(), Some(std::path::Path::new("/etc/mailcluster/tls/tls.crt")));
+        assert!(cfg.net.proxy_protocol.enabled);
+        assert_eq!(cfg.net.proxy_protocol.trusted_cidrs, vec!["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
+        assert_eq!(cfg.log.level, "debug");
+    }
+    let smtp: mailcluster_server::config::Config = toml::from_str(&data["smtp.toml"]).unwrap();
+    assert_eq!(smtp.protocols, ["smtp"]);
+    assert_eq!(smtp.database.pool_size, 10);
+    assert_eq!(smtp.net.max_connections, 2000);
+    assert_eq!(smtp.net.max_connections_per_ip, 20);
+    let sub: mailcluster_server::config::Config = toml::from_str(&data["submission.toml"]).unwrap();
+    assert_eq!(sub.protocols, ["submission", "submissions"]);
+    let migrate: mailcluster_server::config::Config = toml::from_str(&data["migrate.toml"]).unwrap();
+    assert_eq!(migrate.database.pool_size, 2);
+
+    // Default key prefix is per cluster so clusters can share a Redis.
+    let minimal = steady(&fixture("minimal"));
+    let cm: ConfigMap = get(&minimal, ChildKind::ConfigMap, "mail-config");
+    let cfg: mailcluster_server::config::Config = toml::from_str(&cm.data.unwrap()["smtp.toml"]).unwrap();
+    assert_eq!(cfg.redis.key_prefix, "mc:mail:mail:");
+    assert_eq!(cfg.hostname, "mail.example.com");
+    assert!(cfg.tls.cert.is_none());
+}
+
+#[test]
+fn services_map_standard_ports_and_follow_spec() {
+    let b = steady(&fixture("full"));
+    let smtp: Service = get(&b, ChildKind::Service, "prod-smtp");
+    let s = smtp.spec.unwrap();
+    assert_eq!(s.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(s.external_traffic_policy.as_deref(), Some("Local"));
+    assert_eq!(s.load_balancer_source_ranges, Some(vec!["0.0.0.0/0".to_string()]));
+    let p = &s.ports.unwrap()[0];
+    assert_eq!((p.port, p.target_port.clone()), (25, Some(IntOrString::String("smtp".into()))));
+    assert_eq!(
+        smtp.metadata.annotations.unwrap()["service.beta.kubernetes.io/aws-load-balancer-type"],
+        "nlb"
+    );
+    let imap: Service = get(&b, ChildKind::Service, "prod-imap");
+    let s = imap.spec.unwrap();
+    assert_eq!(s.type_.as_deref(), Some("NodePort"));
+    assert_eq!(s.external_traffic_policy, None);
+    let ports: Vec<(String, i32)> =
+        s.ports.unwrap().iter().map(|p| (p.name.clone().unwrap(), p.port)).collect();
+    assert_eq!(ports, [("imap".into(), 143), ("imaps".into(), 993)]);
+    let pop3: Service = get(&b, ChildKind::Service, "prod-pop3");
+    let ports: Vec<i32> = pop3.spec.unwrap().ports.unwrap().iter().map(|p| p.port).collect();
+    assert_eq!(ports, [110, 995]);
+    let metrics: Service = get(&b, ChildKind::Service, "prod-metrics");
+    let s = metrics.spec.unwrap();
+    assert_eq!(s.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(s.ports.unwrap()[0].port, 9090);
+}
+
+#[test]
+fn hpa_metrics_and_behaviour() {
+    let b = steady(&fixture("full"));
+    let hpa: HorizontalPodAutoscaler = get(&b, ChildKind::HorizontalPodAutoscaler, "prod-smtp");
+    let s = hpa.spec.unwrap();
+    assert_eq!((s.min_replicas, s.max_replicas), (Some(3), 20));
+    assert_eq!(s.scale_target_ref.kind, "Deployment");
+    assert_eq!(s.scale_target_ref.name, "prod-smtp");
+    let m = s.metrics.unwrap();
+    assert_eq!(m.len(), 3);
+    assert_eq!(m[0].resource.as_ref().unwrap().target.average_utilization, Some(60));
+    let pods = m[1].pods.as_ref().unwrap();
+    assert_eq!(pods.metric.name, "mail_pool_saturation");
+    assert_eq!(pods.target.average_value.as_ref().unwrap().0, "800m");
+    let conns = m[2].pods.as_ref().unwrap();
+    assert_eq!(conns.metric.name, "mail_connections_active");
+    assert_eq!(conns.target.average_value.as_ref().unwrap().0, "1500");
+    let behavior = s.behavior.unwrap();
+    assert_eq!(behavior.scale_down.unwrap().stabilization_window_seconds, Some(300));
+    assert_eq!(behavior.scale_up.unwrap().stabilization_window_seconds, Some(0));
+
+    // Global defaults for the others: CPU 70 %, saturation 0.7.
+    let imap: HorizontalPodAutoscaler = get(&b, ChildKind::HorizontalPodAutoscaler, "prod-imap");
+    let s = imap.spec.unwrap();
+    assert_eq!((s.min_replicas, s.max_replicas), (Some(2), 8));
+    let m = s.metrics.unwrap();
+    assert_eq!(m[0].resource.as_ref().unwrap().target.average_utilization, Some(70));
+    assert_eq!(m[1].pods.as_ref().unwrap().target.average_value.as_ref().unwrap().0, "700m");
+
+    // pop3 has a fixed count: no HPA, replicas in the Deployment, still a PDB.
+    assert!(b.get(ChildKind::HorizontalPodAutoscaler, "prod-pop3").is_none());
+    let pop3: Deployment = get(&b, ChildKind::Deployment, "prod-pop3");
+    assert_eq!(pop3.spec.unwrap().replicas, Some(2));
+    let pdb: PodDisruptionBudget = get(&b, ChildKind::PodDisruptionBudget, "prod-pop3");
+    assert_eq!(pdb.spec.unwrap().max_unavailable, Some(IntOrString::Int(1)));
+}
+
+#[test]
+fn tls_from_cert_manager() {
+    let b = steady(&fixture("full"));
+    let cert = b.get(ChildKind::Certificate, "prod-tls").expect("Certificate");
+    let spec = &cert.object.data["spec"];
+    assert_eq!(spec["secretName"], "prod-tls");
+    assert_eq!(spec["issuerRef"]["kind"], "ClusterIssuer");
+    let dns: Vec<&str> = spec["dnsNames"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(dns, ["mx.example.com", "example.com", "example.org", "imap.example.com"]);
+    let d: Deployment = get(&b, ChildKind::Deployment, "prod-smtp");
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let tls = pod.volumes.unwrap().into_iter().find(|v| v.name == "tls").expect("tls volume");
+    assert_eq!(tls.secret.unwrap().secret_name.as_deref(), Some("prod-tls"));
+
+    // Without cert-manager: no Certificate, and a warning says why the Secret is missing.
+    let mc = fixture("full");
+    let ctx = BuildContext { has_cert_manager: false, ..BuildContext::steady_state(&mc) };
+    let b = build(&mc, &ctx).unwrap();
+    assert!(b.get(ChildKind::Certificate, "prod-tls").is_none());
+    assert!(b.warnings.iter().any(|w| w.contains("cert-manager")), "{:?}", b.warnings);
+}
+
+#[test]
+fn network_policy_opens_mail_ports_and_guards_admin() {
+    let b = steady(&fixture("full"));
+    let np = b.get(ChildKind::NetworkPolicy, "prod").expect("NetworkPolicy");
+    let ingress = np.object.data["spec"]["ingress"].as_array().unwrap();
+    let mail_ports: Vec<i64> =
+        ingress[0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
+    assert_eq!(mail_ports, [10025, 10587, 10465, 10143, 10993, 10110, 10995]);
+    assert!(ingress[0].get("from").is_none(), "mail is open to all");
+    assert_eq!(ingress[1]["ports"][0]["port"], 9090);
+    assert_eq!(
+        ingress[1]["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+}
+
+#[test]
+fn stress_cron_job_and_on_demand_job() {
+    let mc = fixture("full");
+    let b = steady(&mc);
+    let cj: CronJob = get(&b, ChildKind::CronJob, "prod-stress");
+    let s = cj.spec.unwrap();
+    assert_eq!(s.schedule, "0 3 * * *");
+    assert_eq!(s.concurrency_policy.as_deref(), Some("Forbid"));
+    let job = s.job_template.spec.unwrap();
+    assert_eq!(job.backoff_limit, Some(0));
+    let pod = job.template.spec.unwrap();
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(pod.service_account_name.as_deref(), Some("prod-stress"));
+    assert_eq!(
+        pod.containers[0].args.as_ref().unwrap(),
+        &["stress", "--report-to", "mail/prod", "--scenario-file", "/etc/mailcluster/stress.yaml"]
+    );
+    // Jobs the CronJob spawns must not carry the labels orphan deletion lists by.
+    let jt_labels = s.job_template.metadata.unwrap().labels.unwrap();
+    assert!(!jt_labels.contains_key("app.kubernetes.io/managed-by"));
+
+    let token_job = format!("prod-stress-{}", names::short_hash(&["2026-11-30-a"]));
+    let j: Job = get(&b, ChildKind::Job, &token_job);
+    assert_eq!(j.spec.unwrap().backoff_limit, Some(0));
+
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-stress");
+    let plan: StressPlan = serde_yaml_ng::from_str(&cm.data.unwrap()["stress.yaml"]).unwrap();
+    assert_eq!((plan.namespace.as_str(), plan.name.as_str()), ("mail", "prod"));
+    assert_eq!(plan.targets["smtp"], "prod-smtp.mail.svc:25");
+    assert_eq!(plan.targets["imaps"], "prod-imap.mail.svc:993");
+    assert_eq!(plan.scenarios.len(), 3);
+    assert_eq!(plan.slo.success_rate, 99.9);
+    assert_eq!(plan.slo.imap_search_p95_ms, 350, "default kept");
+
+    let role = b.get(ChildKind::Role, "prod-stress").expect("Role");
+    let rules = role.object.data["rules"].as_array().unwrap();
+    assert_eq!(rules[1]["resources"][0], "mailclusters/status");
+    assert_eq!(rules[1]["resourceNames"][0], "prod");
+    assert!(b.get(ChildKind::RoleBinding, "prod-stress").is_some());
+    assert!(b.get(ChildKind::ServiceAccount, "prod-stress").is_some());
+}
+
+#[test]
+fn migration_holds_deployments_on_the_old_image() {
+    let mc = fixture("full");
+    let new = mc.spec.image.reference();
+    let old = "registry.example.com/mailcluster:1.1.0".to_string();
+    let ctx = BuildContext { migrated_image: Some(old.clone()), ..BuildContext::steady_state(&mc) };
+    let b = build(&mc, &ctx).unwrap();
+    assert_eq!(b.rollout, Rollout::HeldForMigration { running: old.clone(), wanted: new.clone() });
+    for d in b.of_kind(ChildKind::Deployment) {
+        let d: Deployment = d.to_typed().unwrap();
+        assert_eq!(container(&d).image.as_deref(), Some(old.as_str()));
+    }
+    let job: Job = get(&b, ChildKind::Job, &b.migration_job);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.containers[0].image.as_deref(), Some(new.as_str()));
+    assert_eq!(
+        pod.containers[0].args.as_ref().unwrap(),
+        &["migrate", "--config", "/etc/mailcluster/migrate.toml"]
+    );
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+
+    // First install: nothing runs until the schema exists.
+    let ctx = BuildContext { migrated_image: None, ..BuildContext::steady_state(&mc) };
+    let b = build(&mc, &ctx).unwrap();
+    assert!(matches!(b.rollout, Rollout::AwaitingFirstMigration { .. }));
+    assert_eq!(b.of_kind(ChildKind::Deployment).count(), 0);
+    assert_eq!(b.of_kind(ChildKind::HorizontalPodAutoscaler).count(), 0);
+    assert!(b.get(ChildKind::Job, &b.migration_job).is_some());
+    assert!(b.get(ChildKind::Service, "prod-smtp").is_some());
+
+    // A different image gets a different Job (Job templates are immutable).
+    let mut mc2 = mc.clone();
+    mc2.spec.image.tag = "1.3.0".into();
+    assert_ne!(steady(&mc2).migration_job, steady(&mc).migration_job);
+}
+
+#[test]
+fn budget_caps_hpa_max_replicas_proportionally() {
+    let mut mc = fixture("full");
+    mc.spec.postgres.max_connections = 200;
+    let b = steady(&mc);
+    // 200 − 20 reserved − 6 jobs = 174 → 17 pods of 10; pop3 fixed 2 (+1 surge) = 3;
+    // 14 left shared 21 : 9 : 9 (max+1) → 8, 3, 3 pods → maxReplicas 7, 2, 2.
+    let caps: Vec<(String, i32)> = ["smtp", "submission", "imap"]
+        .iter()
+        .map(|p| {
+            let h: HorizontalPodAutoscaler =
+                get(&b, ChildKind::HorizontalPodAutoscaler, &format!("prod-{p}"));
+            (p.to_string(), h.spec.unwrap().max_replicas)
+        })
+        .collect();
+    assert_eq!(caps, [("smtp".into(), 7), ("submission".into(), 2), ("imap".into(), 2)]);
+    assert!(b.budget.capped());
+    assert!(b.budget.planned <= 174, "{}", b.budget.planned);
+    assert_eq!(b.budget.requested, 420);
+    assert!(b.warnings.iter().any(|w| w.contains("smtp maxReplicas 20→7")), "{:?}", b.warnings);
+
+    // Not even minReplicas fit: invalid, nothing built.
+    mc.spec.postgres.max_connections = 100;
+    let err = build(&mc, &BuildContext::steady_state(&mc)).unwrap_err();
+    assert!(err.to_string().contains("cannot hold"), "{err}");
+
+    // Within budget: nothing capped.
+    let b = steady(&fixture("full"));
+    assert!(!b.budget.capped());
+    assert!(b.warnings.is_empty(), "{:?}", b.warnings);
+}
+
+#[test]
+fn invalid_fixture_reports_every_problem() {
+    let mc = fixture("invalid");
+    let err = build(&mc, &BuildContext::steady_state(&mc)).unwrap_err();
+    let all = err.problems.join("\n");
+    for needle in [
+        "\"bad domain\" is not a valid DNS name",
+        "smtp.service.ports: imap is not a listener of smtp",
+        "imap: autoscaling.minReplicas (5) exceeds maxReplicas (2)",
+        "tls: set exactly one of secretName or issuerRef",
+        "proxyProtocol.trustedCidrs is required",
+        "stress.slo.successRate must be within 0..100",
+    ] {
+        assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn pure_build_is_deterministic() {
+    let mc = fixture("full");
+    let ctx = BuildContext::steady_state(&mc);
+    assert_eq!(build(&mc, &ctx).unwrap(), build(&mc, &ctx).unwrap());
+}
+
+#[test]
+fn render_prints_every_object() {
+    let text =
+        std::fs::read_to_string(format!("{}/tests/fixtures/full.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let out = mailcluster_operator::render(&text).unwrap();
+    let mc = fixture("full");
+    let n = steady(&mc).children.len();
+    assert_eq!(out.matches("\n---\n").count() + usize::from(out.starts_with("---\n")), n);
+    let bad = std::fs::read_to_string(format!("{}/tests/fixtures/invalid.yaml", env!("CARGO_MANIFEST_DIR")))
+        .unwrap();
+    assert!(mailcluster_operator::render(&bad).is_err());
+}
