@@ -43,8 +43,31 @@ pub enum Command {
     /// Run load scenarios against a server and check them against SLOs
     /// (exit 0 all SLOs met, 3 an SLO missed, 1 the run failed).
     Stress(Box<mailcluster_stress::StressArgs>),
+    /// Run the Kubernetes operator (in-cluster config or KUBECONFIG).
+    Operator(OperatorArgs),
+    /// Print the MailCluster CustomResourceDefinition YAML.
+    Crd,
+    /// Print every object the operator would apply for a MailCluster file.
+    Render {
+        /// MailCluster YAML file (`-` for stdin).
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Print the version.
     Version,
+}
+
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "MAILCLUSTER_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Address of the operator's /metrics and /healthz.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "MAILCLUSTER_OPERATOR_METRICS_ADDR")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Run without a leader-election Lease (only with a single replica).
+    #[arg(long)]
+    pub no_leader_election: bool,
 }
 
 #[derive(Debug, Args)]

@@ -41,6 +41,38 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let code = runtime()?.block_on(mailcluster_stress::run(*args));
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }
+        Command::Crd => {
+            print!("{}", mailcluster_operator::crd_yaml());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Render { file } => {
+            let yaml = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| anyhow::anyhow!("cannot read stdin: {e}"))?
+            } else {
+                std::fs::read_to_string(&file)
+                    .map_err(|e| Failure::usage(anyhow::anyhow!("cannot read {}: {e}", file.display())))?
+            };
+            let rendered = mailcluster_operator::render(&yaml).map_err(Failure::usage)?;
+            print!("{rendered}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        // The operator reads no server configuration: its input is the cluster's
+        // MailCluster resources.
+        Command::Operator(args) => {
+            let rust_log = std::env::var("RUST_LOG").ok();
+            let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), "info")
+                .map_err(Failure::usage)?;
+            logging::init(filter, "auto");
+            let opts = mailcluster_operator::OperatorOptions {
+                namespace: args.namespace,
+                metrics_addr: args.metrics_addr,
+                leader_election: !args.no_leader_election,
+                ..Default::default()
+            };
+            runtime()?.block_on(mailcluster_operator::run(opts))?;
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Serve(ref args) => &args.config,
         Command::Migrate(ref config)
         | Command::User { ref config, .. }
@@ -58,7 +90,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Command::Migrate(_) => commands::migrate(&config).await,
             Command::User { command, .. } => commands::user(&config, command).await,
             Command::Domain { command, .. } => commands::domain(&config, command).await,
-            Command::Version | Command::Stress(_) => Ok(()),
+            Command::Version
+            | Command::Stress(_)
+            | Command::Crd
+            | Command::Render { .. }
+            | Command::Operator(_) => Ok(()),
         }
     })?;
     Ok(ExitCode::SUCCESS)

@@ -120,3 +120,31 @@ fn usage_errors_exit_2() {
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.error_line().contains("--log-level"), "{}", out.stderr);
 }
+
+#[test]
+fn crd_prints_the_checked_in_crd() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &["crd"], &[]);
+    out.ok();
+    let on_disk = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/mailclusters.mailcluster.dev.yaml"
+    ))
+    .unwrap();
+    assert_eq!(out.stdout, on_disk);
+}
+
+#[test]
+fn render_prints_the_children_of_a_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/../operator/tests/fixtures/minimal.yaml");
+    let out = run(dir.path(), &["render", "-f", sample], &[]);
+    out.ok();
+    for kind in ["kind: ConfigMap", "kind: Deployment", "kind: Service", "kind: HorizontalPodAutoscaler"] {
+        assert!(out.stdout.contains(kind), "render output lacks {kind}:\n{}", out.stdout);
+    }
+    let out = run(dir.path(), &["render", "-f", "/nonexistent/cluster.yaml"], &[]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.error_line().contains("/nonexistent/cluster.yaml"), "{}", out.stderr);
+    out.assert_no_panic();
+}
