@@ -2,14 +2,14 @@
 //! PROXY protocol, implicit TLS and STARTTLS, certificate reload, shared session
 //! tickets, the SIGTERM drain and the admin endpoints.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mailcluster_server::admin::{self, AdminState, Backend};
+use mailcluster_server::cache::Cache;
+use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::metrics::Metrics;
 use mailcluster_server::net::tls::{SharedTicketer, ensure_self_signed};
 use mailcluster_server::net::{Listener, TLS_HANDSHAKE_TIMEOUT};
@@ -473,22 +473,20 @@ async fn session_tickets_resume_on_another_provider_sharing_the_key() {
     }
 }
 
-/// The path `serve` takes: no certificate configured, so a self-signed one is
-/// generated in the data dir; ticket keys come from the cache. Two "pods" over the
-/// same data dir and cache share both, so a client resumes on the other one.
-#[tokio::test]
-async fn app_config_default_certificate_and_cache_shared_tickets() {
+/// Two "pods" built the way `serve` builds them, over one data dir (the generated
+/// self-signed certificate) and one cache (the ticket key): a client that got a
+/// ticket from the first resumes on the second.
+async fn resumes_across_pods(cache_a: Arc<dyn Cache>, cache_b: Arc<dyn Cache>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = mailcluster_server::config::Config {
         data_dir: dir.path().to_path_buf(),
         hostname: "mx.example.test".into(),
         ..Default::default()
     };
-    let cache: Arc<dyn mailcluster_server::cache::Cache> = Arc::new(common::mem::MemCache::default());
     let metrics_a = Metrics::new();
-    let pod_a = TlsProvider::from_app_config(&config, cache.clone(), &metrics_a).await.expect("pod a");
+    let pod_a = TlsProvider::from_app_config(&config, cache_a, &metrics_a).await.expect("pod a");
     let metrics_b = Metrics::new();
-    let pod_b = TlsProvider::from_app_config(&config, cache.clone(), &metrics_b).await.expect("pod b");
+    let pod_b = TlsProvider::from_app_config(&config, cache_b, &metrics_b).await.expect("pod b");
     assert!(dir.path().join("tls/cert.pem").exists() && dir.path().join("tls/key.pem").exists());
     assert_eq!(metrics_a.tls_handshakes_total.with_label_values(&["true"]).get(), 0, "series exists");
 
@@ -509,6 +507,36 @@ async fn app_config_default_certificate_and_cache_shared_tickets() {
     assert_eq!(handshakes(&metrics_a, "false"), 1);
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test]
+async fn tickets_shared_through_the_local_cache() {
+    let cache: Arc<dyn Cache> = Arc::new(LocalCache::new());
+    resumes_across_pods(cache.clone(), cache).await;
+}
+
+/// The cluster case: each pod has its own Redis connection, same key prefix.
+#[tokio::test]
+async fn tickets_shared_through_redis() {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("nettest-{}:", std::process::id() as u64 * 1_000_003 + rand_suffix());
+    let open = || mailcluster_server::cache::open(Some(&url), &prefix, Duration::from_secs(5));
+    let cache_a = open().await.expect("Redis reachable (REDIS_URL)");
+    let cache_b = open().await.expect("Redis reachable (REDIS_URL)");
+    resumes_across_pods(cache_a, cache_b).await;
+    // Leave nothing behind in the shared Redis.
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let key = format!("{prefix}secret:{}", mailcluster_server::net::tls::TICKET_SECRET_NAME);
+    let deleted: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.expect("DEL");
+    assert_eq!(deleted, 1, "the ticket key lived in Redis under {key}");
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0)
 }
 
 #[tokio::test]
@@ -810,6 +838,36 @@ async fn admin_endpoints() {
     assert_eq!(http_get(addr, "/readyz").await, (503, "draining\n".to_string()));
     assert_eq!(http_get(addr, "/healthz").await.0, 200, "alive while draining");
 
+    let _ = stop_tx.send(());
+    tokio::time::timeout(STEP, task).await.expect("admin stops").expect("task").expect("serve ok");
+}
+
+/// The admin server over the real embedded store (SQLite) and in-process cache.
+#[tokio::test]
+async fn admin_over_real_embedded_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store =
+        mailcluster_server::store::open(None, dir.path(), 3, Duration::from_secs(5)).await.expect("sqlite");
+    store.migrate().await.expect("migrate");
+    let cache: Arc<dyn Cache> = Arc::new(LocalCache::new());
+    let metrics = Arc::new(Metrics::new());
+    let shutdown = ShutdownController::new(Duration::from_secs(1));
+    let state = AdminState::new(store.clone(), cache, metrics.clone(), shutdown.clone());
+    let listener = admin::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(admin::serve_admin(listener, state, async move {
+        let _ = stop_rx.await;
+    }));
+    assert_eq!(http_get(addr, "/readyz").await, (200, "ready\n".to_string()));
+    let (status, body) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let max = store.pool_stats().max;
+    assert!(body.contains(&format!("mail_db_pool_max {max}")), "{body}");
+    assert!(body.contains("mail_db_pool_connections{state=\"idle\"}"), "{body}");
+    assert!(body.contains("mail_pool_saturation "), "{body}");
+    shutdown.trigger();
+    assert_eq!(http_get(addr, "/readyz").await.0, 503);
     let _ = stop_tx.send(());
     tokio::time::timeout(STEP, task).await.expect("admin stops").expect("task").expect("serve ok");
 }
