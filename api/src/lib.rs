@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod stress;
 
 pub use cluster::*;
 

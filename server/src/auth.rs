@@ -2,11 +2,40 @@
 //! cache in front of them (so login storms cost a hash lookup, not an argon2 run),
 //! and failed-login rate limits per user and per client IP held in the cache so they
 //! apply across pods.
+//!
+//! One login, in order:
+//! 1. normalise the user name (lower-case; a bare local part means the only domain);
+//! 2. refuse with `RateLimited` when the user or the client's network has too many
+//!    recent failures — before any expensive work;
+//! 3. look the credential up in the cache under HMAC-SHA256(server secret,
+//!    user ‖ 0 ‖ password): the secret is shared by all pods through the cache and
+//!    the password never leaves this process. A hit skips argon2;
+//! 4. otherwise run argon2id on the blocking pool, bounded by a semaphore (each run
+//!    holds 19 MiB), and cache the credential on success;
+//! 5. count a failure against both the user and the network.
+//!
+//! Any store or cache error yields `Unavailable` (a temporary failure reply), never
+//! success and never a counted failure.
+//!
+//! The limits are checked before and counted after the password check, so
+//! attempts already in flight when a limit is reached still finish: the overshoot
+//! is bounded by the argon2 runs in flight (`max_concurrent_hashes` per pod).
+//! Counting attempts up front instead would also lock out users whose clients
+//! reconnect often with the right password.
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use crate::cache::Cache;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use argon2::{Algorithm, Argon2, Params, Version};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tokio::sync::Semaphore;
+
+use crate::cache::{Cache, RotatingSecret};
 use crate::store::{Account, Store};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,22 +49,398 @@ pub enum AuthOutcome {
     Unavailable,
 }
 
-pub struct Authenticator {
-    pub store: Arc<dyn Store>,
-    pub cache: Arc<dyn Cache>,
+impl AuthOutcome {
+    /// Label for `mail_auth_total{result}` and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AuthOutcome::Ok(_) => "ok",
+            AuthOutcome::Failed => "failed",
+            AuthOutcome::RateLimited => "rate_limited",
+            AuthOutcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// `[auth]` in the configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Failed logins allowed per user name in one window; further attempts are
+    /// refused (`RateLimited`) without checking the password until it ends.
+    pub max_failures_per_user: u64,
+    pub user_window_secs: u64,
+    /// Failed logins allowed per client address (IPv6: per /64, what one host
+    /// usually controls) in one window. Higher than per user: NAT puts many users
+    /// behind one address.
+    pub max_failures_per_ip: u64,
+    pub ip_window_secs: u64,
+    /// How long a verified credential is served from the cache.
+    pub credential_cache_secs: u64,
+    /// How long the domain list (for bare local-part logins) is kept in memory.
+    pub domain_cache_secs: u64,
+    /// argon2 runs at once on this pod (each holds 19 MiB); 0 = number of CPUs.
+    pub max_concurrent_hashes: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            max_failures_per_user: 10,
+            user_window_secs: 300,
+            max_failures_per_ip: 30,
+            ip_window_secs: 300,
+            credential_cache_secs: 300,
+            domain_cache_secs: 10,
+            max_concurrent_hashes: 0,
+        }
+    }
+}
+
+/// Name of the shared secret keying the credential cache.
+const CREDENTIAL_SECRET: &str = "credential-key";
+/// Rotating it invalidates every cached credential (one argon2 run per user), so
+/// rarely: it only needs to outlive a leaked Redis dump being useful.
+const CREDENTIAL_SECRET_ROTATION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long a pod reuses the secret before asking the cache again. After a
+/// rotation pods briefly disagree, which costs cache misses, never wrong answers.
+const SECRET_REFRESH: Duration = Duration::from_secs(60);
+/// Longer names and passwords are refused outright: no legitimate client sends
+/// them, and they would only make every later step more expensive.
+const MAX_USER_LEN: usize = 320;
+const MAX_PASSWORD_LEN: usize = 1024;
+
+/// The argon2id instance for new hashes: m = 19 MiB, t = 2, p = 1, the first of
+/// OWASP's recommended argon2id configurations (Password Storage Cheat Sheet);
+/// about 20-50 ms of one core. Verification reads the parameters from the stored
+/// PHC string, so raising these later still verifies older hashes.
+fn hasher() -> Argon2<'static> {
+    // These constants are valid argon2 parameters; `Params::DEFAULT` is the
+    // fallback only to avoid a panic path.
+    let params = Params::new(19 * 1024, 2, 1, None).unwrap_or(Params::DEFAULT);
+    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
 }
 
 /// Hashes a password with argon2id and a random salt (PHC string).
 pub fn hash_password(password: &str) -> anyhow::Result<String> {
-    let _ = password;
-    anyhow::bail!("hash_password: not implemented yet")
+    let hash = hasher()
+        .hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("argon2 hashing failed: {e}"))?;
+    Ok(hash.to_string())
+}
+
+/// Checks `password` against a PHC string. `Err` means the stored hash itself is
+/// unusable (corrupt or an unknown algorithm), which is not the user's fault.
+pub fn verify_password(password: &str, phc: &str) -> anyhow::Result<bool> {
+    let parsed = argon2::password_hash::phc::PasswordHash::new(phc)
+        .map_err(|e| anyhow::anyhow!("stored password hash is not a PHC string: {e}"))?;
+    match hasher().verify_password(password.as_bytes(), &parsed) {
+        Ok(()) => Ok(true),
+        Err(argon2::password_hash::Error::PasswordInvalid) => Ok(false),
+        Err(e) => Err(anyhow::anyhow!("stored password hash unusable: {e}")),
+    }
+}
+
+/// A hash of nothing anybody knows, verified when the user does not exist so that
+/// an unknown user costs the same time as a wrong password (no user enumeration
+/// by timing).
+fn dummy_hash() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| {
+        let mut random = [0u8; 16];
+        rand::fill(&mut random);
+        hash_password(&crate::cache::hex(&random)).unwrap_or_default()
+    })
+}
+
+struct Cached<T> {
+    value: T,
+    fetched: Instant,
+}
+
+pub struct Authenticator {
+    pub store: Arc<dyn Store>,
+    pub cache: Arc<dyn Cache>,
+    pub config: AuthConfig,
+    domains: Mutex<Option<Cached<Vec<String>>>>,
+    secret: Mutex<Option<Cached<RotatingSecret>>>,
+    hashing: Arc<Semaphore>,
+    argon2_runs: AtomicU64,
+    /// `mail_auth_total{result}`; registered by whoever owns the registry
+    /// ([`Authenticator::register_metrics`]).
+    auth_total: prometheus::IntCounterVec,
+}
+
+/// Why a login attempt stopped early with `Unavailable`.
+struct Trouble(String);
+
+impl<E: std::fmt::Display> From<E> for Trouble {
+    fn from(e: E) -> Self {
+        Trouble(e.to_string())
+    }
 }
 
 impl Authenticator {
+    pub fn new(store: Arc<dyn Store>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
+        let permits = match config.max_concurrent_hashes {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let auth_total = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("mail_auth_total", "Login attempts by outcome"),
+            &["result"],
+        )
+        .expect("static metric definition is valid");
+        Authenticator {
+            store,
+            cache,
+            config,
+            domains: Mutex::new(None),
+            secret: Mutex::new(None),
+            hashing: Arc::new(Semaphore::new(permits)),
+            argon2_runs: AtomicU64::new(0),
+            auth_total,
+        }
+    }
+
+    /// Registers `mail_auth_total{result}` into the server's registry.
+    pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.auth_total.clone()))
+    }
+
+    /// argon2 verifications run by this authenticator so far (cache misses and
+    /// unknown users); lets tests and benchmarks see the credential cache work.
+    pub fn argon2_runs(&self) -> u64 {
+        self.argon2_runs.load(Ordering::Relaxed)
+    }
+
     /// Verifies `user` (full address, or local part when the server has one domain)
     /// with `password` for a client at `remote`.
     pub async fn verify(&self, user: &str, password: &str, remote: IpAddr) -> AuthOutcome {
-        let _ = (user, password, remote, &self.store, &self.cache);
-        AuthOutcome::Unavailable
+        let outcome = match self.verify_inner(user, password, remote).await {
+            Ok(outcome) => outcome,
+            Err(Trouble(reason)) => {
+                tracing::warn!(%remote, %reason, "login could not be checked");
+                AuthOutcome::Unavailable
+            }
+        };
+        self.auth_total.with_label_values(&[outcome.label()]).inc();
+        outcome
+    }
+
+    async fn verify_inner(&self, user: &str, password: &str, remote: IpAddr) -> Result<AuthOutcome, Trouble> {
+        let lowered = user.trim().to_lowercase();
+        let email = if lowered.is_empty() || lowered.len() > MAX_USER_LEN {
+            None
+        } else {
+            self.normalise(&lowered).await?
+        };
+        // Failures count against the name as the server understands it, so "bob"
+        // and "bob@example.com" share one limit.
+        let who = email.clone().unwrap_or_else(|| lowered.chars().take(MAX_USER_LEN).collect());
+        let user_key = format!("authfail:user:{who}");
+        let ip_key = format!("authfail:net:{}", network_of(remote));
+        let (user_failures, ip_failures) =
+            tokio::try_join!(self.cache.counter_get(&user_key), self.cache.counter_get(&ip_key))?;
+        if user_failures >= self.config.max_failures_per_user
+            || ip_failures >= self.config.max_failures_per_ip
+        {
+            return Ok(AuthOutcome::RateLimited);
+        }
+
+        let account = match email {
+            Some(email) if !password.is_empty() && password.len() <= MAX_PASSWORD_LEN => {
+                self.check(&email, password).await?
+            }
+            _ => None,
+        };
+        match account {
+            Some(account) => Ok(AuthOutcome::Ok(account)),
+            None => {
+                let user_window = Duration::from_secs(self.config.user_window_secs);
+                let ip_window = Duration::from_secs(self.config.ip_window_secs);
+                tokio::try_join!(
+                    self.cache.counter_incr(&user_key, user_window),
+                    self.cache.counter_incr(&ip_key, ip_window)
+                )?;
+                // Who and from where, never the password: what fail2ban-style
+                // tooling and an operator investigating need.
+                tracing::info!(user = %who, %remote, "login failed");
+                Ok(AuthOutcome::Failed)
+            }
+        }
+    }
+
+    /// The account if `email`/`password` are right, `None` if not.
+    async fn check(&self, email: &str, password: &str) -> Result<Option<Account>, Trouble> {
+        let key = self.credential_key(email, password).await?;
+        // A hit still reads the account row (one indexed lookup, no argon2), in
+        // parallel with the cache lookup: sessions get a current `Account`, and a
+        // deleted or recreated account is never served from a stale entry.
+        let (cached_id, account) = tokio::try_join!(
+            async { self.cache.credential_get(&key).await.map_err(Trouble::from) },
+            async { self.store.account_get(email).await.map_err(Trouble::from) },
+        )?;
+        let Some(account) = account else {
+            // Same work as a wrong password, so timing does not tell which it was.
+            let _ = self.argon2_verify(password, dummy_hash()).await;
+            return Ok(None);
+        };
+        if cached_id == Some(account.id) {
+            return Ok(Some(account));
+        }
+
+        match self.argon2_verify(password, &account.password_hash).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(e) if e.is::<StoredHashError>() => {
+                tracing::error!(account = %account.email, error = %e, "unusable password hash");
+                return Ok(None);
+            }
+            Err(e) => return Err(Trouble(e.to_string())),
+        }
+
+        let ttl = Duration::from_secs(self.config.credential_cache_secs);
+        self.cache.credential_put(&key, account.id, ttl).await?;
+        // A password change between our read of the hash and the put above would
+        // leave the old password cached (the change's purge ran before our put).
+        // Re-reading after the put closes that: either we see the new hash here
+        // and purge, or the change happens later and its own purge removes the entry.
+        let now = self.store.account_get(email).await?;
+        if now.as_ref().is_none_or(|a| a.password_hash != account.password_hash) {
+            self.cache.credential_purge_account(account.id).await?;
+        }
+        Ok(Some(account))
+    }
+
+    /// Lower-cases `user` and completes a bare local part with the server's only
+    /// domain. `None` when a bare local part is ambiguous (several domains).
+    async fn normalise(&self, user: &str) -> Result<Option<String>, Trouble> {
+        let user = user.trim().to_lowercase();
+        if user.contains('@') {
+            return Ok(Some(user));
+        }
+        let domains = self.domains().await?;
+        Ok(match domains.as_slice() {
+            [only] => Some(format!("{user}@{only}")),
+            _ => None,
+        })
+    }
+
+    async fn domains(&self) -> Result<Vec<String>, Trouble> {
+        let ttl = Duration::from_secs(self.config.domain_cache_secs);
+        {
+            let cached = self.domains.lock().map_err(|_| Trouble("domain cache poisoned".into()))?;
+            if let Some(c) = cached.as_ref().filter(|c| c.fetched.elapsed() < ttl) {
+                return Ok(c.value.clone());
+            }
+        }
+        let list: Vec<String> =
+            self.store.domain_list().await?.into_iter().map(|d| d.to_lowercase()).collect();
+        let mut cached = self.domains.lock().map_err(|_| Trouble("domain cache poisoned".into()))?;
+        *cached = Some(Cached { value: list.clone(), fetched: Instant::now() });
+        Ok(list)
+    }
+
+    async fn secret(&self) -> Result<Vec<u8>, Trouble> {
+        {
+            let cached = self.secret.lock().map_err(|_| Trouble("secret cache poisoned".into()))?;
+            if let Some(c) = cached.as_ref().filter(|c| c.fetched.elapsed() < SECRET_REFRESH) {
+                return Ok(c.value.current.clone());
+            }
+        }
+        let secret = self.cache.secret_get(CREDENTIAL_SECRET, 32, CREDENTIAL_SECRET_ROTATION).await?;
+        let current = secret.current.clone();
+        let mut cached = self.secret.lock().map_err(|_| Trouble("secret cache poisoned".into()))?;
+        *cached = Some(Cached { value: secret, fetched: Instant::now() });
+        Ok(current)
+    }
+
+    /// HMAC-SHA256(secret, user ‖ 0 ‖ password): the NUL keeps ("ab", "c") and
+    /// ("a", "bc") apart (a user name holds no NUL).
+    async fn credential_key(&self, email: &str, password: &str) -> Result<[u8; 32], Trouble> {
+        let secret = self.secret().await?;
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret)
+            .map_err(|e| Trouble(format!("HMAC key: {e}")))?;
+        mac.update(email.as_bytes());
+        mac.update(&[0]);
+        mac.update(password.as_bytes());
+        Ok(mac.finalize().into_bytes().into())
+    }
+
+    /// argon2 on the blocking pool (it is 20-50 ms of CPU that would otherwise
+    /// stall this runtime worker), at most `max_concurrent_hashes` at once.
+    async fn argon2_verify(&self, password: &str, phc: &str) -> anyhow::Result<bool> {
+        let _permit = self.hashing.clone().acquire_owned().await?;
+        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
+        let (password, phc) = (password.to_owned(), phc.to_owned());
+        tokio::task::spawn_blocking(move || {
+            verify_password(&password, &phc).map_err(|e| StoredHashError(e).into())
+        })
+        .await?
+    }
+
+    /// Sets a new password (hashed here) and forgets every cached credential of
+    /// the account on every pod. The store is written first: the purge then also
+    /// removes entries cached concurrently from the old hash.
+    pub async fn set_password(&self, email: &str, password: &str) -> anyhow::Result<()> {
+        let email = email.trim().to_lowercase();
+        let account = self
+            .store
+            .account_get(&email)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no such account: {email}"))?;
+        let password = password.to_owned();
+        let hash = tokio::task::spawn_blocking(move || hash_password(&password)).await??;
+        self.store.account_set_password(&email, &hash).await?;
+        self.cache.credential_purge_account(account.id).await?;
+        Ok(())
+    }
+}
+
+/// The stored hash could not be used (as opposed to a runtime failure).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct StoredHashError(anyhow::Error);
+
+/// The rate-limit key of a client: the address itself for IPv4, the /64 for IPv6
+/// (one host typically owns a whole /64, so per-address limits would be void).
+/// IPv4-mapped IPv6 addresses count as the IPv4 address.
+fn network_of(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_argon2id_with_owasp_parameters_and_salted() {
+        let a = hash_password("correct horse").unwrap();
+        let b = hash_password("correct horse").unwrap();
+        assert!(a.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{a}");
+        assert_ne!(a, b, "random salt");
+        assert!(verify_password("correct horse", &a).unwrap());
+        assert!(!verify_password("correct horsE", &a).unwrap());
+        assert!(verify_password("x", "not a phc string").is_err());
+    }
+
+    #[test]
+    fn ipv6_clients_are_limited_per_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::2".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(network_of(a), network_of(b));
+        assert_ne!(network_of(a), network_of(c));
+        assert_eq!(network_of("::ffff:192.0.2.1".parse().unwrap()), "192.0.2.1");
+        assert_eq!(network_of("192.0.2.1".parse().unwrap()), "192.0.2.1");
     }
 }

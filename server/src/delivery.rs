@@ -1,22 +1,188 @@
 //! Group commit: concurrent deliveries share one store transaction (one fsync),
 //! while each caller still waits for its own message to be durable.
+//!
+//! Shape: callers put `(NewDelivery, oneshot)` on an mpsc queue; one collector task
+//! takes a commit slot (a semaphore permit, at most `max_concurrent` transactions in
+//! flight), then drains everything already waiting (up to `max_batch`) and hands the
+//! batch to a commit task that calls `store.deliver_batch` once and answers every
+//! oneshot. No timer is needed for batching under load: while all commit slots are
+//! busy, new deliveries pile up in the queue and the next batch takes them all. A
+//! lone message on an idle server is committed at once (`max_wait` = 0, the
+//! default); a non-zero `max_wait` lets a batch linger for company, which only pays
+//! when commits are cheap relative to the wait (see bench/RESULTS.md).
+//!
+//! The collector task is started on first use, inside whatever runtime the caller
+//! runs on, so that a `Deliverer` can be built before the runtime exists.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::store::{DeliveredTo, NewDelivery, Store, StoreResult};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::store::{DeliveredTo, NewDelivery, Store, StoreError, StoreResult};
+
+/// Tuning of the group commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryOptions {
+    /// Most deliveries in one transaction.
+    pub max_batch: usize,
+    /// How long a batch that is not full may wait for more deliveries.
+    pub max_wait: Duration,
+    /// Transactions in flight at once: while one is syncing, the next batch forms.
+    pub max_concurrent: usize,
+}
+
+impl Default for DeliveryOptions {
+    fn default() -> Self {
+        DeliveryOptions { max_batch: 256, max_wait: Duration::ZERO, max_concurrent: 4 }
+    }
+}
+
+type Reply = oneshot::Sender<StoreResult<Vec<DeliveredTo>>>;
+
+struct Job {
+    delivery: NewDelivery,
+    reply: Reply,
+}
 
 pub struct Deliverer {
     store: Arc<dyn Store>,
+    options: DeliveryOptions,
+    tx: mpsc::UnboundedSender<Job>,
+    /// Taken by the collector task when it starts (first `deliver`).
+    rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
+    batch_size: prometheus::Histogram,
 }
 
 impl Deliverer {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Deliverer { store }
+        Self::with_options(store, DeliveryOptions::default())
     }
 
-    /// Stores `delivery` durably; returns the UIDs it got.
+    pub fn with_options(store: Arc<dyn Store>, options: DeliveryOptions) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let batch_size = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "mail_group_commit_batch_size",
+                "Deliveries committed per store transaction",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]),
+        )
+        .expect("valid metric");
+        let options = DeliveryOptions {
+            max_batch: options.max_batch.max(1),
+            max_concurrent: options.max_concurrent.max(1),
+            ..options
+        };
+        Deliverer { store, options, tx, rx: Mutex::new(Some(rx)), batch_size }
+    }
+
+    pub fn options(&self) -> DeliveryOptions {
+        self.options
+    }
+
+    /// `mail_group_commit_batch_size`: registered by the SMTP module into the shared
+    /// registry (registering the same collector twice is harmless there).
+    pub fn batch_size_histogram(&self) -> &prometheus::Histogram {
+        &self.batch_size
+    }
+
+    /// Stores `delivery` durably; returns the UIDs it got. Returns only after the
+    /// transaction holding it has committed (or failed: then nothing of it is stored).
     pub async fn deliver(&self, delivery: NewDelivery) -> StoreResult<Vec<DeliveredTo>> {
-        let mut out = self.store.deliver_batch(std::slice::from_ref(&delivery)).await?;
-        Ok(out.pop().unwrap_or_default())
+        self.start_collector();
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Job { delivery, reply })
+            .map_err(|_| StoreError::Unavailable("delivery queue closed".into()))?;
+        answer.await.map_err(|_| StoreError::Internal("delivery task ended".into()))?
+    }
+
+    fn start_collector(&self) {
+        let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(rx) = rx {
+            tokio::spawn(collect(rx, self.store.clone(), self.options, self.batch_size.clone()));
+        }
+    }
+}
+
+/// Forms batches and starts their commits; ends when every `Deliverer` handle (the
+/// sender) is gone and the queue is empty.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    store: Arc<dyn Store>,
+    options: DeliveryOptions,
+    batch_size: prometheus::Histogram,
+) {
+    let slots = Arc::new(Semaphore::new(options.max_concurrent));
+    loop {
+        let Some(first) = rx.recv().await else { return };
+        // Wait for a commit slot before draining: everything that arrives meanwhile
+        // joins this batch.
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < options.max_batch {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if !options.max_wait.is_zero() && batch.len() < options.max_batch {
+            let deadline = Instant::now() + options.max_wait;
+            while batch.len() < options.max_batch {
+                match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
+                    Ok(Some(job)) => batch.push(job),
+                    _ => break,
+                }
+            }
+        }
+        batch_size.observe(batch.len() as f64);
+        let store = store.clone();
+        tokio::spawn(async move {
+            commit(store.as_ref(), batch).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn commit(store: &dyn Store, batch: Vec<Job>) {
+    let (deliveries, replies): (Vec<NewDelivery>, Vec<Reply>) =
+        batch.into_iter().map(|j| (j.delivery, j.reply)).unzip();
+    match store.deliver_batch(&deliveries).await {
+        Ok(results) if results.len() == replies.len() => {
+            for (reply, result) in replies.into_iter().zip(results) {
+                // A caller that went away (connection dropped) simply misses the answer;
+                // its message is stored, which is what an unacknowledged retry tolerates.
+                let _ = reply.send(Ok(result));
+            }
+        }
+        Ok(results) => {
+            tracing::error!(
+                expected = replies.len(),
+                got = results.len(),
+                "deliver_batch result count mismatch"
+            );
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Internal("deliver_batch result count mismatch".into())));
+            }
+        }
+        Err(err) if replies.len() > 1 && !matches!(err, StoreError::Unavailable(_)) => {
+            // One bad delivery (say, a mailbox deleted since RCPT) must not fail the
+            // others that shared its transaction: retry them one by one.
+            tracing::warn!(error = %err, batch = replies.len(), "group commit failed, retrying singly");
+            for (delivery, reply) in deliveries.into_iter().zip(replies) {
+                let result = store.deliver_batch(std::slice::from_ref(&delivery)).await;
+                let _ = reply.send(result.and_then(|mut r| {
+                    r.pop().ok_or_else(|| StoreError::Internal("deliver_batch returned nothing".into()))
+                }));
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, batch = replies.len(), "group commit failed");
+            let text = err.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(text.clone())));
+            }
+        }
     }
 }

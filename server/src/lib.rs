@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod net;
 pub mod pop3;
 pub mod proto;
+pub mod serve;
 pub mod smtp;
 pub mod store;

@@ -27,6 +27,12 @@ pub struct Metrics {
     pub pool_saturation: prometheus::Gauge,
     /// `mail_tls_handshakes_total{resumed}`
     pub tls_handshakes_total: IntCounterVec,
+    /// `mail_tls_handshake_failures_total{reason}` (error|timeout): implicit TLS and
+    /// STARTTLS handshakes that did not complete.
+    pub tls_handshake_failures_total: IntCounterVec,
+    /// `mail_connections_refused_total{protocol,reason}`: connections closed by the
+    /// network layer before a session started (limits, PROXY header problems).
+    pub connections_refused_total: IntCounterVec,
 }
 
 /// Latency buckets from 0.5 ms to 10 s: mail commands span both ends.
@@ -78,6 +84,16 @@ impl Metrics {
             &["resumed"],
         )
         .expect("valid metric");
+        let tls_handshake_failures_total = IntCounterVec::new(
+            Opts::new("mail_tls_handshake_failures_total", "TLS handshakes that failed or timed out"),
+            &["reason"],
+        )
+        .expect("valid metric");
+        let connections_refused_total = IntCounterVec::new(
+            Opts::new("mail_connections_refused_total", "Connections refused before a session started"),
+            &["protocol", "reason"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(connections_active.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(command_duration.clone()),
@@ -89,6 +105,8 @@ impl Metrics {
             Box::new(cache_pool_connections.clone()),
             Box::new(pool_saturation.clone()),
             Box::new(tls_handshakes_total.clone()),
+            Box::new(tls_handshake_failures_total.clone()),
+            Box::new(connections_refused_total.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -104,6 +122,8 @@ impl Metrics {
             cache_pool_connections,
             pool_saturation,
             tls_handshakes_total,
+            tls_handshake_failures_total,
+            connections_refused_total,
         }
     }
 }

@@ -6,10 +6,33 @@
 //! pass `tests/cache_conformance.rs`. Nothing here is the system of record: losing
 //! the cache costs performance, never mail.
 
+pub mod local;
+pub mod redis;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+
+/// Opens the cache named by `url`: `None` → the in-process [`local::LocalCache`]
+/// (single pod), `redis://` or `rediss://` → [`redis::RedisCache`]. Every Redis key
+/// and channel starts with `prefix` so that several clusters (or test runs) can
+/// share one Redis. An unreachable Redis is `CacheError::Unavailable` naming
+/// `host:port` (never the password) after at most `connect_timeout`.
+pub async fn open(url: Option<&str>, prefix: &str, connect_timeout: Duration) -> CacheResult<Arc<dyn Cache>> {
+    match url {
+        None => Ok(Arc::new(local::LocalCache::new())),
+        Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            Ok(Arc::new(redis::RedisCache::connect(url, prefix, connect_timeout).await?))
+        }
+        // The URL may carry a password: name only its scheme.
+        Some(url) => Err(CacheError::Internal(format!(
+            "unsupported cache URL scheme {:?} (expected redis:// or rediss://)",
+            url.split_once(':').map_or("", |(scheme, _)| scheme)
+        ))),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -94,4 +117,15 @@ pub trait Cache: Send + Sync + 'static {
     /// value for a given generation.
     async fn secret_get(&self, name: &str, len: usize, rotate_every: Duration)
     -> CacheResult<RotatingSecret>;
+}
+
+/// Lower-case hex of `bytes`: how binary keys and tokens appear in key names.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }

@@ -1,8 +1,141 @@
-//! IMAP sessions.
+//! IMAP4rev1 sessions (RFC 3501 with IDLE, UIDPLUS, MOVE, LITERAL+, SASL-IR,
+//! MULTIAPPEND, NAMESPACE, ID, ENABLE, UNSELECT, CHILDREN, SPECIAL-USE).
+//!
+//! A session is its connection: everything durable lives in the store, so any pod
+//! can serve any user. What a session keeps is what RFC 3501 makes per-connection —
+//! the selected mailbox and its sequence-number ↔ UID map (see [`selected`]).
+//!
+//! One file per command family: [`auth`] (CAPABILITY, LOGIN, AUTHENTICATE,
+//! STARTTLS, LOGOUT, ID, ENABLE), [`mailbox`] (SELECT … STATUS), [`fetch`],
+//! [`flags`] (STORE, COPY, MOVE, EXPUNGE), [`search`], [`append`], [`idle`].
+//! The grammar lives in [`crate::proto::imap`].
+
+pub mod append;
+pub mod auth;
+pub mod fetch;
+pub mod flags;
+pub mod idle;
+pub mod mailbox;
+pub mod search;
+pub mod selected;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use session::Session;
+
+use crate::app::App;
+use crate::net::{Protocol, SessionCtx, SessionStream};
+
 /// `[imap]` section of the server configuration.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct ImapConfig {}
+pub struct ImapConfig {
+    /// Longest command line (literal data excluded).
+    pub max_line_bytes: usize,
+    /// Largest literal (APPEND message, long string). Over it, a synchronising
+    /// literal is refused before the client sends it; a LITERAL+ one closes the
+    /// connection.
+    pub max_literal_bytes: usize,
+    /// Idle time after which an authenticated session is logged out (RFC 3501
+    /// §5.4 asks for at least 30 minutes).
+    pub autologout_secs: u64,
+    /// Idle time allowed before authentication.
+    pub preauth_timeout_secs: u64,
+    /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
+    /// keeps NAT boxes and the autologout timer happy, RFC 2177).
+    pub idle_timeout_secs: u64,
+    /// Concurrent sessions per account on this pod (0 = unlimited).
+    pub max_connections_per_user: usize,
+    /// Commands a session may issue per second; more are delayed, not refused.
+    pub max_commands_per_second: u32,
+    /// While IDLE without a working notification stream, poll the store this often.
+    pub idle_poll_secs: u64,
+}
+
+impl Default for ImapConfig {
+    fn default() -> Self {
+        ImapConfig {
+            max_line_bytes: 64 * 1024,
+            max_literal_bytes: 50 * 1024 * 1024,
+            autologout_secs: 30 * 60,
+            preauth_timeout_secs: 60,
+            idle_timeout_secs: 29 * 60,
+            max_connections_per_user: 50,
+            max_commands_per_second: 200,
+            idle_poll_secs: 3,
+        }
+    }
+}
+
+/// The IMAP protocol on one listener: `imap` (STARTTLS) or `imaps` (implicit TLS).
+pub struct ImapProtocol {
+    app: App,
+    implicit_tls: bool,
+    shared: Arc<Shared>,
+}
+
+/// State shared by the sessions of one process.
+pub(crate) struct Shared {
+    /// Sessions per account on this pod, for `max_connections_per_user`.
+    pub per_user: Mutex<HashMap<i64, usize>>,
+    /// `mail_imap_idle_sessions`.
+    pub idle_gauge: prometheus::IntGauge,
+}
+
+/// One gauge per metrics registry: the `imap` and `imaps` listeners share the
+/// process's registry and must not register the name twice.
+fn idle_gauge(app: &App) -> prometheus::IntGauge {
+    static GAUGES: Mutex<Vec<(usize, prometheus::IntGauge)>> = Mutex::new(Vec::new());
+    let key = Arc::as_ptr(&app.metrics) as usize;
+    let mut gauges = GAUGES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, g)) = gauges.iter().find(|(k, _)| *k == key) {
+        return g.clone();
+    }
+    let gauge =
+        prometheus::IntGauge::new("mail_imap_idle_sessions", "IMAP sessions in IDLE").expect("valid metric");
+    // A registry that already has the name (another owner) keeps its own; ours
+    // then still counts, just unexported.
+    let _ = app.metrics.registry.register(Box::new(gauge.clone()));
+    gauges.push((key, gauge.clone()));
+    gauge
+}
+
+static SHARED: Mutex<Vec<(usize, Arc<Shared>)>> = Mutex::new(Vec::new());
+
+impl ImapProtocol {
+    pub fn new(app: App, implicit_tls: bool) -> Self {
+        let key = Arc::as_ptr(&app.metrics) as usize;
+        let shared = {
+            let mut all = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+            match all.iter().find(|(k, _)| *k == key) {
+                Some((_, s)) => s.clone(),
+                None => {
+                    let s = Arc::new(Shared {
+                        per_user: Mutex::new(HashMap::new()),
+                        idle_gauge: idle_gauge(&app),
+                    });
+                    all.push((key, s.clone()));
+                    s
+                }
+            }
+        };
+        ImapProtocol { app, implicit_tls, shared }
+    }
+}
+
+#[async_trait::async_trait]
+impl Protocol for ImapProtocol {
+    fn busy_reply(&self) -> &'static [u8] {
+        b"* BYE [UNAVAILABLE] Too many connections, try again later\r\n"
+    }
+
+    async fn handle(&self, stream: SessionStream, ctx: SessionCtx) {
+        let is_tls = self.implicit_tls || stream.is_tls();
+        let session = Session::new(self.app.clone(), self.shared.clone(), stream, ctx, is_tls);
+        session.run().await;
+    }
+}

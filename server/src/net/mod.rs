@@ -4,6 +4,30 @@
 //! implicit-TLS stream, and a plain stream upgraded with STARTTLS all present the
 //! same type, so one session code path serves all three and tests can drive a
 //! session over an in-memory duplex.
+//!
+//! Wiring (what `serve` does):
+//!
+//! ```ignore
+//! let shutdown = ShutdownController::new(Duration::from_secs(config.shutdown_grace_secs));
+//! shutdown.spawn_signal_handler()?;                       // SIGTERM/SIGINT -> drain
+//! let tls = TlsProvider::from_app_config(&config, cache.clone(), &metrics).await?;
+//! let listeners = vec![
+//!     (Listener::bind(ListenerSpec::from_config("smtp", config.ports.smtp, TlsMode::Plain, &config))?,
+//!      smtp_protocol as Arc<dyn Protocol>),
+//!     (Listener::bind(ListenerSpec::from_config("imaps", config.ports.imaps, TlsMode::Implicit, &config))?,
+//!      imap_protocol),
+//! ];
+//! let admin = admin::bind(SocketAddr::new(config.listen_addr, config.ports.admin)).await?;
+//! let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+//! let admin_task = tokio::spawn(admin::serve_admin(
+//!     admin,
+//!     AdminState::new(store, cache, metrics.clone(), shutdown.clone()),
+//!     async { let _ = admin_stopped.await; },
+//! ));
+//! net::serve(listeners, Some(tls), metrics, shutdown).await; // returns after the drain
+//! let _ = stop_admin.send(());                                // admin goes last
+//! admin_task.await??;
+//! ```
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -83,18 +107,24 @@ pub struct ConnInfo {
     pub listener: &'static str,
 }
 
+pub mod listener;
+pub mod proxy;
+pub mod server;
 pub mod tls;
 
-pub use tls::TlsProvider;
+pub use listener::{Listener, ListenerSpec, TlsMode};
+pub use server::{ShutdownController, raise_nofile_limit, run_listeners, serve};
+pub use tls::{TLS_HANDSHAKE_TIMEOUT, TlsProvider};
 
 impl SessionStream {
     /// STARTTLS / STLS: performs the server side of a TLS handshake on a plain
     /// stream. Called after the protocol's "go ahead" reply has been flushed and any
     /// bytes the client pipelined after the command have been discarded (RFC 3207 §4.2).
+    /// Bounded by [`TLS_HANDSHAKE_TIMEOUT`] and counted like implicit-TLS handshakes.
     pub async fn upgrade(self, tls: &TlsProvider) -> std::io::Result<SessionStream> {
         match self {
             SessionStream::Plain(tcp) => {
-                let tls_stream = tls.acceptor().accept(tcp).await?;
+                let tls_stream = tls.accept(tcp).await?;
                 Ok(SessionStream::Tls(Box::new(tls_stream)))
             }
             SessionStream::Tls(_) => Err(std::io::Error::other("TLS already active")),

@@ -1,1 +1,4 @@
 //! Protocol grammar and replies, no sockets: one module per protocol.
+
+pub mod imap;
+pub mod smtp;

@@ -18,9 +18,16 @@
 //!   with the new modseq and expunges leave a tombstone, so a session on any pod can
 //!   ask "what changed since modseq N" with an indexed query.
 
+pub(crate) mod common;
+pub mod postgres;
+pub mod sqlite;
 pub mod types;
 
 pub use types::*;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -43,6 +50,9 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Receives the time a store waited for a pooled connection.
+pub type AcquireObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// "postgres" or "sqlite"; used in logs and metrics labels.
@@ -54,6 +64,12 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> StoreResult<()>;
     /// Connection pool figures for the `mail_db_pool_*` metrics.
     fn pool_stats(&self) -> PoolStats;
+    /// Registers a callback told how long each connection acquisition waited
+    /// (for `mail_db_pool_acquire_seconds`). Set once; stores without a pool
+    /// ignore it.
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        let _ = observer;
+    }
 
     // ---- domains ----
     async fn domain_add(&self, domain: &str) -> StoreResult<()>;
@@ -64,8 +80,8 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- accounts ----
     /// Creates the account (its domain must exist) and its default mailboxes:
-    /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive).
-    /// `email` is stored lower-cased.
+    /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive), all
+    /// subscribed. `email` is stored lower-cased.
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account>;
     async fn account_delete(&self, email: &str) -> StoreResult<()>;
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()>;
@@ -140,12 +156,15 @@ pub trait Store: Send + Sync + 'static {
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64>;
     /// Claims up to `limit` due items for `lease` (FOR UPDATE SKIP LOCKED on
     /// PostgreSQL) so that workers on different pods never take the same row.
+    /// Each claim counts as an attempt (`attempts` includes this one); an item
+    /// whose lease ran out (its worker died) is claimable again.
     async fn queue_claim(
         &self,
         worker: &str,
         limit: u32,
         lease: std::time::Duration,
     ) -> StoreResult<Vec<QueueItem>>;
+    /// Delivered: the item is removed.
     async fn queue_complete(&self, id: i64) -> StoreResult<()>;
     /// Reschedules (`retry_at` Some) or marks failed for good (`None`).
     async fn queue_fail(
@@ -154,4 +173,84 @@ pub trait Store: Send + Sync + 'static {
         error: &str,
         retry_at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> StoreResult<()>;
+}
+
+/// File name of the embedded database inside the data directory.
+pub const SQLITE_FILE: &str = "mailcluster.db";
+
+/// Opens the store named by `url`: `postgres://…` → [`postgres::PgStore`],
+/// `sqlite:…` → [`sqlite::SqliteStore`], `None` → the embedded SQLite file
+/// `<data_dir>/mailcluster.db` (directory created when missing).
+///
+/// Connects eagerly so that a wrong or unreachable database is reported at start
+/// (as `Unavailable`, naming host and port but never the password) rather than at
+/// the first client command. Does not migrate: callers run [`Store::migrate`].
+pub async fn open(
+    url: Option<&str>,
+    data_dir: &Path,
+    pool_size: u32,
+    connect_timeout: Duration,
+) -> StoreResult<Arc<dyn Store>> {
+    match url.map(str::trim) {
+        None | Some("") => {
+            let store =
+                sqlite::SqliteStore::open_path(&data_dir.join(SQLITE_FILE), pool_size, connect_timeout)
+                    .await?;
+            Ok(Arc::new(store))
+        }
+        Some(u) if u.starts_with("sqlite:") => {
+            Ok(Arc::new(sqlite::SqliteStore::open_url(u, pool_size, connect_timeout).await?))
+        }
+        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+            Ok(Arc::new(postgres::PgStore::connect(u, pool_size, connect_timeout).await?))
+        }
+        Some(u) => Err(StoreError::Invalid(format!(
+            "unsupported database URL scheme in {:?} (expected postgres:// or sqlite:)",
+            redact_url(u)
+        ))),
+    }
+}
+
+/// The URL with any password replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (authority, tail) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((userinfo, host)) => {
+                    let user = match userinfo.split_once(':') {
+                        Some((user, _)) => format!("{user}:***"),
+                        None => userinfo.to_string(),
+                    };
+                    format!("{scheme}://{user}@{host}{tail}")
+                }
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    };
+    // `?password=...` is accepted by libpq-style URLs too
+    if let Some(i) = out.find("password=") {
+        let start = i + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@db:5432/mail"), "postgres://u:***@db:5432/mail");
+        assert_eq!(redact_url("postgres://u@db/mail"), "postgres://u@db/mail");
+        assert_eq!(
+            redact_url("postgres://db/mail?user=u&password=secret&sslmode=require"),
+            "postgres://db/mail?user=u&password=***&sslmode=require"
+        );
+        assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+    }
 }

@@ -1,0 +1,144 @@
+//! The command line: what `mailcluster --help` shows.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mailcluster",
+    version,
+    about = "Kubernetes-native mail system: SMTP, IMAP and POP3 over PostgreSQL and Redis",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Log filter, e.g. `debug` or `mailcluster_server=trace` (overrides RUST_LOG and log.level).
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the mail server (embedded SQLite and in-process cache unless configured otherwise).
+    Serve(ServeArgs),
+    /// Apply pending database schema migrations and exit.
+    Migrate(ConfigArg),
+    /// Manage mail accounts.
+    User {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Manage the domains the server accepts mail for.
+    Domain {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: DomainCommand,
+    },
+    /// Print the version.
+    Version,
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Configuration file (TOML, or YAML by extension); MAILCLUSTER_* variables override it.
+    #[arg(long, short = 'c', value_name = "FILE", env = "MAILCLUSTER_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Print the effective configuration (secrets redacted) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Create an account; the password is read from stdin (one line) unless a flag gives it.
+    Add {
+        /// Full address, e.g. alice@example.com (its domain must exist).
+        email: String,
+        #[command(flatten)]
+        password: PasswordArgs,
+    },
+    /// Delete an account and its mail.
+    Del { email: String },
+    /// List accounts, one address per line.
+    List {
+        /// Only accounts of this domain.
+        #[arg(long)]
+        domain: Option<String>,
+    },
+    /// Change an account's password (read like `user add`).
+    Passwd {
+        email: String,
+        #[command(flatten)]
+        password: PasswordArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PasswordArgs {
+    /// Read the password from the first line of FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "password")]
+    pub password_file: Option<PathBuf>,
+    /// INSECURE: the password is visible to other users (ps) and in shell history;
+    /// prefer stdin or --password-file.
+    #[arg(long, value_name = "VALUE")]
+    pub password: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DomainCommand {
+    /// Accept mail for a domain.
+    Add { domain: String },
+    /// Stop accepting mail for a domain (refused while it still has accounts).
+    Del { domain: String },
+    /// List domains, one per line.
+    List,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn password_and_password_file_conflict() {
+        let r = Cli::try_parse_from([
+            "mailcluster",
+            "user",
+            "add",
+            "a@b",
+            "--password",
+            "x",
+            "--password-file",
+            "f",
+        ]);
+        assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn config_flag_works_before_and_after_the_subcommand() {
+        let cli = Cli::try_parse_from(["mailcluster", "user", "--config", "a.toml", "list"]).unwrap();
+        let Command::User { config, .. } = cli.command else { panic!("user") };
+        assert_eq!(config.config, Some(PathBuf::from("a.toml")));
+        let cli = Cli::try_parse_from(["mailcluster", "user", "list", "--config", "b.toml"]).unwrap();
+        let Command::User { config, .. } = cli.command else { panic!("user") };
+        assert_eq!(config.config, Some(PathBuf::from("b.toml")));
+    }
+}

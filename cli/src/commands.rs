@@ -1,0 +1,195 @@
+//! What each subcommand does. Commands that touch accounts or domains open the
+//! store from the same configuration as `serve`, so they work against the embedded
+//! SQLite default and against PostgreSQL (`MAILCLUSTER_DATABASE_URL`) alike.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use mailcluster_server::config::Config;
+use mailcluster_server::store::Store;
+
+use crate::args::{ConfigArg, DomainCommand, PasswordArgs, ServeArgs, UserCommand};
+use crate::failure::Failure;
+
+/// Loads the configuration from `--config` and the process environment.
+pub fn load_config(arg: &ConfigArg) -> Result<Config, Failure> {
+    Config::load(arg.config.as_deref(), std::env::vars()).map_err(Failure::usage)
+}
+
+pub async fn serve(args: &ServeArgs, config: Config) -> Result<(), Failure> {
+    if args.print_config {
+        print!("{}", config.to_redacted_toml());
+        return Ok(());
+    }
+    mailcluster_server::serve::run(config).await?;
+    Ok(())
+}
+
+pub async fn migrate(config: &Config) -> Result<(), Failure> {
+    let store = mailcluster_server::serve::open_store(config).await?;
+    store.migrate().await.context("migration failed")?;
+    tracing::info!(backend = store.backend(), "schema is up to date");
+    Ok(())
+}
+
+/// Opens the store for an admin command, applying migrations first when the
+/// configuration says the server would (the embedded default), so that a fresh
+/// install can be populated before it is ever served.
+async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
+    let store = mailcluster_server::serve::open_store(config).await?;
+    if config.database.migrate_on_start {
+        store.migrate().await.context("migration failed")?;
+    }
+    Ok(store)
+}
+
+pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Failure> {
+    let store = admin_store(config).await?;
+    match command {
+        DomainCommand::Add { domain } => {
+            let domain = domain.trim().to_ascii_lowercase();
+            if domain.is_empty() || domain.contains(['@', ' ']) {
+                return Err(Failure::usage(anyhow::anyhow!("{domain:?} is not a domain name")));
+            }
+            store.domain_add(&domain).await.with_context(|| format!("cannot add domain {domain}"))?;
+            eprintln!("domain {domain} added");
+        }
+        DomainCommand::Del { domain } => {
+            store.domain_del(domain).await.with_context(|| format!("cannot delete domain {domain}"))?;
+            eprintln!("domain {domain} deleted");
+        }
+        DomainCommand::List => {
+            let mut out = std::io::stdout().lock();
+            for domain in store.domain_list().await.context("cannot list domains")? {
+                writeln!(out, "{domain}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure> {
+    // Read and check the password before touching the store: a usage error should
+    // not depend on the database being up.
+    let password = match command {
+        UserCommand::Add { email, password } | UserCommand::Passwd { email, password } => {
+            check_email(email)?;
+            Some(read_password(password)?)
+        }
+        _ => None,
+    };
+    let store = admin_store(config).await?;
+    match (command, password) {
+        (UserCommand::Add { email, .. }, Some(password)) => {
+            let hash = hash(&password).await?;
+            let account = store
+                .account_create(email, &hash)
+                .await
+                .with_context(|| format!("cannot add user {email}"))?;
+            eprintln!("user {} added", account.email);
+        }
+        (UserCommand::Passwd { email, .. }, Some(password)) => {
+            let hash = hash(&password).await?;
+            store
+                .account_set_password(email, &hash)
+                .await
+                .with_context(|| format!("cannot change the password of {email}"))?;
+            eprintln!("password of {email} changed");
+        }
+        (UserCommand::Del { email }, _) => {
+            store.account_delete(email).await.with_context(|| format!("cannot delete user {email}"))?;
+            eprintln!("user {email} deleted");
+        }
+        (UserCommand::List { domain }, _) => {
+            let accounts = store.account_list(domain.as_deref()).await.context("cannot list users")?;
+            let mut out = std::io::stdout().lock();
+            for account in accounts {
+                writeln!(out, "{}", account.email)?;
+            }
+        }
+        (UserCommand::Add { .. } | UserCommand::Passwd { .. }, None) => {
+            unreachable!("the password is read above for add and passwd")
+        }
+    }
+    Ok(())
+}
+
+fn check_email(email: &str) -> Result<(), Failure> {
+    match email.split_once('@') {
+        Some((local, domain))
+            if !local.is_empty() && !domain.is_empty() && !email.contains(char::is_whitespace) =>
+        {
+            Ok(())
+        }
+        _ => Err(Failure::usage(anyhow::anyhow!("{email:?} is not an address of the form user@domain"))),
+    }
+}
+
+/// argon2id is deliberately slow; keep it off the async workers.
+async fn hash(password: &str) -> Result<String, Failure> {
+    let password = password.to_string();
+    let hash = tokio::task::spawn_blocking(move || mailcluster_server::auth::hash_password(&password))
+        .await
+        .context("password hashing task failed")?
+        .context("cannot hash the password")?;
+    Ok(hash)
+}
+
+/// `--password` (insecure), `--password-file FILE`, or the first line of stdin.
+fn read_password(args: &PasswordArgs) -> Result<String, Failure> {
+    let password = if let Some(password) = &args.password {
+        password.clone()
+    } else if let Some(path) = &args.password_file {
+        first_line(path)?
+    } else {
+        let stdin = std::io::stdin();
+        if stdin.is_terminal() {
+            eprint!("Password: ");
+            let _ = std::io::stderr().flush();
+        }
+        let mut line = String::new();
+        stdin.lock().read_line(&mut line).context("cannot read the password from stdin")?;
+        line.trim_end_matches(['\n', '\r']).to_string()
+    };
+    if password.is_empty() {
+        return Err(Failure::usage(anyhow::anyhow!(
+            "empty password (give it on stdin, with --password-file FILE or --password VALUE)"
+        )));
+    }
+    Ok(password)
+}
+
+fn first_line(path: &Path) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read password file {}", path.display()))
+        .map_err(Failure::usage)?;
+    Ok(text.lines().next().unwrap_or("").to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_checked() {
+        assert!(check_email("a@b.c").is_ok());
+        for bad in ["a", "@b", "a@", "a b@c", ""] {
+            assert_eq!(check_email(bad).unwrap_err().code, 2, "{bad}");
+        }
+    }
+
+    #[test]
+    fn password_file_takes_the_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "s3cret\r\nsecond\n").unwrap();
+        let args = PasswordArgs { password_file: Some(path), password: None };
+        assert_eq!(read_password(&args).unwrap(), "s3cret");
+        let args = PasswordArgs { password_file: Some(dir.path().join("missing")), password: None };
+        assert_eq!(read_password(&args).unwrap_err().code, 2);
+        let args = PasswordArgs { password_file: None, password: Some(String::new()) };
+        assert_eq!(read_password(&args).unwrap_err().code, 2);
+    }
+}

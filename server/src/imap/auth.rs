@@ -1,0 +1,174 @@
+//! Non-authenticated state and connection-level commands: CAPABILITY, STARTTLS,
+//! LOGIN, AUTHENTICATE PLAIN (with SASL-IR), ID, NAMESPACE, ENABLE.
+
+use base64::Engine as _;
+use imap_codec::imap_types::auth::AuthMechanism;
+use imap_codec::imap_types::extensions::enable::CapabilityEnable;
+
+use super::session::{Outcome, Session, State, UserSlot};
+use crate::auth::AuthOutcome;
+use crate::net::SessionStream;
+use crate::proto::imap::reader::LineOutcome;
+
+impl Session {
+    /// Plaintext credentials are accepted only over TLS unless configured otherwise.
+    fn auth_allowed(&self) -> bool {
+        self.tls || self.app.config.tls.allow_plaintext_auth
+    }
+
+    pub(crate) fn capabilities(&self) -> String {
+        let mut caps = String::from(
+            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND",
+        );
+        if self.account().is_none() {
+            if !self.tls && self.ctx.tls.is_some() {
+                caps.push_str(" STARTTLS");
+            }
+            if self.auth_allowed() {
+                caps.push_str(" AUTH=PLAIN");
+            } else {
+                caps.push_str(" LOGINDISABLED");
+            }
+        }
+        caps
+    }
+
+    pub(crate) fn cmd_capability(&mut self) -> Outcome {
+        let caps = self.capabilities();
+        self.push(&format!("* CAPABILITY {caps}"));
+        Outcome::ok("CAPABILITY completed")
+    }
+
+    pub(crate) async fn cmd_starttls(&mut self, tag: &str) -> std::io::Result<Outcome> {
+        if self.tls {
+            return Ok(Outcome::bad("TLS is already active"));
+        }
+        if self.account().is_some() {
+            return Ok(Outcome::bad("STARTTLS is only valid before login"));
+        }
+        let Some(tls) = self.ctx.tls.clone() else {
+            return Ok(Outcome::no("TLS is not available"));
+        };
+        self.push(&format!("{tag} OK Begin TLS negotiation now"));
+        self.flush().await?;
+        // Anything pipelined after STARTTLS arrived in plaintext: drop it.
+        self.reader.discard_buffered();
+        let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
+        self.stream = plain.upgrade(&tls).await?;
+        self.tls = true;
+        Ok(Outcome::Sent)
+    }
+
+    pub(crate) async fn cmd_login(&mut self, user: &[u8], password: &[u8]) -> Outcome {
+        if self.account().is_some() {
+            return Outcome::bad("Already logged in");
+        }
+        if !self.auth_allowed() {
+            return Outcome::no("[PRIVACYREQUIRED] Use STARTTLS before LOGIN");
+        }
+        let (Ok(user), Ok(password)) = (std::str::from_utf8(user), std::str::from_utf8(password)) else {
+            return Outcome::no("[AUTHENTICATIONFAILED] Invalid credentials");
+        };
+        self.login(user, password).await
+    }
+
+    async fn login(&mut self, user: &str, password: &str) -> Outcome {
+        match self.app.auth.verify(user, password, self.ctx.conn.remote.ip()).await {
+            AuthOutcome::Ok(account) => {
+                let max = self.cfg.max_connections_per_user;
+                {
+                    let mut map = self.shared.per_user.lock().unwrap_or_else(|p| p.into_inner());
+                    let n = map.entry(account.id).or_insert(0);
+                    if max > 0 && *n >= max {
+                        return Outcome::no("[LIMIT] Too many connections for this account");
+                    }
+                    *n += 1;
+                }
+                self.user_slot = Some(UserSlot { shared: self.shared.clone(), account_id: account.id });
+                tracing::debug!(account = account.id, "imap: login");
+                self.state = State::Authenticated(account);
+                let caps = self.capabilities();
+                Outcome::ok(format!("[CAPABILITY {caps}] Logged in"))
+            }
+            AuthOutcome::Failed => Outcome::no("[AUTHENTICATIONFAILED] Invalid credentials"),
+            AuthOutcome::RateLimited => Outcome::no("[UNAVAILABLE] Too many failed logins, try again later"),
+            AuthOutcome::Unavailable => {
+                Outcome::no("[UNAVAILABLE] Authentication is temporarily unavailable")
+            }
+        }
+    }
+
+    pub(crate) async fn cmd_authenticate(
+        &mut self,
+        mechanism: &AuthMechanism<'_>,
+        initial: Option<Vec<u8>>,
+    ) -> std::io::Result<Outcome> {
+        if self.account().is_some() {
+            return Ok(Outcome::bad("Already logged in"));
+        }
+        if !matches!(mechanism, AuthMechanism::Plain) {
+            return Ok(Outcome::no("[CANNOT] Unsupported mechanism; use PLAIN"));
+        }
+        if !self.auth_allowed() {
+            return Ok(Outcome::no("[PRIVACYREQUIRED] Use STARTTLS before AUTHENTICATE"));
+        }
+        let response = match initial {
+            // imap-codec has already base64-decoded the SASL-IR argument ("=" is empty).
+            Some(r) => r,
+            None => {
+                self.push("+ ");
+                self.flush().await?;
+                let line = match self.reader.read_line(&mut self.stream).await? {
+                    LineOutcome::Line(l) => l,
+                    LineOutcome::TooLong => return Ok(Outcome::bad("Response too long")),
+                    LineOutcome::Eof => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                };
+                let line = line.trim_ascii_end();
+                if line == b"*" {
+                    return Ok(Outcome::bad("AUTHENTICATE cancelled"));
+                }
+                match base64::engine::general_purpose::STANDARD.decode(line) {
+                    Ok(v) => v,
+                    Err(_) => return Ok(Outcome::bad("Invalid base64")),
+                }
+            }
+        };
+        // PLAIN (RFC 4616): authzid NUL authcid NUL passwd.
+        let mut fields = response.split(|&b| b == 0);
+        let (Some(authz), Some(user), Some(pass), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Ok(Outcome::bad("Malformed PLAIN response"));
+        };
+        if !authz.is_empty() && authz != user {
+            return Ok(Outcome::no("[AUTHORIZATIONFAILED] Proxy authorization is not supported"));
+        }
+        let (Ok(user), Ok(pass)) = (std::str::from_utf8(user), std::str::from_utf8(pass)) else {
+            return Ok(Outcome::no("[AUTHENTICATIONFAILED] Invalid credentials"));
+        };
+        let (user, pass) = (user.to_string(), pass.to_string());
+        Ok(self.login(&user, &pass).await)
+    }
+
+    pub(crate) fn cmd_id(&mut self) -> Outcome {
+        self.push("* ID (\"name\" \"Mailcluster\")");
+        Outcome::ok("ID completed")
+    }
+
+    pub(crate) fn cmd_namespace(&mut self) -> Outcome {
+        if let Some(o) = self.require_auth() {
+            return o;
+        }
+        // One personal namespace; other users' mailboxes are never visible.
+        self.push("* NAMESPACE ((\"\" \"/\")) NIL NIL");
+        Outcome::ok("NAMESPACE completed")
+    }
+
+    pub(crate) fn cmd_enable(&mut self, caps: &[CapabilityEnable<'_>]) -> Outcome {
+        // No extension we implement changes behaviour when enabled, so none is
+        // reported as enabled (RFC 5161 allows an empty ENABLED response).
+        let _ = caps;
+        self.push("* ENABLED");
+        Outcome::ok("ENABLE completed")
+    }
+}

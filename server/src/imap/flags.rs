@@ -1,0 +1,218 @@
+//! STORE, COPY, MOVE, EXPUNGE and UID EXPUNGE (their UID variants included).
+
+use imap_codec::imap_types::flag::{Flag, StoreResponse, StoreType};
+use imap_codec::imap_types::mailbox::Mailbox as WireMailbox;
+use imap_codec::imap_types::sequence::SequenceSet;
+
+use super::mailbox::mailbox_name;
+use super::session::{Outcome, Session, store_error};
+use crate::proto::imap::encode;
+use crate::proto::imap::parse::SeqSet;
+use crate::store::{FlagOp, FlagSet, Flags, UidSet};
+
+/// Client flags → store flags; `None` for flags a client may not set.
+pub fn flag_set(flags: &[Flag<'_>]) -> Option<FlagSet> {
+    let mut set = FlagSet::default();
+    for f in flags {
+        let system = match f {
+            Flag::Seen => Flags::SEEN,
+            Flag::Answered => Flags::ANSWERED,
+            Flag::Flagged => Flags::FLAGGED,
+            Flag::Deleted => Flags::DELETED,
+            Flag::Draft => Flags::DRAFT,
+            Flag::Keyword(k) => {
+                set.keywords.push(k.as_ref().to_string());
+                continue;
+            }
+            // \Recent and unknown backslash flags cannot be stored.
+            Flag::Extension(_) => return None,
+        };
+        set.system = set.system.union(system);
+    }
+    set.keywords.sort();
+    set.keywords.dedup();
+    Some(set)
+}
+
+impl Session {
+    pub(crate) async fn cmd_store(
+        &mut self,
+        set: &SequenceSet,
+        kind: StoreType,
+        response: StoreResponse,
+        flags: &[Flag<'_>],
+        uid: bool,
+    ) -> Outcome {
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        if sel.read_only {
+            return Outcome::no("[READ-ONLY] Mailbox is read-only");
+        }
+        let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
+            return Outcome::bad("Invalid sequence number");
+        };
+        let Some(flags) = flag_set(flags) else { return Outcome::bad("Invalid flag") };
+        let mailbox_id = sel.mailbox.id;
+        let op = match kind {
+            StoreType::Add => FlagOp::Add,
+            StoreType::Remove => FlagOp::Remove,
+            StoreType::Replace => FlagOp::Replace,
+        };
+        if !uids.is_empty() {
+            let rows =
+                match self.app.store.store_flags(mailbox_id, &UidSet::from_uids(&uids), op, &flags).await {
+                    Ok(r) => r,
+                    Err(e) => return store_error(e),
+                };
+            if let Some(modseq) = rows.iter().map(|r| r.modseq).max() {
+                self.notify(mailbox_id, modseq).await;
+            }
+            for row in &rows {
+                self.announce_keywords(&row.flags);
+                let Some(sel) = self.selected.as_mut() else { break };
+                // Our own change comes back from changes_since; it was answered here.
+                sel.own_changes.push((row.uid, row.modseq));
+                if response == StoreResponse::Silent {
+                    continue;
+                }
+                let Some(seq) = sel.seq_of(row.uid) else { continue };
+                let uid_item = if uid { format!(" UID {}", row.uid) } else { String::new() };
+                let line = format!("* {seq} FETCH (FLAGS {}{uid_item})", encode::flag_list(&row.flags));
+                self.push(&line);
+            }
+        }
+        if let Err(e) = self.sync(uid).await {
+            return store_error(e);
+        }
+        Outcome::ok(if uid { "UID STORE completed" } else { "STORE completed" })
+    }
+
+    pub(crate) async fn cmd_copy(
+        &mut self,
+        set: &SequenceSet,
+        dest: &WireMailbox<'_>,
+        uid: bool,
+        moving: bool,
+    ) -> Outcome {
+        let verb = match (uid, moving) {
+            (false, false) => "COPY",
+            (true, false) => "UID COPY",
+            (false, true) => "MOVE",
+            (true, true) => "UID MOVE",
+        };
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        if moving && sel.read_only {
+            return Outcome::no("[READ-ONLY] Mailbox is read-only");
+        }
+        let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
+            return Outcome::bad("Invalid sequence number");
+        };
+        let src = sel.mailbox.id;
+        let name = match mailbox_name(dest) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        let account = self.account().map(|a| a.id).unwrap_or_default();
+        let dest = match self.app.store.mailbox_get(account, &name).await {
+            Ok(Some(mb)) => mb,
+            Ok(None) => return Outcome::no("[TRYCREATE] No such mailbox"),
+            Err(e) => return store_error(e),
+        };
+        if uids.is_empty() {
+            return Outcome::ok(format!("{verb} completed (no messages)"));
+        }
+        let uid_set = UidSet::from_uids(&uids);
+        let pairs = if moving {
+            self.app.store.move_messages(src, &uid_set, dest.id).await
+        } else {
+            self.app.store.copy(src, &uid_set, dest.id).await
+        };
+        let pairs = match pairs {
+            Ok(p) => p,
+            Err(e) => return store_error(e),
+        };
+        let dest_status =
+            self.app.store.mailbox_status(dest.id).await.map(|s| s.highest_modseq).unwrap_or_default();
+        self.notify(dest.id, dest_status).await;
+        let src_uids: Vec<u32> = pairs.iter().map(|p| p.0).collect();
+        let dst_uids: Vec<u32> = pairs.iter().map(|p| p.1).collect();
+        let code = format!(
+            "[COPYUID {} {} {}]",
+            dest.uid_validity,
+            encode::sequence_set(&src_uids),
+            encode::sequence_set(&dst_uids)
+        );
+        if !moving {
+            return Outcome::ok(format!("{code} {verb} completed"));
+        }
+        // MOVE (RFC 6851): COPYUID goes in an untagged OK, then the EXPUNGEs.
+        self.push(&format!("* OK {code} Moved"));
+        let mut sorted = src_uids;
+        sorted.sort_unstable();
+        self.announce_expunged(&sorted);
+        let src_modseq =
+            self.app.store.mailbox_status(src).await.map(|s| s.highest_modseq).unwrap_or_default();
+        self.notify(src, src_modseq).await;
+        if let Err(e) = self.sync(true).await {
+            return store_error(e);
+        }
+        Outcome::ok(format!("{verb} completed"))
+    }
+
+    /// Removes UIDs from the map, sending EXPUNGE for each (ascending UIDs: each
+    /// number is computed after the previous removal, as the client will).
+    fn announce_expunged(&mut self, uids: &[u32]) {
+        let mut lines = Vec::with_capacity(uids.len());
+        if let Some(sel) = self.selected.as_mut() {
+            for &uid in uids {
+                if let Some(seq) = sel.seq_of(uid) {
+                    sel.uids.remove(seq as usize - 1);
+                    sel.pending_expunge.retain(|&u| u != uid);
+                    lines.push(format!("* {seq} EXPUNGE"));
+                }
+            }
+        }
+        for l in lines {
+            self.push(&l);
+        }
+    }
+
+    pub(crate) async fn cmd_expunge(&mut self, uid_set: Option<SeqSet>) -> Outcome {
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        if sel.read_only {
+            return Outcome::no("[READ-ONLY] Mailbox is read-only");
+        }
+        let mailbox_id = sel.mailbox.id;
+        let store = self.app.store.clone();
+        let removed = match &uid_set {
+            None => store.expunge(mailbox_id, None).await,
+            Some(set) => {
+                // UID EXPUNGE removes only the named messages that are \Deleted.
+                let Some(named) = sel.resolve(set, true) else { return Outcome::bad("Invalid UID set") };
+                let deleted = match store.uids_by_flags(mailbox_id, Flags::DELETED, Flags::NONE).await {
+                    Ok(d) => d,
+                    Err(e) => return store_error(e),
+                };
+                let both: Vec<u32> = named.into_iter().filter(|u| deleted.binary_search(u).is_ok()).collect();
+                if both.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    store.expunge(mailbox_id, Some(&UidSet::from_uids(&both))).await
+                }
+            }
+        };
+        let mut removed = match removed {
+            Ok(r) => r,
+            Err(e) => return store_error(e),
+        };
+        removed.sort_unstable();
+        self.announce_expunged(&removed);
+        if !removed.is_empty() {
+            let modseq = store.mailbox_status(mailbox_id).await.map(|s| s.highest_modseq).unwrap_or_default();
+            self.notify(mailbox_id, modseq).await;
+        }
+        if let Err(e) = self.sync(true).await {
+            return store_error(e);
+        }
+        Outcome::ok(if uid_set.is_some() { "UID EXPUNGE completed" } else { "EXPUNGE completed" })
+    }
+}

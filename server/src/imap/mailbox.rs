@@ -1,0 +1,425 @@
+//! Mailbox commands: SELECT, EXAMINE, CREATE, DELETE, RENAME, SUBSCRIBE,
+//! UNSUBSCRIBE, LIST, LSUB, STATUS, CLOSE, UNSELECT.
+//!
+//! Tenant isolation: a name is only ever looked up together with the logged-in
+//! account's id, so no spelling (`../bob/INBOX`, `%`, `*`, `#users`) can reach
+//! another account. Names are additionally validated so that the store never
+//! holds names that break the hierarchy (empty levels, `.`/`..` levels,
+//! wildcards).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use imap_codec::imap_types::mailbox::{ListMailbox, Mailbox as WireMailbox};
+use imap_codec::imap_types::status::StatusDataItemName;
+
+use super::selected::Selected;
+use super::session::{Outcome, Session, store_error};
+use crate::cache::MailboxEvent;
+use crate::proto::imap::{encode, utf7};
+use crate::store::{Flags, StoreError};
+
+/// Hierarchy separator, in the store and on the wire.
+pub const SEP: char = '/';
+const MAX_NAME: usize = 512;
+
+/// A wire mailbox name → validated UTF-8 store name.
+pub fn mailbox_name(m: &WireMailbox<'_>) -> Result<String, Outcome> {
+    match m {
+        WireMailbox::Inbox => Ok("INBOX".into()),
+        WireMailbox::Other(o) => name_from_bytes(o.as_ref()),
+    }
+}
+
+pub fn name_from_bytes(raw: &[u8]) -> Result<String, Outcome> {
+    let invalid = || Outcome::no("[CANNOT] Invalid mailbox name");
+    let s = std::str::from_utf8(raw).map_err(|_| invalid())?;
+    let name = utf7::decode(s).ok_or_else(invalid)?;
+    let name = name.strip_suffix(SEP).unwrap_or(&name);
+    if name.eq_ignore_ascii_case("INBOX") {
+        return Ok("INBOX".into());
+    }
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || name.chars().any(|c| c.is_control() || c == '*' || c == '%')
+        || name.split(SEP).any(|level| level.is_empty() || level == "." || level == "..")
+    {
+        return Err(invalid());
+    }
+    Ok(name.to_string())
+}
+
+/// Decoded LIST pattern (wildcards kept).
+fn pattern_text(raw: &[u8]) -> Option<String> {
+    utf7::decode(std::str::from_utf8(raw).ok()?)
+}
+
+/// RFC 3501 §6.3.8 wildcards: `*` matches anything, `%` anything but the separator.
+pub fn matches(pattern: &[char], name: &[char]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some(('*', rest)) => (0..=name.len()).any(|i| matches(rest, &name[i..])),
+        Some(('%', rest)) => {
+            let limit = name.iter().position(|&c| c == SEP).unwrap_or(name.len());
+            (0..=limit).any(|i| matches(rest, &name[i..]))
+        }
+        Some((c, rest)) => name.first() == Some(c) && matches(rest, &name[1..]),
+    }
+}
+
+fn name_matches(pattern: &str, name: &str) -> bool {
+    let n: Vec<char> = name.chars().collect();
+    let p: Vec<char> = pattern.chars().collect();
+    if matches(&p, &n) {
+        return true;
+    }
+    // INBOX is case-insensitive (and so are its children's first level).
+    if name == "INBOX" || name.starts_with("INBOX/") {
+        let upper: Vec<char> = uppercase_inbox_prefix(pattern).chars().collect();
+        return matches(&upper, &n);
+    }
+    false
+}
+
+fn uppercase_inbox_prefix(pattern: &str) -> String {
+    match pattern.get(..5) {
+        Some(p) if p.eq_ignore_ascii_case("INBOX") => format!("INBOX{}", &pattern[5..]),
+        _ => pattern.to_string(),
+    }
+}
+
+impl Session {
+    fn account_id(&self) -> i64 {
+        self.account().map(|a| a.id).unwrap_or_default()
+    }
+
+    /// Tells other sessions (any pod) that a mailbox changed.
+    pub(crate) async fn notify(&self, mailbox_id: i64, modseq: u64) {
+        let event = MailboxEvent { account_id: self.account_id(), mailbox_id, modseq };
+        if let Err(e) = self.app.cache.publish(event).await {
+            // Sessions on other pods fall back to polling; nothing is lost.
+            tracing::debug!(error = %e, "imap: change notification failed");
+        }
+    }
+
+    pub(crate) async fn cmd_select(&mut self, mailbox: &WireMailbox<'_>, read_only: bool) -> Outcome {
+        // Selecting deselects first, even when the new SELECT fails (RFC 3501 §6.3.1).
+        self.selected = None;
+        let name = match mailbox_name(mailbox) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        let store = self.app.store.clone();
+        let mb = match store.mailbox_get(self.account_id(), &name).await {
+            Ok(Some(mb)) => mb,
+            Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
+            Err(e) => return store_error(e),
+        };
+        // Status (with its modseq) before the UID list: a delivery in between
+        // shows up again at the next sync instead of being missed.
+        let status = match store.mailbox_status(mb.id).await {
+            Ok(s) => s,
+            Err(e) => return store_error(e),
+        };
+        let uids = match store.mailbox_uids(mb.id).await {
+            Ok(u) => u,
+            Err(e) => return store_error(e),
+        };
+        let unseen = match store.uids_by_flags(mb.id, Flags::NONE, Flags::SEEN).await {
+            Ok(u) => u,
+            Err(e) => return store_error(e),
+        };
+        let sel = Selected {
+            read_only,
+            uid_next: status.uid_next.max(uids.last().map_or(1, |u| u + 1)),
+            uids,
+            modseq: status.highest_modseq,
+            keywords: BTreeSet::new(),
+            pending_expunge: Vec::new(),
+            own_changes: Vec::new(),
+            mailbox: mb,
+        };
+        for line in sel.flags_lines() {
+            self.push(&line);
+        }
+        self.push(&format!("* {} EXISTS", sel.uids.len()));
+        self.push("* 0 RECENT");
+        if let Some(seq) = unseen.iter().find_map(|&u| sel.seq_of(u)) {
+            self.push(&format!("* OK [UNSEEN {seq}] First unseen message"));
+        }
+        self.push(&format!("* OK [UIDVALIDITY {}] UIDs valid", sel.mailbox.uid_validity));
+        self.push(&format!("* OK [UIDNEXT {}] Predicted next UID", sel.uid_next));
+        self.push(&format!("* OK [HIGHESTMODSEQ {}] Highest", sel.modseq.max(1)));
+        self.selected = Some(sel);
+        if read_only {
+            Outcome::ok("[READ-ONLY] EXAMINE completed")
+        } else {
+            Outcome::ok("[READ-WRITE] SELECT completed")
+        }
+    }
+
+    pub(crate) async fn cmd_close(&mut self, expunge: bool) -> Outcome {
+        let Some(sel) = self.selected.take() else { return Outcome::bad("No mailbox selected") };
+        if expunge && !sel.read_only {
+            // CLOSE expunges silently (RFC 3501 §6.4.2): no untagged EXPUNGE.
+            match self.app.store.expunge(sel.mailbox.id, None).await {
+                Ok(removed) if !removed.is_empty() => {
+                    let modseq =
+                        self.app.store.mailbox_status(sel.mailbox.id).await.map(|s| s.highest_modseq);
+                    self.notify(sel.mailbox.id, modseq.unwrap_or_default()).await;
+                }
+                Ok(_) => {}
+                Err(e) => return store_error(e),
+            }
+        }
+        Outcome::ok(if expunge { "CLOSE completed" } else { "UNSELECT completed" })
+    }
+
+    /// Creates the missing ancestors of `name` (RFC 3501 §6.3.3 "SHOULD create").
+    async fn create_parents(&self, name: &str) -> Result<(), StoreError> {
+        let account = self.account_id();
+        let mut prefix = String::new();
+        let levels: Vec<&str> = name.split(SEP).collect();
+        for level in &levels[..levels.len().saturating_sub(1)] {
+            if !prefix.is_empty() {
+                prefix.push(SEP);
+            }
+            prefix.push_str(level);
+            if prefix == "INBOX" {
+                continue;
+            }
+            match self.app.store.mailbox_create(account, &prefix, None).await {
+                Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn cmd_create(&mut self, mailbox: &WireMailbox<'_>) -> Outcome {
+        let name = match mailbox_name(mailbox) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        if name == "INBOX" {
+            return Outcome::no("[ALREADYEXISTS] INBOX always exists");
+        }
+        if let Err(e) = self.create_parents(&name).await {
+            return store_error(e);
+        }
+        match self.app.store.mailbox_create(self.account_id(), &name, None).await {
+            Ok(_) => Outcome::ok("CREATE completed"),
+            Err(e) => store_error(e),
+        }
+    }
+
+    pub(crate) async fn cmd_delete(&mut self, mailbox: &WireMailbox<'_>) -> Outcome {
+        let name = match mailbox_name(mailbox) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        if name == "INBOX" {
+            return Outcome::no("[CANNOT] INBOX cannot be deleted");
+        }
+        if self.selected.as_ref().is_some_and(|s| s.mailbox.name == name) {
+            self.selected = None;
+        }
+        match self.app.store.mailbox_delete(self.account_id(), &name).await {
+            Ok(()) => Outcome::ok("DELETE completed"),
+            Err(e) => store_error(e),
+        }
+    }
+
+    pub(crate) async fn cmd_rename(&mut self, from: &WireMailbox<'_>, to: &WireMailbox<'_>) -> Outcome {
+        let (from, to) = match (mailbox_name(from), mailbox_name(to)) {
+            (Ok(f), Ok(t)) => (f, t),
+            (Err(o), _) | (_, Err(o)) => return o,
+        };
+        if to == "INBOX" {
+            return Outcome::no("[ALREADYEXISTS] INBOX always exists");
+        }
+        if to.starts_with(&format!("{from}{SEP}")) {
+            return Outcome::no("[CANNOT] Cannot move a mailbox into itself");
+        }
+        if let Err(e) = self.create_parents(&to).await {
+            return store_error(e);
+        }
+        match self.app.store.mailbox_rename(self.account_id(), &from, &to).await {
+            Ok(()) => Outcome::ok("RENAME completed"),
+            Err(e) => store_error(e),
+        }
+    }
+
+    pub(crate) async fn cmd_subscribe(&mut self, mailbox: &WireMailbox<'_>, subscribe: bool) -> Outcome {
+        let name = match mailbox_name(mailbox) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        if subscribe {
+            // Subscribing to a name that does not exist is allowed by RFC 3501 but
+            // confuses clients more than it helps; refuse like most servers do.
+            match self.app.store.mailbox_get(self.account_id(), &name).await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
+                Err(e) => return store_error(e),
+            }
+        }
+        match self.app.store.mailbox_subscribe(self.account_id(), &name, subscribe).await {
+            Ok(()) => Outcome::ok(if subscribe { "SUBSCRIBE completed" } else { "UNSUBSCRIBE completed" }),
+            Err(e) => store_error(e),
+        }
+    }
+
+    pub(crate) async fn cmd_list(
+        &mut self,
+        reference: &WireMailbox<'_>,
+        pattern: &ListMailbox<'_>,
+        lsub: bool,
+    ) -> Outcome {
+        let verb = if lsub { "LSUB" } else { "LIST" };
+        let pattern_raw: &[u8] = match pattern {
+            ListMailbox::Token(t) => t.as_ref(),
+            ListMailbox::String(s) => s.as_ref(),
+        };
+        let reference = match reference {
+            WireMailbox::Inbox => "INBOX".to_string(),
+            WireMailbox::Other(o) => match pattern_text(o.as_ref()) {
+                Some(r) => r,
+                None => return Outcome::no("[CANNOT] Invalid reference"),
+            },
+        };
+        let Some(pattern) = pattern_text(pattern_raw) else {
+            return Outcome::no("[CANNOT] Invalid pattern");
+        };
+        if pattern.is_empty() {
+            // The hierarchy delimiter query (RFC 3501 §6.3.8).
+            self.push(&format!("* {verb} (\\Noselect) \"/\" \"\""));
+            return Outcome::ok(format!("{verb} completed"));
+        }
+        let full = if reference.is_empty() || reference.ends_with(SEP) || pattern.starts_with(SEP) {
+            format!("{reference}{pattern}")
+        } else {
+            format!("{reference}{SEP}{pattern}")
+        };
+        let account = self.account_id();
+        let mailboxes = match self.app.store.mailbox_list(account).await {
+            Ok(m) => m,
+            Err(e) => return store_error(e),
+        };
+        // name → (exists, special-use attribute)
+        let mut all: BTreeMap<String, (bool, Option<&'static str>)> = BTreeMap::new();
+        for mb in &mailboxes {
+            all.insert(mb.name.clone(), (true, mb.special_use.map(|u| u.attribute())));
+        }
+        let existing: Vec<String> = all.keys().cloned().collect();
+        for name in &existing {
+            // Missing ancestors are listed as \Noselect so `%` walks the hierarchy.
+            let mut parent = name.as_str();
+            while let Some((p, _)) = parent.rsplit_once(SEP) {
+                all.entry(p.to_string()).or_insert((false, None));
+                parent = p;
+            }
+        }
+        let has_children = |name: &str| {
+            let prefix = format!("{name}{SEP}");
+            all.range(prefix.clone()..).next().is_some_and(|(n, _)| n.starts_with(&prefix))
+        };
+        let subscribed: BTreeSet<String> = if lsub {
+            match self.app.store.subscriptions(account).await {
+                Ok(s) => s.into_iter().collect(),
+                Err(e) => return store_error(e),
+            }
+        } else {
+            BTreeSet::new()
+        };
+        let mut lines = Vec::new();
+        if lsub {
+            for name in &subscribed {
+                if name_matches(&full, name) {
+                    let attrs = if all.get(name).is_some_and(|(e, _)| *e) { "" } else { "\\Noselect" };
+                    lines.push(format!("* LSUB ({attrs}) \"/\" {}", encode::mailbox(name)));
+                }
+            }
+        } else {
+            for (name, (exists, special)) in &all {
+                if !name_matches(&full, name) {
+                    continue;
+                }
+                let mut attrs: Vec<&str> = Vec::new();
+                if !exists {
+                    attrs.push("\\Noselect");
+                }
+                attrs.push(if has_children(name) { "\\HasChildren" } else { "\\HasNoChildren" });
+                if let Some(s) = special {
+                    attrs.push(s);
+                }
+                lines.push(format!("* LIST ({}) \"/\" {}", attrs.join(" "), encode::mailbox(name)));
+            }
+        }
+        for l in lines {
+            self.push(&l);
+        }
+        Outcome::ok(format!("{verb} completed"))
+    }
+
+    pub(crate) async fn cmd_status(
+        &mut self,
+        mailbox: &WireMailbox<'_>,
+        items: &[StatusDataItemName],
+    ) -> Outcome {
+        let name = match mailbox_name(mailbox) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        let mb = match self.app.store.mailbox_get(self.account_id(), &name).await {
+            Ok(Some(mb)) => mb,
+            Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
+            Err(e) => return store_error(e),
+        };
+        let st = match self.app.store.mailbox_status(mb.id).await {
+            Ok(s) => s,
+            Err(e) => return store_error(e),
+        };
+        let mut parts = Vec::new();
+        for item in items {
+            match item {
+                StatusDataItemName::Messages => parts.push(format!("MESSAGES {}", st.messages)),
+                StatusDataItemName::Recent => parts.push("RECENT 0".to_string()),
+                StatusDataItemName::UidNext => parts.push(format!("UIDNEXT {}", st.uid_next)),
+                StatusDataItemName::UidValidity => parts.push(format!("UIDVALIDITY {}", st.uid_validity)),
+                StatusDataItemName::Unseen => parts.push(format!("UNSEEN {}", st.unseen)),
+                // DELETED / DELETED-STORAGE (RFC 9051) are not announced; ignore.
+                _ => {}
+            }
+        }
+        self.push(&format!("* STATUS {} ({})", encode::mailbox(&name), parts.join(" ")));
+        Outcome::ok("STATUS completed")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(name_matches("*", "a/b/c"));
+        assert!(name_matches("%", "Sent"));
+        assert!(!name_matches("%", "a/b"));
+        assert!(name_matches("a/%", "a/b"));
+        assert!(!name_matches("a/%", "a/b/c"));
+        assert!(name_matches("a*c", "a/b/c"));
+        assert!(name_matches("inbox", "INBOX"));
+        assert!(name_matches("Inbox/%", "INBOX/x"));
+        assert!(!name_matches("Sent", "Sent Items"));
+    }
+
+    #[test]
+    fn names_cannot_escape_the_account() {
+        for bad in ["../bob", "a/../b", "", "/", "a//b", "/abs", "x*", "y%", "./a", "a\u{1}b"] {
+            assert!(name_from_bytes(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        assert_eq!(name_from_bytes(b"inbox").ok().as_deref(), Some("INBOX"));
+        assert_eq!(name_from_bytes(b"Work/").ok().as_deref(), Some("Work"));
+        assert_eq!(name_from_bytes(b"Entw&APw-rfe").ok().as_deref(), Some("Entwürfe"));
+    }
+}

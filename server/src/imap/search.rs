@@ -1,0 +1,311 @@
+//! SEARCH and UID SEARCH (every RFC 3501 key).
+//!
+//! Searches that only test system flags (`UNSEEN`, `DELETED`, `UNSEEN UNDELETED`
+//! …) — what clients issue in a loop — are answered by `store.uids_by_flags` from
+//! an index. Everything else loads the stored metadata, and the body only when a
+//! BODY/TEXT/unusual HEADER key needs it.
+
+use chrono::NaiveDate;
+use imap_codec::imap_types::core::{AString, Charset};
+use imap_codec::imap_types::search::SearchKey;
+
+use super::session::{Outcome, Session, store_error};
+use crate::proto::imap::parse::SeqSet;
+use crate::store::{FlagSet, Flags, MessageMeta, UidSet};
+
+/// One message as the evaluator sees it.
+struct Candidate<'a> {
+    seq: u32,
+    uid: u32,
+    flags: &'a FlagSet,
+    internal_date: Option<chrono::DateTime<chrono::Utc>>,
+    meta: Option<&'a MessageMeta>,
+    raw: Option<&'a [u8]>,
+}
+
+struct Bounds {
+    max_seq: u32,
+    max_uid: u32,
+}
+
+/// System-flag-only criteria → (with, without), or `None` when other keys occur.
+fn flag_only(key: &SearchKey<'_>, with: &mut Flags, without: &mut Flags) -> bool {
+    let (w, wo) = match key {
+        SearchKey::All => (Flags::NONE, Flags::NONE),
+        SearchKey::Seen => (Flags::SEEN, Flags::NONE),
+        SearchKey::Unseen => (Flags::NONE, Flags::SEEN),
+        SearchKey::Deleted => (Flags::DELETED, Flags::NONE),
+        SearchKey::Undeleted => (Flags::NONE, Flags::DELETED),
+        SearchKey::Flagged => (Flags::FLAGGED, Flags::NONE),
+        SearchKey::Unflagged => (Flags::NONE, Flags::FLAGGED),
+        SearchKey::Answered => (Flags::ANSWERED, Flags::NONE),
+        SearchKey::Unanswered => (Flags::NONE, Flags::ANSWERED),
+        SearchKey::Draft => (Flags::DRAFT, Flags::NONE),
+        SearchKey::Undraft => (Flags::NONE, Flags::DRAFT),
+        SearchKey::And(keys) => return keys.as_ref().iter().all(|k| flag_only(k, with, without)),
+        _ => return false,
+    };
+    *with = with.union(w);
+    *without = without.union(wo);
+    true
+}
+
+/// What the evaluation needs loaded.
+fn needs(key: &SearchKey<'_>, meta: &mut bool, raw: &mut bool) {
+    match key {
+        SearchKey::And(keys) => keys.as_ref().iter().for_each(|k| needs(k, meta, raw)),
+        SearchKey::Not(k) => needs(k, meta, raw),
+        SearchKey::Or(a, b) => {
+            needs(a, meta, raw);
+            needs(b, meta, raw);
+        }
+        SearchKey::Body(_) | SearchKey::Text(_) => *raw = true,
+        SearchKey::Header(name, _) => {
+            *meta = true;
+            if summary_field(name.as_ref()).is_none() {
+                *raw = true;
+            }
+        }
+        SearchKey::Bcc(_)
+        | SearchKey::Cc(_)
+        | SearchKey::From(_)
+        | SearchKey::To(_)
+        | SearchKey::Subject(_)
+        | SearchKey::Before(_)
+        | SearchKey::On(_)
+        | SearchKey::Since(_)
+        | SearchKey::SentBefore(_)
+        | SearchKey::SentOn(_)
+        | SearchKey::SentSince(_)
+        | SearchKey::Larger(_)
+        | SearchKey::Smaller(_) => *meta = true,
+        _ => {}
+    }
+}
+
+/// Header names answered from the stored summary.
+fn summary_field(name: &[u8]) -> Option<fn(&MessageMeta) -> &str> {
+    let name = name.to_ascii_lowercase();
+    Some(match name.as_slice() {
+        b"subject" => |m| m.subject.as_str(),
+        b"from" => |m| m.from.as_str(),
+        b"to" => |m| m.to.as_str(),
+        b"cc" => |m| m.cc.as_str(),
+        b"bcc" => |m| m.bcc.as_str(),
+        b"message-id" => |m| m.message_id.as_str(),
+        _ => return None,
+    })
+}
+
+fn lower(s: &AString<'_>) -> String {
+    String::from_utf8_lossy(s.as_ref()).to_lowercase()
+}
+
+fn contains_ci(hay: &str, needle: &str) -> bool {
+    needle.is_empty() || hay.to_lowercase().contains(needle)
+}
+
+fn bytes_contain_ci(hay: &[u8], needle: &str) -> bool {
+    if needle.is_empty() {
+        return true;
+    }
+    String::from_utf8_lossy(hay).to_lowercase().contains(needle)
+}
+
+/// BODY: the raw body, and the decoded text of every text part (so base64 or
+/// quoted-printable bodies are searchable).
+fn body_contains(raw: &[u8], header_size: usize, needle: &str) -> bool {
+    if bytes_contain_ci(raw.get(header_size..).unwrap_or_default(), needle) {
+        return true;
+    }
+    let Some(message) = mail_parser::MessageParser::default().parse(raw) else { return false };
+    message.parts.iter().any(|p| match &p.body {
+        mail_parser::PartType::Text(t) | mail_parser::PartType::Html(t) => contains_ci(t, needle),
+        _ => false,
+    })
+}
+
+fn header_value_contains(header: &[u8], name: &[u8], needle: &str) -> bool {
+    let fields = super::fetch::header_fields(header, &[name], false);
+    if fields.len() <= 2 {
+        return false;
+    }
+    // Only the value part counts ("Subject: x" must not match "subject").
+    let value: Vec<u8> = fields
+        .split(|&b| b == b'\n')
+        .filter_map(|l| l.iter().position(|&b| b == b':').map(|p| l[p + 1..].to_vec()).or(Some(l.to_vec())))
+        .flatten()
+        .collect();
+    bytes_contain_ci(&value, needle)
+}
+
+fn date_of(d: &imap_codec::imap_types::datetime::NaiveDate) -> NaiveDate {
+    *d.as_ref()
+}
+
+fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
+    let has = |f: Flags| c.flags.system.contains(f);
+    let meta_str = |get: fn(&MessageMeta) -> &str, needle: &AString<'_>| {
+        c.meta.is_some_and(|m| contains_ci(get(m), &lower(needle)))
+    };
+    let internal = c.internal_date.map(|d| d.date_naive());
+    let sent = c.meta.and_then(|m| m.sent_date).map(|d| d.date_naive()).or(internal);
+    match key {
+        SearchKey::And(keys) => keys.as_ref().iter().all(|k| eval(k, c, b)),
+        SearchKey::SequenceSet(set) => SeqSet::from_codec(set).contains(c.seq, b.max_seq),
+        SearchKey::Uid(set) => SeqSet::from_codec(set).contains(c.uid, b.max_uid),
+        SearchKey::All => true,
+        SearchKey::Answered => has(Flags::ANSWERED),
+        SearchKey::Unanswered => !has(Flags::ANSWERED),
+        SearchKey::Deleted => has(Flags::DELETED),
+        SearchKey::Undeleted => !has(Flags::DELETED),
+        SearchKey::Draft => has(Flags::DRAFT),
+        SearchKey::Undraft => !has(Flags::DRAFT),
+        SearchKey::Flagged => has(Flags::FLAGGED),
+        SearchKey::Unflagged => !has(Flags::FLAGGED),
+        SearchKey::Seen => has(Flags::SEEN),
+        SearchKey::Unseen => !has(Flags::SEEN),
+        // No session ever sees \Recent (it is not kept across pods).
+        SearchKey::Recent | SearchKey::New => false,
+        SearchKey::Old => true,
+        SearchKey::Keyword(k) => c.flags.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
+        SearchKey::Unkeyword(k) => !c.flags.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
+        SearchKey::Before(d) => internal.is_some_and(|i| i < date_of(d)),
+        SearchKey::On(d) => internal.is_some_and(|i| i == date_of(d)),
+        SearchKey::Since(d) => internal.is_some_and(|i| i >= date_of(d)),
+        SearchKey::SentBefore(d) => sent.is_some_and(|i| i < date_of(d)),
+        SearchKey::SentOn(d) => sent.is_some_and(|i| i == date_of(d)),
+        SearchKey::SentSince(d) => sent.is_some_and(|i| i >= date_of(d)),
+        SearchKey::Larger(n) => c.meta.is_some_and(|m| m.size > *n),
+        SearchKey::Smaller(n) => c.meta.is_some_and(|m| m.size < *n),
+        SearchKey::Subject(s) => meta_str(|m| m.subject.as_str(), s),
+        SearchKey::From(s) => meta_str(|m| m.from.as_str(), s),
+        SearchKey::To(s) => meta_str(|m| m.to.as_str(), s),
+        SearchKey::Cc(s) => meta_str(|m| m.cc.as_str(), s),
+        SearchKey::Bcc(s) => meta_str(|m| m.bcc.as_str(), s),
+        SearchKey::Header(name, value) => match summary_field(name.as_ref()) {
+            Some(get) if !value.as_ref().is_empty() => meta_str(get, value),
+            _ => match (c.raw, c.meta) {
+                (Some(raw), Some(m)) => {
+                    let header = raw.get(..m.header_size as usize).unwrap_or(raw);
+                    header_value_contains(header, name.as_ref(), &lower(value))
+                }
+                _ => false,
+            },
+        },
+        SearchKey::Body(s) => match (c.raw, c.meta) {
+            (Some(raw), Some(m)) => body_contains(raw, m.header_size as usize, &lower(s)),
+            _ => false,
+        },
+        SearchKey::Text(s) => match (c.raw, c.meta) {
+            (Some(raw), Some(m)) => {
+                let needle = lower(s);
+                bytes_contain_ci(raw.get(..m.header_size as usize).unwrap_or(raw), &needle)
+                    || body_contains(raw, m.header_size as usize, &needle)
+            }
+            _ => false,
+        },
+        SearchKey::Not(k) => !eval(k, c, b),
+        SearchKey::Or(x, y) => eval(x, c, b) || eval(y, c, b),
+    }
+}
+
+impl Session {
+    pub(crate) async fn cmd_search(
+        &mut self,
+        charset: Option<&Charset<'_>>,
+        criteria: &SearchKey<'_>,
+        uid: bool,
+    ) -> Outcome {
+        if let Some(cs) = charset {
+            let cs = cs.as_ref();
+            if !cs.eq_ignore_ascii_case("UTF-8") && !cs.eq_ignore_ascii_case("US-ASCII") {
+                return Outcome::no("[BADCHARSET (UTF-8 US-ASCII)] Unsupported charset");
+            }
+        }
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let mailbox_id = sel.mailbox.id;
+        let known = sel.uids.clone();
+        let bounds = Bounds { max_seq: known.len() as u32, max_uid: known.last().copied().unwrap_or(0) };
+        let store = self.app.store.clone();
+        let mut hits: Vec<u32> = Vec::new(); // UIDs
+
+        let (mut with, mut without) = (Flags::NONE, Flags::NONE);
+        if flag_only(criteria, &mut with, &mut without) {
+            let uids = if with == Flags::NONE && without == Flags::NONE {
+                known.clone()
+            } else {
+                match store.uids_by_flags(mailbox_id, with, without).await {
+                    Ok(u) => u,
+                    Err(e) => return store_error(e),
+                }
+            };
+            hits = uids.into_iter().filter(|u| known.binary_search(u).is_ok()).collect();
+        } else if !known.is_empty() {
+            let (mut need_meta, mut need_raw) = (false, false);
+            needs(criteria, &mut need_meta, &mut need_raw);
+            let all = UidSet::from_uids(&known);
+            if need_meta || need_raw {
+                let rows = match store.messages_by_uid(mailbox_id, &all).await {
+                    Ok(r) => r,
+                    Err(e) => return store_error(e),
+                };
+                for row in &rows {
+                    let Ok(pos) = known.binary_search(&row.uid) else { continue };
+                    let raw = if need_raw {
+                        match store.message_body(row.message_id).await {
+                            Ok(b) => Some(b),
+                            Err(e) => return store_error(e),
+                        }
+                    } else {
+                        None
+                    };
+                    let c = Candidate {
+                        seq: pos as u32 + 1,
+                        uid: row.uid,
+                        flags: &row.flags,
+                        internal_date: Some(row.internal_date),
+                        meta: Some(&row.meta),
+                        raw: raw.as_deref(),
+                    };
+                    if eval(criteria, &c, &bounds) {
+                        hits.push(row.uid);
+                    }
+                }
+            } else {
+                let rows = match store.flags_by_uid(mailbox_id, &all).await {
+                    Ok(r) => r,
+                    Err(e) => return store_error(e),
+                };
+                for row in &rows {
+                    let Ok(pos) = known.binary_search(&row.uid) else { continue };
+                    let c = Candidate {
+                        seq: pos as u32 + 1,
+                        uid: row.uid,
+                        flags: &row.flags,
+                        internal_date: None,
+                        meta: None,
+                        raw: None,
+                    };
+                    if eval(criteria, &c, &bounds) {
+                        hits.push(row.uid);
+                    }
+                }
+            }
+        }
+        let numbers: Vec<String> = if uid {
+            hits.iter().map(u32::to_string).collect()
+        } else {
+            hits.iter().filter_map(|u| known.binary_search(u).ok()).map(|p| (p + 1).to_string()).collect()
+        };
+        if numbers.is_empty() {
+            self.push("* SEARCH");
+        } else {
+            self.push(&format!("* SEARCH {}", numbers.join(" ")));
+        }
+        if let Err(e) = self.sync(uid).await {
+            return store_error(e);
+        }
+        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
+    }
+}

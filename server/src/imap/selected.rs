@@ -1,0 +1,211 @@
+//! The selected mailbox: the session's sequence-number ↔ UID map and how it is
+//! kept in step with the store (RFC 3501 §5.5, §7.4.1).
+//!
+//! The map is exactly what the client has been told: a message enters it when we
+//! send EXISTS and leaves when we send EXPUNGE. Other sessions' changes are
+//! learnt from `store.changes_since(modseq)`:
+//! - new UIDs are appended and announced with EXISTS (always allowed);
+//! - flag changes of known UIDs are announced with untagged FETCH;
+//! - expunged UIDs are announced with EXPUNGE only when the command allows it —
+//!   never while answering FETCH, STORE or SEARCH, whose sequence numbers the client
+//!   must be able to trust. Until then they wait in `pending_expunge` and keep their
+//!   sequence number.
+
+use std::collections::BTreeSet;
+
+use super::session::Session;
+use crate::proto::imap::encode;
+use crate::proto::imap::parse::SeqSet;
+use crate::store::{FlagRow, Mailbox, StoreResult};
+
+pub struct Selected {
+    pub mailbox: Mailbox,
+    pub read_only: bool,
+    /// UIDs in sequence order: `uids[seq - 1]`.
+    pub uids: Vec<u32>,
+    /// Highest modseq whose changes this session has seen.
+    pub modseq: u64,
+    /// Keywords announced with FLAGS so far.
+    pub keywords: BTreeSet<String>,
+    /// Expunged elsewhere, not yet announced.
+    pub pending_expunge: Vec<u32>,
+    /// UIDNEXT as announced at SELECT.
+    pub uid_next: u32,
+    /// (uid, modseq) of flag changes this session made and already answered, so
+    /// the next sync does not announce them a second time (`STORE .SILENT`).
+    pub own_changes: Vec<(u32, u64)>,
+}
+
+impl Selected {
+    pub fn seq_of(&self, uid: u32) -> Option<u32> {
+        self.uids.binary_search(&uid).ok().map(|i| i as u32 + 1)
+    }
+
+    pub fn max_uid(&self) -> u32 {
+        self.uids.last().copied().unwrap_or(0)
+    }
+
+    /// The UIDs a sequence or UID set names, ascending and known to the client.
+    /// Sequence numbers beyond what the client knows are an error (`None`).
+    pub fn resolve(&self, set: &SeqSet, uid: bool) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        if uid {
+            // `*` is the largest UID in the mailbox; on an empty mailbox there is none.
+            let Some(&max) = self.uids.last() else { return Some(out) };
+            for (lo, hi) in set.ranges(max) {
+                let start = self.uids.partition_point(|&u| u < lo);
+                let end = self.uids.partition_point(|&u| u <= hi);
+                out.extend_from_slice(&self.uids[start..end]);
+            }
+        } else {
+            let n = self.uids.len() as u32;
+            if n == 0 {
+                // "*" or "1:*" on an empty mailbox match nothing; concrete numbers fail.
+                return set.0.iter().all(|&(a, b)| a == u32::MAX || b == u32::MAX).then_some(out);
+            }
+            for (lo, hi) in set.ranges(n) {
+                if lo == 0 || hi > n {
+                    return None;
+                }
+                out.extend_from_slice(&self.uids[lo as usize - 1..hi as usize]);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    /// Records keywords seen in `flags`; true when one is new (FLAGS must be re-sent).
+    pub fn learn_keywords<'a>(&mut self, keywords: impl Iterator<Item = &'a String>) -> bool {
+        let mut new = false;
+        for k in keywords {
+            if !self.keywords.contains(k) {
+                self.keywords.insert(k.clone());
+                new = true;
+            }
+        }
+        new
+    }
+
+    pub fn flags_lines(&self) -> [String; 2] {
+        let kws: String = self.keywords.iter().map(|k| format!(" {k}")).collect();
+        [
+            format!("* FLAGS ({}{kws})", encode::SYSTEM_FLAGS),
+            if self.read_only {
+                "* OK [PERMANENTFLAGS ()] Read-only mailbox".to_string()
+            } else {
+                format!("* OK [PERMANENTFLAGS ({}{kws} \\*)] Flags permitted", encode::SYSTEM_FLAGS)
+            },
+        ]
+    }
+}
+
+impl Session {
+    /// Brings the selected mailbox up to date and queues the untagged responses.
+    /// `allow_expunge` is false while answering FETCH, STORE and SEARCH.
+    pub(crate) async fn sync(&mut self, allow_expunge: bool) -> StoreResult<()> {
+        let Some(sel) = self.selected.as_ref() else { return Ok(()) };
+        let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
+        let changes = self.app.store.changes_since(mailbox_id, since).await?;
+        let mut lines: Vec<String> = Vec::new();
+        let Some(sel) = self.selected.as_mut() else { return Ok(()) };
+        sel.modseq = sel.modseq.max(changes.highest_modseq);
+
+        for uid in changes.expunged {
+            if sel.seq_of(uid).is_some() && !sel.pending_expunge.contains(&uid) {
+                sel.pending_expunge.push(uid);
+            }
+        }
+        if allow_expunge && !sel.pending_expunge.is_empty() {
+            let mut pending = std::mem::take(&mut sel.pending_expunge);
+            // Highest first, so each announced number is still valid when sent.
+            pending.sort_unstable_by(|a, b| b.cmp(a));
+            for uid in pending {
+                if let Some(seq) = sel.seq_of(uid) {
+                    sel.uids.remove(seq as usize - 1);
+                    lines.push(format!("* {seq} EXPUNGE"));
+                }
+            }
+        }
+
+        let max = sel.max_uid();
+        let mut new_uids: Vec<u32> = Vec::new();
+        let mut flag_updates: Vec<&FlagRow> = Vec::new();
+        let mut new_keyword = false;
+        let own = std::mem::take(&mut sel.own_changes);
+        for row in &changes.changed {
+            new_keyword |= sel.learn_keywords(row.flags.keywords.iter());
+            if own.contains(&(row.uid, row.modseq)) {
+                continue;
+            }
+            if row.uid > max {
+                new_uids.push(row.uid);
+            } else if sel.seq_of(row.uid).is_some() {
+                flag_updates.push(row);
+            }
+        }
+        if new_keyword {
+            lines.extend(sel.flags_lines());
+        }
+        for row in flag_updates {
+            if let Some(seq) = sel.seq_of(row.uid) {
+                lines.push(format!(
+                    "* {seq} FETCH (UID {} FLAGS {})",
+                    row.uid,
+                    encode::flag_list(&row.flags)
+                ));
+            }
+        }
+        if !new_uids.is_empty() {
+            new_uids.sort_unstable();
+            new_uids.dedup();
+            sel.uids.extend(new_uids);
+            lines.push(format!("* {} EXISTS", sel.uids.len()));
+        }
+        for l in lines {
+            self.push(&l);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sel(uids: &[u32]) -> Selected {
+        Selected {
+            mailbox: Mailbox {
+                id: 1,
+                account_id: 1,
+                name: "INBOX".into(),
+                uid_validity: 1,
+                uid_next: 100,
+                highest_modseq: 1,
+                special_use: None,
+            },
+            read_only: false,
+            uids: uids.to_vec(),
+            modseq: 1,
+            keywords: BTreeSet::new(),
+            pending_expunge: Vec::new(),
+            uid_next: 100,
+            own_changes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn resolve_sequence_and_uid_sets() {
+        let s = sel(&[3, 7, 9, 20]);
+        assert_eq!(s.resolve(&SeqSet(vec![(2, 3)]), false), Some(vec![7, 9]));
+        assert_eq!(s.resolve(&SeqSet(vec![(u32::MAX, 3)]), false), Some(vec![9, 20]));
+        assert_eq!(s.resolve(&SeqSet(vec![(5, 5)]), false), None);
+        assert_eq!(s.resolve(&SeqSet(vec![(8, u32::MAX)]), true), Some(vec![9, 20]));
+        assert_eq!(s.resolve(&SeqSet(vec![(1, 4), (21, 30)]), true), Some(vec![3]));
+        // "UID 25:*" still names the last message when 25 > max (RFC 3501 §6.4.8).
+        assert_eq!(s.resolve(&SeqSet(vec![(25, u32::MAX)]), true), Some(vec![20]));
+        let empty = sel(&[]);
+        assert_eq!(empty.resolve(&SeqSet(vec![(1, u32::MAX)]), false), Some(vec![]));
+        assert_eq!(empty.resolve(&SeqSet(vec![(1, 1)]), false), None);
+    }
+}

@@ -1,0 +1,402 @@
+//! The session loop: greeting, read a command (bounded, timed), dispatch, write
+//! the answer, repeat; `* BYE` on shutdown or autologout.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use imap_codec::imap_types::command::{Command, CommandBody};
+use tokio::io::AsyncWriteExt;
+
+use super::selected::Selected;
+use super::{ImapConfig, Shared};
+use crate::app::App;
+use crate::net::{SessionCtx, SessionStream};
+use crate::proto::imap::parse::{self, Request};
+use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
+use crate::store::{Account, StoreError};
+
+/// The tagged result of a command; untagged data has already been queued.
+#[derive(Debug)]
+pub enum Outcome {
+    Ok(String),
+    No(String),
+    Bad(String),
+    /// The command ended the session (LOGOUT).
+    Close,
+    /// The handler already wrote its tagged line (STARTTLS must flush it before
+    /// the handshake).
+    Sent,
+}
+
+impl Outcome {
+    pub fn ok(text: impl Into<String>) -> Outcome {
+        Outcome::Ok(text.into())
+    }
+    pub fn no(text: impl Into<String>) -> Outcome {
+        Outcome::No(text.into())
+    }
+    pub fn bad(text: impl Into<String>) -> Outcome {
+        Outcome::Bad(text.into())
+    }
+}
+
+/// A store failure as the client sees it (RFC 5530 response codes).
+pub fn store_error(e: StoreError) -> Outcome {
+    match e {
+        StoreError::NotFound(_) => Outcome::no("[NONEXISTENT] No such mailbox"),
+        StoreError::AlreadyExists(_) => Outcome::no("[ALREADYEXISTS] Mailbox already exists"),
+        StoreError::Invalid(m) => Outcome::no(format!("[CANNOT] {m}")),
+        StoreError::Unavailable(m) | StoreError::Internal(m) => {
+            tracing::warn!(error = %m, "imap: store failure");
+            Outcome::no("[UNAVAILABLE] Temporary failure, try again")
+        }
+    }
+}
+
+pub enum State {
+    NotAuthenticated,
+    Authenticated(Account),
+}
+
+/// Releases a per-account connection slot when the session ends.
+pub(crate) struct UserSlot {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) account_id: i64,
+}
+
+impl Drop for UserSlot {
+    fn drop(&mut self) {
+        let mut map = self.shared.per_user.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.account_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.account_id);
+            }
+        }
+    }
+}
+
+pub struct Session {
+    pub(crate) app: App,
+    pub(crate) cfg: ImapConfig,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: SessionStream,
+    pub(crate) reader: CommandReader,
+    pub(crate) out: Vec<u8>,
+    pub(crate) ctx: SessionCtx,
+    pub(crate) tls: bool,
+    pub(crate) state: State,
+    pub(crate) selected: Option<Selected>,
+    pub(crate) user_slot: Option<UserSlot>,
+    rate_window: Instant,
+    rate_count: u32,
+}
+
+impl Session {
+    pub(crate) fn new(
+        app: App,
+        shared: Arc<Shared>,
+        stream: SessionStream,
+        ctx: SessionCtx,
+        tls: bool,
+    ) -> Self {
+        let cfg = app.config.imap.clone();
+        let reader =
+            CommandReader::new(Limits { max_line: cfg.max_line_bytes, max_literal: cfg.max_literal_bytes });
+        Session {
+            app,
+            cfg,
+            shared,
+            stream,
+            reader,
+            out: Vec::with_capacity(4096),
+            ctx,
+            tls,
+            state: State::NotAuthenticated,
+            selected: None,
+            user_slot: None,
+            rate_window: Instant::now(),
+            rate_count: 0,
+        }
+    }
+
+    pub fn account(&self) -> Option<&Account> {
+        match &self.state {
+            State::Authenticated(a) => Some(a),
+            State::NotAuthenticated => None,
+        }
+    }
+
+    pub(crate) fn push(&mut self, line: &str) {
+        self.out.extend_from_slice(line.as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    pub(crate) async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out).await?;
+            self.out.clear();
+        }
+        self.stream.flush().await
+    }
+
+    /// The whole session. (`mail_connections_active` is kept by the listener.)
+    pub async fn run(mut self) {
+        if let Err(e) = self.serve().await {
+            tracing::debug!(error = %e, "imap: session ended with an I/O error");
+        }
+        if let Some(sel) = self.selected.take() {
+            drop(sel);
+        }
+        let _ = self.stream.shutdown().await;
+    }
+
+    async fn serve(&mut self) -> std::io::Result<()> {
+        if self.ctx.shutdown.is_signalled() {
+            self.push("* BYE Server shutting down");
+            return self.flush().await;
+        }
+        let caps = self.capabilities();
+        self.push(&format!("* OK [CAPABILITY {caps}] Mailcluster IMAP4rev1 ready"));
+        self.flush().await?;
+        loop {
+            let timeout = Duration::from_secs(match self.state {
+                State::Authenticated(_) => self.cfg.autologout_secs,
+                State::NotAuthenticated => self.cfg.preauth_timeout_secs,
+            });
+            let mut shutdown = self.ctx.shutdown.clone();
+            let read = tokio::select! {
+                r = tokio::time::timeout(timeout, self.reader.read_command(&mut self.stream)) => r,
+                _ = shutdown.signalled() => {
+                    self.push("* BYE Server shutting down");
+                    return self.flush().await;
+                }
+            };
+            let cmd = match read {
+                Err(_) => {
+                    self.push("* BYE Autologout; idle for too long");
+                    return self.flush().await;
+                }
+                Ok(r) => match r? {
+                    ReadOutcome::Command(c) => c,
+                    ReadOutcome::Eof => return Ok(()),
+                    ReadOutcome::LineTooLong => {
+                        self.push("* BAD [TOOBIG] Command line too long");
+                        self.push("* BYE Closing connection");
+                        return self.flush().await;
+                    }
+                    ReadOutcome::LiteralTooLarge { tag, sync: true, size } => {
+                        // The client waits for "+" and has sent nothing more: refuse
+                        // and carry on (RFC 7888 §4).
+                        self.push(&format!("{tag} NO [TOOBIG] Literal of {size} octets exceeds the limit"));
+                        self.flush().await?;
+                        continue;
+                    }
+                    ReadOutcome::LiteralTooLarge { tag, sync: false, size } => {
+                        self.push(&format!("{tag} BAD [TOOBIG] Literal of {size} octets exceeds the limit"));
+                        self.push("* BYE Closing connection");
+                        return self.flush().await;
+                    }
+                },
+            };
+            self.throttle().await;
+            if !self.execute(&cmd).await? {
+                return self.flush().await;
+            }
+            self.flush().await?;
+        }
+    }
+
+    /// Spreads bursts over time instead of refusing: a client over the per-second
+    /// budget waits for the next window.
+    async fn throttle(&mut self) {
+        let max = self.cfg.max_commands_per_second;
+        if max == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.rate_window) >= Duration::from_secs(1) {
+            self.rate_window = now;
+            self.rate_count = 0;
+        }
+        self.rate_count += 1;
+        if self.rate_count > max {
+            tokio::time::sleep_until((self.rate_window + Duration::from_secs(1)).into()).await;
+            self.rate_window = Instant::now();
+            self.rate_count = 1;
+        }
+    }
+
+    /// Parses and runs one command; false when the session must end.
+    async fn execute(&mut self, cmd: &[u8]) -> std::io::Result<bool> {
+        let (tag, request) = match parse::parse(cmd) {
+            Ok(v) => v,
+            Err(e) => {
+                self.push(&format!("{} BAD {}", e.tag, e.text));
+                self.count("UNKNOWN", "bad", Duration::ZERO);
+                return Ok(true);
+            }
+        };
+        let name = request_name(&request);
+        let started = Instant::now();
+        let outcome = match request {
+            Request::Codec(Command { body, .. }) => self.dispatch(&tag, body).await?,
+            Request::Id => self.cmd_id(),
+            Request::Namespace => self.cmd_namespace(),
+            Request::UidExpunge(set) => match self.require_selected() {
+                Some(o) => o,
+                None => self.cmd_expunge(Some(set)).await,
+            },
+            Request::Append { mailbox, messages } => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_append(&mailbox, messages).await,
+            },
+        };
+        let (result, keep) = match outcome {
+            Outcome::Ok(text) => {
+                self.push(&format!("{tag} OK {text}"));
+                ("ok", true)
+            }
+            Outcome::No(text) => {
+                self.push(&format!("{tag} NO {text}"));
+                ("no", true)
+            }
+            Outcome::Bad(text) => {
+                self.push(&format!("{tag} BAD {text}"));
+                ("bad", true)
+            }
+            Outcome::Sent => ("ok", true),
+            Outcome::Close => {
+                self.push(&format!("{tag} OK LOGOUT completed"));
+                ("ok", false)
+            }
+        };
+        self.count(name, result, started.elapsed());
+        Ok(keep)
+    }
+
+    fn count(&self, command: &str, result: &str, took: Duration) {
+        let m = &self.app.metrics;
+        m.commands_total.with_label_values(&["imap", command, result]).inc();
+        m.command_duration.with_label_values(&["imap", command]).observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn require_auth(&self) -> Option<Outcome> {
+        match self.state {
+            State::Authenticated(_) => None,
+            State::NotAuthenticated => Some(Outcome::bad("Log in first")),
+        }
+    }
+
+    pub(crate) fn require_selected(&self) -> Option<Outcome> {
+        self.require_auth().or_else(|| match self.selected {
+            Some(_) => None,
+            None => Some(Outcome::bad("No mailbox selected")),
+        })
+    }
+
+    async fn dispatch(&mut self, tag: &str, body: CommandBody<'_>) -> std::io::Result<Outcome> {
+        use CommandBody as C;
+        // State checks first: RFC 3501 §3 says which commands are valid where.
+        let needs = match &body {
+            C::Capability | C::Noop | C::Logout => 0,
+            C::StartTLS | C::Authenticate { .. } | C::Login { .. } => 0,
+            C::Select { .. }
+            | C::Examine { .. }
+            | C::Create { .. }
+            | C::Delete { .. }
+            | C::Rename { .. }
+            | C::Subscribe { .. }
+            | C::Unsubscribe { .. }
+            | C::List { .. }
+            | C::Lsub { .. }
+            | C::Status { .. }
+            | C::Append { .. }
+            | C::Idle
+            | C::Enable { .. } => 1,
+            _ => 2,
+        };
+        let refused = match needs {
+            1 => self.require_auth(),
+            2 => self.require_selected(),
+            _ => None,
+        };
+        if let Some(o) = refused {
+            return Ok(o);
+        }
+        Ok(match body {
+            C::Capability => self.cmd_capability(),
+            C::Noop | C::Check => self.cmd_noop().await,
+            C::Logout => {
+                self.push("* BYE Logging out");
+                Outcome::Close
+            }
+            C::StartTLS => return self.cmd_starttls(tag).await,
+            C::Login { username, password } => {
+                self.cmd_login(username.as_ref(), password.declassify().as_ref()).await
+            }
+            C::Authenticate { mechanism, initial_response } => {
+                let ir = initial_response.map(|s| s.declassify().to_vec());
+                return self.cmd_authenticate(&mechanism, ir).await;
+            }
+            C::Enable { capabilities } => self.cmd_enable(capabilities.as_ref()),
+            C::Select { mailbox } => self.cmd_select(&mailbox, false).await,
+            C::Examine { mailbox } => self.cmd_select(&mailbox, true).await,
+            C::Create { mailbox } => self.cmd_create(&mailbox).await,
+            C::Delete { mailbox } => self.cmd_delete(&mailbox).await,
+            C::Rename { from, to } => self.cmd_rename(&from, &to).await,
+            C::Subscribe { mailbox } => self.cmd_subscribe(&mailbox, true).await,
+            C::Unsubscribe { mailbox } => self.cmd_subscribe(&mailbox, false).await,
+            C::List { reference, mailbox_wildcard } => {
+                self.cmd_list(&reference, &mailbox_wildcard, false).await
+            }
+            C::Lsub { reference, mailbox_wildcard } => {
+                self.cmd_list(&reference, &mailbox_wildcard, true).await
+            }
+            C::Status { mailbox, item_names } => self.cmd_status(&mailbox, item_names.as_ref()).await,
+            C::Append { .. } => Outcome::bad("APPEND is parsed elsewhere"),
+            C::Idle => return self.cmd_idle(tag).await,
+            C::Unselect => self.cmd_close(false).await,
+            C::Close => self.cmd_close(true).await,
+            C::Expunge => self.cmd_expunge(None).await,
+            C::Search { charset, criteria, uid } => self.cmd_search(charset.as_ref(), &criteria, uid).await,
+            C::Fetch { sequence_set, macro_or_item_names, uid } => {
+                self.cmd_fetch(&sequence_set, macro_or_item_names, uid).await
+            }
+            C::Store { sequence_set, kind, response, flags, uid } => {
+                self.cmd_store(&sequence_set, kind, response, &flags, uid).await
+            }
+            C::Copy { sequence_set, mailbox, uid } => {
+                self.cmd_copy(&sequence_set, &mailbox, uid, false).await
+            }
+            C::Move { sequence_set, mailbox, uid } => self.cmd_copy(&sequence_set, &mailbox, uid, true).await,
+            _ => Outcome::bad("Command not supported"),
+        })
+    }
+
+    pub(crate) async fn cmd_noop(&mut self) -> Outcome {
+        if self.selected.is_some()
+            && let Err(e) = self.sync(true).await
+        {
+            return store_error(e);
+        }
+        Outcome::ok("NOOP completed")
+    }
+}
+
+fn request_name(r: &Request<'_>) -> &'static str {
+    match r {
+        Request::Codec(c) => match &c.body {
+            CommandBody::Fetch { uid: true, .. } => "UID FETCH",
+            CommandBody::Search { uid: true, .. } => "UID SEARCH",
+            CommandBody::Store { uid: true, .. } => "UID STORE",
+            CommandBody::Copy { uid: true, .. } => "UID COPY",
+            CommandBody::Move { uid: true, .. } => "UID MOVE",
+            body => body.name(),
+        },
+        Request::Id => "ID",
+        Request::Namespace => "NAMESPACE",
+        Request::UidExpunge(_) => "UID EXPUNGE",
+        Request::Append { .. } => "APPEND",
+    }
+}

@@ -1,0 +1,86 @@
+//! Response syntax helpers.
+
+use crate::store::{FlagSet, Flags};
+
+pub use crate::message::{nstring, string};
+
+/// A mailbox name as it goes on the wire: modified UTF-7, always quoted (every
+/// client accepts a quoted name; atoms would need the astring rules checked).
+pub fn mailbox(name: &str) -> String {
+    string(super::utf7::encode(name).as_bytes())
+}
+
+/// `(\Seen \Flagged $Keyword)`.
+pub fn flag_list(flags: &FlagSet) -> String {
+    let mut out = String::from("(");
+    for name in flags.system.names() {
+        if out.len() > 1 {
+            out.push(' ');
+        }
+        out.push_str(name);
+    }
+    for kw in &flags.keywords {
+        if out.len() > 1 {
+            out.push(' ');
+        }
+        out.push_str(kw);
+    }
+    out.push(')');
+    out
+}
+
+/// The system flags every mailbox supports.
+pub const SYSTEM_FLAGS: &str = "\\Answered \\Flagged \\Deleted \\Seen \\Draft";
+
+/// `1:3,5` from ascending numbers.
+pub fn sequence_set(nums: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < nums.len() {
+        let start = nums[i];
+        let mut end = start;
+        while i + 1 < nums.len() && nums[i + 1] == end.wrapping_add(1) {
+            i += 1;
+            end = nums[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}:{end}"));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// `dd-Mon-yyyy hh:mm:ss +zzzz` (INTERNALDATE), always in UTC.
+pub fn internal_date(date: &chrono::DateTime<chrono::Utc>) -> String {
+    format!("\"{}\"", date.format("%d-%b-%Y %H:%M:%S +0000"))
+}
+
+/// True when `flags` holds `flag` (for search evaluation).
+pub fn has(flags: &FlagSet, flag: Flags) -> bool {
+    flags.system.contains(flag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_sets() {
+        assert_eq!(sequence_set(&[1, 2, 3, 5, 7, 8]), "1:3,5,7:8");
+        assert_eq!(sequence_set(&[4]), "4");
+        assert_eq!(sequence_set(&[]), "");
+    }
+
+    #[test]
+    fn flags() {
+        let f = FlagSet { system: Flags::SEEN.union(Flags::DELETED), keywords: vec!["$Junk".into()] };
+        assert_eq!(flag_list(&f), "(\\Seen \\Deleted $Junk)");
+        assert_eq!(flag_list(&FlagSet::default()), "()");
+    }
+}

@@ -1,0 +1,21 @@
+//! IMAP4rev1 grammar (RFC 3501 and the extensions we announce), without sockets.
+//!
+//! - [`reader`]: splits the byte stream into complete commands (lines plus the
+//!   literals they announce) and enforces the line and literal limits *before* any
+//!   parsing, so hostile input costs bounded memory.
+//! - [`parse`]: turns one complete command into a [`parse::Request`]. Most commands
+//!   are parsed by `imap-codec`; the few its 1.0 release does not know (ID,
+//!   NAMESPACE, UID EXPUNGE, and MULTIAPPEND's several messages per APPEND) by a
+//!   small tokenizer here.
+//! - [`encode`]: response syntax helpers (quoted strings, literals, flag lists) and
+//!   [`utf7`]: modified UTF-7 mailbox names (RFC 3501 §5.1.3).
+//!
+//! Responses are written as bytes rather than through `imap-codec`'s response
+//! types: ENVELOPE and BODYSTRUCTURE are stored pre-rendered at delivery (see
+//! [`crate::message`]), and FETCH bodies are written straight from the stored bytes;
+//! building typed responses would re-parse and copy both.
+
+pub mod encode;
+pub mod parse;
+pub mod reader;
+pub mod utf7;

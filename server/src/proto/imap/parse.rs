@@ -1,0 +1,342 @@
+//! One complete command (from [`super::reader`]) → [`Request`].
+
+use imap_codec::CommandCodec;
+use imap_codec::decode::Decoder;
+use imap_codec::imap_types::command::Command;
+use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
+
+use crate::store::{FlagSet, Flags};
+
+/// A parsed command.
+#[derive(Debug)]
+pub enum Request<'a> {
+    /// Everything `imap-codec` parses.
+    Codec(Command<'a>),
+    Id,
+    Namespace,
+    /// `UID EXPUNGE set` (UIDPLUS).
+    UidExpunge(SeqSet),
+    /// APPEND with one or more messages (MULTIAPPEND).
+    Append {
+        mailbox: Vec<u8>,
+        messages: Vec<AppendMessage<'a>>,
+    },
+}
+
+#[derive(Debug)]
+pub struct AppendMessage<'a> {
+    pub flags: FlagSet,
+    pub date: Option<chrono::DateTime<chrono::Utc>>,
+    pub data: &'a [u8],
+}
+
+/// Why a command could not be parsed: `tag BAD <text>`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ParseError {
+    pub tag: String,
+    pub text: &'static str,
+}
+
+/// A sequence (or UID) set; `u32::MAX` stands for `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSet(pub Vec<(u32, u32)>);
+
+impl SeqSet {
+    pub fn from_codec(set: &SequenceSet) -> SeqSet {
+        let v = |s: &SeqOrUid| match s {
+            SeqOrUid::Value(n) => n.get(),
+            SeqOrUid::Asterisk => u32::MAX,
+        };
+        SeqSet(
+            set.0
+                .as_ref()
+                .iter()
+                .map(|s| match s {
+                    Sequence::Single(a) => (v(a), v(a)),
+                    Sequence::Range(a, b) => (v(a), v(b)),
+                })
+                .collect(),
+        )
+    }
+
+    /// Resolves `*` to `max` and orders each range (RFC 3501: `4:2` = `2:4`).
+    pub fn ranges(&self, max: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.0.iter().map(move |&(a, b)| {
+            let a = if a == u32::MAX { max } else { a };
+            let b = if b == u32::MAX { max } else { b };
+            (a.min(b), a.max(b))
+        })
+    }
+
+    pub fn contains(&self, n: u32, max: u32) -> bool {
+        self.ranges(max).any(|(lo, hi)| lo <= n && n <= hi)
+    }
+
+    fn parse(s: &[u8]) -> Option<SeqSet> {
+        let num = |p: &[u8]| -> Option<u32> {
+            if p == b"*" {
+                return Some(u32::MAX);
+            }
+            let n: u32 = std::str::from_utf8(p).ok()?.parse().ok()?;
+            (n > 0 && p.iter().all(u8::is_ascii_digit)).then_some(n)
+        };
+        let mut out = Vec::new();
+        for item in s.split(|&b| b == b',') {
+            let mut it = item.splitn(2, |&b| b == b':');
+            let a = num(it.next()?)?;
+            let b = match it.next() {
+                Some(b) => num(b)?,
+                None => a,
+            };
+            out.push((a, b));
+        }
+        (!out.is_empty()).then_some(SeqSet(out))
+    }
+}
+
+/// Parses one complete command (CRLF included).
+pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
+    let tag = super::reader::tag_of(cmd);
+    let bad = |text| ParseError { tag: tag.clone(), text };
+    if tag == "*" {
+        return Err(bad("Missing or invalid tag"));
+    }
+    let mut tok = Tok { s: cmd, pos: tag.len() };
+    if !tok.sp() {
+        return Err(bad("Missing command"));
+    }
+    let name = tok.atom().to_ascii_uppercase();
+    match name.as_slice() {
+        b"ID" => return Ok((tag, Request::Id)),
+        b"NAMESPACE" => {
+            return tok.end().then_some((tag.clone(), Request::Namespace)).ok_or(bad("Junk after NAMESPACE"));
+        }
+        b"UID" if tok.sp() && tok.atom().eq_ignore_ascii_case(b"EXPUNGE") => {
+            if !tok.sp() {
+                return Err(bad("UID EXPUNGE needs a UID set"));
+            }
+            let set = SeqSet::parse(tok.atom()).ok_or(bad("Invalid UID set"))?;
+            return tok
+                .end()
+                .then_some((tag.clone(), Request::UidExpunge(set)))
+                .ok_or(bad("Junk after UID set"));
+        }
+        b"APPEND" => {
+            return parse_append(&mut tok).map(|r| (tag.clone(), r)).ok_or(bad("Invalid APPEND arguments"));
+        }
+        _ => {}
+    }
+    match CommandCodec::default().decode(cmd) {
+        Ok((b"", command)) => Ok((tag, Request::Codec(command))),
+        Ok(_) => Err(bad("Junk after command")),
+        Err(_) => Err(bad("Unknown command or invalid arguments")),
+    }
+}
+
+fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
+    if !tok.sp() {
+        return None;
+    }
+    let mailbox = tok.astring()?;
+    let mut messages = Vec::new();
+    while tok.sp() {
+        let mut flags = FlagSet::default();
+        let mut date = None;
+        if tok.peek() == Some(b'(') {
+            flags = tok.flag_list()?;
+            if !tok.sp() {
+                return None;
+            }
+        }
+        if tok.peek() == Some(b'"') {
+            date = Some(parse_date_time(tok.quoted()?)?);
+            if !tok.sp() {
+                return None;
+            }
+        }
+        let data = tok.literal()?;
+        messages.push(AppendMessage { flags, date, data });
+    }
+    (tok.end() && !messages.is_empty()).then_some(Request::Append { mailbox, messages })
+}
+
+/// `dd-Mon-yyyy hh:mm:ss +zzzz` (day may be space-padded).
+pub fn parse_date_time(s: Vec<u8>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let s = String::from_utf8(s).ok()?;
+    chrono::DateTime::parse_from_str(s.trim_start(), "%d-%b-%Y %H:%M:%S %z").ok().map(|d| d.to_utc())
+}
+
+/// A cursor over a complete command for the few hand-parsed commands.
+struct Tok<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Tok<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+    fn sp(&mut self) -> bool {
+        if self.peek() == Some(b' ') {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+    /// At CRLF (or LF) and nothing after.
+    fn end(&self) -> bool {
+        matches!(&self.s[self.pos.min(self.s.len())..], b"\r\n" | b"\n")
+    }
+    fn atom(&mut self) -> &'a [u8] {
+        let start = self.pos;
+        while let Some(b) = self.peek() {
+            if b <= b' ' || b >= 0x7f || b"(){\"".contains(&b) {
+                break;
+            }
+            self.pos += 1;
+        }
+        &self.s[start..self.pos]
+    }
+    fn quoted(&mut self) -> Option<Vec<u8>> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        self.pos += 1;
+        let mut out = Vec::new();
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.pos += 1;
+                    return Some(out);
+                }
+                b'\\' => {
+                    self.pos += 1;
+                    let c = self.peek()?;
+                    if c != b'"' && c != b'\\' {
+                        return None;
+                    }
+                    out.push(c);
+                }
+                b'\r' | b'\n' => return None,
+                c => out.push(c),
+            }
+            self.pos += 1;
+        }
+    }
+    fn literal(&mut self) -> Option<&'a [u8]> {
+        if self.peek() != Some(b'{') {
+            return None;
+        }
+        let close = self.s[self.pos..].iter().position(|&b| b == b'}')? + self.pos;
+        let inner = &self.s[self.pos + 1..close];
+        let digits = inner.strip_suffix(b"+").unwrap_or(inner);
+        let n: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        let mut p = close + 1;
+        if self.s.get(p) == Some(&b'\r') {
+            p += 1;
+        }
+        if self.s.get(p) != Some(&b'\n') {
+            return None;
+        }
+        p += 1;
+        let data = self.s.get(p..p.checked_add(n)?)?;
+        self.pos = p + n;
+        Some(data)
+    }
+    fn astring(&mut self) -> Option<Vec<u8>> {
+        match self.peek()? {
+            b'"' => self.quoted(),
+            b'{' => self.literal().map(<[u8]>::to_vec),
+            _ => {
+                let a = self.atom();
+                (!a.is_empty()).then(|| a.to_vec())
+            }
+        }
+    }
+    fn flag_list(&mut self) -> Option<FlagSet> {
+        if self.peek() != Some(b'(') {
+            return None;
+        }
+        self.pos += 1;
+        let mut flags = FlagSet::default();
+        loop {
+            match self.peek()? {
+                b')' => {
+                    self.pos += 1;
+                    flags.keywords.sort();
+                    flags.keywords.dedup();
+                    return Some(flags);
+                }
+                b' ' => self.pos += 1,
+                b'\\' => {
+                    self.pos += 1;
+                    let name = self.atom();
+                    let name = format!("\\{}", std::str::from_utf8(name).ok()?);
+                    match Flags::from_name(&name) {
+                        Some(f) => flags.system = flags.system.union(f),
+                        // \Recent cannot be set by a client; other system-looking
+                        // flags are not ours.
+                        None if name.eq_ignore_ascii_case("\\Recent") => {}
+                        None => return None,
+                    }
+                }
+                _ => {
+                    let kw = self.atom();
+                    if kw.is_empty() {
+                        return None;
+                    }
+                    flags.keywords.push(String::from_utf8(kw.to_vec()).ok()?);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use imap_codec::imap_types::command::CommandBody;
+
+    #[test]
+    fn codec_commands() {
+        let (tag, req) = parse(b"a1 LOGIN bob \"secret\"\r\n").expect("parse");
+        assert_eq!(tag, "a1");
+        assert!(matches!(req, Request::Codec(Command { body: CommandBody::Login { .. }, .. })));
+        let (_, req) = parse(b"a2 UID FETCH 1:* (FLAGS BODY.PEEK[HEADER.FIELDS (FROM)])\r\n").expect("parse");
+        assert!(matches!(req, Request::Codec(Command { body: CommandBody::Fetch { uid: true, .. }, .. })));
+        assert_eq!(
+            parse(b"a3 FROB\r\n").err(),
+            Some(ParseError { tag: "a3".into(), text: "Unknown command or invalid arguments" })
+        );
+        assert_eq!(parse(b"\r\n").err().map(|e| e.tag), Some("*".into()));
+    }
+
+    #[test]
+    fn hand_parsed_commands() {
+        assert!(matches!(parse(b"x ID (\"name\" \"t\")\r\n"), Ok((_, Request::Id))));
+        assert!(matches!(parse(b"x namespace\r\n"), Ok((_, Request::Namespace))));
+        match parse(b"x UID EXPUNGE 3:5,9,*\r\n") {
+            Ok((_, Request::UidExpunge(set))) => {
+                assert_eq!(set.0, vec![(3, 5), (9, 9), (u32::MAX, u32::MAX)])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(b"x UID EXPUNGE 0\r\n").is_err());
+        let cmd = b"x APPEND \"Sent Items\" (\\Seen $Fwd) \" 7-Feb-1994 21:52:25 -0800\" {5}\r\nhello {3+}\r\nabc\r\n";
+        match parse(cmd) {
+            Ok((_, Request::Append { mailbox, messages })) => {
+                assert_eq!(mailbox, b"Sent Items");
+                assert_eq!(messages.len(), 2);
+                assert_eq!(messages[0].data, b"hello");
+                assert_eq!(messages[0].flags.system, Flags::SEEN);
+                assert_eq!(messages[0].flags.keywords, vec!["$Fwd".to_string()]);
+                assert_eq!(messages[0].date.map(|d| d.timestamp()), Some(760686745));
+                assert_eq!(messages[1].data, b"abc");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(b"x APPEND INBOX {10}\r\nshort\r\n").is_err());
+        assert!(parse(b"x APPEND INBOX (\\Bogus) {1}\r\na\r\n").is_err());
+    }
+}

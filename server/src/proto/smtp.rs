@@ -1,0 +1,427 @@
+//! SMTP grammar and replies (RFC 5321, 3030, 4954, 6531, 2034): no sockets.
+//!
+//! Commands are parsed by the `smtp-proto` crate (a well-exercised parser from a
+//! production server); this module adds what a session needs around it:
+//! - [`Reply`]: a reply with its enhanced status code, written as one or more lines;
+//! - [`DataDecoder`]: the DATA body state machine (dot-unstuffing, the only accepted
+//!   terminator `CRLF . CRLF`, bare CR/LF detection, a hard size bound);
+//! - small helpers for addresses and SASL PLAIN/LOGIN payloads.
+
+use std::borrow::Cow;
+
+use base64::Engine;
+pub use smtp_proto::Request;
+
+/// One SMTP reply. `esc` is the RFC 3463 enhanced status code ("2.0.0"); it is
+/// empty only for the greeting and the EHLO/HELO answer, which RFC 2034 §3 exempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub code: u16,
+    pub esc: &'static str,
+    pub text: Cow<'static, str>,
+}
+
+impl Reply {
+    pub fn new(code: u16, esc: &'static str, text: impl Into<Cow<'static, str>>) -> Reply {
+        Reply { code, esc, text: text.into() }
+    }
+
+    /// Reply class as used in the `result` metric label: "2xx", "3xx", "4xx", "5xx".
+    pub fn class(&self) -> &'static str {
+        match self.code / 100 {
+            2 => "2xx",
+            3 => "3xx",
+            4 => "4xx",
+            _ => "5xx",
+        }
+    }
+
+    /// Appends the wire form. A text with several lines becomes a multi-line reply
+    /// (`250-…` continuation lines, `250 …` last), each line carrying the status code.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        let mut lines = self.text.split('\n').peekable();
+        while let Some(line) = lines.next() {
+            let sep = if lines.peek().is_some() { '-' } else { ' ' };
+            out.extend_from_slice(itoa3(self.code).as_slice());
+            out.push(sep as u8);
+            if !self.esc.is_empty() {
+                out.extend_from_slice(self.esc.as_bytes());
+                out.push(b' ');
+            }
+            // A reply line must never carry a bare CR/LF (it would forge a reply).
+            out.extend(line.bytes().filter(|b| *b != b'\r'));
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+fn itoa3(code: u16) -> [u8; 3] {
+    let c = code.min(999);
+    [b'0' + (c / 100) as u8, b'0' + (c / 10 % 10) as u8, b'0' + (c % 10) as u8]
+}
+
+/// Replies every session uses, in one place so transcripts stay consistent.
+pub mod replies {
+    use super::Reply;
+
+    pub fn ok() -> Reply {
+        Reply::new(250, "2.0.0", "OK")
+    }
+    pub fn bad_sequence(text: &'static str) -> Reply {
+        Reply::new(503, "5.5.1", text)
+    }
+    pub fn unrecognized() -> Reply {
+        Reply::new(500, "5.5.2", "Command unrecognized")
+    }
+    pub fn not_implemented() -> Reply {
+        Reply::new(502, "5.5.1", "Command not implemented")
+    }
+    pub fn line_too_long() -> Reply {
+        Reply::new(500, "5.5.6", "Line too long")
+    }
+    pub fn temp_failure() -> Reply {
+        Reply::new(451, "4.3.0", "Temporary failure, please try again later")
+    }
+    pub fn too_many_errors() -> Reply {
+        Reply::new(421, "4.7.0", "Too many errors, closing connection")
+    }
+    pub fn message_too_big() -> Reply {
+        Reply::new(552, "5.3.4", "Message size exceeds fixed maximum message size")
+    }
+    pub fn shutting_down(host: &str) -> Reply {
+        Reply::new(421, "4.3.2", format!("{host} Service shutting down, closing connection"))
+    }
+    pub fn timeout(host: &str) -> Reply {
+        Reply::new(421, "4.4.2", format!("{host} Timeout, closing connection"))
+    }
+}
+
+/// Maps a `smtp-proto` parse error to the reply RFC 5321 §4.2 asks for.
+pub fn parse_error_reply(err: &smtp_proto::Error) -> Reply {
+    use smtp_proto::Error as E;
+    match err {
+        E::UnknownCommand => replies::unrecognized(),
+        E::InvalidSenderAddress => Reply::new(501, "5.1.7", "Invalid sender address"),
+        E::InvalidRecipientAddress => Reply::new(501, "5.1.3", "Invalid recipient address"),
+        E::SyntaxError { syntax } => Reply::new(501, "5.5.4", format!("Syntax: {syntax}")),
+        E::InvalidParameter { param } => Reply::new(501, "5.5.4", format!("Invalid parameter {param}")),
+        E::UnsupportedParameter { param } => {
+            Reply::new(555, "5.5.4", format!("Unsupported parameter {}", sanitize(param, 64)))
+        }
+        E::ResponseTooLong => replies::line_too_long(),
+        E::NeedsMoreData { .. } | E::InvalidResponse { .. } => Reply::new(501, "5.5.2", "Syntax error"),
+    }
+}
+
+/// Parses one complete command line (ending in LF).
+pub fn parse_command(line: &[u8]) -> Result<Request<Cow<'_, str>>, smtp_proto::Error> {
+    Request::parse(&mut line.iter())
+}
+
+/// The command name used in metric labels and logs: bounded to the names SMTP has,
+/// never client-chosen text (label cardinality).
+pub fn command_label(req: &Request<Cow<'_, str>>) -> &'static str {
+    req.name()
+}
+
+/// Echoes client text in a reply safely: printable ASCII only, bounded.
+pub fn sanitize(text: &str, max: usize) -> String {
+    text.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').take(max).collect()
+}
+
+/// Splits `local@domain`; the domain is lower-cased. `None` when there is no `@`, an
+/// empty part, or a domain that is not a plausible host name or address literal.
+pub fn split_address(address: &str) -> Option<(&str, String)> {
+    let at = address.rfind('@')?;
+    let (local, domain) = (&address[..at], &address[at + 1..]);
+    if local.is_empty() || domain.is_empty() || domain.len() > 255 {
+        return None;
+    }
+    Some((local, domain.to_lowercase()))
+}
+
+/// The SASL mechanisms this server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Plain,
+    Login,
+}
+
+impl SaslMechanism {
+    pub fn from_smtp_proto(mechanism: u64) -> Option<Self> {
+        match mechanism {
+            smtp_proto::AUTH_PLAIN => Some(SaslMechanism::Plain),
+            smtp_proto::AUTH_LOGIN => Some(SaslMechanism::Login),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes a base64 SASL line. `None` when it is not valid base64.
+pub fn sasl_decode(line: &str) -> Option<Vec<u8>> {
+    let line = line.trim();
+    // RFC 4954 §4: "=" is an empty initial response.
+    if line == "=" {
+        return Some(Vec::new());
+    }
+    base64::engine::general_purpose::STANDARD.decode(line).ok()
+}
+
+pub fn sasl_encode(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// RFC 4616 PLAIN message `authzid NUL authcid NUL passwd` → (authcid, passwd).
+/// An authorization identity different from the authentication identity is
+/// refused: this server has no proxy-authorization.
+pub fn sasl_plain(decoded: &[u8]) -> Option<(String, String)> {
+    let mut parts = decoded.split(|b| *b == 0);
+    let authzid = parts.next()?;
+    let authcid = parts.next()?;
+    let passwd = parts.next()?;
+    if parts.next().is_some() || authcid.is_empty() {
+        return None;
+    }
+    let authcid = std::str::from_utf8(authcid).ok()?;
+    if !authzid.is_empty() && std::str::from_utf8(authzid).ok()? != authcid {
+        return None;
+    }
+    Some((authcid.to_string(), std::str::from_utf8(passwd).ok()?.to_string()))
+}
+
+/// What a DATA body contained that RFC 5321 forbids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DataFlaws {
+    /// A CR not followed by LF, or an LF not preceded by CR (§2.3.8). Such bytes
+    /// are what SMTP smuggling relies on, so the message is refused as a whole.
+    pub bare_line_ending: bool,
+    /// More octets than the limit: the excess was discarded, not stored.
+    pub too_big: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DataState {
+    /// At the start of a line (just after CRLF, or at the start of the body).
+    LineStart,
+    /// Saw "." at the start of a line.
+    Dot,
+    /// Saw "." CR at the start of a line.
+    DotCr,
+    /// Inside a line.
+    InLine,
+    /// Saw CR inside a line.
+    Cr,
+    Done,
+}
+
+/// Streams a DATA body: removes dot-stuffing, stops at exactly `CRLF . CRLF` (never
+/// at `LF . LF`, `CR . CR` or mixtures), flags bare CR/LF and keeps at most `limit`
+/// octets, however much the client sends. The terminating CRLF of the last line
+/// belongs to the message; the final "." CRLF does not.
+#[derive(Debug)]
+pub struct DataDecoder {
+    state: DataState,
+    limit: usize,
+    /// Octets of message content seen (kept or not), for the discard bound.
+    seen: usize,
+    flaws: DataFlaws,
+}
+
+impl DataDecoder {
+    pub fn new(limit: usize) -> Self {
+        DataDecoder { state: DataState::LineStart, limit, seen: 0, flaws: DataFlaws::default() }
+    }
+
+    pub fn flaws(&self) -> DataFlaws {
+        self.flaws
+    }
+
+    /// Octets of content received so far, including any discarded ones.
+    pub fn seen(&self) -> usize {
+        self.seen
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == DataState::Done
+    }
+
+    /// Consumes bytes from `input` into `out` (which should start empty or hold
+    /// only what this decoder produced beyond `base`): returns how many input bytes
+    /// were consumed. Stops right after the terminator, leaving pipelined commands
+    /// that follow it unconsumed. `base` is the length of `out` before the body
+    /// (trace headers written by the session), excluded from the size limit.
+    pub fn decode(&mut self, input: &[u8], out: &mut Vec<u8>, base: usize) -> usize {
+        let mut i = 0;
+        while i < input.len() {
+            match self.state {
+                DataState::Done => return i,
+                DataState::InLine => {
+                    // Fast path: copy up to the next CR or LF in one go.
+                    let rest = &input[i..];
+                    let n = memchr::memchr2(b'\r', b'\n', rest).unwrap_or(rest.len());
+                    self.emit(out, base, &rest[..n]);
+                    i += n;
+                    if let Some(&b) = input.get(i) {
+                        i += 1;
+                        if b == b'\r' {
+                            self.state = DataState::Cr;
+                        } else {
+                            self.flaws.bare_line_ending = true;
+                            self.emit(out, base, b"\n");
+                        }
+                    }
+                }
+                DataState::Cr => {
+                    if input[i] == b'\n' {
+                        i += 1;
+                        self.emit(out, base, b"\r\n");
+                        self.state = DataState::LineStart;
+                    } else {
+                        // Bare CR; the current byte is handled as ordinary line content.
+                        self.flaws.bare_line_ending = true;
+                        self.emit(out, base, b"\r");
+                        self.state = DataState::InLine;
+                    }
+                }
+                DataState::LineStart => {
+                    if input[i] == b'.' {
+                        i += 1;
+                        self.state = DataState::Dot;
+                    } else {
+                        self.state = DataState::InLine;
+                    }
+                }
+                DataState::Dot => {
+                    if input[i] == b'\r' {
+                        i += 1;
+                        self.state = DataState::DotCr;
+                    } else {
+                        // A stuffed dot: drop it, the rest of the line is content.
+                        self.state = DataState::InLine;
+                    }
+                }
+                DataState::DotCr => {
+                    if input[i] == b'\n' {
+                        i += 1;
+                        self.state = DataState::Done;
+                        return i;
+                    }
+                    // ". CR x": the dot was stuffing and the CR is bare.
+                    self.flaws.bare_line_ending = true;
+                    self.emit(out, base, b"\r");
+                    self.state = DataState::InLine;
+                }
+            }
+        }
+        i
+    }
+
+    fn emit(&mut self, out: &mut Vec<u8>, base: usize, bytes: &[u8]) {
+        self.seen = self.seen.saturating_add(bytes.len());
+        if self.flaws.too_big {
+            return;
+        }
+        if out.len() - base + bytes.len() > self.limit {
+            // Keep nothing more: the message will be refused, and memory stays
+            // bounded by the limit whatever the client sends.
+            self.flaws.too_big = true;
+            return;
+        }
+        out.extend_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(chunks: &[&[u8]], limit: usize) -> (Vec<u8>, DataFlaws, bool, Vec<u8>) {
+        let mut d = DataDecoder::new(limit);
+        let mut out = Vec::new();
+        let mut rest = Vec::new();
+        for c in chunks {
+            if d.is_done() {
+                rest.extend_from_slice(c);
+                continue;
+            }
+            let n = d.decode(c, &mut out, 0);
+            rest.extend_from_slice(&c[n..]);
+        }
+        (out, d.flaws(), d.is_done(), rest)
+    }
+
+    #[test]
+    fn terminator_and_unstuffing() {
+        let (out, flaws, done, rest) = decode_all(&[b"a\r\n..b\r\n.\r\nQUIT\r\n"], 100);
+        assert_eq!(out, b"a\r\n.b\r\n");
+        assert!(done);
+        assert_eq!(rest, b"QUIT\r\n");
+        assert_eq!(flaws, DataFlaws::default());
+    }
+
+    #[test]
+    fn terminator_split_across_reads() {
+        let input = b"Subject: x\r\n\r\nbody\r\n.\r\n";
+        for split in 0..input.len() {
+            let (out, flaws, done, rest) = decode_all(&[&input[..split], &input[split..]], 100);
+            assert!(done, "split at {split}");
+            assert_eq!(out, b"Subject: x\r\n\r\nbody\r\n");
+            assert!(rest.is_empty());
+            assert!(!flaws.bare_line_ending);
+        }
+    }
+
+    #[test]
+    fn empty_body() {
+        let (out, _, done, _) = decode_all(&[b".\r\n"], 100);
+        assert!(done);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn smuggling_sequences_do_not_terminate() {
+        for bad in [&b"a\n.\nMAIL FROM:<x@y>\r\n"[..], b"a\r.\r\nX\r\n", b"a\r\n.\nX\r\n", b"a\n.\r\nX\r\n"] {
+            let (_, flaws, done, _) = decode_all(&[bad], 1000);
+            assert!(!done, "{bad:?} must not end the data");
+            assert!(flaws.bare_line_ending, "{bad:?} has a bare line ending");
+            let mut full = bad.to_vec();
+            full.extend_from_slice(b"\r\n.\r\n");
+            let (_, _, done, _) = decode_all(&[&full], 1000);
+            assert!(done);
+        }
+    }
+
+    #[test]
+    fn size_limit_keeps_memory_bounded() {
+        let big = vec![b'x'; 10_000];
+        let mut d = DataDecoder::new(1000);
+        let mut out = Vec::new();
+        for _ in 0..10 {
+            d.decode(&big, &mut out, 0);
+        }
+        d.decode(b"\r\n.\r\n", &mut out, 0);
+        assert!(d.is_done());
+        assert!(d.flaws().too_big);
+        assert!(out.len() <= 1000);
+        assert_eq!(d.seen(), 100_002);
+    }
+
+    #[test]
+    fn reply_wire_form() {
+        let mut out = Vec::new();
+        Reply::new(250, "2.0.0", "one\ntwo").write_to(&mut out);
+        Reply::new(220, "", "host ESMTP").write_to(&mut out);
+        assert_eq!(out, b"250-2.0.0 one\r\n250 2.0.0 two\r\n220 host ESMTP\r\n");
+    }
+
+    #[test]
+    fn sasl_plain_forms() {
+        assert_eq!(sasl_plain(b"\0u@x\0pw"), Some(("u@x".into(), "pw".into())));
+        assert_eq!(sasl_plain(b"u@x\0u@x\0pw"), Some(("u@x".into(), "pw".into())));
+        assert_eq!(sasl_plain(b"other\0u@x\0pw"), None);
+        assert_eq!(sasl_plain(b"\0\0pw"), None);
+        assert_eq!(sasl_plain(b"nonul"), None);
+        assert_eq!(sasl_decode("="), Some(Vec::new()));
+        assert_eq!(sasl_decode("!!"), None);
+    }
+}

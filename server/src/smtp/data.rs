@@ -1,0 +1,309 @@
+//! DATA and BDAT (RFC 5321 §4.1.1.4, RFC 3030), and delivery of the finished
+//! message.
+//!
+//! Content is streamed into one buffer that already starts with the trace headers
+//! (Return-Path, Received), so the stored message is built without a second copy.
+//! The buffer never grows past the size limit: beyond it content is read and
+//! dropped (up to `max_discard_size`, then the connection is closed), so a 100 MB
+//! upload against a 10 MB limit costs 10 MB of memory at most.
+//!
+//! A message gets its `250` only after the store reports it durable (group commit
+//! through [`crate::delivery::Deliverer`]); any store failure answers 451 and
+//! nothing is acknowledged.
+
+use std::time::Instant;
+
+use bytes::{Buf, Bytes};
+use chrono::Utc;
+
+use super::envelope::{Envelope, Target};
+use super::session::{Session, Step};
+use crate::cache::MailboxEvent;
+use crate::proto::smtp::{DataDecoder, Reply, replies, sanitize};
+use crate::store::{FlagSet, NewDelivery, NewQueueItem};
+
+/// Messages larger than this are parsed on the blocking pool, so a big attachment
+/// does not stall the other sessions of this worker thread.
+const PARSE_INLINE_MAX: usize = 256 * 1024;
+
+/// A message being assembled from BDAT chunks.
+pub(super) struct BdatBody {
+    /// Trace headers followed by the content received so far.
+    buf: Vec<u8>,
+    /// Content octets received (kept or not).
+    seen: usize,
+    too_big: bool,
+}
+
+impl Session {
+    pub(super) async fn cmd_data(&mut self, stream: &mut crate::net::SessionStream) -> Step {
+        if self.bdat.is_some() {
+            self.reply(replies::bad_sequence("DATA not allowed after BDAT"));
+            return Step::Continue;
+        }
+        let Some(envelope) = self.envelope.as_ref() else {
+            self.reply(replies::bad_sequence("Need MAIL command"));
+            return Step::Continue;
+        };
+        if envelope.rcpts.is_empty() {
+            self.reply(Reply::new(554, "5.5.1", "No valid recipients"));
+            return Step::Continue;
+        }
+        let mut body = self.trace_headers(envelope);
+        self.reply(Reply::new(354, "", "Start mail input; end with <CRLF>.<CRLF>"));
+        let limit = self.config().max_message_size;
+        let discard_bound = limit.saturating_add(self.config().max_discard_size);
+        let base = body.len();
+        let mut decoder = DataDecoder::new(limit);
+        loop {
+            let n = decoder.decode(&self.rbuf, &mut body, base);
+            self.rbuf.advance(n);
+            if decoder.is_done() {
+                break;
+            }
+            if decoder.seen() > discard_bound {
+                self.envelope = None;
+                self.reply(replies::message_too_big());
+                self.count_delivery("rejected");
+                return Step::Close;
+            }
+            if let Err(step) = self.fill(stream, true).await {
+                self.envelope = None;
+                return step;
+            }
+        }
+        self.cmd_started = Instant::now();
+        let flaws = decoder.flaws();
+        if flaws.too_big {
+            self.envelope = None;
+            self.reply(replies::message_too_big());
+            self.count_delivery("rejected");
+            return Step::Continue;
+        }
+        if flaws.bare_line_ending {
+            self.envelope = None;
+            self.reply(Reply::new(
+                550,
+                "5.6.0",
+                "Message contains bare CR or LF line endings (RFC 5321 section 2.3.8)",
+            ));
+            self.count_delivery("rejected");
+            return Step::Continue;
+        }
+        let reply = self.finish_message(body, decoder.seen()).await;
+        self.reply(reply);
+        Step::Continue
+    }
+
+    pub(super) async fn cmd_bdat(
+        &mut self,
+        size: usize,
+        last: bool,
+        stream: &mut crate::net::SessionStream,
+    ) -> Step {
+        // RFC 3030 §3: the chunk follows the command whatever the answer, so it is
+        // always consumed (or the connection closed) to stay in sync.
+        let refusal = match self.envelope.as_ref() {
+            None => Some(replies::bad_sequence("Need MAIL command")),
+            Some(e) if e.rcpts.is_empty() => Some(Reply::new(554, "5.5.1", "No valid recipients")),
+            Some(_) => None,
+        };
+        if let Some(refusal) = refusal {
+            if let Err(step) = self.discard(stream, size).await {
+                return step;
+            }
+            self.reply(refusal);
+            return Step::Continue;
+        }
+        let limit = self.config().max_message_size;
+        let discard_bound = limit.saturating_add(self.config().max_discard_size);
+        let mut body = match self.bdat.take() {
+            Some(b) => b,
+            None => {
+                let buf = match self.envelope.as_ref() {
+                    Some(e) => self.trace_headers(e),
+                    None => Vec::new(),
+                };
+                BdatBody { buf, seen: 0, too_big: false }
+            }
+        };
+        if body.seen.saturating_add(size) > discard_bound {
+            self.envelope = None;
+            self.reply(replies::message_too_big());
+            self.count_delivery("rejected");
+            return Step::Close;
+        }
+        if body.seen.saturating_add(size) > limit {
+            body.too_big = true;
+            // Release what was kept: it will not be stored.
+            body.buf = Vec::new();
+        }
+        let mut left = size;
+        while left > 0 {
+            if self.rbuf.is_empty()
+                && let Err(step) = self.fill(stream, true).await
+            {
+                self.envelope = None;
+                return step;
+            }
+            let n = left.min(self.rbuf.len());
+            if !body.too_big {
+                body.buf.extend_from_slice(&self.rbuf[..n]);
+            }
+            self.rbuf.advance(n);
+            left -= n;
+        }
+        body.seen += size;
+        self.cmd_started = Instant::now();
+        if body.too_big {
+            // The transaction is over (RFC 3030 §2: the client must not send more
+            // chunks after an error); later BDATs get 503 and are consumed.
+            self.envelope = None;
+            self.reply(replies::message_too_big());
+            self.count_delivery("rejected");
+            return Step::Continue;
+        }
+        if !last {
+            self.reply(Reply::new(250, "2.0.0", format!("{size} octets received")));
+            self.bdat = Some(body);
+            return Step::Continue;
+        }
+        let reply = self.finish_message(body.buf, body.seen).await;
+        self.reply(reply);
+        Step::Continue
+    }
+
+    /// `Return-Path` and `Received` (RFC 5321 §4.4), prepended to the content.
+    fn trace_headers(&self, envelope: &Envelope) -> Vec<u8> {
+        let helo = self.helo.as_deref().unwrap_or("unknown");
+        // RFC 3848 / RFC 6531 protocol names.
+        let base = if envelope.smtputf8 {
+            "UTF8SMTP"
+        } else if self.esmtp || self.is_tls || self.account.is_some() {
+            "ESMTP"
+        } else {
+            "SMTP"
+        };
+        let with = format!(
+            "{base}{}{}",
+            if self.is_tls { "S" } else { "" },
+            if self.account.is_some() { "A" } else { "" }
+        );
+        let mut out = String::with_capacity(256);
+        out.push_str("Return-Path: <");
+        out.push_str(&header_safe(&envelope.from));
+        out.push_str(">\r\n");
+        out.push_str(&format!(
+            "Received: from {} ([{}])\r\n\tby {} (Mailcluster) with {} id {}",
+            sanitize(helo, 255),
+            self.conn.remote.ip(),
+            self.hostname(),
+            with,
+            envelope.id
+        ));
+        if let [only] = envelope.rcpts.as_slice() {
+            // Only for a single recipient: listing several would disclose Bcc.
+            out.push_str(&format!("\r\n\tfor <{}>", header_safe(&only.address)));
+        }
+        out.push_str(&format!("; {}\r\n", Utc::now().format("%a, %d %b %Y %H:%M:%S +0000")));
+        out.into_bytes()
+    }
+
+    /// Stores a complete message: remote recipients into the outbound queue, local
+    /// ones through the group commit; then tells IDLE sessions. Ends the transaction.
+    async fn finish_message(&mut self, raw: Vec<u8>, content_octets: usize) -> Reply {
+        let started = Instant::now();
+        self.bdat = None;
+        let Some(envelope) = self.envelope.take() else {
+            return replies::bad_sequence("Need MAIL command");
+        };
+        let raw = Bytes::from(raw);
+        let mut locals: Vec<(i64, i64)> = Vec::new();
+        let mut remotes: Vec<String> = Vec::new();
+        for r in &envelope.rcpts {
+            match r.target {
+                Target::Local { account_id, mailbox_id } => {
+                    if !locals.iter().any(|(_, m)| *m == mailbox_id) {
+                        locals.push((account_id, mailbox_id));
+                    }
+                }
+                Target::Remote => remotes.push(r.address.clone()),
+            }
+        }
+        // The queue goes first: if it fails, nothing was stored anywhere and the
+        // client's retry duplicates nothing. (A local failure after a queued remote
+        // copy would duplicate the remote one on retry; the store offers no single
+        // transaction spanning both.)
+        if !remotes.is_empty() {
+            let now = Utc::now();
+            let expiry =
+                chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
+            let item = NewQueueItem {
+                sender: envelope.from.clone(),
+                recipients: remotes,
+                raw: raw.clone(),
+                account_id: self.account.as_ref().map(|a| a.id),
+                not_before: now,
+                expires_at: now + expiry,
+            };
+            if let Err(err) = self.app.store.queue_enqueue(&item).await {
+                tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
+                self.count_delivery("tempfail");
+                return replies::temp_failure();
+            }
+        }
+        if !locals.is_empty() {
+            let meta = if raw.len() <= PARSE_INLINE_MAX {
+                crate::message::parse_meta(&raw)
+            } else {
+                let r = raw.clone();
+                match tokio::task::spawn_blocking(move || crate::message::parse_meta(&r)).await {
+                    Ok(meta) => meta,
+                    Err(err) => {
+                        tracing::error!(error = %err, "message parsing task failed");
+                        self.count_delivery("tempfail");
+                        return replies::temp_failure();
+                    }
+                }
+            };
+            let delivery = NewDelivery {
+                raw,
+                meta,
+                internal_date: Utc::now(),
+                targets: locals.iter().map(|(_, m)| *m).collect(),
+                flags: FlagSet::default(),
+            };
+            if let Err(err) = self.app.deliverer.deliver(delivery).await {
+                tracing::warn!(error = %err, id = %envelope.id, "delivery failed");
+                self.count_delivery("tempfail");
+                return replies::temp_failure();
+            }
+            // Wake IDLE sessions on every pod; done off the reply path because the
+            // message is already safe and a slow cache must not slow SMTP down.
+            let cache = self.app.cache.clone();
+            tokio::spawn(async move {
+                for (account_id, mailbox_id) in locals {
+                    // The store does not report the new modseq; 0 means "re-check".
+                    let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
+                    if let Err(err) = cache.publish(event).await {
+                        tracing::debug!(error = %err, "mailbox event not published");
+                    }
+                }
+            });
+        }
+        self.count_delivery("ok");
+        self.metrics.messages_total.inc();
+        self.metrics.bytes_total.inc_by(content_octets as u64);
+        self.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
+        Reply::new(250, "2.0.0", format!("OK: queued as {}", envelope.id))
+    }
+
+    pub(super) fn count_delivery(&self, result: &str) {
+        self.metrics.deliveries_total.with_label_values(&[result]).inc();
+    }
+}
+
+/// Text safe inside a header field: no control characters (no header injection).
+fn header_safe(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(512).collect()
+}

@@ -1,0 +1,243 @@
+//! MAIL FROM, RCPT TO, RSET: the mail transaction's envelope, and the recipient
+//! check (local domain? existing account?) with a short-lived cache in front of
+//! the store, so a burst of mail to one mailbox costs one store lookup.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use smtp_proto::{MailFrom, RcptTo};
+
+use super::session::{Session, Step};
+use crate::proto::smtp::{Reply, replies, split_address};
+use crate::store::StoreResult;
+
+/// The open transaction.
+#[derive(Debug)]
+pub(super) struct Envelope {
+    /// Reverse path; empty for the null sender `<>` (bounces).
+    pub from: String,
+    pub smtputf8: bool,
+    pub rcpts: Vec<Recipient>,
+    /// Identifies the message in logs, the Received header and the 250 reply.
+    pub id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Recipient {
+    pub address: String,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Target {
+    /// A local account's INBOX.
+    Local { account_id: i64, mailbox_id: i64 },
+    /// Another domain's user (submission only): goes to the outbound queue.
+    Remote,
+}
+
+/// Result of checking an address against the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lookup {
+    Mailbox { account_id: i64, mailbox_id: i64 },
+    NoSuchUser,
+    NotLocal,
+}
+
+/// MAIL parameters we implement: BODY=7BIT/8BITMIME and SMTPUTF8 (plus SIZE and
+/// AUTH=, which are fields, not flags). DSN, REQUIRETLS, BINARYMIME, … are not
+/// advertised, so a client using them gets 555 (RFC 5321 §4.1.1.11).
+const MAIL_FLAGS_SUPPORTED: u64 =
+    smtp_proto::MAIL_BODY_7BIT | smtp_proto::MAIL_BODY_8BITMIME | smtp_proto::MAIL_SMTPUTF8;
+
+fn new_message_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let micros = chrono::Utc::now().timestamp_micros() as u64;
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!("{micros:x}{:04x}", seq & 0xffff)
+}
+
+impl Session {
+    pub(super) async fn cmd_mail(&mut self, from: MailFrom<Cow<'_, str>>) -> Step {
+        if self.helo.is_none() {
+            self.reply(replies::bad_sequence("Send EHLO/HELO first"));
+            return Step::Continue;
+        }
+        if self.kind.is_submission() && self.account.is_none() {
+            self.reply(Reply::new(530, "5.7.0", "Authentication required"));
+            return Step::Continue;
+        }
+        if self.envelope.is_some() {
+            self.reply(replies::bad_sequence("Sender already specified"));
+            return Step::Continue;
+        }
+        let unsupported = from.flags & !MAIL_FLAGS_SUPPORTED != 0
+            || from.trans_id.is_some()
+            || from.env_id.is_some()
+            || from.solicit.is_some()
+            || from.mtrk.is_some()
+            || from.by != 0
+            || from.hold_for != 0
+            || from.hold_until != 0
+            || from.mt_priority != 0;
+        if unsupported {
+            self.reply(Reply::new(555, "5.5.4", "Unsupported MAIL parameter"));
+            return Step::Continue;
+        }
+        if from.size > self.config().max_message_size {
+            self.reply(replies::message_too_big());
+            return Step::Continue;
+        }
+        let smtputf8 = from.flags & smtp_proto::MAIL_SMTPUTF8 != 0;
+        let address = from.address.as_ref();
+        if !address.is_ascii() && !smtputf8 {
+            self.reply(Reply::new(553, "5.6.7", "Non-ASCII address requires SMTPUTF8"));
+            return Step::Continue;
+        }
+        if !address.is_empty() && split_address(address).is_none() {
+            self.reply(Reply::new(553, "5.1.7", "Sender address must be fully qualified"));
+            return Step::Continue;
+        }
+        if self.kind.is_submission() && self.config().sender_must_match_auth {
+            let owned = self.account.as_ref().is_some_and(|a| a.email.eq_ignore_ascii_case(address));
+            if !owned {
+                self.reply(Reply::new(553, "5.7.1", "Sender address not owned by the authenticated user"));
+                return Step::Continue;
+            }
+        }
+        self.envelope =
+            Some(Envelope { from: address.to_string(), smtputf8, rcpts: Vec::new(), id: new_message_id() });
+        self.reply(Reply::new(250, "2.1.0", "Sender OK"));
+        Step::Continue
+    }
+
+    pub(super) async fn cmd_rcpt(&mut self, to: RcptTo<Cow<'_, str>>) -> Step {
+        let Some(envelope) = self.envelope.as_ref() else {
+            self.reply(replies::bad_sequence("Need MAIL before RCPT"));
+            return Step::Continue;
+        };
+        if to.flags != 0 || to.orcpt.is_some() || to.rrvs != 0 {
+            self.reply(Reply::new(555, "5.5.4", "Unsupported RCPT parameter"));
+            return Step::Continue;
+        }
+        if envelope.rcpts.len() >= self.config().max_recipients {
+            self.reply(Reply::new(452, "4.5.3", "Too many recipients"));
+            return Step::Continue;
+        }
+        let address = to.address.as_ref();
+        if !address.is_ascii() && !envelope.smtputf8 {
+            self.reply(Reply::new(553, "5.6.7", "Non-ASCII address requires SMTPUTF8"));
+            return Step::Continue;
+        }
+        if envelope.rcpts.iter().any(|r| r.address.eq_ignore_ascii_case(address)) {
+            // Same recipient twice: deliver once.
+            self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
+            return Step::Continue;
+        }
+        let target = match self.lookup_recipient(address).await {
+            Err(err) => {
+                tracing::warn!(error = %err, "recipient lookup failed");
+                self.reply(replies::temp_failure());
+                return Step::Continue;
+            }
+            Ok(None) => {
+                self.reply(Reply::new(501, "5.1.3", "Recipient address must be fully qualified"));
+                return Step::Continue;
+            }
+            Ok(Some(Lookup::Mailbox { account_id, mailbox_id })) => Target::Local { account_id, mailbox_id },
+            Ok(Some(Lookup::NoSuchUser)) => {
+                self.reply(Reply::new(550, "5.1.1", "Mailbox unavailable"));
+                return Step::Continue;
+            }
+            Ok(Some(Lookup::NotLocal)) if self.kind.is_submission() => Target::Remote,
+            Ok(Some(Lookup::NotLocal)) => {
+                self.reply(Reply::new(550, "5.7.1", "Relaying denied"));
+                return Step::Continue;
+            }
+        };
+        if let Some(envelope) = self.envelope.as_mut() {
+            envelope.rcpts.push(Recipient { address: address.to_string(), target });
+        }
+        self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
+        Step::Continue
+    }
+
+    pub(super) fn cmd_rset(&mut self) -> Step {
+        self.junk_command();
+        self.envelope = None;
+        self.bdat = None;
+        self.reply(Reply::new(250, "2.0.0", "OK"));
+        Step::Continue
+    }
+
+    /// Checks a recipient: `None` for an address without a domain.
+    async fn lookup_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
+        let Some((_, domain)) = split_address(address) else { return Ok(None) };
+        let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
+        let cache = &self.app.cache;
+        let key = format!("smtp:rcpt:{}", address.to_lowercase());
+        if !ttl.is_zero()
+            && let Ok(Some(v)) = cache.value_get(&key).await
+            && let Some(hit) = decode_lookup(&v)
+        {
+            return Ok(Some(hit));
+        }
+        let store = &self.app.store;
+        let found = if !store.domain_exists(&domain).await? {
+            Lookup::NotLocal
+        } else {
+            match store.account_get(address).await? {
+                None => Lookup::NoSuchUser,
+                Some(account) => match store.mailbox_get(account.id, "INBOX").await? {
+                    Some(inbox) => Lookup::Mailbox { account_id: account.id, mailbox_id: inbox.id },
+                    None => Lookup::NoSuchUser,
+                },
+            }
+        };
+        if !ttl.is_zero() {
+            // Negative answers are kept briefly so a newly created user is not
+            // refused for long. Cache trouble only costs a store lookup.
+            let ttl =
+                if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(Duration::from_secs(5)) };
+            let _ = cache.value_put(&key, encode_lookup(found).as_bytes(), ttl).await;
+        }
+        Ok(Some(found))
+    }
+}
+
+fn encode_lookup(l: Lookup) -> String {
+    match l {
+        Lookup::Mailbox { account_id, mailbox_id } => format!("m:{account_id}:{mailbox_id}"),
+        Lookup::NoSuchUser => "u".into(),
+        Lookup::NotLocal => "r".into(),
+    }
+}
+
+fn decode_lookup(v: &[u8]) -> Option<Lookup> {
+    let s = std::str::from_utf8(v).ok()?;
+    match s {
+        "u" => Some(Lookup::NoSuchUser),
+        "r" => Some(Lookup::NotLocal),
+        _ => {
+            let mut it = s.strip_prefix("m:")?.split(':');
+            let account_id = it.next()?.parse().ok()?;
+            let mailbox_id = it.next()?.parse().ok()?;
+            Some(Lookup::Mailbox { account_id, mailbox_id })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_cache_encoding_round_trips() {
+        for l in [Lookup::Mailbox { account_id: 7, mailbox_id: 42 }, Lookup::NoSuchUser, Lookup::NotLocal] {
+            assert_eq!(decode_lookup(encode_lookup(l).as_bytes()), Some(l));
+        }
+        assert_eq!(decode_lookup(b"m:x:1"), None);
+        assert_eq!(decode_lookup(b"garbage"), None);
+    }
+}

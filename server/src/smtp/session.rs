@@ -1,0 +1,326 @@
+//! One SMTP connection: buffering, pipelining, timeouts, shutdown and dispatch.
+//!
+//! Buffering follows RFC 2920 (PIPELINING) the way a fast server must: every
+//! complete command already in the input buffer is answered in order into the
+//! output buffer, and the output is flushed only when the session has to wait for
+//! the client (the input holds no complete command). A client that pipelines
+//! `MAIL/RCPT/RCPT/DATA` thus gets one TCP segment back, not four. Replies that the
+//! client must see before it can go on (354, 334, 220 before TLS) are flushed by the
+//! same rule, because the session then waits for input.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::auth::AuthExchange;
+use super::data::BdatBody;
+use super::envelope::Envelope;
+use super::{SmtpKind, SmtpMetrics};
+use crate::app::App;
+use crate::net::{ConnInfo, SessionCtx, SessionStream, Shutdown, TlsProvider};
+use crate::proto::smtp::{self as proto, Reply, Request, replies};
+use crate::store::Account;
+
+/// Read size while waiting for commands: small, because thousands of idle sessions
+/// each hold one buffer.
+const COMMAND_READ: usize = 4 * 1024;
+/// Read size while receiving message content.
+const DATA_READ: usize = 64 * 1024;
+
+/// What the session does after a command.
+pub(super) enum Step {
+    Continue,
+    Close,
+    StartTls,
+}
+
+pub(super) struct Session {
+    pub(super) app: App,
+    pub(super) kind: SmtpKind,
+    pub(super) metrics: Arc<SmtpMetrics>,
+    pub(super) conn: ConnInfo,
+    pub(super) tls: Option<TlsProvider>,
+    shutdown: Shutdown,
+    pub(super) is_tls: bool,
+    pub(super) rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    /// The EHLO/HELO argument, once given.
+    pub(super) helo: Option<String>,
+    /// EHLO (true) or HELO (false).
+    pub(super) esmtp: bool,
+    pub(super) account: Option<Account>,
+    /// The open mail transaction (after MAIL FROM).
+    pub(super) envelope: Option<Envelope>,
+    /// Body collected by BDAT chunks so far.
+    pub(super) bdat: Option<BdatBody>,
+    /// An AUTH exchange waiting for the client's next line.
+    pub(super) auth_exchange: Option<AuthExchange>,
+    pub(super) errors: u32,
+    pub(super) junk: u32,
+    /// When the command being answered started; DATA/BDAT move it to the end of
+    /// the content so the duration metric measures the server, not the upload.
+    pub(super) cmd_started: Instant,
+    last_class: &'static str,
+    /// Dropping the rest of an over-long line.
+    discarding_line: bool,
+}
+
+impl Session {
+    pub(super) fn new(
+        app: App,
+        kind: SmtpKind,
+        metrics: Arc<SmtpMetrics>,
+        ctx: SessionCtx,
+        is_tls: bool,
+    ) -> Session {
+        Session {
+            app,
+            kind,
+            metrics,
+            conn: ctx.conn,
+            tls: ctx.tls,
+            shutdown: ctx.shutdown,
+            is_tls,
+            rbuf: BytesMut::with_capacity(COMMAND_READ),
+            wbuf: Vec::with_capacity(1024),
+            helo: None,
+            esmtp: false,
+            account: None,
+            envelope: None,
+            bdat: None,
+            auth_exchange: None,
+            errors: 0,
+            junk: 0,
+            cmd_started: Instant::now(),
+            last_class: "2xx",
+            discarding_line: false,
+        }
+    }
+
+    pub(super) fn hostname(&self) -> &str {
+        &self.app.config.hostname
+    }
+
+    pub(super) fn config(&self) -> &super::SmtpConfig {
+        &self.app.config.smtp
+    }
+
+    /// Runs the session to its end.
+    pub(super) async fn serve(mut self, mut stream: SessionStream) {
+        if self.shutdown.is_signalled() {
+            let r = replies::shutting_down(self.hostname());
+            self.reply(r);
+        } else {
+            let r = Reply::new(220, "", format!("{} ESMTP Mailcluster", self.hostname()));
+            self.reply(r);
+            // Only STARTTLS comes back here; every other outcome ends the session.
+            while let Step::StartTls = self.command_loop(&mut stream).await {
+                let Some(tls) = self.tls.clone() else { break };
+                if self.flush(&mut stream).await.is_err() {
+                    return;
+                }
+                stream = match stream.upgrade(&tls).await {
+                    Ok(s) => s,
+                    Err(err) => {
+                        tracing::debug!(error = %err, remote = %self.conn.remote, "STARTTLS handshake failed");
+                        return;
+                    }
+                };
+                self.after_tls();
+            }
+        }
+        let _ = self.flush(&mut stream).await;
+        let _ = stream.shutdown().await;
+    }
+
+    /// RFC 3207 §4.2: after TLS starts, forget everything learnt before it.
+    fn after_tls(&mut self) {
+        self.is_tls = true;
+        self.helo = None;
+        self.esmtp = false;
+        self.account = None;
+        self.envelope = None;
+        self.bdat = None;
+        self.auth_exchange = None;
+        self.rbuf.clear();
+    }
+
+    /// Reads and answers commands until the session ends or TLS must start.
+    async fn command_loop(&mut self, stream: &mut SessionStream) -> Step {
+        let max_line = self.config().max_line_length.max(512);
+        loop {
+            if self.errors >= self.config().max_errors {
+                self.reply(replies::too_many_errors());
+                return Step::Close;
+            }
+            let Some(pos) = memchr::memchr(b'\n', &self.rbuf) else {
+                if self.rbuf.len() > max_line {
+                    // Answer once, then drop input up to the next LF: memory stays
+                    // bounded by one read whatever the client sends.
+                    if !self.discarding_line {
+                        self.reply(replies::line_too_long());
+                        self.record("UNKNOWN");
+                        self.discarding_line = true;
+                    }
+                    self.rbuf.clear();
+                }
+                if let Err(step) = self.fill(stream, false).await {
+                    return step;
+                }
+                continue;
+            };
+            let line = self.rbuf.split_to(pos + 1);
+            if std::mem::take(&mut self.discarding_line) {
+                continue;
+            }
+            if line.len() > max_line {
+                self.reply(replies::line_too_long());
+                self.record("UNKNOWN");
+                continue;
+            }
+            let step = self.dispatch(&line, stream).await;
+            if !matches!(step, Step::Continue) {
+                return step;
+            }
+        }
+    }
+
+    async fn dispatch(&mut self, line: &[u8], stream: &mut SessionStream) -> Step {
+        self.cmd_started = Instant::now();
+        if let Some(exchange) = self.auth_exchange.take() {
+            let step = self.auth_continue(exchange, line).await;
+            self.record("AUTH");
+            return step;
+        }
+        let (label, step) = match proto::parse_command(line) {
+            Err(err) => {
+                self.reply(proto::parse_error_reply(&err));
+                (label_of(line), Step::Continue)
+            }
+            Ok(req) => {
+                let label = proto::command_label(&req);
+                let step = match req {
+                    Request::Ehlo { host } => self.cmd_hello(&host, true),
+                    Request::Helo { host } => self.cmd_hello(&host, false),
+                    Request::Mail { from } => self.cmd_mail(from).await,
+                    Request::Rcpt { to } => self.cmd_rcpt(to).await,
+                    Request::Data => self.cmd_data(stream).await,
+                    Request::Bdat { chunk_size, is_last } => self.cmd_bdat(chunk_size, is_last, stream).await,
+                    Request::Auth { mechanism, initial_response } => {
+                        self.cmd_auth(mechanism, &initial_response).await
+                    }
+                    Request::StartTls => self.cmd_starttls(),
+                    Request::Rset => self.cmd_rset(),
+                    Request::Noop { .. } => self.cmd_noop(),
+                    Request::Vrfy { .. } => self.cmd_vrfy(),
+                    Request::Expn { .. } => self.cmd_expn(),
+                    Request::Help { .. } => self.cmd_help(),
+                    Request::Quit => self.cmd_quit(),
+                    Request::Lhlo { .. }
+                    | Request::Etrn { .. }
+                    | Request::Atrn { .. }
+                    | Request::Burl { .. } => {
+                        self.reply(replies::not_implemented());
+                        Step::Continue
+                    }
+                };
+                (label, step)
+            }
+        };
+        self.record(label);
+        step
+    }
+
+    /// Queues a reply. 5xx replies count towards the error limit.
+    pub(super) fn reply(&mut self, reply: Reply) {
+        if reply.code >= 500 {
+            self.errors += 1;
+        }
+        self.last_class = reply.class();
+        reply.write_to(&mut self.wbuf);
+    }
+
+    fn record(&self, command: &'static str) {
+        let elapsed = self.cmd_started.elapsed().as_secs_f64();
+        self.metrics.command_duration.with_label_values(&["smtp", command]).observe(elapsed);
+        self.metrics.commands_total.with_label_values(&["smtp", command, self.last_class]).inc();
+    }
+
+    pub(super) async fn flush(&mut self, stream: &mut SessionStream) -> std::io::Result<()> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        stream.write_all(&self.wbuf).await?;
+        stream.flush().await?;
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    /// Flushes pending replies, then waits for more input. `Err` carries how the
+    /// session ends: client gone, timeout (421), or shutdown (421).
+    pub(super) async fn fill(&mut self, stream: &mut SessionStream, data: bool) -> Result<(), Step> {
+        if self.flush(stream).await.is_err() {
+            return Err(Step::Close);
+        }
+        let (timeout, chunk) = if data {
+            (Duration::from_secs(self.config().data_timeout_secs), DATA_READ)
+        } else {
+            (Duration::from_secs(self.config().command_timeout_secs), COMMAND_READ)
+        };
+        self.rbuf.reserve(chunk);
+        let rbuf = &mut self.rbuf;
+        let shutdown = &mut self.shutdown;
+        let outcome = tokio::select! {
+            biased;
+            _ = shutdown.signalled() => None,
+            r = tokio::time::timeout(timeout, stream.read_buf(rbuf)) => Some(r),
+        };
+        match outcome {
+            None => {
+                let r = replies::shutting_down(self.hostname());
+                self.reply(r);
+                Err(Step::Close)
+            }
+            Some(Err(_elapsed)) => {
+                let r = replies::timeout(self.hostname());
+                self.reply(r);
+                Err(Step::Close)
+            }
+            Some(Ok(Ok(0))) | Some(Ok(Err(_))) => Err(Step::Close),
+            Some(Ok(Ok(_))) => Ok(()),
+        }
+    }
+
+    /// Reads and throws away `n` octets of input (a BDAT chunk that cannot be
+    /// accepted). `Err` when the client went away or the discard bound is exceeded.
+    pub(super) async fn discard(&mut self, stream: &mut SessionStream, mut n: usize) -> Result<(), Step> {
+        if n > self.config().max_discard_size {
+            return Err(Step::Close);
+        }
+        while n > 0 {
+            if self.rbuf.is_empty() {
+                self.fill(stream, true).await?;
+            }
+            let k = n.min(self.rbuf.len());
+            self.rbuf.advance(k);
+            n -= k;
+        }
+        Ok(())
+    }
+}
+
+/// Metric label for a line that did not parse: its verb when it is an SMTP verb,
+/// `UNKNOWN` otherwise (never client text: label cardinality must stay bounded).
+fn label_of(line: &[u8]) -> &'static str {
+    const VERBS: [&str; 17] = [
+        "EHLO", "HELO", "LHLO", "MAIL", "RCPT", "DATA", "BDAT", "AUTH", "NOOP", "VRFY", "EXPN", "HELP",
+        "ETRN", "ATRN", "BURL", "RSET", "QUIT",
+    ];
+    let verb = line.split(|b| b.is_ascii_whitespace()).next().unwrap_or_default();
+    if verb.eq_ignore_ascii_case(b"STARTTLS") {
+        return "STARTTLS";
+    }
+    VERBS.into_iter().find(|v| verb.eq_ignore_ascii_case(v.as_bytes())).unwrap_or("UNKNOWN")
+}

@@ -1,0 +1,399 @@
+//! Backend-independent rules shared by the PostgreSQL and SQLite stores: name and
+//! address normalisation, flag arithmetic, body compression, batch aggregation and
+//! the mapping of database errors onto [`StoreError`]. Keeping them here is what
+//! makes the two backends answer identically in the conformance suite.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use super::{FlagOp, FlagSet, Flags, NewDelivery, StoreError, StoreResult, UidSet};
+
+/// The acquire-time callback of a store, settable once after construction.
+#[derive(Default)]
+pub(crate) struct AcquireTimer(std::sync::OnceLock<super::AcquireObserver>);
+
+impl AcquireTimer {
+    pub fn set(&self, observer: super::AcquireObserver) {
+        let _ = self.0.set(observer);
+    }
+
+    /// Awaits `acquire`, reporting how long it took.
+    pub async fn time<T>(&self, acquire: impl std::future::Future<Output = T>) -> T {
+        let Some(observer) = self.0.get() else { return acquire.await };
+        let started = std::time::Instant::now();
+        let out = acquire.await;
+        observer(started.elapsed());
+        out
+    }
+}
+
+/// Bodies smaller than this are stored as they are: zstd cannot win 10% on a few
+/// hundred bytes often enough to pay for the attempt.
+const COMPRESS_MIN: usize = 512;
+/// zstd level 3 (the library default): ~300 MB/s per core, most of the gain of
+/// higher levels on text-heavy mail.
+const COMPRESS_LEVEL: i32 = 3;
+/// Largest body the store accepts (and therefore the largest it will inflate);
+/// the protocol layers enforce much smaller message size limits.
+pub(crate) const MAX_BODY: usize = 256 * 1024 * 1024;
+const MAX_MAILBOX_NAME: usize = 1024;
+const MAX_KEYWORD: usize = 128;
+
+/// The stored form of a body: compressed when that saves more than 10%.
+pub(crate) struct StoredBody {
+    pub bytes: Option<Vec<u8>>,
+    pub compressed: bool,
+}
+
+impl StoredBody {
+    pub fn as_slice<'a>(&'a self, raw: &'a [u8]) -> &'a [u8] {
+        self.bytes.as_deref().unwrap_or(raw)
+    }
+}
+
+pub(crate) fn compress_body(raw: &[u8]) -> StoredBody {
+    if raw.len() >= COMPRESS_MIN
+        && let Ok(z) = zstd::bulk::compress(raw, COMPRESS_LEVEL)
+        && z.len() * 10 < raw.len() * 9
+    {
+        return StoredBody { bytes: Some(z), compressed: true };
+    }
+    StoredBody { bytes: None, compressed: false }
+}
+
+pub(crate) fn decompress_body(stored: Vec<u8>, compressed: bool, size: i64) -> StoreResult<Bytes> {
+    if !compressed {
+        return Ok(Bytes::from(stored));
+    }
+    let capacity = usize::try_from(size).unwrap_or(0).min(MAX_BODY);
+    zstd::bulk::decompress(&stored, capacity)
+        .map(Bytes::from)
+        .map_err(|e| StoreError::Internal(format!("corrupt compressed body: {e}")))
+}
+
+/// Compresses every body of a batch. Large batches run on the blocking pool so a
+/// burst of big attachments does not stall the async workers.
+pub(crate) async fn compress_batch(batch: &[NewDelivery]) -> StoreResult<Vec<StoredBody>> {
+    for d in batch {
+        if d.raw.len() > MAX_BODY {
+            return Err(StoreError::Invalid(format!("message of {} bytes is too large", d.raw.len())));
+        }
+    }
+    let total: usize = batch.iter().map(|d| d.raw.len()).sum();
+    if total < 64 * 1024 {
+        return Ok(batch.iter().map(|d| compress_body(&d.raw)).collect());
+    }
+    let raws: Vec<Bytes> = batch.iter().map(|d| d.raw.clone()).collect();
+    tokio::task::spawn_blocking(move || raws.iter().map(|r| compress_body(r)).collect())
+        .await
+        .map_err(|e| StoreError::Internal(format!("compression task failed: {e}")))
+}
+
+/// How a batch lands in one mailbox: the deliveries (indexes into the batch) in
+/// batch order, and how many of them arrive unseen.
+pub(crate) struct MailboxShare {
+    pub deliveries: Vec<usize>,
+    pub unseen: i64,
+}
+
+/// Groups a batch by target mailbox, ascending by id (the lock order), with each
+/// delivery's targets de-duplicated.
+pub(crate) fn group_by_mailbox(batch: &[NewDelivery]) -> BTreeMap<i64, MailboxShare> {
+    let mut out: BTreeMap<i64, MailboxShare> = BTreeMap::new();
+    for (i, d) in batch.iter().enumerate() {
+        for (pos, &mb) in d.targets.iter().enumerate() {
+            if d.targets[..pos].contains(&mb) {
+                continue;
+            }
+            let share = out.entry(mb).or_insert_with(|| MailboxShare { deliveries: Vec::new(), unseen: 0 });
+            share.deliveries.push(i);
+            if !d.flags.system.contains(Flags::SEEN) {
+                share.unseen += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Per delivery, in the order of its (de-duplicated) targets.
+pub(crate) fn delivered(
+    batch: &[NewDelivery],
+    assigned: &std::collections::HashMap<(usize, i64), u32>,
+) -> Vec<Vec<super::DeliveredTo>> {
+    batch
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut seen = Vec::with_capacity(d.targets.len());
+            let mut out = Vec::with_capacity(d.targets.len());
+            for &mb in &d.targets {
+                if seen.contains(&mb) {
+                    continue;
+                }
+                seen.push(mb);
+                if let Some(&uid) = assigned.get(&(i, mb)) {
+                    out.push(super::DeliveredTo { mailbox_id: mb, uid });
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// `Example.COM` → `example.com`; rejects what cannot be a domain name.
+pub(crate) fn normalize_domain(domain: &str) -> StoreResult<String> {
+    let d = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+    if d.is_empty() || d.len() > 253 || d.chars().any(|c| c.is_whitespace() || c == '@' || c.is_control()) {
+        return Err(StoreError::Invalid(format!("bad domain name {domain:?}")));
+    }
+    Ok(d)
+}
+
+/// Lower-cases an address and splits off its domain.
+pub(crate) fn normalize_email(email: &str) -> StoreResult<(String, String)> {
+    let e = email.trim().to_lowercase();
+    let Some((local, domain)) = e.rsplit_once('@') else {
+        return Err(StoreError::Invalid(format!("bad address {email:?}")));
+    };
+    if local.is_empty() || e.len() > 320 || local.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(StoreError::Invalid(format!("bad address {email:?}")));
+    }
+    let domain = normalize_domain(domain)?;
+    Ok((format!("{local}@{domain}"), domain))
+}
+
+pub(crate) fn is_inbox(name: &str) -> bool {
+    name.eq_ignore_ascii_case("INBOX")
+}
+
+/// Validates a mailbox name and spells its INBOX segment canonically
+/// (`inbox/Sub` → `INBOX/Sub`), so that lookups and uniqueness agree with the
+/// case-insensitivity RFC 3501 gives INBOX.
+pub(crate) fn normalize_mailbox_name(name: &str) -> StoreResult<String> {
+    if name.is_empty()
+        || name.len() > MAX_MAILBOX_NAME
+        || name.starts_with('/')
+        || name.ends_with('/')
+        || name.contains("//")
+        || name.chars().any(|c| c.is_control())
+    {
+        return Err(StoreError::Invalid(format!("bad mailbox name {name:?}")));
+    }
+    let (first, rest) = match name.split_once('/') {
+        Some((f, r)) => (f, Some(r)),
+        None => (name, None),
+    };
+    if is_inbox(first) {
+        return Ok(match rest {
+            Some(r) => format!("INBOX/{r}"),
+            None => "INBOX".to_string(),
+        });
+    }
+    Ok(name.to_string())
+}
+
+/// The superior names of a hierarchical name: `a/b/c` → `a`, `a/b`. RFC 3501 says
+/// CREATE and RENAME SHOULD create them when missing.
+pub(crate) fn parent_names(name: &str) -> Vec<String> {
+    name.match_indices('/').map(|(i, _)| name[..i].to_string()).collect()
+}
+
+pub(crate) fn encode_keywords(keywords: &[String]) -> String {
+    keywords.join(" ")
+}
+
+pub(crate) fn decode_keywords(s: &str) -> Vec<String> {
+    s.split(' ').filter(|k| !k.is_empty()).map(str::to_string).collect()
+}
+
+pub(crate) fn flagset_from_row(flags: i64, keywords: &str) -> FlagSet {
+    FlagSet { system: Flags(u32::try_from(flags).unwrap_or(0)), keywords: decode_keywords(keywords) }
+}
+
+/// Keywords sorted and unique; rejects ones that could not round-trip through the
+/// space-separated column or an IMAP atom.
+pub(crate) fn normalize_flagset(flags: &FlagSet) -> StoreResult<FlagSet> {
+    let mut keywords = Vec::with_capacity(flags.keywords.len());
+    for k in &flags.keywords {
+        if k.is_empty()
+            || k.len() > MAX_KEYWORD
+            || k.starts_with('\\')
+            || k.chars().any(|c| c.is_whitespace() || c.is_control() || "(){%*\"]".contains(c))
+        {
+            return Err(StoreError::Invalid(format!("bad keyword {k:?}")));
+        }
+        keywords.push(k.clone());
+    }
+    keywords.sort();
+    keywords.dedup();
+    Ok(FlagSet { system: Flags(flags.system.0 & 31), keywords })
+}
+
+/// The flag set after applying `op` (both inputs normalised).
+pub(crate) fn apply_flags(old: &FlagSet, op: FlagOp, flags: &FlagSet) -> FlagSet {
+    match op {
+        FlagOp::Replace => flags.clone(),
+        FlagOp::Add => {
+            let mut keywords = old.keywords.clone();
+            keywords.extend(flags.keywords.iter().cloned());
+            keywords.sort();
+            keywords.dedup();
+            FlagSet { system: old.system.union(flags.system), keywords }
+        }
+        FlagOp::Remove => FlagSet {
+            system: old.system.difference(flags.system),
+            keywords: old.keywords.iter().filter(|k| !flags.keywords.contains(k)).cloned().collect(),
+        },
+    }
+}
+
+/// Sorted, merged, inclusive ranges (reversed ranges such as `5:1` accepted).
+pub(crate) fn uid_ranges(uids: &UidSet) -> Vec<(i64, i64)> {
+    let mut r: Vec<(i64, i64)> =
+        uids.0.iter().map(|&(a, b)| (i64::from(a.min(b)), i64::from(a.max(b)))).collect();
+    r.sort_unstable();
+    let mut out: Vec<(i64, i64)> = Vec::with_capacity(r.len());
+    for (lo, hi) in r {
+        match out.last_mut() {
+            Some((_, phi)) if lo <= *phi + 1 => *phi = (*phi).max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+/// SQL conditions on `flags` for [`Store::uids_by_flags`](super::Store::uids_by_flags),
+/// one term per bit and with literal constants: a partial index
+/// (`WHERE flags & 1 = 0`) is only used when the query repeats its predicate
+/// verbatim, which a bound parameter or a combined mask would not.
+pub(crate) fn flag_conditions(with: Flags, without: Flags) -> String {
+    let mut sql = String::new();
+    for bit in 0..5 {
+        let b = 1u32 << bit;
+        if without.0 & b != 0 {
+            sql.push_str(&format!(" AND flags & {b} = 0"));
+        } else if with.0 & b != 0 {
+            sql.push_str(&format!(" AND flags & {b} <> 0"));
+        }
+    }
+    sql
+}
+
+/// Whether the error is a unique-constraint violation.
+pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+}
+
+/// Maps a database error: connectivity and contention become `Unavailable` (the
+/// session answers with a temporary failure and the client retries), everything
+/// else `Internal`.
+pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::PoolTimedOut => {
+            StoreError::Unavailable("timed out waiting for a database connection".into())
+        }
+        sqlx::Error::PoolClosed => StoreError::Unavailable("database pool closed".into()),
+        sqlx::Error::Io(e) => StoreError::Unavailable(format!("database connection: {e}")),
+        sqlx::Error::Tls(e) => StoreError::Unavailable(format!("database tls: {e}")),
+        sqlx::Error::Database(d) => {
+            let code = d.code().map(|c| c.into_owned()).unwrap_or_default();
+            // PG: serialization failure, deadlock, admin shutdown, too many
+            // connections; SQLite: SQLITE_BUSY / SQLITE_LOCKED and extended codes.
+            let transient = matches!(code.as_str(), "40001" | "40P01" | "57P01" | "53300" | "5" | "6")
+                || code.starts_with("08")
+                || code.parse::<i32>().is_ok_and(|c| c & 0xff == 5 || c & 0xff == 6);
+            if d.is_unique_violation() {
+                StoreError::AlreadyExists(d.message().to_string())
+            } else if transient {
+                StoreError::Unavailable(format!("database busy: {}", d.message()))
+            } else {
+                StoreError::Internal(format!("database: {}", d.message()))
+            }
+        }
+        other => StoreError::Internal(other.to_string()),
+    }
+}
+
+pub(crate) fn meta_to_json(meta: &super::MessageMeta) -> StoreResult<String> {
+    serde_json::to_string(meta).map_err(|e| StoreError::Internal(format!("encode meta: {e}")))
+}
+
+pub(crate) fn meta_from_json(s: &str) -> StoreResult<super::MessageMeta> {
+    serde_json::from_str(s).map_err(|e| StoreError::Internal(format!("decode meta: {e}")))
+}
+
+pub(crate) fn u32_of(v: i64, what: &str) -> StoreResult<u32> {
+    u32::try_from(v).map_err(|_| StoreError::Internal(format!("{what} {v} out of range")))
+}
+
+pub(crate) fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// Seconds since the epoch as a UIDVALIDITY candidate.
+pub(crate) fn now_secs() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mailbox_names() {
+        assert_eq!(normalize_mailbox_name("inbox").unwrap(), "INBOX");
+        assert_eq!(normalize_mailbox_name("Inbox/Sub").unwrap(), "INBOX/Sub");
+        assert_eq!(normalize_mailbox_name("Inboxes").unwrap(), "Inboxes");
+        for bad in ["", "/a", "a/", "a//b", "a\nb"] {
+            assert!(normalize_mailbox_name(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parent_names("a/b/c"), vec!["a".to_string(), "a/b".to_string()]);
+        assert!(parent_names("a").is_empty());
+    }
+
+    #[test]
+    fn ranges_merge_and_flip() {
+        let set = UidSet(vec![(9, 7), (1, 2), (3, 3), (10, 12), (20, 20)]);
+        assert_eq!(uid_ranges(&set), vec![(1, 3), (7, 12), (20, 20)]);
+    }
+
+    #[test]
+    fn flag_ops() {
+        let old = FlagSet { system: Flags::SEEN, keywords: vec!["a".into(), "c".into()] };
+        let arg = FlagSet { system: Flags::FLAGGED, keywords: vec!["b".into(), "c".into()] };
+        let added = apply_flags(&old, FlagOp::Add, &arg);
+        assert_eq!(added.system, Flags(Flags::SEEN.0 | Flags::FLAGGED.0));
+        assert_eq!(added.keywords, vec!["a", "b", "c"]);
+        let removed = apply_flags(&old, FlagOp::Remove, &arg);
+        assert_eq!(removed.system, Flags::SEEN);
+        assert_eq!(removed.keywords, vec!["a"]);
+        assert!(normalize_flagset(&FlagSet { system: Flags::NONE, keywords: vec!["a b".into()] }).is_err());
+    }
+
+    #[test]
+    fn compression_only_when_it_pays() {
+        let text = b"Subject: hi\r\n\r\n".repeat(200);
+        let stored = compress_body(&text);
+        assert!(stored.compressed);
+        let back = decompress_body(stored.bytes.unwrap(), true, text.len() as i64).unwrap();
+        assert_eq!(&back[..], &text[..]);
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        assert!(!compress_body(&noise).compressed, "incompressible bodies stay as they are");
+        assert!(!compress_body(b"short").compressed);
+    }
+
+    #[test]
+    fn flag_sql_terms() {
+        assert_eq!(flag_conditions(Flags::NONE, Flags::SEEN), " AND flags & 1 = 0");
+        assert_eq!(flag_conditions(Flags::DELETED, Flags::NONE), " AND flags & 8 <> 0");
+    }
+}

@@ -1,0 +1,1384 @@
+//! The cluster store: PostgreSQL through a sqlx pool, shared by every pod.
+//!
+//! Locking: each write to a mailbox begins by updating (or `FOR UPDATE`-locking)
+//! that mailbox's row, so writers of one mailbox are serialised by a row lock and
+//! writers of different mailboxes never wait for each other. Operations touching
+//! several mailboxes (a delivery batch, COPY/MOVE, RENAME, account deletion) lock
+//! them with `ORDER BY id FOR UPDATE` first: everyone takes row locks in ascending id
+//! order, so concurrent batches cannot deadlock.
+//!
+//! Round trips are what a delivery batch pays for while it holds those locks, so
+//! the batch is written with array parameters (`UNNEST`): one statement per table,
+//! whatever the batch size.
+//!
+//! Durability: the store never changes `synchronous_commit`; with the server
+//! default (`on`) COMMIT returns after the WAL is flushed, which is what lets SMTP
+//! answer 250 after `deliver_batch` returns. [`PgStore::connect`] warns when a
+//! database or role default has turned it off.
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, Postgres, Row, Transaction};
+
+use super::common::{
+    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
+    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
+    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
+    parent_names, u32_of, u64_of, uid_ranges,
+};
+use super::*;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// Pooled connections idle longer than this are pinged before use.
+const IDLE_PING_AFTER: Duration = Duration::from_secs(30);
+
+pub struct PgStore {
+    pool: PgPool,
+    options: PgConnectOptions,
+    acquire: AcquireTimer,
+}
+
+type Tx = Transaction<'static, Postgres>;
+
+const MAILBOX_COLS: &str = "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use";
+const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
+     FROM accounts a JOIN domains d ON d.id = a.domain_id";
+
+fn mailbox_from_row(r: &PgRow) -> StoreResult<Mailbox> {
+    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
+    Ok(Mailbox {
+        id: r.try_get("id").map_err(db_err)?,
+        account_id: r.try_get("account_id").map_err(db_err)?,
+        name: r.try_get("name").map_err(db_err)?,
+        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
+        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
+        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
+        special_use: special.as_deref().and_then(SpecialUse::parse),
+    })
+}
+
+fn account_from_row(r: &PgRow) -> StoreResult<Account> {
+    Ok(Account {
+        id: r.try_get("id").map_err(db_err)?,
+        email: r.try_get("email").map_err(db_err)?,
+        domain: r.try_get("domain").map_err(db_err)?,
+        password_hash: r.try_get("password_hash").map_err(db_err)?,
+        created_at: r.try_get("created_at").map_err(db_err)?,
+    })
+}
+
+fn flag_row(r: &PgRow) -> StoreResult<FlagRow> {
+    let keywords: String = r.try_get("keywords").map_err(db_err)?;
+    let flags: i32 = r.try_get("flags").map_err(db_err)?;
+    Ok(FlagRow {
+        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+        flags: flagset_from_row(i64::from(flags), &keywords),
+        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
+    })
+}
+
+/// A source row of COPY/MOVE/EXPUNGE/STORE.
+struct LinkRow {
+    uid: i64,
+    message_id: i64,
+    flags: i32,
+    keywords: String,
+    internal_date: DateTime<Utc>,
+}
+
+fn link_row(r: &PgRow) -> StoreResult<LinkRow> {
+    Ok(LinkRow {
+        uid: r.try_get("uid").map_err(db_err)?,
+        message_id: r.try_get("message_id").map_err(db_err)?,
+        flags: r.try_get("flags").map_err(db_err)?,
+        keywords: r.try_get("keywords").map_err(db_err)?,
+        internal_date: r.try_get("internal_date").map_err(db_err)?,
+    })
+}
+
+/// `(los, his)` arrays of a UID set, for `JOIN UNNEST($2, $3) r(lo, hi)`.
+fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
+    uid_ranges(uids).into_iter().unzip()
+}
+
+const SEEN: i32 = Flags::SEEN.0 as i32;
+
+/// `host:port/database`, the part of a connection target that is safe to show.
+fn describe(options: &PgConnectOptions) -> String {
+    format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
+}
+
+impl PgStore {
+    /// Connects a pool of `pool_size` connections; an unreachable server is
+    /// `Unavailable` with host and port named (never the password).
+    pub async fn connect(url: &str, pool_size: u32, connect_timeout: Duration) -> StoreResult<Self> {
+        let options = PgConnectOptions::from_str(url).map_err(|e| {
+            StoreError::Invalid(format!("bad PostgreSQL URL {}: {}", redact_url(url), redact_error(&e, url)))
+        })?;
+        let target = describe(&options);
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size.max(1))
+            .acquire_timeout(connect_timeout)
+            // sqlx's default pings on every acquire: a round trip per query, which
+            // IMAP sessions issuing STATUS/FETCH in loops would pay. Ping only
+            // connections that sat idle long enough to have been cut (failover,
+            // NAT/LB idle timeouts); a connection broken in use fails that query
+            // with `Unavailable` and is discarded.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_PING_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .idle_timeout(Duration::from_secs(300))
+            .connect_with(options.clone())
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot connect to PostgreSQL at {target}: {}",
+                    redact_error(&e, url)
+                ))
+            })?;
+        let store = PgStore { pool, options, acquire: AcquireTimer::default() };
+        match store.synchronous_commit().await {
+            Ok(v) if v == "off" => tracing::warn!(
+                target = %target,
+                "synchronous_commit is off for this database/role: acknowledged mail can be lost on a crash"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not read synchronous_commit"),
+        }
+        Ok(store)
+    }
+
+    /// The session's `synchronous_commit` setting as the store's connections see it.
+    pub async fn synchronous_commit(&self) -> StoreResult<String> {
+        sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&self.pool).await.map_err(db_err)
+    }
+
+    /// The underlying pool, for callers that observe acquire times.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn conn(&self) -> StoreResult<PoolConnection<Postgres>> {
+        self.acquire.time(self.pool.acquire()).await.map_err(db_err)
+    }
+
+    async fn tx(&self) -> StoreResult<Tx> {
+        let conn = self.conn().await?;
+        Transaction::begin(conn, None).await.map_err(db_err)
+    }
+
+    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
+        let last: Option<i64> = sqlx::query_scalar(
+            "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
+             WHERE id = $1 RETURNING last_uid_validity",
+        )
+        .bind(account_id)
+        .bind(n)
+        .bind(now_secs())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        match last {
+            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
+            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
+            None => Ok(None),
+        }
+    }
+
+    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
+        for parent in parent_names(name) {
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 AND name = $2")
+                    .bind(account_id)
+                    .bind(&parent)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+            if exists.is_none() {
+                let uv = Self::alloc_uid_validity(tx, account_id, 1)
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+                sqlx::query(
+                    "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
+                     ON CONFLICT (account_id, name) DO NOTHING",
+                )
+                .bind(account_id)
+                .bind(&parent)
+                .bind(uv)
+                .execute(&mut **tx)
+                .await
+                .map_err(db_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "DELETE FROM messages m WHERE m.id = ANY($1) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = m.id)",
+        )
+        .bind(message_ids)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn mailbox_in(
+        tx: &mut Tx,
+        account_id: i64,
+        name: &str,
+        lock: bool,
+    ) -> StoreResult<Option<Mailbox>> {
+        let sql = format!(
+            "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
+            if lock { " FOR UPDATE" } else { "" }
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    /// Locks the given mailboxes in ascending id order; NotFound if one is missing.
+    async fn lock_mailboxes(tx: &mut Tx, ids: &[i64]) -> StoreResult<()> {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let found: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+                .bind(&ids)
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(db_err)?;
+        if let Some(missing) = ids.iter().find(|id| !found.contains(id)) {
+            return Err(StoreError::NotFound(format!("mailbox {missing}")));
+        }
+        Ok(())
+    }
+
+    async fn bump_modseq(tx: &mut Tx, mailbox_id: i64) -> StoreResult<i64> {
+        sqlx::query_scalar(
+            "UPDATE mailboxes SET highest_modseq = highest_modseq + 1 WHERE id = $1 RETURNING highest_modseq",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))
+    }
+
+    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
+        let (los, his) = range_arrays(uids);
+        if los.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date \
+             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(link_row).collect()
+    }
+
+    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
+        if links.is_empty() {
+            return Ok(());
+        }
+        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
+        let modseq: i64 = sqlx::query_scalar(
+            "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = messages - $2, \
+             unseen = unseen - $3 WHERE id = $1 RETURNING highest_modseq",
+        )
+        .bind(mailbox_id)
+        .bind(links.len() as i64)
+        .bind(unseen)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let uids: Vec<i64> = links.iter().map(|l| l.uid).collect();
+        sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = ANY($2)")
+            .bind(mailbox_id)
+            .bind(&uids)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        sqlx::query(
+            "INSERT INTO expunged (mailbox_id, uid, modseq) SELECT $1, u, $3 FROM UNNEST($2::bigint[]) AS u \
+             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
+        )
+        .bind(mailbox_id)
+        .bind(&uids)
+        .bind(modseq)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Self::delete_orphans(tx, &ids).await
+    }
+
+    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = links.len() as i64;
+        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
+        let row = sqlx::query(
+            "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
+             messages = messages + $1, unseen = unseen + $2 WHERE id = $3 \
+             RETURNING uid_next - $1 AS first_uid, highest_modseq",
+        )
+        .bind(n)
+        .bind(unseen)
+        .bind(dest)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
+        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
+        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
+        if first + n - 1 > i64::from(u32::MAX) {
+            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
+        }
+        let new_uids: Vec<i64> = (first..first + n).collect();
+        let message_ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
+        let flags: Vec<i32> = links.iter().map(|l| l.flags).collect();
+        let keywords: Vec<&str> = links.iter().map(|l| l.keywords.as_str()).collect();
+        let dates: Vec<DateTime<Utc>> = links.iter().map(|l| l.internal_date).collect();
+        sqlx::query(
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date) \
+             SELECT $1, u, m, f, k, $2, d \
+             FROM UNNEST($3::bigint[], $4::bigint[], $5::int[], $6::text[], $7::timestamptz[]) AS t(u, m, f, k, d)",
+        )
+        .bind(dest)
+        .bind(modseq)
+        .bind(&new_uids)
+        .bind(&message_ids)
+        .bind(&flags)
+        .bind(&keywords)
+        .bind(&dates)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        links.iter().zip(&new_uids).map(|(l, &u)| Ok((u32_of(l.uid, "uid")?, u32_of(u, "uid")?))).collect()
+    }
+
+    async fn copy_or_move(
+        &self,
+        src: i64,
+        uids: &UidSet,
+        dest: i64,
+        remove: bool,
+    ) -> StoreResult<Vec<(u32, u32)>> {
+        let mut tx = self.tx().await?;
+        Self::lock_mailboxes(&mut tx, &[src, dest]).await?;
+        let links = Self::links_in(&mut tx, src, uids).await?;
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        // link first, unlink second: the body is never without a link in between
+        let pairs = Self::add_links(&mut tx, dest, &links).await?;
+        if remove {
+            Self::remove_links(&mut tx, src, &links).await?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(pairs)
+    }
+}
+
+/// The error text with the URL's password masked, should the error quote it.
+fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
+    let mut text = e.to_string().replace(url, &redact_url(url));
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, pw)| pw);
+    if let Some(pw) = password.filter(|pw| !pw.is_empty()) {
+        text = text.replace(pw, "***");
+    }
+    text
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        // A dedicated connection, closed afterwards: sqlx holds a session-level
+        // advisory lock while migrating (so pods starting together take turns), and
+        // if a migration fails the lock must die with the connection instead of
+        // staying on a pooled one and blocking every other pod.
+        let mut conn = sqlx::PgConnection::connect_with(&self.options).await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "cannot connect to PostgreSQL at {}: {e}",
+                describe(&self.options)
+            ))
+        })?;
+        // `run_direct` is `run` on a plain connection (sqlx's own workaround for the
+        // higher-ranked `Acquire` bound that `async_trait`'s Send future cannot meet).
+        let result = MIGRATOR.run_direct(None, &mut conn, false).await;
+        let _ = conn.close().await;
+        result.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&mut *self.conn().await?).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        self.acquire.set(observer);
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        let idle = self.pool.num_idle() as u32;
+        PoolStats {
+            max: self.pool.options().get_max_connections(),
+            idle,
+            in_use: self.pool.size().saturating_sub(idle),
+        }
+    }
+
+    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        match sqlx::query("INSERT INTO domains (name) VALUES ($1)")
+            .bind(&d)
+            .execute(&mut *self.conn().await?)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
+            Err(e) => Err(db_err(e)),
+        }
+    }
+
+    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let mut tx = self.tx().await?;
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR UPDATE")
+            .bind(&d)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
+        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = $1 LIMIT 1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if used.is_some() {
+            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
+        }
+        // an account created concurrently makes this fail on the foreign key
+        sqlx::query("DELETE FROM domains WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(
+            |e| match e {
+                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
+                    StoreError::Invalid("domain still has accounts".into())
+                }
+                e => db_err(e),
+            },
+        )?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
+        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
+        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1")
+            .bind(d)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(found.is_some())
+    }
+
+    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
+        let (email, domain) = normalize_email(email)?;
+        let mut tx = self.tx().await?;
+        // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
+        let domain_id: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR KEY SHARE")
+                .bind(&domain)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
+        let res = sqlx::query(
+            "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
+        )
+        .bind(&email)
+        .bind(domain_id)
+        .bind(password_hash)
+        .fetch_one(&mut *tx)
+        .await;
+        let row = match res {
+            Ok(row) => row,
+            Err(e) if is_unique_violation(&e) => {
+                return Err(StoreError::AlreadyExists(format!("account {email}")));
+            }
+            Err(e) => return Err(db_err(e)),
+        };
+        let id: i64 = row.try_get("id").map_err(db_err)?;
+        let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db_err)?;
+        let mut names = vec!["INBOX"];
+        let mut specials: Vec<Option<&str>> = vec![None];
+        for u in SpecialUse::ALL {
+            names.push(u.default_name());
+            specials.push(Some(u.as_str()));
+        }
+        let first = Self::alloc_uid_validity(&mut tx, id, names.len() as i64)
+            .await?
+            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
+        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
+        sqlx::query(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
+             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
+        )
+        .bind(id)
+        .bind(&names)
+        .bind(&validities)
+        .bind(&specials)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
+            .bind(id)
+            .bind(&names)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(Account { id, email, domain, password_hash: password_hash.to_string(), created_at })
+    }
+
+    async fn account_delete(&self, email: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let mut tx = self.tx().await?;
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = $1 FOR UPDATE")
+            .bind(&email)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
+        // the mailboxes in lock order before the cascade deletes them
+        let _: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE")
+                .bind(id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        let message_ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
+             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = $1",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("DELETE FROM accounts WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(db_err)?;
+        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let res = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
+            .bind(password_hash)
+            .bind(&email)
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("account {email}")));
+        }
+        Ok(())
+    }
+
+    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
+        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
+        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(email)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(account_from_row).transpose()
+    }
+
+    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
+        let rows = match domain {
+            Some(d) => {
+                let d = normalize_domain(d)?;
+                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = $1 ORDER BY a.email");
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.conn().await?).await
+            }
+            None => {
+                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
+                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.conn().await?).await
+            }
+        }
+        .map_err(db_err)?;
+        rows.iter().map(account_from_row).collect()
+    }
+
+    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
+        // byte order, like SQLite's BINARY collation, whatever the database locale
+        let sql =
+            format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(mailbox_from_row).collect()
+    }
+
+    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
+        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(mailbox_id)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn mailbox_create(
+        &self,
+        account_id: i64,
+        name: &str,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let name = normalize_mailbox_name(name)?;
+        if is_inbox(&name) {
+            return Err(StoreError::AlreadyExists("INBOX".into()));
+        }
+        let mut tx = self.tx().await?;
+        // the account row update also serialises mailbox creation per account
+        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+        if Self::mailbox_in(&mut tx, account_id, &name, false).await?.is_some() {
+            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
+        }
+        Self::create_parents(&mut tx, account_id, &name).await?;
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(&name)
+            .bind(uv)
+            .bind(special_use.map(SpecialUse::as_str))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| match e {
+                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
+                e => db_err(e),
+            })?;
+        let mailbox = mailbox_from_row(&row)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(mailbox)
+    }
+
+    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
+        let name = normalize_mailbox_name(name)?;
+        if is_inbox(&name) {
+            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
+        }
+        let mut tx = self.tx().await?;
+        let mb = Self::mailbox_in(&mut tx, account_id, &name, true)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
+        let message_ids: Vec<i64> =
+            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = $1")
+                .bind(mb.id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        sqlx::query("DELETE FROM mailboxes WHERE id = $1")
+            .bind(mb.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
+        let from = normalize_mailbox_name(from)?;
+        let to = normalize_mailbox_name(to)?;
+        if is_inbox(&to) {
+            return Err(StoreError::AlreadyExists("INBOX".into()));
+        }
+        // INBOX is the one mailbox whose children do not move with it
+        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
+            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
+        }
+        let mut tx = self.tx().await?;
+        // serialise renames/creates of this account (and check it exists)
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1 FOR UPDATE")
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("account {account_id}")));
+        }
+        let rows = sqlx::query(
+            "SELECT id, name FROM mailboxes WHERE account_id = $1 \
+             AND (name = $2 OR (NOT $3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
+        )
+        .bind(account_id)
+        .bind(&from)
+        .bind(is_inbox(&from))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if rows.is_empty() {
+            return Err(StoreError::NotFound(format!("mailbox {from}")));
+        }
+        if Self::mailbox_in(&mut tx, account_id, &to, false).await?.is_some() {
+            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
+        }
+        Self::create_parents(&mut tx, account_id, &to).await?;
+        if is_inbox(&from) {
+            let inbox: i64 = rows[0].try_get("id").map_err(db_err)?;
+            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty)
+            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+            let new_id: i64 = sqlx::query_scalar(
+                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen) \
+                 SELECT account_id, $1, $2, uid_next, highest_modseq, messages, unseen FROM mailboxes WHERE id = $3 \
+                 RETURNING id",
+            )
+            .bind(&to)
+            .bind(uv)
+            .bind(inbox)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            let modseq: i64 = sqlx::query_scalar(
+                "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = 0, unseen = 0 \
+                 WHERE id = $1 RETURNING highest_modseq",
+            )
+            .bind(inbox)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            sqlx::query(
+                "INSERT INTO expunged (mailbox_id, uid, modseq) \
+                 SELECT mailbox_id, uid, $2 FROM mailbox_messages WHERE mailbox_id = $1 \
+                 ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
+            )
+            .bind(inbox)
+            .bind(modseq)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            sqlx::query("UPDATE mailbox_messages SET mailbox_id = $1 WHERE mailbox_id = $2")
+                .bind(new_id)
+                .bind(inbox)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        } else {
+            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+            let mut ids = Vec::with_capacity(rows.len());
+            let mut names = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let name: String = r.try_get("name").map_err(db_err)?;
+                ids.push(r.try_get::<i64, _>("id").map_err(db_err)?);
+                names.push(format!("{to}{}", &name[from.len()..]));
+            }
+            let validities: Vec<i64> = (first..first + rows.len() as i64).collect();
+            // The unique (account_id, name) constraint is checked per row, so a
+            // single UPDATE renaming A/x → B/x fails only if B/x already exists.
+            sqlx::query(
+                "UPDATE mailboxes m SET name = t.n, uid_validity = t.v \
+                 FROM UNNEST($1::bigint[], $2::text[], $3::bigint[]) AS t(id, n, v) WHERE m.id = t.id",
+            )
+            .bind(&ids)
+            .bind(&names)
+            .bind(&validities)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| match e {
+                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("a mailbox under {to}")),
+                e => db_err(e),
+            })?;
+        }
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
+        let name = normalize_mailbox_name(name)?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
+            .bind(account_id)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("account {account_id}")));
+        }
+        let sql = if subscribed {
+            "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+        } else {
+            "DELETE FROM subscriptions WHERE account_id = $1 AND name = $2"
+        };
+        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *self.conn().await?).await.map_err(
+            |e| match e {
+                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
+                    StoreError::NotFound(format!("account {account_id}"))
+                }
+                e => db_err(e),
+            },
+        )?;
+        Ok(())
+    }
+
+    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"")
+            .bind(account_id)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
+        // Counters, not COUNT(*): see migrations/postgres (kept in the writers'
+        // transactions, so they are exactly as current as the rows).
+        let row = sqlx::query(
+            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = $1",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        Ok(MailboxStatus {
+            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
+            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
+            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
+            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
+            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
+        })
+    }
+
+    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Everything that can fail or take CPU happens before the transaction
+        // opens, so row locks are held only for the statements themselves.
+        let flags: Vec<FlagSet> =
+            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
+        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
+        let bodies = compress_batch(batch).await?;
+        let groups = group_by_mailbox(batch);
+        let stored: Vec<usize> = (0..batch.len()).filter(|&i| !batch[i].targets.is_empty()).collect();
+        if stored.is_empty() {
+            return Ok(vec![Vec::new(); batch.len()]);
+        }
+
+        let mut tx = self.tx().await?;
+        // 1. lock the target mailboxes in ascending id order, then allocate UIDs
+        let mb_ids: Vec<i64> = groups.keys().copied().collect();
+        Self::lock_mailboxes(&mut tx, &mb_ids).await?;
+        let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
+        let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
+        let rows = sqlx::query(
+            "UPDATE mailboxes m SET uid_next = m.uid_next + t.n, highest_modseq = m.highest_modseq + 1, \
+             messages = m.messages + t.n, unseen = m.unseen + t.u \
+             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS t(id, n, u) WHERE m.id = t.id \
+             RETURNING m.id, m.uid_next - t.n AS first_uid, m.highest_modseq",
+        )
+        .bind(&mb_ids)
+        .bind(&counts)
+        .bind(&unseen)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let mut firsts: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        for r in &rows {
+            let id: i64 = r.try_get("id").map_err(db_err)?;
+            let first: i64 = r.try_get("first_uid").map_err(db_err)?;
+            let n = groups.get(&id).map_or(0, |s| s.deliveries.len() as i64);
+            if first + n - 1 > i64::from(u32::MAX) {
+                return Err(StoreError::Invalid(format!("mailbox {id} has run out of UIDs")));
+            }
+            firsts.insert(id, (first, r.try_get("highest_modseq").map_err(db_err)?));
+        }
+
+        // 2. one body per message, with ids taken up front so that the link rows
+        //    can reference them without relying on RETURNING order
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('messages', 'id')) FROM generate_series(1, $1)",
+        )
+        .bind(stored.len() as i64)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if ids.len() != stored.len() {
+            return Err(StoreError::Internal("message id allocation came back short".into()));
+        }
+        let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
+        for (&i, &id) in stored.iter().zip(&ids) {
+            message_ids[i] = Some(id);
+        }
+        let col = |f: fn(&NewDelivery) -> &str| stored.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
+        let meta_col: Vec<&str> = stored.iter().map(|&i| metas[i].as_str()).collect();
+        let body_refs: Vec<&[u8]> = stored.iter().map(|&i| bodies[i].as_slice(&batch[i].raw)).collect();
+        let compressed: Vec<bool> = stored.iter().map(|&i| bodies[i].compressed).collect();
+        let sizes: Vec<i64> = stored.iter().map(|&i| batch[i].raw.len() as i64).collect();
+        let sent: Vec<Option<DateTime<Utc>>> = stored.iter().map(|&i| batch[i].meta.sent_date).collect();
+        sqlx::query(
+            "INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
+             message_id, sent_date) \
+             SELECT * FROM UNNEST($1::bigint[], $2::bytea[], $3::bool[], $4::bigint[], $5::text[], $6::text[], \
+             $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])",
+        )
+        .bind(&ids)
+        .bind(&body_refs)
+        .bind(&compressed)
+        .bind(&sizes)
+        .bind(&meta_col)
+        .bind(col(|d| d.meta.subject.as_str()))
+        .bind(col(|d| d.meta.from.as_str()))
+        .bind(col(|d| d.meta.to.as_str()))
+        .bind(col(|d| d.meta.cc.as_str()))
+        .bind(col(|d| d.meta.message_id.as_str()))
+        .bind(&sent)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+
+        // 3. the links, UIDs in batch order per mailbox
+        let keywords: Vec<String> = flags.iter().map(|f| encode_keywords(&f.keywords)).collect();
+        let mut l_mb = Vec::new();
+        let mut l_uid = Vec::new();
+        let mut l_msg = Vec::new();
+        let mut l_flags = Vec::new();
+        let mut l_kw: Vec<&str> = Vec::new();
+        let mut l_modseq = Vec::new();
+        let mut l_date = Vec::new();
+        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        for (&mb, share) in &groups {
+            let (first, modseq) =
+                *firsts.get(&mb).ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
+            for (k, &i) in share.deliveries.iter().enumerate() {
+                let uid = first + k as i64;
+                l_mb.push(mb);
+                l_uid.push(uid);
+                l_msg.push(message_ids[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?);
+                l_flags.push(flags[i].system.0 as i32);
+                l_kw.push(keywords[i].as_str());
+                l_modseq.push(modseq);
+                l_date.push(batch[i].internal_date);
+                assigned.insert((i, mb), u32_of(uid, "uid")?);
+            }
+        }
+        sqlx::query(
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date) \
+             SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], \
+             $7::timestamptz[])",
+        )
+        .bind(&l_mb)
+        .bind(&l_uid)
+        .bind(&l_msg)
+        .bind(&l_flags)
+        .bind(&l_kw)
+        .bind(&l_modseq)
+        .bind(&l_date)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(delivered(batch, &assigned))
+    }
+
+    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
+        let uids: Vec<i64> =
+            sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")
+                .bind(mailbox_id)
+                .fetch_all(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
+        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+    }
+
+    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
+        let (los, his) = range_arrays(uids);
+        if los.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta \
+             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             JOIN messages m ON m.id = mm.message_id ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|r| {
+                let f = flag_row(r)?;
+                let meta: String = r.try_get("meta").map_err(db_err)?;
+                Ok(MessageRow {
+                    uid: f.uid,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
+                    flags: f.flags,
+                    modseq: f.modseq,
+                    internal_date: r.try_get("internal_date").map_err(db_err)?,
+                    meta: meta_from_json(&meta)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
+        let (los, his) = range_arrays(uids);
+        if los.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(
+            "SELECT mm.uid, mm.flags, mm.keywords, mm.modseq \
+             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(flag_row).collect()
+    }
+
+    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
+        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = $1")
+            .bind(message_id)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
+        decompress_body(
+            row.try_get("body").map_err(db_err)?,
+            row.try_get("compressed").map_err(db_err)?,
+            row.try_get("size").map_err(db_err)?,
+        )
+    }
+
+    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+        let sql = format!(
+            "SELECT uid FROM mailbox_messages WHERE mailbox_id = $1{} ORDER BY uid",
+            flag_conditions(with, without)
+        );
+        let uids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(mailbox_id)
+            .fetch_all(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+    }
+
+    async fn store_flags(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        let flags = normalize_flagset(flags)?;
+        let mut tx = self.tx().await?;
+        // the mailbox row first (lock order), and the one modseq of this call
+        let modseq = Self::bump_modseq(&mut tx, mailbox_id).await?;
+        let links = Self::links_in(&mut tx, mailbox_id, uids).await?;
+        let mut changed = Vec::new();
+        let mut unseen_delta = 0i64;
+        let (mut c_uid, mut c_flags, mut c_kw) = (Vec::new(), Vec::new(), Vec::new());
+        for l in &links {
+            let old = flagset_from_row(i64::from(l.flags), &l.keywords);
+            let new = apply_flags(&old, op, &flags);
+            if new == old {
+                continue;
+            }
+            unseen_delta +=
+                i64::from(old.system.contains(Flags::SEEN)) - i64::from(new.system.contains(Flags::SEEN));
+            c_uid.push(l.uid);
+            c_flags.push(new.system.0 as i32);
+            c_kw.push(encode_keywords(&new.keywords));
+            changed.push(FlagRow { uid: u32_of(l.uid, "uid")?, flags: new, modseq: u64_of(modseq) });
+        }
+        if changed.is_empty() {
+            // dropping the transaction rolls the modseq bump back
+            return Ok(changed);
+        }
+        sqlx::query(
+            "UPDATE mailbox_messages mm SET flags = t.f, keywords = t.k, modseq = $2 \
+             FROM UNNEST($3::bigint[], $4::int[], $5::text[]) AS t(u, f, k) \
+             WHERE mm.mailbox_id = $1 AND mm.uid = t.u",
+        )
+        .bind(mailbox_id)
+        .bind(modseq)
+        .bind(&c_uid)
+        .bind(&c_flags)
+        .bind(&c_kw)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if unseen_delta != 0 {
+            sqlx::query("UPDATE mailboxes SET unseen = unseen + $1 WHERE id = $2")
+                .bind(unseen_delta)
+                .bind(mailbox_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(changed)
+    }
+
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        let mut tx = self.tx().await?;
+        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
+        let links = match uids {
+            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
+            None => {
+                // literal predicate: served by the partial index on \Deleted rows
+                let rows = sqlx::query(
+                    "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
+                     WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid",
+                )
+                .bind(mailbox_id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                rows.iter().map(link_row).collect::<StoreResult<Vec<_>>>()?
+            }
+        };
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        Self::remove_links(&mut tx, mailbox_id, &links).await?;
+        tx.commit().await.map_err(db_err)?;
+        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
+    }
+
+    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        self.copy_or_move(src, uids, dest, false).await
+    }
+
+    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        if src == dest {
+            return Err(StoreError::Invalid("cannot move messages into their own mailbox".into()));
+        }
+        self.copy_or_move(src, uids, dest, true).await
+    }
+
+    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+        let mut conn = self.conn().await?;
+        let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let since = i64::try_from(modseq).unwrap_or(i64::MAX);
+        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
+        if since >= highest {
+            return Ok(out);
+        }
+        // Bounded by `highest`: modseqs are allocated and committed under the
+        // mailbox row lock, so everything up to `highest` is visible now and
+        // anything later is reported by the next call.
+        // Not persistent: an unnamed statement is planned with the actual modseq,
+        // so "changed since a minute ago" uses the (mailbox_id, modseq) index where
+        // a cached generic plan could settle on walking the whole mailbox.
+        let rows = sqlx::query(
+            "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
+             WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
+        )
+        .persistent(false)
+        .bind(mailbox_id)
+        .bind(since)
+        .bind(highest)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
+        let expunged: Vec<i64> = sqlx::query_scalar(
+            "SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
+        )
+        .persistent(false)
+        .bind(mailbox_id)
+        .bind(since)
+        .bind(highest)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)?;
+        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
+        Ok(out)
+    }
+
+    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
+        let recipients =
+            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
+        sqlx::query_scalar(
+            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(&item.sender)
+        .bind(recipients)
+        .bind(&item.raw[..])
+        .bind(item.account_id)
+        .bind(item.not_before)
+        .bind(item.expires_at)
+        .fetch_one(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
+        let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX / 2);
+        // SKIP LOCKED: concurrent claimers on other pods pass over rows another
+        // claimer is taking right now instead of waiting for (and then re-taking) them.
+        let rows = sqlx::query(
+            "WITH due AS ( \
+               SELECT id FROM outbound_queue \
+               WHERE status = 'queued' AND next_attempt <= now() \
+                 AND (locked_until IS NULL OR locked_until <= now()) \
+               ORDER BY next_attempt, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             UPDATE outbound_queue q SET locked_by = $1, \
+               locked_until = now() + make_interval(secs => $2::double precision / 1000000), \
+               attempts = q.attempts + 1 \
+             FROM due WHERE q.id = due.id \
+             RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
+               q.created_at, q.expires_at",
+        )
+        .bind(worker)
+        .bind(lease_us)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        let mut items = Vec::with_capacity(rows.len());
+        for r in rows {
+            let recipients: String = r.try_get("recipients").map_err(db_err)?;
+            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
+            let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
+            items.push(QueueItem {
+                id: r.try_get("id").map_err(db_err)?,
+                sender: r.try_get("sender").map_err(db_err)?,
+                recipients: serde_json::from_str(&recipients)
+                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
+                raw: Bytes::from(raw),
+                account_id: r.try_get("account_id").map_err(db_err)?,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                last_error: r.try_get("last_error").map_err(db_err)?,
+                created_at: r.try_get("created_at").map_err(db_err)?,
+                expires_at: r.try_get("expires_at").map_err(db_err)?,
+            });
+        }
+        items.sort_by_key(|i| i.id);
+        Ok(items)
+    }
+
+    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
+        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
+            .bind(id)
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("queue item {id}")));
+        }
+        Ok(())
+    }
+
+    async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
+        let res = match retry_at {
+            Some(at) => sqlx::query(
+                "UPDATE outbound_queue SET last_error = $1, next_attempt = $2, locked_by = NULL, \
+                 locked_until = NULL WHERE id = $3",
+            )
+            .bind(error)
+            .bind(at)
+            .bind(id),
+            None => sqlx::query(
+                "UPDATE outbound_queue SET last_error = $1, status = 'failed', locked_by = NULL, \
+                 locked_until = NULL WHERE id = $2",
+            )
+            .bind(error)
+            .bind(id),
+        }
+        .execute(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("queue item {id}")));
+        }
+        Ok(())
+    }
+}

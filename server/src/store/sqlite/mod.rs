@@ -1,0 +1,1281 @@
+//! The embedded store: SQLite through sqlx, for single-pod installs and development.
+//!
+//! Concurrency model: one *writer* connection and a pool of *reader* connections on
+//! the same WAL-mode file. WAL lets readers run while the writer commits; funnelling
+//! every write through a single connection means writers queue in the pool (fair,
+//! bounded by the acquire timeout) instead of colliding inside SQLite, so this
+//! process never sees `SQLITE_BUSY` from itself. Write transactions start with
+//! `BEGIN IMMEDIATE` so that a write lock held by *another* process (the CLI adding a
+//! user while `serve` runs) is waited for by `busy_timeout` up front, rather than a
+//! deferred transaction failing with an unretryable `SQLITE_BUSY_SNAPSHOT` halfway.
+//!
+//! Durability: `synchronous=FULL`. With WAL, NORMAL already survives `kill -9` (the
+//! WAL write reaches the OS before COMMIT returns) but may drop the last commits on
+//! power loss; a `250 OK` promises the message is stored, so every commit fsyncs the
+//! WAL. Group commit ([`Store::deliver_batch`]) is what amortises that fsync.
+//!
+//! Since a single connection writes, "locking mailboxes in ascending id order" is
+//! implicit here; the statements still follow the PostgreSQL store's order so the
+//! two read alike.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
+
+use super::common::{
+    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
+    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
+    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
+    parent_names, u32_of, u64_of, uid_ranges,
+};
+use super::*;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// How long a write waits for another process's write lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    /// In-memory databases use one connection for both roles.
+    shared: bool,
+    acquire: AcquireTimer,
+}
+
+type Tx = Transaction<'static, Sqlite>;
+
+fn to_us(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn from_us(us: i64) -> DateTime<Utc> {
+    Utc.timestamp_micros(us).single().unwrap_or_default()
+}
+
+fn mailbox_from_row(r: &SqliteRow) -> StoreResult<Mailbox> {
+    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
+    Ok(Mailbox {
+        id: r.try_get("id").map_err(db_err)?,
+        account_id: r.try_get("account_id").map_err(db_err)?,
+        name: r.try_get("name").map_err(db_err)?,
+        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
+        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
+        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
+        special_use: special.as_deref().and_then(SpecialUse::parse),
+    })
+}
+
+fn account_from_row(r: &SqliteRow) -> StoreResult<Account> {
+    Ok(Account {
+        id: r.try_get("id").map_err(db_err)?,
+        email: r.try_get("email").map_err(db_err)?,
+        domain: r.try_get("domain").map_err(db_err)?,
+        password_hash: r.try_get("password_hash").map_err(db_err)?,
+        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
+    })
+}
+
+fn flag_row(r: &SqliteRow) -> StoreResult<FlagRow> {
+    let keywords: String = r.try_get("keywords").map_err(db_err)?;
+    Ok(FlagRow {
+        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+        flags: flagset_from_row(r.try_get("flags").map_err(db_err)?, &keywords),
+        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
+    })
+}
+
+const MAILBOX_COLS: &str = "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use";
+const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
+     FROM accounts a JOIN domains d ON d.id = a.domain_id";
+
+/// A source row of COPY/MOVE.
+struct LinkRow {
+    uid: i64,
+    message_id: i64,
+    flags: i64,
+    keywords: String,
+    internal_date: i64,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database described by `options`.
+    pub async fn connect(
+        options: SqliteConnectOptions,
+        pool_size: u32,
+        acquire_timeout: Duration,
+    ) -> StoreResult<Self> {
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let in_memory = options.get_filename().to_string_lossy().contains(":memory:")
+            || options.get_filename().as_os_str().is_empty();
+        let name = options.get_filename().display().to_string();
+        let unavailable =
+            |e: sqlx::Error| StoreError::Unavailable(format!("cannot open SQLite database {name}: {e}"));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .acquire_timeout(acquire_timeout)
+            // an in-memory database lives exactly as long as its connection
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options.clone())
+            .await
+            .map_err(unavailable)?;
+        let reader = if in_memory {
+            writer.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(pool_size.max(1))
+                .acquire_timeout(acquire_timeout)
+                .connect_with(options.create_if_missing(false))
+                .await
+                .map_err(unavailable)?
+        };
+        Ok(SqliteStore { writer, reader, shared: in_memory, acquire: AcquireTimer::default() })
+    }
+
+    /// Opens the file at `path` (created with its directory if missing).
+    pub async fn open_path(path: &Path, pool_size: u32, acquire_timeout: Duration) -> StoreResult<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display()))
+            })?;
+        }
+        Self::connect(SqliteConnectOptions::new().filename(path), pool_size, acquire_timeout).await
+    }
+
+    /// Opens a `sqlite:` URL.
+    pub async fn open_url(url: &str, pool_size: u32, acquire_timeout: Duration) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("bad SQLite URL: {e}")))?;
+        if let Some(dir) = options.get_filename().parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        Self::connect(options, pool_size, acquire_timeout).await
+    }
+
+    async fn read_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        self.acquire.time(self.reader.acquire()).await.map_err(db_err)
+    }
+
+    /// The writer connection; waiting for it is how concurrent writers queue.
+    async fn write_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        self.acquire.time(self.writer.acquire()).await.map_err(db_err)
+    }
+
+    async fn write_tx(&self) -> StoreResult<Tx> {
+        let conn = self.write_conn().await?;
+        Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await.map_err(db_err)
+    }
+
+    /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; returns
+    /// the first, or `None` when the account does not exist.
+    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
+        let last: Option<i64> = sqlx::query_scalar(
+            "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + ?2, ?3 + ?2 - 1) \
+             WHERE id = ?1 RETURNING last_uid_validity",
+        )
+        .bind(account_id)
+        .bind(n)
+        .bind(now_secs())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        match last {
+            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
+            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
+            None => Ok(None),
+        }
+    }
+
+    /// Creates the missing superior names of `name` (RFC 3501 CREATE/RENAME).
+    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
+        for parent in parent_names(name) {
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = ? AND name = ?")
+                    .bind(account_id)
+                    .bind(&parent)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+            if exists.is_none() {
+                let uv = Self::alloc_uid_validity(tx, account_id, 1)
+                    .await?
+                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+                sqlx::query("INSERT INTO mailboxes (account_id, name, uid_validity) VALUES (?, ?, ?)")
+                    .bind(account_id)
+                    .bind(&parent)
+                    .bind(uv)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes bodies that no mailbox links any more.
+    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let ids = serde_json::to_string(message_ids).map_err(|e| StoreError::Internal(e.to_string()))?;
+        sqlx::query(
+            "DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?)) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = messages.id)",
+        )
+        .bind(ids)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn mailbox_in(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    /// Bumps the mailbox's modseq (and takes the write position for it); returns
+    /// the new modseq, or NotFound.
+    async fn bump_modseq(tx: &mut Tx, mailbox_id: i64) -> StoreResult<i64> {
+        sqlx::query_scalar(
+            "UPDATE mailboxes SET highest_modseq = highest_modseq + 1 WHERE id = ? RETURNING highest_modseq",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))
+    }
+
+    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let rows = sqlx::query(
+                "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
+                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
+            )
+            .bind(mailbox_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err)?;
+            for r in rows {
+                out.push(LinkRow {
+                    uid: r.try_get("uid").map_err(db_err)?,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
+                    flags: r.try_get("flags").map_err(db_err)?,
+                    keywords: r.try_get("keywords").map_err(db_err)?,
+                    internal_date: r.try_get("internal_date").map_err(db_err)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes the given links, leaves tombstones, fixes counters and removes
+    /// orphaned bodies. `links` must belong to `mailbox_id`.
+    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
+        if links.is_empty() {
+            return Ok(());
+        }
+        let modseq = Self::bump_modseq(tx, mailbox_id).await?;
+        let mut unseen = 0i64;
+        for l in links {
+            sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = ? AND uid = ?")
+                .bind(mailbox_id)
+                .bind(l.uid)
+                .execute(&mut **tx)
+                .await
+                .map_err(db_err)?;
+            sqlx::query("INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq) VALUES (?, ?, ?)")
+                .bind(mailbox_id)
+                .bind(l.uid)
+                .bind(modseq)
+                .execute(&mut **tx)
+                .await
+                .map_err(db_err)?;
+            if l.flags & i64::from(Flags::SEEN.0) == 0 {
+                unseen += 1;
+            }
+        }
+        sqlx::query("UPDATE mailboxes SET messages = messages - ?, unseen = unseen - ? WHERE id = ?")
+            .bind(links.len() as i64)
+            .bind(unseen)
+            .bind(mailbox_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Self::delete_orphans(tx, &ids).await
+    }
+
+    /// Links `links` into `dest` with fresh UIDs, keeping flags and dates.
+    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = links.len() as i64;
+        let unseen = links.iter().filter(|l| l.flags & i64::from(Flags::SEEN.0) == 0).count() as i64;
+        let row = sqlx::query(
+            "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
+             messages = messages + ?1, unseen = unseen + ?2 WHERE id = ?3 \
+             RETURNING uid_next - ?1 AS first_uid, highest_modseq",
+        )
+        .bind(n)
+        .bind(unseen)
+        .bind(dest)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
+        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
+        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
+        if first + n - 1 > i64::from(u32::MAX) {
+            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
+        }
+        let mut out = Vec::with_capacity(links.len());
+        for (k, l) in links.iter().enumerate() {
+            let uid = first + k as i64;
+            sqlx::query(
+                "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
+                 internal_date) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(dest)
+            .bind(uid)
+            .bind(l.message_id)
+            .bind(l.flags)
+            .bind(&l.keywords)
+            .bind(modseq)
+            .bind(l.internal_date)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+            out.push((u32_of(l.uid, "uid")?, u32_of(uid, "uid")?));
+        }
+        Ok(out)
+    }
+
+    async fn copy_or_move(
+        &self,
+        src: i64,
+        uids: &UidSet,
+        dest: i64,
+        remove: bool,
+    ) -> StoreResult<Vec<(u32, u32)>> {
+        let mut tx = self.write_tx().await?;
+        for id in [src, dest] {
+            let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound(format!("mailbox {id}")));
+            }
+        }
+        let links = Self::links_in(&mut tx, src, uids).await?;
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Link into the destination before unlinking the source so that a MOVE
+        // never sees a body without links (which would delete it).
+        let pairs = Self::add_links(&mut tx, dest, &links).await?;
+        if remove {
+            Self::remove_links(&mut tx, src, &links).await?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(pairs)
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn migrate(&self) -> StoreResult<()> {
+        MIGRATOR.run(&self.writer).await.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&mut *self.read_conn().await?).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    fn set_acquire_observer(&self, observer: AcquireObserver) {
+        self.acquire.set(observer);
+    }
+
+    fn pool_stats(&self) -> PoolStats {
+        let pools: &[&SqlitePool] = if self.shared { &[&self.writer] } else { &[&self.writer, &self.reader] };
+        let mut stats = PoolStats::default();
+        for p in pools {
+            let idle = p.num_idle() as u32;
+            stats.max += p.options().get_max_connections();
+            stats.idle += idle;
+            stats.in_use += p.size().saturating_sub(idle);
+        }
+        stats
+    }
+
+    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let res = sqlx::query("INSERT INTO domains (name, created_at) VALUES (?, ?)")
+            .bind(&d)
+            .bind(to_us(Utc::now()))
+            .execute(&mut *self.write_conn().await?)
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
+            Err(e) => Err(db_err(e)),
+        }
+    }
+
+    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let mut tx = self.write_tx().await?;
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
+            .bind(&d)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
+        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = ? LIMIT 1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if used.is_some() {
+            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
+        }
+        sqlx::query("DELETE FROM domains WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
+            .fetch_all(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
+        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
+        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
+            .bind(d)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(found.is_some())
+    }
+
+    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
+        let (email, domain) = normalize_email(email)?;
+        let mut tx = self.write_tx().await?;
+        let domain_id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
+            .bind(&domain)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
+        let created_at = Utc::now();
+        let res = sqlx::query_scalar(
+            "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+        )
+        .bind(&email)
+        .bind(domain_id)
+        .bind(password_hash)
+        .bind(to_us(created_at))
+        .fetch_one(&mut *tx)
+        .await;
+        let id: i64 = match res {
+            Ok(id) => id,
+            Err(e) if is_unique_violation(&e) => {
+                return Err(StoreError::AlreadyExists(format!("account {email}")));
+            }
+            Err(e) => return Err(db_err(e)),
+        };
+        let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
+            .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))
+            .collect();
+        let first = Self::alloc_uid_validity(&mut tx, id, defaults.len() as i64)
+            .await?
+            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
+        for (k, (name, special)) in defaults.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(*name)
+            .bind(first + k as i64)
+            .bind(special.map(SpecialUse::as_str))
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            if special.is_some() {
+                sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, ?)")
+                    .bind(id)
+                    .bind(*name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+        }
+        sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, 'INBOX')")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        // microsecond precision, as stored
+        Ok(Account {
+            id,
+            email,
+            domain,
+            password_hash: password_hash.to_string(),
+            created_at: from_us(to_us(created_at)),
+        })
+    }
+
+    async fn account_delete(&self, email: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let mut tx = self.write_tx().await?;
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = ?")
+            .bind(&email)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
+        let message_ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
+             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = ?",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("DELETE FROM accounts WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
+        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let res = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
+            .bind(password_hash)
+            .bind(&email)
+            .execute(&mut *self.write_conn().await?)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("account {email}")));
+        }
+        Ok(())
+    }
+
+    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
+        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
+        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(email)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(account_from_row).transpose()
+    }
+
+    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
+        let rows = match domain {
+            Some(d) => {
+                let d = normalize_domain(d)?;
+                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = ? ORDER BY a.email");
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.read_conn().await?).await
+            }
+            None => {
+                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
+                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.read_conn().await?).await
+            }
+        }
+        .map_err(db_err)?;
+        rows.iter().map(account_from_row).collect()
+    }
+
+    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? ORDER BY name");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .fetch_all(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(mailbox_from_row).collect()
+    }
+
+    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
+        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = ?");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(mailbox_id)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn mailbox_create(
+        &self,
+        account_id: i64,
+        name: &str,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let name = normalize_mailbox_name(name)?;
+        if is_inbox(&name) {
+            return Err(StoreError::AlreadyExists("INBOX".into()));
+        }
+        let mut tx = self.write_tx().await?;
+        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+        if Self::mailbox_in(&mut tx, account_id, &name).await?.is_some() {
+            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
+        }
+        Self::create_parents(&mut tx, account_id, &name).await?;
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(&name)
+            .bind(uv)
+            .bind(special_use.map(SpecialUse::as_str))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let mailbox = mailbox_from_row(&row)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(mailbox)
+    }
+
+    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
+        let name = normalize_mailbox_name(name)?;
+        if is_inbox(&name) {
+            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
+        }
+        let mut tx = self.write_tx().await?;
+        let mb = Self::mailbox_in(&mut tx, account_id, &name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
+        let message_ids: Vec<i64> =
+            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = ?")
+                .bind(mb.id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        sqlx::query("DELETE FROM mailboxes WHERE id = ?")
+            .bind(mb.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
+        let from = normalize_mailbox_name(from)?;
+        let to = normalize_mailbox_name(to)?;
+        if is_inbox(&to) {
+            return Err(StoreError::AlreadyExists("INBOX".into()));
+        }
+        // INBOX is the one mailbox whose children do not move with it, so
+        // `INBOX` → `INBOX/old` is fine.
+        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
+            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
+        }
+        let mut tx = self.write_tx().await?;
+        let src = Self::mailbox_in(&mut tx, account_id, &from)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {from}")))?;
+        if Self::mailbox_in(&mut tx, account_id, &to).await?.is_some() {
+            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
+        }
+        Self::create_parents(&mut tx, account_id, &to).await?;
+        if is_inbox(&from) {
+            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty).
+            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+            let new_id: i64 = sqlx::query_scalar(
+                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen) \
+                 SELECT account_id, ?, ?, uid_next, highest_modseq, messages, unseen FROM mailboxes WHERE id = ? \
+                 RETURNING id",
+            )
+            .bind(&to)
+            .bind(uv)
+            .bind(src.id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            let modseq = Self::bump_modseq(&mut tx, src.id).await?;
+            sqlx::query(
+                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq) \
+                 SELECT mailbox_id, uid, ? FROM mailbox_messages WHERE mailbox_id = ?",
+            )
+            .bind(modseq)
+            .bind(src.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            sqlx::query("UPDATE mailbox_messages SET mailbox_id = ? WHERE mailbox_id = ?")
+                .bind(new_id)
+                .bind(src.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            sqlx::query("UPDATE mailboxes SET messages = 0, unseen = 0 WHERE id = ?")
+                .bind(src.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        } else {
+            let rows = sqlx::query(
+                "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
+                 AND (name = ?2 OR substr(name, 1, length(?2) + 1) = ?2 || '/') ORDER BY id",
+            )
+            .bind(account_id)
+            .bind(&from)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+            for (k, r) in rows.iter().enumerate() {
+                let id: i64 = r.try_get("id").map_err(db_err)?;
+                let name: String = r.try_get("name").map_err(db_err)?;
+                let new_name = format!("{to}{}", &name[from.len()..]);
+                let res = sqlx::query("UPDATE mailboxes SET name = ?, uid_validity = ? WHERE id = ?")
+                    .bind(&new_name)
+                    .bind(first + k as i64)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await;
+                match res {
+                    Ok(_) => {}
+                    Err(e) if is_unique_violation(&e) => {
+                        return Err(StoreError::AlreadyExists(format!("mailbox {new_name}")));
+                    }
+                    Err(e) => return Err(db_err(e)),
+                }
+            }
+        }
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
+        let name = normalize_mailbox_name(name)?;
+        let mut tx = self.write_tx().await?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = ?")
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("account {account_id}")));
+        }
+        let sql = if subscribed {
+            "INSERT INTO subscriptions (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING"
+        } else {
+            "DELETE FROM subscriptions WHERE account_id = ? AND name = ?"
+        };
+        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *tx).await.map_err(db_err)?;
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = ? ORDER BY name")
+            .bind(account_id)
+            .fetch_all(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
+        let row = sqlx::query(
+            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = ?",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        Ok(MailboxStatus {
+            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
+            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
+            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
+            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
+            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
+        })
+    }
+
+    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let flags: Vec<FlagSet> =
+            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
+        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
+        let bodies = compress_batch(batch).await?;
+        let groups = group_by_mailbox(batch);
+
+        let mut tx = self.write_tx().await?;
+        // UIDs first, in ascending mailbox order (the lock order of the PG store).
+        let mut firsts: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        for (&mb, share) in &groups {
+            let n = share.deliveries.len() as i64;
+            let row = sqlx::query(
+                "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
+                 messages = messages + ?1, unseen = unseen + ?2 WHERE id = ?3 \
+                 RETURNING uid_next - ?1 AS first_uid, highest_modseq",
+            )
+            .bind(n)
+            .bind(share.unseen)
+            .bind(mb)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
+            let first: i64 = row.try_get("first_uid").map_err(db_err)?;
+            if first + n - 1 > i64::from(u32::MAX) {
+                return Err(StoreError::Invalid(format!("mailbox {mb} has run out of UIDs")));
+            }
+            firsts.insert(mb, (first, row.try_get("highest_modseq").map_err(db_err)?));
+        }
+        let now = to_us(Utc::now());
+        let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
+        for (i, d) in batch.iter().enumerate() {
+            if d.targets.is_empty() {
+                continue;
+            }
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO messages (body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
+                 message_id, sent_date, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            )
+            .bind(bodies[i].as_slice(&d.raw))
+            .bind(bodies[i].compressed)
+            .bind(d.raw.len() as i64)
+            .bind(&metas[i])
+            .bind(&d.meta.subject)
+            .bind(&d.meta.from)
+            .bind(&d.meta.to)
+            .bind(&d.meta.cc)
+            .bind(&d.meta.message_id)
+            .bind(d.meta.sent_date.map(to_us))
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            message_ids[i] = Some(id);
+        }
+        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        for (&mb, share) in &groups {
+            let (first, modseq) = firsts[&mb];
+            for (k, &i) in share.deliveries.iter().enumerate() {
+                let uid = first + k as i64;
+                let message_id =
+                    message_ids[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?;
+                sqlx::query(
+                    "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
+                     internal_date) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                )
+                .bind(mb)
+                .bind(uid)
+                .bind(message_id)
+                .bind(i64::from(flags[i].system.0))
+                .bind(encode_keywords(&flags[i].keywords))
+                .bind(modseq)
+                .bind(to_us(batch[i].internal_date))
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                assigned.insert((i, mb), u32_of(uid, "uid")?);
+            }
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(delivered(batch, &assigned))
+    }
+
+    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
+        let uids: Vec<i64> =
+            sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
+                .bind(mailbox_id)
+                .fetch_all(&mut *self.read_conn().await?)
+                .await
+                .map_err(db_err)?;
+        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+    }
+
+    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
+        let mut conn = self.read_conn().await?;
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let rows = sqlx::query(
+                "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta \
+                 FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
+            )
+            .bind(mailbox_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            for r in rows {
+                let f = flag_row(&r)?;
+                let meta: String = r.try_get("meta").map_err(db_err)?;
+                out.push(MessageRow {
+                    uid: f.uid,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
+                    flags: f.flags,
+                    modseq: f.modseq,
+                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
+                    meta: meta_from_json(&meta)?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
+        let mut conn = self.read_conn().await?;
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let rows = sqlx::query(
+                "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
+                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
+            )
+            .bind(mailbox_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            for r in rows {
+                out.push(flag_row(&r)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
+        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = ?")
+            .bind(message_id)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
+        decompress_body(
+            row.try_get("body").map_err(db_err)?,
+            row.try_get("compressed").map_err(db_err)?,
+            row.try_get("size").map_err(db_err)?,
+        )
+    }
+
+    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+        // Without statistics SQLite prefers the primary key (it serves ORDER BY uid)
+        // and filters the whole mailbox; name the partial index so that UNSEEN and
+        // DELETED searches cost what they return, not the mailbox size.
+        let index = if without.contains(Flags::SEEN) {
+            " INDEXED BY mailbox_messages_unseen"
+        } else if with.contains(Flags::DELETED) && !without.contains(Flags::DELETED) {
+            " INDEXED BY mailbox_messages_deleted"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT uid FROM mailbox_messages{index} WHERE mailbox_id = ?{} ORDER BY uid",
+            flag_conditions(with, without)
+        );
+        let uids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(mailbox_id)
+            .fetch_all(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+    }
+
+    async fn store_flags(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        let flags = normalize_flagset(flags)?;
+        let mut tx = self.write_tx().await?;
+        let modseq = Self::bump_modseq(&mut tx, mailbox_id).await?;
+        let links = Self::links_in(&mut tx, mailbox_id, uids).await?;
+        let mut changed = Vec::new();
+        let mut unseen_delta = 0i64;
+        for l in &links {
+            let old = flagset_from_row(l.flags, &l.keywords);
+            let new = apply_flags(&old, op, &flags);
+            if new == old {
+                continue;
+            }
+            let was_seen = old.system.contains(Flags::SEEN);
+            let is_seen = new.system.contains(Flags::SEEN);
+            unseen_delta += i64::from(was_seen) - i64::from(is_seen);
+            sqlx::query(
+                "UPDATE mailbox_messages SET flags = ?, keywords = ?, modseq = ? WHERE mailbox_id = ? AND uid = ?",
+            )
+            .bind(i64::from(new.system.0))
+            .bind(encode_keywords(&new.keywords))
+            .bind(modseq)
+            .bind(mailbox_id)
+            .bind(l.uid)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            changed.push(FlagRow { uid: u32_of(l.uid, "uid")?, flags: new, modseq: u64_of(modseq) });
+        }
+        if changed.is_empty() {
+            // nothing changed: roll back the modseq bump too
+            return Ok(changed);
+        }
+        if unseen_delta != 0 {
+            sqlx::query("UPDATE mailboxes SET unseen = unseen + ? WHERE id = ?")
+                .bind(unseen_delta)
+                .bind(mailbox_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(changed)
+    }
+
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        let mut tx = self.write_tx().await?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
+        }
+        let links = match uids {
+            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
+            None => {
+                let rows = sqlx::query(
+                    "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
+                     INDEXED BY mailbox_messages_deleted WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
+                )
+                .bind(mailbox_id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+                rows.iter()
+                    .map(|r| {
+                        Ok(LinkRow {
+                            uid: r.try_get("uid").map_err(db_err)?,
+                            message_id: r.try_get("message_id").map_err(db_err)?,
+                            flags: r.try_get("flags").map_err(db_err)?,
+                            keywords: r.try_get("keywords").map_err(db_err)?,
+                            internal_date: r.try_get("internal_date").map_err(db_err)?,
+                        })
+                    })
+                    .collect::<StoreResult<Vec<_>>>()?
+            }
+        };
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        Self::remove_links(&mut tx, mailbox_id, &links).await?;
+        tx.commit().await.map_err(db_err)?;
+        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
+    }
+
+    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        self.copy_or_move(src, uids, dest, false).await
+    }
+
+    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        if src == dest {
+            return Err(StoreError::Invalid("cannot move messages into their own mailbox".into()));
+        }
+        self.copy_or_move(src, uids, dest, true).await
+    }
+
+    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+        // One read transaction: a consistent snapshot of mailbox, rows and tombstones.
+        // The modseq indexes are named because SQLite, lacking statistics, would
+        // rather walk the primary key for the ORDER BY and filter the whole mailbox.
+        let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
+        let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let since = i64::try_from(modseq).unwrap_or(i64::MAX);
+        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
+        if since >= highest {
+            return Ok(out);
+        }
+        let rows = sqlx::query(
+            "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
+             WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
+        )
+        .bind(mailbox_id)
+        .bind(since)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
+        let expunged: Vec<i64> =
+            sqlx::query_scalar(
+                "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
+            )
+                .bind(mailbox_id)
+                .bind(since)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
+        Ok(out)
+    }
+
+    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
+        let recipients =
+            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
+        sqlx::query_scalar(
+            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, created_at, \
+             expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        )
+        .bind(&item.sender)
+        .bind(recipients)
+        .bind(&item.raw[..])
+        .bind(item.account_id)
+        .bind(to_us(item.not_before))
+        .bind(to_us(Utc::now()))
+        .bind(to_us(item.expires_at))
+        .fetch_one(&mut *self.write_conn().await?)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
+        let now = Utc::now();
+        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
+        // The single writer connection makes this UPDATE the only claimer at a time.
+        let rows = sqlx::query(
+            "UPDATE outbound_queue SET locked_by = ?1, locked_until = ?2, attempts = attempts + 1 \
+             WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= ?3 \
+               AND (locked_until IS NULL OR locked_until <= ?3) ORDER BY next_attempt, id LIMIT ?4) \
+             RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at",
+        )
+        .bind(worker)
+        .bind(to_us(until))
+        .bind(to_us(now))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *self.write_conn().await?)
+        .await
+        .map_err(db_err)?;
+        let mut items = Vec::with_capacity(rows.len());
+        for r in rows {
+            let recipients: String = r.try_get("recipients").map_err(db_err)?;
+            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
+            items.push(QueueItem {
+                id: r.try_get("id").map_err(db_err)?,
+                sender: r.try_get("sender").map_err(db_err)?,
+                recipients: serde_json::from_str(&recipients)
+                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
+                raw: Bytes::from(raw),
+                account_id: r.try_get("account_id").map_err(db_err)?,
+                attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
+                last_error: r.try_get("last_error").map_err(db_err)?,
+                created_at: from_us(r.try_get("created_at").map_err(db_err)?),
+                expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
+            });
+        }
+        items.sort_by_key(|i| i.id);
+        Ok(items)
+    }
+
+    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
+        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
+            .bind(id)
+            .execute(&mut *self.write_conn().await?)
+            .await
+            .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("queue item {id}")));
+        }
+        Ok(())
+    }
+
+    async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
+        let res = match retry_at {
+            Some(at) => sqlx::query(
+                "UPDATE outbound_queue SET last_error = ?, next_attempt = ?, locked_by = NULL, \
+                 locked_until = NULL WHERE id = ?",
+            )
+            .bind(error)
+            .bind(to_us(at))
+            .bind(id),
+            None => sqlx::query(
+                "UPDATE outbound_queue SET last_error = ?, status = 'failed', locked_by = NULL, \
+                 locked_until = NULL WHERE id = ?",
+            )
+            .bind(error)
+            .bind(id),
+        }
+        .execute(&mut *self.write_conn().await?)
+        .await
+        .map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("queue item {id}")));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,497 @@
+//! `Authenticator`: passwords, the verified-credential cache, rate limits and
+//! failure handling, over the in-process cache and (for the cross-pod cases) over
+//! Redis (`REDIS_URL`, default redis://127.0.0.1:6379; fails when unreachable).
+//!
+//! The store is the real embedded one (`store::open(None, tempdir)`, SQLite);
+//! `DownStore` and `DownCache` stand for an unreachable database and Redis.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator, hash_password};
+use mailcluster_server::cache::{
+    self, Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret,
+};
+use mailcluster_server::store::*;
+
+// ---------------------------------------------------------------- a failing store
+
+/// A database that is not there: every call fails.
+struct DownStore;
+
+fn down_store<T>() -> StoreResult<T> {
+    Err(StoreError::Unavailable("database is down (test)".into()))
+}
+
+#[async_trait]
+impl Store for DownStore {
+    fn backend(&self) -> &'static str {
+        "down"
+    }
+    async fn migrate(&self) -> StoreResult<()> {
+        down_store()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        down_store()
+    }
+    fn pool_stats(&self) -> PoolStats {
+        PoolStats::default()
+    }
+    async fn domain_add(&self, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_del(&self, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        down_store()
+    }
+    async fn domain_exists(&self, _: &str) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn account_create(&self, _: &str, _: &str) -> StoreResult<Account> {
+        down_store()
+    }
+    async fn account_delete(&self, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn account_set_password(&self, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn account_get(&self, _: &str) -> StoreResult<Option<Account>> {
+        down_store()
+    }
+    async fn account_list(&self, _: Option<&str>) -> StoreResult<Vec<Account>> {
+        down_store()
+    }
+    async fn mailbox_list(&self, _: i64) -> StoreResult<Vec<Mailbox>> {
+        down_store()
+    }
+    async fn mailbox_get(&self, _: i64, _: &str) -> StoreResult<Option<Mailbox>> {
+        down_store()
+    }
+    async fn mailbox_get_by_id(&self, _: i64) -> StoreResult<Option<Mailbox>> {
+        down_store()
+    }
+    async fn mailbox_create(&self, _: i64, _: &str, _: Option<SpecialUse>) -> StoreResult<Mailbox> {
+        down_store()
+    }
+    async fn mailbox_delete(&self, _: i64, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn mailbox_rename(&self, _: i64, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn mailbox_subscribe(&self, _: i64, _: &str, _: bool) -> StoreResult<()> {
+        down_store()
+    }
+    async fn subscriptions(&self, _: i64) -> StoreResult<Vec<String>> {
+        down_store()
+    }
+    async fn mailbox_status(&self, _: i64) -> StoreResult<MailboxStatus> {
+        down_store()
+    }
+    async fn deliver_batch(&self, _: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        down_store()
+    }
+    async fn mailbox_uids(&self, _: i64) -> StoreResult<Vec<u32>> {
+        down_store()
+    }
+    async fn messages_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<MessageRow>> {
+        down_store()
+    }
+    async fn flags_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<FlagRow>> {
+        down_store()
+    }
+    async fn message_body(&self, _: i64) -> StoreResult<bytes::Bytes> {
+        down_store()
+    }
+    async fn uids_by_flags(&self, _: i64, _: Flags, _: Flags) -> StoreResult<Vec<u32>> {
+        down_store()
+    }
+    async fn store_flags(&self, _: i64, _: &UidSet, _: FlagOp, _: &FlagSet) -> StoreResult<Vec<FlagRow>> {
+        down_store()
+    }
+    async fn expunge(&self, _: i64, _: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        down_store()
+    }
+    async fn copy(&self, _: i64, _: &UidSet, _: i64) -> StoreResult<Vec<(u32, u32)>> {
+        down_store()
+    }
+    async fn move_messages(&self, _: i64, _: &UidSet, _: i64) -> StoreResult<Vec<(u32, u32)>> {
+        down_store()
+    }
+    async fn changes_since(&self, _: i64, _: u64) -> StoreResult<MailboxChanges> {
+        down_store()
+    }
+    async fn queue_enqueue(&self, _: &NewQueueItem) -> StoreResult<i64> {
+        down_store()
+    }
+    async fn queue_claim(&self, _: &str, _: u32, _: Duration) -> StoreResult<Vec<QueueItem>> {
+        down_store()
+    }
+    async fn queue_complete(&self, _: i64) -> StoreResult<()> {
+        down_store()
+    }
+    async fn queue_fail(&self, _: i64, _: &str, _: Option<chrono::DateTime<chrono::Utc>>) -> StoreResult<()> {
+        down_store()
+    }
+}
+
+// ---------------------------------------------------------------- a failing cache
+
+/// A cache whose backend is gone: every call fails.
+struct DownCache;
+
+fn down<T>() -> CacheResult<T> {
+    Err(CacheError::Unavailable("cache is down (test)".into()))
+}
+
+#[async_trait]
+impl Cache for DownCache {
+    fn backend(&self) -> &'static str {
+        "down"
+    }
+    async fn ping(&self) -> CacheResult<()> {
+        down()
+    }
+    fn pool_stats(&self) -> PoolStats {
+        PoolStats::default()
+    }
+    async fn credential_put(&self, _: &[u8; 32], _: i64, _: Duration) -> CacheResult<()> {
+        down()
+    }
+    async fn credential_get(&self, _: &[u8; 32]) -> CacheResult<Option<i64>> {
+        down()
+    }
+    async fn credential_purge_account(&self, _: i64) -> CacheResult<()> {
+        down()
+    }
+    async fn counter_incr(&self, _: &str, _: Duration) -> CacheResult<u64> {
+        down()
+    }
+    async fn counter_get(&self, _: &str) -> CacheResult<u64> {
+        down()
+    }
+    async fn value_put(&self, _: &str, _: &[u8], _: Duration) -> CacheResult<()> {
+        down()
+    }
+    async fn value_get(&self, _: &str) -> CacheResult<Option<Vec<u8>>> {
+        down()
+    }
+    async fn value_del(&self, _: &str) -> CacheResult<()> {
+        down()
+    }
+    async fn publish(&self, _: MailboxEvent) -> CacheResult<()> {
+        down()
+    }
+    async fn subscribe(&self, _: i64) -> CacheResult<BoxStream<'static, MailboxEvent>> {
+        down()
+    }
+    async fn lock_try(&self, _: &str, _: Duration) -> CacheResult<Option<LockToken>> {
+        down()
+    }
+    async fn lock_refresh(&self, _: &LockToken, _: Duration) -> CacheResult<bool> {
+        down()
+    }
+    async fn lock_release(&self, _: &LockToken) -> CacheResult<()> {
+        down()
+    }
+    async fn secret_get(&self, _: &str, _: usize, _: Duration) -> CacheResult<RotatingSecret> {
+        down()
+    }
+}
+
+// ---------------------------------------------------------------- fixtures
+
+const ALICE_PW: &str = "correct horse battery staple";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// The embedded store in a temporary directory (removed when dropped), holding
+/// example.com and alice@example.com.
+struct Fixture {
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+async fn store_with_alice() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = mailcluster_server::store::open(None, dir.path(), 4, Duration::from_secs(5))
+        .await
+        .expect("embedded store");
+    store.migrate().await.expect("migrations");
+    store.domain_add("example.com").await.unwrap();
+    store.account_create("alice@example.com", &hash_password(ALICE_PW).unwrap()).await.unwrap();
+    Fixture { store, _dir: dir }
+}
+
+fn local_cache() -> Arc<dyn Cache> {
+    Arc::new(cache::local::LocalCache::new())
+}
+
+fn config() -> AuthConfig {
+    AuthConfig { max_concurrent_hashes: 2, ..AuthConfig::default() }
+}
+
+fn random_prefix() -> String {
+    let mut bytes = [0u8; 8];
+    rand::fill(&mut bytes);
+    format!("mcauth:{}:", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// Deletes the Redis keys of a test, also when it panicked.
+struct RedisCleanup {
+    url: String,
+    prefix: String,
+}
+
+impl Drop for RedisCleanup {
+    fn drop(&mut self) {
+        let Ok(client) = redis::Client::open(self.url.as_str()) else { return };
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(2)) else { return };
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("{}*", self.prefix)).query(&mut conn).unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+        }
+    }
+}
+
+/// Two Redis-backed caches on one prefix: two pods.
+async fn redis_pods() -> (Arc<dyn Cache>, Arc<dyn Cache>, RedisCleanup) {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = random_prefix();
+    let open = || async {
+        cache::open(Some(&url), &prefix, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"))
+    };
+    let (a, b) = (open().await, open().await);
+    (a, b, RedisCleanup { url, prefix })
+}
+
+fn is_ok_for(outcome: &AuthOutcome, email: &str) -> bool {
+    matches!(outcome, AuthOutcome::Ok(a) if a.email == email)
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn right_password_logs_in_with_full_address_any_case_or_bare_local_part() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert!(is_ok_for(&auth.verify("Alice@EXAMPLE.com", ALICE_PW, from).await, "alice@example.com"));
+    assert!(is_ok_for(&auth.verify("alice", ALICE_PW, from).await, "alice@example.com"), "one domain");
+}
+
+#[tokio::test]
+async fn bare_local_part_is_refused_when_several_domains_exist() {
+    let f = store_with_alice().await;
+    f.store.domain_add("example.org").await.unwrap();
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    assert_eq!(auth.verify("alice", ALICE_PW, ip("192.0.2.1")).await, AuthOutcome::Failed);
+    assert!(is_ok_for(
+        &auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.1")).await,
+        "alice@example.com"
+    ));
+}
+
+#[tokio::test]
+async fn wrong_password_and_unknown_user_both_fail_alike() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert_eq!(auth.verify("alice@example.com", "wrong", from).await, AuthOutcome::Failed);
+    assert_eq!(auth.verify("alice@example.com", "", from).await, AuthOutcome::Failed);
+    assert_eq!(auth.verify("alice@example.com", &"x".repeat(5000), from).await, AuthOutcome::Failed);
+    let runs = auth.argon2_runs();
+    assert_eq!(auth.verify("nobody@example.com", ALICE_PW, from).await, AuthOutcome::Failed);
+    // An unknown user costs an argon2 run too: no user enumeration by timing.
+    assert_eq!(auth.argon2_runs(), runs + 1);
+    assert_eq!(auth.verify("", ALICE_PW, from).await, AuthOutcome::Failed);
+}
+
+#[tokio::test]
+async fn verified_credentials_are_served_from_the_cache_without_argon2() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert_eq!(auth.argon2_runs(), 1);
+    for _ in 0..5 {
+        assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    }
+    // The bare local part normalises to the same credential.
+    assert!(is_ok_for(&auth.verify("ALICE", ALICE_PW, from).await, "alice@example.com"));
+    assert_eq!(auth.argon2_runs(), 1, "cache hits run no argon2");
+    // A wrong password is never a hit.
+    assert_eq!(auth.verify("alice@example.com", "nope", from).await, AuthOutcome::Failed);
+    assert_eq!(auth.argon2_runs(), 2);
+}
+
+#[tokio::test]
+async fn cached_credentials_expire() {
+    let cfg = AuthConfig { credential_cache_secs: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    let from = ip("192.0.2.1");
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    assert_eq!(auth.argon2_runs(), 1);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    assert_eq!(auth.argon2_runs(), 2, "expired entry means a fresh argon2 run");
+}
+
+#[tokio::test]
+async fn failures_per_user_are_limited_until_the_window_ends() {
+    let cfg = AuthConfig { max_failures_per_user: 3, user_window_secs: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    // From different addresses: the per-user limit does not depend on the IP.
+    for i in 1..=3 {
+        let from = ip(&format!("192.0.2.{i}"));
+        assert_eq!(auth.verify("alice@example.com", "guess", from).await, AuthOutcome::Failed);
+    }
+    let runs = auth.argon2_runs();
+    // Limited now, even with the right password and under the bare local part.
+    assert_eq!(auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::RateLimited);
+    assert_eq!(auth.verify("alice", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::RateLimited);
+    assert_eq!(auth.argon2_runs(), runs, "refused before any argon2 work");
+    // Other users are not affected.
+    assert_eq!(auth.verify("bob@example.com", "x", ip("192.0.2.9")).await, AuthOutcome::Failed);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::Ok(_)));
+}
+
+#[tokio::test]
+async fn failures_per_client_network_are_limited_until_the_window_ends() {
+    let cfg = AuthConfig { max_failures_per_ip: 3, ip_window_secs: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    // One host spraying different user names over its IPv6 /64.
+    for (i, user) in ["u1@example.com", "u2@example.com", "u3@example.com"].iter().enumerate() {
+        let from = ip(&format!("2001:db8:0:1::{}", i + 1));
+        assert_eq!(auth.verify(user, "x", from).await, AuthOutcome::Failed);
+    }
+    assert_eq!(
+        auth.verify("alice@example.com", ALICE_PW, ip("2001:db8:0:1::99")).await,
+        AuthOutcome::RateLimited
+    );
+    // Another network is fine.
+    assert!(matches!(
+        auth.verify("alice@example.com", ALICE_PW, ip("2001:db8:0:2::1")).await,
+        AuthOutcome::Ok(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(matches!(
+        auth.verify("alice@example.com", ALICE_PW, ip("2001:db8:0:1::99")).await,
+        AuthOutcome::Ok(_)
+    ));
+}
+
+#[tokio::test]
+async fn password_change_purges_cached_credentials() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    auth.set_password("Alice@example.com", "new secret").await.unwrap();
+    assert_eq!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Failed, "old password");
+    assert!(matches!(auth.verify("alice@example.com", "new secret", from).await, AuthOutcome::Ok(_)));
+    assert!(auth.set_password("nobody@example.com", "x").await.is_err());
+}
+
+#[tokio::test]
+async fn deleted_account_is_not_served_from_the_cache() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    // Deleted without purging the cache (say, by a tool that knows nothing of it).
+    f.store.account_delete("alice@example.com").await.unwrap();
+    assert_eq!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Failed);
+    // Recreated with the same password: a new account id, so the old entry for
+    // the old id does not match either; a fresh verification logs in.
+    let again = f.store.account_create("alice@example.com", &hash_password(ALICE_PW).unwrap()).await.unwrap();
+    let runs = auth.argon2_runs();
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert_eq!(auth.argon2_runs(), runs + 1);
+    assert!(
+        matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(a) if a.id == again.id)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_change_on_one_pod_purges_the_cache_of_all_pods() {
+    let (cache_a, cache_b, _cleanup) = redis_pods().await;
+    let f = store_with_alice().await;
+    let pod_a = Authenticator::new(f.store.clone(), cache_a, config());
+    let pod_b = Authenticator::new(f.store.clone(), cache_b, config());
+    let from = ip("192.0.2.1");
+    assert!(matches!(pod_a.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    // Pod b finds the credential pod a cached: one secret shared by both pods.
+    assert!(matches!(pod_b.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    assert_eq!(pod_b.argon2_runs(), 0, "pod b hit pod a's cache entry");
+    pod_b.set_password("alice@example.com", "rotated").await.unwrap();
+    assert_eq!(pod_a.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Failed);
+    assert!(matches!(pod_a.verify("alice@example.com", "rotated", from).await, AuthOutcome::Ok(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_are_shared_between_pods() {
+    let (cache_a, cache_b, _cleanup) = redis_pods().await;
+    let f = store_with_alice().await;
+    let cfg = AuthConfig { max_failures_per_user: 2, ..config() };
+    let pod_a = Authenticator::new(f.store.clone(), cache_a, cfg.clone());
+    let pod_b = Authenticator::new(f.store.clone(), cache_b, cfg);
+    assert_eq!(pod_a.verify("alice@example.com", "x", ip("192.0.2.1")).await, AuthOutcome::Failed);
+    assert_eq!(pod_b.verify("alice@example.com", "y", ip("192.0.2.2")).await, AuthOutcome::Failed);
+    assert_eq!(pod_a.verify("alice@example.com", ALICE_PW, ip("192.0.2.3")).await, AuthOutcome::RateLimited);
+}
+
+#[tokio::test]
+async fn store_or_cache_trouble_is_unavailable_never_success_or_failure() {
+    let f = store_with_alice().await;
+    let cache = local_cache();
+    let cfg = AuthConfig { max_failures_per_user: 1, ..config() };
+    let auth = Authenticator::new(f.store.clone(), cache.clone(), cfg.clone());
+    let from = ip("192.0.2.1");
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+    // The database goes away (same cache, so the credential is cached): the
+    // account row cannot be read, so not even a cache hit logs in.
+    let no_db = Authenticator::new(Arc::new(DownStore), cache.clone(), cfg.clone());
+    assert_eq!(no_db.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Unavailable);
+    assert_eq!(no_db.verify("alice@example.com", "wrong", from).await, AuthOutcome::Unavailable);
+    assert_eq!(no_db.verify("alice", ALICE_PW, from).await, AuthOutcome::Unavailable, "domain list");
+    // Those were not counted as failures (the limit is 1).
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
+
+    let no_cache = Authenticator::new(f.store.clone(), Arc::new(DownCache), cfg);
+    assert_eq!(no_cache.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Unavailable);
+    assert_eq!(no_cache.verify("alice@example.com", "wrong", from).await, AuthOutcome::Unavailable);
+    assert_eq!(no_cache.argon2_runs(), 0, "no verification without rate limits");
+}
+
+#[tokio::test]
+async fn outcomes_are_counted_in_the_metric() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let registry = prometheus::Registry::new();
+    auth.register_metrics(&registry).unwrap();
+    let from = ip("192.0.2.1");
+    let _ = auth.verify("alice@example.com", ALICE_PW, from).await;
+    let _ = auth.verify("alice@example.com", "bad", from).await;
+    let _ = auth.verify("alice@example.com", "bad", from).await;
+    let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
+    assert!(text.contains("mail_auth_total{result=\"ok\"} 1\n"), "{text}");
+    assert!(text.contains("mail_auth_total{result=\"failed\"} 2\n"), "{text}");
+}

@@ -1,0 +1,173 @@
+//! Shared helpers for IMAP session tests: an App over a given store, an in-memory
+//! or TCP client that speaks line by line, and message fixtures.
+#![allow(dead_code)]
+
+pub mod mem;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailcluster_server::app::App;
+use mailcluster_server::auth::Authenticator;
+use mailcluster_server::cache::Cache;
+use mailcluster_server::config::Config;
+use mailcluster_server::delivery::Deliverer;
+use mailcluster_server::imap::ImapProtocol;
+use mailcluster_server::message::parse_meta;
+use mailcluster_server::metrics::Metrics;
+use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown};
+use mailcluster_server::store::{Account, FlagSet, NewDelivery, Store};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+/// An argon2id hash with tiny parameters: verification cost is irrelevant here and
+/// debug builds would otherwise spend seconds per login.
+pub fn cheap_hash(password: &str) -> String {
+    use argon2::PasswordHasher as _;
+    let params = argon2::Params::new(8, 1, 1, None).expect("params");
+    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
+        .hash_password(password.as_bytes())
+        .expect("hash")
+        .to_string()
+}
+
+pub fn app_with(store: Arc<dyn Store>, cache: Arc<dyn Cache>, plaintext_auth: bool) -> App {
+    app_configured(store, cache, |c| c.tls.allow_plaintext_auth = plaintext_auth)
+}
+
+pub fn app_configured(store: Arc<dyn Store>, cache: Arc<dyn Cache>, tweak: impl FnOnce(&mut Config)) -> App {
+    let mut config = Config::default();
+    config.imap.max_literal_bytes = 1024 * 1024;
+    tweak(&mut config);
+    App {
+        config: Arc::new(config),
+        auth: Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default())),
+        deliverer: Arc::new(Deliverer::new(store.clone())),
+        store,
+        cache,
+        metrics: Arc::new(Metrics::new()),
+    }
+}
+
+pub fn mem_app(plaintext_auth: bool) -> App {
+    app_with(Arc::new(mem::MemStore::default()), Arc::new(mem::MemCache::default()), plaintext_auth)
+}
+
+pub async fn account(app: &App, email: &str, password: &str) -> Account {
+    app.store.account_create(email, &cheap_hash(password)).await.expect("account")
+}
+
+pub fn sample(subject: &str, body: &str) -> Vec<u8> {
+    format!(
+        "From: Alice <alice@example.com>\r\nTo: bob@example.org\r\nSubject: {subject}\r\nDate: Tue, 1 Jul 2003 10:52:37 +0200\r\nMessage-ID: <{subject}@example.com>\r\n\r\n{body}\r\n"
+    )
+    .into_bytes()
+}
+
+/// Delivers `raw` into the account's mailbox `name`; returns the UID.
+pub async fn deliver(app: &App, account: &Account, name: &str, raw: &[u8], flags: FlagSet) -> u32 {
+    let mb = app.store.mailbox_get(account.id, name).await.expect("get").expect("mailbox");
+    let d = NewDelivery {
+        raw: bytes::Bytes::copy_from_slice(raw),
+        meta: parse_meta(raw),
+        internal_date: chrono::Utc::now(),
+        targets: vec![mb.id],
+        flags,
+    };
+    let out = app.store.deliver_batch(&[d]).await.expect("deliver");
+    out[0][0].uid
+}
+
+pub struct Client<S> {
+    pub io: BufReader<S>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    pub fn new(s: S) -> Self {
+        Client { io: BufReader::new(s) }
+    }
+
+    pub async fn send(&mut self, data: &str) {
+        self.send_bytes(data.as_bytes()).await;
+    }
+
+    pub async fn send_bytes(&mut self, data: &[u8]) {
+        self.io.get_mut().write_all(data).await.expect("write");
+        self.io.get_mut().flush().await.expect("flush");
+    }
+
+    /// One response line (CRLF stripped); literals arrive as further lines.
+    pub async fn line(&mut self) -> String {
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), self.io.read_until(b'\n', &mut buf))
+            .await
+            .expect("response within 10 s")
+            .expect("read");
+        assert!(n > 0, "connection closed");
+        let s = String::from_utf8_lossy(&buf).into_owned();
+        s.trim_end_matches(['\r', '\n']).to_string()
+    }
+
+    /// Reads until the tagged response of `tag`; all lines, tagged one last.
+    pub async fn until_tag(&mut self, tag: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let l = self.line().await;
+            let done = l.starts_with(&format!("{tag} "));
+            lines.push(l);
+            if done {
+                return lines;
+            }
+        }
+    }
+
+    /// Sends `tag command` and returns the response lines.
+    pub async fn cmd(&mut self, tag: &str, command: &str) -> Vec<String> {
+        self.send(&format!("{tag} {command}\r\n")).await;
+        self.until_tag(tag).await
+    }
+
+    /// True when the peer closed (EOF within 5 s).
+    pub async fn closed(&mut self) -> bool {
+        let mut rest = Vec::new();
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.io.read_to_end(&mut rest)).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+pub fn ctx(shutdown: Shutdown) -> SessionCtx {
+    SessionCtx {
+        conn: ConnInfo {
+            remote: "127.0.0.1:40000".parse().expect("addr"),
+            local: "127.0.0.1:10143".parse().expect("addr"),
+            listener: "imap",
+        },
+        tls: None,
+        shutdown,
+    }
+}
+
+/// Starts a session over an in-memory stream; returns the client side and the
+/// shutdown trigger.
+pub fn connect(app: &App) -> (Client<tokio::io::DuplexStream>, tokio::sync::watch::Sender<bool>) {
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let (tx, shutdown) = Shutdown::new();
+    let proto = ImapProtocol::new(app.clone(), false);
+    tokio::spawn(async move { proto.handle(SessionStream::Memory(server), ctx(shutdown)).await });
+    (Client::new(client), tx)
+}
+
+/// Connects and logs in; the greeting and login responses are checked.
+pub async fn login(
+    app: &App,
+    user: &str,
+    password: &str,
+) -> (Client<tokio::io::DuplexStream>, tokio::sync::watch::Sender<bool>) {
+    let (mut c, tx) = connect(app);
+    let greeting = c.line().await;
+    assert!(greeting.starts_with("* OK [CAPABILITY IMAP4rev1"), "{greeting}");
+    let r = c.cmd("L1", &format!("LOGIN {user} {password}")).await;
+    assert!(r.last().expect("tagged").starts_with("L1 OK"), "{r:?}");
+    (c, tx)
+}

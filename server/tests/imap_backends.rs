@@ -1,0 +1,139 @@
+//! The IMAP session over the real stores: the embedded SQLite store and
+//! PostgreSQL (`DATABASE_URL`, default postgres://postgres@127.0.0.1:5432/postgres;
+//! a fresh database per test, dropped at the end; the test FAILS when PostgreSQL
+//! is unreachable).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use mailcluster_server::app::App;
+use mailcluster_server::cache::local::LocalCache;
+use mailcluster_server::cache::redis::RedisCache;
+use mailcluster_server::store::{self, FlagSet, Flags};
+use sqlx::Connection as _;
+
+const CONNECT: Duration = Duration::from_secs(10);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// `url` with its database path replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let query = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
+    format!("{scheme}://{authority}/{db}{query}")
+}
+
+#[tokio::test]
+async fn sqlite_store_and_local_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store::open(None, dir.path(), 4, CONNECT).await.expect("open sqlite");
+    store.migrate().await.expect("migrate");
+    let app = app_with(store, Arc::new(LocalCache::new()), true);
+    tokio::time::timeout(Duration::from_secs(120), full_session(app)).await.expect("session within 120 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_and_redis_cache() {
+    let admin = database_url();
+    let name = format!("mc_imap_{:016x}", rand::random::<u64>());
+    let mut conn = tokio::time::timeout(CONNECT, sqlx::PgConnection::connect(&admin))
+        .await
+        .unwrap_or_else(|_| panic!("PostgreSQL at {admin} did not answer"))
+        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is unreachable: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create db");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let result = async {
+        let store =
+            store::open(Some(&with_database(&admin, &name)), dir.path(), 4, CONNECT).await.expect("open pg");
+        store.migrate().await.expect("migrate");
+        let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
+        let cache = RedisCache::connect(&redis_url(), &prefix, CONNECT).await.expect("Redis is reachable");
+        let app = app_with(store, Arc::new(cache), true);
+        tokio::time::timeout(Duration::from_secs(120), tokio::spawn(full_session(app))).await
+    }
+    .await;
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+        .execute(&mut conn)
+        .await;
+    result.expect("session within 120 s").expect("session passed");
+}
+
+fn tagged(lines: &[String]) -> &str {
+    lines.last().map(String::as_str).unwrap_or_default()
+}
+
+fn has(lines: &[String], needle: &str) -> bool {
+    lines.iter().any(|l| l.contains(needle))
+}
+
+/// One session touching every store call the IMAP layer makes.
+async fn full_session(app: App) {
+    app.store.domain_add("example.org").await.expect("domain");
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
+    deliver(&app, &bob, "INBOX", &sample("one", "first body"), seen).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "second body"), FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &sample("three", "third body"), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let (mut other, _to) = login(&app, "bob@example.org", "pw").await;
+
+    let r = c.cmd("l", "LIST \"\" *").await;
+    assert!(has(&r, "\"INBOX\"") && has(&r, "\\Trash"), "{r:?}");
+    let r = c.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 3 EXISTS") && has(&r, "* OK [UNSEEN 2]") && has(&r, "[UIDNEXT 4]"), "{r:?}");
+    let r = c.cmd("f1", "UID FETCH 1:* (FLAGS RFC822.SIZE)").await;
+    assert!(r[0].starts_with("* 1 FETCH (UID 1 FLAGS (\\Seen) RFC822.SIZE "), "{r:?}");
+    let r = c.cmd("f2", "FETCH 2 (ENVELOPE BODY[])").await;
+    assert!(r[0].contains("\"two\"") && has(&r, "second body"), "{r:?}");
+    assert!(has(&r, "FLAGS (\\Seen)"), "{r:?}");
+    let r = c.cmd("u", "UID SEARCH UNSEEN").await;
+    assert_eq!(r[0], "* SEARCH 3");
+    let r = c.cmd("t", "SEARCH BODY third").await;
+    assert_eq!(r[0], "* SEARCH 3");
+    let r = c.cmd("st", "STORE 1 +FLAGS (\\Deleted $Later)").await;
+    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted $Later))"), "{r:?}");
+    let r = c.cmd("cp", "UID COPY 2:3 Archive").await;
+    assert!(tagged(&r).starts_with("cp OK [COPYUID "), "{r:?}");
+    let r = c.cmd("mv", "MOVE 3 Trash").await;
+    assert!(r[0].starts_with("* OK [COPYUID ") && r[1] == "* 3 EXPUNGE", "{r:?}");
+    let r = c.cmd("x", "EXPUNGE").await;
+    assert_eq!(r[0], "* 1 EXPUNGE");
+    let r = c.cmd("st2", "STATUS Archive (MESSAGES UNSEEN)").await;
+    assert_eq!(r[0], "* STATUS \"Archive\" (MESSAGES 2 UNSEEN 1)");
+    let msg = String::from_utf8(sample("appended", "hi")).expect("utf8");
+    let r = c.cmd("a", &format!("APPEND INBOX (\\Flagged) {{{}+}}\r\n{msg}", msg.len())).await;
+    assert!(tagged(&r).contains("APPEND completed") && has(&r, "* 2 EXISTS"), "{r:?}");
+
+    // The other session learns everything at NOOP, in protocol order.
+    other.cmd("s", "SELECT INBOX").await;
+    c.cmd("st3", "UID STORE 2 +FLAGS.SILENT (\\Answered)").await;
+    let r = other.cmd("n", "NOOP").await;
+    assert!(has(&r, "FLAGS (\\Seen \\Answered)"), "{r:?}");
+    other.send("i IDLE\r\n").await;
+    assert_eq!(other.line().await, "+ idling");
+    let r = c.cmd("a2", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
+    assert!(tagged(&r).contains("APPEND completed"), "{r:?}");
+    assert_eq!(other.line().await, "* 3 EXISTS");
+    other.send("DONE\r\n").await;
+    assert_eq!(other.line().await, "i OK IDLE terminated");
+    let r = c.cmd("d", "DELETE Archive").await;
+    assert_eq!(tagged(&r), "d OK DELETE completed");
+    let r = c.cmd("rn", "RENAME INBOX Old").await;
+    assert_eq!(tagged(&r), "rn OK RENAME completed");
+    let r = c.cmd("st4", "STATUS Old (MESSAGES)").await;
+    assert_eq!(r[0], "* STATUS \"Old\" (MESSAGES 3)");
+}

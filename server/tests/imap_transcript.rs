@@ -1,0 +1,491 @@
+//! RFC 3501 transcripts per command family, over an in-memory stream: client lines
+//! in, server lines out.
+
+mod common;
+
+use common::*;
+use mailcluster_server::store::{FlagSet, Flags};
+
+fn tagged(lines: &[String]) -> &str {
+    lines.last().map(String::as_str).unwrap_or_default()
+}
+
+fn has(lines: &[String], needle: &str) -> bool {
+    lines.iter().any(|l| l.contains(needle))
+}
+
+#[tokio::test]
+async fn plaintext_login_is_disabled_without_tls() {
+    let app = mem_app(false);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = connect(&app);
+    let greeting = c.line().await;
+    assert!(greeting.contains("LOGINDISABLED"), "{greeting}");
+    assert!(!greeting.contains("AUTH=PLAIN"), "{greeting}");
+    let r = c.cmd("a", "LOGIN bob@example.org pw").await;
+    assert!(tagged(&r).starts_with("a NO [PRIVACYREQUIRED]"), "{r:?}");
+    let r = c.cmd("b", "AUTHENTICATE PLAIN AGJvYkBleGFtcGxlLm9yZwBwdw==").await;
+    assert!(tagged(&r).starts_with("b NO [PRIVACYREQUIRED]"), "{r:?}");
+    let r = c.cmd("c", "SELECT INBOX").await;
+    assert!(tagged(&r).starts_with("c BAD"), "{r:?}");
+    let r = c.cmd("d", "LOGOUT").await;
+    assert_eq!(r, vec!["* BYE Logging out".to_string(), "d OK LOGOUT completed".to_string()]);
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn capability_login_and_authenticate() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "secret").await;
+    let (mut c, _tx) = connect(&app);
+    c.line().await;
+    let r = c.cmd("a1", "CAPABILITY").await;
+    assert!(
+        r[0].starts_with("* CAPABILITY IMAP4rev1 ") && r[0].contains("AUTH=PLAIN") && r[0].contains("IDLE"),
+        "{r:?}"
+    );
+    assert_eq!(tagged(&r), "a1 OK CAPABILITY completed");
+    let r = c.cmd("a2", "LOGIN bob@example.org wrong").await;
+    assert_eq!(tagged(&r), "a2 NO [AUTHENTICATIONFAILED] Invalid credentials");
+    // AUTHENTICATE PLAIN with a continuation ("\0bob@example.org\0secret").
+    c.send("a3 AUTHENTICATE PLAIN\r\n").await;
+    assert_eq!(c.line().await, "+ ");
+    c.send("AGJvYkBleGFtcGxlLm9yZwBzZWNyZXQ=\r\n").await;
+    let r = c.until_tag("a3").await;
+    assert!(tagged(&r).starts_with("a3 OK [CAPABILITY IMAP4rev1"), "{r:?}");
+    assert!(!tagged(&r).contains("AUTH=PLAIN"), "{r:?}");
+    let r = c.cmd("a4", "LOGIN bob@example.org secret").await;
+    assert!(tagged(&r).starts_with("a4 BAD"), "{r:?}");
+
+    // SASL-IR on a second connection.
+    let (mut c2, _tx2) = connect(&app);
+    c2.line().await;
+    let r = c2.cmd("b1", "AUTHENTICATE PLAIN AGJvYkBleGFtcGxlLm9yZwBzZWNyZXQ=").await;
+    assert!(tagged(&r).starts_with("b1 OK"), "{r:?}");
+    let r = c2.cmd("b2", "NOOP").await;
+    assert_eq!(r, vec!["b2 OK NOOP completed".to_string()]);
+    let r = c2.cmd("b3", "ID (\"name\" \"test\")").await;
+    assert_eq!(r[0], "* ID (\"name\" \"Mailcluster\")");
+    let r = c2.cmd("b4", "NAMESPACE").await;
+    assert_eq!(r[0], "* NAMESPACE ((\"\" \"/\")) NIL NIL");
+    let r = c2.cmd("b5", "FROB").await;
+    assert!(tagged(&r).starts_with("b5 BAD"), "{r:?}");
+}
+
+#[tokio::test]
+async fn mailbox_commands() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("m1", "LIST \"\" \"\"").await;
+    assert_eq!(r[0], "* LIST (\\Noselect) \"/\" \"\"");
+    let r = c.cmd("m2", "CREATE Work/Projects/Entw&APw-rfe").await;
+    assert_eq!(tagged(&r), "m2 OK CREATE completed");
+    let r = c.cmd("m3", "LIST \"\" *").await;
+    assert!(has(&r, "* LIST (\\HasNoChildren) \"/\" \"INBOX\""), "{r:?}");
+    assert!(has(&r, "* LIST (\\HasNoChildren \\Sent) \"/\" \"Sent\""), "{r:?}");
+    assert!(has(&r, "* LIST (\\HasChildren) \"/\" \"Work\""), "{r:?}");
+    assert!(has(&r, "* LIST (\\HasNoChildren) \"/\" \"Work/Projects/Entw&APw-rfe\""), "{r:?}");
+    let r = c.cmd("m4", "LIST \"\" %").await;
+    assert!(!has(&r, "Work/Projects"), "{r:?}");
+    let r = c.cmd("m5", "LIST Work/ %").await;
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert!(r[0].ends_with("\"Work/Projects\""), "{r:?}");
+    let r = c.cmd("m6", "CREATE INBOX").await;
+    assert!(tagged(&r).starts_with("m6 NO [ALREADYEXISTS]"), "{r:?}");
+    let r = c.cmd("m7", "RENAME Work Job").await;
+    assert_eq!(tagged(&r), "m7 OK RENAME completed");
+    let r = c.cmd("m8", "LIST \"\" Job*").await;
+    assert_eq!(r.len(), 4, "{r:?}");
+    let r = c.cmd("m9", "SUBSCRIBE Job").await;
+    assert_eq!(tagged(&r), "m9 OK SUBSCRIBE completed");
+    let r = c.cmd("m10", "LSUB \"\" *").await;
+    assert_eq!(r[0], "* LSUB () \"/\" \"Job\"");
+    let r = c.cmd("m11", "DELETE Job/Projects/Entw&APw-rfe").await;
+    assert_eq!(tagged(&r), "m11 OK DELETE completed");
+    let r = c.cmd("m12", "DELETE INBOX").await;
+    assert!(tagged(&r).starts_with("m12 NO"), "{r:?}");
+    let r = c.cmd("m13", "STATUS INBOX (MESSAGES UNSEEN UIDNEXT UIDVALIDITY RECENT)").await;
+    assert!(r[0].starts_with("* STATUS \"INBOX\" (MESSAGES 0 UNSEEN 0 UIDNEXT 1 UIDVALIDITY "), "{r:?}");
+    let r = c.cmd("m14", "SELECT Nope").await;
+    assert!(tagged(&r).starts_with("m14 NO [NONEXISTENT]"), "{r:?}");
+    let r = c.cmd("m15", "ENABLE UTF8=ACCEPT").await;
+    assert_eq!(r[0], "* ENABLED");
+}
+
+#[tokio::test]
+async fn select_fetch_store_search_expunge() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
+    deliver(&app, &bob, "INBOX", &sample("one", "first body"), seen.clone()).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "second body"), FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &sample("three", "third body"), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+
+    let r = c.cmd("s1", "SELECT INBOX").await;
+    assert!(has(&r, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft)"), "{r:?}");
+    assert!(has(&r, "* 3 EXISTS") && has(&r, "* 0 RECENT") && has(&r, "* OK [UNSEEN 2]"), "{r:?}");
+    assert!(has(&r, "[UIDVALIDITY ") && has(&r, "* OK [UIDNEXT 4]"), "{r:?}");
+    assert!(tagged(&r).starts_with("s1 OK [READ-WRITE]"), "{r:?}");
+
+    let r = c.cmd("f1", "FETCH 1:* (FLAGS)").await;
+    assert_eq!(r[0], "* 1 FETCH (FLAGS (\\Seen))");
+    assert_eq!(r[1], "* 2 FETCH (FLAGS ())");
+    let r = c.cmd("f2", "UID FETCH 2 (RFC822.SIZE ENVELOPE)").await;
+    assert!(r[0].starts_with("* 2 FETCH (UID 2 RFC822.SIZE "), "{r:?}");
+    assert!(
+        r[0].contains(
+            "ENVELOPE (\"Tue, 1 Jul 2003 10:52:37 +0200\" \"two\" ((\"Alice\" NIL \"alice\" \"example.com\"))"
+        ),
+        "{r:?}"
+    );
+    // PEEK leaves \Seen alone; BODY[TEXT] sets it and reports the new FLAGS.
+    let r = c.cmd("f3", "FETCH 2 (BODY.PEEK[HEADER.FIELDS (SUBJECT)])").await;
+    assert_eq!(r[0], "* 2 FETCH (BODY[HEADER.FIELDS (SUBJECT)] {16}");
+    assert_eq!(r[1], "Subject: two");
+    let r = c.cmd("f4", "FETCH 2 (FLAGS)").await;
+    assert_eq!(r[0], "* 2 FETCH (FLAGS ())");
+    let r = c.cmd("f5", "FETCH 2 BODY[TEXT]<0.6>").await;
+    assert_eq!(r[0], "* 2 FETCH (BODY[TEXT]<0> {6}");
+    assert!(r[1].starts_with("second FLAGS (\\Seen))"), "{r:?}");
+    let r = c.cmd("f6", "FETCH 3 (BODYSTRUCTURE INTERNALDATE)").await;
+    assert!(
+        r[0].contains("BODYSTRUCTURE (\"TEXT\" \"PLAIN\" NIL NIL NIL \"7BIT\" 12 1 NIL NIL NIL NIL)"),
+        "{r:?}"
+    );
+    assert!(r[0].contains("INTERNALDATE \""), "{r:?}");
+
+    let r = c.cmd("st1", "STORE 1:2 +FLAGS (\\Deleted $Work)").await;
+    assert!(has(&r, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Work)"), "{r:?}");
+    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted $Work))"), "{r:?}");
+    let r = c.cmd("st2", "UID STORE 3 +FLAGS.SILENT (\\Flagged)").await;
+    assert_eq!(r, vec!["st2 OK UID STORE completed".to_string()]);
+    let r = c.cmd("se1", "SEARCH UNSEEN").await;
+    assert_eq!(r[0], "* SEARCH 3");
+    let r = c.cmd("se2", "UID SEARCH OR FLAGGED SUBJECT one").await;
+    assert_eq!(r[0], "* SEARCH 1 3");
+    let r = c.cmd("se3", "SEARCH CHARSET UTF-8 BODY \"SECOND\" NOT DELETED").await;
+    assert_eq!(r[0], "* SEARCH");
+    let r = c.cmd("se4", "SEARCH TEXT second LARGER 10 SINCE 1-Jan-2000 SENTBEFORE 1-Jan-2004 2:3").await;
+    assert_eq!(r[0], "* SEARCH 2");
+    let r = c.cmd("se5", "SEARCH KEYWORD $Work HEADER Message-ID two@").await;
+    assert_eq!(r[0], "* SEARCH 2");
+    let r = c.cmd("se6", "SEARCH CHARSET KOI8-R ALL").await;
+    assert!(tagged(&r).starts_with("se6 NO [BADCHARSET"), "{r:?}");
+    let r = c.cmd("f7", "FETCH 9 FLAGS").await;
+    assert!(tagged(&r).starts_with("f7 BAD"), "{r:?}");
+
+    let r = c.cmd("e1", "EXPUNGE").await;
+    assert_eq!(
+        r,
+        vec!["* 1 EXPUNGE".to_string(), "* 1 EXPUNGE".to_string(), "e1 OK EXPUNGE completed".to_string()]
+    );
+    let r = c.cmd("f8", "FETCH 1 UID").await;
+    assert_eq!(r[0], "* 1 FETCH (UID 3)");
+    let r = c.cmd("c1", "CLOSE").await;
+    assert_eq!(r, vec!["c1 OK CLOSE completed".to_string()]);
+    let r = c.cmd("f9", "FETCH 1 UID").await;
+    assert!(tagged(&r).starts_with("f9 BAD"), "{r:?}");
+    let r = c.cmd("x1", "EXAMINE INBOX").await;
+    assert!(tagged(&r).starts_with("x1 OK [READ-ONLY]"), "{r:?}");
+    let r = c.cmd("x2", "STORE 1 +FLAGS (\\Seen)").await;
+    assert!(tagged(&r).starts_with("x2 NO [READ-ONLY]"), "{r:?}");
+}
+
+#[tokio::test]
+async fn body_sections_of_a_multipart_message() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let inner = "From: Inner <inner@example.com>\r\nSubject: Inner\r\n\r\ninner text\r\n";
+    let raw = format!(
+        "From: a@example.com\r\nSubject: fwd\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=out\r\n\r\n--out\r\nContent-Type: text/plain\r\n\r\nsee attached\r\n--out\r\nContent-Type: message/rfc822\r\n\r\n{inner}\r\n--out--\r\n"
+    );
+    deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("a", "FETCH 1 (BODY.PEEK[1])").await;
+    assert_eq!(r[0], "* 1 FETCH (BODY[1] {12}");
+    assert_eq!(r[1], "see attached)");
+    let r = c.cmd("b", "FETCH 1 (BODY.PEEK[1.MIME])").await;
+    assert_eq!(r[0], "* 1 FETCH (BODY[1.MIME] {28}");
+    let r = c.cmd("c", "FETCH 1 (BODY.PEEK[2.HEADER])").await;
+    assert_eq!(r[0], format!("* 1 FETCH (BODY[2.HEADER] {{{}}}", inner.find("\r\n\r\n").expect("hdr") + 4));
+    let r = c.cmd("d", "FETCH 1 (BODY.PEEK[2.TEXT])").await;
+    assert_eq!(r[0], "* 1 FETCH (BODY[2.TEXT] {12}");
+    let r = c.cmd("e", "FETCH 1 (BODY.PEEK[2.1])").await;
+    assert_eq!(r[0], "* 1 FETCH (BODY[2.1] {12}");
+    let r = c.cmd("f", "FETCH 1 (BODY.PEEK[7])").await;
+    assert_eq!(r[0], "* 1 FETCH (BODY[7] {0}");
+    let r = c.cmd("g", "FETCH 1 (BODY)").await;
+    assert!(r[0].contains("\"MESSAGE\" \"RFC822\"") && r[0].ends_with(" \"MIXED\"))"), "{r:?}");
+}
+
+#[tokio::test]
+async fn append_literals_and_limits() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let msg = String::from_utf8(sample("appended", "hello")).expect("utf8");
+    // Synchronising literal: wait for the continuation.
+    c.send(&format!("p1 APPEND INBOX (\\Seen) {{{}}}\r\n", msg.len())).await;
+    assert_eq!(c.line().await, "+ Ready for literal data");
+    c.send(&format!("{msg}\r\n")).await;
+    let r = c.until_tag("p1").await;
+    assert!(tagged(&r).starts_with("p1 OK [APPENDUID "), "{r:?}");
+    assert!(tagged(&r).contains(" 1] APPEND completed"), "{r:?}");
+    // LITERAL+ and MULTIAPPEND in one go.
+    let r = c
+        .cmd(
+            "p2",
+            &format!(
+                "APPEND Sent {{{}+}}\r\n{msg} (\\Draft) \"01-Jan-2020 10:00:00 +0100\" {{{}+}}\r\n{msg}",
+                msg.len(),
+                msg.len()
+            ),
+        )
+        .await;
+    assert!(tagged(&r).contains(" 1:2] APPEND completed"), "{r:?}");
+    let r = c.cmd("p3", "APPEND Nope {1+}\r\nx").await;
+    assert!(tagged(&r).starts_with("p3 NO [TRYCREATE]"), "{r:?}");
+    let r = c.cmd("p4", "STATUS Sent (MESSAGES)").await;
+    assert_eq!(r[0], "* STATUS \"Sent\" (MESSAGES 2)");
+    // Over the limit, synchronising: refused before the data, no "+".
+    c.send("p5 APPEND INBOX {2000000}\r\n").await;
+    assert_eq!(c.line().await, "p5 NO [TOOBIG] Literal of 2000000 octets exceeds the limit");
+    let r = c.cmd("p6", "NOOP").await;
+    assert_eq!(tagged(&r), "p6 OK NOOP completed");
+    // Over the limit, non-synchronising: BAD and the connection closes.
+    c.send("p7 APPEND INBOX {2000000+}\r\n").await;
+    assert_eq!(c.line().await, "p7 BAD [TOOBIG] Literal of 2000000 octets exceeds the limit");
+    assert_eq!(c.line().await, "* BYE Closing connection");
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn copy_move_and_uid_expunge() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    for i in 0..4 {
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+    }
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("c1", "COPY 1:2 Archive").await;
+    assert!(tagged(&r).starts_with("c1 OK [COPYUID "), "{r:?}");
+    assert!(tagged(&r).contains(" 1:2 1:2] COPY completed"), "{r:?}");
+    let r = c.cmd("c2", "COPY 1 Nope").await;
+    assert!(tagged(&r).starts_with("c2 NO [TRYCREATE]"), "{r:?}");
+    let r = c.cmd("m1", "UID MOVE 2:3 Trash").await;
+    assert!(r[0].starts_with("* OK [COPYUID ") && r[0].contains(" 2:3 1:2]"), "{r:?}");
+    assert_eq!(
+        &r[1..],
+        &["* 2 EXPUNGE".to_string(), "* 2 EXPUNGE".to_string(), "m1 OK UID MOVE completed".to_string()]
+    );
+    c.cmd("st", "UID STORE 1,4 +FLAGS.SILENT (\\Deleted)").await;
+    let r = c.cmd("x1", "UID EXPUNGE 4").await;
+    assert_eq!(r, vec!["* 2 EXPUNGE".to_string(), "x1 OK UID EXPUNGE completed".to_string()]);
+    let r = c.cmd("f", "FETCH 1:* (UID FLAGS)").await;
+    assert_eq!(r[0], "* 1 FETCH (UID 1 FLAGS (\\Deleted))");
+    assert_eq!(r.len(), 2, "{r:?}");
+}
+
+#[tokio::test]
+async fn other_sessions_changes_respect_sequence_rules() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    for i in 0..3 {
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+    }
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("s", "SELECT INBOX").await;
+    b.cmd("s", "SELECT INBOX").await;
+    b.cmd("d", "STORE 1 +FLAGS (\\Deleted)").await;
+    let r = b.cmd("e", "EXPUNGE").await;
+    assert_eq!(r[0], "* 1 EXPUNGE");
+    deliver(&app, &bob, "INBOX", &sample("new", "x"), FlagSet::default()).await;
+
+    // FETCH must not announce the expunge; new mail may be announced.
+    let r = a.cmd("f", "FETCH 1:* (UID)").await;
+    assert!(!has(&r, "EXPUNGE"), "{r:?}");
+    assert!(has(&r, "* 4 EXISTS"), "{r:?}");
+    assert!(has(&r, "* 2 FETCH (UID 2)"), "{r:?}");
+    // Sequence numbers still count the expunged message until NOOP.
+    let r = a.cmd("se", "SEARCH ALL").await;
+    assert!(!has(&r, "EXPUNGE"), "{r:?}");
+    let r = a.cmd("n", "NOOP").await;
+    assert_eq!(r[0], "* 1 EXPUNGE");
+    let r = a.cmd("f2", "FETCH 1:* (UID)").await;
+    assert_eq!(r[..3], ["* 1 FETCH (UID 2)", "* 2 FETCH (UID 3)", "* 3 FETCH (UID 4)"].map(String::from));
+    // Flag changes by another session arrive as untagged FETCH.
+    b.cmd("st", "UID STORE 3 +FLAGS (\\Flagged)").await;
+    let r = a.cmd("n2", "NOOP").await;
+    assert!(has(&r, "* 2 FETCH (UID 3 FLAGS (\\Flagged))"), "{r:?}");
+}
+
+#[tokio::test]
+async fn idle_wakes_on_changes_from_another_session() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("s", "SELECT INBOX").await;
+    a.send("i1 IDLE\r\n").await;
+    assert_eq!(a.line().await, "+ idling");
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    let msg = String::from_utf8(sample("pushed", "x")).expect("utf8");
+    let started = std::time::Instant::now();
+    let r = b.cmd("p", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
+    assert!(tagged(&r).starts_with("p OK"), "{r:?}");
+    assert_eq!(a.line().await, "* 1 EXISTS");
+    assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
+    a.send("DONE\r\n").await;
+    assert_eq!(a.line().await, "i1 OK IDLE terminated");
+    let _ = bob;
+}
+
+#[tokio::test]
+async fn shutdown_says_bye() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, tx) = login(&app, "bob@example.org", "pw").await;
+    tx.send(true).expect("signal");
+    assert_eq!(c.line().await, "* BYE Server shutting down");
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn tenant_isolation() {
+    let app = mem_app(true);
+    let alice = account(&app, "alice@example.com", "pw").await;
+    account(&app, "bob@example.org", "pw").await;
+    deliver(&app, &alice, "INBOX", &sample("secret", "alice only"), FlagSet::default()).await;
+    app.store.mailbox_create(alice.id, "Private", None).await.expect("create");
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("l", "LIST \"\" *").await;
+    assert!(!has(&r, "Private"), "{r:?}");
+    for (i, name) in [
+        "../alice@example.com/INBOX",
+        "Private",
+        "#users/alice/INBOX",
+        "*",
+        "%",
+        "/INBOX",
+        "INBOX/../Private",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = c.cmd(&format!("s{i}"), &format!("SELECT \"{name}\"")).await;
+        assert!(tagged(&r).contains(" NO "), "{name}: {r:?}");
+        let r = c.cmd(&format!("t{i}"), &format!("STATUS \"{name}\" (MESSAGES)")).await;
+        assert!(tagged(&r).contains(" NO "), "{name}: {r:?}");
+    }
+    let r = c.cmd("l2", "LIST \"../\" *").await;
+    assert!(!has(&r, "Private"), "{r:?}");
+    let r = c.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 0 EXISTS"), "{r:?}");
+    let r = c.cmd("f", "UID FETCH 1:* (UID)").await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    let r = c.cmd("c", "CREATE ../escape").await;
+    assert!(tagged(&r).contains(" NO "), "{r:?}");
+}
+
+#[tokio::test]
+async fn idle_falls_back_to_polling_when_notifications_end() {
+    let cache = common::mem::MemCache { broken_notifications: true, ..Default::default() };
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(cache),
+        |c| {
+            c.tls.allow_plaintext_auth = true;
+            c.imap.idle_poll_secs = 1;
+        },
+    );
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("s", "SELECT INBOX").await;
+    a.send("i IDLE\r\n").await;
+    assert_eq!(a.line().await, "+ idling");
+    // Straight into the store: no notification is published at all.
+    deliver(&app, &bob, "INBOX", &sample("polled", "x"), FlagSet::default()).await;
+    let started = std::time::Instant::now();
+    assert_eq!(a.line().await, "* 1 EXISTS");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "{:?}", started.elapsed());
+    a.send("DONE\r\n").await;
+    assert_eq!(a.line().await, "i OK IDLE terminated");
+}
+
+#[tokio::test]
+async fn autologout_before_authentication() {
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(common::mem::MemCache::default()),
+        |c| c.imap.preauth_timeout_secs = 1,
+    );
+    let (mut c, _tx) = connect(&app);
+    c.line().await;
+    assert_eq!(c.line().await, "* BYE Autologout; idle for too long");
+    assert!(c.closed().await);
+}
+
+#[tokio::test]
+async fn connections_per_user_are_limited() {
+    let app = app_configured(
+        std::sync::Arc::new(common::mem::MemStore::default()),
+        std::sync::Arc::new(common::mem::MemCache::default()),
+        |c| {
+            c.tls.allow_plaintext_auth = true;
+            c.imap.max_connections_per_user = 2;
+        },
+    );
+    account(&app, "bob@example.org", "pw").await;
+    let (_a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    let (mut c, _tc) = connect(&app);
+    c.line().await;
+    let r = c.cmd("x", "LOGIN bob@example.org pw").await;
+    assert_eq!(tagged(&r), "x NO [LIMIT] Too many connections for this account");
+    // A slot is freed when a session ends.
+    b.cmd("o", "LOGOUT").await;
+    assert!(b.closed().await);
+    let r = c.cmd("y", "LOGIN bob@example.org pw").await;
+    assert!(tagged(&r).starts_with("y OK"), "{r:?}");
+}
+
+#[tokio::test]
+async fn metrics_count_imap_commands_and_idle_sessions() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    c.cmd("f", "UID FETCH 1:* FLAGS").await;
+    c.cmd("b", "FROB").await;
+    c.send("i IDLE\r\n").await;
+    c.line().await;
+    let text = {
+        use prometheus::Encoder as _;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&app.metrics.registry.gather(), &mut buf).expect("encode");
+        String::from_utf8(buf).expect("utf8")
+    };
+    assert!(
+        text.contains("mail_commands_total{command=\"UID FETCH\",protocol=\"imap\",result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_commands_total{command=\"LOGIN\",protocol=\"imap\",result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_commands_total{command=\"UNKNOWN\",protocol=\"imap\",result=\"bad\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mail_command_duration_seconds_count{command=\"SELECT\",protocol=\"imap\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("mail_imap_idle_sessions 1"), "{text}");
+    c.send("DONE\r\n").await;
+    c.line().await;
+}

@@ -1,0 +1,454 @@
+//! Real clients (Python smtplib, swaks, curl) against the SMTP protocol served on
+//! 127.0.0.1 over real sockets and real TLS (rustls with a generated certificate).
+
+mod smtp_support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
+use mailcluster_server::smtp::SmtpProtocol;
+use mailcluster_server::store::Store as _;
+use smtp_support::{Backend, Harness, PASSWORD, config};
+use tokio::net::TcpListener;
+
+fn tls_provider() -> TlsProvider {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let cert = ck.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .expect("server config");
+    TlsProvider::from_config(Arc::new(cfg))
+}
+
+/// Serves `proto` on an ephemeral port; `implicit_tls` wraps each connection in
+/// TLS before the protocol sees it (port 465 style).
+async fn listen(
+    proto: Arc<SmtpProtocol>,
+    tls: TlsProvider,
+    implicit_tls: bool,
+    shutdown: Shutdown,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, remote)) = listener.accept().await else { return };
+            let proto = proto.clone();
+            let tls = tls.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let stream = if implicit_tls {
+                    match tls.acceptor().accept(tcp).await {
+                        Ok(s) => SessionStream::Tls(Box::new(s)),
+                        Err(_) => return,
+                    }
+                } else {
+                    SessionStream::Plain(tcp)
+                };
+                let ctx = SessionCtx {
+                    conn: ConnInfo { remote, local: addr, listener: proto.kind().listener_name() },
+                    tls: Some(tls),
+                    shutdown,
+                };
+                proto.handle(stream, ctx).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Runs a client program off the runtime's threads, bounded in time.
+async fn run(mut cmd: Command) -> std::process::Output {
+    let out =
+        tokio::time::timeout(Duration::from_secs(120), tokio::task::spawn_blocking(move || cmd.output()))
+            .await
+            .expect("client finished in time")
+            .expect("join")
+            .expect("client runs");
+    if !out.status.success() {
+        panic!(
+            "client failed: {}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+const SMTPLIB_STARTTLS: &str = r#"
+import smtplib, ssl, sys
+from email.message import EmailMessage
+port = int(sys.argv[1])
+msg = EmailMessage()
+msg["From"] = "sender@remote.test"
+msg["To"] = "jörg@example.test"
+msg["Subject"] = "Grüße mit Anhang"
+msg.set_content("Hallo Jörg,\n.\nhier ist die Datei.\n")
+msg.add_attachment(bytes(range(256)) * (3 * 1024 * 1024 // 256), maintype="application", subtype="octet-stream", filename="data.bin")
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
+    s.ehlo("py.test")
+    assert s.has_extn("starttls"), s.esmtp_features
+    s.starttls(context=ctx)
+    s.ehlo("py.test")
+    assert s.has_extn("smtputf8") and s.has_extn("8bitmime")
+    refused = s.send_message(msg, mail_options=["SMTPUTF8", "BODY=8BITMIME"])
+    assert not refused, refused
+print("OK")
+"#;
+
+async fn python_smtplib_starttls_smtputf8_attachment(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    h.add_account("jörg@example.test").await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(SMTPLIB_STARTTLS).arg(addr.port().to_string());
+    let out = run(cmd).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    let msgs = h.messages("jörg@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    let raw = &msgs[0];
+    assert!(raw.len() > 4 * 1024 * 1024, "attachment arrived whole: {} octets", raw.len());
+    let head = String::from_utf8_lossy(&raw[..600]);
+    assert!(head.contains("with UTF8SMTPS id"), "TLS and SMTPUTF8 recorded: {head}");
+    // The body line "." was dot-stuffed by smtplib and unstuffed by us.
+    let text = String::from_utf8_lossy(raw);
+    assert!(text.contains("Hallo J") && text.contains("\r\n.\r\nhier ist"), "dot line preserved");
+}
+
+async fn swaks_pipelining_over_starttls(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("swaks");
+    cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--from", "sender@remote.test", "--to", "alice@example.test,bob@example.test"])
+        .args(["--helo", "swaks.test", "--pipeline", "--tls", "--timeout", "30"])
+        .args(["--header", "Subject: via swaks", "--body", "line one\n.\nline three"]);
+    let out = run(cmd).await;
+    let transcript = String::from_utf8_lossy(&out.stdout);
+    assert!(transcript.contains("PIPELINING"), "{transcript}");
+    assert!(transcript.contains("250 2.0.0 OK: queued as"), "{transcript}");
+    for who in ["alice@example.test", "bob@example.test"] {
+        let msgs = h.messages(who).await;
+        assert_eq!(msgs.len(), 1, "{who}");
+        let text = String::from_utf8_lossy(&msgs[0]);
+        assert!(text.contains("Subject: via swaks") && text.contains("with ESMTPS id"), "{text}");
+    }
+}
+
+async fn swaks_relay_and_unknown_user_refused(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    for (to, code) in [("someone@elsewhere.test", "550 5.7.1"), ("nobody@example.test", "550 5.1.1")] {
+        let mut cmd = Command::new("swaks");
+        cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()]).args([
+            "--from",
+            "sender@remote.test",
+            "--to",
+            to,
+            "--timeout",
+            "30",
+        ]);
+        let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
+        assert!(!out.status.success());
+        let transcript = String::from_utf8_lossy(&out.stdout);
+        assert!(transcript.contains(code), "{transcript}");
+    }
+    assert_eq!(h.total_messages().await, 0);
+}
+
+async fn curl_smtp_upload(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("msg.eml");
+    std::fs::write(
+        &file,
+        "From: c@remote.test\r\nTo: alice@example.test\r\nSubject: curl\r\n\r\n.dot first\r\nend\r\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "30", &format!("smtp://127.0.0.1:{}/curl.test", addr.port())])
+        .args(["--mail-from", "c@remote.test", "--mail-rcpt", "alice@example.test"])
+        .arg("--upload-file")
+        .arg(&file);
+    run(cmd).await;
+    let msgs = h.messages("alice@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(
+        msgs[0].ends_with(b"Subject: curl\r\n\r\n.dot first\r\nend\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&msgs[0])
+    );
+}
+
+const CHUNKING: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+f = s.makefile("rb")
+def reply():
+    lines = []
+    while True:
+        l = f.readline().decode()
+        lines.append(l)
+        if l[3:4] != "-":
+            return lines
+assert reply()[0].startswith("220")
+s.sendall(b"EHLO py.test\r\n")
+assert any("CHUNKING" in l for l in reply())
+body1 = b"Subject: chunked\r\n\r\n.\r\n"
+body2 = b"end of message\r\n"
+# Everything pipelined in one write.
+s.sendall(b"MAIL FROM:<c@remote.test>\r\nRCPT TO:<alice@example.test>\r\n" + b"BDAT %d\r\n" % len(body1) + body1 + b"BDAT %d LAST\r\n" % len(body2) + body2 + b"QUIT\r\n")
+codes = [reply()[-1][:3] for _ in range(5)]
+assert codes == ["250", "250", "250", "250", "221"], codes
+print("OK")
+"#;
+
+async fn chunking_over_a_socket(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(CHUNKING).arg(addr.port().to_string());
+    run(cmd).await;
+    let msgs = h.messages("alice@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].ends_with(b"Subject: chunked\r\n\r\n.\r\nend of message\r\n"));
+}
+
+fn vm_hwm_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 100 MB of DATA against a 10 MB limit: refused with 552, and this process
+/// (server and client both) never holds anywhere near 100 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_megabytes_against_ten_megabyte_limit() {
+    let b = Backend::Sqlite;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 10 * 1024 * 1024;
+            c.smtp.max_discard_size = 200 * 1024 * 1024;
+        }),
+    )
+    .await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let before = vm_hwm_kb();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (r, mut w) = tcp.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = String::new();
+    async fn next(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>, line: &mut String) -> String {
+        loop {
+            line.clear();
+            r.read_line(line).await.unwrap();
+            if line.as_bytes().get(3) != Some(&b'-') {
+                return line.clone();
+            }
+        }
+    }
+    assert!(next(&mut r, &mut line).await.starts_with("220"));
+    w.write_all(b"EHLO big.test\r\nMAIL FROM:<b@remote.test>\r\nRCPT TO:<alice@example.test>\r\nDATA\r\n")
+        .await
+        .unwrap();
+    for expect in ["250", "250", "250", "354"] {
+        let got = next(&mut r, &mut line).await;
+        assert!(got.starts_with(expect), "{got}");
+    }
+    let chunk = {
+        let line = [b'z'; 998];
+        let mut c = Vec::with_capacity(1000 * 1024);
+        for _ in 0..1024 {
+            c.extend_from_slice(&line);
+            c.extend_from_slice(b"\r\n");
+        }
+        c
+    };
+    let mut sent = 0usize;
+    while sent < 100 * 1024 * 1024 {
+        w.write_all(&chunk).await.unwrap();
+        sent += chunk.len();
+    }
+    w.write_all(b".\r\nQUIT\r\n").await.unwrap();
+    let got = next(&mut r, &mut line).await;
+    assert!(got.starts_with("552 5.3.4"), "{got}");
+    assert!(next(&mut r, &mut line).await.starts_with("221"));
+    let grown_mb = (vm_hwm_kb().saturating_sub(before)) / 1024;
+    assert!(grown_mb < 40, "peak memory grew by {grown_mb} MB for a 100 MB upload");
+    assert_eq!(h.total_messages().await, 0);
+}
+
+const STARTTLS_INJECTION: &str = r#"
+import socket, ssl, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+def reply(f):
+    lines = []
+    while True:
+        l = f.readline().decode()
+        lines.append(l)
+        if l[3:4] != "-":
+            return lines
+f = s.makefile("rb")
+assert reply(f)[0].startswith("220")
+s.sendall(b"EHLO py.test\r\n")
+reply(f)
+# A man in the middle appends a command to STARTTLS in the same segment.
+s.sendall(b"STARTTLS\r\nMAIL FROM:<injected@remote.test>\r\n")
+assert reply(f)[0].startswith("220 2.0.0")
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+t = ctx.wrap_socket(s, server_hostname="localhost")
+tf = t.makefile("rb")
+t.sendall(b"EHLO py.test\r\n")
+ehlo = reply(tf)
+# The first reply inside TLS answers EHLO: the injected MAIL was dropped.
+assert ehlo[0].startswith("250-"), ehlo
+assert not any("STARTTLS" in l for l in ehlo), ehlo
+t.sendall(b"RCPT TO:<alice@example.test>\r\n")
+r = reply(tf)
+assert r[0].startswith("503"), r
+t.sendall(b"QUIT\r\n")
+assert reply(tf)[0].startswith("221")
+print("OK")
+"#;
+
+async fn starttls_discards_pipelined_plaintext(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(STARTTLS_INJECTION).arg(addr.port().to_string());
+    run(cmd).await;
+}
+
+const SUBMISSIONS_NO_AUTH: &str = r#"
+import smtplib, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+with smtplib.SMTP_SSL("127.0.0.1", int(sys.argv[1]), context=ctx, timeout=30) as s:
+    s.ehlo("py.test")
+    assert "PLAIN" in s.esmtp_features.get("auth", ""), s.esmtp_features
+    assert not s.has_extn("starttls")
+    code, msg = s.mail("alice@example.test")
+    assert code == 530, (code, msg)
+    try:
+        s.login("alice@example.test", "wrong-password")
+        raise SystemExit("login with a wrong password succeeded")
+    except smtplib.SMTPAuthenticationError as e:
+        assert e.smtp_code in (535, 454), e
+print("OK")
+"#;
+
+/// Port 465 style, both ways the listener may hand over the connection: already
+/// wrapped in TLS, or plain (the protocol then does the handshake itself).
+async fn submissions_implicit_tls(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let proto = Arc::new(SmtpProtocol::new(h.app.clone(), mailcluster_server::smtp::SmtpKind::Submissions));
+    for wrapped in [true, false] {
+        let addr = listen(proto.clone(), tls_provider(), wrapped, h.shutdown.clone()).await;
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(SUBMISSIONS_NO_AUTH).arg(addr.port().to_string());
+        run(cmd).await;
+    }
+}
+
+const SMTPLIB_SUBMISSION: &str = r#"
+import smtplib, ssl, sys
+from email.message import EmailMessage
+port, password = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+msg = EmailMessage()
+msg["From"] = "alice@example.test"
+msg["To"] = "bob@example.test, friend@elsewhere.test"
+msg["Subject"] = "submitted"
+msg.set_content("via submission\n")
+msg.add_attachment(b"\x00\x01" * (2 * 1024 * 1024), maintype="application", subtype="octet-stream", filename="a.bin")
+with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
+    s.ehlo("py.test")
+    assert not s.has_extn("auth"), "no AUTH before TLS"
+    code, _ = s.mail("alice@example.test")
+    assert code == 530, code
+    s.rset()
+    s.starttls(context=ctx)
+    s.ehlo("py.test")
+    assert "PLAIN" in s.esmtp_features["auth"]
+    s.login("alice@example.test", password)
+    refused = s.send_message(msg)
+    assert not refused, refused
+print("OK")
+"#;
+
+async fn python_smtplib_submission_starttls_auth(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.submission.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(SMTPLIB_SUBMISSION).arg(addr.port().to_string()).arg(PASSWORD);
+    run(cmd).await;
+    let msgs = h.messages("bob@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].len() > 5 * 1024 * 1024);
+    assert!(String::from_utf8_lossy(&msgs[0][..400]).contains("with ESMTPSA id"));
+    let queued = h.store.queue_claim("test", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].recipients, vec!["friend@elsewhere.test".to_string()]);
+}
+
+async fn swaks_auth_login_submission(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.submission.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("swaks");
+    cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--from", "alice@example.test", "--to", "bob@example.test"])
+        .args(["--tls", "--auth", "LOGIN", "--auth-user", "alice@example.test", "--auth-password", PASSWORD])
+        .args(["--pipeline", "--timeout", "30", "--header", "Subject: swaks auth"]);
+    let out = run(cmd).await;
+    let transcript = String::from_utf8_lossy(&out.stdout);
+    assert!(transcript.contains("235 2.7.0"), "{transcript}");
+    let msgs = h.messages("bob@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(String::from_utf8_lossy(&msgs[0]).contains("Subject: swaks auth"));
+    // Wrong password: 535 and nothing sent.
+    let mut cmd = Command::new("swaks");
+    cmd.args(["--server", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--from", "alice@example.test", "--to", "bob@example.test"])
+        .args(["--tls", "--auth", "LOGIN", "--auth-user", "alice@example.test", "--auth-password", "wrong"])
+        .args(["--timeout", "30"]);
+    let out = tokio::task::spawn_blocking(move || cmd.output()).await.unwrap().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("535 5.7.8"));
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+}
+
+both_backends!(
+    python_smtplib_starttls_smtputf8_attachment,
+    swaks_pipelining_over_starttls,
+    swaks_relay_and_unknown_user_refused,
+    curl_smtp_upload,
+    chunking_over_a_socket,
+    starttls_discards_pipelined_plaintext,
+    submissions_implicit_tls,
+    python_smtplib_submission_starttls_auth,
+    swaks_auth_login_submission,
+);

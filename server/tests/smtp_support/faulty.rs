@@ -1,0 +1,178 @@
+//! A store wrapper for fault injection around the real store: make deliveries fail
+//! or slow, count recipient lookups, record group-commit batch sizes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use mailcluster_server::store::*;
+
+pub struct FaultyStore {
+    pub inner: Arc<dyn Store>,
+    pub fail: AtomicBool,
+    pub commit_delay_ms: AtomicU64,
+    pub lookups: AtomicU64,
+    pub batches: Mutex<Vec<usize>>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        FaultyStore {
+            inner,
+            fail: AtomicBool::new(false),
+            commit_delay_ms: AtomicU64::new(0),
+            lookups: AtomicU64::new(0),
+            batches: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn migrate(&self) -> StoreResult<()> {
+        self.inner.migrate().await
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+    fn pool_stats(&self) -> PoolStats {
+        self.inner.pool_stats()
+    }
+    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
+        self.inner.domain_add(domain).await
+    }
+    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
+        self.inner.domain_del(domain).await
+    }
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        self.inner.domain_list().await
+    }
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.domain_exists(domain).await
+    }
+    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
+        self.inner.account_create(email, password_hash).await
+    }
+    async fn account_delete(&self, email: &str) -> StoreResult<()> {
+        self.inner.account_delete(email).await
+    }
+    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
+        self.inner.account_set_password(email, password_hash).await
+    }
+    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
+        self.inner.account_get(email).await
+    }
+    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
+        self.inner.account_list(domain).await
+    }
+    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
+        self.inner.mailbox_list(account_id).await
+    }
+    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
+        self.inner.mailbox_get(account_id, name).await
+    }
+    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
+        self.inner.mailbox_get_by_id(mailbox_id).await
+    }
+    async fn mailbox_create(
+        &self,
+        account_id: i64,
+        name: &str,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        self.inner.mailbox_create(account_id, name, special_use).await
+    }
+    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
+        self.inner.mailbox_delete(account_id, name).await
+    }
+    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
+        self.inner.mailbox_rename(account_id, from, to).await
+    }
+    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
+        self.inner.mailbox_subscribe(account_id, name, subscribed).await
+    }
+    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
+        self.inner.subscriptions(account_id).await
+    }
+    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
+        self.inner.mailbox_status(mailbox_id).await
+    }
+    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        let delay = self.commit_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("test: store down".into()));
+        }
+        let out = self.inner.deliver_batch(batch).await?;
+        self.batches.lock().unwrap().push(batch.len());
+        Ok(out)
+    }
+    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
+        self.inner.mailbox_uids(mailbox_id).await
+    }
+    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
+        self.inner.messages_by_uid(mailbox_id, uids).await
+    }
+    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
+        self.inner.flags_by_uid(mailbox_id, uids).await
+    }
+    async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes> {
+        self.inner.message_body(message_id).await
+    }
+    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+        self.inner.uids_by_flags(mailbox_id, with, without).await
+    }
+    async fn store_flags(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        self.inner.store_flags(mailbox_id, uids, op, flags).await
+    }
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        self.inner.expunge(mailbox_id, uids).await
+    }
+    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        self.inner.copy(src, uids, dest).await
+    }
+    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
+        self.inner.move_messages(src, uids, dest).await
+    }
+    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+        self.inner.changes_since(mailbox_id, modseq).await
+    }
+    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("test: store down".into()));
+        }
+        self.inner.queue_enqueue(item).await
+    }
+    async fn queue_claim(
+        &self,
+        worker: &str,
+        limit: u32,
+        lease: std::time::Duration,
+    ) -> StoreResult<Vec<QueueItem>> {
+        self.inner.queue_claim(worker, limit, lease).await
+    }
+    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
+        self.inner.queue_complete(id).await
+    }
+    async fn queue_fail(
+        &self,
+        id: i64,
+        error: &str,
+        retry_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> StoreResult<()> {
+        self.inner.queue_fail(id, error, retry_at).await
+    }
+}

@@ -1,0 +1,539 @@
+//! SMTP transcripts: client lines in, server replies out, over an in-memory
+//! stream, for every command and error path.
+
+mod smtp_support;
+
+use std::sync::atomic::Ordering;
+
+use mailcluster_server::store::Store as _;
+use std::time::Duration;
+
+use smtp_support::{Backend, Harness, PASSWORD, config};
+
+const MSG: &str = "From: a@remote.test\r\nTo: alice@example.test\r\nSubject: hi\r\n\r\nHello\r\n";
+
+async fn harness(b: Backend) -> Harness {
+    Harness::new(b, config(|_| {})).await
+}
+
+async fn ehlo_lists_extensions_for_mx(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    let greeting = c.expect("220 mx.test ESMTP").await;
+    assert_eq!(greeting.len(), 1);
+    let ehlo = c.cmd("EHLO client.test", "250 HELP").await;
+    assert_eq!(ehlo[0], "250-mx.test Hello client.test [192.0.2.10]");
+    for ext in ["PIPELINING", "SIZE 26214400", "8BITMIME", "SMTPUTF8", "ENHANCEDSTATUSCODES", "CHUNKING"] {
+        assert!(ehlo.iter().any(|l| l[4..] == *ext), "{ext} missing from {ehlo:?}");
+    }
+    // No TLS configured and MX: neither STARTTLS nor AUTH.
+    assert!(!ehlo.iter().any(|l| l.contains("STARTTLS") || l.contains("AUTH")), "{ehlo:?}");
+    c.cmd("HELO other.test", "250 mx.test").await;
+    c.cmd("QUIT", "221 2.0.0").await;
+    c.expect_closed().await;
+}
+
+async fn mx_delivery_stores_once_with_trace_headers(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<sender@remote.test> BODY=8BITMIME SIZE=100", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<Bob@Example.TEST>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await; // duplicate: once
+    c.cmd("DATA", "354 ").await;
+    c.send("Subject: dots\r\n\r\n..leading dot\r\n.\r\n").await;
+    let r = c.expect("250 2.0.0 OK: queued as ").await;
+    c.cmd("QUIT", "221 ").await;
+
+    let alice = h.messages("alice@example.test").await;
+    let bob = h.messages("bob@example.test").await;
+    assert_eq!(alice.len(), 1);
+    assert_eq!(bob.len(), 1);
+    let raw = String::from_utf8(alice[0].to_vec()).unwrap();
+    assert!(
+        raw.starts_with(
+            "Return-Path: <sender@remote.test>\r\nReceived: from client.test ([192.0.2.10])\r\n\tby mx.test"
+        ),
+        "{raw}"
+    );
+    let id = r[0].rsplit(' ').next().unwrap();
+    assert!(raw.contains(&format!("with ESMTP id {id};")), "{raw}");
+    assert!(!raw.contains("for <"), "several recipients are not listed: {raw}");
+    assert!(raw.ends_with("Subject: dots\r\n\r\n.leading dot\r\n"), "{raw}");
+    // One body, both mailboxes, one batch.
+    assert_eq!(*h.store.batches.lock().unwrap(), vec![1]);
+}
+
+/// IDLE sessions learn about a delivery through the cache.
+async fn delivery_publishes_mailbox_event(b: Backend) {
+    use futures::StreamExt;
+    let h = harness(b).await;
+    let (account, inbox) = h.inbox_of("alice@example.test").await;
+    let mut events = h.cache.subscribe(account).await.unwrap();
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 2.0.0").await;
+    let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
+    assert_eq!((event.account_id, event.mailbox_id), (account, inbox));
+}
+
+async fn recipient_errors_and_cache(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("RCPT TO:<alice@example.test>", "503 5.5.1").await;
+    c.cmd("MAIL FROM:<>", "250 2.1.0").await;
+    c.cmd("MAIL FROM:<x@remote.test>", "503 5.5.1").await;
+    c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
+    c.cmd("RCPT TO:<someone@elsewhere.test>", "550 5.7.1 Relaying denied").await;
+    c.cmd("RCPT TO:<postmaster>", "501 5.1.3").await;
+    c.cmd("RCPT TO:alice@example.test", "501 5.5.4").await;
+    c.cmd("DATA", "554 5.5.1").await;
+    let before = h.store.lookups.load(Ordering::SeqCst);
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RSET", "250 2.0.0").await;
+    c.cmd("MAIL FROM:<>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<ALICE@example.test>", "250 2.1.5").await;
+    assert_eq!(h.store.lookups.load(Ordering::SeqCst), before + 1, "second lookup served by the cache");
+    c.cmd("RSET", "250 2.0.0").await;
+    c.cmd("DATA", "503 5.5.1").await;
+    c.cmd("BDAT 0 LAST", "503 5.5.1").await;
+}
+
+async fn sequence_errors_before_greeting(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.expect("220 ").await;
+    c.cmd("MAIL FROM:<a@remote.test>", "503 5.5.1 Send EHLO/HELO first").await;
+    c.cmd("EHLO", "501 5.5.4").await;
+    c.cmd("FOO bar", "500 5.5.2").await;
+    c.cmd("ETRN example.test", "502 5.5.1").await;
+    c.cmd("NOOP", "250 2.0.0").await;
+    c.cmd("HELP", "214 2.0.0").await;
+    c.cmd("VRFY alice@example.test", "252 2.5.0").await;
+    c.cmd("EXPN staff", "502 5.5.1").await;
+    c.cmd("STARTTLS", "454 4.7.0").await;
+    c.cmd("AUTH PLAIN AGFsaWNlAHB3", "502 5.5.1").await;
+}
+
+async fn too_many_recipients(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_recipients = 2)).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
+    c.cmd("RCPT TO:<carol@example.test>", "452 4.5.3").await;
+}
+
+async fn unsupported_parameters(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test> RET=FULL", "555 5.5.4").await;
+    c.cmd("MAIL FROM:<a@remote.test> BODY=BINARYMIME", "555 5.5.4").await;
+    c.cmd("MAIL FROM:<a@remote.test> FOO=BAR", "555 5.5.4").await;
+    c.cmd("MAIL FROM:<a@remote.test> SIZE=99999999999", "552 5.3.4").await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test> NOTIFY=NEVER", "555 5.5.4").await;
+}
+
+async fn smtputf8_addresses(b: Backend) {
+    let h = harness(b).await;
+    h.add_account("jörg@example.test").await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<jürgen@remote.test>", "553 5.6.7").await;
+    c.cmd("MAIL FROM:<jürgen@remote.test> SMTPUTF8", "250 ").await;
+    c.cmd("RCPT TO:<jörg@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send("Subject: Grüße\r\n\r\nÄ\r\n.\r\n").await;
+    c.expect("250 2.0.0").await;
+    let msgs = h.messages("jörg@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    let raw = String::from_utf8(msgs[0].to_vec()).unwrap();
+    assert!(raw.contains("with UTF8SMTP id"), "{raw}");
+    assert!(raw.starts_with("Return-Path: <jürgen@remote.test>"), "{raw}");
+}
+
+async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    // The classic smuggling payload: "\n.\n" then a second transaction.
+    c.send(
+        "Subject: x\r\n\r\nbody\n.\nMAIL FROM:<admin@example.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n\
+         Subject: smuggled\r\n\r\nevil\r\n.\r\n",
+    )
+    .await;
+    // Only now does the data end, and the whole of it is refused.
+    c.expect("550 5.6.0").await;
+    c.cmd("NOOP", "250 2.0.0").await;
+    assert_eq!(h.total_messages().await, 0);
+
+    for payload in ["a\r.\r\nMAIL FROM:<x@y.test>\r\n", "a\r\n.\nRCPT TO:<bob@example.test>\r\n", "a\n.\r\n"]
+    {
+        c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+        c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+        c.cmd("DATA", "354").await;
+        c.send(payload).await;
+        c.send("tail\r\n.\r\n").await;
+        c.expect("550 5.6.0").await;
+    }
+    assert_eq!(h.total_messages().await, 0);
+}
+
+async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 10_000;
+            c.smtp.max_discard_size = 1_000_000;
+        }),
+    )
+    .await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    let line = "x".repeat(998) + "\r\n";
+    for _ in 0..100 {
+        c.send(&line).await;
+    }
+    c.send(".\r\n").await;
+    c.expect("552 5.3.4").await;
+    // The session goes on.
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    // Past the discard bound the server gives up on the connection.
+    let chunk = "y".repeat(998) + "\r\n";
+    let mut closed = false;
+    for _ in 0..2000 {
+        if tokio::io::AsyncWriteExt::write_all(&mut c.io, chunk.as_bytes()).await.is_err() {
+            closed = true;
+            break;
+        }
+    }
+    if !closed {
+        c.expect("552 5.3.4").await;
+    }
+    c.expect_closed().await;
+    assert_eq!(h.total_messages().await, 0);
+}
+
+async fn bdat_chunks_exact_sizes(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    // Chunk content that looks like commands and terminators is just content.
+    let part1 = "Subject: b\r\n\r\n.\r\nQUIT\r\n";
+    c.send(&format!("BDAT {}\r\n{part1}", part1.len())).await;
+    c.expect(&format!("250 2.0.0 {} octets", part1.len())).await;
+    c.cmd("DATA", "503 5.5.1").await;
+    let part2 = "bare\nLF ok in BDAT\r\n";
+    c.send(&format!("BDAT {} LAST\r\n{part2}", part2.len())).await;
+    c.expect("250 2.0.0 OK: queued as").await;
+    let msgs = h.messages("alice@example.test").await;
+    assert_eq!(msgs.len(), 1);
+    assert!(msgs[0].ends_with(format!("{part1}{part2}").as_bytes()));
+
+    // BDAT 0 LAST ends an (empty-bodied) message; BDAT without MAIL is consumed.
+    c.send("BDAT 5\r\nhello").await;
+    c.expect("503 5.5.1").await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
+    c.send("BDAT 3\r\nabc").await;
+    c.expect("250 2.0.0 3 octets").await;
+    c.cmd("BDAT 0 LAST", "250 2.0.0 OK").await;
+    assert!(h.messages("bob@example.test").await[0].ends_with(b"abc"));
+    c.cmd("BDAT x", "501 5.5.4").await;
+}
+
+async fn bdat_over_limit(b: Backend) {
+    let h = Harness::new(
+        b,
+        config(|c| {
+            c.smtp.max_message_size = 100;
+            c.smtp.max_discard_size = 1000;
+        }),
+    )
+    .await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.send(&format!("BDAT 60\r\n{}", "a".repeat(60))).await;
+    c.expect("250 ").await;
+    c.send(&format!("BDAT 60\r\n{}", "b".repeat(60))).await;
+    c.expect("552 5.3.4").await;
+    // Transaction over: further chunks are consumed and refused.
+    c.send(&format!("BDAT 10 LAST\r\n{}", "c".repeat(10))).await;
+    c.expect("503 5.5.1").await;
+    c.cmd("NOOP", "250 ").await;
+    // A chunk announced beyond the discard bound closes the connection.
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.send("BDAT 100000 LAST\r\n").await;
+    c.expect("552 5.3.4").await;
+    c.expect_closed().await;
+    assert_eq!(h.total_messages().await, 0);
+}
+
+async fn pipelined_commands_answered_in_one_flush(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.send("MAIL FROM:<a@remote.test>\r\nRCPT TO:<alice@example.test>\r\nRCPT TO:<nobody@example.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n").await;
+    let first = String::from_utf8(c.read_once().await).unwrap();
+    let codes: Vec<&str> = first.lines().map(|l| &l[..3]).collect();
+    assert_eq!(codes, ["250", "250", "550", "250", "354"], "all replies in one write: {first:?}");
+    c.send(&format!("{MSG}.\r\nMAIL FROM:<a@remote.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n")).await;
+    let second = String::from_utf8(c.read_once().await).unwrap();
+    let codes: Vec<&str> = second.lines().map(|l| &l[..3]).collect();
+    assert_eq!(codes, ["250", "250", "250", "354"], "{second:?}");
+    c.send(".\r\nQUIT\r\n").await;
+    c.expect("250 ").await;
+    c.expect("221 ").await;
+    assert_eq!(h.messages("bob@example.test").await.len(), 2);
+}
+
+async fn long_lines_and_error_limit(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_errors = 5)).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.send(&"A".repeat(10_000)).await;
+    c.expect("500 5.5.6").await;
+    c.send("\r\n").await;
+    c.cmd("NOOP", "250 ").await;
+    c.send(&format!("NOOP {}\r\n", "x".repeat(5000))).await;
+    c.expect("500 5.5.6").await;
+    // Two errors so far; two more, then the fifth closes the session.
+    for _ in 0..2 {
+        c.cmd("BOGUS", "500 5.5.2").await;
+    }
+    c.send("BOGUS\r\n").await;
+    c.expect("500 5.5.2").await;
+    c.expect("421 4.7.0").await;
+    c.expect_closed().await;
+}
+
+async fn store_failure_acknowledges_nothing(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    h.store.fail.store(true, Ordering::SeqCst);
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("451 4.3.0").await;
+    assert_eq!(h.total_messages().await, 0);
+    h.store.fail.store(false, Ordering::SeqCst);
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 2.0.0").await;
+    assert_eq!(h.total_messages().await, 1);
+}
+
+async fn shutdown_says_421(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    h.shutdown_tx.send(true).unwrap();
+    c.expect("421 4.3.2").await;
+    c.expect_closed().await;
+    // New sessions are told at once.
+    let mut c = h.connect(&h.mx);
+    c.expect("421 4.3.2").await;
+}
+
+async fn command_timeout_says_421(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.command_timeout_secs = 1)).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.expect("421 4.4.2").await;
+    c.expect_closed().await;
+}
+
+async fn per_ip_connection_limit(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.max_connections_per_ip = 1)).await;
+    let mut a = h.connect(&h.mx);
+    a.expect("220 ").await;
+    let mut b = h.connect(&h.mx);
+    b.expect("421 4.7.0").await;
+    let mut other = h.connect_from(&h.mx, "198.51.100.7:1".parse().unwrap());
+    other.expect("220 ").await;
+    a.cmd("QUIT", "221 ").await;
+    a.expect_closed().await;
+    let mut c = h.connect(&h.mx);
+    c.expect("220 ").await;
+}
+
+async fn submission_requires_auth_and_tls(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.submission);
+    let ehlo = c.ehlo().await;
+    assert!(!ehlo.iter().any(|l| l.contains("AUTH")), "no AUTH over plaintext: {ehlo:?}");
+    c.cmd("MAIL FROM:<alice@example.test>", "530 5.7.0").await;
+    c.cmd("AUTH PLAIN AGFsaWNlQGV4YW1wbGUudGVzdABhbGljZS1wYXNzd29yZA==", "538 5.7.11").await;
+}
+
+async fn submission_auth_exchanges(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    let ehlo = c.ehlo().await;
+    assert!(ehlo.iter().any(|l| l[4..] == *"AUTH PLAIN LOGIN"), "{ehlo:?}");
+    c.cmd("AUTH CRAM-MD5", "504 5.5.4").await;
+    c.cmd("AUTH PLAIN", "334 ").await;
+    c.cmd("*", "501 5.0.0").await;
+    c.cmd("AUTH PLAIN", "334 ").await;
+    c.cmd("not base64!", "501 5.5.2").await;
+    c.cmd("AUTH PLAIN", "334 ").await;
+    c.cmd("Zm9v", "501 5.5.2 Invalid PLAIN").await;
+    c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
+    c.cmd("YWxpY2VAZXhhbXBsZS50ZXN0", "334 UGFzc3dvcmQ6").await;
+    c.cmd("d3Jvbmc=", "535 5.7.8").await;
+    // PLAIN without initial response, then the PLAIN message.
+    c.cmd("AUTH PLAIN", "334 ").await;
+    let plain = base64_encode(&format!("\0alice@example.test\0{PASSWORD}"));
+    c.cmd(&plain, "235 2.7.0").await;
+    c.cmd("AUTH PLAIN", "503 5.5.1").await;
+}
+
+fn base64_encode(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+async fn submission_login_and_send(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    c.ehlo().await;
+    c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
+    c.cmd(&base64_encode("bob@example.test"), "334 UGFzc3dvcmQ6").await;
+    c.cmd(&base64_encode(PASSWORD), "235 2.7.0").await;
+    c.cmd("MAIL FROM:<alice@example.test>", "553 5.7.1").await;
+    c.cmd("MAIL FROM:<BOB@example.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<friend@elsewhere.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
+    c.cmd("DATA", "354").await;
+    c.send("Subject: out\r\n\r\nhello\r\n.\r\n").await;
+    c.expect("250 2.0.0").await;
+    let local = h.messages("alice@example.test").await;
+    assert_eq!(local.len(), 1);
+    assert!(String::from_utf8_lossy(&local[0]).contains("with ESMTPA id"), "authenticated: {:?}", local[0]);
+    let queued = h.store.queue_claim("test", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].recipients, vec!["friend@elsewhere.test".to_string()]);
+    assert_eq!(queued[0].sender, "BOB@example.test");
+    assert!(queued[0].raw.ends_with(b"Subject: out\r\n\r\nhello\r\n"));
+}
+
+async fn submission_initial_response(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    c.ehlo().await;
+    let wrong = base64_encode("\0alice@example.test\0nope");
+    c.cmd(&format!("AUTH PLAIN {wrong}"), "535 5.7.8").await;
+    let right = base64_encode(&format!("alice@example.test\0alice@example.test\0{PASSWORD}"));
+    c.cmd(&format!("AUTH PLAIN {right}"), "235 2.7.0").await;
+    c.cmd("MAIL FROM:<alice@example.test>", "250 ").await;
+    c.cmd("AUTH LOGIN", "503 5.5.1").await;
+}
+
+async fn metrics_are_counted(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<nobody@example.test>", "550 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 ").await;
+    let text = {
+        let mut out = Vec::new();
+        let enc = prometheus::TextEncoder::new();
+        prometheus::Encoder::encode(&enc, &h.app.metrics.registry.gather(), &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    for needle in [
+        r#"mail_commands_total{command="RCPT",protocol="smtp",result="5xx"} 1"#,
+        r#"mail_commands_total{command="RCPT",protocol="smtp",result="2xx"} 1"#,
+        r#"mail_commands_total{command="DATA",protocol="smtp",result="2xx"} 1"#,
+        r#"mail_deliveries_total{result="ok"} 1"#,
+        r#"mail_smtp_messages_total{listener="smtp"} 1"#,
+        r#"mail_group_commit_batch_size_count 1"#,
+        r#"mail_command_duration_seconds_count{command="MAIL",protocol="smtp"} 1"#,
+        r#"mail_smtp_delivery_seconds_count{listener="smtp"} 1"#,
+    ] {
+        assert!(text.contains(needle), "{needle} missing in\n{text}");
+    }
+    assert!(text.contains(&format!(r#"mail_smtp_bytes_total{{listener="smtp"}} {}"#, MSG.len())), "{text}");
+}
+
+async fn concurrent_deliveries_share_commits(b: Backend) {
+    let h = harness(b).await;
+    h.store.commit_delay_ms.store(20, Ordering::SeqCst);
+    let mut tasks = Vec::new();
+    for i in 0..40u32 {
+        let mut c = h.connect_from(&h.mx, format!("203.0.113.{}:1000", i + 1).parse().unwrap());
+        tasks.push(tokio::spawn(async move {
+            c.ehlo().await;
+            c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+            c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+            c.cmd("DATA", "354").await;
+            c.send(&format!("Subject: {i}\r\n\r\nx\r\n.\r\n")).await;
+            c.expect("250 2.0.0").await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let batches = h.store.batches.lock().unwrap().clone();
+    assert_eq!(batches.iter().sum::<usize>(), 40);
+    assert!(batches.len() < 40, "deliveries were grouped: {batches:?}");
+    assert_eq!(h.messages("alice@example.test").await.len(), 40);
+}
+
+both_backends!(
+    submission_login_and_send,
+    submission_initial_response,
+    delivery_publishes_mailbox_event,
+    ehlo_lists_extensions_for_mx,
+    mx_delivery_stores_once_with_trace_headers,
+    recipient_errors_and_cache,
+    sequence_errors_before_greeting,
+    too_many_recipients,
+    unsupported_parameters,
+    smtputf8_addresses,
+    smuggling_bare_lf_does_not_end_data,
+    oversized_data_is_refused_and_not_buffered,
+    bdat_chunks_exact_sizes,
+    bdat_over_limit,
+    pipelined_commands_answered_in_one_flush,
+    long_lines_and_error_limit,
+    store_failure_acknowledges_nothing,
+    shutdown_says_421,
+    command_timeout_says_421,
+    per_ip_connection_limit,
+    submission_requires_auth_and_tls,
+    submission_auth_exchanges,
+    metrics_are_counted,
+    concurrent_deliveries_share_commits,
+);

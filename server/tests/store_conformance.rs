@@ -1,0 +1,1205 @@
+//! Store conformance suite: ONE set of tests, each run against PostgreSQL and
+//! against the embedded SQLite store (`conformance!` below instantiates both).
+//!
+//! PostgreSQL tests create a fresh database (`mc_test_<random>`) on `DATABASE_URL`
+//! (default `postgres://postgres@127.0.0.1:5432/postgres`), drop it afterwards and
+//! FAIL when the server is unreachable. SQLite tests use a file in a tempdir.
+//!
+//! Run: `cargo test -p mailcluster-server --test store_conformance`
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeZone, Utc};
+use mailcluster_server::store::{
+    self, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, SpecialUse, Store,
+    StoreError, UidSet,
+};
+use sqlx::Connection;
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(120);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// `url` with its database path replaced by `db`.
+fn with_database(url: &str, db: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let query = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
+    format!("{scheme}://{authority}/{db}{query}")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// What a test gets: the store under test plus the means to open a second store
+/// on the same database and to peek at storage details the trait hides.
+#[derive(Clone)]
+struct Ctx {
+    store: Arc<dyn Store>,
+    backend: Backend,
+    url: String,
+    data_dir: PathBuf,
+}
+
+impl Ctx {
+    async fn open_again(&self) -> Arc<dyn Store> {
+        store::open(Some(&self.url), &self.data_dir, 4, CONNECT_TIMEOUT).await.expect("second store opens")
+    }
+
+    /// (compressed, stored length) of a message body, read behind the trait.
+    async fn stored_body(&self, message_id: i64) -> (bool, i64) {
+        match self.backend {
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("pg connect");
+                sqlx::query_as("SELECT compressed, length(body)::bigint FROM messages WHERE id = $1")
+                    .bind(message_id)
+                    .fetch_one(&mut c)
+                    .await
+                    .expect("body row")
+            }
+            Backend::Sqlite => {
+                let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).expect("sqlite url");
+                let mut c = sqlx::SqliteConnection::connect_with(&opts).await.expect("sqlite connect");
+                sqlx::query_as("SELECT compressed, length(body) FROM messages WHERE id = ?")
+                    .bind(message_id)
+                    .fetch_one(&mut c)
+                    .await
+                    .expect("body row")
+            }
+        }
+    }
+}
+
+struct Harness {
+    ctx: Ctx,
+    pg_db: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(backend: Backend, migrate: bool) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (url, pg_db) = match backend {
+        Backend::Sqlite => (format!("sqlite://{}", dir.path().join("test.db").display()), None),
+        Backend::Postgres => {
+            let admin = database_url();
+            let name = format!("mc_test_{:016x}", rand::random::<u64>());
+            let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, sqlx::PgConnection::connect(&admin))
+                .await
+                .unwrap_or_else(|_| panic!("PostgreSQL at {admin} did not answer"))
+                .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is unreachable: {e}"));
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut conn)
+                .await
+                .expect("create test database");
+            let _ = conn.close().await;
+            (with_database(&admin, &name), Some(name))
+        }
+    };
+    let store = store::open(Some(&url), dir.path(), 8, CONNECT_TIMEOUT).await.expect("store opens");
+    if migrate {
+        store.migrate().await.expect("migrations apply");
+    }
+    Harness { ctx: Ctx { store, backend, url, data_dir: dir.path().to_path_buf() }, pg_db, _dir: dir }
+}
+
+impl Harness {
+    async fn teardown(self) {
+        drop(self.ctx);
+        if let Some(db) = self.pg_db {
+            let admin = database_url();
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+                let _ =
+                    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")))
+                        .execute(&mut conn)
+                        .await;
+                let _ = conn.close().await;
+            }
+        }
+    }
+}
+
+/// Runs one test body with a bounded time, always dropping its database.
+async fn run<F, Fut>(backend: Backend, migrate: bool, test: F)
+where
+    F: FnOnce(Ctx) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let h = harness(backend, migrate).await;
+    let outcome = tokio::time::timeout(TEST_TIMEOUT, tokio::spawn(test(h.ctx.clone()))).await;
+    h.teardown().await;
+    match outcome {
+        Err(_) => panic!("test timed out after {TEST_TIMEOUT:?}"),
+        Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Ok(Err(e)) => panic!("test task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::run(super::Backend::Postgres, true, super::$name).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::run(super::Backend::Sqlite, true, super::$name).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    basics_ping_stats_migrate,
+    domains,
+    accounts,
+    account_delete_removes_bodies,
+    mailboxes_create_get_list,
+    mailbox_errors,
+    mailbox_delete_removes_orphans_only,
+    rename_with_children,
+    rename_inbox,
+    subscriptions,
+    deliver_and_read,
+    deliver_errors_store_nothing,
+    body_stored_once_for_many_recipients,
+    compression_round_trip,
+    store_flags_semantics,
+    uids_by_flags_queries,
+    expunge_and_tombstones,
+    changes_since_after_store_and_expunge,
+    copy_and_move,
+    concurrent_group_commit,
+    queue_lifecycle,
+    queue_claim_is_exclusive,
+);
+
+// ---------------------------------------------------------------- helpers
+
+fn ts(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(secs, 0).single().expect("valid timestamp")
+}
+
+fn meta_for(subject: &str, raw: &[u8]) -> MessageMeta {
+    MessageMeta {
+        size: raw.len() as u32,
+        header_size: 20,
+        envelope: format!("(NIL \"{subject}\" NIL NIL NIL NIL NIL NIL NIL NIL)"),
+        body_structure: "(\"text\" \"plain\" NIL NIL NIL \"7bit\" 5 1)".into(),
+        body: "(\"text\" \"plain\" NIL NIL NIL \"7bit\" 5 1)".into(),
+        parts: vec![store::PartInfo {
+            path: vec![1],
+            header_start: 0,
+            body_start: 20,
+            body_end: 25,
+            is_message: false,
+        }],
+        subject: subject.into(),
+        from: "alice@example.com".into(),
+        to: "bob@example.com".into(),
+        cc: String::new(),
+        bcc: String::new(),
+        message_id: format!("<{subject}@example.com>"),
+        sent_date: Some(ts(1_700_000_000)),
+    }
+}
+
+fn delivery(subject: &str, targets: &[i64]) -> NewDelivery {
+    let raw = Bytes::from(format!("Subject: {subject}\r\n\r\nHello\r\n"));
+    NewDelivery {
+        meta: meta_for(subject, &raw),
+        raw,
+        internal_date: ts(1_700_000_100),
+        targets: targets.to_vec(),
+        flags: FlagSet::default(),
+    }
+}
+
+fn flagset(system: Flags, keywords: &[&str]) -> FlagSet {
+    FlagSet { system, keywords: keywords.iter().map(|k| k.to_string()).collect() }
+}
+
+/// A domain + account; returns (account id, INBOX id).
+async fn account(s: &Arc<dyn Store>, email: &str) -> (i64, i64) {
+    let domain = email.rsplit_once('@').expect("address").1;
+    match s.domain_add(domain).await {
+        Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
+        Err(e) => panic!("domain_add: {e}"),
+    }
+    let acc = s.account_create(email, "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA").await.expect("account");
+    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("INBOX exists");
+    (acc.id, inbox.id)
+}
+
+async fn deliver_one(s: &Arc<dyn Store>, subject: &str, targets: &[i64]) -> Vec<store::DeliveredTo> {
+    let mut out = s.deliver_batch(&[delivery(subject, targets)]).await.expect("deliver");
+    out.pop().expect("one result")
+}
+
+async fn message_id_of(s: &Arc<dyn Store>, mailbox: i64, uid: u32) -> i64 {
+    let rows = s.messages_by_uid(mailbox, &UidSet::single(uid)).await.expect("messages_by_uid");
+    rows.first().unwrap_or_else(|| panic!("uid {uid} in mailbox {mailbox}")).message_id
+}
+
+/// Checks the status counters against the rows themselves.
+async fn assert_counts(s: &Arc<dyn Store>, mailbox: i64) {
+    let status = s.mailbox_status(mailbox).await.expect("status");
+    let uids = s.mailbox_uids(mailbox).await.expect("uids");
+    let unseen = s.uids_by_flags(mailbox, Flags::NONE, Flags::SEEN).await.expect("unseen");
+    assert_eq!(status.messages as usize, uids.len(), "messages counter of mailbox {mailbox}");
+    assert_eq!(status.unseen as usize, unseen.len(), "unseen counter of mailbox {mailbox}");
+    if let Some(max) = uids.last() {
+        assert!(status.uid_next > *max, "uid_next {} must exceed max uid {max}", status.uid_next);
+    }
+}
+
+fn is_not_found<T: std::fmt::Debug>(r: Result<T, StoreError>) -> bool {
+    matches!(r, Err(StoreError::NotFound(_)))
+}
+
+// ---------------------------------------------------------------- tests
+
+async fn basics_ping_stats_migrate(ctx: Ctx) {
+    let s = &ctx.store;
+    assert_eq!(
+        s.backend(),
+        match ctx.backend {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    );
+    s.ping().await.expect("ping");
+    // migrations are idempotent
+    s.migrate().await.expect("second migrate");
+    s.migrate().await.expect("third migrate");
+    let stats = s.pool_stats();
+    assert!(stats.max >= 1, "{stats:?}");
+    assert!(stats.idle + stats.in_use <= stats.max, "{stats:?}");
+    // acquire times reach the observer (mail_db_pool_acquire_seconds)
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    s.set_acquire_observer(Arc::new(move |d: Duration| {
+        assert!(d < CONNECT_TIMEOUT);
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
+    s.domain_list().await.expect("list");
+    s.ping().await.expect("ping");
+    assert!(seen.load(std::sync::atomic::Ordering::Relaxed) >= 2, "observer called per acquisition");
+    // a second store (another pod) on the same database agrees
+    let other = ctx.open_again().await;
+    other.migrate().await.expect("migrate from second store");
+    s.domain_add("example.com").await.expect("domain");
+    assert!(other.domain_exists("example.com").await.expect("exists"));
+}
+
+async fn domains(ctx: Ctx) {
+    let s = &ctx.store;
+    s.domain_add("Example.COM").await.expect("add");
+    s.domain_add("other.org").await.expect("add");
+    assert!(matches!(s.domain_add("example.com").await, Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(s.domain_add("").await, Err(StoreError::Invalid(_))));
+    assert_eq!(s.domain_list().await.expect("list"), vec!["example.com", "other.org"]);
+    assert!(s.domain_exists("EXAMPLE.com").await.expect("exists"));
+    assert!(!s.domain_exists("nope.net").await.expect("exists"));
+    assert!(is_not_found(s.domain_del("nope.net").await));
+    s.account_create("a@example.com", "h").await.expect("account");
+    assert!(matches!(s.domain_del("example.com").await, Err(StoreError::Invalid(_))));
+    s.domain_del("other.org").await.expect("del");
+    assert_eq!(s.domain_list().await.expect("list"), vec!["example.com"]);
+    s.account_delete("a@example.com").await.expect("account delete");
+    s.domain_del("example.com").await.expect("del after accounts gone");
+    assert!(s.domain_list().await.expect("list").is_empty());
+}
+
+async fn accounts(ctx: Ctx) {
+    let s = &ctx.store;
+    s.domain_add("example.com").await.expect("domain");
+    s.domain_add("b.org").await.expect("domain");
+    let before = Utc::now() - chrono::Duration::seconds(5);
+    let acc = s.account_create("Alice@Example.com", "hash1").await.expect("create");
+    assert_eq!(acc.email, "alice@example.com");
+    assert_eq!(acc.domain, "example.com");
+    assert_eq!(acc.password_hash, "hash1");
+    assert!(acc.created_at > before && acc.created_at <= Utc::now() + chrono::Duration::seconds(5));
+    assert!(matches!(s.account_create("ALICE@example.com", "x").await, Err(StoreError::AlreadyExists(_))));
+    assert!(is_not_found(s.account_create("bob@unknown.net", "x").await));
+    assert!(matches!(s.account_create("no-at-sign", "x").await, Err(StoreError::Invalid(_))));
+
+    let got = s.account_get("ALICE@EXAMPLE.COM").await.expect("get").expect("found");
+    assert_eq!(got, acc);
+    assert!(s.account_get("nobody@example.com").await.expect("get").is_none());
+
+    // default mailboxes with their special-use attributes
+    let boxes = s.mailbox_list(acc.id).await.expect("list");
+    let names: BTreeMap<String, Option<SpecialUse>> =
+        boxes.iter().map(|m| (m.name.clone(), m.special_use)).collect();
+    let mut expected = BTreeMap::from([("INBOX".to_string(), None)]);
+    for u in SpecialUse::ALL {
+        expected.insert(u.default_name().to_string(), Some(u));
+    }
+    assert_eq!(names, expected);
+    let validities: BTreeSet<u32> = boxes.iter().map(|m| m.uid_validity).collect();
+    assert_eq!(validities.len(), boxes.len(), "UIDVALIDITY differs per mailbox");
+    for m in &boxes {
+        assert_eq!(m.uid_next, 1);
+        assert_eq!(m.account_id, acc.id);
+    }
+
+    s.account_set_password("alice@EXAMPLE.com", "hash2").await.expect("set password");
+    assert_eq!(s.account_get("alice@example.com").await.expect("get").expect("found").password_hash, "hash2");
+    assert!(is_not_found(s.account_set_password("nobody@example.com", "h").await));
+
+    s.account_create("carol@b.org", "h").await.expect("create");
+    s.account_create("bob@example.com", "h").await.expect("create");
+    let all: Vec<String> = s.account_list(None).await.expect("list").into_iter().map(|a| a.email).collect();
+    assert_eq!(all, vec!["alice@example.com", "bob@example.com", "carol@b.org"]);
+    let ex: Vec<String> =
+        s.account_list(Some("Example.com")).await.expect("list").into_iter().map(|a| a.email).collect();
+    assert_eq!(ex, vec!["alice@example.com", "bob@example.com"]);
+
+    s.account_delete("Bob@example.com").await.expect("delete");
+    assert!(s.account_get("bob@example.com").await.expect("get").is_none());
+    assert!(is_not_found(s.account_delete("bob@example.com").await));
+    // the address can be reused
+    s.account_create("bob@example.com", "h").await.expect("re-create");
+}
+
+async fn account_delete_removes_bodies(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox_a) = account(s, "a@example.com").await;
+    let (_, inbox_b) = account(s, "b@example.com").await;
+    let only_a = deliver_one(s, "only-a", &[inbox_a]).await;
+    let shared = deliver_one(s, "shared", &[inbox_a, inbox_b]).await;
+    let only_a_msg = message_id_of(s, inbox_a, only_a[0].uid).await;
+    let shared_msg = message_id_of(s, inbox_a, shared[0].uid).await;
+    s.account_delete("a@example.com").await.expect("delete");
+    assert!(is_not_found(s.message_body(only_a_msg).await), "unlinked body removed");
+    assert!(s.message_body(shared_msg).await.is_ok(), "body still linked by b stays");
+    assert!(s.mailbox_get_by_id(inbox_a).await.expect("get").is_none());
+}
+
+async fn mailboxes_create_get_list(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let m = s.mailbox_create(acc, "Projects/2024/Q1", None).await.expect("create");
+    assert_eq!(m.name, "Projects/2024/Q1");
+    assert_eq!(m.uid_next, 1);
+    assert!(m.highest_modseq >= 1);
+    // parents were created
+    for parent in ["Projects", "Projects/2024"] {
+        assert!(s.mailbox_get(acc, parent).await.expect("get").is_some(), "{parent} created");
+    }
+    let sent2 = s.mailbox_create(acc, "Sent Items", Some(SpecialUse::Sent)).await.expect("create");
+    assert_eq!(sent2.special_use, Some(SpecialUse::Sent));
+    assert_eq!(s.mailbox_get_by_id(m.id).await.expect("get"), Some(m.clone()));
+    assert_eq!(s.mailbox_get(acc, "Projects/2024/Q1").await.expect("get"), Some(m.clone()));
+    assert!(s.mailbox_get(acc, "projects/2024/q1").await.expect("get").is_none(), "names are case-sensitive");
+    for spelling in ["INBOX", "inbox", "InBox"] {
+        assert_eq!(s.mailbox_get(acc, spelling).await.expect("get").map(|m| m.id), Some(inbox));
+    }
+    let sub = s.mailbox_create(acc, "inbox/Sub", None).await.expect("create under INBOX");
+    assert_eq!(sub.name, "INBOX/Sub");
+    let names: Vec<String> = s.mailbox_list(acc).await.expect("list").into_iter().map(|m| m.name).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "list is sorted by name");
+    assert!(names.contains(&"Projects/2024".to_string()));
+    assert!(s.mailbox_get_by_id(i64::MAX).await.expect("get").is_none());
+    let status = s.mailbox_status(m.id).await.expect("status");
+    assert_eq!((status.messages, status.unseen, status.uid_next), (0, 0, 1));
+    assert_eq!(status.uid_validity, m.uid_validity);
+}
+
+async fn mailbox_errors(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, _) = account(s, "a@example.com").await;
+    s.mailbox_create(acc, "Work", None).await.expect("create");
+    assert!(matches!(s.mailbox_create(acc, "Work", None).await, Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(s.mailbox_create(acc, "INBOX", None).await, Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(s.mailbox_create(acc, "inbox", None).await, Err(StoreError::AlreadyExists(_))));
+    for bad in ["", "/x", "x/", "a//b"] {
+        assert!(matches!(s.mailbox_create(acc, bad, None).await, Err(StoreError::Invalid(_))), "{bad:?}");
+    }
+    assert!(is_not_found(s.mailbox_create(i64::MAX, "X", None).await), "unknown account");
+    assert!(matches!(s.mailbox_delete(acc, "INBOX").await, Err(StoreError::Invalid(_))));
+    assert!(matches!(s.mailbox_delete(acc, "inbox").await, Err(StoreError::Invalid(_))));
+    assert!(is_not_found(s.mailbox_delete(acc, "Nope").await));
+    assert!(is_not_found(s.mailbox_rename(acc, "Nope", "Other").await));
+    assert!(matches!(s.mailbox_rename(acc, "Work", "Sent").await, Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(s.mailbox_rename(acc, "Work", "INBOX").await, Err(StoreError::AlreadyExists(_))));
+    assert!(matches!(s.mailbox_rename(acc, "Work", "Work/Sub").await, Err(StoreError::Invalid(_))));
+    assert!(is_not_found(s.mailbox_status(i64::MAX).await));
+    assert!(is_not_found(
+        s.store_flags(i64::MAX, &UidSet::all(), FlagOp::Add, &flagset(Flags::SEEN, &[])).await
+    ));
+    assert!(is_not_found(s.expunge(i64::MAX, None).await));
+    assert!(is_not_found(s.changes_since(i64::MAX, 0).await));
+    assert!(is_not_found(s.message_body(i64::MAX).await));
+    // deleting, then re-creating gives a new UIDVALIDITY
+    let old = s.mailbox_get(acc, "Work").await.expect("get").expect("exists");
+    s.mailbox_delete(acc, "Work").await.expect("delete");
+    assert!(s.mailbox_get(acc, "Work").await.expect("get").is_none());
+    let new = s.mailbox_create(acc, "Work", None).await.expect("re-create");
+    assert!(new.uid_validity > old.uid_validity, "{} > {}", new.uid_validity, old.uid_validity);
+}
+
+async fn mailbox_delete_removes_orphans_only(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let work = s.mailbox_create(acc, "Work", None).await.expect("create").id;
+    let child = s.mailbox_create(acc, "Work/Child", None).await.expect("create").id;
+    let alone = deliver_one(s, "alone", &[work]).await;
+    let both = deliver_one(s, "both", &[work, inbox]).await;
+    let alone_msg = message_id_of(s, work, alone[0].uid).await;
+    let both_msg = message_id_of(s, work, both[0].uid).await;
+    s.mailbox_delete(acc, "Work").await.expect("delete");
+    assert!(is_not_found(s.message_body(alone_msg).await));
+    assert!(s.message_body(both_msg).await.is_ok());
+    assert!(s.mailbox_get_by_id(work).await.expect("get").is_none());
+    // children are not deleted with their parent
+    assert_eq!(s.mailbox_get(acc, "Work/Child").await.expect("get").map(|m| m.id), Some(child));
+    assert_counts(s, inbox).await;
+}
+
+async fn rename_with_children(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, _) = account(s, "a@example.com").await;
+    let a = s.mailbox_create(acc, "A", None).await.expect("create");
+    let ab = s.mailbox_create(acc, "A/B", None).await.expect("create");
+    let abc = s.mailbox_create(acc, "A/B/C", None).await.expect("create");
+    let sibling = s.mailbox_create(acc, "AB", None).await.expect("create");
+    let got = deliver_one(s, "in-ab", &[ab.id]).await;
+    s.mailbox_rename(acc, "A", "X/Y").await.expect("rename");
+    for old in ["A", "A/B", "A/B/C"] {
+        assert!(s.mailbox_get(acc, old).await.expect("get").is_none(), "{old} gone");
+    }
+    assert!(s.mailbox_get(acc, "X").await.expect("get").is_some(), "parent of the new name created");
+    for (before, new_name) in [(&a, "X/Y"), (&ab, "X/Y/B"), (&abc, "X/Y/B/C")] {
+        let m = s.mailbox_get(acc, new_name).await.expect("get").expect("renamed");
+        assert_eq!(m.id, before.id, "{new_name} keeps its identity");
+        assert_ne!(m.uid_validity, before.uid_validity, "{new_name} gets a new UIDVALIDITY");
+    }
+    assert_eq!(s.mailbox_get(acc, "AB").await.expect("get"), Some(sibling), "prefix match is not a child");
+    let moved = s.mailbox_get(acc, "X/Y/B").await.expect("get").expect("renamed");
+    assert_eq!(s.mailbox_uids(moved.id).await.expect("uids"), vec![got[0].uid]);
+    // the new name exists now
+    assert!(matches!(s.mailbox_rename(acc, "AB", "X/Y").await, Err(StoreError::AlreadyExists(_))));
+}
+
+async fn rename_inbox(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let sub = s.mailbox_create(acc, "INBOX/Sub", None).await.expect("create").id;
+    let mut uids = Vec::new();
+    for i in 0..3 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
+        .await
+        .expect("flag");
+    let bodies: Vec<i64> = {
+        let rows = s.messages_by_uid(inbox, &UidSet::all()).await.expect("rows");
+        rows.iter().map(|r| r.message_id).collect()
+    };
+    let before = s.mailbox_status(inbox).await.expect("status");
+    s.mailbox_rename(acc, "INBOX", "Old Mail").await.expect("rename INBOX");
+
+    let old = s.mailbox_get(acc, "Old Mail").await.expect("get").expect("created");
+    assert_ne!(old.id, inbox);
+    let rows = s.messages_by_uid(old.id, &UidSet::all()).await.expect("rows");
+    assert_eq!(
+        rows.iter().map(|r| r.message_id).collect::<Vec<_>>(),
+        bodies,
+        "messages moved, bodies shared"
+    );
+    assert!(rows[0].flags.system.contains(Flags::SEEN), "flags move along");
+    let st = s.mailbox_status(old.id).await.expect("status");
+    assert_eq!((st.messages, st.unseen), (3, 2));
+    assert_counts(s, old.id).await;
+
+    let inbox_now = s.mailbox_get(acc, "INBOX").await.expect("get").expect("INBOX still exists");
+    assert_eq!(inbox_now.id, inbox);
+    assert!(s.mailbox_uids(inbox).await.expect("uids").is_empty());
+    let st = s.mailbox_status(inbox).await.expect("status");
+    assert_eq!((st.messages, st.unseen), (0, 0));
+    assert!(st.highest_modseq > before.highest_modseq);
+    let changes = s.changes_since(inbox, before.highest_modseq).await.expect("changes");
+    assert_eq!(changes.expunged, uids, "INBOX sessions learn the messages left");
+    // INBOX children stay where they are; new mail still gets fresh UIDs
+    assert_eq!(s.mailbox_get(acc, "INBOX/Sub").await.expect("get").map(|m| m.id), Some(sub));
+    let next = deliver_one(s, "after", &[inbox]).await;
+    assert!(next[0].uid > *uids.last().expect("uids"));
+}
+
+async fn subscriptions(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, _) = account(s, "a@example.com").await;
+    let defaults = s.subscriptions(acc).await.expect("subs");
+    s.mailbox_subscribe(acc, "Zeta", true).await.expect("subscribe non-existent");
+    s.mailbox_subscribe(acc, "Alpha/Beta", true).await.expect("subscribe");
+    s.mailbox_subscribe(acc, "Alpha/Beta", true).await.expect("subscribe twice");
+    let subs = s.subscriptions(acc).await.expect("subs");
+    assert!(subs.contains(&"Zeta".to_string()) && subs.contains(&"Alpha/Beta".to_string()));
+    assert_eq!(subs.len(), defaults.len() + 2);
+    let mut sorted = subs.clone();
+    sorted.sort();
+    assert_eq!(subs, sorted);
+    s.mailbox_subscribe(acc, "Zeta", false).await.expect("unsubscribe");
+    s.mailbox_subscribe(acc, "Never", false).await.expect("unsubscribe unknown is fine");
+    let subs = s.subscriptions(acc).await.expect("subs");
+    assert!(!subs.contains(&"Zeta".to_string()));
+    assert!(is_not_found(s.mailbox_subscribe(i64::MAX, "X", true).await));
+}
+
+async fn deliver_and_read(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let drafts = s.mailbox_get(acc, "Drafts").await.expect("get").expect("Drafts").id;
+    let before = s.mailbox_status(inbox).await.expect("status");
+    let mut d1 = delivery("first", &[inbox]);
+    d1.internal_date = ts(1_600_000_000);
+    let mut d2 = delivery("second", &[inbox, drafts, inbox]); // duplicate target is linked once
+    d2.flags = flagset(Flags(Flags::SEEN.0 | Flags::DRAFT.0), &["$Label1", "$Forwarded", "$Label1"]);
+    let out = s.deliver_batch(&[d1.clone(), d2.clone()]).await.expect("deliver");
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].len(), 1);
+    assert_eq!(out[0][0].mailbox_id, inbox);
+    assert_eq!(out[1].iter().map(|d| d.mailbox_id).collect::<Vec<_>>(), vec![inbox, drafts]);
+    let (u1, u2) = (out[0][0].uid, out[1][0].uid);
+    assert!(u1 >= 1 && u2 == u1 + 1, "UIDs in batch order: {u1} {u2}");
+    assert_eq!(out[1][1].uid, 1, "first message of Drafts");
+
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![u1, u2]);
+    let st = s.mailbox_status(inbox).await.expect("status");
+    assert_eq!((st.messages, st.unseen, st.uid_next), (2, 1, u2 + 1));
+    assert!(st.highest_modseq > before.highest_modseq);
+    assert_counts(s, inbox).await;
+    assert_counts(s, drafts).await;
+
+    let rows = s.messages_by_uid(inbox, &UidSet(vec![(1, u32::MAX)])).await.expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].uid, u1);
+    assert_eq!(rows[0].meta, d1.meta);
+    assert_eq!(rows[0].internal_date, ts(1_600_000_000));
+    assert_eq!(rows[0].flags, FlagSet::default());
+    assert_eq!(rows[1].meta, d2.meta);
+    assert_eq!(rows[1].flags, flagset(Flags(Flags::SEEN.0 | Flags::DRAFT.0), &["$Forwarded", "$Label1"]));
+    assert_eq!(rows[1].modseq, st.highest_modseq);
+    assert_eq!(s.message_body(rows[0].message_id).await.expect("body"), d1.raw);
+    assert_eq!(s.message_body(rows[1].message_id).await.expect("body"), d2.raw);
+
+    // unknown UIDs are skipped, reversed ranges accepted, order ascending
+    let some = s.messages_by_uid(inbox, &UidSet(vec![(u2, u2), (500, 600), (u1, u1)])).await.expect("rows");
+    assert_eq!(some.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![u1, u2]);
+    let flags = s.flags_by_uid(inbox, &UidSet(vec![(u2, u1)])).await.expect("flags");
+    assert_eq!(flags.iter().map(|f| f.uid).collect::<Vec<_>>(), vec![u1, u2]);
+    assert_eq!(flags[1].flags, rows[1].flags);
+    assert!(s.flags_by_uid(inbox, &UidSet(vec![(900, 1000)])).await.expect("flags").is_empty());
+    assert!(s.flags_by_uid(inbox, &UidSet::default()).await.expect("flags").is_empty());
+    assert!(s.deliver_batch(&[]).await.expect("empty batch").is_empty());
+}
+
+async fn deliver_errors_store_nothing(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    deliver_one(s, "ok", &[inbox]).await;
+    let before = s.mailbox_status(inbox).await.expect("status");
+    let batch = [delivery("x", &[inbox]), delivery("y", &[i64::MAX])];
+    assert!(is_not_found(s.deliver_batch(&batch).await), "unknown target fails the batch");
+    assert_eq!(s.mailbox_status(inbox).await.expect("status"), before, "nothing of the batch stored");
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids").len(), 1);
+    let mut bad = delivery("bad", &[inbox]);
+    bad.flags = flagset(Flags::NONE, &["has space"]);
+    assert!(matches!(s.deliver_batch(&[bad]).await, Err(StoreError::Invalid(_))));
+    assert_eq!(s.mailbox_status(inbox).await.expect("status"), before);
+}
+
+async fn body_stored_once_for_many_recipients(ctx: Ctx) {
+    let s = &ctx.store;
+    let mut inboxes = Vec::new();
+    for i in 0..5 {
+        inboxes.push(account(s, &format!("user{i}@example.com")).await.1);
+    }
+    let out = deliver_one(s, "to-all", &inboxes).await;
+    assert_eq!(out.len(), 5);
+    let mut ids = BTreeSet::new();
+    for d in &out {
+        ids.insert(message_id_of(s, d.mailbox_id, d.uid).await);
+    }
+    assert_eq!(ids.len(), 1, "one body for five recipients");
+    let body = *ids.first().expect("id");
+    for d in &out[..4] {
+        s.expunge(d.mailbox_id, Some(&UidSet::single(d.uid))).await.expect("expunge");
+        assert!(s.message_body(body).await.is_ok(), "still linked");
+    }
+    s.expunge(out[4].mailbox_id, Some(&UidSet::single(out[4].uid))).await.expect("expunge");
+    assert!(is_not_found(s.message_body(body).await), "body removed with its last link");
+}
+
+async fn compression_round_trip(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut raw = b"Subject: big\r\nContent-Type: text/plain\r\n\r\n".to_vec();
+    for i in 0..40_000 {
+        raw.extend_from_slice(format!("line {i} of a very compressible message body\r\n").as_bytes());
+    }
+    let mut big = delivery("big", &[inbox]);
+    big.raw = Bytes::from(raw.clone());
+    big.meta.size = raw.len() as u32;
+    // not compressible: a pseudo-random body
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let mut random = delivery("random", &[inbox]);
+    random.raw = Bytes::from(noise.clone());
+    let out = s.deliver_batch(&[big, random]).await.expect("deliver");
+    let big_id = message_id_of(s, inbox, out[0][0].uid).await;
+    let random_id = message_id_of(s, inbox, out[1][0].uid).await;
+    assert_eq!(&s.message_body(big_id).await.expect("body")[..], &raw[..]);
+    assert_eq!(&s.message_body(random_id).await.expect("body")[..], &noise[..]);
+    let (compressed, len) = ctx.stored_body(big_id).await;
+    assert!(
+        compressed && (len as usize) < raw.len() / 5,
+        "compressible body stored compressed ({len} bytes)"
+    );
+    let (compressed, len) = ctx.stored_body(random_id).await;
+    assert!(!compressed && len as usize == noise.len(), "incompressible body stored as is");
+}
+
+async fn store_flags_semantics(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    let m0 = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+
+    let changed = s
+        .store_flags(inbox, &UidSet(vec![(uids[0], uids[1])]), FlagOp::Add, &flagset(Flags::SEEN, &["Work"]))
+        .await
+        .expect("store");
+    assert_eq!(changed.len(), 2);
+    let m1 = changed[0].modseq;
+    assert!(m1 > m0);
+    assert!(changed.iter().all(|r| r.modseq == m1), "one modseq per call");
+    assert_eq!(changed[0].flags, flagset(Flags::SEEN, &["Work"]));
+    assert_eq!(s.mailbox_status(inbox).await.expect("status").highest_modseq, m1);
+    assert_counts(s, inbox).await;
+
+    // only rows that actually change come back
+    let changed = s
+        .store_flags(inbox, &UidSet(vec![(uids[0], uids[2])]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
+        .await
+        .expect("store");
+    assert_eq!(changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[2]]);
+    let m2 = changed[0].modseq;
+    assert!(m2 > m1);
+
+    // a no-op does not bump the modseq
+    let none = s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[])).await;
+    assert!(none.expect("store").is_empty());
+    assert_eq!(s.mailbox_status(inbox).await.expect("status").highest_modseq, m2);
+
+    let removed = s
+        .store_flags(inbox, &UidSet::all(), FlagOp::Remove, &flagset(Flags::SEEN, &["Work"]))
+        .await
+        .expect("remove");
+    assert_eq!(removed.iter().map(|r| r.uid).collect::<Vec<_>>(), uids[..3].to_vec());
+    assert!(removed.iter().all(|r| r.flags == FlagSet::default()));
+    assert_counts(s, inbox).await;
+
+    let replaced = s
+        .store_flags(
+            inbox,
+            &UidSet::single(uids[3]),
+            FlagOp::Replace,
+            &flagset(Flags(Flags::FLAGGED.0 | Flags::ANSWERED.0), &["b", "a"]),
+        )
+        .await
+        .expect("replace");
+    assert_eq!(replaced[0].flags, flagset(Flags(Flags::FLAGGED.0 | Flags::ANSWERED.0), &["a", "b"]));
+    let replaced = s
+        .store_flags(inbox, &UidSet::single(uids[3]), FlagOp::Replace, &flagset(Flags::SEEN, &[]))
+        .await
+        .expect("replace");
+    assert_eq!(replaced[0].flags, flagset(Flags::SEEN, &[]));
+    let rows = s.flags_by_uid(inbox, &UidSet::all()).await.expect("flags");
+    assert_eq!(
+        rows.last(),
+        Some(&FlagRow { uid: uids[3], flags: flagset(Flags::SEEN, &[]), modseq: replaced[0].modseq })
+    );
+    assert_counts(s, inbox).await;
+    assert!(matches!(
+        s.store_flags(inbox, &UidSet::all(), FlagOp::Add, &flagset(Flags::NONE, &["bad kw"])).await,
+        Err(StoreError::Invalid(_))
+    ));
+    // unknown UIDs: nothing changes
+    assert!(
+        s.store_flags(inbox, &UidSet::single(999), FlagOp::Add, &flagset(Flags::SEEN, &[]))
+            .await
+            .expect("s")
+            .is_empty()
+    );
+}
+
+async fn uids_by_flags_queries(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..6 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    let set = |idx: &[usize]| UidSet::from_uids(&idx.iter().map(|&i| uids[i]).collect::<Vec<_>>());
+    s.store_flags(inbox, &set(&[0, 1, 2]), FlagOp::Add, &flagset(Flags::SEEN, &[])).await.expect("s");
+    s.store_flags(inbox, &set(&[1, 3]), FlagOp::Add, &flagset(Flags::FLAGGED, &[])).await.expect("s");
+    s.store_flags(inbox, &set(&[2, 3, 4]), FlagOp::Add, &flagset(Flags::DELETED, &[])).await.expect("s");
+    let pick = |idx: &[usize]| idx.iter().map(|&i| uids[i]).collect::<Vec<u32>>();
+    assert_eq!(s.uids_by_flags(inbox, Flags::NONE, Flags::SEEN).await.expect("q"), pick(&[3, 4, 5]));
+    assert_eq!(s.uids_by_flags(inbox, Flags::SEEN, Flags::NONE).await.expect("q"), pick(&[0, 1, 2]));
+    assert_eq!(s.uids_by_flags(inbox, Flags::DELETED, Flags::NONE).await.expect("q"), pick(&[2, 3, 4]));
+    let seen_flagged = Flags(Flags::SEEN.0 | Flags::FLAGGED.0);
+    assert_eq!(s.uids_by_flags(inbox, seen_flagged, Flags::NONE).await.expect("q"), pick(&[1]));
+    assert_eq!(s.uids_by_flags(inbox, Flags::FLAGGED, Flags::SEEN).await.expect("q"), pick(&[3]));
+    let neither = Flags(Flags::SEEN.0 | Flags::DELETED.0);
+    assert_eq!(s.uids_by_flags(inbox, Flags::NONE, neither).await.expect("q"), pick(&[5]));
+    assert_eq!(s.uids_by_flags(inbox, Flags::NONE, Flags::NONE).await.expect("q"), uids);
+}
+
+async fn expunge_and_tombstones(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..5 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    assert!(s.expunge(inbox, None).await.expect("expunge").is_empty(), "nothing \\Deleted yet");
+    let ms = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    s.store_flags(inbox, &UidSet::from_uids(&[uids[1], uids[3]]), FlagOp::Add, &flagset(Flags::DELETED, &[]))
+        .await
+        .expect("flag");
+    assert_eq!(s.expunge(inbox, None).await.expect("expunge"), vec![uids[1], uids[3]]);
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![uids[0], uids[2], uids[4]]);
+    assert_counts(s, inbox).await;
+    // an explicit set removes those messages
+    assert_eq!(
+        s.expunge(inbox, Some(&UidSet(vec![(uids[4], u32::MAX)]))).await.expect("expunge"),
+        vec![uids[4]]
+    );
+    assert!(s.expunge(inbox, Some(&UidSet::single(uids[1]))).await.expect("gone already").is_empty());
+    let ch = s.changes_since(inbox, ms).await.expect("changes");
+    assert_eq!(ch.expunged, vec![uids[1], uids[3], uids[4]]);
+    let st = s.mailbox_status(inbox).await.expect("status");
+    assert_eq!(st.messages, 2);
+    assert_eq!(ch.highest_modseq, st.highest_modseq);
+    // UIDs are never reused
+    let next = deliver_one(s, "next", &[inbox]).await[0].uid;
+    assert!(next > uids[4]);
+}
+
+async fn changes_since_after_store_and_expunge(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..5 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    let base = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    let none = s.changes_since(inbox, base).await.expect("changes");
+    assert_eq!(none.highest_modseq, base);
+    assert!(none.changed.is_empty() && none.expunged.is_empty());
+
+    let all = s.changes_since(inbox, 0).await.expect("changes");
+    assert_eq!(all.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), uids);
+
+    s.store_flags(inbox, &UidSet::single(uids[1]), FlagOp::Add, &flagset(Flags::FLAGGED, &[]))
+        .await
+        .expect("s");
+    let after_store = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    s.expunge(inbox, Some(&UidSet::single(uids[2]))).await.expect("expunge");
+    let new = deliver_one(s, "new", &[inbox]).await[0].uid;
+
+    let ch = s.changes_since(inbox, base).await.expect("changes");
+    assert_eq!(ch.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[1], new]);
+    assert_eq!(ch.changed[0].flags.system, Flags::FLAGGED);
+    assert_eq!(ch.expunged, vec![uids[2]]);
+    assert!(ch.changed.iter().all(|r| r.modseq > base && r.modseq <= ch.highest_modseq));
+    assert_eq!(ch.highest_modseq, s.mailbox_status(inbox).await.expect("status").highest_modseq);
+
+    let later = s.changes_since(inbox, after_store).await.expect("changes");
+    assert_eq!(later.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![new]);
+    assert_eq!(later.expunged, vec![uids[2]]);
+    assert!(s.changes_since(inbox, u64::MAX).await.expect("changes").changed.is_empty());
+}
+
+async fn copy_and_move(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let archive = s.mailbox_get(acc, "Archive").await.expect("get").expect("Archive").id;
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    deliver_one(s, "pre-existing", &[archive]).await;
+    s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &["Keep"]))
+        .await
+        .expect("flag");
+    let src_rows = s.messages_by_uid(inbox, &UidSet::all()).await.expect("rows");
+
+    let pairs = s.copy(inbox, &UidSet(vec![(uids[0], uids[1])]), archive).await.expect("copy");
+    assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![uids[0], uids[1]]);
+    assert_eq!(pairs[0].1, 2, "after the pre-existing message");
+    assert_eq!(pairs[1].1, 3);
+    let copied = s.messages_by_uid(archive, &UidSet(vec![(2, 3)])).await.expect("rows");
+    assert_eq!(copied[0].message_id, src_rows[0].message_id, "body shared, not copied");
+    assert_eq!(copied[0].flags, flagset(Flags::SEEN, &["Keep"]), "flags preserved");
+    assert_eq!(copied[0].internal_date, src_rows[0].internal_date);
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), uids, "source untouched by COPY");
+    assert_counts(s, archive).await;
+    assert!(s.copy(inbox, &UidSet::single(999), archive).await.expect("copy nothing").is_empty());
+    assert!(is_not_found(s.copy(inbox, &UidSet::all(), i64::MAX).await));
+    assert!(is_not_found(s.copy(i64::MAX, &UidSet::all(), archive).await));
+
+    let before = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    let moved = s.move_messages(inbox, &UidSet::from_uids(&[uids[2], uids[3]]), archive).await.expect("move");
+    assert_eq!(moved, vec![(uids[2], 4), (uids[3], 5)]);
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![uids[0], uids[1]]);
+    assert_eq!(s.changes_since(inbox, before).await.expect("changes").expunged, vec![uids[2], uids[3]]);
+    let moved_rows = s.messages_by_uid(archive, &UidSet(vec![(4, 5)])).await.expect("rows");
+    assert_eq!(moved_rows[0].message_id, src_rows[2].message_id);
+    assert!(s.message_body(moved_rows[0].message_id).await.is_ok(), "moved body survives");
+    assert_counts(s, inbox).await;
+    assert_counts(s, archive).await;
+    assert!(is_not_found(s.move_messages(inbox, &UidSet::all(), i64::MAX).await));
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids").len(), 2, "failed MOVE changed nothing");
+}
+
+async fn concurrent_group_commit(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let mut mailboxes = Vec::new();
+    for i in 0..3 {
+        let (acc, inbox) = account(&s, &format!("u{i}@example.com")).await;
+        mailboxes.push(inbox);
+        mailboxes.push(s.mailbox_create(acc, "Lists", None).await.expect("create").id);
+    }
+    const TASKS: usize = 6;
+    const BATCHES: usize = 8;
+    const PER_BATCH: usize = 6;
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let s = s.clone();
+        let mailboxes = mailboxes.clone();
+        handles.push(tokio::spawn(async move {
+            let mut mine: Vec<(String, Vec<i64>, Vec<store::DeliveredTo>)> = Vec::new();
+            let mut last_uid: HashMap<i64, u32> = HashMap::new();
+            for b in 0..BATCHES {
+                let batch: Vec<NewDelivery> = (0..PER_BATCH)
+                    .map(|k| {
+                        // overlapping target sets, in varying order
+                        let n = (t + b + k) % mailboxes.len();
+                        let targets: Vec<i64> =
+                            (0..=(k % 3)).map(|j| mailboxes[(n + j * 2) % mailboxes.len()]).rev().collect();
+                        delivery(&format!("t{t}-b{b}-k{k}"), &targets)
+                    })
+                    .collect();
+                let out = s.deliver_batch(&batch).await.expect("concurrent deliver");
+                assert_eq!(out.len(), batch.len());
+                // within a batch, UIDs per mailbox follow batch order; across this
+                // task's sequential batches they keep increasing
+                for (d, res) in batch.iter().zip(&out) {
+                    assert_eq!(res.len(), d.targets.len());
+                    for r in res {
+                        let prev = last_uid.insert(r.mailbox_id, r.uid);
+                        assert!(prev.is_none_or(|p| r.uid > p), "UIDs strictly increase per mailbox");
+                    }
+                    mine.push((d.meta.subject.clone(), d.targets.clone(), res.clone()));
+                }
+            }
+            mine
+        }));
+    }
+    let mut expected: HashMap<i64, BTreeMap<u32, String>> = HashMap::new();
+    for h in handles {
+        for (subject, targets, res) in h.await.expect("task") {
+            let got: Vec<i64> = res.iter().map(|r| r.mailbox_id).collect();
+            assert_eq!(got, targets);
+            for r in res {
+                let dup = expected.entry(r.mailbox_id).or_default().insert(r.uid, subject.clone());
+                assert!(dup.is_none(), "UID {} handed out twice in mailbox {}", r.uid, r.mailbox_id);
+            }
+        }
+    }
+    let mut total = 0;
+    for mb in &mailboxes {
+        let want = expected.remove(mb).unwrap_or_default();
+        let rows = s.messages_by_uid(*mb, &UidSet::all()).await.expect("rows");
+        let got: BTreeMap<u32, String> = rows.into_iter().map(|r| (r.uid, r.meta.subject)).collect();
+        assert_eq!(got, want, "mailbox {mb} holds every delivery exactly once");
+        let uids: Vec<u32> = got.keys().copied().collect();
+        assert_eq!(uids, (1..=uids.len() as u32).collect::<Vec<_>>(), "no gaps, no duplicates");
+        assert_counts(&s, *mb).await;
+        total += uids.len();
+    }
+    assert!(total > TASKS * BATCHES * PER_BATCH);
+}
+
+fn queue_item(tag: &str, not_before: DateTime<Utc>) -> NewQueueItem {
+    NewQueueItem {
+        sender: format!("{tag}@example.com"),
+        recipients: vec!["x@remote.net".into(), "y@remote.net".into()],
+        raw: Bytes::from(format!("Subject: {tag}\r\n\r\nbody\r\n")),
+        account_id: None,
+        not_before,
+        expires_at: Utc::now() + chrono::Duration::days(5),
+    }
+}
+
+async fn queue_lifecycle(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, _) = account(s, "a@example.com").await;
+    let past = Utc::now() - chrono::Duration::seconds(10);
+    let mut first = queue_item("first", past);
+    first.account_id = Some(acc);
+    let id1 = s.queue_enqueue(&first).await.expect("enqueue");
+    let id2 = s.queue_enqueue(&queue_item("second", past)).await.expect("enqueue");
+    let _later =
+        s.queue_enqueue(&queue_item("later", Utc::now() + chrono::Duration::hours(1))).await.expect("enq");
+
+    let lease = Duration::from_secs(300);
+    let claimed = s.queue_claim("w1", 10, lease).await.expect("claim");
+    assert_eq!(claimed.iter().map(|i| i.id).collect::<Vec<_>>(), vec![id1, id2], "only due items");
+    let c1 = &claimed[0];
+    assert_eq!(c1.sender, "first@example.com");
+    assert_eq!(c1.recipients, vec!["x@remote.net", "y@remote.net"]);
+    assert_eq!(c1.raw, first.raw);
+    assert_eq!(c1.account_id, Some(acc));
+    assert_eq!(c1.attempts, 1);
+    assert!(c1.last_error.is_none());
+    assert!(
+        s.queue_claim("w2", 10, lease).await.expect("claim").is_empty(),
+        "leased items are not re-claimed"
+    );
+
+    // temporary failure: back in the queue at retry_at
+    s.queue_fail(id1, "451 try later", Some(Utc::now() - chrono::Duration::seconds(1))).await.expect("fail");
+    let again = s.queue_claim("w2", 10, lease).await.expect("claim");
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, id1);
+    assert_eq!(again[0].attempts, 2);
+    assert_eq!(again[0].last_error.as_deref(), Some("451 try later"));
+    // permanent failure: never claimed again
+    s.queue_fail(id1, "550 no such user", None).await.expect("fail");
+    s.queue_complete(id2).await.expect("complete");
+    assert!(is_not_found(s.queue_complete(id2).await));
+    assert!(is_not_found(s.queue_fail(i64::MAX, "x", None).await));
+
+    // an expired lease makes the item claimable again (a worker died)
+    let id3 = s.queue_enqueue(&queue_item("third", past)).await.expect("enqueue");
+    let short = s.queue_claim("w3", 10, Duration::from_millis(1)).await.expect("claim");
+    assert_eq!(short.iter().map(|i| i.id).collect::<Vec<_>>(), vec![id3]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let retaken = s.queue_claim("w4", 10, lease).await.expect("claim");
+    assert_eq!(retaken.iter().map(|i| i.id).collect::<Vec<_>>(), vec![id3]);
+    assert_eq!(retaken[0].attempts, 2);
+    // the account going away keeps its queued mail
+    s.account_delete("a@example.com").await.expect("delete account");
+}
+
+async fn queue_claim_is_exclusive(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let past = Utc::now() - chrono::Duration::seconds(10);
+    let mut all = BTreeSet::new();
+    for i in 0..120 {
+        all.insert(s.queue_enqueue(&queue_item(&format!("m{i}"), past)).await.expect("enqueue"));
+    }
+    // claimers on separate stores, as on separate pods
+    let mut handles = Vec::new();
+    for w in 0..4 {
+        let store = if w % 2 == 0 { s.clone() } else { ctx.open_again().await };
+        handles.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got =
+                    store.queue_claim(&format!("w{w}"), 7, Duration::from_secs(600)).await.expect("claim");
+                if got.is_empty() {
+                    break;
+                }
+                mine.extend(got.into_iter().map(|i| i.id));
+            }
+            mine
+        }));
+    }
+    let mut seen = BTreeSet::new();
+    for h in handles {
+        for id in h.await.expect("claimer") {
+            assert!(seen.insert(id), "item {id} claimed twice");
+        }
+    }
+    assert_eq!(seen, all, "every item claimed exactly once");
+}
+
+// ------------------------------------------------ backend-specific, outside the macro
+
+#[tokio::test]
+async fn open_default_creates_sqlite_in_data_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("nested/data");
+    let s = store::open(None, &data, 2, CONNECT_TIMEOUT).await.expect("open");
+    s.migrate().await.expect("migrate");
+    assert_eq!(s.backend(), "sqlite");
+    assert!(data.join(store::SQLITE_FILE).exists());
+}
+
+#[tokio::test]
+async fn unreachable_postgres_is_unavailable_without_secrets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // port 1 on loopback: connection refused
+    let url = "postgres://mailuser:hunter2secret@127.0.0.1:1/mail";
+    let err = match store::open(Some(url), dir.path(), 2, Duration::from_secs(3)).await {
+        Ok(_) => panic!("nothing listens on port 1"),
+        Err(e) => e,
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{msg}");
+    assert!(msg.contains("127.0.0.1:1"), "names host and port: {msg}");
+    assert!(!msg.contains("hunter2secret"), "no password in: {msg}");
+}
+
+#[tokio::test]
+async fn bad_url_scheme_is_invalid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err =
+        store::open(Some("mysql://u:pw@h/db"), dir.path(), 2, CONNECT_TIMEOUT).await.err().expect("error");
+    assert!(matches!(err, StoreError::Invalid(_)));
+    assert!(!err.to_string().contains("pw@"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_concurrent_migrations_on_fresh_database() {
+    run(Backend::Postgres, false, |ctx: Ctx| async move {
+        // two pods starting at once: sqlx serialises them with an advisory lock
+        let mut handles = Vec::new();
+        for _ in 0..3 {
+            let ctx = ctx.clone();
+            handles.push(tokio::spawn(async move { ctx.open_again().await.migrate().await }));
+        }
+        handles.push(tokio::spawn({
+            let s = ctx.store.clone();
+            async move { s.migrate().await }
+        }));
+        for h in handles {
+            h.await.expect("task").expect("concurrent migrate succeeds");
+        }
+        ctx.store.domain_add("example.com").await.expect("schema usable");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_keeps_synchronous_commit_on() {
+    run(Backend::Postgres, true, |ctx: Ctx| async move {
+        // The store must not trade durability for speed: COMMIT (and so the 250
+        // after deliver_batch) has to wait for the WAL flush on the store's own
+        // connections.
+        let pg = store::postgres::PgStore::connect(&ctx.url, 2, CONNECT_TIMEOUT).await.expect("connect");
+        assert_eq!(pg.synchronous_commit().await.expect("show"), "on");
+        let (_, inbox) = account(&ctx.store, "a@example.com").await;
+        deliver_one(&ctx.store, "durable", &[inbox]).await;
+    })
+    .await;
+}
+
+/// Helper run as a child process by `sqlite_acknowledged_delivery_survives_kill_9`:
+/// delivers into the database named by `MC_KILL_DB` forever, printing each
+/// acknowledged UID. Ignored on its own (it never ends).
+#[tokio::test]
+#[ignore = "child process of sqlite_acknowledged_delivery_survives_kill_9"]
+async fn kill9_child_delivers_forever() {
+    let Ok(db) = std::env::var("MC_KILL_DB") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = store::open(Some(&format!("sqlite://{db}")), dir.path(), 2, CONNECT_TIMEOUT).await.expect("open");
+    let acc = s.account_get("k@example.com").await.expect("get").expect("account");
+    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
+    for i in 0.. {
+        let out = s.deliver_batch(&[delivery(&format!("k{i}"), &[inbox])]).await.expect("deliver");
+        // the acknowledgement: printed only after deliver_batch returned
+        println!("ACK {}", out[0][0].uid);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_delivery_survives_kill_9() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("kill.db");
+    {
+        let s = store::open(Some(&format!("sqlite://{}", db.display())), dir.path(), 2, CONNECT_TIMEOUT)
+            .await
+            .expect("open");
+        s.migrate().await.expect("migrate");
+        account(&s, "k@example.com").await;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "kill9_child_delivers_forever", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("MC_KILL_DB", &db)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let acked = tokio::task::spawn_blocking(move || {
+        let mut acked = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(uid) = line.strip_prefix("ACK ") {
+                acked.push(uid.trim().parse::<u32>().expect("uid"));
+                if acked.len() == 200 {
+                    break;
+                }
+            }
+        }
+        acked
+    });
+    let acked = tokio::time::timeout(Duration::from_secs(60), acked)
+        .await
+        .expect("child acks in time")
+        .expect("reader");
+    child.kill().expect("SIGKILL the child mid-delivery"); // SIGKILL on Unix
+    let _ = child.wait();
+    assert_eq!(acked.len(), 200, "child acknowledged deliveries");
+    let s = store::open(Some(&format!("sqlite://{}", db.display())), dir.path(), 2, CONNECT_TIMEOUT)
+        .await
+        .expect("reopen");
+    let acc = s.account_get("k@example.com").await.expect("get").expect("account");
+    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
+    let present: BTreeSet<u32> = s.mailbox_uids(inbox).await.expect("uids").into_iter().collect();
+    for uid in &acked {
+        assert!(present.contains(uid), "acknowledged UID {uid} lost after kill -9");
+    }
+    assert_counts(&s, inbox).await;
+}

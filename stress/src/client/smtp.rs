@@ -1,0 +1,255 @@
+//! SMTP client: greeting, EHLO, STARTTLS, AUTH PLAIN/LOGIN, pipelined MAIL/RCPT/DATA,
+//! NOOP, RSET, QUIT (RFC 5321, 3207, 4954, 2920).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+
+use super::{ClientError, Conn, Endpoint, Result, TlsMode, text};
+
+/// A reply: code and the text of its last line.
+#[derive(Debug)]
+pub struct Reply {
+    pub code: u16,
+    pub text: String,
+}
+
+/// What the server announced in its EHLO reply.
+#[derive(Debug, Default, Clone)]
+pub struct Extensions {
+    pub pipelining: bool,
+    pub starttls: bool,
+    pub auth_plain: bool,
+    pub auth_login: bool,
+}
+
+pub struct SmtpClient {
+    conn: Conn,
+    pub ext: Extensions,
+    cmd: Vec<u8>,
+}
+
+impl SmtpClient {
+    /// Connect, read the greeting, EHLO, and STARTTLS + EHLO again when asked to.
+    pub async fn connect(ep: &Endpoint, helo: &str) -> Result<SmtpClient> {
+        let conn = Conn::connect(ep).await?;
+        let mut c = SmtpClient { conn, ext: Extensions::default(), cmd: Vec::with_capacity(512) };
+        c.expect(220).await?;
+        c.ehlo(helo).await?;
+        if ep.tls_mode == TlsMode::Starttls {
+            if !c.ext.starttls {
+                return Err(ClientError::Protocol("server does not offer STARTTLS".into()));
+            }
+            c.conn.write_all(b"STARTTLS\r\n").await?;
+            c.expect(220).await?;
+            c.conn = c.conn.upgrade(&ep.tls).await?;
+            c.ehlo(helo).await?;
+        }
+        Ok(c)
+    }
+
+    /// Read the greeting only (connect-flood holds connections without a session).
+    pub async fn connect_greeting(ep: &Endpoint) -> Result<SmtpClient> {
+        let conn = Conn::connect(ep).await?;
+        let mut c = SmtpClient { conn, ext: Extensions::default(), cmd: Vec::new() };
+        c.expect(220).await?;
+        Ok(c)
+    }
+
+    async fn ehlo(&mut self, helo: &str) -> Result<()> {
+        self.cmd.clear();
+        self.cmd.extend_from_slice(b"EHLO ");
+        self.cmd.extend_from_slice(helo.as_bytes());
+        self.cmd.extend_from_slice(b"\r\n");
+        self.conn.write_all(&self.cmd).await?;
+        let mut ext = Extensions::default();
+        loop {
+            let line = self.conn.read_line().await?;
+            let (code, last) = parse_line(line)?;
+            if code != 250 {
+                return Err(ClientError::Smtp(code, text(line)));
+            }
+            let kw = line.get(4..).unwrap_or_default().to_ascii_uppercase();
+            if kw.starts_with(b"PIPELINING") {
+                ext.pipelining = true;
+            } else if kw.starts_with(b"STARTTLS") {
+                ext.starttls = true;
+            } else if kw.starts_with(b"AUTH") {
+                let t = String::from_utf8_lossy(&kw);
+                ext.auth_plain |= t.split_whitespace().any(|m| m == "PLAIN");
+                ext.auth_login |= t.split_whitespace().any(|m| m == "LOGIN");
+            }
+            if last {
+                break;
+            }
+        }
+        self.ext = ext;
+        Ok(())
+    }
+
+    /// AUTH PLAIN with the initial response on the command line.
+    pub async fn auth_plain(&mut self, user: &str, pass: &str) -> Result<()> {
+        let token = B64.encode(format!("\0{user}\0{pass}"));
+        self.conn.write_all(format!("AUTH PLAIN {token}\r\n").as_bytes()).await?;
+        self.expect(235).await.map(drop)
+    }
+
+    /// AUTH LOGIN: two 334 challenges.
+    pub async fn auth_login(&mut self, user: &str, pass: &str) -> Result<()> {
+        self.conn.write_all(b"AUTH LOGIN\r\n").await?;
+        self.expect(334).await?;
+        self.conn.write_all(format!("{}\r\n", B64.encode(user)).as_bytes()).await?;
+        self.expect(334).await?;
+        self.conn.write_all(format!("{}\r\n", B64.encode(pass)).as_bytes()).await?;
+        self.expect(235).await.map(drop)
+    }
+
+    /// One transaction. `data` must already be dot-stuffed and end with `\r\n.\r\n`.
+    /// With PIPELINING, MAIL, RCPT and DATA leave in one write (one round trip saved
+    /// per command, as any real MTA does).
+    pub async fn send(&mut self, from: &str, rcpts: &[&str], data: &[u8]) -> Result<()> {
+        self.cmd.clear();
+        self.cmd.extend_from_slice(format!("MAIL FROM:<{from}>\r\n").as_bytes());
+        if self.ext.pipelining {
+            for r in rcpts {
+                self.cmd.extend_from_slice(format!("RCPT TO:<{r}>\r\n").as_bytes());
+            }
+            self.cmd.extend_from_slice(b"DATA\r\n");
+            self.conn.write_all(&self.cmd).await?;
+            // Read every reply before judging, so the stream stays in sync.
+            let mail = self.reply().await?;
+            let mut rcpt_err = None;
+            let mut accepted = 0;
+            for _ in rcpts {
+                let r = self.reply().await?;
+                if r.code / 100 == 2 {
+                    accepted += 1;
+                } else if rcpt_err.is_none() {
+                    rcpt_err = Some(r);
+                }
+            }
+            let data_reply = self.reply().await?;
+            if mail.code / 100 != 2 {
+                return self.abort(mail, data_reply.code == 354).await;
+            }
+            if accepted == 0 {
+                let r = rcpt_err.unwrap_or(Reply { code: 554, text: "no recipients".into() });
+                return self.abort(r, data_reply.code == 354).await;
+            }
+            if data_reply.code != 354 {
+                return Err(ClientError::Smtp(data_reply.code, data_reply.text));
+            }
+        } else {
+            self.conn.write_all(&self.cmd).await?;
+            self.expect(250).await?;
+            for r in rcpts {
+                self.conn.write_all(format!("RCPT TO:<{r}>\r\n").as_bytes()).await?;
+                self.expect(250).await?;
+            }
+            self.conn.write_all(b"DATA\r\n").await?;
+            self.expect(354).await?;
+        }
+        self.conn.write_all(data).await?;
+        self.expect(250).await.map(drop)
+    }
+
+    /// A pipelined transaction failed; if the server nevertheless accepted DATA, end
+    /// the empty message so the session stays usable, then report the first error.
+    async fn abort(&mut self, first: Reply, data_open: bool) -> Result<()> {
+        if data_open {
+            self.conn.write_all(b".\r\n").await?;
+            let _ = self.reply().await?;
+        }
+        Err(ClientError::Smtp(first.code, first.text))
+    }
+
+    pub async fn noop(&mut self) -> Result<()> {
+        self.conn.write_all(b"NOOP\r\n").await?;
+        self.expect(250).await.map(drop)
+    }
+
+    pub async fn rset(&mut self) -> Result<()> {
+        self.conn.write_all(b"RSET\r\n").await?;
+        self.expect(250).await.map(drop)
+    }
+
+    pub async fn quit(mut self) -> Result<()> {
+        self.conn.write_all(b"QUIT\r\n").await?;
+        let r = self.reply().await;
+        self.conn.shutdown().await;
+        r.map(drop)
+    }
+
+    /// Read one (possibly multi-line) reply.
+    pub async fn reply(&mut self) -> Result<Reply> {
+        loop {
+            let line = self.conn.read_line().await?;
+            let (code, last) = parse_line(line)?;
+            if last {
+                return Ok(Reply { code, text: text(line) });
+            }
+        }
+    }
+
+    async fn expect(&mut self, code: u16) -> Result<Reply> {
+        let r = self.reply().await?;
+        if r.code == code { Ok(r) } else { Err(ClientError::Smtp(r.code, r.text)) }
+    }
+}
+
+/// `250-text` → (250, false); `250 text` / `250` → (250, true).
+fn parse_line(line: &[u8]) -> Result<(u16, bool)> {
+    let bad = || ClientError::Protocol(format!("bad SMTP reply line: {}", text(line)));
+    if line.len() < 3 || !line[..3].iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    let code = (line[0] - b'0') as u16 * 100 + (line[1] - b'0') as u16 * 10 + (line[2] - b'0') as u16;
+    match line.get(3) {
+        Some(b'-') => Ok((code, false)),
+        Some(b' ') | Some(b'\r') | Some(b'\n') | None => Ok((code, true)),
+        _ => Err(bad()),
+    }
+}
+
+/// Dot-stuff a message and terminate it with `.\r\n` (RFC 5321 §4.5.2). Bare LFs are
+/// normalised to CRLF so the server never sees an ambiguous line end.
+pub fn dot_stuff(msg: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(msg.len() + msg.len() / 64 + 8);
+    let mut at_line_start = true;
+    let mut prev = 0u8;
+    for &b in msg {
+        if b == b'\n' && prev != b'\r' {
+            out.push(b'\r');
+        }
+        if at_line_start && b == b'.' {
+            out.push(b'.');
+        }
+        out.push(b);
+        at_line_start = b == b'\n';
+        prev = b;
+    }
+    if !out.ends_with(b"\r\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b".\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_lines() {
+        assert_eq!(parse_line(b"250-PIPELINING\r\n").ok(), Some((250, false)));
+        assert_eq!(parse_line(b"250 ok\r\n").ok(), Some((250, true)));
+        assert_eq!(parse_line(b"354\r\n").ok(), Some((354, true)));
+        assert!(parse_line(b"hello\r\n").is_err());
+        assert!(parse_line(b"25").is_err());
+    }
+
+    #[test]
+    fn stuffing() {
+        assert_eq!(dot_stuff(b"a\r\n.b\r\n"), b"a\r\n..b\r\n.\r\n");
+        assert_eq!(dot_stuff(b".x\ny"), b"..x\r\ny\r\n.\r\n");
+    }
+}

@@ -1,0 +1,772 @@
+//! Scenario execution: workers, open- and closed-loop scheduling, ramp-up, bounds.
+//!
+//! **Open loop** (`rate` set): a scheduler computes the intended start time of
+//! operation *i* from the target rate (and the ramp), and queues it at that time,
+//! whatever the workers are doing. Workers take jobs from the queue and measure
+//! latency from the job's *intended* time. When the server stalls, jobs pile up in the
+//! queue and every one of them is charged the time it waited — the measurement does
+//! not suffer from coordinated omission (a closed-loop generator would simply stop
+//! sending during the stall and report only the few requests in flight as slow).
+//! Jobs still queued when the drain deadline passes are counted as errors
+//! (`backlog`): they were due and never sent.
+//!
+//! **Closed loop** (no `rate`): each worker issues its next operation as soon as the
+//! previous one ends; throughput is whatever the server sustains at that
+//! concurrency. Latency is from the actual start.
+//!
+//! Every scenario is bounded twice: by time (ramp + duration, then a drain of at most
+//! one operation timeout) and by an operation budget (`maxOps`). Each operation runs
+//! under its own timeout, after which the worker drops its sessions (their state is
+//! unknown) and counts `timeout`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use mailcluster_api::stress::{AuthMechanism, MessageSize, Protocol, ScenarioKind};
+use tokio::sync::{Mutex, mpsc, watch};
+
+use crate::client::imap::ImapClient;
+use crate::client::pop3::Pop3Client;
+use crate::client::smtp::SmtpClient;
+use crate::client::{ClientError, Endpoint, TlsMode};
+use crate::measure::Recorder;
+use crate::slo::Threshold;
+use crate::workload::{Messages, Users};
+
+/// Endpoints of the system under test.
+#[derive(Clone, Debug, Default)]
+pub struct Targets {
+    pub smtp: Option<Endpoint>,
+    pub imap: Option<Endpoint>,
+    pub pop3: Option<Endpoint>,
+}
+
+/// Operations a scenario can mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Deliver,
+    Noop,
+    Auth,
+    Search,
+    Fetch,
+    Pop3,
+    Seed,
+}
+
+impl Op {
+    pub fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "deliver" | "send" => Op::Deliver,
+            "noop" => Op::Noop,
+            "auth" | "login" => Op::Auth,
+            "search" => Op::Search,
+            "fetch" | "read" => Op::Fetch,
+            "pop3" => Op::Pop3,
+            _ => return None,
+        })
+    }
+}
+
+/// A resolved scenario: every knob has its value.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub name: String,
+    pub kind: ScenarioKind,
+    pub protocol: Option<Protocol>,
+    pub concurrency: usize,
+    pub rate: Option<f64>,
+    pub duration: Duration,
+    pub ramp_up: Duration,
+    pub max_ops: u64,
+    pub timeout: Duration,
+    pub auth: AuthMechanism,
+    pub ops_per_connection: u32,
+    /// Operations with cumulative weights.
+    pub mix: Vec<(Op, u64)>,
+    pub messages_per_user: u32,
+    pub sizes: Vec<MessageSize>,
+    pub slo: Vec<Threshold>,
+}
+
+impl Plan {
+    /// Intended start of operation `i` (open loop), relative to the scenario start.
+    /// During the ramp the rate grows linearly from 0 to `rate`, so the cumulative
+    /// count is `rate·t²/(2·ramp)`; after it, `rate` per second.
+    pub fn offset(&self, i: u64, rate: f64) -> Duration {
+        let ramp = self.ramp_up.as_secs_f64();
+        let i = i as f64;
+        let ramp_ops = rate * ramp / 2.0;
+        let t = if ramp > 0.0 && i < ramp_ops {
+            (2.0 * i * ramp / rate).sqrt()
+        } else {
+            ramp + (i - ramp_ops) / rate
+        };
+        Duration::from_secs_f64(t.max(0.0))
+    }
+
+    fn pick(&self, r: u64) -> Op {
+        let total = self.mix.last().map_or(1, |(_, w)| *w).max(1);
+        let w = r % total;
+        self.mix.iter().find(|(_, c)| w < *c).map_or(Op::Deliver, |(op, _)| *op)
+    }
+}
+
+/// Shared inputs of a run.
+pub struct Env {
+    pub targets: Targets,
+    pub users: Users,
+    pub messages: Messages,
+    pub helo: String,
+    rcpt: AtomicUsize,
+}
+
+impl Env {
+    pub fn new(targets: Targets, users: Users, messages: Messages) -> Env {
+        Env { targets, users, messages, helo: "stress.mailcluster.test".into(), rcpt: AtomicUsize::new(0) }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    intended: Instant,
+    seq: u64,
+}
+
+/// Wait until the flag turns true (or forever when the sender is gone).
+pub async fn cancelled(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Run one scenario's load to completion (or cancellation). Returns the number of
+/// operations that were due but never started.
+pub async fn drive(plan: Arc<Plan>, env: Arc<Env>, rec: Arc<Recorder>, cancel: watch::Receiver<bool>) -> u64 {
+    if plan.kind == ScenarioKind::ConnectFlood {
+        flood(plan, env, rec, cancel).await;
+        return 0;
+    }
+    let start = Instant::now();
+    let deadline = start + plan.ramp_up + plan.duration;
+    let hard_deadline = deadline + plan.timeout;
+    let mut workers = tokio::task::JoinSet::new();
+    let mut backlog = 0;
+    match plan.rate {
+        Some(rate) if rate > 0.0 => {
+            let (tx, rx) = mpsc::unbounded_channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            let sched_plan = Arc::clone(&plan);
+            let mut sched_cancel = cancel.clone();
+            let scheduler = tokio::spawn(async move {
+                for i in 0..sched_plan.max_ops {
+                    let intended = start + sched_plan.offset(i, rate);
+                    if intended >= deadline {
+                        break;
+                    }
+                    // Jobs already due are queued without sleeping, so a late wake-up
+                    // (timer granularity is 1 ms) releases a burst that keeps the mean
+                    // rate exact; their latency still counts from `intended`.
+                    if intended > Instant::now() {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(intended.into()) => {}
+                            _ = cancelled(&mut sched_cancel) => break,
+                        }
+                    }
+                    if tx.send(Job { intended, seq: i }).is_err() {
+                        break;
+                    }
+                }
+            });
+            for id in 0..plan.concurrency {
+                let mut w = Worker::new(id, &plan, &env, &rec);
+                let rx = Arc::clone(&rx);
+                let mut c = cancel.clone();
+                workers.spawn(async move {
+                    loop {
+                        let job = {
+                            let mut q = rx.lock().await;
+                            tokio::select! {
+                                j = q.recv() => j,
+                                _ = tokio::time::sleep_until(hard_deadline.into()) => None,
+                                _ = cancelled(&mut c) => None,
+                            }
+                        };
+                        let Some(job) = job else { break };
+                        tokio::select! {
+                            _ = w.run(job) => {}
+                            _ = tokio::time::sleep_until(hard_deadline.into()) => break,
+                            _ = cancelled(&mut c) => break,
+                        }
+                    }
+                    w.close().await;
+                });
+            }
+            while workers.join_next().await.is_some() {}
+            scheduler.abort();
+            let _ = scheduler.await;
+            // What is left was due and never sent: that is load the server did not
+            // take, and hiding it would be coordinated omission again.
+            let mut q = rx.lock().await;
+            while let Ok(job) = q.try_recv() {
+                let op =
+                    if plan.kind == ScenarioKind::Seed { Op::Seed } else { plan.pick(mix_seed(job.seq)) };
+                rec.error(op_family(op), "backlog");
+                backlog += 1;
+            }
+        }
+        _ => {
+            let budget = Arc::new(AtomicU64::new(0));
+            for id in 0..plan.concurrency {
+                let mut w = Worker::new(id, &plan, &env, &rec);
+                let budget = Arc::clone(&budget);
+                let mut c = cancel.clone();
+                let delay = plan.ramp_up.mul_f64(id as f64 / plan.concurrency.max(1) as f64);
+                let max_ops = plan.max_ops;
+                workers.spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = cancelled(&mut c) => return,
+                    }
+                    while Instant::now() < deadline {
+                        let seq = budget.fetch_add(1, Ordering::Relaxed);
+                        if seq >= max_ops {
+                            break;
+                        }
+                        let job = Job { intended: Instant::now(), seq };
+                        tokio::select! {
+                            _ = w.run(job) => {}
+                            _ = tokio::time::sleep_until(hard_deadline.into()) => break,
+                            _ = cancelled(&mut c) => break,
+                        }
+                    }
+                    w.close().await;
+                });
+            }
+            while workers.join_next().await.is_some() {}
+        }
+    }
+    backlog
+}
+
+/// Spread job sequence numbers over the mix deterministically.
+fn mix_seed(seq: u64) -> u64 {
+    // SplitMix64 finaliser: consecutive sequence numbers land on unrelated weights.
+    let mut z = seq.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Report name of an operation family (used for errors before the variant is known).
+fn op_family(op: Op) -> &'static str {
+    match op {
+        Op::Deliver => "deliver",
+        Op::Noop => "noop",
+        Op::Auth => "auth",
+        Op::Search => "search",
+        Op::Fetch => "fetch",
+        Op::Pop3 => "pop3-session",
+        Op::Seed => "seed",
+    }
+}
+
+/// Concrete action of one job.
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Deliver,
+    Seed(usize),
+    Noop,
+    ImapLogin,
+    ImapAuthPlain,
+    SmtpAuthPlain,
+    SmtpAuthLogin,
+    Search,
+    FetchBody,
+    FetchHeader,
+    Pop3,
+}
+
+impl Action {
+    fn name(self) -> &'static str {
+        match self {
+            Action::Deliver => "deliver",
+            Action::Seed(_) => "seed",
+            Action::Noop => "noop",
+            Action::ImapLogin => "imap-login",
+            Action::ImapAuthPlain => "imap-authenticate-plain",
+            Action::SmtpAuthPlain => "smtp-auth-plain",
+            Action::SmtpAuthLogin => "smtp-auth-login",
+            Action::Search => "search",
+            Action::FetchBody => "fetch-body",
+            Action::FetchHeader => "fetch-header",
+            Action::Pop3 => "pop3-session",
+        }
+    }
+}
+
+struct ImapSession {
+    client: ImapClient,
+    uids: Vec<u32>,
+    /// Next index into `uids`.
+    cursor: usize,
+    /// Operations on this session so far.
+    ops: u32,
+}
+
+/// One concurrent actor with its lazily opened sessions.
+struct Worker {
+    id: usize,
+    plan: Arc<Plan>,
+    env: Arc<Env>,
+    rec: Arc<Recorder>,
+    smtp: Option<(SmtpClient, u32)>,
+    imap: Option<ImapSession>,
+    /// Index of the user this worker acts as; advances by the concurrency on every
+    /// new session so that all users are visited.
+    user: usize,
+    counter: u64,
+    rng: u64,
+}
+
+impl Worker {
+    fn new(id: usize, plan: &Arc<Plan>, env: &Arc<Env>, rec: &Arc<Recorder>) -> Worker {
+        Worker {
+            id,
+            plan: Arc::clone(plan),
+            env: Arc::clone(env),
+            rec: Arc::clone(rec),
+            smtp: None,
+            imap: None,
+            user: id,
+            counter: 0,
+            rng: mix_seed(id as u64 + 1),
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        self.rng = mix_seed(self.rng);
+        self.rng
+    }
+
+    fn next_user(&mut self) -> usize {
+        let u = self.user;
+        self.user = self.user.wrapping_add(self.plan.concurrency.max(1));
+        u
+    }
+
+    fn action(&mut self, job: &Job) -> Action {
+        self.counter += 1;
+        let op =
+            if self.plan.kind == ScenarioKind::Seed { Op::Seed } else { self.plan.pick(mix_seed(job.seq)) };
+        match op {
+            Op::Deliver => Action::Deliver,
+            Op::Seed => Action::Seed(job.seq as usize),
+            Op::Noop => Action::Noop,
+            Op::Search => Action::Search,
+            Op::Pop3 => Action::Pop3,
+            Op::Fetch => {
+                if self.counter.is_multiple_of(2) {
+                    Action::FetchHeader
+                } else {
+                    Action::FetchBody
+                }
+            }
+            Op::Auth => {
+                let t = &self.env.targets;
+                let use_imap = match self.plan.protocol {
+                    Some(Protocol::Imap) => true,
+                    Some(_) => false,
+                    None => t.imap.is_some() && (t.smtp.is_none() || self.counter.is_multiple_of(2)),
+                };
+                let plain = match self.plan.auth {
+                    AuthMechanism::Plain => true,
+                    AuthMechanism::Login => false,
+                    _ => (self.counter / 2).is_multiple_of(2),
+                };
+                match (use_imap, plain) {
+                    (true, true) => Action::ImapAuthPlain,
+                    (true, false) => Action::ImapLogin,
+                    (false, true) => Action::SmtpAuthPlain,
+                    (false, false) => Action::SmtpAuthLogin,
+                }
+            }
+        }
+    }
+
+    async fn run(&mut self, job: Job) {
+        let action = self.action(&job);
+        let name = action.name();
+        let result = tokio::time::timeout(self.plan.timeout, self.exec(action)).await;
+        match result {
+            Ok(Ok(bytes)) => self.rec.ok(name, job.intended.elapsed(), bytes),
+            Ok(Err(e)) => {
+                self.rec.error(name, &e.key());
+                tracing::debug!(worker = self.id, op = name, error = %e, "operation failed");
+                // A reply error leaves the session in a known state; anything else
+                // (I/O, protocol confusion) does not, so start over.
+                if !matches!(e, ClientError::Smtp(..) | ClientError::Imap(..)) {
+                    self.smtp = None;
+                    self.imap = None;
+                }
+            }
+            Err(_) => {
+                self.rec.error(name, "timeout");
+                self.smtp = None;
+                self.imap = None;
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        if let Some((c, _)) = self.smtp.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), c.quit()).await;
+        }
+        if let Some(s) = self.imap.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.client.logout()).await;
+        }
+    }
+
+    fn endpoint(&self, p: Protocol) -> Result<Endpoint, ClientError> {
+        let t = &self.env.targets;
+        let ep = match p {
+            Protocol::Smtp => &t.smtp,
+            Protocol::Imap => &t.imap,
+            Protocol::Pop3 => &t.pop3,
+        };
+        ep.clone().ok_or_else(|| ClientError::Protocol(format!("no {p:?} target configured")))
+    }
+
+    async fn exec(&mut self, action: Action) -> Result<u64, ClientError> {
+        match action {
+            Action::Deliver | Action::Seed(_) => {
+                let rcpt_idx = match action {
+                    Action::Seed(seq) => seq,
+                    _ => self.env.rcpt.fetch_add(1, Ordering::Relaxed),
+                };
+                let r = self.random();
+                let env = Arc::clone(&self.env);
+                let smtp = self.smtp_session().await?;
+                let (from, _) = env.users.get(rcpt_idx.wrapping_add(1));
+                let (rcpt, _) = env.users.get(rcpt_idx);
+                let msg = env.messages.pick(r);
+                smtp.send(from, &[rcpt], msg).await?;
+                self.smtp_used().await;
+                Ok(msg.len() as u64)
+            }
+            Action::Noop => {
+                self.smtp_session().await?.noop().await?;
+                self.smtp_used().await;
+                Ok(0)
+            }
+            Action::SmtpAuthPlain | Action::SmtpAuthLogin => {
+                let ep = self.endpoint(Protocol::Smtp)?;
+                let u = self.next_user();
+                let (user, pass) = self.env.users.get(u);
+                let t0 = Instant::now();
+                let mut c = SmtpClient::connect(&ep, &self.env.helo).await?;
+                self.rec.ok_aux("smtp-connect", t0.elapsed());
+                if matches!(action, Action::SmtpAuthPlain) {
+                    c.auth_plain(user, pass).await?;
+                } else {
+                    c.auth_login(user, pass).await?;
+                }
+                let _ = c.quit().await;
+                Ok(0)
+            }
+            Action::ImapLogin | Action::ImapAuthPlain => {
+                let ep = self.endpoint(Protocol::Imap)?;
+                let u = self.next_user();
+                let (user, pass) = self.env.users.get(u);
+                let t0 = Instant::now();
+                let mut c = ImapClient::connect(&ep).await?;
+                self.rec.ok_aux("imap-connect", t0.elapsed());
+                if matches!(action, Action::ImapLogin) {
+                    c.login(user, pass).await?;
+                } else {
+                    c.authenticate_plain(user, pass).await?;
+                }
+                let _ = c.logout().await;
+                Ok(0)
+            }
+            Action::Search => {
+                let s = self.imap_session().await?;
+                let n = s.client.uid_search("UNSEEN").await?.len();
+                self.imap_used().await;
+                Ok(n as u64)
+            }
+            Action::FetchBody | Action::FetchHeader => {
+                let s = self.imap_session().await?;
+                // The UID list is loaded on first use (a session opened by a search has
+                // none yet) and reloaded while empty (a mixed run fills the mailbox).
+                if s.uids.is_empty() {
+                    s.uids = s.client.uid_search("ALL").await?;
+                }
+                if s.uids.is_empty() {
+                    return Err(ClientError::Imap("empty-mailbox".into(), "INBOX has no messages".into()));
+                }
+                let uid = s.uids[s.cursor % s.uids.len()];
+                s.cursor += 1;
+                let item =
+                    if matches!(action, Action::FetchBody) { "BODY.PEEK[]" } else { "BODY.PEEK[HEADER]" };
+                let bytes = s.client.uid_fetch(uid, item).await?;
+                self.imap_used().await;
+                Ok(bytes)
+            }
+            Action::Pop3 => self.pop3_session().await,
+        }
+    }
+
+    async fn smtp_session(&mut self) -> Result<&mut SmtpClient, ClientError> {
+        if self.smtp.is_none() {
+            let ep = self.endpoint(Protocol::Smtp)?;
+            let t0 = Instant::now();
+            let mut c = SmtpClient::connect(&ep, &self.env.helo).await?;
+            self.rec.ok_aux("smtp-connect", t0.elapsed());
+            let env = Arc::clone(&self.env);
+            match self.plan.auth {
+                AuthMechanism::None => {}
+                mech => {
+                    let u = self.next_user();
+                    let (user, pass) = env.users.get(u);
+                    let t1 = Instant::now();
+                    if mech == AuthMechanism::Login || (mech == AuthMechanism::Both && u % 2 == 1) {
+                        c.auth_login(user, pass).await?;
+                    } else {
+                        c.auth_plain(user, pass).await?;
+                    }
+                    self.rec.ok_aux("smtp-session-auth", t1.elapsed());
+                }
+            }
+            self.smtp = Some((c, 0));
+        }
+        match &mut self.smtp {
+            Some((c, _)) => Ok(c),
+            None => Err(ClientError::Closed),
+        }
+    }
+
+    async fn smtp_used(&mut self) {
+        let limit = self.plan.ops_per_connection;
+        if let Some((_, uses)) = &mut self.smtp {
+            *uses += 1;
+            if limit > 0
+                && *uses >= limit
+                && let Some((c, _)) = self.smtp.take()
+            {
+                let _ = c.quit().await;
+            }
+        }
+    }
+
+    async fn imap_session(&mut self) -> Result<&mut ImapSession, ClientError> {
+        if self.imap.is_none() {
+            let ep = self.endpoint(Protocol::Imap)?;
+            let u = self.next_user();
+            let env = Arc::clone(&self.env);
+            let (user, pass) = env.users.get(u);
+            let t0 = Instant::now();
+            let mut client = ImapClient::connect(&ep).await?;
+            if self.plan.auth == AuthMechanism::Plain {
+                client.authenticate_plain(user, pass).await?;
+            } else {
+                client.login(user, pass).await?;
+            }
+            client.select("INBOX", false).await?;
+            self.rec.ok_aux("imap-session", t0.elapsed());
+            // Start each session at a different message so workers on the same
+            // mailbox do not all fetch the same UID.
+            let cursor = (self.random() % 1024) as usize;
+            self.imap = Some(ImapSession { client, uids: Vec::new(), cursor, ops: 0 });
+        }
+        match &mut self.imap {
+            Some(s) => Ok(s),
+            None => Err(ClientError::Closed),
+        }
+    }
+
+    async fn imap_used(&mut self) {
+        let limit = self.plan.ops_per_connection;
+        let done = match &mut self.imap {
+            Some(s) => {
+                s.ops += 1;
+                limit > 0 && s.ops >= limit
+            }
+            None => false,
+        };
+        if done && let Some(s) = self.imap.take() {
+            let _ = s.client.logout().await;
+        }
+    }
+
+    async fn pop3_session(&mut self) -> Result<u64, ClientError> {
+        let ep = self.endpoint(Protocol::Pop3)?;
+        let u = self.next_user();
+        let env = Arc::clone(&self.env);
+        let (user, pass) = env.users.get(u);
+        let t = Instant::now();
+        let mut c = Pop3Client::connect(&ep).await?;
+        c.login(user, pass).await?;
+        self.rec.ok_aux("pop3-login", t.elapsed());
+        let t = Instant::now();
+        let (n, _) = c.stat().await?;
+        self.rec.ok_aux("pop3-stat", t.elapsed());
+        let t = Instant::now();
+        c.list().await?;
+        self.rec.ok_aux("pop3-list", t.elapsed());
+        let mut bytes = 0;
+        if n > 0 {
+            let t = Instant::now();
+            bytes = c.retr((self.random() % n as u64) as u32 + 1).await?;
+            self.rec.ok_aux("pop3-retr", t.elapsed());
+        }
+        c.quit().await?;
+        Ok(bytes)
+    }
+}
+
+/// A held connection of connect-flood.
+enum Held {
+    Smtp(SmtpClient),
+    Imap(ImapClient),
+    Pop3(Pop3Client),
+}
+
+impl Held {
+    async fn open(p: Protocol, ep: &Endpoint, helo: &str) -> Result<Held, ClientError> {
+        Ok(match p {
+            Protocol::Smtp if ep.tls_mode == TlsMode::Starttls => {
+                Held::Smtp(SmtpClient::connect(ep, helo).await?)
+            }
+            Protocol::Smtp => Held::Smtp(SmtpClient::connect_greeting(ep).await?),
+            Protocol::Imap => Held::Imap(ImapClient::connect(ep).await?),
+            Protocol::Pop3 => Held::Pop3(Pop3Client::connect(ep).await?),
+        })
+    }
+
+    /// Prove the connection survived the hold (one round trip), then say goodbye.
+    async fn close(self) -> Result<(), ClientError> {
+        match self {
+            Held::Smtp(mut c) => {
+                c.noop().await?;
+                let _ = c.quit().await;
+            }
+            Held::Imap(mut c) => {
+                c.noop().await?;
+                let _ = c.logout().await;
+            }
+            Held::Pop3(mut c) => {
+                c.noop().await?;
+                let _ = c.quit().await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// connect-flood: open `concurrency` connections (spread over the ramp), hold them
+/// all for `duration`, then check and close each.
+async fn flood(plan: Arc<Plan>, env: Arc<Env>, rec: Arc<Recorder>, cancel: watch::Receiver<bool>) {
+    let t = &env.targets;
+    let proto = plan.protocol.unwrap_or(if t.imap.is_some() {
+        Protocol::Imap
+    } else if t.smtp.is_some() {
+        Protocol::Smtp
+    } else {
+        Protocol::Pop3
+    });
+    let ep = match proto {
+        Protocol::Smtp => t.smtp.clone(),
+        Protocol::Imap => t.imap.clone(),
+        Protocol::Pop3 => t.pop3.clone(),
+    };
+    let Some(ep) = ep else {
+        rec.error("connect", "no-target");
+        return;
+    };
+    let ep = Arc::new(ep);
+    let start = Instant::now();
+    let hold_until = start + plan.ramp_up + plan.duration;
+    let n = plan.concurrency.min(plan.max_ops as usize);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let delay = plan.ramp_up.mul_f64(i as f64 / n.max(1) as f64);
+        let (ep, rec, env, plan) = (Arc::clone(&ep), Arc::clone(&rec), Arc::clone(&env), Arc::clone(&plan));
+        let mut c = cancel.clone();
+        set.spawn(async move {
+            tokio::time::sleep_until((start + delay).into()).await;
+            if *c.borrow() {
+                return;
+            }
+            let t0 = Instant::now();
+            let held = match tokio::time::timeout(plan.timeout, Held::open(proto, &ep, &env.helo)).await {
+                Ok(Ok(h)) => {
+                    rec.ok("connect", t0.elapsed(), 0);
+                    h
+                }
+                Ok(Err(e)) => return rec.error("connect", &e.key()),
+                Err(_) => return rec.error("connect", "timeout"),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(hold_until.into()) => {}
+                _ = cancelled(&mut c) => {}
+            }
+            let t1 = Instant::now();
+            match tokio::time::timeout(plan.timeout, held.close()).await {
+                Ok(Ok(())) => rec.ok("hold", t1.elapsed(), 0),
+                Ok(Err(e)) => rec.error("hold", &e.key()),
+                Err(_) => rec.error("hold", "timeout"),
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(ramp: u64) -> Plan {
+        Plan {
+            name: "t".into(),
+            kind: ScenarioKind::Deliver,
+            protocol: None,
+            concurrency: 1,
+            rate: Some(100.0),
+            duration: Duration::from_secs(10),
+            ramp_up: Duration::from_secs(ramp),
+            max_ops: 1000,
+            timeout: Duration::from_secs(1),
+            auth: AuthMechanism::None,
+            ops_per_connection: 0,
+            mix: vec![(Op::Deliver, 60), (Op::Fetch, 100)],
+            messages_per_user: 0,
+            sizes: vec![],
+            slo: vec![],
+        }
+    }
+
+    #[test]
+    fn open_loop_offsets() {
+        let p = plan(0);
+        assert_eq!(p.offset(0, 100.0), Duration::ZERO);
+        assert!((p.offset(250, 100.0).as_secs_f64() - 2.5).abs() < 1e-9);
+        // Ramp of 10 s to 100/s: 500 operations during the ramp, the 500th at 10 s.
+        let p = plan(10);
+        assert!((p.offset(500, 100.0).as_secs_f64() - 10.0).abs() < 1e-6);
+        assert!((p.offset(125, 100.0).as_secs_f64() - 5.0).abs() < 1e-6);
+        assert!((p.offset(600, 100.0).as_secs_f64() - 11.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn mix_follows_weights() {
+        let p = plan(0);
+        let sends = (0..10_000u64).filter(|s| p.pick(mix_seed(*s)) == Op::Deliver).count();
+        assert!((5_700..6_300).contains(&sends), "{sends}");
+    }
+}
