@@ -13,10 +13,14 @@
 //! cannot see each other's IDLE notifications or ticket keys, and orphan the old keys.
 //! Everything else (image, pool sizes, secret references) is rolled safely.
 
+// Each `printcolumn(...)` of the kube derive repeats `type_ = ...`; clippy reads the
+// repeated keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -96,7 +100,7 @@ pub struct MailClusterSpec {
     pub proxy_protocol: ProxyProtocolSpec,
     /// In-cluster load test: scheduled and on-demand (`mailcluster.dev/run-stress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stress: Option<StressSpec>,
+    pub stress: Option<ClusterStressSpec>,
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
     #[serde(default)]
@@ -576,127 +580,47 @@ impl Default for MonitoringSpec {
     }
 }
 
-/// In-cluster load test.
+/// In-cluster load test: the stress runner's own scenario format
+/// ([`crate::stress`]) plus what only the cluster needs (schedule, bounds, resources).
+/// The operator fills in the targets from the cluster's Services.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct StressSpec {
+#[x_kube(validation = Rule::new("!has(self.slo) || !has(self.slo.successRate) || (self.slo.successRate >= 0.0 && self.slo.successRate <= 100.0)").message("stress.slo.successRate is a percentage (0..100)"))]
+pub struct ClusterStressSpec {
     /// Cron schedule of the recurring run; absent: on-demand runs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
-    /// Scenarios run in order (DESIGN §6).
+    /// Test accounts; default `stress{:04}@<first domain>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<crate::stress::UsersSpec>,
+    /// Scenarios run in order (DESIGN §6); empty: the runner's defaults.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
-    pub scenarios: Vec<ScenarioSpec>,
+    pub scenarios: Vec<crate::stress::ScenarioSpec>,
     #[serde(default)]
-    pub slo: SloSpec,
+    pub slo: crate::stress::SloSpec,
     /// Hard bound on one run; the Job is killed after it.
     #[serde(default = "default_stress_deadline")]
     #[schemars(range(min = 60, max = 86400))]
     pub deadline_seconds: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
-    /// Optional Prometheus Pushgateway URL for the run's metrics.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pushgateway: Option<String>,
 }
 
 fn default_stress_deadline() -> i64 {
     3600
 }
 
-impl Default for StressSpec {
+impl Default for ClusterStressSpec {
     /// On-demand runs without a `stress` section use the stress runner's default scenarios.
     fn default() -> Self {
-        StressSpec {
+        ClusterStressSpec {
             schedule: None,
+            users: None,
             scenarios: Vec::new(),
-            slo: SloSpec::default(),
+            slo: Default::default(),
             deadline_seconds: default_stress_deadline(),
             resources: None,
-            pushgateway: None,
-        }
-    }
-}
-
-/// One load scenario. Kept small and typed; `params` carries scenario-specific knobs.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ScenarioSpec {
-    #[schemars(length(min = 1, max = 63))]
-    pub name: String,
-    pub kind: ScenarioKind,
-    #[serde(default = "default_scenario_duration")]
-    #[schemars(range(min = 1, max = 86400))]
-    pub duration_seconds: u32,
-    #[serde(default = "default_concurrency")]
-    #[schemars(range(min = 1, max = 100000))]
-    pub concurrency: u32,
-    /// Target operations per second (deliver: messages per second).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u32>,
-    /// Number of distinct users the scenario provisions and cycles through.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub users: Option<u32>,
-}
-
-fn default_scenario_duration() -> u32 {
-    60
-}
-
-fn default_concurrency() -> u32 {
-    10
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum ScenarioKind {
-    ConnectFlood,
-    Auth,
-    Deliver,
-    Search,
-    Fetch,
-    Pop3,
-    Mixed,
-}
-
-/// Service level objectives a stress run is judged against.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.successRate) || (self.successRate >= 0.0 && self.successRate <= 100.0)").message("slo.successRate is a percentage (0..100)"))]
-pub struct SloSpec {
-    /// Percent of operations that must succeed.
-    #[serde(default = "default_success_rate")]
-    pub success_rate: f64,
-    #[serde(default = "default_smtp_p95")]
-    #[schemars(range(min = 1))]
-    pub smtp_p95_ms: u32,
-    #[serde(default = "default_imap_p95")]
-    #[schemars(range(min = 1))]
-    pub imap_fetch_p95_ms: u32,
-    #[serde(default = "default_imap_p95")]
-    #[schemars(range(min = 1))]
-    pub imap_search_p95_ms: u32,
-}
-
-fn default_success_rate() -> f64 {
-    99.95
-}
-
-fn default_smtp_p95() -> u32 {
-    120
-}
-
-fn default_imap_p95() -> u32 {
-    350
-}
-
-impl Default for SloSpec {
-    fn default() -> Self {
-        SloSpec {
-            success_rate: default_success_rate(),
-            smtp_p95_ms: default_smtp_p95(),
-            imap_fetch_p95_ms: default_imap_p95(),
-            imap_search_p95_ms: default_imap_p95(),
         }
     }
 }
@@ -725,7 +649,7 @@ pub struct MailClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migrated_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_stress: Option<StressResult>,
+    pub last_stress: Option<crate::stress::LastStress>,
 }
 
 impl MailClusterStatus {
@@ -774,59 +698,4 @@ pub struct ProtocolStatus {
     /// The HPA's maxReplicas in force (after connection-budget capping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_replicas: Option<i32>,
-}
-
-/// Outcome of the last stress run.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct StressResult {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Time>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<Time>,
-    pub verdict: StressVerdict,
-    /// Percent of operations that succeeded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub success_rate: Option<f64>,
-    /// P95 latency in milliseconds per operation (e.g. `smtp.deliver`, `imap.fetch`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub p95_ms: BTreeMap<String, f64>,
-    /// True when the load generator itself was the bottleneck (result not conclusive).
-    #[serde(default)]
-    pub generator_saturated: bool,
-    /// Name of the Job that ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
-    /// Human summary, e.g. which SLO was missed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-pub enum StressVerdict {
-    Pass,
-    Fail,
-    /// The run could not complete (setup failure, deadline).
-    Error,
-}
-
-/// The scenario file the operator writes for a stress Job
-/// (`mailcluster stress --scenario-file /etc/mailcluster/stress.yaml`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct StressPlan {
-    /// The `MailCluster` the verdict is reported to (`--report-to namespace/name`).
-    pub namespace: String,
-    pub name: String,
-    /// Hostname the servers present (TLS SNI / certificate name).
-    pub hostname: String,
-    /// Service address per listener, e.g. `imaps: mc-imap.mail.svc:993`.
-    pub targets: BTreeMap<String, String>,
-    /// Mail domain the stress accounts are created in.
-    pub domain: String,
-    pub scenarios: Vec<ScenarioSpec>,
-    pub slo: SloSpec,
-    pub deadline_seconds: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pushgateway: Option<String>,
 }

@@ -149,3 +149,30 @@ impl LeaderElector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Option<&str>, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
+        let now = Timestamp::now();
+        LeaseSpec {
+            holder_identity: holder.map(String::from),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(now - SignedDuration::from_secs(renewed_secs_ago))),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let now = Timestamp::now();
+        assert_eq!(decide(None, "a", now), Decision::Create);
+        assert_eq!(decide(Some(&lease(Some("a"), 1, 15)), "a", now), Decision::Renew);
+        assert_eq!(decide(Some(&lease(Some("b"), 1, 15)), "a", now), Decision::Wait { holder: "b".into() });
+        assert_eq!(decide(Some(&lease(Some("b"), 16, 15)), "a", now), Decision::TakeOver);
+        assert_eq!(decide(Some(&lease(None, 1, 15)), "a", now), Decision::TakeOver, "released");
+        let never_renewed = LeaseSpec { holder_identity: Some("b".into()), ..Default::default() };
+        assert_eq!(decide(Some(&never_renewed), "a", now), Decision::TakeOver);
+    }
+}

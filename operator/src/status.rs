@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use mailcluster_api::{MailCluster, MailClusterStatus, Phase, Protocol, ProtocolStatus, StressVerdict};
+use mailcluster_api::{MailCluster, MailClusterStatus, Phase, Protocol, ProtocolStatus};
 
 use crate::budget::Budget;
 use crate::build::Rollout;
@@ -73,13 +73,14 @@ fn slo_condition(prev: &MailClusterStatus) -> (&'static str, &'static str, Strin
         None => ("Unknown", "NoStressRun", "no stress run has reported yet".into()),
         Some(r) => {
             let job = r.job.as_deref().unwrap_or("stress run");
-            let msg = r.message.clone().unwrap_or_default();
-            match r.verdict {
-                StressVerdict::Pass => {
-                    ("True", "StressPassed", format!("{job} met every SLO {msg}").trim().to_string())
-                }
-                StressVerdict::Fail => ("False", "StressFailed", format!("{job} missed an SLO: {msg}")),
-                StressVerdict::Error => ("Unknown", "StressError", format!("{job} did not complete: {msg}")),
+            let p95: Vec<String> = r.p95_ms.iter().map(|(op, ms)| format!("{op} p95 {ms:.0}ms")).collect();
+            let sep = if p95.is_empty() { "" } else { ", " };
+            let figures = format!("success {:.2}%{sep}{}", r.success_rate, p95.join(", "));
+            let saturated = if r.generator_saturated { " (load generator saturated)" } else { "" };
+            match r.verdict.as_str() {
+                "Pass" => ("True", "StressPassed", format!("{job} met every SLO: {figures}{saturated}")),
+                "Fail" => ("False", "StressFailed", format!("{job} missed an SLO: {figures}{saturated}")),
+                other => ("Unknown", "StressError", format!("{job} reported verdict {other:?}")),
             }
         }
     }

@@ -172,7 +172,7 @@ pub fn validate(mc: &MailCluster) -> Result<(), ValidationError> {
         }
     }
     if let Some(stress) = &spec.stress {
-        if !success_rate_in_range(stress.slo.success_rate) {
+        if stress.slo.success_rate.is_some_and(|r| !success_rate_in_range(r)) {
             p.push("stress.slo.successRate must be within 0..100".into());
         }
         if let Some(s) = &stress.schedule
@@ -182,8 +182,10 @@ pub fn validate(mc: &MailCluster) -> Result<(), ValidationError> {
         }
         let mut seen = BTreeSet::new();
         for s in &stress.scenarios {
-            if !seen.insert(&s.name) {
-                p.push(format!("stress.scenarios: name {:?} used twice", s.name));
+            if let Some(name) = &s.name
+                && !seen.insert(name)
+            {
+                p.push(format!("stress.scenarios: name {name:?} used twice"));
             }
         }
     }

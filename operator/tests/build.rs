@@ -6,7 +6,8 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use mailcluster_api::{MailCluster, StressPlan};
+use mailcluster_api::MailCluster;
+use mailcluster_api::stress::{StressSpec, TlsMode};
 use mailcluster_operator::build::{BuildContext, Built, Rollout, build};
 use mailcluster_operator::children::ChildKind;
 use mailcluster_operator::names;
@@ -315,13 +316,19 @@ fn stress_cron_job_and_on_demand_job() {
     assert_eq!(j.spec.unwrap().backoff_limit, Some(0));
 
     let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-stress");
-    let plan: StressPlan = serde_yaml_ng::from_str(&cm.data.unwrap()["stress.yaml"]).unwrap();
-    assert_eq!((plan.namespace.as_str(), plan.name.as_str()), ("mail", "prod"));
-    assert_eq!(plan.targets["smtp"], "prod-smtp.mail.svc:25");
-    assert_eq!(plan.targets["imaps"], "prod-imap.mail.svc:993");
+    // The runner's own scenario format, targets pointed at this cluster's Services.
+    let plan: StressSpec = serde_yaml_ng::from_str(&cm.data.unwrap()["stress.yaml"]).unwrap();
+    let targets = plan.targets.unwrap();
+    let smtp = targets.smtp.unwrap();
+    assert_eq!(smtp.address, "prod-smtp.mail.svc:25");
+    assert_eq!(smtp.tls, TlsMode::Starttls);
+    assert_eq!(smtp.server_name.as_deref(), Some("mx.example.com"));
+    assert_eq!(targets.imap.unwrap().address, "prod-imap.mail.svc:143");
+    assert_eq!(targets.pop3.unwrap().address, "prod-pop3.mail.svc:110");
     assert_eq!(plan.scenarios.len(), 3);
-    assert_eq!(plan.slo.success_rate, 99.9);
-    assert_eq!(plan.slo.imap_search_p95_ms, 350, "default kept");
+    assert_eq!(plan.scenarios[1].rate, Some(200.0));
+    assert_eq!(plan.slo.success_rate, Some(99.9));
+    assert_eq!(plan.users.unwrap().template, "stress{:04}@example.com");
 
     let role = b.get(ChildKind::Role, "prod-stress").expect("Role");
     let rules = role.object.data["rules"].as_array().unwrap();

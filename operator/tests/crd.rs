@@ -41,7 +41,7 @@ fn crd_shape() {
     for rule in [
         "self.minReplicas <= self.maxReplicas",
         "self.all(p, self.filter(q, q.port == p.port).size() == 1)",
-        "self.successRate >= 0.0 && self.successRate <= 100.0",
+        "self.slo.successRate >= 0.0 && self.slo.successRate <= 100.0",
         "oldSelf.keyPrefix",
         "has(self.secretName) != has(self.issuerRef)",
     ] {

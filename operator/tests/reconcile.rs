@@ -535,7 +535,8 @@ async fn slo_condition_follows_last_stress() {
     let mc = running(&fake, &fixture("minimal")).await;
     // The stress Job reports a failed run.
     let mut obj = fake.get(MC, "mail").unwrap();
-    obj["status"]["lastStress"] = json!({"verdict": "Fail", "job": "mail-stress-1", "message": "smtp p95 180ms > 120ms",
+    obj["status"]["lastStress"] = json!({"verdict": "Fail", "job": "mail-stress-1",
+                                         "startedAt": "2026-11-30T03:00:00Z", "finishedAt": "2026-11-30T03:10:00Z",
                                          "successRate": 99.99, "p95Ms": {"smtp.deliver": 180.0}});
     fake.put(MC, obj.clone());
     let mc2: MailCluster = serde_json::from_value(obj).unwrap();
@@ -543,7 +544,7 @@ async fn slo_condition_follows_last_stress() {
     let now = stored(&fake, &mc);
     let slo = condition(&now, "SLOMet");
     assert_eq!((slo.status.as_str(), slo.reason.as_str()), ("False", "StressFailed"));
-    assert!(slo.message.contains("smtp p95 180ms"));
+    assert!(slo.message.contains("smtp.deliver p95 180ms"), "{}", slo.message);
     assert_eq!(
         now.status.as_ref().unwrap().last_stress.as_ref().unwrap().job.as_deref(),
         Some("mail-stress-1")

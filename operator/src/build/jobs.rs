@@ -1,9 +1,8 @@
 //! Jobs: the schema migration Job and the stress runs (CronJob + on-demand Job) with
 //! the identity that lets a stress Job write its verdict into the resource's status.
 
-use std::collections::BTreeMap;
-
-use mailcluster_api::{MailCluster, StressPlan, StressSpec};
+use mailcluster_api::stress::{EndpointSpec, StressSpec, TargetsSpec, TlsMode, UsersSpec};
+use mailcluster_api::{ClusterStressSpec, Listener, MailCluster, Protocol};
 use serde_json::{Value, json};
 
 use super::metadata;
@@ -90,31 +89,44 @@ pub fn stress_role_binding(mc: &MailCluster) -> Value {
     })
 }
 
-pub fn stress_plan(mc: &MailCluster, stress: &StressSpec) -> StressPlan {
+/// The scenario file of a stress run, in the stress runner's own format, with the
+/// targets pointed at this cluster's Services.
+pub fn stress_plan(mc: &MailCluster, stress: &ClusterStressSpec) -> StressSpec {
     let ns = names::namespace(mc);
-    let mut targets = BTreeMap::new();
-    for p in mc.spec.enabled_protocols() {
-        let svc = &mc.spec.protocol(p).service;
-        for l in p.listeners() {
-            let port = svc.ports.iter().find(|o| o.name == *l).map_or(l.standard_port(), |o| o.port);
-            targets
-                .insert(l.name().to_string(), format!("{}.{ns}.svc:{port}", names::protocol_object(mc, p)));
-        }
-    }
-    StressPlan {
-        namespace: ns.to_string(),
-        name: names::cluster_name(mc).to_string(),
-        hostname: mc.spec.hostname(),
-        targets,
-        domain: mc.spec.domains.first().cloned().unwrap_or_default(),
+    let endpoint = |p: Protocol, l: Listener| {
+        mc.spec.protocol(p).enabled.then(|| {
+            let svc = &mc.spec.protocol(p).service;
+            let port = svc.ports.iter().find(|o| o.name == l).map_or(l.standard_port(), |o| o.port);
+            EndpointSpec {
+                address: format!("{}.{ns}.svc:{port}", names::protocol_object(mc, p)),
+                // STARTTLS on the standard ports: credentials never cross in the clear,
+                // and the same listeners real clients use are measured.
+                tls: TlsMode::Starttls,
+                // The load test measures capacity, not PKI: the certificate may come
+                // from a private issuer the runner's image does not trust.
+                verify: false,
+                server_name: Some(mc.spec.hostname()),
+            }
+        })
+    };
+    let domain = mc.spec.domains.first().cloned().unwrap_or_else(|| "example.test".into());
+    StressSpec {
+        schedule: None,
+        targets: Some(TargetsSpec {
+            smtp: endpoint(Protocol::Smtp, Listener::Smtp),
+            imap: endpoint(Protocol::Imap, Listener::Imap),
+            pop3: endpoint(Protocol::Pop3, Listener::Pop3),
+        }),
+        users: Some(stress.users.clone().unwrap_or_else(|| UsersSpec {
+            template: format!("stress{{:04}}@{domain}"),
+            ..Default::default()
+        })),
         scenarios: stress.scenarios.clone(),
         slo: stress.slo.clone(),
-        deadline_seconds: stress.deadline_seconds,
-        pushgateway: stress.pushgateway.clone(),
     }
 }
 
-pub fn stress_config_map(mc: &MailCluster, stress: &StressSpec) -> Value {
+pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> Value {
     // A plan of strings and numbers always serializes.
     let yaml = serde_yaml_ng::to_string(&stress_plan(mc, stress)).unwrap_or_default();
     json!({
@@ -123,7 +135,7 @@ pub fn stress_config_map(mc: &MailCluster, stress: &StressSpec) -> Value {
     })
 }
 
-fn stress_job_spec(mc: &MailCluster, stress: &StressSpec, image: &str) -> Value {
+fn stress_job_spec(mc: &MailCluster, stress: &ClusterStressSpec, image: &str) -> Value {
     let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
     // The runner provisions its test accounts through the store (budgeted as the
     // stress reserve) and reports through the Kubernetes API.
@@ -166,7 +178,7 @@ fn stress_job_spec(mc: &MailCluster, stress: &StressSpec, image: &str) -> Value 
     })
 }
 
-pub fn stress_cron_job(mc: &MailCluster, stress: &StressSpec, schedule: &str, image: &str) -> Value {
+pub fn stress_cron_job(mc: &MailCluster, stress: &ClusterStressSpec, schedule: &str, image: &str) -> Value {
     json!({
         "metadata": metadata(mc, &names::stress(mc), "stress"),
         "spec": {
@@ -188,7 +200,7 @@ pub fn stress_cron_job(mc: &MailCluster, stress: &StressSpec, schedule: &str, im
 
 /// On-demand run for annotation value `token`. It stays (and is not re-run) while the
 /// annotation keeps that value; a new value is a new Job, and the old one is deleted.
-pub fn stress_job(mc: &MailCluster, stress: &StressSpec, token: &str, image: &str) -> Value {
+pub fn stress_job(mc: &MailCluster, stress: &ClusterStressSpec, token: &str, image: &str) -> Value {
     let name = format!("{}-{}", names::stress(mc), names::short_hash(&[token]));
     let mut meta = metadata(mc, &name, "stress");
     meta["annotations"] = json!({mailcluster_api::RUN_STRESS_ANNOTATION: token});
