@@ -99,6 +99,13 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     let metrics = http_get(admin, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200") && metrics.contains("mail_db_pool_max"), "{metrics}");
+    // /readyz above pinged the store, so at least one connection wait was observed.
+    let acquired = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mail_db_pool_acquire_seconds_count "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(acquired > 0, "no database connection acquisitions observed:\n{metrics}");
 
     // The listeners really speak their protocols.
     let mut smtp = TcpStream::connect(listeners["smtp"]).expect("connect smtp");

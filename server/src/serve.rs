@@ -36,6 +36,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let cache = open_cache(&config).await?;
 
     let metrics = Arc::new(Metrics::new());
+    // Time spent waiting for a database connection: the early sign of a pool too
+    // small for the load, before saturation shows in command latency.
+    let acquire = metrics.db_pool_acquire.clone();
+    store.set_acquire_observer(Arc::new(move |wait| acquire.observe(wait.as_secs_f64())));
     let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
     let deliverer = Arc::new(Deliverer::with_options(store.clone(), config.smtp.delivery_options()));
