@@ -4,9 +4,11 @@
 //! connections past `max_connections`, and when it does every pod's pool stalls at
 //! once. So the operator plans the worst case before scaling allows it:
 //!
-//!   Σ over protocols of poolSize × (maxReplicas + 1 surge pod during a rollout)
+//! ```text
+//! Σ over protocols of poolSize × (maxReplicas + 1 surge pod during a rollout)
 //!   + migration Job pool + stress Job reserve
 //!   ≤ postgres.maxConnections − postgres.reservedConnections
+//! ```
 //!
 //! When autoscaled protocols would not fit, their HPA `maxReplicas` are lowered in
 //! proportion to what was asked (largest-remainder rounding, never below

@@ -52,7 +52,7 @@ fn minimal_builds_every_default_object() {
     assert_eq!(names_of(&b, ChildKind::PodDisruptionBudget), ["mail-imap", "mail-smtp", "mail-submission"]);
     assert_eq!(names_of(&b, ChildKind::ConfigMap), ["mail-config"]);
     assert_eq!(names_of(&b, ChildKind::ServiceAccount), ["mail"]);
-    assert_eq!(names_of(&b, ChildKind::Job), [b.migration_job.clone()]);
+    assert_eq!(names_of(&b, ChildKind::Job), std::slice::from_ref(&b.migration_job));
     assert!(
         b.migration_job.starts_with("mail-migrate-") && b.migration_job.len() == "mail-migrate-".len() + 10
     );
