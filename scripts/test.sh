@@ -46,6 +46,12 @@ for tool in python3 swaks curl; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
+# ---- offline Kubernetes schema validation for the operator's rendered objects ----
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    log "pip install kubernetes-validate"
+    python3 -m pip install -q kubernetes-validate
+fi
+
 # ---- PostgreSQL ----
 if port_open 5432; then
     log "PostgreSQL already running on 127.0.0.1:5432: reusing it"
