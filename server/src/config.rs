@@ -373,6 +373,20 @@ impl Config {
             }
         }
 
+        if self.pop3.autologout_secs < crate::pop3::MIN_AUTOLOGOUT_SECS {
+            problems.push(format!(
+                "pop3.autologout_secs must be at least {} (RFC 1939 §3)",
+                crate::pop3::MIN_AUTOLOGOUT_SECS
+            ));
+        }
+        // RFC 2449 §4: commands may be up to 255 octets; shorter limits break clients.
+        if self.pop3.max_line_bytes < 255 {
+            problems.push("pop3.max_line_bytes must be at least 255 (RFC 2449 §4)".into());
+        }
+        if self.pop3.lock_ttl_secs == 0 {
+            problems.push("pop3.lock_ttl_secs must be greater than 0".into());
+        }
+
         // A PROXY header from an untrusted peer is refused, so enabling the protocol
         // with nobody trusted would refuse every connection.
         if self.net.proxy_protocol.enabled && self.net.proxy_protocol.trusted_cidrs.is_empty() {

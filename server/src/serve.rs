@@ -19,6 +19,7 @@ use crate::delivery::Deliverer;
 use crate::imap::ImapProtocol;
 use crate::metrics::Metrics;
 use crate::net::{self, Listener, ListenerSpec, Protocol, ShutdownController, TlsMode, TlsProvider};
+use crate::pop3::Pop3Protocol;
 use crate::smtp::{SmtpKind, SmtpProtocol};
 use crate::store::{self, Store, StoreError};
 
@@ -96,8 +97,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 /// The session type and TLS mode of each listener name in
-/// [`PROTOCOLS`](crate::config::PROTOCOLS); `None` for a protocol this build does
-/// not serve yet (POP3).
+/// [`PROTOCOLS`](crate::config::PROTOCOLS); `None` for a name this build does not
+/// serve.
 fn protocol_for(name: &str, app: &App) -> Option<(TlsMode, Arc<dyn Protocol>)> {
     let app = app.clone();
     Some(match name {
@@ -106,6 +107,8 @@ fn protocol_for(name: &str, app: &App) -> Option<(TlsMode, Arc<dyn Protocol>)> {
         "submissions" => (TlsMode::Implicit, Arc::new(SmtpProtocol::new(app, SmtpKind::Submissions))),
         "imap" => (TlsMode::Plain, Arc::new(ImapProtocol::new(app, false))),
         "imaps" => (TlsMode::Implicit, Arc::new(ImapProtocol::new(app, true))),
+        "pop3" => (TlsMode::Plain, Arc::new(Pop3Protocol::new(app, false))),
+        "pop3s" => (TlsMode::Implicit, Arc::new(Pop3Protocol::new(app, true))),
         _ => return None,
     })
 }

@@ -187,6 +187,7 @@ conformance!(
     store_flags_semantics,
     uids_by_flags_queries,
     expunge_and_tombstones,
+    maildrop_listing,
     changes_since_after_store_and_expunge,
     copy_and_move,
     concurrent_group_commit,
@@ -821,6 +822,30 @@ async fn expunge_and_tombstones(ctx: Ctx) {
     // UIDs are never reused
     let next = deliver_one(s, "next", &[inbox]).await[0].uid;
     assert!(next > uids[4]);
+}
+
+/// The POP3 listing: every message of the mailbox with its body id and exact size,
+/// in UID order, agreeing with the full rows; other mailboxes never leak in.
+async fn maildrop_listing(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let other = s.mailbox_create(acc, "Other", None).await.expect("create").id;
+    assert!(s.maildrop(inbox).await.expect("empty maildrop").is_empty());
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        uids.push(deliver_one(s, &format!("subject number {i}"), &[inbox]).await[0].uid);
+    }
+    deliver_one(s, "elsewhere", &[other]).await;
+    s.expunge(inbox, Some(&UidSet::single(uids[1]))).await.expect("expunge");
+    let listing = s.maildrop(inbox).await.expect("maildrop");
+    let rows = s.messages_by_uid(inbox, &UidSet::all()).await.expect("rows");
+    assert_eq!(listing.iter().map(|e| e.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
+    assert_eq!(listing.len(), rows.len());
+    for (entry, row) in listing.iter().zip(&rows) {
+        assert_eq!((entry.uid, entry.message_id), (row.uid, row.message_id));
+        let body = s.message_body(entry.message_id).await.expect("body");
+        assert_eq!(entry.size as usize, body.len(), "size is the stored octet count");
+    }
 }
 
 async fn changes_since_after_store_and_expunge(ctx: Ctx) {

@@ -121,6 +121,16 @@ pub trait Store: Send + Sync + 'static {
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>>;
     /// All UIDs of the mailbox in ascending order (a session's sequence map).
     async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>>;
+    /// UID, body id and size of every message, ascending: a POP3 maildrop listing.
+    /// Backends answer it from the link and body tables without decoding metadata;
+    /// this default (for test doubles) goes through [`Store::messages_by_uid`].
+    async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
+        let rows = self.messages_by_uid(mailbox_id, &UidSet::all()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| MaildropEntry { uid: r.uid, message_id: r.message_id, size: r.meta.size })
+            .collect())
+    }
     /// Per-message rows (flags, size, dates, metadata) for the given UIDs, ascending.
     /// Unknown UIDs are skipped.
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;

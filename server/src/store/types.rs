@@ -241,6 +241,15 @@ pub struct MessageRow {
     pub meta: MessageMeta,
 }
 
+/// One message of a POP3 maildrop listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaildropEntry {
+    pub uid: u32,
+    pub message_id: i64,
+    /// Octets of the stored message.
+    pub size: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MailboxChanges {
     pub highest_modseq: u64,

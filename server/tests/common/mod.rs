@@ -15,7 +15,9 @@ use mailcluster_server::delivery::Deliverer;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::metrics::Metrics;
-use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown};
+use mailcluster_server::net::listener::{Listener, ListenerSpec, TlsMode};
+use mailcluster_server::net::server::ShutdownController;
+use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
 use mailcluster_server::store::{Account, FlagSet, NewDelivery, Store};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
@@ -170,4 +172,51 @@ pub async fn login(
     let r = c.cmd("L1", &format!("LOGIN {user} {password}")).await;
     assert!(r.last().expect("tagged").starts_with("L1 OK"), "{r:?}");
     (c, tx)
+}
+
+/// A TLS provider with a fresh self-signed certificate for "localhost".
+pub fn tls_provider() -> TlsProvider {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let cert = CertificateDer::from(ck.cert.der().to_vec());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .expect("server config");
+    TlsProvider::from_config(Arc::new(config))
+}
+
+/// Serves each (listener name, TLS mode, protocol) with the production listeners
+/// of `net` on 127.0.0.1:0; returns their addresses in the same order.
+pub fn serve_loopback(
+    app: &App,
+    tls: TlsProvider,
+    listeners: Vec<(&'static str, TlsMode, Arc<dyn Protocol>)>,
+) -> Vec<std::net::SocketAddr> {
+    let mut addrs = Vec::new();
+    let mut bound = Vec::new();
+    for (name, mode, protocol) in listeners {
+        let mut spec = ListenerSpec::from_config(name, 0, mode, &app.config);
+        spec.addr = "127.0.0.1:0".parse().expect("addr");
+        let listener = Listener::bind(spec).expect("bind");
+        addrs.push(listener.local_addr().expect("addr"));
+        bound.push((listener, protocol));
+    }
+    let shutdown = ShutdownController::new(Duration::from_secs(1));
+    tokio::spawn(mailcluster_server::net::server::serve(bound, Some(tls), app.metrics.clone(), shutdown));
+    addrs
+}
+
+/// Runs a client program (bounded to 60 s); returns success and stdout+stderr.
+pub async fn run_client(cmd: &mut tokio::process::Command) -> (bool, String) {
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("client finished within 60 s")
+        .expect("client started");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
 }

@@ -953,6 +953,26 @@ impl Store for SqliteStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
+    async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
+        let rows = sqlx::query(
+            "SELECT mm.uid, mm.message_id, m.size FROM mailbox_messages mm \
+             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = ? ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .fetch_all(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|row| {
+                Ok(MaildropEntry {
+                    uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
+                    message_id: row.try_get("message_id").map_err(db_err)?,
+                    size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
+                })
+            })
+            .collect()
+    }
+
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
         let mut conn = self.read_conn().await?;
         let mut out = Vec::new();
