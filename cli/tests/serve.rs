@@ -6,23 +6,9 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Sends each stderr line (JSON logs) of the server to the test.
-fn log_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
+use common::cluster::{ServeProcess, ephemeral_ports};
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect admin");
@@ -39,58 +25,10 @@ const EXPECTED: [&str; 7] = ["imap", "imaps", "pop3", "pop3s", "smtp", "submissi
 #[test]
 fn embedded_default_serves_health_and_drains_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let mut env = vec![
-        ("MAILCLUSTER_LISTEN_ADDR", "127.0.0.1"),
-        ("MAILCLUSTER_LOG_FORMAT", "json"),
-        ("MAILCLUSTER_SHUTDOWN_GRACE_SECS", "5"),
-        ("MAILCLUSTER_ADMIN_PORT", "0"),
-    ];
-    for var in [
-        "MAILCLUSTER_SMTP_PORT",
-        "MAILCLUSTER_SUBMISSION_PORT",
-        "MAILCLUSTER_SUBMISSIONS_PORT",
-        "MAILCLUSTER_IMAP_PORT",
-        "MAILCLUSTER_IMAPS_PORT",
-        "MAILCLUSTER_POP3_PORT",
-        "MAILCLUSTER_POP3S_PORT",
-    ] {
-        env.push((var, "0"));
-    }
-    let mut child = common::command(dir.path(), &["serve"], &env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let lines = log_lines(&mut child);
-
-    // Collect "listening" events until the admin port and every protocol are up.
-    let mut admin: Option<SocketAddr> = None;
-    let mut listeners = std::collections::BTreeMap::new();
-    let mut seen = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while admin.is_none() || listeners.len() < EXPECTED.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = match lines.recv_timeout(left) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("server did not come up; log so far:\n{}", seen.join("\n"));
-            }
-        };
-        seen.push(line.clone());
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-        let addr = event.get("addr").and_then(|a| a.as_str()).and_then(|a| a.parse::<SocketAddr>().ok());
-        match (event.get("message").and_then(|m| m.as_str()), addr) {
-            (Some("admin listening"), Some(addr)) => admin = Some(addr),
-            (Some("listening"), Some(addr)) => {
-                let name = event.get("listener").and_then(|l| l.as_str()).unwrap_or("?").to_string();
-                listeners.insert(name, addr);
-            }
-            _ => {}
-        }
-    }
-    let admin = admin.expect("admin address");
+    let mut env = ephemeral_ports();
+    env.push(("MAILCLUSTER_SHUTDOWN_GRACE_SECS", "5"));
+    let mut server = ServeProcess::start(dir.path(), &env, EXPECTED.len());
+    let (admin, listeners) = (server.admin, server.listeners.clone());
     let names: Vec<&str> = listeners.keys().map(String::as_str).collect();
     assert_eq!(names, EXPECTED);
 
@@ -108,31 +46,33 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
     assert!(acquired > 0, "no database connection acquisitions observed:\n{metrics}");
 
     // The listeners really speak their protocols.
-    let mut smtp = TcpStream::connect(listeners["smtp"]).expect("connect smtp");
-    smtp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut greeting = String::new();
-    BufReader::new(&mut smtp).read_line(&mut greeting).unwrap();
-    assert!(greeting.starts_with("220 "), "{greeting}");
-    drop(smtp);
+    for (name, expected) in [("smtp", "220 "), ("imap", "* OK "), ("pop3", "+OK ")] {
+        let mut conn = TcpStream::connect(listeners[name]).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut greeting = String::new();
+        BufReader::new(&mut conn).read_line(&mut greeting).unwrap();
+        assert!(greeting.starts_with(expected), "{name}: {greeting}");
+    }
 
     // The embedded store and generated certificate live in the data dir.
     assert!(dir.path().join("mailcluster-data").is_dir());
 
-    let pid = child.id().to_string();
+    let pid = server.child.id().to_string();
     let status = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(20);
     let code = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
+        if let Some(status) = server.child.try_wait().expect("wait") {
             break status.code();
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            server.kill9();
             panic!("server did not exit after SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let rest: Vec<String> = lines.try_iter().collect();
+    let rest: Vec<String> = server.log.try_iter().collect();
+    let mut seen = std::mem::take(&mut server.seen);
     seen.extend(rest);
     assert_eq!(code, Some(0), "log:\n{}", seen.join("\n"));
     assert!(!seen.iter().any(|l| l.contains("panicked")), "{}", seen.join("\n"));

@@ -1,6 +1,8 @@
 //! Helpers for tests that run the real `mailcluster` binary.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
