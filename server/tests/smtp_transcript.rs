@@ -91,7 +91,10 @@ async fn recipient_errors_and_cache(b: Backend) {
     c.cmd("MAIL FROM:<x@remote.test>", "503 5.5.1").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
     c.cmd("RCPT TO:<someone@elsewhere.test>", "550 5.7.1 Relaying denied").await;
-    c.cmd("RCPT TO:<postmaster>", "501 5.1.3").await;
+    // no postmaster account and none configured: unknown, not a relay attempt
+    c.cmd("RCPT TO:<postmaster>", "550 5.1.1").await;
+    c.cmd("RCPT TO:<nobody>", "501 5.1.3").await;
+    c.cmd("RCPT TO:<>", "501 5.1.3").await;
     c.cmd("RCPT TO:alice@example.test", "501 5.5.4").await;
     c.cmd("DATA", "554 5.5.1").await;
     let before = h.store.lookups.load(Ordering::SeqCst);
@@ -103,6 +106,24 @@ async fn recipient_errors_and_cache(b: Backend) {
     c.cmd("RSET", "250 2.0.0").await;
     c.cmd("DATA", "503 5.5.1").await;
     c.cmd("BDAT 0 LAST", "503 5.5.1").await;
+}
+
+/// RFC 5321 §4.5.1: `<postmaster>` without a domain, and postmaster at every local
+/// domain, must be accepted; both go to the configured postmaster address.
+async fn postmaster_is_always_accepted(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.postmaster = "bob@example.test".into())).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<reporter@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<Postmaster>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<POSTMASTER@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<postmaster@elsewhere.test>", "550 5.7.1").await;
+    c.cmd("DATA", "354").await;
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 2.0.0").await;
+    // both recipients resolve to one mailbox: delivered once
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+    assert!(h.messages("alice@example.test").await.is_empty());
 }
 
 async fn sequence_errors_before_greeting(b: Backend) {
@@ -518,6 +539,7 @@ both_backends!(
     ehlo_lists_extensions_for_mx,
     mx_delivery_stores_once_with_trace_headers,
     recipient_errors_and_cache,
+    postmaster_is_always_accepted,
     sequence_errors_before_greeting,
     too_many_recipients,
     unsupported_parameters,

@@ -118,6 +118,13 @@ pub fn parse_command(line: &[u8]) -> Result<Request<Cow<'_, str>>, smtp_proto::E
     Request::parse(&mut line.iter())
 }
 
+/// smtp-proto reads both `RCPT TO:<>` (invalid) and `RCPT TO:<Postmaster>` (which
+/// RFC 5321 §4.5.1 requires servers to accept) as an empty address; the raw line
+/// tells them apart.
+pub fn names_bare_postmaster(line: &[u8]) -> bool {
+    line.windows(12).any(|w| w.eq_ignore_ascii_case(b"<postmaster>"))
+}
+
 /// The command name used in metric labels and logs: bounded to the names SMTP has,
 /// never client-chosen text (label cardinality).
 pub fn command_label(req: &Request<Cow<'_, str>>) -> &'static str {

@@ -112,7 +112,7 @@ impl Session {
         Step::Continue
     }
 
-    pub(super) async fn cmd_rcpt(&mut self, to: RcptTo<Cow<'_, str>>) -> Step {
+    pub(super) async fn cmd_rcpt(&mut self, to: RcptTo<Cow<'_, str>>, bare_postmaster: bool) -> Step {
         let Some(envelope) = self.envelope.as_ref() else {
             self.reply(replies::bad_sequence("Need MAIL before RCPT"));
             return Step::Continue;
@@ -125,7 +125,11 @@ impl Session {
             self.reply(Reply::new(452, "4.5.3", "Too many recipients"));
             return Step::Continue;
         }
-        let address = to.address.as_ref();
+        let address = if bare_postmaster { "postmaster" } else { to.address.as_ref() };
+        if address.is_empty() {
+            self.reply(Reply::new(501, "5.1.3", "Invalid recipient address"));
+            return Step::Continue;
+        }
         if !address.is_ascii() && !envelope.smtputf8 {
             self.reply(Reply::new(553, "5.6.7", "Non-ASCII address requires SMTPUTF8"));
             return Step::Continue;
@@ -135,7 +139,7 @@ impl Session {
             self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
             return Step::Continue;
         }
-        let target = match self.lookup_recipient(address).await {
+        let target = match self.resolve_recipient(address).await {
             Err(err) => {
                 tracing::warn!(error = %err, "recipient lookup failed");
                 self.reply(replies::temp_failure());
@@ -169,6 +173,33 @@ impl Session {
         self.bdat = None;
         self.reply(Reply::new(250, "2.0.0", "OK"));
         Step::Continue
+    }
+
+    /// [`Self::lookup_recipient`] with the postmaster rules of RFC 5321 §4.5.1: the
+    /// bare `<postmaster>` is always a local recipient (the configured postmaster
+    /// address), and so is `postmaster@` a local domain without such an account.
+    async fn resolve_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
+        let configured = &self.config().postmaster;
+        if address.eq_ignore_ascii_case("postmaster") {
+            let target = if configured.is_empty() {
+                format!("postmaster@{}", self.app.config.hostname)
+            } else {
+                configured.clone()
+            };
+            return Ok(Some(match self.lookup_recipient(&target).await? {
+                Some(found @ Lookup::Mailbox { .. }) => found,
+                // Not deliverable here: refuse as unknown, never as a relay attempt.
+                _ => Lookup::NoSuchUser,
+            }));
+        }
+        let found = self.lookup_recipient(address).await?;
+        if let Some(Lookup::NoSuchUser) = found
+            && !configured.is_empty()
+            && split_address(address).is_some_and(|(local, _)| local.eq_ignore_ascii_case("postmaster"))
+        {
+            return self.lookup_recipient(configured).await;
+        }
+        Ok(found)
     }
 
     /// Checks a recipient: `None` for an address without a domain.

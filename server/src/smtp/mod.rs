@@ -68,6 +68,10 @@ pub struct SmtpConfig {
     pub recipient_cache_ttl_secs: u64,
     /// Outbound queue: give up (and bounce) after this long.
     pub queue_expiry_secs: u64,
+    /// Where mail to the bare `<postmaster>` goes, and to `postmaster@` a local
+    /// domain that has no such account (RFC 5321 §4.5.1 requires both to work).
+    /// Empty: `postmaster@` the server's hostname.
+    pub postmaster: String,
 }
 
 impl Default for SmtpConfig {
@@ -89,6 +93,7 @@ impl Default for SmtpConfig {
             group_commit_max_concurrent: 4,
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
+            postmaster: String::new(),
         }
     }
 }

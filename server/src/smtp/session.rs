@@ -205,7 +205,10 @@ impl Session {
                     Request::Ehlo { host } => self.cmd_hello(&host, true),
                     Request::Helo { host } => self.cmd_hello(&host, false),
                     Request::Mail { from } => self.cmd_mail(from).await,
-                    Request::Rcpt { to } => self.cmd_rcpt(to).await,
+                    Request::Rcpt { to } => {
+                        let bare_postmaster = to.address.is_empty() && proto::names_bare_postmaster(line);
+                        self.cmd_rcpt(to, bare_postmaster).await
+                    }
                     Request::Data => self.cmd_data(stream).await,
                     Request::Bdat { chunk_size, is_last } => self.cmd_bdat(chunk_size, is_last, stream).await,
                     Request::Auth { mechanism, initial_response } => {

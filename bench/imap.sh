@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# IMAP side by side, in one run: Mailcluster (release build, PostgreSQL + Redis)
+# against Dovecot from /work/shared/peers (Maildir). Run as root (it lays out the
+# peer's Maildirs as the vmail user).
+#
+#   1. SEARCH: USERS users at once, each in its own session, `UID SEARCH UNSEEN` in
+#      an INBOX of MSGS messages (10 % unseen), closed loop;
+#   2. FETCH: the same sessions, `UID FETCH n BODY.PEEK[]` over the mailbox;
+#   3. logins: connect + LOGIN / AUTHENTICATE PLAIN + LOGOUT cycling over 1,000
+#      users (the credential cache warmed by a first pass), plain IMAP;
+#   4. idle TLS connections: FLOOD IMAPS connections held by one Mailcluster
+#      process; server RSS growth per connection.
+#
+# Both stores get the same mailboxes: MSGS messages delivered through each side's
+# own SMTP into user0001 (Mailcluster's MX; Postfix → LMTP → Maildir), 90 % then
+# marked \Seen, and that INBOX cloned into user0002…: Mailcluster links the stored
+# bodies into each INBOX with SQL (bodies are stored once by design), Dovecot gets
+# hard-linked Maildir files; each side then indexes on a warm-up pass.
+#
+# Usage: bench/imap.sh [OUT_DIR]   (env: USERS, MSGS, DUR, FLOOD, ROUNDS)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+OUT=${1:-bench/results/imap}
+USERS=${USERS:-200}
+MSGS=${MSGS:-10000}
+DUR=${DUR:-20s}
+FLOOD=${FLOOD:-10000}
+ROUNDS=${ROUNDS:-2}
+mkdir -p "$OUT"
+port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
+
+export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_NET__MAX_CONNECTIONS=$((FLOOD + 1000))
+export MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000
+mc_start 1000 smtp,imap,imaps
+machine_line | tee "$OUT/machine.txt"
+Q=(--no-progress -k)
+
+# ---- 1. the same mailboxes on both sides
+seed() { # smtp port, label
+  "$STRESS" --smtp "127.0.0.1:$1" -s seed --users-count 1 --messages-per-user "$MSGS" -c 20 "${Q[@]}" >"$OUT/seed-$2.txt" || exit 1
+  tail -n 3 "$OUT/seed-$2.txt"
+}
+MD=$PEERS/mail/example.test
+src=$MD/user0001/Maildir
+rm -rf "$src"   # a fresh mailbox for the peer too
+seed "$(mc_port smtp)" mailcluster
+seed 2526 dovecot
+for _ in $(seq 1 600); do
+  [ "$(find "$src/new" "$src/cur" -type f 2>/dev/null | wc -l)" -ge "$MSGS" ] && break; sleep 1
+done
+
+echo "cloning user0001's INBOX into user0002..user$(printf %04d "$USERS")"
+t0=$(date +%s)
+psql "$MC_DB_URL" -q <<SQL || exit 1
+\set src (SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX')
+UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = :src AND uid % 10 <> 0;
+UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailbox_id = :src AND flags & 1 = 0) WHERE id = :src;
+CREATE TEMP TABLE targets AS
+  SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test' AND a.email <= 'user$(printf %04d "$USERS")@example.test';
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
+  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date
+  FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = :src;
+UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen
+  FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
+ANALYZE;
+SQL
+i=0
+for f in "$src"/new/*; do
+  i=$((i + 1))
+  if ((i % 10)); then mv "$f" "$src/cur/${f##*/}:2,S"; else mv "$f" "$src/cur/${f##*/}:2,"; fi
+done
+rm -f "$src"/dovecot*
+for n in $(seq 2 "$USERS"); do
+  d=$MD/$(printf user%04d "$n")/Maildir
+  rm -rf "$d"; mkdir -p "$d/new" "$d/tmp"; cp -al "$src/cur" "$d/cur"
+done
+chown -R vmail:vmail "$MD"
+echo "cloned in $(( $(date +%s) - t0 )) s"
+
+# ---- warm-up: every user's INBOX opened once on each side (Dovecot builds its index)
+for port in 1144 "$(mc_port imap)"; do
+  "$STRESS" --imap "127.0.0.1:$port" -s search -c "$USERS" --users-count "$USERS" -d 15s "${Q[@]}" >"$OUT/warmup-$port.txt"
+done
+
+side_port() { if [ "$1" = dovecot ]; then echo 1144; else mc_port imap; fi; }
+run() { # scenario label side round, extra args...
+  local scen=$1 label=$2 side=$3 round=$4; shift 4
+  local c0; c0=$(cpu_secs "$MC_PID")
+  "$STRESS" --imap "127.0.0.1:$(side_port "$side")" -s "$scen" -d "$DUR" "${Q[@]}" "$@" \
+    --json "$OUT/$label-$side-$round.json" >"$OUT/$label-$side-$round.txt"
+  [ "$side" = mailcluster ] && echo "mailcluster $label round $round: server CPU $(echo "$(cpu_secs "$MC_PID") - $c0" | bc) s"
+}
+# the credential cache: one pass over the 1,000 users
+"$STRESS" --imap "127.0.0.1:$(mc_port imap)" -s auth -c 20 --users-count 1000 --max-ops 1000 -d 60s "${Q[@]}" >/dev/null
+for round in $(seq 1 "$ROUNDS"); do
+  for side in dovecot mailcluster; do
+    run search search "$side" "$round" -c "$USERS" --users-count "$USERS"
+    run fetch fetch "$side" "$round" -c "$USERS" --users-count "$USERS"
+    run auth login "$side" "$round" -c 50 --users-count 1000
+  done
+done
+bench_table "$OUT"/search-*.json "$OUT"/fetch-*.json "$OUT"/login-*.json | grep -E " (search|fetch-body|fetch-header|imap-login|imap-authenticate-plain) "
+
+# ---- 4. idle TLS connections held by one process
+rss_now() { awk '/VmRSS/{print $2}' "/proc/$MC_PID/status"; }
+before=$(rss_now)
+"$STRESS" --imap "127.0.0.1:$(mc_port imaps)" --imap-tls implicit -s connect-flood --protocol imap \
+  -c "$FLOOD" --ramp-up 30s -d 20s --timeout 30s "${Q[@]}" --json "$OUT/idle-tls.json" >"$OUT/idle-tls.txt" &
+FP=$!
+sleep 40
+held=$(rss_now)
+conns=$(ss -Htn state established "( sport = :$(mc_port imaps) )" | wc -l)
+wait "$FP"
+awk -v b="$before" -v h="$held" -v n="$conns" 'BEGIN { printf "idle TLS: %d connections established; RSS %.0f MB -> %.0f MB = %.1f KB per connection\n", n, b/1024, h/1024, (h-b)/n }' | tee "$OUT/idle-tls-rss.txt"
+tail -n 20 "$OUT/idle-tls.txt"

@@ -1,0 +1,75 @@
+# Shared by the side-by-side benchmarks: a Mailcluster pod (release build) over a
+# fresh PostgreSQL database and a Redis key prefix of its own, with the same users
+# as the Postfix + Dovecot peers (user0001… at example.test, password "pass").
+#
+#   source bench/lib.sh; mc_start USERS PROTOCOLS   → MC_PID, MC_DB_URL, mc_port NAME
+#   bench_table FILE.json…                           → one line per operation
+# Cleanup (server, database, Redis keys) runs on exit.
+
+PG=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+REDIS=${REDIS_URL:-redis://127.0.0.1:6379}
+MC=${MC:-target/release/mailcluster}
+STRESS=${STRESS:-target/release/mailcluster-stress}
+PEERS=${PEERS_DIR:-/var/tmp/mailcluster-peers}
+ulimit -n "$(ulimit -Hn)"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+machine_line() {
+  echo "## machine: $(nproc) cores; $(free -g | awk '/Mem:/{print $2" GiB RAM"}'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
+}
+
+# Ports of the benchmark pod (fixed, away from the peers' and the defaults).
+declare -A MC_PORTS=([smtp]=12025 [submission]=12587 [submissions]=12465 [imap]=12143 [imaps]=12993 [pop3]=12110 [pop3s]=12995 [admin]=19090)
+mc_port() { echo "${MC_PORTS[$1]}"; }
+
+mc_cleanup() {
+  [ -n "${MC_PID:-}" ] && kill "$MC_PID" 2>/dev/null && wait "$MC_PID" 2>/dev/null
+  [ -n "${MC_DB:-}" ] && psql "$PG" -qc "DROP DATABASE IF EXISTS $MC_DB WITH (FORCE)" >/dev/null
+  [ -n "${MC_PREFIX:-}" ] && redis-cli -u "$REDIS" --scan --pattern "${MC_PREFIX}*" | xargs -r redis-cli -u "$REDIS" del >/dev/null
+  [ -n "${MC_DIR:-}" ] && rm -rf "$MC_DIR"
+}
+
+# mc_start USERS PROTOCOLS(comma list)
+mc_start() {
+  local users=$1 protocols=$2
+  [ -x "$MC" ] && [ -x "$STRESS" ] || nice cargo build --release -p mailcluster -p mailcluster-stress
+  MC_DB=mc_bench_$$
+  MC_PREFIX="mcbench$$:"
+  MC_DIR=$(mktemp -d)
+  trap mc_cleanup EXIT
+  psql "$PG" -qc "CREATE DATABASE $MC_DB" || exit 1
+  MC_DB_URL="${PG%/*}/$MC_DB"
+  export MAILCLUSTER_DATABASE_URL=$MC_DB_URL MAILCLUSTER_REDIS_URL=$REDIS MAILCLUSTER_REDIS__KEY_PREFIX=$MC_PREFIX
+  export MAILCLUSTER_LISTEN_ADDR=127.0.0.1 MAILCLUSTER_PROTOCOLS=$protocols MAILCLUSTER_LOG_FORMAT=json \
+    MAILCLUSTER_LOG_LEVEL=warn MAILCLUSTER_DATA_DIR=$MC_DIR MAILCLUSTER_HOSTNAME=bench.test
+  local name
+  for name in "${!MC_PORTS[@]}"; do
+    export "MAILCLUSTER_${name^^}_PORT=${MC_PORTS[$name]}"
+  done
+  # Loopback load comes from one address: lift the per-IP caps meant for the internet.
+  export MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP=0 MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP=0
+  "$MC" migrate >/dev/null || exit 1
+  "$MC" domain add example.test || exit 1
+  seq -f "user%04g@example.test" 1 "$users" | xargs -P "$(nproc)" -I{} sh -c "'$MC' user add {} --password pass >/dev/null" || exit 1
+  "$MC" serve 2>"$MC_DIR/serve.log" &
+  MC_PID=$!
+  for _ in $(seq 1 120); do port_open "$(mc_port admin)" && break; sleep 0.5; done
+  port_open "$(mc_port admin)" || { echo "mailcluster did not start"; cat "$MC_DIR/serve.log"; exit 1; }
+}
+
+# CPU seconds used by a process so far.
+cpu_secs() { awk -v tk="$(getconf CLK_TCK)" '{printf "%.1f", ($14+$15)/tk}' "/proc/$1/stat"; }
+rss_mb() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
+
+# One line per operation of each JSON report: throughput and latency percentiles.
+bench_table() {
+  python3 - "$@" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    d = json.load(open(path))
+    for s in d["scenarios"]:
+        for name, o in sorted(s["ops"].items()):
+            print(f"{path.rsplit('/',1)[-1]:<34} {name:<16} ok {o['ok']:>7} err {o['errors']:>5} "
+                  f"{o['throughput']:>9.1f}/s  p50 {o['p50_ms']:>8.2f}  p95 {o['p95_ms']:>8.2f}  p99 {o['p99_ms']:>8.2f} ms")
+PY
+}
