@@ -465,6 +465,29 @@ async fn submission_login_and_send(b: Backend) {
     assert!(queued[0].raw.ends_with(b"Subject: out\r\n\r\nhello\r\n"));
 }
 
+/// Local and remote recipients in one message: when the local delivery fails, the
+/// remote copy queued just before is withdrawn, so the client's retry after the 4xx
+/// leaves exactly one copy of each.
+async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
+    let mut c = h.connect(&h.submission);
+    c.ehlo().await;
+    c.cmd(&format!("AUTH PLAIN {}", base64_encode(&format!("\0bob@example.test\0{PASSWORD}"))), "235").await;
+    h.store.fail_deliveries.store(true, Ordering::SeqCst);
+    for attempt in ["451 4.3.0", "250 2.0.0"] {
+        c.cmd("MAIL FROM:<bob@example.test>", "250").await;
+        c.cmd("RCPT TO:<alice@example.test>", "250").await;
+        c.cmd("RCPT TO:<friend@elsewhere.test>", "250").await;
+        c.cmd("DATA", "354").await;
+        c.send("Subject: both\r\n\r\nhello\r\n.\r\n").await;
+        c.expect(attempt).await;
+        h.store.fail_deliveries.store(false, Ordering::SeqCst);
+    }
+    assert_eq!(h.messages("alice@example.test").await.len(), 1);
+    let queued = h.store.queue_claim("test", 10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(queued.len(), 1, "one remote copy after the retry");
+}
+
 async fn submission_initial_response(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
     let mut c = h.connect(&h.submission);
@@ -535,6 +558,7 @@ async fn concurrent_deliveries_share_commits(b: Backend) {
 both_backends!(
     submission_login_and_send,
     submission_initial_response,
+    failed_local_delivery_withdraws_the_queued_copy,
     delivery_publishes_mailbox_event,
     ehlo_lists_extensions_for_mx,
     mx_delivery_stores_once_with_trace_headers,

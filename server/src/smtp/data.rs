@@ -231,9 +231,10 @@ impl Session {
             }
         }
         // The queue goes first: if it fails, nothing was stored anywhere and the
-        // client's retry duplicates nothing. (A local failure after a queued remote
-        // copy would duplicate the remote one on retry; the store offers no single
-        // transaction spanning both.)
+        // client's retry duplicates nothing. If the local delivery then fails, the
+        // queued copy is taken back before the 4xx, so the retry does not send the
+        // remote copy twice.
+        let mut queued = None;
         if !remotes.is_empty() {
             let now = Utc::now();
             let expiry =
@@ -246,10 +247,13 @@ impl Session {
                 not_before: now,
                 expires_at: now + expiry,
             };
-            if let Err(err) = self.app.store.queue_enqueue(&item).await {
-                tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
-                self.count_delivery("tempfail");
-                return replies::temp_failure();
+            match self.app.store.queue_enqueue(&item).await {
+                Ok(id) => queued = Some(id),
+                Err(err) => {
+                    tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
+                    self.count_delivery("tempfail");
+                    return replies::temp_failure();
+                }
             }
         }
         if !locals.is_empty() {
@@ -275,6 +279,13 @@ impl Session {
             };
             if let Err(err) = self.app.deliverer.deliver(delivery).await {
                 tracing::warn!(error = %err, id = %envelope.id, "delivery failed");
+                if let Some(id) = queued
+                    && let Err(err) = self.app.store.queue_complete(id).await
+                {
+                    // The relay worker will send it; the client's retry may then
+                    // send a second copy — logged so it can be traced.
+                    tracing::error!(error = %err, id = %envelope.id, queue_id = id, "queued copy not withdrawn");
+                }
                 self.count_delivery("tempfail");
                 return replies::temp_failure();
             }

@@ -11,6 +11,8 @@ use mailcluster_server::store::*;
 pub struct FaultyStore {
     pub inner: Arc<dyn Store>,
     pub fail: AtomicBool,
+    /// Fails deliveries into mailboxes only (the outbound queue keeps working).
+    pub fail_deliveries: AtomicBool,
     pub commit_delay_ms: AtomicU64,
     pub lookups: AtomicU64,
     pub batches: Mutex<Vec<usize>>,
@@ -21,6 +23,7 @@ impl FaultyStore {
         FaultyStore {
             inner,
             fail: AtomicBool::new(false),
+            fail_deliveries: AtomicBool::new(false),
             commit_delay_ms: AtomicU64::new(0),
             lookups: AtomicU64::new(0),
             batches: Mutex::new(Vec::new()),
@@ -107,7 +110,7 @@ impl Store for FaultyStore {
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
-        if self.fail.load(Ordering::SeqCst) {
+        if self.fail.load(Ordering::SeqCst) || self.fail_deliveries.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("test: store down".into()));
         }
         let out = self.inner.deliver_batch(batch).await?;
