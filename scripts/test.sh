@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl;
+#      python3, swaks, curl; (pip) kubernetes-validate and kmock;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
@@ -50,6 +50,14 @@ if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
     log "pip install kubernetes-validate"
     python3 -m pip install -q kubernetes-validate
+fi
+
+# ---- the loopback Kubernetes API server of the operator's controller test ----
+# kmock's scaffold API (KubernetesScaffold, fallback reactions) is pinned to the
+# series tests/support/kube_api_mock.py is written against.
+if ! python3 -c 'import kmock' >/dev/null 2>&1; then
+    log "pip install kmock"
+    python3 -m pip install -q 'kmock>=0.8,<0.9'
 fi
 
 # ---- PostgreSQL ----

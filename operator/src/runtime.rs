@@ -36,6 +36,10 @@ pub struct OperatorOptions {
     pub lease_namespace: Option<String>,
     /// This replica's identity in the Lease; default `$POD_NAME`, else the hostname.
     pub identity: Option<String>,
+    /// A Lease not renewed for this long may be taken over by another replica.
+    pub lease_duration: Duration,
+    /// How often the leader renews (and a candidate retries).
+    pub renew_every: Duration,
 }
 
 impl Default for OperatorOptions {
@@ -47,6 +51,8 @@ impl Default for OperatorOptions {
             lease_name: "mailcluster-operator".into(),
             lease_namespace: None,
             identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
         }
     }
 }
@@ -85,14 +91,26 @@ pub fn admin_router(metrics: Metrics) -> Router {
     )
 }
 
+/// Runs the operator against the cluster of the ambient kubeconfig / service account
+/// until SIGTERM or Ctrl-C.
 pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
     let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let metrics = Metrics::new();
+    run_with(client, opts, Metrics::new(), shutdown_signal()).await
+}
 
+/// Runs the operator with a given client until `shutdown` resolves (or leadership is
+/// lost). Separate from [`run`] so a test can point the real controller at a mock API
+/// server, read its metrics and stop it.
+pub async fn run_with(
+    client: Client,
+    opts: OperatorOptions,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     // One shutdown signal fans out to the HTTP server, the election and the controller.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         info!("shutdown requested");
         let _ = stop_tx.send(true);
     });
@@ -126,8 +144,8 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
                 name: opts.lease_name.clone(),
                 namespace,
                 identity: identity.clone(),
-                lease_duration: Duration::from_secs(15),
-                renew_every: Duration::from_secs(5),
+                lease_duration: opts.lease_duration,
+                renew_every: opts.renew_every,
             },
         );
         info!(%identity, "waiting for leadership");
@@ -164,12 +182,19 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
 
     // Leadership lost (renewal impossible) stops the controller like a shutdown does.
     let (lost_tx, lost_rx) = watch::channel(false);
-    if let Some(e) = elector.clone() {
-        tokio::spawn(async move {
+    // Without an elector `lost_tx` must stay alive until the end: a dropped sender
+    // would read as "leadership lost" and stop the controller at once.
+    let mut _lost_unused = None;
+    let renewal = match elector.clone() {
+        Some(e) => Some(tokio::spawn(async move {
             e.keep().await;
             let _ = lost_tx.send(true);
-        });
-    }
+        })),
+        None => {
+            _lost_unused = Some(lost_tx);
+            None
+        }
+    };
     let mut stop_for_controller = stop_rx.clone();
     let mut lost_for_controller = lost_rx.clone();
     let trigger = async move {
@@ -198,6 +223,12 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
         .await;
 
     if let Some(e) = elector {
+        // Stop renewing before releasing: a renewal round after the release would see
+        // an unheld Lease and take it right back.
+        if let Some(r) = renewal {
+            r.abort();
+            let _ = r.await;
+        }
         e.release().await;
     }
     if *lost_rx.borrow() {
