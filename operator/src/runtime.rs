@@ -217,6 +217,10 @@ pub async fn run_with(
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => tracing::debug!(mailcluster = %obj, "reconciled"),
+                // A change to a child of a MailCluster deleted meanwhile: nothing to do.
+                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(mailcluster = %obj, "gone before its reconcile")
+                }
                 Err(e) => warn!(error = %e, "controller"),
             }
         })

@@ -29,10 +29,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config, ResourceExt};
 use mailcluster_api::MailCluster;
 use mailcluster_operator::build::migration_job_name;
+use mailcluster_operator::children::ChildKind;
 use mailcluster_operator::metrics::Metrics;
 use mailcluster_operator::{OperatorOptions, run_with};
 use serde::de::DeserializeOwned;
@@ -41,7 +42,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 const NS: &str = "mail";
-const WAIT: Duration = Duration::from_secs(30);
+/// Bound of every wait. Generous: CI machines are shared, and each reconcile is some
+/// 40 requests to a single-threaded Python server.
+const WAIT: Duration = Duration::from_secs(60);
 
 /// The mock API server process; killed on drop.
 struct MockApi {
@@ -51,7 +54,8 @@ struct MockApi {
 
 impl MockApi {
     /// None when python3/kmock are missing outside CI (the test is then skipped).
-    fn start() -> Option<MockApi> {
+    /// `optional_crds`: also serve cert-manager's and Prometheus operator's CRDs.
+    fn start(optional_crds: bool) -> Option<MockApi> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/kube_api_mock.py");
         let has_kmock = Command::new("python3")
             .args(["-c", "import kmock"])
@@ -70,6 +74,7 @@ impl MockApi {
         // cannot outlive this process even if the test is killed before Drop runs.
         let mut child = Command::new("python3")
             .arg(script)
+            .args(optional_crds.then_some("--optional-crds"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -122,10 +127,12 @@ where
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Some(v) = f().await {
+            eprintln!("{what}: after {:?}", WAIT - (deadline - tokio::time::Instant::now()));
             return v;
         }
         assert!(tokio::time::Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Not faster: the single-threaded mock serves the controller too.
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -245,7 +252,7 @@ async fn mark_deployments_available(client: &Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_runs_a_cluster_from_create_to_delete() {
     init_logs();
-    let Some(mock) = MockApi::start() else { return };
+    let Some(mock) = MockApi::start(false) else { return };
     let client = mock.client().await;
     put_secrets(&client).await;
     let op = Operator::start(&client, None);
@@ -378,7 +385,7 @@ async fn controller_runs_a_cluster_from_create_to_delete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lease_holder_reconciles() {
     init_logs();
-    let Some(mock) = MockApi::start() else { return };
+    let Some(mock) = MockApi::start(false) else { return };
     let client = mock.client().await;
     put_secrets(&client).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
@@ -417,5 +424,43 @@ async fn only_the_lease_holder_reconciles() {
     assert_eq!(transitions, 1, "one change of holder");
     eventually("operator-b reconciles", || async { (b.metrics.reconciles.get() > 0).then_some(()) }).await;
     b.stop().await;
+    drop(mock);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_and_service_monitor_when_their_crds_are_served() {
+    init_logs();
+    let Some(mock) = MockApi::start(true) else { return };
+    let client = mock.client().await;
+    put_secrets(&client).await;
+    let op = Operator::start(&client, None);
+    let mut mc = cluster();
+    // Room for every pod's pool, so no capped budget hides a warning in Degraded.
+    mc.spec.postgres.max_connections = 1000;
+    mc.spec.tls = Some(
+        serde_json::from_value(json!({"issuerRef": {"name": "letsencrypt", "kind": "ClusterIssuer"}}))
+            .unwrap(),
+    );
+    Api::<MailCluster>::namespaced(client.clone(), NS).create(&PostParams::default(), &mc).await.unwrap();
+
+    let dynamic =
+        |kind: ChildKind| Api::<DynamicObject>::namespaced_with(client.clone(), NS, &kind.api_resource());
+    let cert = eventually("the Certificate", || async {
+        dynamic(ChildKind::Certificate).get_opt("mail-tls").await.ok().flatten()
+    })
+    .await;
+    assert_eq!(cert.data["spec"]["issuerRef"]["name"], "letsencrypt");
+    assert_eq!(cert.data["spec"]["secretName"], "mail-tls");
+    eventually("the ServiceMonitor", || async {
+        dynamic(ChildKind::ServiceMonitor).get_opt("mail").await.ok().flatten()
+    })
+    .await;
+    // cert-manager is there: no "create the Secret by hand" warning.
+    let degraded = eventually("a Degraded condition", || async {
+        get::<MailCluster>(&client, "mail").await?.status?.condition("Degraded").cloned()
+    })
+    .await;
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("False", "AsExpected"), "{degraded:?}");
+    op.stop().await;
     drop(mock);
 }

@@ -27,9 +27,10 @@ does and the emulator leaves out, so this file replaces it with a small store th
 - background garbage collection: deleting an object deletes the objects whose
   ownerReferences name its uid, as the cluster's garbage collector would.
 
-Usage: `python3 kube_api_mock.py` prints `PORT <n>` once listening on 127.0.0.1 and
+Usage: `python3 kube_api_mock.py [--optional-crds]` prints `PORT <n>` once listening on 127.0.0.1 and
 serves until its stdin closes (the test keeps the pipe open, so the server dies with
-the test process even if the test is killed).
+the test process even if the test is killed). `--optional-crds` also serves (and
+lists in discovery) cert-manager's Certificate and Prometheus operator's ServiceMonitor.
 """
 
 import asyncio
@@ -60,6 +61,11 @@ RESOURCES = {
     ('coordination.k8s.io', 'v1', 'leases'): 'Lease',
     ('events.k8s.io', 'v1', 'events'): 'Event',
     ('mailcluster.dev', 'v1alpha1', 'mailclusters'): 'MailCluster',
+}
+# CRDs of other projects the operator uses when installed; served with `--optional-crds`.
+OPTIONAL = {
+    ('cert-manager.io', 'v1', 'certificates'): 'Certificate',
+    ('monitoring.coreos.com', 'v1', 'servicemonitors'): 'ServiceMonitor',
 }
 # Kinds whose objects have a status subresource: writes to the main resource keep status.
 WITH_STATUS = {'deployments', 'jobs', 'cronjobs', 'horizontalpodautoscalers',
@@ -358,6 +364,8 @@ class ApiServer(kmock.KubernetesScaffold):
 
 
 async def main() -> None:
+    if '--optional-crds' in sys.argv[1:]:
+        RESOURCES.update(OPTIONAL)
     async with ApiServer() as handler, kmock.Server(handler) as server:
         print(f'PORT {server.port}', flush=True)
         # Serve until the parent closes our stdin (or dies).
