@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::reconcile::{Capabilities, Context, error_policy, reconcile};
+use crate::reconcile::{Context, error_policy, reconcile};
 
 #[derive(Debug, Clone)]
 pub struct OperatorOptions {
@@ -40,6 +40,9 @@ pub struct OperatorOptions {
     pub lease_duration: Duration,
     /// How often the leader renews (and a candidate retries).
     pub renew_every: Duration,
+    /// How often reconciles ask discovery again whether cert-manager / the Prometheus
+    /// operator are installed.
+    pub rediscover_every: Duration,
 }
 
 impl Default for OperatorOptions {
@@ -53,6 +56,7 @@ impl Default for OperatorOptions {
             identity: None,
             lease_duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
+            rediscover_every: Duration::from_secs(300),
         }
     }
 }
@@ -161,9 +165,7 @@ pub async fn run_with(
         None
     };
 
-    let capabilities = Capabilities::discover(&client).await;
-    info!(?capabilities, "optional CRDs");
-    let ctx = Arc::new(Context::new(client.clone(), metrics, capabilities));
+    let ctx = Arc::new(Context::discovering(client.clone(), metrics, opts.rediscover_every).await);
     let mcs: Api<MailCluster> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),

@@ -27,10 +27,11 @@ does and the emulator leaves out, so this file replaces it with a small store th
 - background garbage collection: deleting an object deletes the objects whose
   ownerReferences name its uid, as the cluster's garbage collector would.
 
-Usage: `python3 kube_api_mock.py [--optional-crds]` prints `PORT <n>` once listening on 127.0.0.1 and
+Usage: `python3 kube_api_mock.py` prints `PORT <n>` once listening on 127.0.0.1 and
 serves until its stdin closes (the test keeps the pipe open, so the server dies with
-the test process even if the test is killed). `--optional-crds` also serves (and
-lists in discovery) cert-manager's Certificate and Prometheus operator's ServiceMonitor.
+the test process even if the test is killed). `POST /mock/optional-crds` installs
+cert-manager's Certificate and Prometheus operator's ServiceMonitor CRDs while running
+(served and listed in discovery from then on).
 """
 
 import asyncio
@@ -62,7 +63,7 @@ RESOURCES = {
     ('events.k8s.io', 'v1', 'events'): 'Event',
     ('mailcluster.dev', 'v1alpha1', 'mailclusters'): 'MailCluster',
 }
-# CRDs of other projects the operator uses when installed; served with `--optional-crds`.
+# CRDs of other projects the operator uses when installed; see `POST /mock/optional-crds`.
 OPTIONAL = {
     ('cert-manager.io', 'v1', 'certificates'): 'Certificate',
     ('monitoring.coreos.com', 'v1', 'servicemonitors'): 'ServiceMonitor',
@@ -132,12 +133,9 @@ class ApiServer(kmock.KubernetesScaffold):
         self.rv = 0
         self.log = []  # (rv, key, event) of every change, newest last
         self.changed = asyncio.Condition()
-        for (group, version, plural), kind in RESOURCES.items():
-            gv = f'{group}/{version}' if group else version
-            self.resources[f'{gv}/{plural}'] = kmock.ResourceInfo(
-                kind=kind, namespaced=True, verbs={'get', 'list', 'watch', 'create', 'update',
-                                                   'patch', 'delete'},
-                subresources={'status'} if plural in WITH_STATUS else set())
+        self.declare(RESOURCES)
+        # Installs the optional CRDs while running (as `kubectl apply` of a CRD would).
+        self.fallback['post /mock/optional-crds'] << self.install_optional_crds
         # Discovery paths have a group but no plural; leave them to the scaffold.
         self.fallback[kmock.action.WATCH] << self.serve(self.watch)
         self.fallback[kmock.action.LIST] << self.serve(self.list)
@@ -146,6 +144,20 @@ class ApiServer(kmock.KubernetesScaffold):
         self.fallback[kmock.action.UPDATE] << self.serve(self.patch)
         self.fallback[kmock.action.DELETE] << self.serve(self.delete)
         self.fallback[kmock.method.PUT] << self.serve(self.replace)
+
+    def declare(self, resources):
+        """Makes resources known to kmock's discovery endpoints."""
+        for (group, version, plural), kind in resources.items():
+            gv = f'{group}/{version}' if group else version
+            self.resources[f'{gv}/{plural}'] = kmock.ResourceInfo(
+                kind=kind, namespaced=True, verbs={'get', 'list', 'watch', 'create', 'update',
+                                                   'patch', 'delete'},
+                subresources={'status'} if plural in WITH_STATUS else set())
+
+    def install_optional_crds(self):
+        RESOURCES.update(OPTIONAL)
+        self.declare(OPTIONAL)
+        return {'installed': sorted(kind for kind in OPTIONAL.values())}
 
     @staticmethod
     def serve(fn):
@@ -364,8 +376,6 @@ class ApiServer(kmock.KubernetesScaffold):
 
 
 async def main() -> None:
-    if '--optional-crds' in sys.argv[1:]:
-        RESOURCES.update(OPTIONAL)
     async with ApiServer() as handler, kmock.Server(handler) as server:
         print(f'PORT {server.port}', flush=True)
         # Serve until the parent closes our stdin (or dies).
