@@ -12,8 +12,10 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
 use mailcluster_api::{MANAGED_BY, MANAGED_BY_LABEL, MailCluster};
@@ -213,7 +215,13 @@ pub async fn run_with(
         .owns(api!(Job), owned.clone())
         .owns(api!(CronJob), owned.clone())
         .owns(api!(ConfigMap), owned.clone())
-        .owns(api!(PodDisruptionBudget), owned)
+        .owns(api!(PodDisruptionBudget), owned.clone())
+        // The objects that guard the pods: a deleted NetworkPolicy or a changed Role
+        // is repaired at once, not at the next resync.
+        .owns(api!(NetworkPolicy), owned.clone())
+        .owns(api!(ServiceAccount), owned.clone())
+        .owns(api!(Role), owned.clone())
+        .owns(api!(RoleBinding), owned)
         .graceful_shutdown_on(trigger)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

@@ -74,6 +74,8 @@ WITH_STATUS = {'deployments', 'jobs', 'cronjobs', 'horizontalpodautoscalers',
 # How many events a watch may resume from; older resourceVersions get 410 Gone.
 EVENT_LOG = 10000
 BOOKMARK_EVERY = 1.0
+# Requests kmock keeps on record (see ApiServer._handle); more than are ever in flight.
+HISTORY = 200
 # KUBE_MOCK_TRACE=1 logs every object request to stderr (debugging a failing test).
 TRACE = bool(os.environ.get('KUBE_MOCK_TRACE'))
 
@@ -136,14 +138,14 @@ class ApiServer(kmock.KubernetesScaffold):
         self.declare(RESOURCES)
         # Installs the optional CRDs while running (as `kubectl apply` of a CRD would).
         self.fallback['post /mock/optional-crds'] << self.install_optional_crds
-        # Discovery paths have a group but no plural; leave them to the scaffold.
-        self.fallback[kmock.action.WATCH] << self.serve(self.watch)
-        self.fallback[kmock.action.LIST] << self.serve(self.list)
-        self.fallback[kmock.action.FETCH] << self.serve(self.fetch)
-        self.fallback[kmock.action.CREATE] << self.serve(self.create)
-        self.fallback[kmock.action.UPDATE] << self.serve(self.patch)
-        self.fallback[kmock.action.DELETE] << self.serve(self.delete)
-        self.fallback[kmock.method.PUT] << self.serve(self.replace)
+        self.routes = {
+            kmock.action.WATCH: self.watch,
+            kmock.action.LIST: self.list,
+            kmock.action.FETCH: self.fetch,
+            kmock.action.CREATE: self.create,
+            kmock.action.UPDATE: self.patch,
+            kmock.action.DELETE: self.delete,
+        }
 
     def declare(self, resources):
         """Makes resources known to kmock's discovery endpoints."""
@@ -157,18 +159,27 @@ class ApiServer(kmock.KubernetesScaffold):
     def install_optional_crds(self):
         RESOURCES.update(OPTIONAL)
         self.declare(OPTIONAL)
-        return {'installed': sorted(kind for kind in OPTIONAL.values())}
+        return {'installed': sorted(OPTIONAL.values())}
 
-    @staticmethod
-    def serve(fn):
-        def handler(request):
-            r = request.resource
-            if r is None or r.plural is None:
-                return NotImplemented  # not an object request: next reaction (discovery)
-            if TRACE:
-                print(request.method.value, request.url.path_qs, file=sys.stderr, flush=True)
-            return fn(request)
-        return handler
+    async def _handle(self, request):
+        # kmock records every request for assertions, and matches each new request to
+        # a reaction by filtering that whole record again: quadratic over a test's
+        # thousands of requests. Nothing here asserts on old requests, so the record is
+        # kept short, and object requests (nearly all of them) skip reaction matching:
+        # they go straight to the store, rendered by kmock's response renderer (JSON,
+        # streams, and Status bodies for the KubernetesErrors raised).
+        del self._requests[:-HISTORY]
+        r = request.resource
+        if r is None or r.plural is None:
+            return await super()._handle(request)  # discovery and /mock/ endpoints
+        route = self.routes.get(request.action)
+        if route is None and request.method == kmock.method.PUT and request.name:
+            route = self.replace
+        if route is None:
+            raise error(405, 'MethodNotAllowed', f'{request.method.value} {request.url.path}')
+        if TRACE:
+            print(request.method.value, request.url.path_qs, file=sys.stderr, flush=True)
+        return await kmock.Response(payload=route)(request)
 
     # ---- store ----
 
