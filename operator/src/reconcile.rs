@@ -359,7 +359,16 @@ async fn delete_orphans(
             if ours && !wanted.contains(&(kind, name.as_str())) {
                 info!(kind = ?kind, %name, "deleting object no longer wanted");
                 match api.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        // Removing a Service or Deployment is what a user most wants to
+                        // see explained on the resource, next to the condition changes.
+                        let note =
+                            format!("deleted {} {name}: the spec no longer asks for it", kind.gvk().kind);
+                        // The deleted object as `related`: the recorder folds events that
+                        // differ only in their note into one series.
+                        let related = Some(obj.object_ref(&kind.api_resource()));
+                        publish(mc, ctx, EventType::Normal, "OrphanDeleted", note, "Delete", related).await;
+                    }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -400,21 +409,30 @@ async fn publish_transitions(
     new: &MailClusterStatus,
     ctx: &Context,
 ) {
-    let reference = mc.object_ref(&());
     for c in status::transitions(old, new) {
         let bad = (c.type_ == status::DEGRADED && c.status == "True")
             || (c.type_ != status::DEGRADED && c.type_ != status::PROGRESSING && c.status == "False");
-        let ev = Event {
-            type_: if bad { EventType::Warning } else { EventType::Normal },
-            reason: c.reason.clone(),
-            note: Some(format!("{} is {}: {}", c.type_, c.status, c.message)),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        // Events are best effort: a failed event must not fail or repeat the reconcile.
-        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-            warn!(error = %e, "publishing event failed");
-        }
+        let type_ = if bad { EventType::Warning } else { EventType::Normal };
+        let note = format!("{} is {}: {}", c.type_, c.status, c.message);
+        publish(mc, ctx, type_, &c.reason, note, "Reconcile", None).await;
+    }
+}
+
+/// Publishes an Event about `mc`. Events are best effort: a failed event must not
+/// fail or repeat the reconcile.
+async fn publish(
+    mc: &MailCluster,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    action: &str,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+) {
+    let ev =
+        Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: related };
+    if let Err(e) = ctx.recorder.publish(&ev, &mc.object_ref(&())).await {
+        warn!(error = %e, "publishing event failed");
     }
 }
 

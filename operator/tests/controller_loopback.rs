@@ -344,6 +344,14 @@ async fn controller_runs_a_cluster_from_create_to_delete() {
         .then_some(())
     })
     .await;
+    let events = Api::<Event>::namespaced(client.clone(), NS).list(&ListParams::default()).await.unwrap();
+    let deleted: Vec<String> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("OrphanDeleted"))
+        .filter_map(|e| e.note.clone())
+        .collect();
+    assert!(deleted.iter().any(|n| n.starts_with("deleted Deployment mail-imap")), "{deleted:?}");
     mark_deployments_available(&client).await;
     eventually("Ready=True for generation 2", || async {
         let r = ready(&client).await?;
