@@ -29,6 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config, ResourceExt};
 use mailcluster_api::MailCluster;
@@ -220,6 +221,14 @@ impl Operator {
             let _ = stopped.await;
         }));
         Operator { stop: Some(stop), task, metrics }
+    }
+
+    /// Waits (bounded) for the operator to end by itself and returns its result.
+    async fn exit(mut self) -> anyhow::Result<()> {
+        tokio::time::timeout(WAIT, &mut self.task)
+            .await
+            .expect("operator ends within the bound")
+            .expect("operator task did not panic")
     }
 
     /// Signals shutdown and requires the operator to return Ok within the bound.
@@ -443,7 +452,17 @@ async fn only_the_lease_holder_reconciles() {
     .await;
     assert_eq!(transitions, 1, "one change of holder");
     eventually("operator-b reconciles", || async { (b.metrics.reconciles.get() > 0).then_some(()) }).await;
-    b.stop().await;
+
+    // Another replica takes the Lease (as after a partition): operator-b must stop
+    // on its own rather than reconcile next to the new holder, and leave the Lease be.
+    let mut lease = leases.get("mailcluster-operator").await.unwrap();
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("operator-c".into());
+    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    leases.replace("mailcluster-operator", &PostParams::default(), &lease).await.unwrap();
+    let err = b.exit().await.expect_err("operator-b exits with an error after losing the Lease");
+    assert!(err.to_string().contains("leadership lost"), "{err}");
+    assert_eq!(holder().await.unwrap().0, "operator-c");
     drop(mock);
 }
 
