@@ -27,6 +27,9 @@ does and the emulator leaves out, so this file replaces it with a small store th
 - background garbage collection: deleting an object deletes the objects whose
   ownerReferences name its uid, as the cluster's garbage collector would.
 
+Written against kmock 0.8 (scripts/test.sh pins the series): besides its public API it
+overrides the private `KubernetesScaffold._handle` and trims `_requests` (see there).
+
 Usage: `python3 kube_api_mock.py` prints `PORT <n>` once listening on 127.0.0.1 and
 serves until its stdin closes (the test keeps the pipe open, so the server dies with
 the test process even if the test is killed). `POST /mock/optional-crds` installs
