@@ -1,6 +1,9 @@
 //! The real controller ([`mailcluster_operator::run_with`]) against a Kubernetes API
-//! server on loopback: create → migration → Ready → spec changes → pause → delete, and
-//! leader election between two operator instances.
+//! server on loopback: create → migration → Ready → drift repair → spec change
+//! (orphans deleted, replicas updated) → on-demand stress run → pause → delete; leader
+//! election between two operator instances (only the holder reconciles, takeover on
+//! release, exit on a stolen Lease); cert-manager / Prometheus operator CRDs installed
+//! while the operator runs.
 //!
 //! The API server is `tests/support/kube_api_mock.py`, built on PyPI `kmock`. kmock
 //! supplies the HTTP server, Kubernetes URL parsing, discovery endpoints and `Status`
