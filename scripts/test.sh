@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl;
+#      python3, swaks, curl; (pip) kubernetes-validate and kmock;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
@@ -46,10 +46,25 @@ for tool in python3 swaks curl; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
+# pip into the interpreter the tests run. Debian's own python3 refuses plain
+# `pip install` (PEP 668, externally managed): a throwaway CI machine may override
+# that, so the second attempt does. pip's wheel cache makes reruns cheap.
+pip_install() {
+    if ! python3 -m pip --version >/dev/null 2>&1; then apt_install python3-pip; fi
+    log "pip install $*"
+    python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
+
 # ---- offline Kubernetes schema validation for the operator's rendered objects ----
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    log "pip install kubernetes-validate"
-    python3 -m pip install -q kubernetes-validate
+    pip_install kubernetes-validate
+fi
+
+# ---- the loopback Kubernetes API server of the operator's controller test ----
+# Pinned to the series tests/support/kube_api_mock.py is written against: it
+# extends kmock's KubernetesScaffold, including its private `_handle` hook.
+if ! python3 -c 'import kmock' >/dev/null 2>&1; then
+    pip_install 'kmock>=0.8,<0.9'
 fi
 
 # ---- PostgreSQL ----

@@ -23,4 +23,4 @@ pub mod validate;
 
 pub use crd::crd_yaml;
 pub use render::render;
-pub use runtime::{OperatorOptions, run};
+pub use runtime::{OperatorOptions, run, run_with};

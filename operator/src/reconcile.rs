@@ -30,7 +30,7 @@ use crate::names;
 use crate::status::{self, Outcome, Replicas};
 use crate::validate::validate;
 
-/// Optional CRDs found by discovery at start.
+/// Optional CRDs found by discovery.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Capabilities {
     pub cert_manager: bool,
@@ -38,17 +38,29 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    /// Asks the apiserver which optional API groups are served.
+    /// Asks the apiserver which optional API groups are served; what cannot be
+    /// answered now (an error other than 404) counts as absent.
     pub async fn discover(client: &Client) -> Self {
-        async fn has(client: &Client, gv: &str, plural: &str) -> bool {
+        Capabilities::default().rediscover(client).await
+    }
+
+    /// Like [`Capabilities::discover`], but an unanswered question keeps the answer
+    /// known so far: an apiserver hiccup must not make the operator forget cert-manager.
+    pub async fn rediscover(self, client: &Client) -> Self {
+        async fn has(client: &Client, gv: &str, plural: &str, known: bool) -> bool {
             match client.list_api_group_resources(gv).await {
                 Ok(list) => list.resources.iter().any(|r| r.name == plural),
-                Err(_) => false,
+                Err(kube::Error::Api(s)) if s.code == 404 => false,
+                Err(e) => {
+                    warn!(group_version = gv, error = %e, "discovery failed; keeping what was known");
+                    known
+                }
             }
         }
         Capabilities {
-            cert_manager: has(client, "cert-manager.io/v1", "certificates").await,
-            service_monitor: has(client, "monitoring.coreos.com/v1", "servicemonitors").await,
+            cert_manager: has(client, "cert-manager.io/v1", "certificates", self.cert_manager).await,
+            service_monitor: has(client, "monitoring.coreos.com/v1", "servicemonitors", self.service_monitor)
+                .await,
         }
     }
 
@@ -65,12 +77,15 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub metrics: Metrics,
-    pub capabilities: Capabilities,
+    /// What discovery found, when, and how often to ask again (None: never).
+    capabilities: tokio::sync::Mutex<(Capabilities, tokio::time::Instant)>,
+    rediscover_every: Option<Duration>,
     /// Consecutive failures per object, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
+    /// A context with fixed capabilities (tests, or a caller that discovered them).
     pub fn new(client: Client, metrics: Metrics, capabilities: Capabilities) -> Self {
         let reporter =
             Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() };
@@ -78,9 +93,35 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
-            capabilities,
+            capabilities: tokio::sync::Mutex::new((capabilities, tokio::time::Instant::now())),
+            rediscover_every: None,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A context that discovers the optional CRDs now and again when its knowledge is
+    /// older than `every`: installing cert-manager or the Prometheus operator after
+    /// the operator started is noticed without a restart.
+    pub async fn discovering(client: Client, metrics: Metrics, every: Duration) -> Self {
+        let capabilities = Capabilities::discover(&client).await;
+        info!(?capabilities, "optional CRDs");
+        Context { rediscover_every: Some(every), ..Context::new(client, metrics, capabilities) }
+    }
+
+    /// The optional CRDs as currently known, re-discovered when due. The lock is held
+    /// across discovery so concurrent reconciles ask the apiserver once.
+    pub async fn capabilities(&self) -> Capabilities {
+        let mut known = self.capabilities.lock().await;
+        if let Some(every) = self.rediscover_every
+            && known.1.elapsed() >= every
+        {
+            let now = known.0.rediscover(&self.client).await;
+            if now != known.0 {
+                info!(capabilities = ?now, "optional CRDs changed");
+            }
+            *known = (now, tokio::time::Instant::now());
+        }
+        known.0
     }
 }
 
@@ -158,16 +199,17 @@ async fn reconcile_inner(mc: &MailCluster, ctx: &Context) -> Result<Action, Erro
         (Outcome::Blocked { reason: "SecretMissing".into(), message: missing }, Action::requeue(SHORT))
     } else {
         let (migrated_image, migration_failure) = observe_migration(mc, &ns, &ctx.client).await?;
+        let caps = ctx.capabilities().await;
         let bctx = BuildContext {
             migrated_image: migrated_image.clone(),
-            has_cert_manager: ctx.capabilities.cert_manager,
-            has_service_monitor: ctx.capabilities.service_monitor,
+            has_cert_manager: caps.cert_manager,
+            has_service_monitor: caps.service_monitor,
         };
         match build(mc, &bctx) {
             Err(e) => (Outcome::Invalid { message: e.problems.join("; ") }, Action::await_change()),
             Ok(built) => {
-                let replicas = apply_children(mc, &ns, &built, ctx).await?;
-                delete_orphans(mc, &ns, &built, ctx).await?;
+                let replicas = apply_children(mc, &ns, &built, caps, ctx).await?;
+                delete_orphans(mc, &ns, &built, caps, ctx).await?;
                 let mut warnings = built.warnings.clone();
                 if let Some(f) = migration_failure {
                     warnings.insert(0, f);
@@ -256,11 +298,12 @@ async fn apply_children(
     mc: &MailCluster,
     ns: &str,
     built: &Built,
+    caps: Capabilities,
     ctx: &Context,
 ) -> Result<BTreeMap<Protocol, Replicas>, Error> {
     let mut replicas = BTreeMap::new();
     for child in &built.children {
-        if !ctx.capabilities.allows(child.kind) {
+        if !caps.allows(child.kind) {
             continue;
         }
         let api: Api<DynamicObject> =
@@ -292,12 +335,18 @@ async fn apply_children(
 /// for. Two checks guard against deleting what is not ours: the managed-by/cluster
 /// labels, and a controller owner reference to this very resource (Jobs spawned by
 /// the stress CronJob are owned by the CronJob, not by us, and are left to it).
-async fn delete_orphans(mc: &MailCluster, ns: &str, built: &Built, ctx: &Context) -> Result<(), Error> {
+async fn delete_orphans(
+    mc: &MailCluster,
+    ns: &str,
+    built: &Built,
+    caps: Capabilities,
+    ctx: &Context,
+) -> Result<(), Error> {
     let wanted: HashSet<(ChildKind, &str)> = built.children.iter().map(|c| (c.kind, c.name())).collect();
     let uid = mc.meta().uid.clone();
     let lp = ListParams::default().labels(&names::owned_selector(mc));
     for kind in ChildKind::ALL {
-        if !ctx.capabilities.allows(kind) {
+        if !caps.allows(kind) {
             continue;
         }
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &kind.api_resource());
@@ -310,7 +359,16 @@ async fn delete_orphans(mc: &MailCluster, ns: &str, built: &Built, ctx: &Context
             if ours && !wanted.contains(&(kind, name.as_str())) {
                 info!(kind = ?kind, %name, "deleting object no longer wanted");
                 match api.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        // Removing a Service or Deployment is what a user most wants to
+                        // see explained on the resource, next to the condition changes.
+                        let note =
+                            format!("deleted {} {name}: the spec no longer asks for it", kind.gvk().kind);
+                        // The deleted object as `related`: the recorder folds events that
+                        // differ only in their note into one series.
+                        let related = Some(obj.object_ref(&kind.api_resource()));
+                        publish(mc, ctx, EventType::Normal, "OrphanDeleted", note, "Delete", related).await;
+                    }
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -351,21 +409,30 @@ async fn publish_transitions(
     new: &MailClusterStatus,
     ctx: &Context,
 ) {
-    let reference = mc.object_ref(&());
     for c in status::transitions(old, new) {
         let bad = (c.type_ == status::DEGRADED && c.status == "True")
             || (c.type_ != status::DEGRADED && c.type_ != status::PROGRESSING && c.status == "False");
-        let ev = Event {
-            type_: if bad { EventType::Warning } else { EventType::Normal },
-            reason: c.reason.clone(),
-            note: Some(format!("{} is {}: {}", c.type_, c.status, c.message)),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        // Events are best effort: a failed event must not fail or repeat the reconcile.
-        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
-            warn!(error = %e, "publishing event failed");
-        }
+        let type_ = if bad { EventType::Warning } else { EventType::Normal };
+        let note = format!("{} is {}: {}", c.type_, c.status, c.message);
+        publish(mc, ctx, type_, &c.reason, note, "Reconcile", None).await;
+    }
+}
+
+/// Publishes an Event about `mc`. Events are best effort: a failed event must not
+/// fail or repeat the reconcile.
+async fn publish(
+    mc: &MailCluster,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    action: &str,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+) {
+    let ev =
+        Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: related };
+    if let Err(e) = ctx.recorder.publish(&ev, &mc.object_ref(&())).await {
+        warn!(error = %e, "publishing event failed");
     }
 }
 

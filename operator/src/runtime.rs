@@ -12,8 +12,10 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
 use mailcluster_api::{MANAGED_BY, MANAGED_BY_LABEL, MailCluster};
@@ -22,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::reconcile::{Capabilities, Context, error_policy, reconcile};
+use crate::reconcile::{Context, error_policy, reconcile};
 
 #[derive(Debug, Clone)]
 pub struct OperatorOptions {
@@ -36,6 +38,13 @@ pub struct OperatorOptions {
     pub lease_namespace: Option<String>,
     /// This replica's identity in the Lease; default `$POD_NAME`, else the hostname.
     pub identity: Option<String>,
+    /// A Lease not renewed for this long may be taken over by another replica.
+    pub lease_duration: Duration,
+    /// How often the leader renews (and a candidate retries).
+    pub renew_every: Duration,
+    /// How often reconciles ask discovery again whether cert-manager / the Prometheus
+    /// operator are installed.
+    pub rediscover_every: Duration,
 }
 
 impl Default for OperatorOptions {
@@ -47,6 +56,9 @@ impl Default for OperatorOptions {
             lease_name: "mailcluster-operator".into(),
             lease_namespace: None,
             identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            rediscover_every: Duration::from_secs(300),
         }
     }
 }
@@ -85,14 +97,26 @@ pub fn admin_router(metrics: Metrics) -> Router {
     )
 }
 
+/// Runs the operator against the cluster of the ambient kubeconfig / service account
+/// until SIGTERM or Ctrl-C.
 pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
     let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let metrics = Metrics::new();
+    run_with(client, opts, Metrics::new(), shutdown_signal()).await
+}
 
+/// Runs the operator with a given client until `shutdown` resolves (or leadership is
+/// lost). Separate from [`run`] so a test can point the real controller at a mock API
+/// server, read its metrics and stop it.
+pub async fn run_with(
+    client: Client,
+    opts: OperatorOptions,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     // One shutdown signal fans out to the HTTP server, the election and the controller.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         info!("shutdown requested");
         let _ = stop_tx.send(true);
     });
@@ -126,8 +150,8 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
                 name: opts.lease_name.clone(),
                 namespace,
                 identity: identity.clone(),
-                lease_duration: Duration::from_secs(15),
-                renew_every: Duration::from_secs(5),
+                lease_duration: opts.lease_duration,
+                renew_every: opts.renew_every,
             },
         );
         info!(%identity, "waiting for leadership");
@@ -143,9 +167,7 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
         None
     };
 
-    let capabilities = Capabilities::discover(&client).await;
-    info!(?capabilities, "optional CRDs");
-    let ctx = Arc::new(Context::new(client.clone(), metrics, capabilities));
+    let ctx = Arc::new(Context::discovering(client.clone(), metrics, opts.rediscover_every).await);
     let mcs: Api<MailCluster> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -164,12 +186,19 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
 
     // Leadership lost (renewal impossible) stops the controller like a shutdown does.
     let (lost_tx, lost_rx) = watch::channel(false);
-    if let Some(e) = elector.clone() {
-        tokio::spawn(async move {
+    // Without an elector `lost_tx` must stay alive until the end: a dropped sender
+    // would read as "leadership lost" and stop the controller at once.
+    let mut _lost_unused = None;
+    let renewal = match elector.clone() {
+        Some(e) => Some(tokio::spawn(async move {
             e.keep().await;
             let _ = lost_tx.send(true);
-        });
-    }
+        })),
+        None => {
+            _lost_unused = Some(lost_tx);
+            None
+        }
+    };
     let mut stop_for_controller = stop_rx.clone();
     let mut lost_for_controller = lost_rx.clone();
     let trigger = async move {
@@ -186,18 +215,34 @@ pub async fn run(opts: OperatorOptions) -> anyhow::Result<()> {
         .owns(api!(Job), owned.clone())
         .owns(api!(CronJob), owned.clone())
         .owns(api!(ConfigMap), owned.clone())
-        .owns(api!(PodDisruptionBudget), owned)
+        .owns(api!(PodDisruptionBudget), owned.clone())
+        // The objects that guard the pods: a deleted NetworkPolicy or a changed Role
+        // is repaired at once, not at the next resync.
+        .owns(api!(NetworkPolicy), owned.clone())
+        .owns(api!(ServiceAccount), owned.clone())
+        .owns(api!(Role), owned.clone())
+        .owns(api!(RoleBinding), owned)
         .graceful_shutdown_on(trigger)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => tracing::debug!(mailcluster = %obj, "reconciled"),
+                // A change to a child of a MailCluster deleted meanwhile: nothing to do.
+                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(mailcluster = %obj, "gone before its reconcile")
+                }
                 Err(e) => warn!(error = %e, "controller"),
             }
         })
         .await;
 
     if let Some(e) = elector {
+        // Stop renewing before releasing: a renewal round after the release would see
+        // an unheld Lease and take it right back.
+        if let Some(r) = renewal {
+            r.abort();
+            let _ = r.await;
+        }
         e.release().await;
     }
     if *lost_rx.borrow() {
