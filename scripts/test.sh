@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl;
+#      python3, swaks, curl; (pip) kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
@@ -46,10 +46,20 @@ for tool in python3 swaks curl; do
 done
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
-# ---- offline Kubernetes schema validation for the operator's rendered objects ----
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    log "pip install kubernetes-validate"
-    python3 -m pip install -q kubernetes-validate
+# ---- offline checks of objects, chart and manifests (operator/tests/schema.rs, install.rs) ----
+# kubernetes-validate: Kubernetes JSON schemas 1.25-1.37; helm-python-sdk: Helm 4 as a
+# library (its shared object ships in the wheel: no helm binary, nothing downloaded
+# at run time); lupa: a Lua 5.1 runtime for the Argo CD health script. Installed once,
+# then reused.
+pip_install() {
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    log "pip install $*"
+    # A Debian system python refuses user installs (PEP 668) unless told otherwise.
+    python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
+if ! command -v kubernetes-validate >/dev/null 2>&1 \
+    || ! python3 -c 'import kubernetes_validate, helm_python, lupa.lua51, jsonschema, yaml' >/dev/null 2>&1; then
+    pip_install kubernetes-validate helm-python-sdk lupa
 fi
 
 # ---- PostgreSQL ----
