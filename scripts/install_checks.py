@@ -217,13 +217,16 @@ def render_argocd_cm() -> str:
 def check_lint() -> int:
     n = 0
     for name, values in VALUE_SETS.items():
-        report = helm().lint(str(CHART), values, strict=True, namespace=NAMESPACE)
-        # Severity 1 is informational ("icon is recommended"); strict fails on 2+.
-        problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
-        problems += [{"error": e} for e in report.get("errors", []) or []]
-        if problems:
-            raise CheckFailed(f"helm lint --strict ({name}): {problems}")
-        print(f"ok  lint {name}")
+        for kube in (KUBE_OLDEST, KUBE_NEWEST):
+            report = helm().lint(
+                str(CHART), values, strict=True, namespace=NAMESPACE, kube_version=f"v{kube}"
+            )
+            # Severity 1 is informational ("icon is recommended"); strict fails on 2+.
+            problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+            problems += [{"error": e} for e in report.get("errors", []) or []]
+            if problems:
+                raise CheckFailed(f"helm lint --strict ({name}, Kubernetes {kube}): {problems}")
+        print(f"ok  lint {name} (Kubernetes {KUBE_OLDEST} and {KUBE_NEWEST})")
         n += 1
     # Lint must be able to fail: a template that does not render is an error.
     import shutil

@@ -115,7 +115,11 @@ fn install_yaml_has_not_drifted() {
 #[test]
 fn chart_crds_have_not_drifted() {
     let source = read("crds/mailclusters.mailcluster.dev.yaml");
-    assert_eq!(source, mailcluster_operator::crd_yaml(), "crds/ itself is stale: UPDATE_CRDS=1 (see tests/crd.rs)");
+    assert_eq!(
+        source,
+        mailcluster_operator::crd_yaml(),
+        "crds/ itself is stale: UPDATE_CRDS=1 (see tests/crd.rs)"
+    );
     let chart_copy = read("charts/mailcluster/crds/mailclusters.mailcluster.dev.yaml");
     assert!(
         chart_copy == source,
@@ -286,8 +290,12 @@ fn rbac_covers_every_call_of_the_operator() {
     // Nothing beyond those: one rule per line above, no wildcards.
     let rules = cluster_role["rules"].to_string();
     assert!(!rules.contains("\"*\""), "no wildcards: {rules}");
-    let resources: usize =
-        cluster_role["rules"].as_array().unwrap().iter().map(|r| r["resources"].as_array().unwrap().len()).sum();
+    let resources: usize = cluster_role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["resources"].as_array().unwrap().len())
+        .sum();
     assert_eq!(resources, ChildKind::ALL.len() + 4, "{rules}");
 
     // The stress Role the operator creates grants only what the operator holds itself
@@ -342,7 +350,10 @@ fn dockerfile_matches_the_workspace() {
     let dockerfile = read("Dockerfile");
     let workspace: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
     let rust = workspace["workspace"]["package"]["rust-version"].as_str().unwrap();
-    assert!(dockerfile.contains(&format!("ARG RUST_VERSION={rust}\n")), "toolchain pin != rust-version {rust}");
+    assert!(
+        dockerfile.contains(&format!("ARG RUST_VERSION={rust}\n")),
+        "toolchain pin != rust-version {rust}"
+    );
     let cli: toml::Value = toml::from_str(&read("cli/Cargo.toml")).unwrap();
     let bin = cli["bin"][0]["name"].as_str().unwrap();
     let package = cli["package"]["name"].as_str().unwrap();
