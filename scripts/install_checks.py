@@ -281,6 +281,16 @@ def check_template() -> int:
                 check_operator_pod(d, values)
         print(f"ok  template {name}: {len(docs)} objects ({', '.join(kinds)}) valid on {KUBE_OLDEST} and {KUBE_NEWEST}")
         n += 1
+    # Namespaced mode grants the same rules, through a Role in the watched namespace only.
+    cluster_rules = next(d for d in render_chart({}) if d["kind"] == "ClusterRole")["rules"]
+    namespaced = render_chart(VALUE_SETS["namespaced"])
+    if any(d["kind"].startswith("Cluster") for d in namespaced):
+        raise CheckFailed("namespaced mode renders cluster-wide RBAC")
+    roles = [d for d in namespaced if d["kind"] == "Role"]
+    if [(r["metadata"]["namespace"], r["rules"]) for r in roles] != [("mail", cluster_rules)]:
+        raise CheckFailed(f"namespaced mode: expected one Role in 'mail' with the operator's rules, got {roles}")
+    print("ok  namespaced mode: the operator's rules in a Role of the watched namespace, no Lease Role")
+    n += 1
     # Leader election off with two replicas is refused at render time.
     try:
         render_chart({"leaderElection": {"enabled": False}})
