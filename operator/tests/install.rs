@@ -391,3 +391,30 @@ fn dockerfile_matches_the_workspace() {
     }
     assert!(ignored.iter().any(|i| i == "target"), "target/ would bloat the build context");
 }
+
+/// `scaler: External` hands a protocol to an outside scaler (the KEDA example): no HPA
+/// of ours targets its Deployment and its replica count is never written.
+#[test]
+fn external_scaler_leaves_replicas_to_keda() {
+    let mut mc = docs(&read("manifests/samples/full.yaml")).remove(0);
+    mc["spec"]["imap"]["autoscaling"]["scaler"] = "External".into();
+    let objects = render(&mc);
+    let hpas: Vec<&str> = of_kind(&objects, "HorizontalPodAutoscaler")
+        .iter()
+        .map(|h| h["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(hpas, ["prod-smtp", "prod-submission", "prod-pop3"]);
+    let imap =
+        of_kind(&objects, "Deployment").into_iter().find(|d| d["metadata"]["name"] == "prod-imap").unwrap();
+    assert!(imap["spec"].get("replicas").is_none(), "replicas belong to the external scaler");
+
+    // The KEDA example scales that Deployment within the bounds the budget reserved.
+    let keda = docs(&read("manifests/autoscaling/keda-scaledobject.yaml")).remove(0);
+    assert_eq!(keda["spec"]["scaleTargetRef"]["name"], "prod-imap");
+    let a = &mc["spec"]["imap"]["autoscaling"];
+    assert_eq!(keda["spec"]["minReplicaCount"], a["minReplicas"]);
+    assert_eq!(keda["spec"]["maxReplicaCount"], a["maxReplicas"]);
+    // And the MailCluster with the field is valid against the regenerated CRD's enum.
+    let crd = read("crds/mailclusters.mailcluster.dev.yaml");
+    assert!(crd.contains("- External") && crd.contains("- HorizontalPodAutoscaler"));
+}
