@@ -20,7 +20,7 @@ Helm runs as a library (PyPI helm-python-sdk: Helm 4's Go SDK behind a C ABI,
 shipped inside the wheel), so nothing is downloaded at run time and no cluster is
 needed. Lua 5.1 comes from PyPI lupa (which bundles the Lua 5.1 runtime), the
 dialect of Argo CD's embedded interpreter. Each check prints one line per case and
-exits non-zero on the first failing command's end.
+exits non-zero when a check fails.
 """
 
 from __future__ import annotations
