@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl; (pip) kubernetes-validate and kmock;
+#      python3, swaks, curl; (pip) kubernetes-validate, helm-python-sdk, lupa, kmock;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
@@ -55,9 +55,14 @@ pip_install() {
     python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
 }
 
-# ---- offline Kubernetes schema validation for the operator's rendered objects ----
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    pip_install kubernetes-validate
+# ---- offline checks of objects, chart and manifests (operator/tests/schema.rs, install.rs) ----
+# kubernetes-validate: Kubernetes JSON schemas 1.25-1.37; helm-python-sdk: Helm 4 as a
+# library (its shared object ships in the wheel: no helm binary, nothing downloaded
+# at run time); lupa: a Lua 5.1 runtime for the Argo CD health script. Installed once,
+# then reused.
+if ! command -v kubernetes-validate >/dev/null 2>&1 \
+    || ! python3 -c 'import kubernetes_validate, helm_python, lupa.lua51, jsonschema, yaml' >/dev/null 2>&1; then
+    pip_install kubernetes-validate helm-python-sdk lupa
 fi
 
 # ---- the loopback Kubernetes API server of the operator's controller test ----

@@ -496,6 +496,25 @@ pub struct AutoscalingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub connections_per_pod: Option<i32>,
+    /// What sets the replica count: the operator's HorizontalPodAutoscaler on the
+    /// targets above, or an outside scaler (e.g. a KEDA ScaledObject) that owns
+    /// `replicas` within min/maxReplicas; then no HPA is made and the Deployment's
+    /// `replicas` is never written, and maxReplicas still counts in the connection budget.
+    #[serde(default, skip_serializing_if = "Scaler::is_default")]
+    pub scaler: Scaler,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum Scaler {
+    #[default]
+    HorizontalPodAutoscaler,
+    External,
+}
+
+impl Scaler {
+    fn is_default(&self) -> bool {
+        *self == Scaler::HorizontalPodAutoscaler
+    }
 }
 
 fn default_min_replicas() -> i32 {
@@ -523,6 +542,7 @@ impl Default for AutoscalingSpec {
             cpu_utilization: default_cpu(),
             pool_saturation: default_pool_saturation(),
             connections_per_pod: None,
+            scaler: Scaler::HorizontalPodAutoscaler,
         }
     }
 }

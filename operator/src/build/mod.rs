@@ -10,7 +10,7 @@ mod jobs;
 mod workload;
 
 use kube::Resource;
-use mailcluster_api::{MailCluster, RUN_STRESS_ANNOTATION};
+use mailcluster_api::{MailCluster, RUN_STRESS_ANNOTATION, Scaler};
 use serde_json::{Value, json};
 
 use crate::budget::{self, Budget};
@@ -132,7 +132,9 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
         let Some(image) = running_image else { continue };
         let pb = &budget.protocols[&p];
         out.push((ChildKind::Deployment, workload::deployment(mc, p, image, &config_map, pb)));
-        if pb.autoscaled {
+        // An external scaler owns replicas: no HPA of ours may target the same Deployment
+        // (two HPAs on one target both stop scaling).
+        if pb.autoscaled && mc.spec.autoscaling_for(p).scaler == Scaler::HorizontalPodAutoscaler {
             out.push((ChildKind::HorizontalPodAutoscaler, workload::hpa(mc, p, pb)));
         }
         out.push((ChildKind::PodDisruptionBudget, workload::pdb(mc, p)));
