@@ -9,6 +9,8 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::routing::get;
 use futures::StreamExt;
+
+use crate::children::ChildKind;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
@@ -25,6 +27,24 @@ use tracing::{info, warn};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, error_policy, reconcile};
+
+/// The child kinds the controller watches (its `.owns(…)` calls in [`run_with`]): a
+/// change to one of them reconciles its MailCluster at once. Certificate and
+/// ServiceMonitor come from optional CRDs and are repaired at the periodic resync.
+/// The chart grants `watch` on exactly these (operator/tests/install.rs).
+pub const WATCHED: [ChildKind; 11] = [
+    ChildKind::Deployment,
+    ChildKind::Service,
+    ChildKind::HorizontalPodAutoscaler,
+    ChildKind::Job,
+    ChildKind::CronJob,
+    ChildKind::ConfigMap,
+    ChildKind::PodDisruptionBudget,
+    ChildKind::NetworkPolicy,
+    ChildKind::ServiceAccount,
+    ChildKind::Role,
+    ChildKind::RoleBinding,
+];
 
 #[derive(Debug, Clone)]
 pub struct OperatorOptions {

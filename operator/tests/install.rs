@@ -244,7 +244,7 @@ fn prometheus_adapter_and_keda_serve_the_hpa_metrics() {
 
 /// The chart's RBAC grants what the reconciler calls, kind by kind (see
 /// reconcile.rs/runtime.rs): apply = patch + create, orphan deletion = list + delete,
-/// watched kinds also watch.
+/// watched kinds (`runtime::WATCHED`) also watch.
 #[test]
 fn rbac_covers_every_call_of_the_operator() {
     let install = docs(&read("manifests/install.yaml"));
@@ -262,15 +262,7 @@ fn rbac_covers_every_call_of_the_operator() {
         v
     };
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-    let watched = [
-        ChildKind::Deployment,
-        ChildKind::Service,
-        ChildKind::HorizontalPodAutoscaler,
-        ChildKind::Job,
-        ChildKind::CronJob,
-        ChildKind::ConfigMap,
-        ChildKind::PodDisruptionBudget,
-    ];
+    let watched = mailcluster_operator::runtime::WATCHED;
     for kind in ChildKind::ALL {
         let gvk = kind.gvk();
         let mut want = set(&["list", "create", "patch", "delete"]);
