@@ -8,8 +8,8 @@
 //! it; this runs on the ordinary test build at no extra build cost. It finds
 //! less (no coverage guidance) and the libFuzzer targets remain for deeper runs.
 //!
-//! Each target runs for `MAILCLUSTER_FUZZ_SECS` seconds (default 4) or 20 000
-//! inputs, whichever comes first. The seed is random per run and printed;
+//! Each target runs for `MAILCLUSTER_FUZZ_SECS` seconds (default 4) or 5 000 inputs
+//! per second of it, whichever comes first. The seed is random per run and printed;
 //! `MAILCLUSTER_FUZZ_SEED=<n>` replays a run. A failing input is printed escaped.
 
 #[path = "../../fuzz/checks.rs"]
@@ -185,7 +185,7 @@ fn run(name: &str, corpus: &[&[u8]], check: fn(&[u8])) {
     let inputs =
         corpus.iter().map(|c| c.to_vec()).chain(std::iter::from_fn(|| Some(mutate(&mut rng, corpus))));
     let mut count = 0;
-    for input in inputs.take(20_000) {
+    for input in inputs.take(5_000 * secs as usize) {
         if Instant::now() > deadline {
             break;
         }
