@@ -178,8 +178,9 @@ impl Drop for Server {
     }
 }
 
-/// Delivers one message over SMTP (port 25 semantics: no authentication).
-fn smtp_deliver(addr: SocketAddr, subject: &str) {
+/// Delivers one message over SMTP (port 25 semantics: no authentication);
+/// returns when the end of DATA was sent, the moment the delivery starts.
+fn smtp_deliver(addr: SocketAddr, subject: &str) -> Instant {
     let stream = TcpStream::connect(addr).expect("connect smtp");
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = stream.try_clone().unwrap();
@@ -202,9 +203,12 @@ fn smtp_deliver(addr: SocketAddr, subject: &str) {
         write!(w, "{cmd}\r\n").unwrap();
         expect(&mut r, code);
     }
-    write!(w, "From: sender@remote.test\r\nTo: {USER}\r\nSubject: {subject}\r\n\r\nHello.\r\n.\r\n").unwrap();
+    write!(w, "From: sender@remote.test\r\nTo: {USER}\r\nSubject: {subject}\r\n\r\nHello.\r\n").unwrap();
+    let sent = Instant::now();
+    write!(w, ".\r\n").unwrap();
     expect(&mut r, "250");
     write!(w, "QUIT\r\n").unwrap();
+    sent
 }
 
 /// The reply to one command: its untagged lines and its tagged status line.
@@ -521,8 +525,7 @@ fn idle_on_one_process_is_woken_by_changes_on_the_other() {
     let idle_tag = idler.idle();
     let mut writer = Imap::login_select("B", b.imap);
 
-    let started = Instant::now();
-    smtp_deliver(b.smtp, "delivered on B");
+    let started = smtp_deliver(b.smtp, "delivered on B");
     let took = idler.wait_for(started, Duration::from_secs(10), |l| is_untagged(l, " EXISTS"));
     println!("IDLE wake-up after SMTP delivery on the other process: {took:?}");
     assert!(took < bound, "SMTP delivery took {took:?}");
@@ -685,8 +688,7 @@ fn idle_falls_back_to_polling_when_redis_is_lost() {
         assert!(Instant::now() < deadline, "A did not notice losing Redis:\n{}", a.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let started = Instant::now();
-    smtp_deliver(b.smtp, "after the cut");
+    let started = smtp_deliver(b.smtp, "after the cut");
     let took = idler.wait_for(started, Duration::from_secs(10), |l| l == "* 2 EXISTS");
     println!("IDLE wake-up by polling (every 1 s) without Redis: {took:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");
