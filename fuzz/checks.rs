@@ -4,6 +4,9 @@
 //! CI executes with the normal test suite). Each function takes arbitrary bytes
 //! and panics when a property fails.
 
+// Each fuzz target uses one of these functions.
+#![allow(dead_code)]
+
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::proto::imap::parse::parse;
 use mailcluster_server::proto::imap::reader::{CommandReader, Limits, LineOutcome, ReadOutcome};
