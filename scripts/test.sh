@@ -6,7 +6,10 @@
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
 #   4. cargo fmt --check, cargo clippy -D warnings, the whole test suite
-#      (cargo-nextest when installed, else cargo test).
+#      (cargo-nextest when installed, else cargo test). The suite includes a
+#      bounded fuzz run of the protocol parsers (server/tests/proto_fuzz.rs,
+#      MAILCLUSTER_FUZZ_SECS per target, run in parallel); the libFuzzer targets
+#      in fuzz/ are run by scripts/fuzz.sh, outside CI (see there why).
 # CI (.ci/run) calls exactly this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -105,6 +108,9 @@ else
     wait_port 6379 Redis
 fi
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+
+# Seconds of random and mutated input per parser in server/tests/proto_fuzz.rs.
+export MAILCLUSTER_FUZZ_SECS="${MAILCLUSTER_FUZZ_SECS:-10}"
 
 log "DATABASE_URL=$(sed -E 's#(//[^:/@]*):[^@]*@#\1:<redacted>@#' <<<"$DATABASE_URL") REDIS_URL=$REDIS_URL"
 

@@ -367,6 +367,7 @@ impl Config {
             ("net.max_connections", self.net.max_connections as u64),
             ("tls.reload_interval_secs", self.tls.reload_interval_secs),
             ("tls.ticket_rotation_secs", self.tls.ticket_rotation_secs),
+            ("imap.connection_lease_secs", self.imap.connection_lease_secs),
         ] {
             if value == 0 {
                 problems.push(format!("{name} must be greater than 0"));

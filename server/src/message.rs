@@ -529,6 +529,26 @@ mod tests {
         )
     }
 
+    /// Found by fuzzing: a message/rfc822 part whose header runs into a closing
+    /// boundary of an outer multipart. mail-parser's consistency check on it is a
+    /// `debug_assert!` (see the workspace profile); the description must still
+    /// stay inside the message.
+    #[test]
+    fn broken_nested_boundaries_stay_in_bounds() {
+        let raw: &[u8] = b"Content-Type: multipart/mixed; boundary=\"b1\"\r\n\r\npre\r\n--b1\r\n\
+Content-Type: text/plain\r\n\r\none\r\n--b1\r\nContent-Type: multipart/alternative; boundary=b2\r\n\r\n\
+--b2\r\n\r\ntwo\r\n--b2--\r\n--b1\r\nContent-Type: message/rfc822\r\n\r\nSubject:\ntwo\r\n--b2--\r\n\
+--b1\r\nContent-Type: message/rfc822\r\n\r\nSubject: inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n \
+inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
+        let meta = parse_meta(raw);
+        assert_eq!(meta.size as usize, raw.len());
+        assert!(!meta.parts.is_empty());
+        for p in &meta.parts {
+            assert!(p.header_start <= p.body_start && p.body_start <= p.body_end);
+            assert!(p.body_end as usize <= raw.len());
+        }
+    }
+
     #[test]
     fn simple_text_message() {
         let raw = b"From: Alice <alice@example.com>\r\nTo: bob@example.org, \"Carol C\" <carol@example.org>\r\nSubject: Hello\r\n there\r\nDate: Tue, 1 Jul 2003 10:52:37 +0200\r\nMessage-ID: <m1@example.com>\r\n\r\nline one\r\nline two\r\n";

@@ -200,6 +200,18 @@ impl Cache for DownCache {
     async fn lock_release(&self, _: &LockToken) -> CacheResult<()> {
         down()
     }
+    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: Duration) -> CacheResult<bool> {
+        down()
+    }
+    async fn lease_renew(&self, _: &[(String, String)], _: Duration) -> CacheResult<()> {
+        down()
+    }
+    async fn lease_release(&self, _: &str, _: &str) -> CacheResult<()> {
+        down()
+    }
+    async fn lease_count(&self, _: &str) -> CacheResult<u64> {
+        down()
+    }
     async fn secret_get(&self, _: &str, _: usize, _: Duration) -> CacheResult<RotatingSecret> {
         down()
     }

@@ -111,6 +111,8 @@ conformance!(
     lock_refresh_extends,
     secret_created_once_for_racing_pods,
     secret_rotation_yields_one_generation,
+    leases_are_bounded_across_pods,
+    leases_lapse_unless_renewed,
 );
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -287,6 +289,50 @@ async fn lock_refresh_extends(p: &Pods) {
     assert!(p.b.lock_try("long", Duration::from_secs(1)).await.unwrap().is_none(), "refreshed lock held");
     p.a.lock_release(&lock).await.unwrap();
     assert!(p.b.lock_try("long", Duration::from_secs(1)).await.unwrap().is_some());
+}
+
+async fn leases_are_bounded_across_pods(p: &Pods) {
+    let ttl = Duration::from_secs(30);
+    assert!(p.a.lease_acquire("conn:1", "a1", 2, ttl).await.unwrap());
+    assert!(p.b.lease_acquire("conn:1", "b1", 2, ttl).await.unwrap());
+    assert!(!p.b.lease_acquire("conn:1", "b2", 2, ttl).await.unwrap(), "full for the other pod");
+    assert!(!p.a.lease_acquire("conn:1", "a2", 2, ttl).await.unwrap(), "full for this pod");
+    assert!(p.a.lease_acquire("conn:1", "a1", 2, ttl).await.unwrap(), "a held lease is renewed");
+    assert!(p.a.lease_acquire("conn:2", "a2", 2, ttl).await.unwrap(), "other sets are separate");
+    assert_eq!(p.b.lease_count("conn:1").await.unwrap(), 2);
+    p.a.lease_release("conn:1", "a1").await.unwrap();
+    p.a.lease_release("conn:1", "never-held").await.unwrap();
+    assert_eq!(p.b.lease_count("conn:1").await.unwrap(), 1);
+    assert!(p.b.lease_acquire("conn:1", "b2", 2, ttl).await.unwrap(), "free after release");
+    // Racing takers on an empty set: exactly `limit` win.
+    let tries = futures::future::join_all((0..10).map(|i| {
+        let member = format!("m{i}");
+        async move {
+            let pod = if i % 2 == 0 { &p.a } else { &p.b };
+            pod.lease_acquire("race", &member, 3, ttl).await
+        }
+    }))
+    .await;
+    assert_eq!(tries.into_iter().filter(|t| matches!(t, Ok(true))).count(), 3);
+    assert_eq!(p.a.lease_count("nothing").await.unwrap(), 0);
+}
+
+async fn leases_lapse_unless_renewed(p: &Pods) {
+    let short = Duration::from_millis(400);
+    assert!(p.a.lease_acquire("lapse", "crashed", 1, short).await.unwrap());
+    assert!(p.a.lease_acquire("kept", "alive", 1, short).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    p.a.lease_renew(&[("kept".to_string(), "alive".to_string())], Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(p.b.lease_count("lapse").await.unwrap(), 0, "an unrenewed lease lapses");
+    assert!(p.b.lease_acquire("lapse", "b", 1, short).await.unwrap(), "its place is free");
+    assert_eq!(p.b.lease_count("kept").await.unwrap(), 1, "a renewed lease holds");
+    assert!(!p.b.lease_acquire("kept", "b", 1, short).await.unwrap());
+    // Renewing a lapsed lease takes it again, even over the limit: its holder lives.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(p.a.lease_acquire("lapse", "other", 1, Duration::from_secs(30)).await.unwrap());
+    p.a.lease_renew(&[("lapse".to_string(), "back".to_string())], Duration::from_secs(30)).await.unwrap();
+    assert_eq!(p.a.lease_count("lapse").await.unwrap(), 2);
 }
 
 async fn secret_created_once_for_racing_pods(p: &Pods) {

@@ -52,6 +52,8 @@ struct State {
     counters: HashMap<String, Expiring<u64>>,
     values: HashMap<String, Expiring<Vec<u8>>>,
     locks: HashMap<String, Expiring<String>>,
+    /// Lease set → member → expiry.
+    leases: HashMap<String, HashMap<String, Instant>>,
     secrets: HashMap<String, SecretEntry>,
     channels: HashMap<i64, broadcast::Sender<MailboxEvent>>,
     writes: u64,
@@ -73,6 +75,10 @@ impl State {
         self.counters.retain(|_, e| e.live(now));
         self.values.retain(|_, e| e.live(now));
         self.locks.retain(|_, e| e.live(now));
+        self.leases.retain(|_, set| {
+            set.retain(|_, expires| *expires > now);
+            !set.is_empty()
+        });
         self.channels.retain(|_, tx| tx.receiver_count() > 0);
     }
 }
@@ -248,6 +254,46 @@ impl Cache for LocalCache {
             st.locks.remove(&lock.key);
         }
         Ok(())
+    }
+
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> CacheResult<bool> {
+        let now = Instant::now();
+        let mut st = self.state()?;
+        let set = st.leases.entry(key.to_owned()).or_default();
+        set.retain(|_, expires| *expires > now);
+        if !set.contains_key(member) && set.len() as u64 >= limit {
+            return Ok(false);
+        }
+        set.insert(member.to_owned(), now + ttl);
+        st.note_write(now);
+        Ok(true)
+    }
+
+    async fn lease_renew(&self, leases: &[(String, String)], ttl: Duration) -> CacheResult<()> {
+        let now = Instant::now();
+        let mut st = self.state()?;
+        for (key, member) in leases {
+            st.leases.entry(key.clone()).or_default().insert(member.clone(), now + ttl);
+        }
+        st.note_write(now);
+        Ok(())
+    }
+
+    async fn lease_release(&self, key: &str, member: &str) -> CacheResult<()> {
+        let mut st = self.state()?;
+        if let Some(set) = st.leases.get_mut(key) {
+            set.remove(member);
+            if set.is_empty() {
+                st.leases.remove(key);
+            }
+        }
+        Ok(())
+    }
+
+    async fn lease_count(&self, key: &str) -> CacheResult<u64> {
+        let now = Instant::now();
+        let st = self.state()?;
+        Ok(st.leases.get(key).map_or(0, |set| set.values().filter(|e| **e > now).count() as u64))
     }
 
     async fn secret_get(

@@ -1,6 +1,7 @@
 //! Shared, lossy state that makes pods interchangeable: verified-credential cache,
 //! rate-limit counters, mailbox-change notifications, short-lived locks (one POP3
-//! session per maildrop) and shared secrets (TLS session-ticket keys).
+//! session per maildrop), bounded lease sets (IMAP connections per account across
+//! pods) and shared secrets (TLS session-ticket keys).
 //!
 //! Redis in a cluster; an in-process implementation for the embedded default. Both
 //! pass `tests/cache_conformance.rs`. Nothing here is the system of record: losing
@@ -110,6 +111,20 @@ pub trait Cache: Send + Sync + 'static {
     /// Extends a held lock; `false` when it was lost (expired and taken).
     async fn lock_refresh(&self, lock: &LockToken, ttl: Duration) -> CacheResult<bool>;
     async fn lock_release(&self, lock: &LockToken) -> CacheResult<()>;
+
+    // ---- bounded lease sets ----
+    /// Adds `member` to the set `key` unless the set already holds `limit` live
+    /// members; `true` when the lease was taken (or `member` already held one, which
+    /// is then renewed). A lease lapses `ttl` after it was taken or last renewed, so
+    /// the leases of a crashed pod stop counting by themselves.
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> CacheResult<bool>;
+    /// Renews many leases at once, `(key, member)` pairs, each for `ttl`: one call
+    /// per renewal round for all of a pod's leases. A lease that had already lapsed
+    /// is taken again even over the limit — its holder is alive after all.
+    async fn lease_renew(&self, leases: &[(String, String)], ttl: Duration) -> CacheResult<()>;
+    async fn lease_release(&self, key: &str, member: &str) -> CacheResult<()>;
+    /// Live leases in the set `key`.
+    async fn lease_count(&self, key: &str) -> CacheResult<u64>;
 
     // ---- shared secrets ----
     /// Returns the secret `name`, creating it (random, `len` bytes) if absent and

@@ -17,8 +17,14 @@
 //! runs share one Redis):
 //! `P cred:<hex>` → account id, `P credidx:<account>` → set of that account's
 //! credential keys, `P cnt:<key>`, `P val:<key>`, `P lock:<key>`,
-//! `P secret:<name>` → hash {current, previous, generation, rotated_at}, and the
-//! channel `P mbx:<account>`.
+//! `P secret:<name>` → hash {current, previous, generation, rotated_at},
+//! `P lease:<key>` → sorted set of members scored by their expiry (Redis time, in
+//! milliseconds), and the channel `P mbx:<account>`.
+//!
+//! Leases are members of a sorted set rather than keys of their own so that
+//! counting the live ones is one `ZREMRANGEBYSCORE` + `ZCARD` inside the acquire
+//! script, whatever the number of pods; expiry is by score because Redis cannot
+//! expire single members of a set.
 //!
 //! Credential purge keeps a per-account index set rather than a per-account
 //! generation number stamped into each entry: a purge then really deletes the
@@ -137,6 +143,47 @@ end
 return {h[1], '', generation, 0}
 ";
 
+/// Drops lapsed leases, then takes one unless the set is full. Time comes from
+/// Redis, like `SECRET_GET`, so pods with skewed clocks agree on what lapsed. The
+/// key itself expires with its longest lease, so an abandoned set goes away.
+const LEASE_ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+";
+
+/// KEYS[i] / ARGV[i + 1] are one lease each; ARGV[1] is the TTL.
+const LEASE_RENEW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[i + 1])
+  if redis.call('PTTL', KEYS[i]) < ttl then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+return #KEYS
+";
+
+const LEASE_COUNT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+";
+
+/// Leases renewed per script call: bounds the script's run time (Redis runs
+/// scripts one at a time) and its argument list.
+const RENEW_BATCH: usize = 256;
+
 struct Scripts {
     counter_incr: Script,
     lock_refresh: Script,
@@ -144,6 +191,9 @@ struct Scripts {
     credential_put: Script,
     credential_purge: Script,
     secret_get: Script,
+    lease_acquire: Script,
+    lease_renew: Script,
+    lease_count: Script,
 }
 
 impl Scripts {
@@ -155,6 +205,9 @@ impl Scripts {
             credential_put: Script::new(CREDENTIAL_PUT),
             credential_purge: Script::new(CREDENTIAL_PURGE),
             secret_get: Script::new(SECRET_GET),
+            lease_acquire: Script::new(LEASE_ACQUIRE),
+            lease_renew: Script::new(LEASE_RENEW),
+            lease_count: Script::new(LEASE_COUNT),
         }
     }
 }
@@ -604,6 +657,41 @@ impl Cache for RedisCache {
             .invoke(self.inner.scripts.lock_release.key(self.key("lock", &lock.key)).arg(&lock.token))
             .await?;
         Ok(())
+    }
+
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> CacheResult<bool> {
+        let taken: i64 = self
+            .invoke(
+                self.inner
+                    .scripts
+                    .lease_acquire
+                    .key(self.key("lease", key))
+                    .arg(member)
+                    .arg(limit)
+                    .arg(millis(ttl)),
+            )
+            .await?;
+        Ok(taken == 1)
+    }
+
+    async fn lease_renew(&self, leases: &[(String, String)], ttl: Duration) -> CacheResult<()> {
+        for batch in leases.chunks(RENEW_BATCH) {
+            let mut invocation = self.inner.scripts.lease_renew.prepare_invoke();
+            invocation.arg(millis(ttl));
+            for (key, member) in batch {
+                invocation.key(self.key("lease", key)).arg(member);
+            }
+            let _: i64 = self.invoke(&invocation).await?;
+        }
+        Ok(())
+    }
+
+    async fn lease_release(&self, key: &str, member: &str) -> CacheResult<()> {
+        self.query::<i64>(::redis::cmd("ZREM").arg(self.key("lease", key)).arg(member)).await.map(|_| ())
+    }
+
+    async fn lease_count(&self, key: &str) -> CacheResult<u64> {
+        self.invoke(&self.inner.scripts.lease_count.key(self.key("lease", key))).await
     }
 
     async fn secret_get(

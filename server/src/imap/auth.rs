@@ -1,11 +1,13 @@
 //! Non-authenticated state and connection-level commands: CAPABILITY, STARTTLS,
 //! LOGIN, AUTHENTICATE PLAIN (with SASL-IR), ID, NAMESPACE, ENABLE.
 
+use std::time::Duration;
+
 use base64::Engine as _;
 use imap_codec::imap_types::auth::AuthMechanism;
 use imap_codec::imap_types::extensions::enable::CapabilityEnable;
 
-use super::session::{Outcome, Session, State, UserSlot};
+use super::session::{Outcome, Session, State};
 use crate::auth::AuthOutcome;
 use crate::net::SessionStream;
 use crate::proto::imap::reader::LineOutcome;
@@ -76,15 +78,13 @@ impl Session {
         match self.app.auth.verify(user, password, self.ctx.conn.remote.ip()).await {
             AuthOutcome::Ok(account) => {
                 let max = self.cfg.max_connections_per_user;
-                {
-                    let mut map = self.shared.per_user.lock().unwrap_or_else(|p| p.into_inner());
-                    let n = map.entry(account.id).or_insert(0);
-                    if max > 0 && *n >= max {
-                        return Outcome::no("[LIMIT] Too many connections for this account");
-                    }
-                    *n += 1;
-                }
-                self.user_slot = Some(UserSlot { shared: self.shared.clone(), account_id: account.id });
+                let lease = Duration::from_secs(self.cfg.connection_lease_secs);
+                let Some(slot) =
+                    super::limit::acquire(&self.shared, &self.app.cache, account.id, max, lease).await
+                else {
+                    return Outcome::no("[LIMIT] Too many connections for this account");
+                };
+                self.user_slot = Some(slot);
                 tracing::debug!(account = account.id, "imap: login");
                 self.state = State::Authenticated(account);
                 let caps = self.capabilities();

@@ -15,12 +15,12 @@ pub mod auth;
 pub mod fetch;
 pub mod flags;
 pub mod idle;
+pub mod limit;
 pub mod mailbox;
 pub mod search;
 pub mod selected;
 mod session;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
@@ -49,8 +49,12 @@ pub struct ImapConfig {
     /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
     /// keeps NAT boxes and the autologout timer happy, RFC 2177).
     pub idle_timeout_secs: u64,
-    /// Concurrent sessions per account on this pod (0 = unlimited).
+    /// Concurrent sessions per account, counted across all pods through the
+    /// cache (0 = unlimited). See [`limit`].
     pub max_connections_per_user: usize,
+    /// How long a session still counts against the limit after its pod stopped
+    /// renewing it (crashed without logging out). Pods renew every third of it.
+    pub connection_lease_secs: u64,
     /// Commands a session may issue per second; more are delayed, not refused.
     pub max_commands_per_second: u32,
     /// While IDLE without a working notification stream, poll the store this often.
@@ -66,6 +70,7 @@ impl Default for ImapConfig {
             preauth_timeout_secs: 60,
             idle_timeout_secs: 29 * 60,
             max_connections_per_user: 50,
+            connection_lease_secs: 300,
             max_commands_per_second: 200,
             idle_poll_secs: 3,
         }
@@ -81,8 +86,8 @@ pub struct ImapProtocol {
 
 /// State shared by the sessions of one process.
 pub(crate) struct Shared {
-    /// Sessions per account on this pod, for `max_connections_per_user`.
-    pub per_user: Mutex<HashMap<i64, usize>>,
+    /// Connection leases and per-account counts, for `max_connections_per_user`.
+    pub(crate) leases: limit::Leases,
     /// `mail_imap_idle_sessions`.
     pub idle_gauge: prometheus::IntGauge,
 }
@@ -107,7 +112,7 @@ impl ImapProtocol {
                 // A registry that already has the name keeps its own; ours then
                 // still counts, just unexported.
                 let _ = app.metrics.registry.register(Box::new(idle_gauge.clone()));
-                let s = Arc::new(Shared { per_user: Mutex::new(HashMap::new()), idle_gauge });
+                let s = Arc::new(Shared { leases: limit::Leases::new(), idle_gauge });
                 all.push((key, s.clone()));
                 s
             }

@@ -58,24 +58,6 @@ pub enum State {
     Authenticated(Account),
 }
 
-/// Releases a per-account connection slot when the session ends.
-pub(crate) struct UserSlot {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) account_id: i64,
-}
-
-impl Drop for UserSlot {
-    fn drop(&mut self) {
-        let mut map = self.shared.per_user.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.account_id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&self.account_id);
-            }
-        }
-    }
-}
-
 pub struct Session {
     pub(crate) app: App,
     pub(crate) cfg: ImapConfig,
@@ -87,7 +69,7 @@ pub struct Session {
     pub(crate) tls: bool,
     pub(crate) state: State,
     pub(crate) selected: Option<Selected>,
-    pub(crate) user_slot: Option<UserSlot>,
+    pub(crate) user_slot: Option<super::limit::UserSlot>,
     rate_window: Instant,
     rate_count: u32,
 }
@@ -147,6 +129,9 @@ impl Session {
         }
         if let Some(sel) = self.selected.take() {
             drop(sel);
+        }
+        if let Some(slot) = self.user_slot.take() {
+            slot.release().await;
         }
         let _ = self.stream.shutdown().await;
     }
@@ -328,6 +313,9 @@ impl Session {
             C::Capability => self.cmd_capability(),
             C::Noop | C::Check => self.cmd_noop().await,
             C::Logout => {
+                if let Some(slot) = self.user_slot.take() {
+                    slot.release().await;
+                }
                 self.push("* BYE Logging out");
                 Outcome::Close
             }

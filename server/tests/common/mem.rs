@@ -457,6 +457,18 @@ impl Cache for MemCache {
     async fn lock_release(&self, _: &LockToken) -> CacheResult<()> {
         Ok(())
     }
+    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: Duration) -> CacheResult<bool> {
+        Ok(true)
+    }
+    async fn lease_renew(&self, _: &[(String, String)], _: Duration) -> CacheResult<()> {
+        Ok(())
+    }
+    async fn lease_release(&self, _: &str, _: &str) -> CacheResult<()> {
+        Ok(())
+    }
+    async fn lease_count(&self, _: &str) -> CacheResult<u64> {
+        Ok(0)
+    }
     async fn secret_get(&self, _: &str, len: usize, _: Duration) -> CacheResult<RotatingSecret> {
         Ok(RotatingSecret { current: vec![7; len], previous: None, generation: 1 })
     }

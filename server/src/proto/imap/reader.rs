@@ -70,6 +70,12 @@ impl CommandReader {
         let mut scanned = 0;
         loop {
             if let Some(pos) = self.buf[scanned..].iter().position(|&b| b == b'\n') {
+                // One read may bring in more than `max_line` at once (the buffer
+                // grows for literals), so the bound is checked on the line found,
+                // not only while waiting for more input.
+                if scanned + pos + 1 > self.limits.max_line {
+                    return Ok(LineOutcome::TooLong);
+                }
                 let line = self.buf.split_to(scanned + pos + 1).to_vec();
                 return Ok(LineOutcome::Line(line));
             }
@@ -213,5 +219,32 @@ mod tests {
         );
         assert_eq!(r.read_command(&mut server).await.expect("read"), ReadOutcome::LineTooLong);
         drop(client);
+    }
+
+    /// Found by fuzzing: a line longer than `max_line` that arrived in the same
+    /// read as a complete one (or after a literal grew the buffer) used to be
+    /// accepted whole, so a command could exceed its bound by the buffer size.
+    #[tokio::test]
+    async fn a_long_line_already_buffered_is_refused() {
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let mut input = b"a NOOP\r\nb SEARCH TEXT ".to_vec();
+        input.extend_from_slice(&[b'1'; 300]);
+        input.extend_from_slice(b"\r\n");
+        client.write_all(&input).await.expect("write");
+        let mut r = CommandReader::new(limits());
+        assert_eq!(
+            r.read_command(&mut server).await.expect("read"),
+            ReadOutcome::Command(b"a NOOP\r\n".to_vec())
+        );
+        assert_eq!(r.read_command(&mut server).await.expect("read"), ReadOutcome::LineTooLong);
+        // Exactly `max_line` (CRLF included) is still a line.
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let mut line = b"c ".to_vec();
+        line.extend_from_slice(&[b'x'; 60]);
+        line.extend_from_slice(b"\r\n");
+        assert_eq!(line.len(), limits().max_line);
+        client.write_all(&line).await.expect("write");
+        let mut r = CommandReader::new(limits());
+        assert_eq!(r.read_command(&mut server).await.expect("read"), ReadOutcome::Command(line));
     }
 }

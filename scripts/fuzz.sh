@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the cargo-fuzz (libFuzzer) targets in fuzz/ for a bounded time each:
+#   scripts/fuzz.sh [seconds-per-target] [target...]     (default: 60 s, all targets)
+# Crashes land in fuzz/artifacts/<target>/, the growing corpus in fuzz/corpus/<target>/.
+#
+# The stable toolchain is enough: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass the
+# nightly-only sanitizer flags. Not part of scripts/test.sh: instrumenting the whole
+# dependency tree takes far longer than CI should spend; CI runs the same
+# properties (fuzz/checks.rs) through server/tests/proto_fuzz.rs instead.
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+
+secs=${1:-60}
+shift || true
+export RUSTC_BOOTSTRAP=1
+# Separate from the workspace's target dir: different flags, nothing to share.
+target_dir=${FUZZ_TARGET_DIR:-$PWD/target}
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "==> cargo install cargo-fuzz" >&2
+    cargo install cargo-fuzz --locked
+fi
+
+targets=("$@")
+if [ "${#targets[@]}" -eq 0 ]; then
+    mapfile -t targets < <(cargo fuzz list)
+fi
+
+cargo fuzz build --target-dir "$target_dir"
+for target in "${targets[@]}"; do
+    echo "==> fuzzing $target for ${secs}s" >&2
+    mkdir -p "corpus/$target"
+    cargo fuzz run --target-dir "$target_dir" "$target" "corpus/$target" -- \
+        -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10
+done
