@@ -53,7 +53,8 @@ impl Drop for PgDatabase {
     }
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// Runs a future to completion on a throwaway runtime (for synchronous tests).
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
 }
 
