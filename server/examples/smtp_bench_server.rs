@@ -39,6 +39,9 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(ms) = std::env::var("GROUP_COMMIT_WAIT_MS") {
         config.smtp.group_commit_max_wait_ms = ms.parse()?;
     }
+    if let Ok(n) = std::env::var("GROUP_COMMIT_MAX_CONCURRENT") {
+        config.smtp.group_commit_max_concurrent = n.parse()?;
+    }
     let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
         store.clone(),
         config.smtp.delivery_options(),

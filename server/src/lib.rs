@@ -2,7 +2,8 @@
 //!
 //! Data flows one way: [`net`] accepts, [`proto`] parses, the protocol session
 //! ([`smtp`], [`imap`], [`pop3`]) decides, [`store`] and [`cache`] persist.
-#![forbid(unsafe_code)]
+// One audited exception: store/postgres/nodelay.rs.
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod app;

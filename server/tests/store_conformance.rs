@@ -1160,6 +1160,32 @@ async fn postgres_keeps_synchronous_commit_on() {
     .await;
 }
 
+/// Every store connection to PostgreSQL has TCP_NODELAY (see
+/// store/postgres/nodelay.rs): without it, statements larger than a segment wait
+/// ~40 ms for a delayed ACK. The first assertion shows the check sees a socket
+/// without the option — when it fails, sqlx sets it itself again and the
+/// workaround can go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_connections_use_tcp_nodelay() {
+    use store::postgres::nodelay::connections_without;
+    run(Backend::Postgres, true, |ctx: Ctx| async move {
+        let port = sqlx::postgres::PgConnectOptions::from_str(&ctx.url).expect("url").get_port();
+        let raw = sqlx::PgConnection::connect(&ctx.url).await.expect("plain sqlx connection");
+        assert!(connections_without(port) >= 1, "a plain sqlx 0.9.0 connection has Nagle on");
+        raw.close().await.expect("close");
+        let pg = store::postgres::PgStore::connect(&ctx.url, 4, CONNECT_TIMEOUT).await.expect("connect");
+        // Several connections at once: every one of them gets the option.
+        let pings: Vec<_> = (0..4).map(|_| pg.synchronous_commit()).collect();
+        for p in futures::future::join_all(pings).await {
+            p.expect("query");
+        }
+        let (_, inbox) = account(&ctx.store, "a@example.com").await;
+        deliver_one(&ctx.store, "fast", &[inbox]).await;
+        assert_eq!(connections_without(port), 0, "every PostgreSQL connection has TCP_NODELAY");
+    })
+    .await;
+}
+
 /// Helper run as a child process by `sqlite_acknowledged_delivery_survives_kill_9`:
 /// delivers into the database named by `MC_KILL_DB` forever, printing each
 /// acknowledged UID. Ignored on its own (it never ends).

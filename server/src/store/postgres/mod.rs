@@ -16,6 +16,8 @@
 //! answer 250 after `deliver_batch` returns. [`PgStore::connect`] warns when a
 //! database or role default has turned it off.
 
+pub mod nodelay;
+
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
@@ -124,6 +126,7 @@ impl PgStore {
             StoreError::Invalid(format!("bad PostgreSQL URL {}: {}", redact_url(url), redact_error(&e, url)))
         })?;
         let target = describe(&options);
+        let port = options.get_port();
         let pool = PgPoolOptions::new()
             .max_connections(pool_size.max(1))
             .acquire_timeout(connect_timeout)
@@ -139,6 +142,12 @@ impl PgStore {
                         conn.ping().await?;
                     }
                     Ok(true)
+                })
+            })
+            .after_connect(move |_conn, _meta| {
+                Box::pin(async move {
+                    nodelay::set_on_connections_to(port);
+                    Ok(())
                 })
             })
             .idle_timeout(Duration::from_secs(300))
