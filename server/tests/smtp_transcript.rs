@@ -126,6 +126,21 @@ async fn postmaster_is_always_accepted(b: Backend) {
     assert!(h.messages("alice@example.test").await.is_empty());
 }
 
+/// The group-commit linger applies only while other commits are in flight: a lone
+/// message on an idle server is acknowledged without waiting for company.
+async fn lone_message_does_not_linger(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.group_commit_max_wait_ms = 2_000)).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250").await;
+    c.cmd("DATA", "354").await;
+    let started = std::time::Instant::now();
+    c.send(&format!("{MSG}.\r\n")).await;
+    c.expect("250 2.0.0").await;
+    assert!(started.elapsed() < Duration::from_millis(1_500), "lingered {:?}", started.elapsed());
+}
+
 async fn sequence_errors_before_greeting(b: Backend) {
     let h = harness(b).await;
     let mut c = h.connect(&h.mx);
@@ -564,6 +579,7 @@ both_backends!(
     mx_delivery_stores_once_with_trace_headers,
     recipient_errors_and_cache,
     postmaster_is_always_accepted,
+    lone_message_does_not_linger,
     sequence_errors_before_greeting,
     too_many_recipients,
     unsupported_parameters,

@@ -59,8 +59,9 @@ pub struct SmtpConfig {
     pub sender_must_match_auth: bool,
     /// Group commit: most deliveries per store transaction.
     pub group_commit_max_batch: usize,
-    /// Group commit: how long a non-full batch may wait for more (0 = commit at once
-    /// when nothing else is waiting; batches still form under load).
+    /// Group commit: how long a non-full batch may wait for more while other commits
+    /// are in flight (0 = never wait; batches still form under load). A message
+    /// arriving at an idle server is committed at once either way.
     pub group_commit_max_wait_ms: u64,
     /// Group commit: store transactions in flight at once.
     pub group_commit_max_concurrent: usize,
@@ -89,7 +90,7 @@ impl Default for SmtpConfig {
             require_tls_for_auth: true,
             sender_must_match_auth: true,
             group_commit_max_batch: 256,
-            group_commit_max_wait_ms: 0,
+            group_commit_max_wait_ms: 1,
             group_commit_max_concurrent: 4,
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
