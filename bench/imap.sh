@@ -52,8 +52,9 @@ done
 
 echo "cloning user0001's INBOX into user0002..user$(printf %04d "$USERS")"
 t0=$(date +%s)
-psql "$MC_DB_URL" -q <<SQL || exit 1
-\set src (SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX')
+psql "$MC_DB_URL" -q -v ON_ERROR_STOP=1 <<SQL || exit 1
+SELECT m.id AS src FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX' \gset
 UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = :src AND uid % 10 <> 0;
 UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailbox_id = :src AND flags & 1 = 0) WHERE id = :src;
 CREATE TEMP TABLE targets AS
