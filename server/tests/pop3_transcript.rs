@@ -332,6 +332,31 @@ async fn a_crashed_holders_lock_expires() {
     assert_eq!(inbox_uids(&f).await, vec![f.uids[0], f.uids[2]]);
 }
 
+/// An account whose INBOX is gone (removed behind the server's back) gets a
+/// permanent error, not a temporary one a client would retry for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_maildrop_is_a_permanent_error() {
+    use sqlx::Connection as _;
+    let f = fixture(|_| {}).await;
+    account(&f.app, "empty@example.org", "secret pw").await;
+    let db = format!("sqlite://{}", f._dir.path().join(store::SQLITE_FILE).display());
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.expect("open the store's database");
+    sqlx::query(
+        "DELETE FROM mailboxes WHERE name = 'INBOX' AND account_id = \
+         (SELECT id FROM accounts WHERE email = 'empty@example.org')",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("remove INBOX");
+    let (mut c, _tx, _task) = connect(&f.app);
+    c.line().await;
+    cmd(&mut c, "USER empty@example.org").await;
+    assert_eq!(cmd(&mut c, "PASS secret pw").await, "-ERR [SYS/PERM] This account has no maildrop");
+    // The lock was given back: the next attempt gets the same answer, not [IN-USE].
+    cmd(&mut c, "USER empty@example.org").await;
+    assert!(cmd(&mut c, "PASS secret pw").await.starts_with("-ERR [SYS/PERM]"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_rules_with_imap_changes() {
     let f = fixture(|_| {}).await;

@@ -19,6 +19,8 @@ pub fn lock_key(account_id: i64) -> String {
 pub enum OpenError {
     /// Another session, on any pod, holds the maildrop (`[IN-USE]`).
     InUse,
+    /// The account has no INBOX: nothing a retry would change (`[SYS/PERM]`).
+    NoMaildrop,
     /// Cache or store trouble (`[SYS/TEMP]`).
     Unavailable(String),
 }
@@ -88,7 +90,10 @@ impl Maildrop {
             }),
             Err(e) => {
                 lock.release().await;
-                Err(OpenError::Unavailable(e.to_string()))
+                Err(match e {
+                    StoreError::NotFound(_) => OpenError::NoMaildrop,
+                    e => OpenError::Unavailable(e.to_string()),
+                })
             }
         }
     }

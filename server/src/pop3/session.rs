@@ -326,6 +326,7 @@ impl Session {
                 self.ok(&format!("Logged in; maildrop has {n} messages ({octets} octets)"))
             }
             Err(OpenError::InUse) => self.err("[IN-USE] Maildrop is in use by another session"),
+            Err(OpenError::NoMaildrop) => self.err("[SYS/PERM] This account has no maildrop"),
             Err(OpenError::Unavailable(e)) => {
                 tracing::warn!(error = %e, "pop3: cannot open maildrop");
                 self.err("[SYS/TEMP] Maildrop is temporarily unavailable")
