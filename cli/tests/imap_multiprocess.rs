@@ -16,12 +16,11 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, block_on};
+use common::cluster::{PgDatabase, ServeProcess, block_on, smtp_deliver};
 use common::{redis_url, unique};
 use sqlx::Connection;
 
@@ -68,13 +67,12 @@ impl Database {
     }
 }
 
-/// One `mailcluster serve` process (SMTP and IMAP on ephemeral ports). Killed when
-/// dropped; its log stays readable for assertions and failure messages.
+/// One `mailcluster serve` process (SMTP and IMAP on ephemeral ports) of the
+/// shared database and Redis prefix.
 struct Server {
-    child: Child,
+    process: ServeProcess,
     smtp: SocketAddr,
     imap: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -86,7 +84,6 @@ impl Server {
             ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix),
             ("MAILCLUSTER_PROTOCOLS", "smtp,imap"),
             ("MAILCLUSTER_LISTEN_ADDR", "127.0.0.1"),
-            ("MAILCLUSTER_LOG_FORMAT", "json"),
             ("MAILCLUSTER_LOG_LEVEL", "info"),
             ("MAILCLUSTER_SMTP_PORT", "0"),
             ("MAILCLUSTER_IMAP_PORT", "0"),
@@ -94,94 +91,9 @@ impl Server {
             ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
         ];
         env.extend_from_slice(extra);
-        let mut child = common::command(db.dir.path(), &["serve"], &env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mailcluster serve");
-        // The log is drained for the whole life of the process: a full pipe would
-        // block the server's logging and with it the server.
-        let stderr = child.stderr.take().expect("stderr piped");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let mut listeners = HashMap::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while listeners.len() < 2 {
-            let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
-                let _ = child.kill();
-                panic!("server did not come up:\n{}", log.lock().unwrap().join("\n"));
-            };
-            let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            if event.get("message").and_then(|m| m.as_str()) != Some("listening") {
-                continue;
-            }
-            let addr = event.get("addr").and_then(|a| a.as_str()).and_then(|a| a.parse::<SocketAddr>().ok());
-            let name = event.get("listener").and_then(|l| l.as_str()).map(str::to_string);
-            if let (Some(name), Some(addr)) = (name, addr) {
-                listeners.insert(name, addr);
-            }
-        }
-        Server { child, smtp: listeners["smtp"], imap: listeners["imap"], log }
+        let process = ServeProcess::start(db.dir.path(), &env, 2);
+        Server { smtp: process.addr("smtp"), imap: process.addr("imap"), process }
     }
-
-    fn log_contains(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
-    }
-
-    fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if !std::thread::panicking() {
-            assert!(!self.log_contains("panicked"), "server panicked:\n{}", self.log_text());
-        }
-    }
-}
-
-/// Delivers one message over SMTP (port 25 semantics: no authentication);
-/// returns when the end of DATA was sent, the moment the delivery starts.
-fn smtp_deliver(addr: SocketAddr, subject: &str) -> Instant {
-    let stream = TcpStream::connect(addr).expect("connect smtp");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let expect = |r: &mut BufReader<TcpStream>, code: &str| loop {
-        let mut line = String::new();
-        r.read_line(&mut line).expect("smtp reply");
-        assert!(line.starts_with(code), "expected {code}, got {line:?}");
-        if line.as_bytes().get(3) == Some(&b' ') {
-            break;
-        }
-    };
-    expect(&mut r, "220");
-    for (cmd, code) in [
-        ("EHLO client.test", "250"),
-        ("MAIL FROM:<sender@remote.test>", "250"),
-        (&format!("RCPT TO:<{USER}>"), "250"),
-        ("DATA", "354"),
-    ] {
-        write!(w, "{cmd}\r\n").unwrap();
-        expect(&mut r, code);
-    }
-    write!(w, "From: sender@remote.test\r\nTo: {USER}\r\nSubject: {subject}\r\n\r\nHello.\r\n").unwrap();
-    let sent = Instant::now();
-    write!(w, ".\r\n").unwrap();
-    expect(&mut r, "250");
-    write!(w, "QUIT\r\n").unwrap();
-    sent
 }
 
 /// The reply to one command: its untagged lines and its tagged status line.
@@ -498,7 +410,7 @@ fn idle_on_one_process_is_woken_by_changes_on_the_other() {
     let idle_tag = idler.idle();
     let mut writer = Imap::login_select("B", b.imap);
 
-    let started = smtp_deliver(b.smtp, "delivered on B");
+    let started = smtp_deliver(b.smtp, USER, "delivered on B");
     let took = idler.wait_for(started, Duration::from_secs(10), |l| is_untagged(l, " EXISTS"));
     println!("IDLE wake-up after SMTP delivery on the other process: {took:?}");
     assert!(took < bound, "SMTP delivery took {took:?}");
@@ -652,16 +564,16 @@ fn idle_falls_back_to_polling_when_redis_is_lost() {
 
     let mut idler = Imap::login_select("A", a.imap);
     let idle_tag = idler.idle();
-    smtp_deliver(b.smtp, "before the cut");
+    smtp_deliver(b.smtp, USER, "before the cut");
     idler.wait_for(Instant::now(), Duration::from_secs(10), |l| is_untagged(l, " EXISTS"));
 
     proxy.cut();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !a.log_contains("Redis pub/sub connection closed") {
-        assert!(Instant::now() < deadline, "A did not notice losing Redis:\n{}", a.log_text());
+    while !a.process.log_contains("Redis pub/sub connection closed") {
+        assert!(Instant::now() < deadline, "A did not notice losing Redis:\n{}", a.process.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let started = smtp_deliver(b.smtp, "after the cut");
+    let started = smtp_deliver(b.smtp, USER, "after the cut");
     let took = idler.wait_for(started, Duration::from_secs(10), |l| l == "* 2 EXISTS");
     println!("IDLE wake-up by polling (every 1 s) without Redis: {took:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");

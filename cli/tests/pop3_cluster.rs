@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, ServeProcess, ephemeral_ports};
+use common::cluster::{PgDatabase, ServeProcess, ephemeral_ports, smtp_deliver};
 use common::{redis_url, run, run_with, unique};
 
 /// Lifetime of the maildrop lock in this test (renewed every third of it).
@@ -47,33 +47,6 @@ impl Pop3 {
     }
 }
 
-fn smtp_deliver(addr: SocketAddr, subject: &str) {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect smtp");
-    stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    let mut r = BufReader::new(stream);
-    let expect = |r: &mut BufReader<TcpStream>, send: &str, code: &str| {
-        if !send.is_empty() {
-            r.get_mut().write_all(send.as_bytes()).expect("write");
-        }
-        loop {
-            let mut line = String::new();
-            r.read_line(&mut line).expect("read");
-            assert!(line.starts_with(code), "{send:?} → {line}");
-            if line.as_bytes().get(3) == Some(&b' ') {
-                break;
-            }
-        }
-    };
-    expect(&mut r, "", "220");
-    expect(&mut r, "EHLO client.test\r\n", "250");
-    expect(&mut r, "MAIL FROM:<alice@example.com>\r\n", "250");
-    expect(&mut r, "RCPT TO:<bob@example.org>\r\n", "250");
-    expect(&mut r, "DATA\r\n", "354");
-    let body = format!("From: alice@example.com\r\nSubject: {subject}\r\n\r\nbody of {subject}\r\n.\r\n");
-    expect(&mut r, &body, "250");
-    expect(&mut r, "QUIT\r\n", "221");
-}
-
 #[test]
 fn maildrop_lock_holds_across_processes_and_expires_after_a_crash() {
     let db = PgDatabase::create("mc_pop3");
@@ -99,7 +72,7 @@ fn maildrop_lock_holds_across_processes_and_expires_after_a_crash() {
     let mut a = ServeProcess::start(dir_a.path(), &env, 2);
     let b = ServeProcess::start(dir_b.path(), &env, 2);
     for subject in ["one", "two", "three"] {
-        smtp_deliver(a.addr("smtp"), subject);
+        smtp_deliver(a.addr("smtp"), "bob@example.org", subject);
     }
 
     // A holds the maildrop: B refuses with [IN-USE].

@@ -71,9 +71,6 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let rest: Vec<String> = server.log.try_iter().collect();
-    let mut seen = std::mem::take(&mut server.seen);
-    seen.extend(rest);
-    assert_eq!(code, Some(0), "log:\n{}", seen.join("\n"));
-    assert!(!seen.iter().any(|l| l.contains("panicked")), "{}", seen.join("\n"));
+    assert_eq!(code, Some(0), "log:\n{}", server.log_text());
+    assert!(!server.log_contains("panicked"), "{}", server.log_text());
 }

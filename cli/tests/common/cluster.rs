@@ -2,11 +2,11 @@
 //! database and a Redis key prefix of their own, as pods of one cluster share them.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use sqlx::Connection;
@@ -75,15 +75,16 @@ pub fn ephemeral_ports() -> Vec<(&'static str, &'static str)> {
     env
 }
 
-/// A running `mailcluster serve` with JSON logs; killed when dropped.
+/// A running `mailcluster serve` with JSON logs; killed when dropped (and checked
+/// for panics in its log then).
 pub struct ServeProcess {
     pub child: Child,
     pub admin: SocketAddr,
     /// Listener name → bound address, from the "listening" log events.
     pub listeners: BTreeMap<String, SocketAddr>,
-    pub log: mpsc::Receiver<String>,
-    /// Every log line read so far (for failure messages).
-    pub seen: Vec<String>,
+    /// Every log line so far. The log is drained for the whole life of the
+    /// process: a full pipe would block the server's logging and with it the server.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServeProcess {
@@ -99,25 +100,24 @@ impl ServeProcess {
             .spawn()
             .expect("spawn mailcluster serve");
         let stderr = child.stderr.take().expect("stderr piped");
-        let (tx, log) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = mpsc::channel();
+        let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line.clone());
+                let _ = tx.send(line);
             }
         });
         let mut admin = None;
         let mut listeners = BTreeMap::new();
-        let mut seen = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while admin.is_none() || listeners.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = log.recv_timeout(left) else {
+            let Ok(line) = lines.recv_timeout(left) else {
                 let _ = child.kill();
-                panic!("server did not come up; log so far:\n{}", seen.join("\n"));
+                panic!("server did not come up; log so far:\n{}", log.lock().unwrap().join("\n"));
             };
-            seen.push(line.clone());
             let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
             let addr = event.get("addr").and_then(|a| a.as_str()).and_then(|a| a.parse::<SocketAddr>().ok());
             match (event.get("message").and_then(|m| m.as_str()), addr) {
@@ -129,11 +129,19 @@ impl ServeProcess {
                 _ => {}
             }
         }
-        ServeProcess { child, admin: admin.expect("admin address"), listeners, log, seen }
+        ServeProcess { child, admin: admin.expect("admin address"), listeners, log }
     }
 
     pub fn addr(&self, listener: &str) -> SocketAddr {
         *self.listeners.get(listener).unwrap_or_else(|| panic!("no {listener} listener"))
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|l| l.contains(needle))
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
     }
 
     /// SIGKILL: the process gets no chance to clean up (a crashed pod).
@@ -146,5 +154,43 @@ impl ServeProcess {
 impl Drop for ServeProcess {
     fn drop(&mut self) {
         self.kill9();
+        if !std::thread::panicking() {
+            assert!(!self.log_contains("panicked"), "server panicked:\n{}", self.log_text());
+        }
     }
+}
+
+/// Delivers one message to `rcpt` over SMTP (port 25 semantics: no
+/// authentication) and waits for its 250; returns when the end of DATA was sent,
+/// the moment the delivery starts.
+pub fn smtp_deliver(addr: SocketAddr, rcpt: &str, subject: &str) -> Instant {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect smtp");
+    stream.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    let expect = |r: &mut BufReader<TcpStream>, code: &str| loop {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("smtp reply");
+        assert!(line.starts_with(code), "expected {code}, got {line:?}");
+        if line.as_bytes().get(3) == Some(&b' ') {
+            break;
+        }
+    };
+    expect(&mut r, "220");
+    for (cmd, code) in [
+        ("EHLO client.test", "250"),
+        ("MAIL FROM:<sender@remote.test>", "250"),
+        (&format!("RCPT TO:<{rcpt}>"), "250"),
+        ("DATA", "354"),
+    ] {
+        write!(w, "{cmd}\r\n").unwrap();
+        expect(&mut r, code);
+    }
+    write!(w, "From: sender@remote.test\r\nTo: {rcpt}\r\nSubject: {subject}\r\n\r\nbody of {subject}\r\n")
+        .unwrap();
+    let sent = Instant::now();
+    write!(w, ".\r\n").unwrap();
+    expect(&mut r, "250");
+    write!(w, "QUIT\r\n").unwrap();
+    sent
 }
