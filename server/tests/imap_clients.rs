@@ -6,15 +6,12 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
-use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
-use mailcluster_server::store::{self, FlagSet};
 
 /// Serves `imaps` (implicit TLS) and `imap` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.
@@ -32,14 +29,8 @@ fn serve(app: App, tls: TlsProvider) -> (SocketAddr, SocketAddr) {
 
 /// The real embedded store (SQLite in a temporary directory) and in-process cache.
 async fn setup() -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = store::open(None, dir.path(), 4, Duration::from_secs(5)).await.expect("open store");
-    store.migrate().await.expect("migrate");
-    store.domain_add("example.org").await.expect("domain");
-    let app = app_with(store, Arc::new(LocalCache::new()), false);
-    let bob = account(&app, "bob@example.org", "pw").await;
-    deliver(&app, &bob, "INBOX", &sample("first", "first body"), FlagSet::default()).await;
-    deliver(&app, &bob, "INBOX", &sample("second", "second body"), FlagSet::default()).await;
+    let (app, dir) = embedded_app(|_| {}).await;
+    bob_with_two_messages(&app).await;
     let (imaps, imap) = serve(app.clone(), tls_provider());
     (app, imaps, imap, dir)
 }

@@ -6,15 +6,13 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
-use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
 use mailcluster_server::pop3::Pop3Protocol;
-use mailcluster_server::store::{self, FlagSet, Flags, UidSet};
+use mailcluster_server::store::{Flags, UidSet};
 
 /// Serves `pop3s` (implicit TLS) and `pop3` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.
@@ -39,14 +37,8 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = store::open(None, dir.path(), 4, Duration::from_secs(5)).await.expect("open store");
-    store.migrate().await.expect("migrate");
-    store.domain_add("example.org").await.expect("domain");
-    let app = app_with(store, Arc::new(LocalCache::new()), false);
-    let bob = account(&app, "bob@example.org", "pw").await;
-    deliver(&app, &bob, "INBOX", &sample("first", "first body"), FlagSet::default()).await;
-    deliver(&app, &bob, "INBOX", &sample("second", "second body"), FlagSet::default()).await;
+    let (app, dir) = embedded_app(|_| {}).await;
+    let bob = bob_with_two_messages(&app).await;
     let inbox = app.store.mailbox_get(bob.id, "INBOX").await.expect("get").expect("INBOX").id;
     let (pop3s, pop3) = serve(app.clone(), tls_provider());
     Setup { app, inbox, pop3s, pop3, _dir: dir }

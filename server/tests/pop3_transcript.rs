@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
-use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::config::Config;
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
 use mailcluster_server::pop3::Pop3Protocol;
@@ -26,14 +24,11 @@ struct Fixture {
 
 /// bob@example.org with three messages; the second has a line starting with a dot.
 async fn fixture(tweak: impl FnOnce(&mut Config)) -> Fixture {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = store::open(None, dir.path(), 4, Duration::from_secs(5)).await.expect("open store");
-    store.migrate().await.expect("migrate");
-    store.domain_add("example.org").await.expect("domain");
-    let app = app_configured(store, Arc::new(LocalCache::new()), |c| {
+    let (app, dir) = embedded_app(|c| {
         c.tls.allow_plaintext_auth = true;
         tweak(c)
-    });
+    })
+    .await;
     let bob = account(&app, "bob@example.org", "secret pw").await;
     let mut uids = Vec::new();
     for (subject, body) in [("one", "first body"), ("two", ".dot line\r\nsecond"), ("three", "third body")] {

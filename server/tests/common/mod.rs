@@ -220,3 +220,25 @@ pub async fn run_client(cmd: &mut tokio::process::Command) -> (bool, String) {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
+
+/// The embedded default: SQLite in a temporary directory (kept alive by the returned
+/// guard), the in-process cache, domain example.org.
+pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = mailcluster_server::store::open(None, dir.path(), 4, Duration::from_secs(5))
+        .await
+        .expect("open store");
+    store.migrate().await.expect("migrate");
+    store.domain_add("example.org").await.expect("domain");
+    let cache = Arc::new(mailcluster_server::cache::local::LocalCache::new());
+    (app_configured(store, cache, tweak), dir)
+}
+
+/// bob@example.org (password "pw") with "first" and "second" in his INBOX, as the
+/// real-client scripts expect.
+pub async fn bob_with_two_messages(app: &App) -> Account {
+    let bob = account(app, "bob@example.org", "pw").await;
+    deliver(app, &bob, "INBOX", &sample("first", "first body"), FlagSet::default()).await;
+    deliver(app, &bob, "INBOX", &sample("second", "second body"), FlagSet::default()).await;
+    bob
+}
