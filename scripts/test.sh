@@ -47,6 +47,9 @@ missing=()
 for tool in python3 swaks curl; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
+# --no-install-recommends skips).
+perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 # pip into the interpreter the tests run. Debian's own python3 refuses plain

@@ -65,6 +65,26 @@ impl Database {
             rows.into_iter().map(|(u,)| u32::try_from(u).expect("uid fits u32")).collect()
         })
     }
+
+    /// UIDs of the INBOX whose system flags include `bit` (1 \Seen, 2 \Answered,
+    /// 4 \Flagged, 8 \Deleted), from the store.
+    fn inbox_uids_with(&self, bit: i32) -> Vec<u32> {
+        block_on(async {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("connect");
+            let rows: Vec<(i64,)> = sqlx::query_as(
+                "SELECT mm.uid FROM mailbox_messages mm \
+                 JOIN mailboxes m ON m.id = mm.mailbox_id \
+                 JOIN accounts a ON a.id = m.account_id \
+                 WHERE a.email = $1 AND m.name = 'INBOX' AND mm.flags & $2 <> 0 ORDER BY mm.uid",
+            )
+            .bind(USER)
+            .bind(bit)
+            .fetch_all(&mut conn)
+            .await
+            .expect("query uids");
+            rows.into_iter().map(|(u,)| u32::try_from(u).expect("uid fits u32")).collect()
+        })
+    }
 }
 
 /// One `mailcluster serve` process (SMTP and IMAP on ephemeral ports) of the
@@ -272,6 +292,39 @@ impl Imap {
         let r = self.command("FETCH 1:* (UID FLAGS)");
         assert!(r.ok() || truth.is_empty(), "{r:?}");
         assert_eq!(self.uids, truth, "{}: seq → UID map differs from the store", self.name);
+    }
+
+    fn uid_search(&mut self, criteria: &str) -> Vec<u32> {
+        let r = self.command(&format!("UID SEARCH {criteria}"));
+        assert!(r.ok(), "{}: UID SEARCH {criteria}: {r:?}", self.name);
+        r.untagged
+            .iter()
+            .find_map(|l| l.strip_prefix("* SEARCH"))
+            .map(|rest| rest.split_whitespace().map(|w| w.parse().unwrap()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The flags this session reports (FETCH FLAGS and flag SEARCH, both answered
+    /// from the server's per-session flag map) against the store's rows.
+    fn check_flags_against(&mut self, db: &Database) {
+        for (bit, flag, key) in
+            [(1, "\\Seen", "SEEN"), (4, "\\Flagged", "FLAGGED"), (8, "\\Deleted", "DELETED")]
+        {
+            let truth = db.inbox_uids_with(bit);
+            let mut fetched: Vec<u32> =
+                self.flags.iter().filter(|(_, f)| f.contains(flag)).map(|(&u, _)| u).collect();
+            fetched.sort_unstable();
+            assert_eq!(fetched, truth, "{}: FETCH FLAGS {flag} differ from the store", self.name);
+            let found = self.uid_search(key);
+            assert_eq!(found, truth, "{}: UID SEARCH {key} differs from the store", self.name);
+            let not_found = self.uid_search(&format!("UN{key}"));
+            assert_eq!(
+                found.len() + not_found.len(),
+                self.uids.len(),
+                "{}: {key} and UN{key} split",
+                self.name
+            );
+        }
     }
 
     /// Waits (in IDLE) for an untagged line satisfying `want`; returns how long it took.
@@ -529,6 +582,8 @@ fn concurrent_sessions_on_two_processes_keep_rfc3501_sequence_rules() {
     assert!(!truth.is_empty());
     ca.check_against(&truth);
     cb.check_against(&truth);
+    ca.check_flags_against(&db);
+    cb.check_flags_against(&db);
 
     // A flag set through one process shows up on the other with its next command.
     // (Different flags each way: setting one already set changes nothing.)

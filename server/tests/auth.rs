@@ -100,6 +100,9 @@ impl Store for DownStore {
     async fn mailbox_uids(&self, _: i64) -> StoreResult<Vec<u32>> {
         down_store()
     }
+    async fn mailbox_index(&self, _: i64) -> StoreResult<MailboxIndex> {
+        down_store()
+    }
     async fn messages_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<MessageRow>> {
         down_store()
     }

@@ -55,6 +55,21 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// Runs one statement behind the trait (`$1`-style placeholders are not used).
+    async fn exec_sql(&self, sql: &str) {
+        match self.backend {
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("pg connect");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.expect("statement");
+            }
+            Backend::Sqlite => {
+                let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).expect("sqlite url");
+                let mut c = sqlx::SqliteConnection::connect_with(&opts).await.expect("sqlite connect");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.expect("statement");
+            }
+        }
+    }
+
     async fn open_again(&self) -> Arc<dyn Store> {
         store::open(Some(&self.url), &self.data_dir, 4, CONNECT_TIMEOUT).await.expect("second store opens")
     }
@@ -188,6 +203,8 @@ conformance!(
     uids_by_flags_queries,
     expunge_and_tombstones,
     maildrop_listing,
+    mailbox_index_snapshot,
+    bodies_by_uid_rows,
     changes_since_after_store_and_expunge,
     copy_and_move,
     concurrent_group_commit,
@@ -846,6 +863,75 @@ async fn maildrop_listing(ctx: Ctx) {
         let body = s.message_body(entry.message_id).await.expect("body");
         assert_eq!(entry.size as usize, body.len(), "size is the stored octet count");
     }
+}
+
+async fn mailbox_index_snapshot(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let empty = s.mailbox_index(inbox).await.expect("index");
+    assert!(empty.uids.is_empty() && empty.flags.is_empty() && empty.keywords.is_empty());
+    let mut uids = Vec::new();
+    for i in 0..6 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    let set = |idx: &[usize]| UidSet::from_uids(&idx.iter().map(|&i| uids[i]).collect::<Vec<_>>());
+    s.store_flags(inbox, &set(&[0, 2]), FlagOp::Add, &flagset(Flags::SEEN, &["$Work"])).await.expect("s");
+    s.store_flags(inbox, &set(&[3]), FlagOp::Add, &flagset(Flags::DELETED, &["$Junk", "$Work"]))
+        .await
+        .expect("s");
+    s.store_flags(inbox, &set(&[1]), FlagOp::Add, &flagset(Flags::DELETED, &[])).await.expect("s");
+    s.expunge(inbox, Some(&set(&[1]))).await.expect("expunge");
+
+    let index = s.mailbox_index(inbox).await.expect("index");
+    let status = s.mailbox_status(inbox).await.expect("status");
+    assert_eq!(index.highest_modseq, status.highest_modseq);
+    assert_eq!(index.uid_next, status.uid_next);
+    assert_eq!(index.uids, s.mailbox_uids(inbox).await.expect("uids"));
+    // Every message's flags and keywords agree with the per-row query.
+    let rows = s.flags_by_uid(inbox, &UidSet::all()).await.expect("rows");
+    assert_eq!(rows.len(), index.uids.len());
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!((index.uids[i], index.flags[i]), (row.uid, row.flags.system));
+        let kw =
+            index.keywords.iter().find(|(u, _)| *u == row.uid).map(|(_, k)| k.clone()).unwrap_or_default();
+        assert_eq!(kw, row.flags.keywords, "keywords of uid {}", row.uid);
+    }
+    assert_eq!(index.keywords.iter().map(|(u, _)| *u).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
+    assert_eq!(index.flags[0], Flags::SEEN);
+    assert!(is_not_found(s.mailbox_index(inbox + 1000).await));
+}
+
+async fn bodies_by_uid_rows(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..5 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    s.store_flags(inbox, &UidSet::single(uids[2]), FlagOp::Add, &flagset(Flags::FLAGGED, &["$Later"]))
+        .await
+        .expect("flag");
+    let raw = |i: usize| Bytes::from(format!("Subject: m{i}\r\n\r\nHello\r\n"));
+    // one UID, one range, several ranges; unknown UIDs are skipped
+    let one = s.bodies_by_uid(inbox, &UidSet::single(uids[2])).await.expect("one");
+    assert_eq!(one.len(), 1);
+    assert_eq!((one[0].uid, &one[0].body, one[0].header_size), (uids[2], &raw(2), 20));
+    assert_eq!(one[0].flags, flagset(Flags::FLAGGED, &["$Later"]));
+    assert_eq!(one[0].internal_date, ts(1_700_000_100));
+    let range = s.bodies_by_uid(inbox, &UidSet(vec![(uids[1], uids[3])])).await.expect("range");
+    assert_eq!(range.iter().map(|r| r.uid).collect::<Vec<_>>(), uids[1..=3].to_vec());
+    let many = UidSet::from_uids(&[uids[0], uids[2], uids[4], uids[4] + 100]);
+    let rows = s.bodies_by_uid(inbox, &many).await.expect("many");
+    assert_eq!(rows.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[4]]);
+    for (row, i) in rows.iter().zip([0, 2, 4]) {
+        assert_eq!(row.body, raw(i));
+    }
+    assert!(s.bodies_by_uid(inbox, &UidSet::single(uids[4] + 100)).await.expect("none").is_empty());
+
+    // A row written before the header length was stored: found in the body.
+    ctx.exec_sql("UPDATE messages SET header_size = NULL").await;
+    let old = s.bodies_by_uid(inbox, &UidSet::single(uids[0])).await.expect("old row");
+    assert_eq!(old[0].header_size, "Subject: m0\r\n\r\n".len() as u32);
 }
 
 async fn changes_since_after_store_and_expunge(ctx: Ctx) {

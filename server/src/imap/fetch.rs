@@ -24,6 +24,10 @@ use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 /// streams instead of building one huge buffer.
 const FLUSH_AT: usize = 256 * 1024;
 
+/// Whole messages are loaded this many at a time: one round trip for the usual
+/// single-message FETCH, and a bound on the bodies held for `1:* BODY[]`.
+const FETCH_BATCH: usize = 8;
+
 impl Session {
     pub(crate) async fn cmd_fetch(
         &mut self,
@@ -38,6 +42,11 @@ impl Session {
         if uid && !items.contains(&MessageDataItemName::Uid) {
             items.insert(0, MessageDataItemName::Uid);
         }
+        // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
+        // answered from the session's flag map.
+        if let Err(e) = self.sync(false).await {
+            return store_error(e);
+        }
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
         let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
             return Outcome::bad("Invalid sequence number");
@@ -48,6 +57,13 @@ impl Session {
         let needs_body = items
             .iter()
             .any(|i| matches!(i, I::BodyExt { .. } | I::Rfc822 | I::Rfc822Header | I::Rfc822Text));
+        // ENVELOPE, BODY[STRUCTURE] and sections inside MIME parts need the stored
+        // metadata; everything else is served from the body row alone.
+        let needs_parts = items.iter().any(|i| match i {
+            I::Envelope | I::Body | I::BodyStructure => true,
+            I::BodyExt { section: Some(section), .. } => section_in_part(section),
+            _ => false,
+        });
         let sets_seen = !read_only
             && items.iter().any(|i| matches!(i, I::BodyExt { peek: false, .. } | I::Rfc822 | I::Rfc822Text));
         let store = self.app.store.clone();
@@ -67,11 +83,46 @@ impl Session {
                     if let Some(sel) = self.selected.as_mut() {
                         // Answered in this FETCH; not again at the next sync.
                         sel.own_changes.extend(rows.iter().map(|r| (r.uid, r.modseq)));
+                        for r in &rows {
+                            sel.set_flags(r.uid, &r.flags);
+                        }
                     }
                     self.notify(mailbox_id, modseq).await;
                 }
             }
-            if needs_meta {
+            if needs_body && !needs_parts {
+                // Link and body in one query, a few messages at a time so memory stays
+                // bounded by FETCH_BATCH bodies.
+                for chunk in uids.chunks(FETCH_BATCH) {
+                    let rows = match store.bodies_by_uid(mailbox_id, &UidSet::from_uids(chunk)).await {
+                        Ok(r) => r,
+                        Err(e) => return store_error(e),
+                    };
+                    for row in rows {
+                        self.announce_keywords(&row.flags);
+                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
+                            continue;
+                        };
+                        let meta = MessageMeta {
+                            size: row.body.len() as u32,
+                            header_size: row.header_size,
+                            ..MessageMeta::default()
+                        };
+                        let message = Message {
+                            uid: row.uid,
+                            flags: &row.flags,
+                            internal_date: &row.internal_date,
+                            meta: &meta,
+                            body: Some(&row.body),
+                        };
+                        let seen = seen_changed.binary_search(&row.uid).is_ok();
+                        fetch_line(&mut self.out, seq, &items, &message, seen);
+                        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                            return Outcome::no("[UNAVAILABLE] Connection lost");
+                        }
+                    }
+                }
+            } else if needs_meta {
                 let rows = match store.messages_by_uid(mailbox_id, &uid_set).await {
                     Ok(r) => r,
                     Err(e) => return store_error(e),
@@ -87,108 +138,61 @@ impl Session {
                     } else {
                         None
                     };
-                    let mut line = format!("* {seq} FETCH (").into_bytes();
-                    let mut first = true;
-                    let mut flags_sent = false;
-                    for item in &items {
-                        if !first {
-                            line.push(b' ');
-                        }
-                        first = false;
-                        match item {
-                            I::Uid => {
-                                let _ = write!(Bytes(&mut line), "UID {}", row.uid);
-                            }
-                            I::Flags => {
-                                flags_sent = true;
-                                let _ = write!(Bytes(&mut line), "FLAGS {}", encode::flag_list(&row.flags));
-                            }
-                            I::InternalDate => {
-                                let _ = write!(
-                                    Bytes(&mut line),
-                                    "INTERNALDATE {}",
-                                    encode::internal_date(&row.internal_date)
-                                );
-                            }
-                            I::Rfc822Size => {
-                                let _ = write!(Bytes(&mut line), "RFC822.SIZE {}", row.meta.size);
-                            }
-                            I::Envelope => {
-                                let _ = write!(Bytes(&mut line), "ENVELOPE {}", row.meta.envelope);
-                            }
-                            I::Body => {
-                                let _ = write!(Bytes(&mut line), "BODY {}", row.meta.body);
-                            }
-                            I::BodyStructure => {
-                                let _ = write!(Bytes(&mut line), "BODYSTRUCTURE {}", row.meta.body_structure);
-                            }
-                            I::Rfc822 | I::Rfc822Header | I::Rfc822Text | I::BodyExt { .. } => {
-                                let raw = body.as_deref().unwrap_or_default();
-                                let (label, data) = match item {
-                                    I::Rfc822 => ("RFC822".to_string(), Cow::Borrowed(raw)),
-                                    I::Rfc822Header => {
-                                        ("RFC822.HEADER".to_string(), Cow::Borrowed(header(raw, &row.meta)))
-                                    }
-                                    I::Rfc822Text => {
-                                        ("RFC822.TEXT".to_string(), Cow::Borrowed(text(raw, &row.meta)))
-                                    }
-                                    I::BodyExt { section, partial, .. } => {
-                                        let (spec, data) = section_bytes(raw, &row.meta, section.as_ref());
-                                        match partial {
-                                            Some((offset, len)) => {
-                                                let start = (*offset as usize).min(data.len());
-                                                let end =
-                                                    start.saturating_add(len.get() as usize).min(data.len());
-                                                let sliced = match data {
-                                                    Cow::Borrowed(d) => Cow::Borrowed(&d[start..end]),
-                                                    Cow::Owned(d) => Cow::Owned(d[start..end].to_vec()),
-                                                };
-                                                (format!("BODY[{spec}]<{offset}>"), sliced)
-                                            }
-                                            None => (format!("BODY[{spec}]"), data),
-                                        }
-                                    }
-                                    _ => continue,
-                                };
-                                let _ = write!(Bytes(&mut line), "{label} {{{}}}\r\n", data.len());
-                                line.extend_from_slice(&data);
-                            }
-                        }
-                    }
-                    if !flags_sent && seen_changed.binary_search(&row.uid).is_ok() {
-                        let _ = write!(Bytes(&mut line), " FLAGS {}", encode::flag_list(&row.flags));
-                    }
-                    line.extend_from_slice(b")\r\n");
-                    self.out.extend_from_slice(&line);
+                    let message = Message {
+                        uid: row.uid,
+                        flags: &row.flags,
+                        internal_date: &row.internal_date,
+                        meta: &row.meta,
+                        body: body.as_deref(),
+                    };
+                    let seen = seen_changed.binary_search(&row.uid).is_ok();
+                    fetch_line(&mut self.out, seq, &items, &message, seen);
                     if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                         return Outcome::no("[UNAVAILABLE] Connection lost");
                     }
                 }
             } else {
-                let rows = match store.flags_by_uid(mailbox_id, &uid_set).await {
-                    Ok(r) => r,
-                    Err(e) => return store_error(e),
-                };
-                for row in rows {
-                    self.announce_keywords(&row.flags);
-                    let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else { continue };
-                    let mut parts = Vec::with_capacity(2);
-                    for item in &items {
-                        match item {
-                            I::Uid => parts.push(format!("UID {}", row.uid)),
-                            I::Flags => parts.push(format!("FLAGS {}", encode::flag_list(&row.flags))),
-                            _ => {}
+                // FLAGS and UID only: from the flag map, no query.
+                for chunk in uids.chunks(1024) {
+                    let Some(sel) = self.selected.as_ref() else { break };
+                    let mut lines = String::new();
+                    for &u in chunk {
+                        // Expunged elsewhere and not yet announced: nothing to report.
+                        let Ok(pos) = sel.uids.binary_search(&u) else { continue };
+                        if sel.pending_expunge.contains(&u) {
+                            continue;
                         }
+                        let _ = write!(lines, "* {} FETCH (", pos + 1);
+                        for (n, item) in items.iter().enumerate() {
+                            if n > 0 {
+                                lines.push(' ');
+                            }
+                            match item {
+                                I::Uid => {
+                                    let _ = write!(lines, "UID {u}");
+                                }
+                                I::Flags => {
+                                    let _ =
+                                        write!(lines, "FLAGS {}", encode::flag_list(&sel.flag_set_at(pos)));
+                                }
+                                _ => {}
+                            }
+                        }
+                        lines.push_str(")\r\n");
                     }
-                    self.push(&format!("* {seq} FETCH ({})", parts.join(" ")));
+                    self.out.extend_from_slice(lines.as_bytes());
                     if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                         return Outcome::no("[UNAVAILABLE] Connection lost");
                     }
                 }
             }
         }
-        if let Err(e) = self.sync(uid).await {
-            return store_error(e);
+        if uid {
+            // UID FETCH may announce EXPUNGE (RFC 3501 §7.4.1); no second round trip.
+            let lines = self.selected.as_mut().map(|s| s.take_pending_expunges()).unwrap_or_default();
+            for l in lines {
+                self.push(&l);
+            }
         }
         Outcome::ok(if uid { "UID FETCH completed" } else { "FETCH completed" })
     }
@@ -204,6 +208,88 @@ impl Session {
             self.push(&line);
         }
     }
+}
+
+/// One message as a FETCH response sees it.
+struct Message<'a> {
+    uid: u32,
+    flags: &'a FlagSet,
+    internal_date: &'a chrono::DateTime<chrono::Utc>,
+    meta: &'a MessageMeta,
+    body: Option<&'a [u8]>,
+}
+
+/// Appends `* seq FETCH (...)` for the requested items. `seen_set`: \Seen was
+/// just set by this FETCH, so FLAGS are reported even when not asked for.
+fn fetch_line(
+    out: &mut Vec<u8>,
+    seq: u32,
+    items: &[MessageDataItemName<'_>],
+    m: &Message<'_>,
+    seen_set: bool,
+) {
+    use MessageDataItemName as I;
+    let _ = write!(Bytes(out), "* {seq} FETCH (");
+    let mut flags_sent = false;
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            out.push(b' ');
+        }
+        match item {
+            I::Uid => {
+                let _ = write!(Bytes(out), "UID {}", m.uid);
+            }
+            I::Flags => {
+                flags_sent = true;
+                let _ = write!(Bytes(out), "FLAGS {}", encode::flag_list(m.flags));
+            }
+            I::InternalDate => {
+                let _ = write!(Bytes(out), "INTERNALDATE {}", encode::internal_date(m.internal_date));
+            }
+            I::Rfc822Size => {
+                let _ = write!(Bytes(out), "RFC822.SIZE {}", m.meta.size);
+            }
+            I::Envelope => {
+                let _ = write!(Bytes(out), "ENVELOPE {}", m.meta.envelope);
+            }
+            I::Body => {
+                let _ = write!(Bytes(out), "BODY {}", m.meta.body);
+            }
+            I::BodyStructure => {
+                let _ = write!(Bytes(out), "BODYSTRUCTURE {}", m.meta.body_structure);
+            }
+            I::Rfc822 | I::Rfc822Header | I::Rfc822Text | I::BodyExt { .. } => {
+                let raw = m.body.unwrap_or_default();
+                let (label, data) = match item {
+                    I::Rfc822 => ("RFC822".to_string(), Cow::Borrowed(raw)),
+                    I::Rfc822Header => ("RFC822.HEADER".to_string(), Cow::Borrowed(header(raw, m.meta))),
+                    I::Rfc822Text => ("RFC822.TEXT".to_string(), Cow::Borrowed(text(raw, m.meta))),
+                    I::BodyExt { section, partial, .. } => {
+                        let (spec, data) = section_bytes(raw, m.meta, section.as_ref());
+                        match partial {
+                            Some((offset, len)) => {
+                                let start = (*offset as usize).min(data.len());
+                                let end = start.saturating_add(len.get() as usize).min(data.len());
+                                let sliced = match data {
+                                    Cow::Borrowed(d) => Cow::Borrowed(&d[start..end]),
+                                    Cow::Owned(d) => Cow::Owned(d[start..end].to_vec()),
+                                };
+                                (format!("BODY[{spec}]<{offset}>"), sliced)
+                            }
+                            None => (format!("BODY[{spec}]"), data),
+                        }
+                    }
+                    _ => continue,
+                };
+                let _ = write!(Bytes(out), "{label} {{{}}}\r\n", data.len());
+                out.extend_from_slice(&data);
+            }
+        }
+    }
+    if !flags_sent && seen_set {
+        let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list(m.flags));
+    }
+    out.extend_from_slice(b")\r\n");
 }
 
 /// Macro expansions only contain plain items; rebuilt so they outlive the macro.
@@ -235,6 +321,17 @@ fn header<'a>(raw: &'a [u8], meta: &MessageMeta) -> &'a [u8] {
 
 fn text<'a>(raw: &'a [u8], meta: &MessageMeta) -> &'a [u8] {
     &raw[(meta.header_size as usize).min(raw.len())..]
+}
+
+/// Whether the section lies inside a MIME part (its offsets are in the metadata).
+fn section_in_part(section: &Section<'_>) -> bool {
+    match section {
+        Section::Part(_) | Section::Mime(_) => true,
+        Section::Header(p)
+        | Section::Text(p)
+        | Section::HeaderFields(p, _)
+        | Section::HeaderFieldsNot(p, _) => p.is_some(),
+    }
 }
 
 fn path_of(part: &Part) -> Vec<u32> {

@@ -69,6 +69,7 @@ impl Session {
             for row in &rows {
                 self.announce_keywords(&row.flags);
                 let Some(sel) = self.selected.as_mut() else { break };
+                sel.set_flags(row.uid, &row.flags);
                 // Our own change comes back from changes_since; it was answered here.
                 sel.own_changes.push((row.uid, row.modseq));
                 if response == StoreResponse::Silent {
@@ -164,9 +165,7 @@ impl Session {
         let mut lines = Vec::with_capacity(uids.len());
         if let Some(sel) = self.selected.as_mut() {
             for &uid in uids {
-                if let Some(seq) = sel.seq_of(uid) {
-                    sel.uids.remove(seq as usize - 1);
-                    sel.pending_expunge.retain(|&u| u != uid);
+                if let Some(seq) = sel.remove(uid) {
                     lines.push(format!("* {seq} EXPUNGE"));
                 }
             }

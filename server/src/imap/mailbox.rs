@@ -114,36 +114,18 @@ impl Session {
             Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
             Err(e) => return store_error(e),
         };
-        // Status (with its modseq) before the UID list: a delivery in between
-        // shows up again at the next sync instead of being missed.
-        let status = match store.mailbox_status(mb.id).await {
-            Ok(s) => s,
+        let index = match store.mailbox_index(mb.id).await {
+            Ok(i) => i,
             Err(e) => return store_error(e),
         };
-        let uids = match store.mailbox_uids(mb.id).await {
-            Ok(u) => u,
-            Err(e) => return store_error(e),
-        };
-        let unseen = match store.uids_by_flags(mb.id, Flags::NONE, Flags::SEEN).await {
-            Ok(u) => u,
-            Err(e) => return store_error(e),
-        };
-        let sel = Selected {
-            read_only,
-            uid_next: status.uid_next.max(uids.last().map_or(1, |u| u + 1)),
-            uids,
-            modseq: status.highest_modseq,
-            keywords: BTreeSet::new(),
-            pending_expunge: Vec::new(),
-            own_changes: Vec::new(),
-            mailbox: mb,
-        };
+        let sel = Selected::new(mb, read_only, index);
         for line in sel.flags_lines() {
             self.push(&line);
         }
         self.push(&format!("* {} EXISTS", sel.uids.len()));
         self.push("* 0 RECENT");
-        if let Some(seq) = unseen.iter().find_map(|&u| sel.seq_of(u)) {
+        if let Some(pos) = sel.flags.iter().position(|f| !f.contains(Flags::SEEN)) {
+            let seq = pos + 1;
             self.push(&format!("* OK [UNSEEN {seq}] First unseen message"));
         }
         self.push(&format!("* OK [UIDVALIDITY {}] UIDs valid", sel.mailbox.uid_validity));

@@ -1,9 +1,11 @@
 //! SEARCH and UID SEARCH (every RFC 3501 key).
 //!
-//! Searches that only test system flags (`UNSEEN`, `DELETED`, `UNSEEN UNDELETED`
-//! …) — what clients issue in a loop — are answered by `store.uids_by_flags` from
-//! an index. Everything else loads the stored metadata, and the body only when a
-//! BODY/TEXT/unusual HEADER key needs it.
+//! Searches on flags, keywords, sequence numbers and UIDs — `UNSEEN`, `DELETED`,
+//! what clients issue in a loop — are answered from the session's flag map after
+//! the usual sync round trip. Everything else loads the stored metadata, and the
+//! body only when a BODY/TEXT/unusual HEADER key needs it.
+
+use std::fmt::Write as _;
 
 use chrono::NaiveDate;
 use imap_codec::imap_types::core::{AString, Charset};
@@ -11,13 +13,14 @@ use imap_codec::imap_types::search::SearchKey;
 
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{FlagSet, Flags, MessageMeta, UidSet};
+use crate::store::{Flags, MessageMeta, UidSet};
 
 /// One message as the evaluator sees it.
 struct Candidate<'a> {
     seq: u32,
     uid: u32,
-    flags: &'a FlagSet,
+    system: Flags,
+    keywords: &'a [String],
     internal_date: Option<chrono::DateTime<chrono::Utc>>,
     meta: Option<&'a MessageMeta>,
     raw: Option<&'a [u8]>,
@@ -144,7 +147,7 @@ fn date_of(d: &imap_codec::imap_types::datetime::NaiveDate) -> NaiveDate {
 }
 
 fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
-    let has = |f: Flags| c.flags.system.contains(f);
+    let has = |f: Flags| c.system.contains(f);
     let meta_str = |get: fn(&MessageMeta) -> &str, needle: &AString<'_>| {
         c.meta.is_some_and(|m| contains_ci(get(m), &lower(needle)))
     };
@@ -168,8 +171,8 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
         // No session ever sees \Recent (it is not kept across pods).
         SearchKey::Recent | SearchKey::New => false,
         SearchKey::Old => true,
-        SearchKey::Keyword(k) => c.flags.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
-        SearchKey::Unkeyword(k) => !c.flags.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
+        SearchKey::Keyword(k) => c.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
+        SearchKey::Unkeyword(k) => !c.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
         SearchKey::Before(d) => internal.is_some_and(|i| i < date_of(d)),
         SearchKey::On(d) => internal.is_some_and(|i| i == date_of(d)),
         SearchKey::Since(d) => internal.is_some_and(|i| i >= date_of(d)),
@@ -223,89 +226,84 @@ impl Session {
                 return Outcome::no("[BADCHARSET (UTF-8 US-ASCII)] Unsupported charset");
             }
         }
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let mailbox_id = sel.mailbox.id;
-        let known = sel.uids.clone();
-        let bounds = Bounds { max_seq: known.len() as u32, max_uid: known.last().copied().unwrap_or(0) };
-        let store = self.app.store.clone();
-        let mut hits: Vec<u32> = Vec::new(); // UIDs
-
-        let (mut with, mut without) = (Flags::NONE, Flags::NONE);
-        if flag_only(criteria, &mut with, &mut without) {
-            let uids = if with == Flags::NONE && without == Flags::NONE {
-                known.clone()
-            } else {
-                match store.uids_by_flags(mailbox_id, with, without).await {
-                    Ok(u) => u,
-                    Err(e) => return store_error(e),
-                }
-            };
-            hits = uids.into_iter().filter(|u| known.binary_search(u).is_ok()).collect();
-        } else if !known.is_empty() {
-            let (mut need_meta, mut need_raw) = (false, false);
-            needs(criteria, &mut need_meta, &mut need_raw);
-            let all = UidSet::from_uids(&known);
-            if need_meta || need_raw {
-                let rows = match store.messages_by_uid(mailbox_id, &all).await {
-                    Ok(r) => r,
-                    Err(e) => return store_error(e),
-                };
-                for row in &rows {
-                    let Ok(pos) = known.binary_search(&row.uid) else { continue };
-                    let raw = if need_raw {
-                        match store.message_body(row.message_id).await {
-                            Ok(b) => Some(b),
-                            Err(e) => return store_error(e),
-                        }
-                    } else {
-                        None
-                    };
-                    let c = Candidate {
-                        seq: pos as u32 + 1,
-                        uid: row.uid,
-                        flags: &row.flags,
-                        internal_date: Some(row.internal_date),
-                        meta: Some(&row.meta),
-                        raw: raw.as_deref(),
-                    };
-                    if eval(criteria, &c, &bounds) {
-                        hits.push(row.uid);
-                    }
-                }
-            } else {
-                let rows = match store.flags_by_uid(mailbox_id, &all).await {
-                    Ok(r) => r,
-                    Err(e) => return store_error(e),
-                };
-                for row in &rows {
-                    let Ok(pos) = known.binary_search(&row.uid) else { continue };
-                    let c = Candidate {
-                        seq: pos as u32 + 1,
-                        uid: row.uid,
-                        flags: &row.flags,
-                        internal_date: None,
-                        meta: None,
-                        raw: None,
-                    };
-                    if eval(criteria, &c, &bounds) {
-                        hits.push(row.uid);
-                    }
-                }
-            }
-        }
-        let numbers: Vec<String> = if uid {
-            hits.iter().map(u32::to_string).collect()
-        } else {
-            hits.iter().filter_map(|u| known.binary_search(u).ok()).map(|p| (p + 1).to_string()).collect()
-        };
-        if numbers.is_empty() {
-            self.push("* SEARCH");
-        } else {
-            self.push(&format!("* SEARCH {}", numbers.join(" ")));
-        }
+        // Brought up to date first: flag criteria are answered from the session's
+        // flag map, which must be as current as a query would be. EXPUNGE is only
+        // announced for UID SEARCH (RFC 3501 §7.4.1); messages expunged elsewhere
+        // and not yet announced match nothing.
         if let Err(e) = self.sync(uid).await {
             return store_error(e);
         }
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let mailbox_id = sel.mailbox.id;
+        let bounds = Bounds { max_seq: sel.uids.len() as u32, max_uid: sel.max_uid() };
+        let gone = |uid: &u32| sel.pending_expunge.contains(uid);
+        let mut hits: Vec<u32> = Vec::new(); // UIDs
+
+        let (mut with, mut without) = (Flags::NONE, Flags::NONE);
+        let (mut need_meta, mut need_raw) = (false, false);
+        needs(criteria, &mut need_meta, &mut need_raw);
+        if flag_only(criteria, &mut with, &mut without) {
+            for (&uid, &f) in sel.uids.iter().zip(&sel.flags) {
+                if f.contains(with) && f.0 & without.0 == 0 && !gone(&uid) {
+                    hits.push(uid);
+                }
+            }
+        } else if !need_meta && !need_raw {
+            for (pos, (&uid, &system)) in sel.uids.iter().zip(&sel.flags).enumerate() {
+                let c = Candidate {
+                    seq: pos as u32 + 1,
+                    uid,
+                    system,
+                    keywords: sel.keywords_of(uid),
+                    internal_date: None,
+                    meta: None,
+                    raw: None,
+                };
+                if !gone(&uid) && eval(criteria, &c, &bounds) {
+                    hits.push(uid);
+                }
+            }
+        } else if !sel.uids.is_empty() {
+            let known = sel.uids.clone();
+            let store = self.app.store.clone();
+            let rows = match store.messages_by_uid(mailbox_id, &UidSet::from_uids(&known)).await {
+                Ok(r) => r,
+                Err(e) => return store_error(e),
+            };
+            for row in &rows {
+                let Ok(pos) = known.binary_search(&row.uid) else { continue };
+                let raw = if need_raw {
+                    match store.message_body(row.message_id).await {
+                        Ok(b) => Some(b),
+                        Err(e) => return store_error(e),
+                    }
+                } else {
+                    None
+                };
+                let c = Candidate {
+                    seq: pos as u32 + 1,
+                    uid: row.uid,
+                    system: row.flags.system,
+                    keywords: &row.flags.keywords,
+                    internal_date: Some(row.internal_date),
+                    meta: Some(&row.meta),
+                    raw: raw.as_deref(),
+                };
+                if eval(criteria, &c, &bounds) {
+                    hits.push(row.uid);
+                }
+            }
+        }
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let mut line = String::with_capacity(9 + hits.len() * 6);
+        line.push_str("* SEARCH");
+        for u in &hits {
+            let n = if uid { Some(*u) } else { sel.seq_of(*u) };
+            if let Some(n) = n {
+                let _ = write!(line, " {n}");
+            }
+        }
+        self.push(&line);
         Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
     }
 }

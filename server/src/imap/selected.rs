@@ -11,18 +11,24 @@
 //!   must be able to trust. Until then they wait in `pending_expunge` and keep their
 //!   sequence number.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use super::session::Session;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{FlagRow, Mailbox, StoreResult};
+use crate::store::{FlagRow, FlagSet, Flags, Mailbox, MailboxIndex, StoreResult};
 
 pub struct Selected {
     pub mailbox: Mailbox,
     pub read_only: bool,
     /// UIDs in sequence order: `uids[seq - 1]`.
     pub uids: Vec<u32>,
+    /// System flags of each message, parallel to `uids`, as of `modseq` (kept by
+    /// `sync` and by this session's own STOREs): flag searches and FLAGS fetches
+    /// are answered from here after one "anything changed?" round trip.
+    pub flags: Vec<Flags>,
+    /// Keywords of the messages that have any.
+    pub message_keywords: HashMap<u32, Vec<String>>,
     /// Highest modseq whose changes this session has seen.
     pub modseq: u64,
     /// Keywords announced with FLAGS so far.
@@ -37,6 +43,62 @@ pub struct Selected {
 }
 
 impl Selected {
+    /// The state right after SELECT/EXAMINE: every keyword in use is announced.
+    pub fn new(mailbox: Mailbox, read_only: bool, index: MailboxIndex) -> Selected {
+        let keywords: BTreeSet<String> = index.keywords.iter().flat_map(|(_, k)| k.iter().cloned()).collect();
+        Selected {
+            read_only,
+            uid_next: index.uid_next.max(index.uids.last().map_or(1, |u| u + 1)),
+            modseq: index.highest_modseq,
+            uids: index.uids,
+            flags: index.flags,
+            message_keywords: index.keywords.into_iter().collect(),
+            keywords,
+            pending_expunge: Vec::new(),
+            own_changes: Vec::new(),
+            mailbox,
+        }
+    }
+
+    /// Keywords of the message (empty when it has none).
+    pub fn keywords_of(&self, uid: u32) -> &[String] {
+        self.message_keywords.get(&uid).map_or(&[], Vec::as_slice)
+    }
+
+    /// The full flag set of the message at `pos` (0-based).
+    pub fn flag_set_at(&self, pos: usize) -> FlagSet {
+        FlagSet { system: self.flags[pos], keywords: self.keywords_of(self.uids[pos]).to_vec() }
+    }
+
+    /// Records the current flags of a known message.
+    pub fn set_flags(&mut self, uid: u32, flags: &FlagSet) {
+        let Ok(pos) = self.uids.binary_search(&uid) else { return };
+        self.flags[pos] = flags.system;
+        if flags.keywords.is_empty() {
+            self.message_keywords.remove(&uid);
+        } else {
+            self.message_keywords.insert(uid, flags.keywords.clone());
+        }
+    }
+
+    /// Appends a message with a UID above every known one.
+    fn append(&mut self, uid: u32, flags: &FlagSet) {
+        debug_assert!(uid > self.max_uid());
+        self.uids.push(uid);
+        self.flags.push(Flags::NONE);
+        self.set_flags(uid, flags);
+    }
+
+    /// Removes a message from the map; its sequence number before removal.
+    pub fn remove(&mut self, uid: u32) -> Option<u32> {
+        let pos = self.uids.binary_search(&uid).ok()?;
+        self.uids.remove(pos);
+        self.flags.remove(pos);
+        self.message_keywords.remove(&uid);
+        self.pending_expunge.retain(|&u| u != uid);
+        Some(pos as u32 + 1)
+    }
+
     pub fn seq_of(&self, uid: u32) -> Option<u32> {
         self.uids.binary_search(&uid).ok().map(|i| i as u32 + 1)
     }
@@ -87,6 +149,14 @@ impl Selected {
         new
     }
 
+    /// Removes the messages expunged elsewhere and returns their EXPUNGE lines,
+    /// highest first so each announced number is still valid when sent.
+    pub fn take_pending_expunges(&mut self) -> Vec<String> {
+        let mut pending = std::mem::take(&mut self.pending_expunge);
+        pending.sort_unstable_by(|a, b| b.cmp(a));
+        pending.into_iter().filter_map(|uid| self.remove(uid)).map(|seq| format!("* {seq} EXPUNGE")).collect()
+    }
+
     pub fn flags_lines(&self) -> [String; 2] {
         let kws: String = self.keywords.iter().map(|k| format!(" {k}")).collect();
         [
@@ -116,32 +186,24 @@ impl Session {
                 sel.pending_expunge.push(uid);
             }
         }
-        if allow_expunge && !sel.pending_expunge.is_empty() {
-            let mut pending = std::mem::take(&mut sel.pending_expunge);
-            // Highest first, so each announced number is still valid when sent.
-            pending.sort_unstable_by(|a, b| b.cmp(a));
-            for uid in pending {
-                if let Some(seq) = sel.seq_of(uid) {
-                    sel.uids.remove(seq as usize - 1);
-                    lines.push(format!("* {seq} EXPUNGE"));
-                }
-            }
+        if allow_expunge {
+            lines.extend(sel.take_pending_expunges());
         }
 
         let max = sel.max_uid();
-        let mut new_uids: Vec<u32> = Vec::new();
+        let mut new_rows: Vec<&FlagRow> = Vec::new();
         let mut flag_updates: Vec<&FlagRow> = Vec::new();
         let mut new_keyword = false;
         let mut own = std::mem::take(&mut sel.own_changes);
         own.sort_unstable();
         for row in &changes.changed {
             new_keyword |= sel.learn_keywords(row.flags.keywords.iter());
-            if own.binary_search(&(row.uid, row.modseq)).is_ok() {
+            if row.uid > max {
+                new_rows.push(row);
                 continue;
             }
-            if row.uid > max {
-                new_uids.push(row.uid);
-            } else if sel.seq_of(row.uid).is_some() {
+            sel.set_flags(row.uid, &row.flags);
+            if own.binary_search(&(row.uid, row.modseq)).is_err() && sel.seq_of(row.uid).is_some() {
                 flag_updates.push(row);
             }
         }
@@ -157,10 +219,13 @@ impl Session {
                 ));
             }
         }
-        if !new_uids.is_empty() {
-            new_uids.sort_unstable();
-            new_uids.dedup();
-            sel.uids.extend(new_uids);
+        if !new_rows.is_empty() {
+            // `changed` is ordered by UID, so appending keeps `uids` ascending.
+            for row in new_rows {
+                if row.uid > sel.max_uid() {
+                    sel.append(row.uid, &row.flags);
+                }
+            }
             lines.push(format!("* {} EXISTS", sel.uids.len()));
         }
         for l in lines {
@@ -175,24 +240,23 @@ mod tests {
     use super::*;
 
     fn sel(uids: &[u32]) -> Selected {
-        Selected {
-            mailbox: Mailbox {
-                id: 1,
-                account_id: 1,
-                name: "INBOX".into(),
-                uid_validity: 1,
-                uid_next: 100,
-                highest_modseq: 1,
-                special_use: None,
-            },
-            read_only: false,
-            uids: uids.to_vec(),
-            modseq: 1,
-            keywords: BTreeSet::new(),
-            pending_expunge: Vec::new(),
+        let mailbox = Mailbox {
+            id: 1,
+            account_id: 1,
+            name: "INBOX".into(),
+            uid_validity: 1,
             uid_next: 100,
-            own_changes: Vec::new(),
-        }
+            highest_modseq: 1,
+            special_use: None,
+        };
+        let index = MailboxIndex {
+            highest_modseq: 1,
+            uid_next: 100,
+            uids: uids.to_vec(),
+            flags: vec![Flags::NONE; uids.len()],
+            keywords: Vec::new(),
+        };
+        Selected::new(mailbox, false, index)
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::{FlagOp, FlagSet, Flags, NewDelivery, StoreError, StoreResult, UidSet};
+use super::{FlagOp, FlagSet, Flags, MailboxIndex, NewDelivery, StoreError, StoreResult, UidSet};
 
 /// The acquire-time callback of a store, settable once after construction.
 #[derive(Default)]
@@ -315,12 +315,55 @@ pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
     }
 }
 
+/// The stored header length, or — for a row written by a version that did not
+/// store it (a rolling upgrade) — the end of the header block found in the body.
+pub(crate) fn header_size_of(stored: Option<i64>, body: &[u8]) -> u32 {
+    match stored.and_then(|v| u32::try_from(v).ok()) {
+        Some(v) => v.min(body.len() as u32),
+        None => crate::message::find_header_end(body).unwrap_or(body.len()) as u32,
+    }
+}
+
 pub(crate) fn meta_to_json(meta: &super::MessageMeta) -> StoreResult<String> {
     serde_json::to_string(meta).map_err(|e| StoreError::Internal(format!("encode meta: {e}")))
 }
 
 pub(crate) fn meta_from_json(s: &str) -> StoreResult<super::MessageMeta> {
     serde_json::from_str(s).map_err(|e| StoreError::Internal(format!("decode meta: {e}")))
+}
+
+/// Builds a [`MailboxIndex`] from parallel `uids`/`flags` columns and the
+/// (uid, keywords) pairs of the messages that have keywords.
+pub(crate) fn mailbox_index_from(
+    highest_modseq: i64,
+    uid_next: i64,
+    uids: Vec<i64>,
+    flags: Vec<i32>,
+    keywords: Vec<(i64, String)>,
+) -> StoreResult<MailboxIndex> {
+    if uids.len() != flags.len() {
+        return Err(StoreError::Internal("mailbox index: uid and flag columns differ in length".into()));
+    }
+    let mut pairs: Vec<(u32, Flags)> = Vec::with_capacity(uids.len());
+    for (uid, f) in uids.into_iter().zip(flags) {
+        pairs.push((u32_of(uid, "uid")?, Flags(u32::try_from(f).unwrap_or(0))));
+    }
+    if !pairs.is_sorted_by_key(|p| p.0) {
+        pairs.sort_unstable_by_key(|p| p.0);
+    }
+    let mut keywords: Vec<(u32, Vec<String>)> = keywords
+        .into_iter()
+        .map(|(uid, k)| Ok((u32_of(uid, "uid")?, decode_keywords(&k))))
+        .filter(|r: &StoreResult<(u32, Vec<String>)>| r.as_ref().map_or(true, |(_, k)| !k.is_empty()))
+        .collect::<StoreResult<_>>()?;
+    keywords.sort_unstable_by_key(|k| k.0);
+    Ok(MailboxIndex {
+        highest_modseq: u64_of(highest_modseq),
+        uid_next: u32_of(uid_next, "uid_next")?,
+        uids: pairs.iter().map(|p| p.0).collect(),
+        flags: pairs.iter().map(|p| p.1).collect(),
+        keywords,
+    })
 }
 
 pub(crate) fn u32_of(v: i64, what: &str) -> StoreResult<u32> {

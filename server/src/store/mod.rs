@@ -121,6 +121,9 @@ pub trait Store: Send + Sync + 'static {
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>>;
     /// All UIDs of the mailbox in ascending order (a session's sequence map).
     async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>>;
+    /// UIDs, flags, UIDNEXT and HIGHESTMODSEQ of the mailbox from one consistent
+    /// snapshot (what SELECT loads). `NotFound` when the mailbox does not exist.
+    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex>;
     /// UID, body id and size of every message, ascending: a POP3 maildrop listing.
     /// Backends answer it from the link and body tables without decoding metadata;
     /// this default (for test doubles) goes through [`Store::messages_by_uid`].
@@ -136,6 +139,24 @@ pub trait Store: Send + Sync + 'static {
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;
     /// UID/flags/modseq only: the light query behind `UID FETCH 1:* FLAGS`.
     async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>>;
+    /// UID, flags, INTERNALDATE and body of the given messages in one round trip,
+    /// ascending; unknown UIDs are skipped. Callers bound how many they ask for at
+    /// once (each body is held in memory). This default (for test doubles) goes
+    /// through [`Store::messages_by_uid`] and [`Store::message_body`].
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
+        let mut out = Vec::new();
+        for r in self.messages_by_uid(mailbox_id, uids).await? {
+            let body = self.message_body(r.message_id).await?;
+            out.push(BodyRow {
+                uid: r.uid,
+                flags: r.flags,
+                internal_date: r.internal_date,
+                header_size: r.meta.header_size,
+                body,
+            });
+        }
+        Ok(out)
+    }
     /// The raw RFC 5322 bytes of a message as delivered (decompressed).
     async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes>;
     /// UIDs whose system flags contain all of `with` and none of `without`

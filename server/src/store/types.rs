@@ -241,6 +241,18 @@ pub struct MessageRow {
     pub meta: MessageMeta,
 }
 
+/// A message with its body, for FETCH of whole messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BodyRow {
+    pub uid: u32,
+    pub flags: FlagSet,
+    pub internal_date: DateTime<Utc>,
+    /// Octets of the header block including the blank line ([`MessageMeta::header_size`]).
+    pub header_size: u32,
+    /// The raw RFC 5322 bytes as delivered (decompressed).
+    pub body: bytes::Bytes,
+}
+
 /// One message of a POP3 maildrop listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaildropEntry {
@@ -248,6 +260,23 @@ pub struct MaildropEntry {
     pub message_id: i64,
     /// Octets of the stored message.
     pub size: u32,
+}
+
+/// A mailbox's message list with every message's flags, read in one snapshot:
+/// what a session keeps while the mailbox is selected, so flag searches and
+/// FLAGS fetches are answered without a query.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MailboxIndex {
+    /// The modseq this snapshot reflects: changes after it come from
+    /// [`Store::changes_since`](super::Store::changes_since).
+    pub highest_modseq: u64,
+    pub uid_next: u32,
+    /// Ascending.
+    pub uids: Vec<u32>,
+    /// System flags, parallel to `uids`.
+    pub flags: Vec<Flags>,
+    /// Keywords of the messages that have any, by UID (ascending).
+    pub keywords: Vec<(u32, Vec<String>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

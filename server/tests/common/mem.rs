@@ -260,6 +260,20 @@ impl Store for MemStore {
             .map(|m| m.keys().copied().collect())
             .unwrap_or_default())
     }
+    async fn mailbox_index(&self, id: i64) -> StoreResult<MailboxIndex> {
+        let g = self.inner.lock().expect("lock");
+        let mb = g.mailboxes.get(&id).ok_or_else(|| StoreError::NotFound(format!("mailbox {id}")))?;
+        let mut index =
+            MailboxIndex { highest_modseq: mb.highest_modseq, uid_next: mb.uid_next, ..Default::default() };
+        for (&uid, m) in g.msgs.get(&id).into_iter().flatten() {
+            index.uids.push(uid);
+            index.flags.push(m.flags.system);
+            if !m.flags.keywords.is_empty() {
+                index.keywords.push((uid, m.flags.keywords.clone()));
+            }
+        }
+        Ok(index)
+    }
     async fn messages_by_uid(&self, id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
         let g = self.inner.lock().expect("lock");
         Ok(g.msgs[&id]

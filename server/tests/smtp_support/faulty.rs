@@ -120,6 +120,9 @@ impl Store for FaultyStore {
     async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
         self.inner.mailbox_uids(mailbox_id).await
     }
+    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+        self.inner.mailbox_index(mailbox_id).await
+    }
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
         self.inner.messages_by_uid(mailbox_id, uids).await
     }

@@ -31,9 +31,9 @@ use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
-    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
-    parent_names, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, is_inbox, is_unique_violation,
+    mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
+    normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
@@ -183,6 +183,41 @@ impl PgStore {
 
     async fn conn(&self) -> StoreResult<PoolConnection<Postgres>> {
         self.acquire.time(self.pool.acquire()).await.map_err(db_err)
+    }
+
+    /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
+    /// ascending.
+    ///
+    /// PostgreSQL re-plans a prepared statement on every execution when its
+    /// generic plan looks costlier than a custom one — true of the UNNEST join and
+    /// of `BETWEEN` — and the planning cost more than the lookup (profile of
+    /// bench/imap.sh). So the usual `UID FETCH n` gets `uid = $2`, whose generic
+    /// plan is the primary-key lookup and is kept; one range gets `BETWEEN`.
+    async fn linked_rows(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
+        let (los, his) = range_arrays(uids);
+        let from = "FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id";
+        let query = match (los.as_slice(), his.as_slice()) {
+            ([], _) => return Ok(Vec::new()),
+            ([lo], [hi]) if lo == hi => {
+                let sql = format!("SELECT {columns} {from} WHERE mm.mailbox_id = $1 AND mm.uid = $2");
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).bind(*lo)
+            }
+            ([lo], [hi]) => {
+                let sql = format!(
+                    "SELECT {columns} {from} WHERE mm.mailbox_id = $1 AND mm.uid BETWEEN $2 AND $3 ORDER BY mm.uid"
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).bind(*lo).bind(*hi)
+            }
+            _ => {
+                let sql = format!(
+                    "SELECT {columns} FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+                     JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+                     JOIN messages m ON m.id = mm.message_id ORDER BY mm.uid"
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).bind(&los).bind(&his)
+            }
+        };
+        query.fetch_all(&mut *self.conn().await?).await.map_err(db_err)
     }
 
     async fn tx(&self) -> StoreResult<Tx> {
@@ -998,11 +1033,12 @@ impl Store for PgStore {
         let compressed: Vec<bool> = stored.iter().map(|&i| bodies[i].compressed).collect();
         let sizes: Vec<i64> = stored.iter().map(|&i| batch[i].raw.len() as i64).collect();
         let sent: Vec<Option<DateTime<Utc>>> = stored.iter().map(|&i| batch[i].meta.sent_date).collect();
+        let header_sizes: Vec<i64> = stored.iter().map(|&i| i64::from(batch[i].meta.header_size)).collect();
         sqlx::query(
             "INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
-             message_id, sent_date) \
+             message_id, sent_date, header_size) \
              SELECT * FROM UNNEST($1::bigint[], $2::bytea[], $3::bool[], $4::bigint[], $5::text[], $6::text[], \
-             $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[])",
+             $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bigint[])",
         )
         .bind(&ids)
         .bind(&body_refs)
@@ -1015,6 +1051,7 @@ impl Store for PgStore {
         .bind(col(|d| d.meta.cc.as_str()))
         .bind(col(|d| d.meta.message_id.as_str()))
         .bind(&sent)
+        .bind(&header_sizes)
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -1077,6 +1114,34 @@ impl Store for PgStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
+    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+        // One statement, so one snapshot: the modseq matches the rows. Columns as
+        // arrays for the reason given in `mailbox_uids`.
+        let row = sqlx::query(
+            "SELECT mb.highest_modseq, mb.uid_next, l.uids, l.flags, l.kw_uids, l.kws FROM mailboxes mb \
+             CROSS JOIN LATERAL (SELECT COALESCE(array_agg(uid ORDER BY uid), '{}') AS uids, \
+               COALESCE(array_agg(flags ORDER BY uid), '{}') AS flags, \
+               COALESCE(array_agg(uid) FILTER (WHERE keywords <> ''), '{}') AS kw_uids, \
+               COALESCE(array_agg(keywords) FILTER (WHERE keywords <> ''), '{}') AS kws \
+               FROM mailbox_messages WHERE mailbox_id = mb.id) l \
+             WHERE mb.id = $1",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let kw_uids: Vec<i64> = row.try_get("kw_uids").map_err(db_err)?;
+        let kws: Vec<String> = row.try_get("kws").map_err(db_err)?;
+        mailbox_index_from(
+            row.try_get("highest_modseq").map_err(db_err)?,
+            row.try_get("uid_next").map_err(db_err)?,
+            row.try_get("uids").map_err(db_err)?,
+            row.try_get("flags").map_err(db_err)?,
+            kw_uids.into_iter().zip(kws).collect(),
+        )
+    }
+
     async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
             "SELECT mm.uid, mm.message_id, m.size FROM mailbox_messages mm \
@@ -1098,22 +1163,13 @@ impl Store for PgStore {
     }
 
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let (los, his) = range_arrays(uids);
-        if los.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta \
-             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             JOIN messages m ON m.id = mm.message_id ORDER BY mm.uid",
-        )
-        .bind(mailbox_id)
-        .bind(&los)
-        .bind(&his)
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
+        let rows = self
+            .linked_rows(
+                mailbox_id,
+                uids,
+                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
+            )
+            .await?;
         rows.iter()
             .map(|r| {
                 let f = flag_row(r)?;
@@ -1147,6 +1203,36 @@ impl Store for PgStore {
         .await
         .map_err(db_err)?;
         rows.iter().map(flag_row).collect()
+    }
+
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
+        // One round trip for link and body: `UID FETCH n BODY.PEEK[]` is what
+        // clients run most, and metadata is not needed for it.
+        let rows = self
+            .linked_rows(
+                mailbox_id,
+                uids,
+                "mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, m.header_size",
+            )
+            .await?;
+        rows.into_iter()
+            .map(|r| {
+                let keywords: String = r.try_get("keywords").map_err(db_err)?;
+                let flags: i32 = r.try_get("flags").map_err(db_err)?;
+                let body = decompress_body(
+                    r.try_get("body").map_err(db_err)?,
+                    r.try_get("compressed").map_err(db_err)?,
+                    r.try_get("size").map_err(db_err)?,
+                )?;
+                Ok(BodyRow {
+                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                    flags: flagset_from_row(i64::from(flags), &keywords),
+                    internal_date: r.try_get("internal_date").map_err(db_err)?,
+                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
+                    body,
+                })
+            })
+            .collect()
     }
 
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {

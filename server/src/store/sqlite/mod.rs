@@ -34,9 +34,9 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, group_by_mailbox, is_inbox, is_unique_violation, meta_from_json,
-    meta_to_json, normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
-    parent_names, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, is_inbox, is_unique_violation,
+    mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
+    normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
@@ -897,7 +897,8 @@ impl Store for SqliteStore {
             }
             let id: i64 = sqlx::query_scalar(
                 "INSERT INTO messages (body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
-                 message_id, sent_date, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                 message_id, sent_date, created_at, header_size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                 RETURNING id",
             )
             .bind(bodies[i].as_slice(&d.raw))
             .bind(bodies[i].compressed)
@@ -910,6 +911,7 @@ impl Store for SqliteStore {
             .bind(&d.meta.message_id)
             .bind(d.meta.sent_date.map(to_us))
             .bind(now)
+            .bind(i64::from(d.meta.header_size))
             .fetch_one(&mut *tx)
             .await
             .map_err(db_err)?;
@@ -951,6 +953,36 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db_err)?;
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+    }
+
+    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+        // One read transaction: the modseq matches the rows.
+        let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
+        let (highest, uid_next): (i64, i64) =
+            sqlx::query_as("SELECT highest_modseq, uid_next FROM mailboxes WHERE id = ?")
+                .bind(mailbox_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let rows: Vec<(i64, i32, String)> = sqlx::query_as(
+            "SELECT uid, flags, keywords FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid",
+        )
+        .bind(mailbox_id)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let mut uids = Vec::with_capacity(rows.len());
+        let mut flags = Vec::with_capacity(rows.len());
+        let mut keywords = Vec::new();
+        for (uid, f, k) in rows {
+            uids.push(uid);
+            flags.push(f);
+            if !k.is_empty() {
+                keywords.push((uid, k));
+            }
+        }
+        mailbox_index_from(highest, uid_next, uids, flags, keywords)
     }
 
     async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
@@ -1020,6 +1052,41 @@ impl Store for SqliteStore {
             .map_err(db_err)?;
             for r in rows {
                 out.push(flag_row(&r)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
+        let mut conn = self.read_conn().await?;
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let rows = sqlx::query(
+                "SELECT mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, \
+                 m.header_size FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
+            )
+            .bind(mailbox_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+            for r in rows {
+                let keywords: String = r.try_get("keywords").map_err(db_err)?;
+                let flags: i64 = r.try_get("flags").map_err(db_err)?;
+                let body = decompress_body(
+                    r.try_get("body").map_err(db_err)?,
+                    r.try_get("compressed").map_err(db_err)?,
+                    r.try_get("size").map_err(db_err)?,
+                )?;
+                out.push(BodyRow {
+                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                    flags: flagset_from_row(flags, &keywords),
+                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
+                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
+                    body,
+                });
             }
         }
         Ok(out)
