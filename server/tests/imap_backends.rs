@@ -123,6 +123,66 @@ async fn idle_wakes_across_pods() {
     .await;
 }
 
+/// `UID FETCH n BODY.PEEK[]` answers from one query that also reports the
+/// mailbox's modseq: a change made on another pod since the last command must
+/// still be announced first (flags, new mail), and an unchanged mailbox adds
+/// nothing. SEARCH and FETCH FLAGS, answered from the session's flag map, agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_fetch_and_flag_map_see_other_pods_changes() {
+    with_pg_database(|url| async move {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
+        let a = pod(&url, &prefix, dir.path()).await;
+        let b = pod(&url, &prefix, dir.path()).await;
+        a.store.domain_add("example.org").await.expect("domain");
+        let bob = account(&a, "bob@example.org", "pw").await;
+        for i in 0..3 {
+            deliver(&a, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+        }
+        let (mut reader, _ta) = login(&a, "bob@example.org", "pw").await;
+        let (mut writer, _tb) = login(&b, "bob@example.org", "pw").await;
+        reader.cmd("s", "SELECT INBOX").await;
+        writer.cmd("s", "SELECT INBOX").await;
+
+        let quiet = reader.cmd("f0", "UID FETCH 2 BODY.PEEK[]").await;
+        assert!(quiet[0].starts_with("* 2 FETCH (UID 2 BODY[] {"), "{quiet:?}");
+        assert!(tagged(&quiet).starts_with("f0 OK"), "{quiet:?}");
+
+        let r = writer.cmd("st", "UID STORE 1 +FLAGS.SILENT (\\Flagged $Urgent)").await;
+        assert!(tagged(&r).starts_with("st OK"), "{r:?}");
+        deliver(&b, &bob, "INBOX", &sample("late", "x"), FlagSet::default()).await;
+        let r = reader.cmd("f1", "UID FETCH 2 BODY.PEEK[HEADER]").await;
+        let body_at = r.iter().position(|l| l.starts_with("* 2 FETCH (UID 2 BODY[HEADER] {")).expect("body");
+        let flags_at =
+            r.iter().position(|l| l.contains("* 1 FETCH (UID 1 FLAGS (\\Flagged $Urgent))")).expect("flags");
+        let exists_at = r.iter().position(|l| l == "* 4 EXISTS").expect("EXISTS");
+        assert!(flags_at < body_at && exists_at < body_at, "{r:?}");
+        assert!(has(&r, "* FLAGS ("), "the new keyword is announced: {r:?}");
+
+        let r = reader.cmd("q", "UID SEARCH FLAGGED").await;
+        assert_eq!(r[0], "* SEARCH 1");
+        let r = reader.cmd("k", "SEARCH KEYWORD $Urgent").await;
+        assert_eq!(r[0], "* SEARCH 1");
+        let r = writer.cmd("un", "UID STORE 1 -FLAGS.SILENT (\\Flagged)").await;
+        assert!(tagged(&r).starts_with("un OK"), "{r:?}");
+        let r = reader.cmd("q2", "UID SEARCH FLAGGED").await;
+        assert!(r.contains(&"* SEARCH".to_string()), "{r:?}");
+        let r = reader.cmd("ff", "FETCH 1:* (FLAGS)").await;
+        assert!(has(&r, "* 1 FETCH (FLAGS ($Urgent))"), "{r:?}");
+        assert!(has(&r, "* 4 FETCH (FLAGS ())"), "{r:?}");
+
+        // Expunged on the other pod: UID FETCH may say so, after the data.
+        writer.cmd("d", "UID STORE 3 +FLAGS.SILENT (\\Deleted)").await;
+        writer.cmd("e", "EXPUNGE").await;
+        let r = reader.cmd("f2", "UID FETCH 3 BODY.PEEK[]").await;
+        assert!(!has(&r, "BODY[]"), "an expunged message has no body: {r:?}");
+        assert!(has(&r, "* 3 EXPUNGE"), "{r:?}");
+        let r = reader.cmd("f3", "FETCH 3 BODY.PEEK[TEXT]").await;
+        assert!(r[0].starts_with("* 3 FETCH (BODY[TEXT] {"), "the sequence map moved on: {r:?}");
+    })
+    .await;
+}
+
 fn tagged(lines: &[String]) -> &str {
     lines.last().map(String::as_str).unwrap_or_default()
 }

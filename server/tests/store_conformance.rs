@@ -913,24 +913,36 @@ async fn bodies_by_uid_rows(ctx: Ctx) {
         .expect("flag");
     let raw = |i: usize| Bytes::from(format!("Subject: m{i}\r\n\r\nHello\r\n"));
     // one UID, one range, several ranges; unknown UIDs are skipped
-    let one = s.bodies_by_uid(inbox, &UidSet::single(uids[2])).await.expect("one");
+    let bodies = s.bodies_by_uid(inbox, &UidSet::single(uids[2])).await.expect("one");
+    // The modseq comes from the same snapshot as the rows.
+    let status = s.mailbox_status(inbox).await.expect("status");
+    assert_eq!(bodies.highest_modseq, Some(status.highest_modseq));
+    let one = bodies.rows;
     assert_eq!(one.len(), 1);
     assert_eq!((one[0].uid, &one[0].body, one[0].header_size), (uids[2], &raw(2), 20));
     assert_eq!(one[0].flags, flagset(Flags::FLAGGED, &["$Later"]));
     assert_eq!(one[0].internal_date, ts(1_700_000_100));
-    let range = s.bodies_by_uid(inbox, &UidSet(vec![(uids[1], uids[3])])).await.expect("range");
+    let range = s.bodies_by_uid(inbox, &UidSet(vec![(uids[1], uids[3])])).await.expect("range").rows;
     assert_eq!(range.iter().map(|r| r.uid).collect::<Vec<_>>(), uids[1..=3].to_vec());
     let many = UidSet::from_uids(&[uids[0], uids[2], uids[4], uids[4] + 100]);
-    let rows = s.bodies_by_uid(inbox, &many).await.expect("many");
+    let rows = s.bodies_by_uid(inbox, &many).await.expect("many").rows;
     assert_eq!(rows.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[4]]);
     for (row, i) in rows.iter().zip([0, 2, 4]) {
         assert_eq!(row.body, raw(i));
     }
-    assert!(s.bodies_by_uid(inbox, &UidSet::single(uids[4] + 100)).await.expect("none").is_empty());
+    let none = s.bodies_by_uid(inbox, &UidSet::single(uids[4] + 100)).await.expect("none");
+    assert!(none.rows.is_empty());
+    assert_eq!(none.highest_modseq, None, "no row, no snapshot to report");
+    // A change moves the reported modseq.
+    s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
+        .await
+        .expect("flag");
+    let after = s.bodies_by_uid(inbox, &UidSet::single(uids[1])).await.expect("after");
+    assert!(after.highest_modseq > Some(status.highest_modseq));
 
     // A row written before the header length was stored: found in the body.
     ctx.exec_sql("UPDATE messages SET header_size = NULL").await;
-    let old = s.bodies_by_uid(inbox, &UidSet::single(uids[0])).await.expect("old row");
+    let old = s.bodies_by_uid(inbox, &UidSet::single(uids[0])).await.expect("old row").rows;
     assert_eq!(old[0].header_size, "Subject: m0\r\n\r\n".len() as u32);
 }
 

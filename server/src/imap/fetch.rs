@@ -42,17 +42,10 @@ impl Session {
         if uid && !items.contains(&MessageDataItemName::Uid) {
             items.insert(0, MessageDataItemName::Uid);
         }
-        // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
-        // answered from the session's flag map.
-        if let Err(e) = self.sync(false).await {
-            return store_error(e);
-        }
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
-            return Outcome::bad("Invalid sequence number");
-        };
-        let (mailbox_id, read_only) = (sel.mailbox.id, sel.read_only);
         use MessageDataItemName as I;
+        let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
+            return Outcome::bad("No mailbox selected");
+        };
         let needs_meta = items.iter().any(|i| !matches!(i, I::Flags | I::Uid));
         let needs_body = items
             .iter()
@@ -66,6 +59,30 @@ impl Session {
         });
         let sets_seen = !read_only
             && items.iter().any(|i| matches!(i, I::BodyExt { peek: false, .. } | I::Rfc822 | I::Rfc822Text));
+        let from_bodies = needs_body && !needs_parts;
+        // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
+        // answered from the session's flag map. The body query reports the
+        // mailbox's modseq from its own snapshot, so when it is used the sync waits
+        // for that answer and is skipped when nothing changed: one round trip for
+        // `UID FETCH n BODY.PEEK[]` instead of two.
+        let mut synced = false;
+        if !from_bodies || sets_seen {
+            if let Err(e) = self.sync(false).await {
+                return store_error(e);
+            }
+            synced = true;
+        }
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
+            return Outcome::bad("Invalid sequence number");
+        };
+        let mailbox_id = sel.mailbox.id;
+        if uids.is_empty()
+            && !synced
+            && let Err(e) = self.sync(false).await
+        {
+            return store_error(e);
+        }
         let store = self.app.store.clone();
 
         if !uids.is_empty() {
@@ -90,15 +107,24 @@ impl Session {
                     self.notify(mailbox_id, modseq).await;
                 }
             }
-            if needs_body && !needs_parts {
+            if from_bodies {
                 // Link and body in one query, a few messages at a time so memory stays
                 // bounded by FETCH_BATCH bodies.
                 for chunk in uids.chunks(FETCH_BATCH) {
-                    let rows = match store.bodies_by_uid(mailbox_id, &UidSet::from_uids(chunk)).await {
+                    let bodies = match store.bodies_by_uid(mailbox_id, &UidSet::from_uids(chunk)).await {
                         Ok(r) => r,
                         Err(e) => return store_error(e),
                     };
-                    for row in rows {
+                    if !synced {
+                        synced = true;
+                        let known = self.selected.as_ref().map(|s| s.modseq);
+                        if (bodies.highest_modseq.is_none() || bodies.highest_modseq != known)
+                            && let Err(e) = self.sync(false).await
+                        {
+                            return store_error(e);
+                        }
+                    }
+                    for row in bodies.rows {
                         self.announce_keywords(&row.flags);
                         let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
                             continue;

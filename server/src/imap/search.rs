@@ -5,8 +5,6 @@
 //! the usual sync round trip. Everything else loads the stored metadata, and the
 //! body only when a BODY/TEXT/unusual HEADER key needs it.
 
-use std::fmt::Write as _;
-
 use chrono::NaiveDate;
 use imap_codec::imap_types::core::{AString, Charset};
 use imap_codec::imap_types::search::SearchKey;
@@ -295,12 +293,16 @@ impl Session {
             }
         }
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let mut line = String::with_capacity(9 + hits.len() * 6);
+        // itoa, not `write!`: formatting a thousand numbers per UNSEEN search
+        // through core::fmt was 6 % of the server's CPU (bench/imap.sh profile).
+        let mut line = String::with_capacity(9 + hits.len() * 7);
         line.push_str("* SEARCH");
+        let mut digits = itoa::Buffer::new();
         for u in &hits {
             let n = if uid { Some(*u) } else { sel.seq_of(*u) };
             if let Some(n) = n {
-                let _ = write!(line, " {n}");
+                line.push(' ');
+                line.push_str(digits.format(n));
             }
         }
         self.push(&line);

@@ -140,14 +140,15 @@ pub trait Store: Send + Sync + 'static {
     /// UID/flags/modseq only: the light query behind `UID FETCH 1:* FLAGS`.
     async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>>;
     /// UID, flags, INTERNALDATE and body of the given messages in one round trip,
-    /// ascending; unknown UIDs are skipped. Callers bound how many they ask for at
-    /// once (each body is held in memory). This default (for test doubles) goes
-    /// through [`Store::messages_by_uid`] and [`Store::message_body`].
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
-        let mut out = Vec::new();
+    /// ascending, with the mailbox's highest modseq of the same snapshot; unknown
+    /// UIDs are skipped. Callers bound how many they ask for at once (each body is
+    /// held in memory). This default (for test doubles) goes through
+    /// [`Store::messages_by_uid`] and [`Store::message_body`] and reports no modseq.
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
+        let mut rows = Vec::new();
         for r in self.messages_by_uid(mailbox_id, uids).await? {
             let body = self.message_body(r.message_id).await?;
-            out.push(BodyRow {
+            rows.push(BodyRow {
                 uid: r.uid,
                 flags: r.flags,
                 internal_date: r.internal_date,
@@ -155,7 +156,7 @@ pub trait Store: Send + Sync + 'static {
                 body,
             });
         }
-        Ok(out)
+        Ok(MessageBodies { highest_modseq: None, rows })
     }
     /// The raw RFC 5322 bytes of a message as delivered (decompressed).
     async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes>;

@@ -253,6 +253,16 @@ pub struct BodyRow {
     pub body: bytes::Bytes,
 }
 
+/// What [`Store::bodies_by_uid`](super::Store::bodies_by_uid) returns.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MessageBodies {
+    /// The mailbox's highest modseq read in the same snapshot as `rows` (`None`
+    /// when no row came back): equal to a session's own, it means nothing changed
+    /// since that session's last sync, and a separate `changes_since` is not needed.
+    pub highest_modseq: Option<u64>,
+    pub rows: Vec<BodyRow>,
+}
+
 /// One message of a POP3 maildrop listing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaildropEntry {

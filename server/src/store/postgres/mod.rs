@@ -1205,34 +1205,37 @@ impl Store for PgStore {
         rows.iter().map(flag_row).collect()
     }
 
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
-        // One round trip for link and body: `UID FETCH n BODY.PEEK[]` is what
-        // clients run most, and metadata is not needed for it.
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
+        // One round trip for link, body and the mailbox's modseq: `UID FETCH n
+        // BODY.PEEK[]` is what clients run most, and needs neither the metadata nor
+        // (when nothing changed) a separate sync query.
         let rows = self
             .linked_rows(
                 mailbox_id,
                 uids,
-                "mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, m.header_size",
+                "mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, m.header_size, \
+                 (SELECT highest_modseq FROM mailboxes WHERE id = $1) AS highest_modseq",
             )
             .await?;
-        rows.into_iter()
-            .map(|r| {
-                let keywords: String = r.try_get("keywords").map_err(db_err)?;
-                let flags: i32 = r.try_get("flags").map_err(db_err)?;
-                let body = decompress_body(
-                    r.try_get("body").map_err(db_err)?,
-                    r.try_get("compressed").map_err(db_err)?,
-                    r.try_get("size").map_err(db_err)?,
-                )?;
-                Ok(BodyRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-                    flags: flagset_from_row(i64::from(flags), &keywords),
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                    body,
-                })
-            })
-            .collect()
+        let mut out = MessageBodies::default();
+        for r in rows {
+            out.highest_modseq = Some(u64_of(r.try_get("highest_modseq").map_err(db_err)?));
+            let keywords: String = r.try_get("keywords").map_err(db_err)?;
+            let flags: i32 = r.try_get("flags").map_err(db_err)?;
+            let body = decompress_body(
+                r.try_get("body").map_err(db_err)?,
+                r.try_get("compressed").map_err(db_err)?,
+                r.try_get("size").map_err(db_err)?,
+            )?;
+            out.rows.push(BodyRow {
+                uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                flags: flagset_from_row(i64::from(flags), &keywords),
+                internal_date: r.try_get("internal_date").map_err(db_err)?,
+                header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
+                body,
+            });
+        }
+        Ok(out)
     }
 
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {

@@ -1057,8 +1057,14 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<BodyRow>> {
-        let mut conn = self.read_conn().await?;
+    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
+        // One read transaction: the modseq matches the rows.
+        let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
+        let highest: Option<i64> = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db_err)?;
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
             let rows = sqlx::query(
@@ -1069,7 +1075,7 @@ impl Store for SqliteStore {
             .bind(mailbox_id)
             .bind(lo)
             .bind(hi)
-            .fetch_all(&mut *conn)
+            .fetch_all(&mut *tx)
             .await
             .map_err(db_err)?;
             for r in rows {
@@ -1089,7 +1095,8 @@ impl Store for SqliteStore {
                 });
             }
         }
-        Ok(out)
+        let highest_modseq = highest.filter(|_| !out.is_empty()).map(u64_of);
+        Ok(MessageBodies { highest_modseq, rows: out })
     }
 
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
