@@ -76,6 +76,16 @@ async fn pod(url: &str, prefix: &str, dir: &std::path::Path) -> App {
     app_with(store, Arc::new(cache), true)
 }
 
+/// Two pods of one database and one Redis key prefix, with domain example.org.
+async fn two_pods(url: &str) -> (App, App, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
+    let a = pod(url, &prefix, dir.path()).await;
+    let b = pod(url, &prefix, dir.path()).await;
+    a.store.domain_add("example.org").await.expect("domain");
+    (a, b, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_and_redis_cache() {
     with_pg_database(|url| async move {
@@ -92,11 +102,7 @@ async fn postgres_store_and_redis_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_wakes_across_pods() {
     with_pg_database(|url| async move {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
-        let a = pod(&url, &prefix, dir.path()).await;
-        let b = pod(&url, &prefix, dir.path()).await;
-        a.store.domain_add("example.org").await.expect("domain");
+        let (a, b, _dir) = two_pods(&url).await;
         account(&a, "bob@example.org", "pw").await;
         let (mut idler, _ta) = login(&a, "bob@example.org", "pw").await;
         idler.cmd("s", "SELECT INBOX").await;
@@ -130,11 +136,7 @@ async fn idle_wakes_across_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_fetch_and_flag_map_see_other_pods_changes() {
     with_pg_database(|url| async move {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
-        let a = pod(&url, &prefix, dir.path()).await;
-        let b = pod(&url, &prefix, dir.path()).await;
-        a.store.domain_add("example.org").await.expect("domain");
+        let (a, b, _dir) = two_pods(&url).await;
         let bob = account(&a, "bob@example.org", "pw").await;
         for i in 0..3 {
             deliver(&a, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
