@@ -401,6 +401,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mailbox_index_columns_are_sorted_together() {
+        let index = mailbox_index_from(
+            9,
+            12,
+            vec![5, 2, 9],
+            vec![1, 0, 8],
+            vec![(9, "$b $a".into()), (2, "$x".into())],
+        )
+        .expect("index");
+        assert_eq!(index.uids, vec![2, 5, 9]);
+        assert_eq!(index.flags, vec![Flags::NONE, Flags::SEEN, Flags::DELETED]);
+        assert_eq!(index.keywords, vec![(2, vec!["$x".to_string()]), (9, vec!["$b".into(), "$a".into()])]);
+        assert_eq!((index.highest_modseq, index.uid_next), (9, 12));
+        assert!(mailbox_index_from(1, 1, vec![1, 2], vec![0], vec![]).is_err());
+    }
+
+    #[test]
     fn mailbox_names() {
         assert_eq!(normalize_mailbox_name("inbox").unwrap(), "INBOX");
         assert_eq!(normalize_mailbox_name("Inbox/Sub").unwrap(), "INBOX/Sub");
