@@ -899,6 +899,12 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
     assert_eq!(index.keywords.iter().map(|(u, _)| *u).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
     assert_eq!(index.flags[0], Flags::SEEN);
     assert!(is_not_found(s.mailbox_index(inbox + 1000).await));
+    // The batched "anything changed?" probe: existing mailboxes only.
+    let (acc, _) = account(s, "b@example.com").await;
+    let other = s.mailbox_get(acc, "INBOX").await.expect("get").expect("INBOX");
+    let mut found = s.highest_modseqs(&[inbox, other.id, inbox + 1000]).await.expect("modseqs");
+    found.sort_unstable();
+    assert_eq!(found, vec![(inbox, status.highest_modseq), (other.id, other.highest_modseq)]);
 }
 
 async fn bodies_by_uid_rows(ctx: Ctx) {

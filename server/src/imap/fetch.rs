@@ -119,7 +119,7 @@ impl Session {
                         synced = true;
                         let known = self.selected.as_ref().map(|s| s.modseq);
                         if (bodies.highest_modseq.is_none() || bodies.highest_modseq != known)
-                            && let Err(e) = self.sync(false).await
+                            && let Err(e) = self.sync_changes(false).await
                         {
                             return store_error(e);
                         }

@@ -17,6 +17,7 @@ pub mod flags;
 pub mod idle;
 pub mod limit;
 pub mod mailbox;
+pub mod probe;
 pub mod search;
 pub mod selected;
 mod session;
@@ -82,6 +83,7 @@ pub struct ImapProtocol {
     app: App,
     implicit_tls: bool,
     shared: Arc<Shared>,
+    probe: Arc<probe::ModseqProbe>,
 }
 
 /// State shared by the sessions of one process.
@@ -118,7 +120,8 @@ impl ImapProtocol {
             }
         };
         drop(all);
-        ImapProtocol { app, implicit_tls, shared }
+        let probe = Arc::new(probe::ModseqProbe::new(app.store.clone()));
+        ImapProtocol { app, implicit_tls, shared, probe }
     }
 }
 
@@ -130,7 +133,8 @@ impl Protocol for ImapProtocol {
 
     async fn handle(&self, stream: SessionStream, ctx: SessionCtx) {
         let is_tls = self.implicit_tls || stream.is_tls();
-        let session = Session::new(self.app.clone(), self.shared.clone(), stream, ctx, is_tls);
+        let session =
+            Session::new(self.app.clone(), self.shared.clone(), self.probe.clone(), stream, ctx, is_tls);
         session.run().await;
     }
 }

@@ -176,6 +176,25 @@ impl Session {
     pub(crate) async fn sync(&mut self, allow_expunge: bool) -> StoreResult<()> {
         let Some(sel) = self.selected.as_ref() else { return Ok(()) };
         let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
+        // The batched probe first: most commands find nothing changed. (A mailbox
+        // that is gone falls through to `changes_since`, which says so.)
+        if self.probe.highest_modseq(mailbox_id).await? == Some(since) {
+            if allow_expunge && let Some(sel) = self.selected.as_mut() {
+                let lines = sel.take_pending_expunges();
+                for l in lines {
+                    self.push(&l);
+                }
+            }
+            return Ok(());
+        }
+        self.sync_changes(allow_expunge).await
+    }
+
+    /// [`Session::sync`] without the probe, for callers that already know the
+    /// mailbox changed.
+    pub(crate) async fn sync_changes(&mut self, allow_expunge: bool) -> StoreResult<()> {
+        let Some(sel) = self.selected.as_ref() else { return Ok(()) };
+        let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
         let changes = self.app.store.changes_since(mailbox_id, since).await?;
         let mut lines: Vec<String> = Vec::new();
         let Some(sel) = self.selected.as_mut() else { return Ok(()) };

@@ -62,6 +62,7 @@ pub struct Session {
     pub(crate) app: App,
     pub(crate) cfg: ImapConfig,
     pub(crate) shared: Arc<Shared>,
+    pub(crate) probe: Arc<super::probe::ModseqProbe>,
     pub(crate) stream: SessionStream,
     pub(crate) reader: CommandReader,
     pub(crate) out: Vec<u8>,
@@ -78,6 +79,7 @@ impl Session {
     pub(crate) fn new(
         app: App,
         shared: Arc<Shared>,
+        probe: Arc<super::probe::ModseqProbe>,
         stream: SessionStream,
         ctx: SessionCtx,
         tls: bool,
@@ -89,6 +91,7 @@ impl Session {
             app,
             cfg,
             shared,
+            probe,
             stream,
             reader,
             out: Vec::with_capacity(4096),

@@ -180,6 +180,20 @@ pub trait Store: Send + Sync + 'static {
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;
     /// COPY then expunge from the source, atomically.
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;
+    /// `(mailbox id, highest modseq)` of those of the given mailboxes that exist,
+    /// in one round trip: the batched "anything changed?" check of IMAP sessions.
+    /// This default (for test doubles) asks [`Store::mailbox_status`] per mailbox.
+    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+        let mut out = Vec::with_capacity(mailbox_ids.len());
+        for &id in mailbox_ids {
+            match self.mailbox_status(id).await {
+                Ok(s) => out.push((id, s.highest_modseq)),
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
     /// Everything that changed after `modseq`: flag rows stamped later (including
     /// new messages) and UIDs expunged later. Served from the modseq indexes.
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges>;

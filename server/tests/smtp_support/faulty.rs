@@ -16,6 +16,10 @@ pub struct FaultyStore {
     pub commit_delay_ms: AtomicU64,
     pub lookups: AtomicU64,
     pub batches: Mutex<Vec<usize>>,
+    /// Sizes of the `highest_modseqs` calls, and how long each holds its answer
+    /// after reading it (so that requests pile up behind it).
+    pub probe_batches: Mutex<Vec<usize>>,
+    pub probe_delay_ms: AtomicU64,
 }
 
 impl FaultyStore {
@@ -27,6 +31,8 @@ impl FaultyStore {
             commit_delay_ms: AtomicU64::new(0),
             lookups: AtomicU64::new(0),
             batches: Mutex::new(Vec::new()),
+            probe_batches: Mutex::new(Vec::new()),
+            probe_delay_ms: AtomicU64::new(0),
         }
     }
 }
@@ -152,6 +158,12 @@ impl Store for FaultyStore {
     }
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
         self.inner.move_messages(src, uids, dest).await
+    }
+    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+        self.probe_batches.lock().expect("lock").push(mailbox_ids.len());
+        let answer = self.inner.highest_modseqs(mailbox_ids).await;
+        tokio::time::sleep(Duration::from_millis(self.probe_delay_ms.load(Ordering::SeqCst))).await;
+        answer
     }
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         self.inner.changes_since(mailbox_id, modseq).await

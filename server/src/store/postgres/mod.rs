@@ -1364,6 +1364,16 @@ impl Store for PgStore {
         self.copy_or_move(src, uids, dest, true).await
     }
 
+    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+        let rows: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = ANY($1)")
+                .bind(mailbox_ids)
+                .fetch_all(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
+        Ok(rows.into_iter().map(|(id, m)| (id, u64_of(m))).collect())
+    }
+
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         let mut conn = self.conn().await?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
