@@ -6,6 +6,9 @@
 #   1. SEARCH: USERS users at once, each in its own session, `UID SEARCH UNSEEN` in
 #      an INBOX of MSGS messages (10 % unseen), closed loop;
 #   2. FETCH: the same sessions, `UID FETCH n BODY.PEEK[]` over the mailbox;
+#      SEARCH and FETCH again open loop at RATE commands/s over the same sessions
+#      (closed loop, P95 is set by Little's law — sessions ÷ throughput — so the
+#      open-loop runs show the latency at a load both sides sustain);
 #   3. logins: connect + LOGIN / AUTHENTICATE PLAIN + LOGOUT cycling over 1,000
 #      users (the credential cache warmed by a first pass), plain IMAP;
 #   4. idle TLS connections: FLOOD IMAPS connections held by one Mailcluster
@@ -27,6 +30,7 @@ MSGS=${MSGS:-10000}
 DUR=${DUR:-20s}
 FLOOD=${FLOOD:-10000}
 ROUNDS=${ROUNDS:-2}
+RATE=${RATE:-2000}
 mkdir -p "$OUT"
 port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
 
@@ -99,10 +103,12 @@ for round in $(seq 1 "$ROUNDS"); do
   for side in dovecot mailcluster; do
     run search search "$side" "$round" -c "$USERS" --users-count "$USERS"
     run fetch fetch "$side" "$round" -c "$USERS" --users-count "$USERS"
+    run search search-open "$side" "$round" -c "$USERS" --users-count "$USERS" --rate "$RATE"
+    run fetch fetch-open "$side" "$round" -c "$USERS" --users-count "$USERS" --rate "$RATE"
     run auth login "$side" "$round" -c 50 --users-count 1000
   done
 done
-bench_table "$OUT"/search-*.json "$OUT"/fetch-*.json "$OUT"/login-*.json | grep -E " (search|fetch-body|fetch-header|imap-login|imap-authenticate-plain) "
+bench_table "$OUT"/search-[dm]*.json "$OUT"/fetch-[dm]*.json "$OUT"/login-*.json "$OUT"/*-open-*.json | grep -E " (search|fetch-body|fetch-header|imap-login|imap-authenticate-plain) "
 
 # ---- 4. idle TLS connections held by one process
 rss_now() { awk '/VmRSS/{print $2}' "/proc/$MC_PID/status"; }

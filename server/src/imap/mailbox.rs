@@ -114,11 +114,28 @@ impl Session {
             Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
             Err(e) => return store_error(e),
         };
-        let index = match store.mailbox_index(mb.id).await {
-            Ok(i) => i,
-            Err(e) => return store_error(e),
+        // A cached message list (any age) plus what changed since, or a full read.
+        let (mailbox_id, uid_validity, uid_next) = (mb.id, mb.uid_validity, mb.uid_next);
+        let cached = self.reads.index_cache.get(mailbox_id, uid_validity);
+        let cached_modseq = cached.as_ref().map(|i| i.highest_modseq);
+        let index = match cached {
+            Some(index) => (*index).clone(),
+            None => match store.mailbox_index(mailbox_id).await {
+                Ok(i) => i,
+                Err(e) => return store_error(e),
+            },
         };
-        let sel = Selected::new(mb, read_only, index);
+        let mut sel = Selected::new(mb, read_only, index);
+        if cached_modseq.is_some() {
+            match store.changes_since(mailbox_id, sel.modseq).await {
+                Ok(changes) => sel.apply_silently(&changes),
+                Err(e) => return store_error(e),
+            }
+        }
+        sel.uid_next = sel.uid_next.max(uid_next);
+        if cached_modseq.is_none_or(|m| sel.modseq > m) {
+            self.reads.index_cache.put(mailbox_id, uid_validity, sel.snapshot());
+        }
         for line in sel.flags_lines() {
             self.push(&line);
         }

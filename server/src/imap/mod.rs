@@ -15,6 +15,7 @@ pub mod auth;
 pub mod fetch;
 pub mod flags;
 pub mod idle;
+pub mod index_cache;
 pub mod limit;
 pub mod mailbox;
 pub mod probe;
@@ -60,6 +61,10 @@ pub struct ImapConfig {
     pub max_commands_per_second: u32,
     /// While IDLE without a working notification stream, poll the store this often.
     pub idle_poll_secs: u64,
+    /// Messages (UID and flags, about 9 bytes each) a process keeps of recently
+    /// selected mailboxes, so that SELECT of a large mailbox reads only what
+    /// changed since (0 = off). See [`index_cache`].
+    pub select_cache_messages: usize,
 }
 
 impl Default for ImapConfig {
@@ -74,6 +79,7 @@ impl Default for ImapConfig {
             connection_lease_secs: 300,
             max_commands_per_second: 200,
             idle_poll_secs: 3,
+            select_cache_messages: 2_000_000,
         }
     }
 }
@@ -83,7 +89,14 @@ pub struct ImapProtocol {
     app: App,
     implicit_tls: bool,
     shared: Arc<Shared>,
-    probe: Arc<probe::ModseqProbe>,
+    reads: Arc<Reads>,
+}
+
+/// What the read path of one listener's sessions shares: the batched change
+/// probe and the cache of selected mailboxes' message lists.
+pub(crate) struct Reads {
+    pub(crate) probe: probe::ModseqProbe,
+    pub(crate) index_cache: index_cache::IndexCache,
 }
 
 /// State shared by the sessions of one process.
@@ -120,8 +133,11 @@ impl ImapProtocol {
             }
         };
         drop(all);
-        let probe = Arc::new(probe::ModseqProbe::new(app.store.clone()));
-        ImapProtocol { app, implicit_tls, shared, probe }
+        let reads = Arc::new(Reads {
+            probe: probe::ModseqProbe::new(app.store.clone()),
+            index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
+        });
+        ImapProtocol { app, implicit_tls, shared, reads }
     }
 }
 
@@ -134,7 +150,7 @@ impl Protocol for ImapProtocol {
     async fn handle(&self, stream: SessionStream, ctx: SessionCtx) {
         let is_tls = self.implicit_tls || stream.is_tls();
         let session =
-            Session::new(self.app.clone(), self.shared.clone(), self.probe.clone(), stream, ctx, is_tls);
+            Session::new(self.app.clone(), self.shared.clone(), self.reads.clone(), stream, ctx, is_tls);
         session.run().await;
     }
 }

@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::session::Session;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{FlagRow, FlagSet, Flags, Mailbox, MailboxIndex, StoreResult};
+use crate::store::{FlagRow, FlagSet, Flags, Mailbox, MailboxChanges, MailboxIndex, StoreResult};
 
 pub struct Selected {
     pub mailbox: Mailbox,
@@ -57,6 +57,45 @@ impl Selected {
             pending_expunge: Vec::new(),
             own_changes: Vec::new(),
             mailbox,
+        }
+    }
+
+    /// Brings a map built from an older snapshot up to date without telling the
+    /// client anything (SELECT: the client has no view of the mailbox yet).
+    pub fn apply_silently(&mut self, changes: &MailboxChanges) {
+        for &uid in &changes.expunged {
+            self.remove(uid);
+        }
+        for row in &changes.changed {
+            self.learn_keywords(row.flags.keywords.iter());
+            if self.seq_of(row.uid).is_some() {
+                self.set_flags(row.uid, &row.flags);
+            } else if row.uid > self.max_uid() {
+                self.append(row.uid, &row.flags);
+            } else {
+                // UIDs are allocated in commit order, so an unknown UID below the
+                // highest is not expected; kept in order should it happen.
+                let pos = self.uids.partition_point(|&u| u < row.uid);
+                self.uids.insert(pos, row.uid);
+                self.flags.insert(pos, Flags::NONE);
+                self.set_flags(row.uid, &row.flags);
+            }
+        }
+        self.modseq = self.modseq.max(changes.highest_modseq);
+        self.uid_next = self.uid_next.max(self.max_uid() + 1);
+    }
+
+    /// The map as a [`MailboxIndex`] (for the SELECT cache).
+    pub fn snapshot(&self) -> MailboxIndex {
+        let mut keywords: Vec<(u32, Vec<String>)> =
+            self.message_keywords.iter().map(|(&u, k)| (u, k.clone())).collect();
+        keywords.sort_unstable_by_key(|k| k.0);
+        MailboxIndex {
+            highest_modseq: self.modseq,
+            uid_next: self.uid_next,
+            uids: self.uids.clone(),
+            flags: self.flags.clone(),
+            keywords,
         }
     }
 
@@ -178,7 +217,7 @@ impl Session {
         let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
         // The batched probe first: most commands find nothing changed. (A mailbox
         // that is gone falls through to `changes_since`, which says so.)
-        if self.probe.highest_modseq(mailbox_id).await? == Some(since) {
+        if self.reads.probe.highest_modseq(mailbox_id).await? == Some(since) {
             if allow_expunge && let Some(sel) = self.selected.as_mut() {
                 let lines = sel.take_pending_expunges();
                 for l in lines {

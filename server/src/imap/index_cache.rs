@@ -1,0 +1,118 @@
+//! Recently selected mailboxes' message lists, kept per process so that a
+//! SELECT does not read a large mailbox's every row again.
+//!
+//! A cached [`MailboxIndex`] may be older than the mailbox: SELECT brings it up
+//! to date with `changes_since(its modseq)` — the same query every command's sync
+//! uses — so what the client is told is exactly what a fresh read would give.
+//! (This relies on expunge tombstones reaching back to the cached modseq; they
+//! are kept for good today. Whoever prunes them must drop older entries here.)
+//!
+//! Bounded by the number of messages held over all entries; the least recently
+//! used entries go first. Keyed by mailbox id and UIDVALIDITY, so a renamed or
+//! recreated mailbox never reuses an entry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::store::MailboxIndex;
+
+pub struct IndexCache {
+    max_messages: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<(i64, u32), Entry>,
+    messages: usize,
+    clock: u64,
+}
+
+struct Entry {
+    index: Arc<MailboxIndex>,
+    used: u64,
+}
+
+impl IndexCache {
+    /// `max_messages` 0 disables the cache.
+    pub fn new(max_messages: usize) -> Self {
+        IndexCache { max_messages, inner: Mutex::new(Inner::default()) }
+    }
+
+    pub fn get(&self, mailbox_id: i64, uid_validity: u32) -> Option<Arc<MailboxIndex>> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.clock += 1;
+        let now = inner.clock;
+        let entry = inner.entries.get_mut(&(mailbox_id, uid_validity))?;
+        entry.used = now;
+        Some(entry.index.clone())
+    }
+
+    /// Keeps `index` unless a newer one is already held.
+    pub fn put(&self, mailbox_id: i64, uid_validity: u32, index: MailboxIndex) {
+        let size = index.uids.len();
+        if size > self.max_messages {
+            return;
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.clock += 1;
+        let now = inner.clock;
+        let key = (mailbox_id, uid_validity);
+        if let Some(old) = inner.entries.get(&key) {
+            if old.index.highest_modseq >= index.highest_modseq {
+                return;
+            }
+            let old_size = old.index.uids.len();
+            inner.messages -= old_size;
+        }
+        inner.messages += size;
+        inner.entries.insert(key, Entry { index: Arc::new(index), used: now });
+        while inner.messages > self.max_messages {
+            // Rare (only when over budget), so a scan for the oldest is fine.
+            let Some((&oldest, _)) =
+                inner.entries.iter().filter(|(k, _)| **k != key).min_by_key(|(_, e)| e.used)
+            else {
+                break;
+            };
+            if let Some(gone) = inner.entries.remove(&oldest) {
+                inner.messages -= gone.index.uids.len();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Flags;
+
+    fn index(modseq: u64, n: u32) -> MailboxIndex {
+        MailboxIndex {
+            highest_modseq: modseq,
+            uid_next: n + 1,
+            uids: (1..=n).collect(),
+            flags: vec![Flags::NONE; n as usize],
+            keywords: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_stays_within_budget() {
+        let cache = IndexCache::new(100);
+        cache.put(1, 7, index(5, 40));
+        cache.put(1, 7, index(4, 10));
+        assert_eq!(cache.get(1, 7).map(|i| i.highest_modseq), Some(5), "an older snapshot does not replace");
+        assert!(cache.get(1, 8).is_none(), "another UIDVALIDITY is another mailbox");
+        cache.put(2, 7, index(1, 40));
+        assert!(cache.get(1, 7).is_some());
+        // 40 + 40 + 40 > 100: the least recently used (mailbox 2) goes.
+        cache.put(3, 7, index(1, 40));
+        assert!(cache.get(2, 7).is_none());
+        assert!(cache.get(1, 7).is_some() && cache.get(3, 7).is_some());
+        cache.put(4, 7, index(1, 101));
+        assert!(cache.get(4, 7).is_none(), "larger than the whole budget");
+        let off = IndexCache::new(0);
+        off.put(1, 1, index(1, 1));
+        assert!(off.get(1, 1).is_none());
+    }
+}
