@@ -116,7 +116,7 @@ impl Session {
         };
         // A cached message list (any age) plus what changed since, or a full read.
         let (mailbox_id, uid_validity, uid_next) = (mb.id, mb.uid_validity, mb.uid_next);
-        let cached = self.reads.index_cache.get(mailbox_id, uid_validity);
+        let cached = self.shared.reads.index_cache.get(mailbox_id, uid_validity);
         let cached_modseq = cached.as_ref().map(|i| i.highest_modseq);
         let index = match cached {
             Some(index) => (*index).clone(),
@@ -134,7 +134,7 @@ impl Session {
         }
         sel.uid_next = sel.uid_next.max(uid_next);
         if cached_modseq.is_none_or(|m| sel.modseq > m) {
-            self.reads.index_cache.put(mailbox_id, uid_validity, sel.snapshot());
+            self.shared.reads.index_cache.put(mailbox_id, uid_validity, sel.snapshot());
         }
         for line in sel.flags_lines() {
             self.push(&line);

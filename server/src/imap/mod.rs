@@ -89,11 +89,10 @@ pub struct ImapProtocol {
     app: App,
     implicit_tls: bool,
     shared: Arc<Shared>,
-    reads: Arc<Reads>,
 }
 
-/// What the read path of one listener's sessions shares: the batched change
-/// probe and the cache of selected mailboxes' message lists.
+/// What the read path of a process's sessions shares: the batched change probe
+/// and the cache of selected mailboxes' message lists.
 pub(crate) struct Reads {
     pub(crate) probe: probe::ModseqProbe,
     pub(crate) index_cache: index_cache::IndexCache,
@@ -105,6 +104,7 @@ pub(crate) struct Shared {
     pub(crate) leases: limit::Leases,
     /// `mail_imap_idle_sessions`.
     pub idle_gauge: prometheus::IntGauge,
+    pub(crate) reads: Reads,
 }
 
 /// Per-process IMAP state, one per metrics registry: the `imap` and `imaps`
@@ -127,17 +127,18 @@ impl ImapProtocol {
                 // A registry that already has the name keeps its own; ours then
                 // still counts, just unexported.
                 let _ = app.metrics.registry.register(Box::new(idle_gauge.clone()));
-                let s = Arc::new(Shared { leases: limit::Leases::new(), idle_gauge });
+                // One App (store, config) per metrics registry: the pod's.
+                let reads = Reads {
+                    probe: probe::ModseqProbe::new(app.store.clone()),
+                    index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
+                };
+                let s = Arc::new(Shared { leases: limit::Leases::new(), idle_gauge, reads });
                 all.push((key, s.clone()));
                 s
             }
         };
         drop(all);
-        let reads = Arc::new(Reads {
-            probe: probe::ModseqProbe::new(app.store.clone()),
-            index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
-        });
-        ImapProtocol { app, implicit_tls, shared, reads }
+        ImapProtocol { app, implicit_tls, shared }
     }
 }
 
@@ -149,8 +150,7 @@ impl Protocol for ImapProtocol {
 
     async fn handle(&self, stream: SessionStream, ctx: SessionCtx) {
         let is_tls = self.implicit_tls || stream.is_tls();
-        let session =
-            Session::new(self.app.clone(), self.shared.clone(), self.reads.clone(), stream, ctx, is_tls);
+        let session = Session::new(self.app.clone(), self.shared.clone(), stream, ctx, is_tls);
         session.run().await;
     }
 }

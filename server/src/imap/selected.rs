@@ -217,7 +217,7 @@ impl Session {
         let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
         // The batched probe first: most commands find nothing changed. (A mailbox
         // that is gone falls through to `changes_since`, which says so.)
-        if self.reads.probe.highest_modseq(mailbox_id).await? == Some(since) {
+        if self.shared.reads.probe.highest_modseq(mailbox_id).await? == Some(since) {
             if allow_expunge && let Some(sel) = self.selected.as_mut() {
                 let lines = sel.take_pending_expunges();
                 for l in lines {

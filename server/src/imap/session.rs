@@ -62,7 +62,6 @@ pub struct Session {
     pub(crate) app: App,
     pub(crate) cfg: ImapConfig,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) reads: Arc<super::Reads>,
     pub(crate) stream: SessionStream,
     pub(crate) reader: CommandReader,
     pub(crate) out: Vec<u8>,
@@ -79,7 +78,6 @@ impl Session {
     pub(crate) fn new(
         app: App,
         shared: Arc<Shared>,
-        reads: Arc<super::Reads>,
         stream: SessionStream,
         ctx: SessionCtx,
         tls: bool,
@@ -91,7 +89,6 @@ impl Session {
             app,
             cfg,
             shared,
-            reads,
             stream,
             reader,
             out: Vec::with_capacity(4096),
