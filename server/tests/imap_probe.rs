@@ -13,6 +13,10 @@ use faulty::FaultyStore;
 use mailcluster_server::imap::probe::ModseqProbe;
 use mailcluster_server::store::{self, FlagOp, FlagSet, Flags, Store, UidSet};
 
+fn counter(name: &str) -> prometheus::IntCounter {
+    prometheus::IntCounter::new(name, name).expect("counter")
+}
+
 /// A real (embedded) store with one account; returns it wrapped, and the INBOX id.
 async fn store_with_inbox(dir: &std::path::Path) -> (Arc<FaultyStore>, i64) {
     let inner = store::open(None, dir, 4, Duration::from_secs(5)).await.expect("open");
@@ -44,7 +48,7 @@ async fn concurrent_questions_share_queries() {
     let (store, inbox) = store_with_inbox(dir.path()).await;
     let modseq = bump(&store, inbox).await;
     store.probe_delay_ms.store(30, Ordering::SeqCst);
-    let probe = Arc::new(ModseqProbe::new(store.clone()));
+    let probe = Arc::new(ModseqProbe::new(store.clone(), counter("q"), counter("b")));
     let asks: Vec<_> = (0..200)
         .map(|i| {
             let probe = probe.clone();
@@ -68,7 +72,7 @@ async fn an_answer_is_never_older_than_its_question() {
     let (store, inbox) = store_with_inbox(dir.path()).await;
     let before = bump(&store, inbox).await;
     store.probe_delay_ms.store(200, Ordering::SeqCst);
-    let probe = Arc::new(ModseqProbe::new(store.clone()));
+    let probe = Arc::new(ModseqProbe::new(store.clone(), counter("q"), counter("b")));
     // A query reads `before` and holds its answer for 200 ms …
     let early = tokio::spawn({
         let probe = probe.clone();

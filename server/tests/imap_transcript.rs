@@ -458,6 +458,7 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
     let app = mem_app(true);
     account(&app, "bob@example.org", "pw").await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s0", "SELECT INBOX").await;
     c.cmd("s", "SELECT INBOX").await;
     c.cmd("f", "UID FETCH 1:* FLAGS").await;
     c.cmd("b", "FROB").await;
@@ -482,10 +483,15 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
         "{text}"
     );
     assert!(
-        text.contains("mail_command_duration_seconds_count{command=\"SELECT\",protocol=\"imap\"} 1"),
+        text.contains("mail_command_duration_seconds_count{command=\"SELECT\",protocol=\"imap\"} 2"),
         "{text}"
     );
     assert!(text.contains("mail_imap_idle_sessions 1"), "{text}");
+    // The second SELECT reads the message list from the cache; every command
+    // after SELECT asked whether the mailbox changed.
+    assert!(text.contains("mail_imap_select_cache_total{result=\"hit\"} 1"), "{text}");
+    assert!(text.contains("mail_imap_select_cache_total{result=\"miss\"} 1"), "{text}");
+    assert!(text.contains("mail_imap_change_checks_total{kind=\"question\"}"), "{text}");
     c.send("DONE\r\n").await;
     c.line().await;
 }

@@ -118,6 +118,12 @@ impl Session {
         let (mailbox_id, uid_validity, uid_next) = (mb.id, mb.uid_validity, mb.uid_next);
         let cached = self.shared.reads.index_cache.get(mailbox_id, uid_validity);
         let cached_modseq = cached.as_ref().map(|i| i.highest_modseq);
+        let reads = &self.shared.reads;
+        if cached.is_some() {
+            reads.select_hits.inc()
+        } else {
+            reads.select_misses.inc()
+        }
         let index = match cached {
             Some(index) => (*index).clone(),
             None => match store.mailbox_index(mailbox_id).await {

@@ -96,6 +96,9 @@ pub struct ImapProtocol {
 pub(crate) struct Reads {
     pub(crate) probe: probe::ModseqProbe,
     pub(crate) index_cache: index_cache::IndexCache,
+    /// `mail_imap_select_cache_total{result}`.
+    pub(crate) select_hits: prometheus::IntCounter,
+    pub(crate) select_misses: prometheus::IntCounter,
 }
 
 /// State shared by the sessions of one process.
@@ -127,10 +130,34 @@ impl ImapProtocol {
                 // A registry that already has the name keeps its own; ours then
                 // still counts, just unexported.
                 let _ = app.metrics.registry.register(Box::new(idle_gauge.clone()));
+                let select_cache = prometheus::IntCounterVec::new(
+                    prometheus::Opts::new(
+                        "mail_imap_select_cache_total",
+                        "SELECT/EXAMINE served from the cached message list (hit) or a full read (miss)",
+                    ),
+                    &["result"],
+                )
+                .expect("valid metric");
+                let change_checks = prometheus::IntCounterVec::new(
+                    prometheus::Opts::new(
+                        "mail_imap_change_checks_total",
+                        "'Has the mailbox changed?' questions of IMAP commands, and the store queries that answered them",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric");
+                let _ = app.metrics.registry.register(Box::new(select_cache.clone()));
+                let _ = app.metrics.registry.register(Box::new(change_checks.clone()));
                 // One App (store, config) per metrics registry: the pod's.
                 let reads = Reads {
-                    probe: probe::ModseqProbe::new(app.store.clone()),
+                    probe: probe::ModseqProbe::new(
+                        app.store.clone(),
+                        change_checks.with_label_values(&["question"]),
+                        change_checks.with_label_values(&["query"]),
+                    ),
                     index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
+                    select_hits: select_cache.with_label_values(&["hit"]),
+                    select_misses: select_cache.with_label_values(&["miss"]),
                 };
                 let s = Arc::new(Shared { leases: limit::Leases::new(), idle_gauge, reads });
                 all.push((key, s.clone()));

@@ -27,22 +27,31 @@ type Reply = oneshot::Sender<StoreResult<Option<u64>>>;
 
 pub struct ModseqProbe {
     store: Arc<dyn Store>,
+    /// `mail_imap_change_checks_total{kind="question"}` and `{kind="query"}`:
+    /// their ratio is how many questions one query answers.
+    questions: prometheus::IntCounter,
+    queries: prometheus::IntCounter,
     /// The batching task, started by the first request (inside the runtime).
     queue: OnceLock<mpsc::UnboundedSender<(i64, Reply)>>,
 }
 
 impl ModseqProbe {
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        ModseqProbe { store, queue: OnceLock::new() }
+    pub fn new(
+        store: Arc<dyn Store>,
+        questions: prometheus::IntCounter,
+        queries: prometheus::IntCounter,
+    ) -> Self {
+        ModseqProbe { store, questions, queries, queue: OnceLock::new() }
     }
 
     /// The mailbox's highest modseq now; `None` when the mailbox is gone.
     pub async fn highest_modseq(&self, mailbox_id: i64) -> StoreResult<Option<u64>> {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(self.store.clone(), rx));
+            tokio::spawn(run(self.store.clone(), self.queries.clone(), rx));
             tx
         });
+        self.questions.inc();
         let (tx, rx) = oneshot::channel();
         if queue.send((mailbox_id, tx)).is_err() {
             // The task is gone (its runtime shut down): ask directly.
@@ -55,13 +64,18 @@ impl ModseqProbe {
     }
 
     async fn direct(&self, mailbox_id: i64) -> StoreResult<Option<u64>> {
+        self.queries.inc();
         let found = self.store.highest_modseqs(&[mailbox_id]).await?;
         Ok(found.first().map(|&(_, m)| m))
     }
 }
 
 /// Ends when the probe (the only sender) is dropped.
-async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<(i64, Reply)>) {
+async fn run(
+    store: Arc<dyn Store>,
+    queries: prometheus::IntCounter,
+    mut rx: mpsc::UnboundedReceiver<(i64, Reply)>,
+) {
     let mut batch: Vec<(i64, Reply)> = Vec::new();
     while let Some(first) = rx.recv().await {
         batch.push(first);
@@ -73,6 +87,7 @@ async fn run(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<(i64, Reply)
         let mut ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
         ids.sort_unstable();
         ids.dedup();
+        queries.inc();
         match store.highest_modseqs(&ids).await {
             Ok(found) => {
                 let found: HashMap<i64, u64> = found.into_iter().collect();
