@@ -119,8 +119,11 @@ pub trait Store: Send + Sync + 'static {
     /// Returns, per delivery and in order, the (mailbox_id, uid) pairs assigned.
     /// On error nothing of the batch is stored.
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>>;
-    /// All UIDs of the mailbox in ascending order (a session's sequence map).
-    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>>;
+    /// All UIDs of the mailbox in ascending order; `NotFound` when the mailbox
+    /// does not exist. (Sessions take them from [`Store::mailbox_index`].)
+    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
+        Ok(self.mailbox_index(mailbox_id).await?.uids)
+    }
     /// UIDs, flags, UIDNEXT and HIGHESTMODSEQ of the mailbox from one consistent
     /// snapshot (what SELECT loads). `NotFound` when the mailbox does not exist.
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex>;

@@ -1100,23 +1100,11 @@ impl Store for PgStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
-        // One array instead of one row per message: sqlx decodes rows one by one
-        // through an async stream, which cost more CPU than the query itself for a
-        // 10,000-message mailbox (perf profile of IMAP SELECT/SEARCH, bench/imap.sh).
-        let uids: Vec<i64> = sqlx::query_scalar(
-            "SELECT COALESCE(array_agg(uid ORDER BY uid), '{}') FROM mailbox_messages WHERE mailbox_id = $1",
-        )
-        .bind(mailbox_id)
-        .fetch_one(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
-    }
-
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One statement, so one snapshot: the modseq matches the rows. Columns as
-        // arrays for the reason given in `mailbox_uids`. The aggregates read one
+        // arrays, not a row per message: sqlx decodes rows one by one through an
+        // async stream, which cost more CPU than the query itself for a
+        // 10,000-message mailbox (perf profile of IMAP SELECT). The aggregates read one
         // row stream (from the primary key, in UID order), so the arrays line up;
         // an ORDER BY per aggregate would sort each one again (+40 % per SELECT).
         // `mailbox_index_from` sorts should the order ever differ.
@@ -1257,7 +1245,7 @@ impl Store for PgStore {
     }
 
     async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
-        // One array, not a row per UID (see `mailbox_uids`).
+        // One array, not a row per UID (see `mailbox_index`).
         let sql = format!(
             "SELECT COALESCE(array_agg(uid ORDER BY uid), '{{}}') FROM mailbox_messages WHERE mailbox_id = $1{}",
             flag_conditions(with, without)

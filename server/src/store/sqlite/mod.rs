@@ -945,16 +945,6 @@ impl Store for SqliteStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
-        let uids: Vec<i64> =
-            sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
-                .bind(mailbox_id)
-                .fetch_all(&mut *self.read_conn().await?)
-                .await
-                .map_err(db_err)?;
-        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
-    }
-
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One read transaction: the modseq matches the rows.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
