@@ -50,32 +50,24 @@ impl Database {
     /// The UIDs of the user's INBOX as the store has them: the truth every
     /// session's map must converge to.
     fn inbox_uids(&self) -> Vec<u32> {
-        block_on(async {
-            let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("connect");
-            let rows: Vec<(i64,)> = sqlx::query_as(
-                "SELECT mm.uid FROM mailbox_messages mm \
-                 JOIN mailboxes m ON m.id = mm.mailbox_id \
-                 JOIN accounts a ON a.id = m.account_id \
-                 WHERE a.email = $1 AND m.name = 'INBOX' ORDER BY mm.uid",
-            )
-            .bind(USER)
-            .fetch_all(&mut conn)
-            .await
-            .expect("query uids");
-            rows.into_iter().map(|(u,)| u32::try_from(u).expect("uid fits u32")).collect()
-        })
+        self.inbox_uids_where(None)
     }
 
     /// UIDs of the INBOX whose system flags include `bit` (1 \Seen, 2 \Answered,
     /// 4 \Flagged, 8 \Deleted), from the store.
     fn inbox_uids_with(&self, bit: i32) -> Vec<u32> {
+        self.inbox_uids_where(Some(bit))
+    }
+
+    fn inbox_uids_where(&self, bit: Option<i32>) -> Vec<u32> {
         block_on(async {
             let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("connect");
             let rows: Vec<(i64,)> = sqlx::query_as(
                 "SELECT mm.uid FROM mailbox_messages mm \
                  JOIN mailboxes m ON m.id = mm.mailbox_id \
                  JOIN accounts a ON a.id = m.account_id \
-                 WHERE a.email = $1 AND m.name = 'INBOX' AND mm.flags & $2 <> 0 ORDER BY mm.uid",
+                 WHERE a.email = $1 AND m.name = 'INBOX' AND ($2::int IS NULL OR mm.flags & $2 <> 0) \
+                 ORDER BY mm.uid",
             )
             .bind(USER)
             .bind(bit)
