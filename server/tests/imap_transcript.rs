@@ -456,11 +456,17 @@ async fn connections_per_user_are_limited() {
 #[tokio::test]
 async fn metrics_count_imap_commands_and_idle_sessions() {
     let app = mem_app(true);
-    account(&app, "bob@example.org", "pw").await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let uid = deliver(&app, &bob, "INBOX", b"Subject: hi\r\n\r\nhello\r\n", FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     c.cmd("s0", "SELECT INBOX").await;
     c.cmd("s", "SELECT INBOX").await;
     c.cmd("f", "UID FETCH 1:* FLAGS").await;
+    // The second body FETCH finds the body in the process's cache.
+    for tag in ["b1", "b2"] {
+        let r = c.cmd(tag, &format!("UID FETCH {uid} BODY.PEEK[]")).await;
+        assert!(r.iter().any(|l| l.contains("hello")), "{r:?}");
+    }
     c.cmd("b", "FROB").await;
     c.send("i IDLE\r\n").await;
     c.line().await;
@@ -471,7 +477,7 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
         String::from_utf8(buf).expect("utf8")
     };
     assert!(
-        text.contains("mail_commands_total{command=\"UID FETCH\",protocol=\"imap\",result=\"ok\"} 1"),
+        text.contains("mail_commands_total{command=\"UID FETCH\",protocol=\"imap\",result=\"ok\"} 3"),
         "{text}"
     );
     assert!(
@@ -492,6 +498,10 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
     assert!(text.contains("mail_imap_select_cache_total{result=\"hit\"} 1"), "{text}");
     assert!(text.contains("mail_imap_select_cache_total{result=\"miss\"} 1"), "{text}");
     assert!(text.contains("mail_imap_change_checks_total{kind=\"question\"}"), "{text}");
+    assert!(text.contains("mail_imap_body_cache_total{result=\"hit\"} 1"), "{text}");
+    assert!(text.contains("mail_imap_body_cache_total{result=\"miss\"} 1"), "{text}");
+    assert!(text.contains("mail_imap_body_cache_bytes 22"), "{text}");
+    assert!(text.contains("mail_imap_fetch_reads_total{kind=\"question\",read=\"link\"} 2"), "{text}");
     c.send("DONE\r\n").await;
     c.line().await;
 }

@@ -204,7 +204,7 @@ conformance!(
     expunge_and_tombstones,
     maildrop_listing,
     mailbox_index_snapshot,
-    bodies_by_uid_rows,
+    message_links_and_bodies,
     changes_since_after_store_and_expunge,
     copy_and_move,
     concurrent_group_commit,
@@ -907,48 +907,68 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
     assert_eq!(found, vec![(inbox, status.highest_modseq), (other.id, other.highest_modseq)]);
 }
 
-async fn bodies_by_uid_rows(ctx: Ctx) {
+async fn message_links_and_bodies(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
+    let (acc_b, _) = account(s, "b@example.com").await;
+    let other = s.mailbox_get(acc_b, "INBOX").await.expect("get").expect("INBOX");
     let mut uids = Vec::new();
     for i in 0..5 {
         uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
     }
+    let theirs = deliver_one(s, "theirs", &[other.id]).await[0].uid;
     s.store_flags(inbox, &UidSet::single(uids[2]), FlagOp::Add, &flagset(Flags::FLAGGED, &["$Later"]))
         .await
         .expect("flag");
     let raw = |i: usize| Bytes::from(format!("Subject: m{i}\r\n\r\nHello\r\n"));
-    // one UID, one range, several ranges; unknown UIDs are skipped
-    let bodies = s.bodies_by_uid(inbox, &UidSet::single(uids[2])).await.expect("one");
-    // The modseq comes from the same snapshot as the rows.
     let status = s.mailbox_status(inbox).await.expect("status");
-    assert_eq!(bodies.highest_modseq, Some(status.highest_modseq));
-    let one = bodies.rows;
-    assert_eq!(one.len(), 1);
-    assert_eq!((one[0].uid, &one[0].body, one[0].header_size), (uids[2], &raw(2), 20));
-    assert_eq!(one[0].flags, flagset(Flags::FLAGGED, &["$Later"]));
-    assert_eq!(one[0].internal_date, ts(1_700_000_100));
-    let range = s.bodies_by_uid(inbox, &UidSet(vec![(uids[1], uids[3])])).await.expect("range").rows;
-    assert_eq!(range.iter().map(|r| r.uid).collect::<Vec<_>>(), uids[1..=3].to_vec());
-    let many = UidSet::from_uids(&[uids[0], uids[2], uids[4], uids[4] + 100]);
-    let rows = s.bodies_by_uid(inbox, &many).await.expect("many").rows;
-    assert_eq!(rows.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[4]]);
-    for (row, i) in rows.iter().zip([0, 2, 4]) {
-        assert_eq!(row.body, raw(i));
-    }
-    let none = s.bodies_by_uid(inbox, &UidSet::single(uids[4] + 100)).await.expect("none");
-    assert!(none.rows.is_empty());
-    assert_eq!(none.highest_modseq, None, "no row, no snapshot to report");
+    let other_modseq = s.mailbox_status(other.id).await.expect("status").highest_modseq;
+
+    // Several mailboxes in one call; unknown UIDs and mailboxes are left out, but
+    // an existing mailbox is reported even when none of its asked UIDs exists.
+    let keys = [
+        (inbox, uids[0]),
+        (inbox, uids[2]),
+        (inbox, uids[4] + 100),
+        (other.id, theirs + 7),
+        (inbox + 1000, 1),
+    ];
+    let found = s.message_links(&keys).await.expect("links");
+    let mut mailboxes = found.mailboxes.clone();
+    mailboxes.sort_unstable();
+    assert_eq!(mailboxes, vec![(inbox, status.highest_modseq), (other.id, other_modseq)]);
+    let mut links = found.links.clone();
+    links.sort_by_key(|l| l.uid);
+    assert_eq!(
+        links.iter().map(|l| (l.mailbox_id, l.uid)).collect::<Vec<_>>(),
+        vec![(inbox, uids[0]), (inbox, uids[2])]
+    );
+    assert_eq!(links[1].flags, flagset(Flags::FLAGGED, &["$Later"]));
+    assert_eq!(links[1].internal_date, ts(1_700_000_100));
+    let found = s.message_links(&[(other.id, theirs)]).await.expect("theirs");
+    assert_eq!(found.links.len(), 1);
+    assert!(s.message_links(&[]).await.expect("nothing").links.is_empty());
+
+    // Bodies by id: the stored bytes and the header length; unknown ids left out.
+    let ids = [links[1].message_id, links[0].message_id, links[0].message_id + 10_000];
+    let mut bodies = s.message_bodies(&ids).await.expect("bodies");
+    bodies.sort_by_key(|b| b.message_id);
+    assert_eq!(bodies.len(), 2);
+    let by_id = |id: i64| bodies.iter().find(|b| b.message_id == id).expect("body");
+    // The stored header length (the fixture's metadata says 20), not one found again.
+    assert_eq!((&by_id(links[0].message_id).body, by_id(links[0].message_id).header_size), (&raw(0), 20));
+    assert_eq!(by_id(links[1].message_id).body, raw(2));
+
     // A change moves the reported modseq.
     s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
         .await
         .expect("flag");
-    let after = s.bodies_by_uid(inbox, &UidSet::single(uids[1])).await.expect("after");
-    assert!(after.highest_modseq > Some(status.highest_modseq));
+    let after = s.message_links(&[(inbox, uids[1])]).await.expect("after");
+    assert!(after.mailboxes[0].1 > status.highest_modseq);
 
     // A row written before the header length was stored: found in the body.
     ctx.exec_sql("UPDATE messages SET header_size = NULL").await;
-    let old = s.bodies_by_uid(inbox, &UidSet::single(uids[0])).await.expect("old row").rows;
+    let old = s.message_bodies(&[links[0].message_id]).await.expect("old row");
     assert_eq!(old[0].header_size, "Subject: m0\r\n\r\n".len() as u32);
 }
 

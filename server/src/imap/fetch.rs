@@ -1,11 +1,13 @@
 //! FETCH and UID FETCH.
 //!
-//! Three cost levels, chosen from what the client asks for:
-//! - FLAGS/UID only → `store.flags_by_uid` (no metadata, no body);
+//! Cost levels, chosen from what the client asks for:
+//! - FLAGS/UID only → the session's flag map (no query);
+//! - whole messages and top-level sections (`BODY[]`, `BODY[HEADER]`, `RFC822*`)
+//!   → the message links, batched with other sessions' FETCHes, and the bodies
+//!   from the per-process body cache ([`super::bodies`]);
 //! - ENVELOPE, BODYSTRUCTURE, sizes, dates → `store.messages_by_uid` (the
-//!   pre-rendered metadata, still no body);
-//! - any body section → additionally `store.message_body` per message, and the
-//!   section is a byte slice located by the stored part offsets.
+//!   pre-rendered metadata), plus the bodies as above when a section inside a
+//!   MIME part is asked for: a byte slice located by the stored part offsets.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -108,40 +110,48 @@ impl Session {
                 }
             }
             if from_bodies {
-                // Link and body in one query, a few messages at a time so memory stays
-                // bounded by FETCH_BATCH bodies.
+                // Links of a few messages at a time, read together with other
+                // sessions' (see `bodies`); memory stays bounded by FETCH_BATCH bodies.
+                let shared = self.shared.clone();
                 for chunk in uids.chunks(FETCH_BATCH) {
-                    let bodies = match store.bodies_by_uid(mailbox_id, &UidSet::from_uids(chunk)).await {
+                    let found = match shared.reads.bodies.links(mailbox_id, chunk).await {
                         Ok(r) => r,
                         Err(e) => return store_error(e),
                     };
                     if !synced {
                         synced = true;
                         let known = self.selected.as_ref().map(|s| s.modseq);
-                        if (bodies.highest_modseq.is_none() || bodies.highest_modseq != known)
+                        if (found.highest_modseq.is_none() || found.highest_modseq != known)
                             && let Err(e) = self.sync_changes(false).await
                         {
                             return store_error(e);
                         }
                     }
-                    for row in bodies.rows {
-                        self.announce_keywords(&row.flags);
-                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
+                    let ids: Vec<i64> = found.links.iter().map(|l| l.message_id).collect();
+                    let bodies = match shared.reads.bodies.bodies(&ids).await {
+                        Ok(b) => b,
+                        Err(e) => return store_error(e),
+                    };
+                    for (link, stored) in found.links.iter().zip(bodies) {
+                        self.announce_keywords(&link.flags);
+                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(link.uid)) else {
                             continue;
                         };
+                        // Linked messages always have a body (foreign key).
+                        let Some(stored) = stored else { continue };
                         let meta = MessageMeta {
-                            size: row.body.len() as u32,
-                            header_size: row.header_size,
+                            size: stored.body.len() as u32,
+                            header_size: stored.header_size,
                             ..MessageMeta::default()
                         };
                         let message = Message {
-                            uid: row.uid,
-                            flags: &row.flags,
-                            internal_date: &row.internal_date,
+                            uid: link.uid,
+                            flags: &link.flags,
+                            internal_date: &link.internal_date,
                             meta: &meta,
-                            body: Some(&row.body),
+                            body: Some(&stored.body),
                         };
-                        let seen = seen_changed.binary_search(&row.uid).is_ok();
+                        let seen = seen_changed.binary_search(&link.uid).is_ok();
                         fetch_line(&mut self.out, seq, &items, &message, seen);
                         if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                             return Outcome::no("[UNAVAILABLE] Connection lost");
@@ -153,28 +163,36 @@ impl Session {
                     Ok(r) => r,
                     Err(e) => return store_error(e),
                 };
-                for row in rows {
-                    self.announce_keywords(&row.flags);
-                    let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else { continue };
-                    let body = if needs_body {
-                        match store.message_body(row.message_id).await {
-                            Ok(b) => Some(b),
+                // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
+                for rows in rows.chunks(FETCH_BATCH) {
+                    let bodies = if needs_body {
+                        let ids: Vec<i64> = rows.iter().map(|r| r.message_id).collect();
+                        match self.shared.reads.bodies.bodies(&ids).await {
+                            Ok(b) => b,
                             Err(e) => return store_error(e),
                         }
                     } else {
-                        None
+                        Vec::new()
                     };
-                    let message = Message {
-                        uid: row.uid,
-                        flags: &row.flags,
-                        internal_date: &row.internal_date,
-                        meta: &row.meta,
-                        body: body.as_deref(),
-                    };
-                    let seen = seen_changed.binary_search(&row.uid).is_ok();
-                    fetch_line(&mut self.out, seq, &items, &message, seen);
-                    if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-                        return Outcome::no("[UNAVAILABLE] Connection lost");
+                    let mut bodies = bodies.into_iter();
+                    for row in rows {
+                        let body = bodies.next().flatten().map(|b| b.body);
+                        self.announce_keywords(&row.flags);
+                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
+                            continue;
+                        };
+                        let message = Message {
+                            uid: row.uid,
+                            flags: &row.flags,
+                            internal_date: &row.internal_date,
+                            meta: &row.meta,
+                            body: body.as_deref(),
+                        };
+                        let seen = seen_changed.binary_search(&row.uid).is_ok();
+                        fetch_line(&mut self.out, seq, &items, &message, seen);
+                        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                            return Outcome::no("[UNAVAILABLE] Connection lost");
+                        }
                     }
                 }
             } else {

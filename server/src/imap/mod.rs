@@ -12,6 +12,8 @@
 
 pub mod append;
 pub mod auth;
+pub mod batch;
+pub mod bodies;
 pub mod fetch;
 pub mod flags;
 pub mod idle;
@@ -65,6 +67,9 @@ pub struct ImapConfig {
     /// selected mailboxes, so that SELECT of a large mailbox reads only what
     /// changed since (0 = off). See [`index_cache`].
     pub select_cache_messages: usize,
+    /// Bytes of message bodies a process keeps for FETCH (bodies never change once
+    /// stored, so any pod may cache them; 0 = off). See [`bodies`].
+    pub body_cache_bytes: usize,
 }
 
 impl Default for ImapConfig {
@@ -80,6 +85,7 @@ impl Default for ImapConfig {
             max_commands_per_second: 200,
             idle_poll_secs: 3,
             select_cache_messages: 2_000_000,
+            body_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -91,10 +97,12 @@ pub struct ImapProtocol {
     shared: Arc<Shared>,
 }
 
-/// What the read path of a process's sessions shares: the batched change probe
-/// and the cache of selected mailboxes' message lists.
+/// What the read path of a process's sessions shares: the batched change probe,
+/// the cache of selected mailboxes' message lists, and the batched, cached body
+/// reads of FETCH.
 pub(crate) struct Reads {
     pub(crate) probe: probe::ModseqProbe,
+    pub(crate) bodies: bodies::BodyReader,
     pub(crate) index_cache: index_cache::IndexCache,
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
@@ -146,14 +154,51 @@ impl ImapProtocol {
                     &["kind"],
                 )
                 .expect("valid metric");
+                let body_cache = prometheus::IntCounterVec::new(
+                    prometheus::Opts::new(
+                        "mail_imap_body_cache_total",
+                        "Message bodies FETCH found in the process's body cache (hit) or read from the store (miss)",
+                    ),
+                    &["result"],
+                )
+                .expect("valid metric");
+                let body_cache_bytes = prometheus::IntGauge::new(
+                    "mail_imap_body_cache_bytes",
+                    "Bytes of message bodies held in the process's body cache",
+                )
+                .expect("valid metric");
+                let fetch_reads = prometheus::IntCounterVec::new(
+                    prometheus::Opts::new(
+                        "mail_imap_fetch_reads_total",
+                        "FETCH reads of message links and bodies (questions), and the store queries that answered them",
+                    ),
+                    &["read", "kind"],
+                )
+                .expect("valid metric");
                 let _ = app.metrics.registry.register(Box::new(select_cache.clone()));
                 let _ = app.metrics.registry.register(Box::new(change_checks.clone()));
+                let _ = app.metrics.registry.register(Box::new(body_cache.clone()));
+                let _ = app.metrics.registry.register(Box::new(body_cache_bytes.clone()));
+                let _ = app.metrics.registry.register(Box::new(fetch_reads.clone()));
                 // One App (store, config) per metrics registry: the pod's.
                 let reads = Reads {
                     probe: probe::ModseqProbe::new(
                         app.store.clone(),
                         change_checks.with_label_values(&["question"]),
                         change_checks.with_label_values(&["query"]),
+                    ),
+                    bodies: bodies::BodyReader::new(
+                        app.store.clone(),
+                        app.config.imap.body_cache_bytes,
+                        bodies::BodyMetrics {
+                            hits: body_cache.with_label_values(&["hit"]),
+                            misses: body_cache.with_label_values(&["miss"]),
+                            cached_bytes: body_cache_bytes,
+                            link_questions: fetch_reads.with_label_values(&["link", "question"]),
+                            link_queries: fetch_reads.with_label_values(&["link", "query"]),
+                            body_questions: fetch_reads.with_label_values(&["body", "question"]),
+                            body_queries: fetch_reads.with_label_values(&["body", "query"]),
+                        },
                     ),
                     index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
                     select_hits: select_cache.with_label_values(&["hit"]),

@@ -142,24 +142,48 @@ pub trait Store: Send + Sync + 'static {
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;
     /// UID/flags/modseq only: the light query behind `UID FETCH 1:* FLAGS`.
     async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>>;
-    /// UID, flags, INTERNALDATE and body of the given messages in one round trip,
-    /// ascending, with the mailbox's highest modseq of the same snapshot; unknown
-    /// UIDs are skipped. Callers bound how many they ask for at once (each body is
-    /// held in memory). This default (for test doubles) goes through
-    /// [`Store::messages_by_uid`] and [`Store::message_body`] and reports no modseq.
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
-        let mut rows = Vec::new();
-        for r in self.messages_by_uid(mailbox_id, uids).await? {
-            let body = self.message_body(r.message_id).await?;
-            rows.push(BodyRow {
-                uid: r.uid,
-                flags: r.flags,
-                internal_date: r.internal_date,
-                header_size: r.meta.header_size,
-                body,
-            });
+    /// The links (message id, flags, INTERNALDATE) of the asked `(mailbox, uid)`
+    /// pairs that exist, and the highest modseq of each asked mailbox that exists,
+    /// read in one snapshot: the first half of IMAP FETCH of bodies, asked for the
+    /// commands of many sessions at once. This default (for test doubles) goes
+    /// through [`Store::highest_modseqs`] and [`Store::messages_by_uid`], which is
+    /// not one snapshot.
+    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+        let mut ids: Vec<i64> = keys.iter().map(|&(m, _)| m).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out = MessageLinks { mailboxes: self.highest_modseqs(&ids).await?, links: Vec::new() };
+        for &(mailbox_id, _) in &out.mailboxes {
+            let uids: Vec<u32> = keys.iter().filter(|&&(m, _)| m == mailbox_id).map(|&(_, u)| u).collect();
+            for r in self.messages_by_uid(mailbox_id, &UidSet::from_uids(&uids)).await? {
+                out.links.push(MessageLink {
+                    mailbox_id,
+                    uid: r.uid,
+                    message_id: r.message_id,
+                    flags: r.flags,
+                    internal_date: r.internal_date,
+                });
+            }
         }
-        Ok(MessageBodies { highest_modseq: None, rows })
+        Ok(out)
+    }
+    /// The bodies of those of the given messages that exist, in no particular
+    /// order. Callers bound how many they ask for at once (each is held in memory).
+    /// This default (for test doubles) asks [`Store::message_body`] per message.
+    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+        let mut out = Vec::with_capacity(message_ids.len());
+        for &id in message_ids {
+            match self.message_body(id).await {
+                Ok(body) => out.push(StoredBody {
+                    message_id: id,
+                    header_size: common::header_size_of(None, &body),
+                    body,
+                }),
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
     /// The raw RFC 5322 bytes of a message as delivered (decompressed).
     async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes>;

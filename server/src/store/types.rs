@@ -241,26 +241,39 @@ pub struct MessageRow {
     pub meta: MessageMeta,
 }
 
-/// A message with its body, for FETCH of whole messages.
+/// Where one message of a mailbox is stored: a row of
+/// [`Store::message_links`](super::Store::message_links).
 #[derive(Debug, Clone, PartialEq)]
-pub struct BodyRow {
+pub struct MessageLink {
+    pub mailbox_id: i64,
     pub uid: u32,
+    pub message_id: i64,
     pub flags: FlagSet,
     pub internal_date: DateTime<Utc>,
+}
+
+/// What [`Store::message_links`](super::Store::message_links) returns, all read in
+/// one snapshot.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MessageLinks {
+    /// `(mailbox id, highest modseq)` of each asked mailbox that exists. Equal to a
+    /// session's own, it means nothing changed since that session's last sync, so
+    /// the links' flags are the ones the session already announced.
+    pub mailboxes: Vec<(i64, u64)>,
+    /// The asked messages that exist, in no particular order.
+    pub links: Vec<MessageLink>,
+}
+
+/// A stored message body: a row of
+/// [`Store::message_bodies`](super::Store::message_bodies). Bodies never change
+/// once stored, so they may be cached by id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredBody {
+    pub message_id: i64,
     /// Octets of the header block including the blank line ([`MessageMeta::header_size`]).
     pub header_size: u32,
     /// The raw RFC 5322 bytes as delivered (decompressed).
     pub body: bytes::Bytes,
-}
-
-/// What [`Store::bodies_by_uid`](super::Store::bodies_by_uid) returns.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct MessageBodies {
-    /// The mailbox's highest modseq read in the same snapshot as `rows` (`None`
-    /// when no row came back): equal to a session's own, it means nothing changed
-    /// since that session's last sync, and a separate `changes_since` is not needed.
-    pub highest_modseq: Option<u64>,
-    pub rows: Vec<BodyRow>,
 }
 
 /// One message of a POP3 maildrop listing.

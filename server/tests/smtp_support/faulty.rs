@@ -20,6 +20,11 @@ pub struct FaultyStore {
     /// after reading it (so that requests pile up behind it).
     pub probe_batches: Mutex<Vec<usize>>,
     pub probe_delay_ms: AtomicU64,
+    /// Sizes of the `message_links` calls, held like the probe's for `links_delay_ms`.
+    pub link_batches: Mutex<Vec<usize>>,
+    pub links_delay_ms: AtomicU64,
+    /// The ids asked of each `message_bodies` call.
+    pub body_reads: Mutex<Vec<Vec<i64>>>,
 }
 
 impl FaultyStore {
@@ -33,6 +38,9 @@ impl FaultyStore {
             batches: Mutex::new(Vec::new()),
             probe_batches: Mutex::new(Vec::new()),
             probe_delay_ms: AtomicU64::new(0),
+            link_batches: Mutex::new(Vec::new()),
+            links_delay_ms: AtomicU64::new(0),
+            body_reads: Mutex::new(Vec::new()),
         }
     }
 }
@@ -164,6 +172,16 @@ impl Store for FaultyStore {
         let answer = self.inner.highest_modseqs(mailbox_ids).await;
         tokio::time::sleep(Duration::from_millis(self.probe_delay_ms.load(Ordering::SeqCst))).await;
         answer
+    }
+    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+        self.link_batches.lock().expect("lock").push(keys.len());
+        let answer = self.inner.message_links(keys).await;
+        tokio::time::sleep(Duration::from_millis(self.links_delay_ms.load(Ordering::SeqCst))).await;
+        answer
+    }
+    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+        self.body_reads.lock().expect("lock").push(message_ids.to_vec());
+        self.inner.message_bodies(message_ids).await
     }
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         self.inner.changes_since(mailbox_id, modseq).await

@@ -1197,37 +1197,69 @@ impl Store for PgStore {
         rows.iter().map(flag_row).collect()
     }
 
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
-        // One round trip for link, body and the mailbox's modseq: `UID FETCH n
-        // BODY.PEEK[]` is what clients run most, and needs neither the metadata nor
-        // (when nothing changed) a separate sync query.
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, m.header_size, \
-                 (SELECT highest_modseq FROM mailboxes WHERE id = $1) AS highest_modseq",
-            )
-            .await?;
-        let mut out = MessageBodies::default();
+    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+        // One statement, so one snapshot for the links and the modseqs. The LEFT
+        // JOIN keeps a row for every asked mailbox that exists, also when none of
+        // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
+        let (mailbox_ids, uids): (Vec<i64>, Vec<i64>) = keys.iter().map(|&(m, u)| (m, i64::from(u))).unzip();
+        if keys.is_empty() {
+            return Ok(MessageLinks::default());
+        }
+        let rows = sqlx::query(
+            "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
+             mm.internal_date FROM UNNEST($1::bigint[], $2::bigint[]) AS q(mailbox_id, uid) \
+             JOIN mailboxes mb ON mb.id = q.mailbox_id \
+             LEFT JOIN mailbox_messages mm ON mm.mailbox_id = q.mailbox_id AND mm.uid = q.uid",
+        )
+        .bind(&mailbox_ids)
+        .bind(&uids)
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        let mut out = MessageLinks::default();
         for r in rows {
-            out.highest_modseq = Some(u64_of(r.try_get("highest_modseq").map_err(db_err)?));
-            let keywords: String = r.try_get("keywords").map_err(db_err)?;
+            let mailbox_id: i64 = r.try_get("mailbox_id").map_err(db_err)?;
+            if !out.mailboxes.iter().any(|&(m, _)| m == mailbox_id) {
+                out.mailboxes.push((mailbox_id, u64_of(r.try_get("highest_modseq").map_err(db_err)?)));
+            }
+            let Some(uid) = r.try_get::<Option<i64>, _>("uid").map_err(db_err)? else { continue };
             let flags: i32 = r.try_get("flags").map_err(db_err)?;
-            let body = decompress_body(
-                r.try_get("body").map_err(db_err)?,
-                r.try_get("compressed").map_err(db_err)?,
-                r.try_get("size").map_err(db_err)?,
-            )?;
-            out.rows.push(BodyRow {
-                uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+            let keywords: String = r.try_get("keywords").map_err(db_err)?;
+            out.links.push(MessageLink {
+                mailbox_id,
+                uid: u32_of(uid, "uid")?,
+                message_id: r.try_get("message_id").map_err(db_err)?,
                 flags: flagset_from_row(i64::from(flags), &keywords),
                 internal_date: r.try_get("internal_date").map_err(db_err)?,
-                header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                body,
             });
         }
         Ok(out)
+    }
+
+    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+        if message_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows =
+            sqlx::query("SELECT id, body, compressed, size, header_size FROM messages WHERE id = ANY($1)")
+                .bind(message_ids)
+                .fetch_all(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
+        rows.iter()
+            .map(|r| {
+                let body = decompress_body(
+                    r.try_get("body").map_err(db_err)?,
+                    r.try_get("compressed").map_err(db_err)?,
+                    r.try_get("size").map_err(db_err)?,
+                )?;
+                Ok(StoredBody {
+                    message_id: r.try_get("id").map_err(db_err)?,
+                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
+                    body,
+                })
+            })
+            .collect()
     }
 
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {

@@ -1047,46 +1047,69 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn bodies_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<MessageBodies> {
-        // One read transaction: the modseq matches the rows.
+    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+        // One read transaction: the modseqs match the links.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
-        let highest: Option<i64> = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
+        let mut out = MessageLinks::default();
+        for &(mailbox_id, uid) in keys {
+            if !out.mailboxes.iter().any(|&(m, _)| m == mailbox_id) {
+                let highest: Option<i64> =
+                    sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
+                        .bind(mailbox_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db_err)?;
+                match highest {
+                    Some(h) => out.mailboxes.push((mailbox_id, u64_of(h))),
+                    None => continue,
+                }
+            }
+            let row = sqlx::query(
+                "SELECT message_id, flags, keywords, internal_date FROM mailbox_messages \
+                 WHERE mailbox_id = ? AND uid = ?",
+            )
             .bind(mailbox_id)
+            .bind(i64::from(uid))
             .fetch_optional(&mut *tx)
             .await
             .map_err(db_err)?;
-        let mut out = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            let rows = sqlx::query(
-                "SELECT mm.uid, mm.flags, mm.keywords, mm.internal_date, m.body, m.compressed, m.size, \
-                 m.header_size FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
-                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
-            )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            for r in rows {
+            if let Some(r) = row {
                 let keywords: String = r.try_get("keywords").map_err(db_err)?;
                 let flags: i64 = r.try_get("flags").map_err(db_err)?;
-                let body = decompress_body(
-                    r.try_get("body").map_err(db_err)?,
-                    r.try_get("compressed").map_err(db_err)?,
-                    r.try_get("size").map_err(db_err)?,
-                )?;
-                out.push(BodyRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                out.links.push(MessageLink {
+                    mailbox_id,
+                    uid,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
                     flags: flagset_from_row(flags, &keywords),
                     internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
-                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                    body,
                 });
             }
         }
-        let highest_modseq = highest.filter(|_| !out.is_empty()).map(u64_of);
-        Ok(MessageBodies { highest_modseq, rows: out })
+        Ok(out)
+    }
+
+    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+        let mut conn = self.read_conn().await?;
+        let mut out = Vec::with_capacity(message_ids.len());
+        for &id in message_ids {
+            let row = sqlx::query("SELECT body, compressed, size, header_size FROM messages WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db_err)?;
+            let Some(r) = row else { continue };
+            let body = decompress_body(
+                r.try_get("body").map_err(db_err)?,
+                r.try_get("compressed").map_err(db_err)?,
+                r.try_get("size").map_err(db_err)?,
+            )?;
+            out.push(StoredBody {
+                message_id: id,
+                header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
+                body,
+            });
+        }
+        Ok(out)
     }
 
     async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
