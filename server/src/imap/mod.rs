@@ -157,7 +157,7 @@ impl ImapProtocol {
                 let body_cache = prometheus::IntCounterVec::new(
                     prometheus::Opts::new(
                         "mail_imap_body_cache_total",
-                        "Message bodies FETCH found in the process's body cache (hit) or read from the store (miss)",
+                        "Message bodies FETCH found in the process's body cache (hit) or not (miss: read from the store, once for all sessions missing it at the same time)",
                     ),
                     &["result"],
                 )
