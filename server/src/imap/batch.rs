@@ -121,3 +121,91 @@ async fn run<Q: BatchQuery>(
         questions.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Doubles its questions; fails while `fail` is set; records each batch.
+    struct Doubler {
+        fail: std::sync::atomic::AtomicBool,
+        short: std::sync::atomic::AtomicBool,
+        batches: Mutex<Vec<Vec<u32>>>,
+    }
+
+    impl BatchQuery for Doubler {
+        type Question = u32;
+        type Answer = u32;
+
+        async fn answer(&self, questions: &[u32]) -> StoreResult<Vec<u32>> {
+            self.batches.lock().unwrap().push(questions.to_vec());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            let mut answers: Vec<u32> = questions.iter().map(|q| q * 2).collect();
+            if self.short.load(std::sync::atomic::Ordering::SeqCst) {
+                answers.pop();
+            }
+            Ok(answers)
+        }
+    }
+
+    fn batcher(max_batch: usize) -> Arc<Batcher<Doubler>> {
+        let query = Doubler { fail: false.into(), short: false.into(), batches: Mutex::new(Vec::new()) };
+        let c = |n: &str| prometheus::IntCounter::new(n, n).unwrap();
+        Arc::new(Batcher::new(query, max_batch, c("questions"), c("queries")))
+    }
+
+    async fn ask_all(b: &Arc<Batcher<Doubler>>, n: u32) -> Vec<StoreResult<u32>> {
+        let asks: Vec<_> = (0..n)
+            .map(|q| {
+                let b = b.clone();
+                tokio::spawn(async move { b.ask(q).await })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for a in asks {
+            out.push(a.await.unwrap());
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_question_gets_its_own_answer_within_the_batch_limit() {
+        let b = batcher(16);
+        let answers = ask_all(&b, 100).await;
+        for (q, a) in answers.into_iter().enumerate() {
+            assert_eq!(a.unwrap(), q as u32 * 2);
+        }
+        let batches = b.query.batches.lock().unwrap().clone();
+        assert!(batches.iter().all(|b| b.len() <= 16), "{batches:?}");
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 100);
+        assert!(batches.len() < 100, "questions shared queries: {}", batches.len());
+        assert_eq!(b.queries.get(), batches.len() as u64);
+        assert_eq!(b.questions.get(), 100);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_or_short_query_fails_every_question_it_carried() {
+        let b = batcher(1024);
+        b.query.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        for a in ask_all(&b, 50).await {
+            assert!(matches!(a, Err(StoreError::Unavailable(ref m)) if m.contains("down")), "{a:?}");
+        }
+        b.query.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        b.query.short.store(true, std::sync::atomic::Ordering::SeqCst);
+        for a in ask_all(&b, 50).await {
+            assert!(
+                matches!(a, Err(StoreError::Internal(_))),
+                "answers are never handed to the wrong question: {a:?}"
+            );
+        }
+        // And the batcher keeps working afterwards.
+        b.query.short.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(b.ask(21).await.unwrap(), 42);
+    }
+}
