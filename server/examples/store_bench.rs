@@ -1,7 +1,8 @@
 //! Store micro-benchmark: does delivery (and the per-command reads IMAP runs in
 //! loops) stay flat as a mailbox grows? Fills one INBOX to `--fill` messages, then
 //! times single deliveries and group-commit batches into it against an empty
-//! mailbox, plus STATUS, UID SEARCH UNSEEN and UID FETCH FLAGS.
+//! mailbox, plus STATUS, UID SEARCH UNSEEN and a session's sync (what changed in
+//! the last 20 modseqs).
 //!
 //! `cargo run --release -p mailcluster-server --example store_bench -- <database-url> [fill]`
 //! (`sqlite:///tmp/bench.db` or `postgres://…/<an empty database>`).
@@ -62,18 +63,18 @@ async fn report(s: &Arc<dyn Store>, label: &str, inbox: i64) {
         async move { s.uids_by_flags(inbox, Flags::NONE, Flags::SEEN).await.expect("search") }
     })
     .await;
-    let tail_flags = time(20, |_| {
+    let tail_changes = time(20, |_| {
         let s = s.clone();
         async move {
-            let next = s.mailbox_status(inbox).await.expect("status").uid_next;
-            s.flags_by_uid(inbox, &UidSet(vec![(next.saturating_sub(20), u32::MAX)])).await.expect("flags")
+            let highest = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+            s.changes_since(inbox, highest.saturating_sub(20)).await.expect("changes")
         }
     })
     .await;
     let count = s.mailbox_status(inbox).await.expect("status").messages;
     println!(
         "{label:>8} ({count:>6} msgs): deliver 1 msg p50 {one:?} | batch of 50 p50 {batch:?} | STATUS {status:?} | \
-         UID SEARCH UNSEEN {unseen:?} | UID FETCH last 20 FLAGS {tail_flags:?}"
+         UID SEARCH UNSEEN {unseen:?} | changes in the last 20 modseqs {tail_changes:?}"
     );
 }
 

@@ -106,9 +106,6 @@ impl Store for DownStore {
     async fn messages_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<MessageRow>> {
         down_store()
     }
-    async fn flags_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        down_store()
-    }
     async fn message_body(&self, _: i64) -> StoreResult<bytes::Bytes> {
         down_store()
     }

@@ -140,8 +140,6 @@ pub trait Store: Send + Sync + 'static {
     /// Per-message rows (flags, size, dates, metadata) for the given UIDs, ascending.
     /// Unknown UIDs are skipped.
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;
-    /// UID/flags/modseq only: the light query behind `UID FETCH 1:* FLAGS`.
-    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>>;
     /// The links (message id, flags, INTERNALDATE) of the asked `(mailbox, uid)`
     /// pairs that exist, and the highest modseq of each asked mailbox that exists,
     /// read in one snapshot: the first half of IMAP FETCH of bodies, asked for the

@@ -289,14 +289,6 @@ impl Store for MemStore {
             })
             .collect())
     }
-    async fn flags_by_uid(&self, id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        let g = self.inner.lock().expect("lock");
-        Ok(g.msgs[&id]
-            .iter()
-            .filter(|(u, _)| uids.contains(**u))
-            .map(|(u, m)| FlagRow { uid: *u, flags: m.flags.clone(), modseq: m.modseq })
-            .collect())
-    }
     async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes> {
         let g = self.inner.lock().expect("lock");
         g.bodies.get(&message_id).map(|b| b.0.clone()).ok_or_else(|| StoreError::NotFound("body".into()))

@@ -140,9 +140,6 @@ impl Store for FaultyStore {
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
         self.inner.messages_by_uid(mailbox_id, uids).await
     }
-    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        self.inner.flags_by_uid(mailbox_id, uids).await
-    }
     async fn message_body(&self, message_id: i64) -> StoreResult<bytes::Bytes> {
         self.inner.message_body(message_id).await
     }

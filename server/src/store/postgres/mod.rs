@@ -1178,25 +1178,6 @@ impl Store for PgStore {
             .collect()
     }
 
-    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        let (los, his) = range_arrays(uids);
-        if los.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = sqlx::query(
-            "SELECT mm.uid, mm.flags, mm.keywords, mm.modseq \
-             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi ORDER BY mm.uid",
-        )
-        .bind(mailbox_id)
-        .bind(&los)
-        .bind(&his)
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(flag_row).collect()
-    }
-
     async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of

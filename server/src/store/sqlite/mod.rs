@@ -1026,27 +1026,6 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn flags_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<FlagRow>> {
-        let mut conn = self.read_conn().await?;
-        let mut out = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            let rows = sqlx::query(
-                "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
-                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-            )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db_err)?;
-            for r in rows {
-                out.push(flag_row(&r)?);
-            }
-        }
-        Ok(out)
-    }
-
     async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One read transaction: the modseqs match the links.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
