@@ -77,7 +77,8 @@ async fn fetch_round(reader: &Arc<BodyReader>, inbox: i64, uids: &[u32]) {
                     vec![uid],
                     "unknown UIDs left out"
                 );
-                let bodies = reader.bodies(&[found.links[0].message_id]).await.expect("bodies");
+                let link = &found.links[0];
+                let bodies = reader.bodies(&[(link.message_id, link.internal_date)]).await.expect("bodies");
                 let body = bodies[0].as_ref().expect("a linked message has a body");
                 assert_eq!(body.body, raw(n), "uid {uid}");
                 assert_eq!(body.header_size as usize, format!("Subject: message {n}\r\n\r\n").len());
@@ -115,6 +116,14 @@ async fn concurrent_fetches_share_queries_and_cached_bodies() {
     assert_eq!(store.body_reads.lock().expect("lock").len(), reads.len(), "served from the cache");
     assert_eq!(counters.misses.get(), misses);
     assert_eq!(counters.hits.get() + misses, 400);
+    // A link with another INTERNALDATE under a cached id (the id handed out again
+    // after the database went back in time) is not served the cached body.
+    let link = reader.links(inbox, &[uids[0]]).await.expect("links").links.remove(0);
+    let other_date = link.internal_date + chrono::Duration::seconds(1);
+    let reads_before = store.body_reads.lock().expect("lock").len();
+    reader.bodies(&[(link.message_id, other_date)]).await.expect("bodies");
+    assert_eq!(store.body_reads.lock().expect("lock").len(), reads_before + 1, "read again from the store");
+    assert_eq!(counters.misses.get(), misses + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

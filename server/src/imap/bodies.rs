@@ -15,10 +15,18 @@
 //! The cache is bounded in bytes (`imap.body_cache_bytes`); the least recently
 //! used bodies go first, and a body larger than a sixteenth of the budget is not
 //! kept, so one huge attachment cannot flush everything else.
+//!
+//! Entries are keyed by message id and checked against the INTERNALDATE of the
+//! link that asks: every link of a message carries its delivery's INTERNALDATE
+//! (COPY and MOVE keep it). Ids are never reused by the store, but a database
+//! restored to an earlier point, or an asynchronous replica promoted after losing
+//! its primary's last commits, hands out ids again; a cached body must then never
+//! be served for the new message that got its id (another user's mail).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use hashlink::LinkedHashMap;
 
 use super::batch::{BatchQuery, Batcher};
@@ -83,19 +91,21 @@ impl BodyReader {
         self.links.ask((mailbox_id, uids.to_vec())).await
     }
 
-    /// The bodies of the given messages, in their order (`None`: no such message).
-    pub async fn bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<Option<StoredBody>>> {
-        let mut out: Vec<Option<StoredBody>> = message_ids.iter().map(|&id| self.cache.get(id)).collect();
-        let missing: Vec<i64> =
-            message_ids.iter().zip(&out).filter(|(_, b)| b.is_none()).map(|(&id, _)| id).collect();
-        self.hits.inc_by((message_ids.len() - missing.len()) as u64);
+    /// The bodies of the given messages — `(message id, INTERNALDATE of the link)`
+    /// pairs — in their order (`None`: no such message).
+    pub async fn bodies(&self, messages: &[(i64, DateTime<Utc>)]) -> StoreResult<Vec<Option<StoredBody>>> {
+        let mut out: Vec<Option<StoredBody>> =
+            messages.iter().map(|&(id, date)| self.cache.get(id, date)).collect();
+        let missing: Vec<(i64, DateTime<Utc>)> =
+            messages.iter().zip(&out).filter(|(_, b)| b.is_none()).map(|(&m, _)| m).collect();
+        self.hits.inc_by((messages.len() - missing.len()) as u64);
         if missing.is_empty() {
             return Ok(out);
         }
         self.misses.inc_by(missing.len() as u64);
         let read: HashMap<i64, StoredBody> =
             self.bodies.ask(missing).await?.into_iter().map(|b| (b.message_id, b)).collect();
-        for (slot, id) in out.iter_mut().zip(message_ids) {
+        for (slot, (id, _)) in out.iter_mut().zip(messages) {
             if slot.is_none() {
                 *slot = read.get(id).cloned();
             }
@@ -141,34 +151,40 @@ struct BodyQuery {
 }
 
 impl BatchQuery for BodyQuery {
-    type Question = Vec<i64>;
+    type Question = Vec<(i64, DateTime<Utc>)>;
     type Answer = Vec<StoredBody>;
 
-    async fn answer(&self, questions: &[Vec<i64>]) -> StoreResult<Vec<Vec<StoredBody>>> {
+    async fn answer(&self, questions: &[Self::Question]) -> StoreResult<Vec<Vec<StoredBody>>> {
         // Looked up again here: when many sessions miss the same body at once, the
         // batch read before this one (batches run one after another) has just
         // cached it, and it is read once, not once per batch.
         let mut found: HashMap<i64, StoredBody> = HashMap::new();
-        let mut ids: Vec<i64> = Vec::new();
-        for &id in questions.iter().flatten() {
-            if found.contains_key(&id) || ids.contains(&id) {
+        let mut ids: Vec<(i64, DateTime<Utc>)> = Vec::new();
+        for &(id, date) in questions.iter().flatten() {
+            if found.contains_key(&id) || ids.iter().any(|&(i, _)| i == id) {
                 continue;
             }
-            match self.cache.get(id) {
+            match self.cache.get(id, date) {
                 Some(b) => {
                     found.insert(id, b);
                 }
-                None => ids.push(id),
+                None => ids.push((id, date)),
             }
         }
         if !ids.is_empty() {
-            for b in self.store.message_bodies(&ids).await? {
-                self.cache.put(b.clone());
+            let wanted: Vec<i64> = ids.iter().map(|&(id, _)| id).collect();
+            for b in self.store.message_bodies(&wanted).await? {
+                if let Some(&(_, date)) = ids.iter().find(|&&(id, _)| id == b.message_id) {
+                    self.cache.put(date, b.clone());
+                }
                 found.insert(b.message_id, b);
             }
         }
         // Clones share the bytes (`Bytes` is reference counted).
-        Ok(questions.iter().map(|q| q.iter().filter_map(|id| found.get(id).cloned()).collect()).collect())
+        Ok(questions
+            .iter()
+            .map(|q| q.iter().filter_map(|(id, _)| found.get(id).cloned()).collect())
+            .collect())
     }
 }
 
@@ -181,7 +197,8 @@ pub struct BodyCache {
 
 #[derive(Default)]
 struct CacheInner {
-    entries: LinkedHashMap<i64, StoredBody>,
+    /// By message id: the INTERNALDATE of the link that loaded it, and the body.
+    entries: LinkedHashMap<i64, (DateTime<Utc>, StoredBody)>,
     bytes: usize,
 }
 
@@ -191,26 +208,38 @@ impl BodyCache {
         BodyCache { max_bytes, gauge, inner: Mutex::new(CacheInner::default()) }
     }
 
-    pub fn get(&self, message_id: i64) -> Option<StoredBody> {
+    /// The body of `message_id`, if cached by a link with the same INTERNALDATE.
+    pub fn get(&self, message_id: i64, internal_date: DateTime<Utc>) -> Option<StoredBody> {
         if self.max_bytes == 0 {
             return None;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.entries.to_back(&message_id).cloned()
+        match inner.entries.to_back(&message_id) {
+            Some((date, body)) if *date == internal_date => Some(body.clone()),
+            Some(_) => {
+                // Another message under a reused id: the old body goes.
+                if let Some((_, gone)) = inner.entries.remove(&message_id) {
+                    inner.bytes -= gone.body.len();
+                    self.gauge.set(inner.bytes as i64);
+                }
+                None
+            }
+            None => None,
+        }
     }
 
-    pub fn put(&self, body: StoredBody) {
+    pub fn put(&self, internal_date: DateTime<Utc>, body: StoredBody) {
         let size = body.body.len();
         if size > self.max_bytes / 16 {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = inner.entries.insert(body.message_id, body) {
+        if let Some((_, old)) = inner.entries.insert(body.message_id, (internal_date, body)) {
             inner.bytes -= old.body.len();
         }
         inner.bytes += size;
         while inner.bytes > self.max_bytes {
-            let Some((_, gone)) = inner.entries.pop_front() else { break };
+            let Some((_, (_, gone))) = inner.entries.pop_front() else { break };
             inner.bytes -= gone.body.len();
         }
         self.gauge.set(inner.bytes as i64);
@@ -225,28 +254,45 @@ mod tests {
         StoredBody { message_id: id, header_size: 0, body: bytes::Bytes::from(vec![b'x'; len]) }
     }
 
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
     #[test]
     fn bounded_in_bytes_least_recently_used_out() {
         let gauge = prometheus::IntGauge::new("t", "t").unwrap();
         let cache = BodyCache::new(1600, gauge.clone());
-        cache.put(body(1, 100));
-        cache.put(body(2, 100));
-        cache.put(body(3, 90));
+        let t = at(1);
+        cache.put(t, body(1, 100));
+        cache.put(t, body(2, 100));
+        cache.put(t, body(3, 90));
         assert_eq!(gauge.get(), 290);
-        cache.put(body(4, 101));
-        assert!(cache.get(4).is_none(), "over a sixteenth of the budget is not kept");
-        assert!(cache.get(1).is_some(), "1 is now the most recently used");
+        cache.put(t, body(4, 101));
+        assert!(cache.get(4, t).is_none(), "over a sixteenth of the budget is not kept");
+        assert!(cache.get(1, t).is_some(), "1 is now the most recently used");
         for id in 10..25 {
-            cache.put(body(id, 100));
+            cache.put(t, body(id, 100));
         }
         // 1,790 bytes offered: 2 went first, then 3; 1 (used later) stayed.
         assert_eq!(gauge.get(), 1600);
-        assert!(cache.get(2).is_none() && cache.get(3).is_none());
-        assert!(cache.get(1).is_some() && cache.get(24).is_some());
-        cache.put(body(24, 100));
+        assert!(cache.get(2, t).is_none() && cache.get(3, t).is_none());
+        assert!(cache.get(1, t).is_some() && cache.get(24, t).is_some());
+        cache.put(t, body(24, 100));
         assert_eq!(gauge.get(), 1600, "a second put of the same body is not counted twice");
         let off = BodyCache::new(0, prometheus::IntGauge::new("u", "u").unwrap());
-        off.put(body(1, 0));
-        assert!(off.get(1).is_none());
+        off.put(t, body(1, 0));
+        assert!(off.get(1, t).is_none());
+    }
+
+    #[test]
+    fn a_reused_id_never_serves_the_old_body() {
+        let gauge = prometheus::IntGauge::new("t", "t").unwrap();
+        let cache = BodyCache::new(1600, gauge.clone());
+        cache.put(at(1), body(7, 50));
+        assert!(cache.get(7, at(1)).is_some());
+        // Asked for by a link of another delivery (id handed out again).
+        assert!(cache.get(7, at(2)).is_none());
+        assert_eq!(gauge.get(), 0, "the old body is dropped");
+        assert!(cache.get(7, at(1)).is_none());
     }
 }

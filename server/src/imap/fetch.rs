@@ -127,7 +127,7 @@ impl Session {
                             return store_error(e);
                         }
                     }
-                    let ids: Vec<i64> = found.links.iter().map(|l| l.message_id).collect();
+                    let ids: Vec<_> = found.links.iter().map(|l| (l.message_id, l.internal_date)).collect();
                     let bodies = match shared.reads.bodies.bodies(&ids).await {
                         Ok(b) => b,
                         Err(e) => return store_error(e),
@@ -166,7 +166,7 @@ impl Session {
                 // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
                 for rows in rows.chunks(FETCH_BATCH) {
                     let bodies = if needs_body {
-                        let ids: Vec<i64> = rows.iter().map(|r| r.message_id).collect();
+                        let ids: Vec<_> = rows.iter().map(|r| (r.message_id, r.internal_date)).collect();
                         match self.shared.reads.bodies.bodies(&ids).await {
                             Ok(b) => b,
                             Err(e) => return store_error(e),
