@@ -24,6 +24,12 @@ port_open 1995 || { echo "Dovecot POP3S is not running: start /work/shared/peers
 mc_start "$USERS" smtp,pop3,pop3s
 machine_line | tee "$OUT/machine.txt"
 COMMON=(--users-count "$USERS" -k --no-progress)
+# The peer starts from empty maildirs, as Mailcluster does from a fresh database:
+# mail another benchmark left there (bench/imap.sh leaves 10,000-message INBOXes)
+# would be listed by every Dovecot POP3 session.
+for n in $(seq 1 "$USERS"); do
+  rm -rf "$PEERS/mail/example.test/$(printf user%04d "$n")/Maildir"
+done
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$PER_USER" -c 20 "${COMMON[@]}" >"$OUT/seed-mailcluster.txt" || exit 1
 "$STRESS" --smtp 127.0.0.1:2526 -s seed --messages-per-user "$PER_USER" -c 20 "${COMMON[@]}" >"$OUT/seed-dovecot.txt" || exit 1
 sleep 5   # Postfix hands the tail of its queue to Dovecot over LMTP
