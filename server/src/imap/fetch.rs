@@ -88,12 +88,14 @@ impl Session {
         let store = self.app.store.clone();
 
         if !uids.is_empty() {
-            let uid_set = UidSet::from_uids(&uids);
             // \Seen first, so the FLAGS we report are the new ones.
             let mut seen_changed: Vec<u32> = Vec::new();
             if sets_seen {
                 let seen = FlagSet { system: Flags::SEEN, keywords: Vec::new() };
-                let rows = match store.store_flags(mailbox_id, &uid_set, FlagOp::Add, &seen).await {
+                let rows = match store
+                    .store_flags(mailbox_id, &UidSet::from_uids(&uids), FlagOp::Add, &seen)
+                    .await
+                {
                     Ok(rows) => rows,
                     Err(e) => return store_error(e),
                 };
@@ -159,7 +161,7 @@ impl Session {
                     }
                 }
             } else if needs_meta {
-                let rows = match store.messages_by_uid(mailbox_id, &uid_set).await {
+                let rows = match store.messages_by_uid(mailbox_id, &UidSet::from_uids(&uids)).await {
                     Ok(r) => r,
                     Err(e) => return store_error(e),
                 };

@@ -124,6 +124,84 @@ pub(crate) struct Shared {
 /// with a new one at the same address.
 static SHARED: Mutex<Vec<(Weak<Metrics>, Arc<Shared>)>> = Mutex::new(Vec::new());
 
+/// Registers `metric` in the pod's registry and returns it. A registry that
+/// already has the name keeps its own; ours then still counts, just unexported.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(app: &App, metric: M) -> M {
+    let _ = app.metrics.registry.register(Box::new(metric.clone()));
+    metric
+}
+
+fn counter_vec(app: &App, name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
+    registered(
+        app,
+        prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+impl Shared {
+    /// One per App (store, config, metrics registry): the pod's.
+    fn new(app: &App) -> Self {
+        let gauge = |name: &str, help: &str| {
+            registered(app, prometheus::IntGauge::new(name, help).expect("valid metric"))
+        };
+        let select_cache = counter_vec(
+            app,
+            "mail_imap_select_cache_total",
+            "SELECT/EXAMINE served from the cached message list (hit) or a full read (miss)",
+            &["result"],
+        );
+        let change_checks = counter_vec(
+            app,
+            "mail_imap_change_checks_total",
+            "'Has the mailbox changed?' questions of IMAP commands, and the store queries that answered them",
+            &["kind"],
+        );
+        let body_cache = counter_vec(
+            app,
+            "mail_imap_body_cache_total",
+            "Message bodies FETCH found in the process's body cache (hit) or not (miss: read from the store, once for all sessions missing it at the same time)",
+            &["result"],
+        );
+        let fetch_reads = counter_vec(
+            app,
+            "mail_imap_fetch_reads_total",
+            "FETCH reads of message links and bodies (questions), and the store queries that answered them",
+            &["read", "kind"],
+        );
+        let reads = Reads {
+            probe: probe::ModseqProbe::new(
+                app.store.clone(),
+                change_checks.with_label_values(&["question"]),
+                change_checks.with_label_values(&["query"]),
+            ),
+            bodies: bodies::BodyReader::new(
+                app.store.clone(),
+                app.config.imap.body_cache_bytes,
+                bodies::BodyMetrics {
+                    hits: body_cache.with_label_values(&["hit"]),
+                    misses: body_cache.with_label_values(&["miss"]),
+                    cached_bytes: gauge(
+                        "mail_imap_body_cache_bytes",
+                        "Bytes of message bodies held in the process's body cache",
+                    ),
+                    link_questions: fetch_reads.with_label_values(&["link", "question"]),
+                    link_queries: fetch_reads.with_label_values(&["link", "query"]),
+                    body_questions: fetch_reads.with_label_values(&["body", "question"]),
+                    body_queries: fetch_reads.with_label_values(&["body", "query"]),
+                },
+            ),
+            index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
+            select_hits: select_cache.with_label_values(&["hit"]),
+            select_misses: select_cache.with_label_values(&["miss"]),
+        };
+        Shared {
+            leases: limit::Leases::new(),
+            idle_gauge: gauge("mail_imap_idle_sessions", "IMAP sessions in IDLE"),
+            reads,
+        }
+    }
+}
+
 impl ImapProtocol {
     pub fn new(app: App, implicit_tls: bool) -> Self {
         let mut all = SHARED.lock().unwrap_or_else(|p| p.into_inner());
@@ -132,79 +210,7 @@ impl ImapProtocol {
         let shared = match all.iter().find(|(m, _)| m.ptr_eq(&key)) {
             Some((_, s)) => s.clone(),
             None => {
-                let idle_gauge =
-                    prometheus::IntGauge::new("mail_imap_idle_sessions", "IMAP sessions in IDLE")
-                        .expect("valid metric");
-                // A registry that already has the name keeps its own; ours then
-                // still counts, just unexported.
-                let _ = app.metrics.registry.register(Box::new(idle_gauge.clone()));
-                let select_cache = prometheus::IntCounterVec::new(
-                    prometheus::Opts::new(
-                        "mail_imap_select_cache_total",
-                        "SELECT/EXAMINE served from the cached message list (hit) or a full read (miss)",
-                    ),
-                    &["result"],
-                )
-                .expect("valid metric");
-                let change_checks = prometheus::IntCounterVec::new(
-                    prometheus::Opts::new(
-                        "mail_imap_change_checks_total",
-                        "'Has the mailbox changed?' questions of IMAP commands, and the store queries that answered them",
-                    ),
-                    &["kind"],
-                )
-                .expect("valid metric");
-                let body_cache = prometheus::IntCounterVec::new(
-                    prometheus::Opts::new(
-                        "mail_imap_body_cache_total",
-                        "Message bodies FETCH found in the process's body cache (hit) or not (miss: read from the store, once for all sessions missing it at the same time)",
-                    ),
-                    &["result"],
-                )
-                .expect("valid metric");
-                let body_cache_bytes = prometheus::IntGauge::new(
-                    "mail_imap_body_cache_bytes",
-                    "Bytes of message bodies held in the process's body cache",
-                )
-                .expect("valid metric");
-                let fetch_reads = prometheus::IntCounterVec::new(
-                    prometheus::Opts::new(
-                        "mail_imap_fetch_reads_total",
-                        "FETCH reads of message links and bodies (questions), and the store queries that answered them",
-                    ),
-                    &["read", "kind"],
-                )
-                .expect("valid metric");
-                let _ = app.metrics.registry.register(Box::new(select_cache.clone()));
-                let _ = app.metrics.registry.register(Box::new(change_checks.clone()));
-                let _ = app.metrics.registry.register(Box::new(body_cache.clone()));
-                let _ = app.metrics.registry.register(Box::new(body_cache_bytes.clone()));
-                let _ = app.metrics.registry.register(Box::new(fetch_reads.clone()));
-                // One App (store, config) per metrics registry: the pod's.
-                let reads = Reads {
-                    probe: probe::ModseqProbe::new(
-                        app.store.clone(),
-                        change_checks.with_label_values(&["question"]),
-                        change_checks.with_label_values(&["query"]),
-                    ),
-                    bodies: bodies::BodyReader::new(
-                        app.store.clone(),
-                        app.config.imap.body_cache_bytes,
-                        bodies::BodyMetrics {
-                            hits: body_cache.with_label_values(&["hit"]),
-                            misses: body_cache.with_label_values(&["miss"]),
-                            cached_bytes: body_cache_bytes,
-                            link_questions: fetch_reads.with_label_values(&["link", "question"]),
-                            link_queries: fetch_reads.with_label_values(&["link", "query"]),
-                            body_questions: fetch_reads.with_label_values(&["body", "question"]),
-                            body_queries: fetch_reads.with_label_values(&["body", "query"]),
-                        },
-                    ),
-                    index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
-                    select_hits: select_cache.with_label_values(&["hit"]),
-                    select_misses: select_cache.with_label_values(&["miss"]),
-                };
-                let s = Arc::new(Shared { leases: limit::Leases::new(), idle_gauge, reads });
+                let s = Arc::new(Shared::new(&app));
                 all.push((key, s.clone()));
                 s
             }
