@@ -22,20 +22,7 @@ mc_start "$USERS" smtp,imap
 machine_line | tee "$OUT/machine.txt"
 Q=(--no-progress -k)
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --users-count 1 --messages-per-user "$MSGS" -c 20 "${Q[@]}" >"$OUT/seed.txt" || exit 1
-psql "$MC_DB_URL" -q -v ON_ERROR_STOP=1 <<SQL || exit 1
-SELECT m.id AS src FROM mailboxes m JOIN accounts a ON a.id = m.account_id
-  WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX' \gset
-UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = :src AND uid % 10 <> 0;
-CREATE TEMP TABLE targets AS
-  SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
-  WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test';
-INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
-  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date
-  FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = :src;
-UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen
-  FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
-ANALYZE;
-SQL
+mc_clone_inbox "$USERS" || exit 1
 "$STRESS" --imap "127.0.0.1:$(mc_port imap)" -s fetch -c 200 --users-count "$USERS" -d 10s "${Q[@]}" >"$OUT/warmup.txt"
 c0=$(cpu_secs "$MC_PID")
 perf_pid=

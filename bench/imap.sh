@@ -61,21 +61,7 @@ done
 
 echo "cloning user0001's INBOX into user0002..user$(printf %04d "$USERS")"
 t0=$(date +%s)
-psql "$MC_DB_URL" -q -v ON_ERROR_STOP=1 <<SQL || exit 1
-SELECT m.id AS src FROM mailboxes m JOIN accounts a ON a.id = m.account_id
-  WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX' \gset
-UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = :src AND uid % 10 <> 0;
-UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailbox_id = :src AND flags & 1 = 0) WHERE id = :src;
-CREATE TEMP TABLE targets AS
-  SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
-  WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test' AND a.email <= 'user$(printf %04d "$USERS")@example.test';
-INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
-  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date
-  FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = :src;
-UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen
-  FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
-ANALYZE;
-SQL
+mc_clone_inbox "$USERS" || exit 1
 i=0
 for f in "$src"/new/*; do
   i=$((i + 1))

@@ -57,6 +57,27 @@ mc_start() {
   port_open "$(mc_port admin)" || { echo "mailcluster did not start"; cat "$MC_DIR/serve.log"; exit 1; }
 }
 
+# mc_clone_inbox USERS: marks 90 % of user0001's INBOX \Seen and links that INBOX
+# into user0002…USERS with SQL (bodies are stored once by design, so this is what
+# delivering the same mail to every user would store).
+mc_clone_inbox() {
+  psql "$MC_DB_URL" -q -v ON_ERROR_STOP=1 <<SQL
+SELECT m.id AS src FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX' \gset
+UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = :src AND uid % 10 <> 0;
+UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailbox_id = :src AND flags & 1 = 0) WHERE id = :src;
+CREATE TEMP TABLE targets AS
+  SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test' AND a.email <= 'user$(printf %04d "$1")@example.test';
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
+  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date
+  FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = :src;
+UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen
+  FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
+ANALYZE;
+SQL
+}
+
 # CPU seconds used by a process so far.
 cpu_secs() { awk -v tk="$(getconf CLK_TCK)" '{printf "%.1f", ($14+$15)/tk}' "/proc/$1/stat"; }
 rss_mb() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
