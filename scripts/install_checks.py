@@ -16,6 +16,13 @@ scripts/render-install.sh.
     install_checks.py dashboard           the Grafana dashboard queries only metrics the
                                           server registers, histograms as histograms
 
+Against the live cluster of $KUBECONFIG (cli/tests/kube_real.rs):
+
+    install_checks.py helm-install RELEASE NAMESPACE [VALUES_JSON]
+    install_checks.py helm-uninstall RELEASE NAMESPACE
+    install_checks.py health-of           Argo CD's health of the MailCluster JSON on
+                                          stdin, as {"status", "message"}
+
 Helm runs as a library (PyPI helm-python-sdk: Helm 4's Go SDK behind a C ABI,
 shipped inside the wheel), so nothing is downloaded at run time and no cluster is
 needed. Lua 5.1 comes from PyPI lupa (which bundles the Lua 5.1 runtime), the
@@ -425,36 +432,45 @@ def check_samples() -> int:
 # ---------------------------------------------------------------------------- health
 
 
-def check_health() -> int:
+def argocd_health(obj: dict) -> dict:
+    """Runs health.lua on one MailCluster object as Argo CD does; returns
+    {"status", "message"}."""
     from lupa.lua51 import LuaRuntime
 
     script = (HEALTH_DIR / "health.lua").read_text()
+    lua = LuaRuntime(unpack_returned_tuples=True)
+    assert lua.eval("_VERSION") == "Lua 5.1", lua.eval("_VERSION")
+    # Argo CD hands the object to the script as the global `obj` in a VM with only
+    # the base and table libraries: the script runs here in the same confinement
+    # (setfenv), so a call into string/os/io fails the check as it would there.
+    run = lua.eval(
+        """function(source, obj)
+             local chunk, err = loadstring(source, "health.lua")
+             if chunk == nil then error(err) end
+             local env = {obj = obj, ipairs = ipairs, pairs = pairs, type = type,
+                          tostring = tostring, tonumber = tonumber, next = next,
+                          error = error, pcall = pcall, table = table}
+             setfenv(chunk, env)
+             return chunk()
+           end"""
+    )
+    try:
+        result = run(script, lua.table_from(obj, recursive=True))
+    except Exception as e:  # lupa.LuaError: the script failed where Argo CD would too
+        raise CheckFailed(f"health.lua raised: {e}") from None
+    return {"status": result["status"], "message": result["message"]}
+
+
+def check_health() -> int:
     tests = yaml.safe_load((HEALTH_DIR / "health_test.yaml").read_text())["tests"]
     statuses = set()
     n = 0
     for case in tests:
-        lua = LuaRuntime(unpack_returned_tuples=True)
-        assert lua.eval("_VERSION") == "Lua 5.1", lua.eval("_VERSION")
         obj = yaml.safe_load((HEALTH_DIR / case["inputPath"]).read_text())
-        # Argo CD hands the object to the script as the global `obj` in a VM with only
-        # the base and table libraries: the script runs here in the same confinement
-        # (setfenv), so a call into string/os/io fails the test as it would there.
-        run = lua.eval(
-            """function(source, obj)
-                 local chunk, err = loadstring(source, "health.lua")
-                 if chunk == nil then error(err) end
-                 local env = {obj = obj, ipairs = ipairs, pairs = pairs, type = type,
-                              tostring = tostring, tonumber = tonumber, next = next,
-                              error = error, pcall = pcall, table = table}
-                 setfenv(chunk, env)
-                 return chunk()
-               end"""
-        )
         try:
-            result = run(script, lua.table_from(obj, recursive=True))
-        except Exception as e:  # lupa.LuaError: the script failed where Argo CD would too
-            raise CheckFailed(f"{case['inputPath']}: health.lua raised: {e}") from None
-        got = {"status": result["status"], "message": result["message"]}
+            got = argocd_health(obj)
+        except CheckFailed as e:
+            raise CheckFailed(f"{case['inputPath']}: {e}") from None
         want = case["healthStatus"]
         if got != want:
             raise CheckFailed(f"{case['inputPath']}: got {got}, want {want}")
@@ -465,6 +481,37 @@ def check_health() -> int:
     if missing:
         raise CheckFailed(f"health_test.yaml covers no case for {sorted(missing)}")
     return n
+
+
+# ---------------------------------------------------------------------------- live cluster
+
+
+def health_of() -> None:
+    """Prints Argo CD's health of the MailCluster JSON on stdin as one JSON line."""
+    print(json.dumps(argocd_health(json.load(sys.stdin))))
+
+
+def helm_install(release: str, namespace: str, values_json: str) -> None:
+    """A real `helm install` (Helm 4's SDK) of charts/mailcluster into the cluster of
+    $KUBECONFIG, creating the namespace; prints the release's status."""
+    h = helm()
+    cfg = h.Config(kubeconfig_path=os.environ["KUBECONFIG"], namespace=namespace)
+    try:
+        rel = cfg.install(str(CHART), release, json.loads(values_json), namespace=namespace,
+                          create_namespace=True, timeout=120)
+        print(f"release {release} in {namespace}: {getattr(rel, 'info', rel)}")
+    finally:
+        cfg.close()
+
+
+def helm_uninstall(release: str, namespace: str) -> None:
+    h = helm()
+    cfg = h.Config(kubeconfig_path=os.environ["KUBECONFIG"], namespace=namespace)
+    try:
+        cfg.uninstall(release, timeout=120)
+        print(f"release {release} uninstalled")
+    finally:
+        cfg.close()
 
 
 # ---------------------------------------------------------------------------- dashboard
@@ -522,10 +569,23 @@ COMMANDS = {
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[1] == "helm-install" and len(argv) in (4, 5):
+        helm_install(argv[2], argv[3], argv[4] if len(argv) == 5 else "{}")
+        return 0
+    if len(argv) == 4 and argv[1] == "helm-uninstall":
+        helm_uninstall(argv[2], argv[3])
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     cmd = argv[1]
+    if cmd == "health-of":
+        try:
+            health_of()
+        except CheckFailed as e:
+            print(f"FAIL health-of: {e}", file=sys.stderr)
+            return 1
+        return 0
     if cmd == "render-install":
         sys.stdout.write(render_install())
         return 0

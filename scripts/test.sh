@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl; (pip) kubernetes-validate, helm-python-sdk, lupa, kmock;
+#      python3, swaks, curl; (pip) kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
-#   4. cargo fmt --check, cargo clippy -D warnings, the whole test suite
+#   4. builds (once, cached in ~/.cache/mailcluster/kube) and starts a real Kubernetes
+#      control plane on 127.0.0.1 (scripts/kube-up.sh; Go from Debian when missing,
+#      which fetches the toolchain the release needs from the Go module proxy), or
+#      reuses a running one; exports MAILCLUSTER_TEST_KUBECONFIG; stops it at the end
+#      if it started it (MAILCLUSTER_KEEP_KUBE=1 keeps it);
+#   5. cargo fmt --check, cargo clippy -D warnings, the whole test suite
 #      (cargo-nextest when installed, else cargo test). The suite includes a
 #      bounded fuzz run of the protocol parsers (server/tests/proto_fuzz.rs,
 #      MAILCLUSTER_FUZZ_SECS per target, run in parallel); the libFuzzer targets
@@ -44,7 +49,7 @@ wait_port() {
 
 # ---- client tools used by the end-to-end tests ----
 missing=()
-for tool in python3 swaks curl; do
+for tool in python3 swaks curl openssl; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 # swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
@@ -71,11 +76,29 @@ if ! command -v kubernetes-validate >/dev/null 2>&1 \
     pip_install kubernetes-validate helm-python-sdk lupa
 fi
 
-# ---- the loopback Kubernetes API server of the operator's controller test ----
-# Pinned to the series tests/support/kube_api_mock.py is written against: it
-# extends kmock's KubernetesScaffold, including its private `_handle` hook.
-if ! python3 -c 'import kmock' >/dev/null 2>&1; then
-    pip_install 'kmock>=0.8,<0.9'
+# ---- a real Kubernetes control plane (cli/tests/kube_real.rs) ----
+# Go builds it from the release's modules; a Debian Go older than the release's go
+# line fetches the newer toolchain itself (GOTOOLCHAIN=auto).
+if ! command -v go >/dev/null 2>&1; then apt_install golang-go ca-certificates; fi
+export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+kube_dir="${MAILCLUSTER_KUBE_DIR:-/tmp/mailcluster-kube}"
+kube_was_running=0
+if [ -f "$kube_dir/pids/kube-apiserver" ] && kill -0 "$(cat "$kube_dir/pids/kube-apiserver")" 2>/dev/null; then
+    kube_was_running=1
+fi
+log "Kubernetes control plane (scripts/kube-up.sh)"
+kube_started=$SECONDS
+kube_env=$(./scripts/kube-up.sh)
+eval "$kube_env"
+export MAILCLUSTER_TEST_KUBECONFIG="$KUBECONFIG"
+unset KUBECONFIG
+# kubectl for the tests: the machine's, else the one built with the control plane.
+if ! command -v kubectl >/dev/null 2>&1; then
+    PATH="$(./scripts/kube-build.sh | tail -n 1):$PATH"
+fi
+log "control plane up in $((SECONDS - kube_started)) s"
+if [ "$kube_was_running" -eq 0 ] && [ "${MAILCLUSTER_KEEP_KUBE:-0}" != 1 ]; then
+    trap './scripts/kube-down.sh >/dev/null 2>&1 || true' EXIT
 fi
 
 # ---- PostgreSQL ----

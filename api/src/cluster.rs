@@ -69,7 +69,10 @@ pub struct MailClusterSpec {
     /// Container image of the `mailcluster` binary (all pods and Jobs use it).
     pub image: ImageSpec,
     /// Mail domains served; the first is the primary (hostname, certificate).
-    #[schemars(length(min = 1, max = 64))]
+    // Each item is bounded (a DNS name is at most 253 characters): the apiserver
+    // estimates a CEL rule's cost from the largest list and strings it may see, and
+    // rejects the whole CRD when that estimate exceeds its budget.
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 253)))]
     #[x_kube(validation = Rule::new("self.all(d, self.filter(e, e == d).size() == 1)").message("domains must be unique"))]
     pub domains: Vec<Domain>,
     /// Name used in greetings and Received headers; default `mail.<first domain>`.

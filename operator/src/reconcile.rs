@@ -73,6 +73,16 @@ impl Capabilities {
     }
 }
 
+/// The apiserver no longer serves an optional kind that discovery found earlier: its
+/// CRD was uninstalled (404 for the resource path itself — an apply creates a missing
+/// object, so it is never a 404 for one object) or is being deleted (403, "create
+/// not allowed while custom resource definition is terminating").
+fn kind_gone(kind: ChildKind, e: &kube::Error) -> bool {
+    matches!(kind, ChildKind::Certificate | ChildKind::ServiceMonitor)
+        && matches!(e, kube::Error::Api(s) if s.code == 404
+            || (s.code == 403 && s.message.contains("custom resource definition is terminating")))
+}
+
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
@@ -122,6 +132,18 @@ impl Context {
             *known = (now, tokio::time::Instant::now());
         }
         known.0
+    }
+
+    /// Forgets an optional kind the apiserver stopped serving, until discovery finds
+    /// it again: the rest of the reconcile goes on without it.
+    async fn kind_uninstalled(&self, kind: ChildKind) {
+        let mut known = self.capabilities.lock().await;
+        match kind {
+            ChildKind::Certificate => known.0.cert_manager = false,
+            ChildKind::ServiceMonitor => known.0.service_monitor = false,
+            _ => return,
+        }
+        info!(?kind, "optional CRD uninstalled");
     }
 }
 
@@ -214,8 +236,8 @@ async fn reconcile_inner(mc: &MailCluster, ctx: &Context) -> Result<Action, Erro
                 if let Some(f) = migration_failure {
                     warnings.insert(0, f);
                 }
-                let settled = built.rollout == crate::build::Rollout::Current
-                    && replicas.values().all(|r| r.ready == r.replicas && r.updated == r.replicas);
+                let settled =
+                    built.rollout == crate::build::Rollout::Current && replicas.values().all(|r| r.settled());
                 let outcome = Outcome::Applied {
                     budget: built.budget.clone(),
                     rollout: built.rollout.clone(),
@@ -308,7 +330,14 @@ async fn apply_children(
         }
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), ns, &child.kind.api_resource());
-        let applied = api.patch(child.name(), &apply_params(), &Patch::Apply(&child.object)).await?;
+        let applied = match api.patch(child.name(), &apply_params(), &Patch::Apply(&child.object)).await {
+            Ok(a) => a,
+            Err(e) if kind_gone(child.kind, &e) => {
+                ctx.kind_uninstalled(child.kind).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if child.kind == ChildKind::Deployment
             && let Some(p) = mc
                 .spec
@@ -317,13 +346,17 @@ async fn apply_children(
                 .find(|p| names::protocol_object(mc, *p) == child.name())
         {
             let d: Deployment = serde_json::from_value(serde_json::to_value(&applied)?)?;
+            let generation = d.metadata.generation;
+            let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             let s = d.status.unwrap_or_default();
             replicas.insert(
                 p,
                 Replicas {
+                    desired,
                     replicas: s.replicas.unwrap_or(0),
                     ready: s.ready_replicas.unwrap_or(0),
                     updated: s.updated_replicas.unwrap_or(0),
+                    observed: s.observed_generation.is_some() && s.observed_generation >= generation,
                 },
             );
         }
@@ -350,7 +383,15 @@ async fn delete_orphans(
             continue;
         }
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &kind.api_resource());
-        for obj in api.list(&lp).await? {
+        let objects = match api.list(&lp).await {
+            Ok(list) => list,
+            Err(e) if kind_gone(kind, &e) => {
+                ctx.kind_uninstalled(kind).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for obj in objects {
             let name = obj.name_any();
             let ours = obj
                 .owner_references()

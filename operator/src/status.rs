@@ -20,9 +20,24 @@ pub const SLO_MET: &str = "SLOMet";
 /// Observed replicas of one protocol's Deployment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Replicas {
+    /// What the Deployment asks for (`spec.replicas`, as the HPA set it).
+    pub desired: i32,
     pub replicas: i32,
     pub ready: i32,
     pub updated: i32,
+    /// The deployment controller has seen the current generation: until it has,
+    /// the counts describe the previous spec (or, for a new Deployment, nothing).
+    pub observed: bool,
+}
+
+impl Replicas {
+    /// Every wanted pod runs the current spec and is ready, and no old pod is left.
+    pub fn settled(&self) -> bool {
+        self.observed
+            && self.updated >= self.desired
+            && self.ready >= self.desired
+            && self.replicas == self.updated
+    }
 }
 
 /// What reconcile ended with.
@@ -125,7 +140,7 @@ pub fn compute(mc: &MailCluster, outcome: &Outcome, now: &Time) -> MailClusterSt
                 if wants_pods && r.ready < 1 {
                     not_ready.push(p.name());
                 }
-                if r.updated < r.replicas || r.ready < r.replicas {
+                if !r.settled() {
                     rolling.push(p.name());
                 }
             }
@@ -205,4 +220,24 @@ pub fn transitions<'a>(old: Option<&MailClusterStatus>, new: &'a MailClusterStat
                 .is_none_or(|p| p.status != c.status || p.reason != c.reason)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Replicas;
+
+    #[test]
+    fn a_deployment_is_settled_only_once_its_controller_has_caught_up() {
+        let done = Replicas { desired: 2, replicas: 2, ready: 2, updated: 2, observed: true };
+        assert!(done.settled());
+        // Just created: the deployment controller has not written a status yet, so
+        // every count is 0 — nothing is settled, not "0 of 0 ready".
+        assert!(!Replicas { desired: 2, observed: false, ..Default::default() }.settled());
+        // Counts of the previous generation.
+        assert!(!Replicas { observed: false, ..done }.settled());
+        // Scaled up by the HPA: the new pods are not ready yet.
+        assert!(!Replicas { desired: 3, ..done }.settled());
+        // Rolling: an old pod is still there beside the updated ones.
+        assert!(!Replicas { replicas: 3, ..done }.settled());
+    }
 }

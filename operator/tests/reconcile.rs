@@ -86,7 +86,7 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 impl FakeApi {
     fn new() -> Self {
         let state = State {
-            deployment_status: json!({"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}),
+            deployment_status: json!({"observedGeneration": 1, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2}),
             ..Default::default()
         };
         FakeApi(Arc::new(Mutex::new(state)))
