@@ -396,11 +396,65 @@ async fn controller_runs_a_cluster_from_create_to_delete() {
     })
     .await;
 
+    // A Job the stress CronJob spawned carries our labels (from its template) but is
+    // owned by the CronJob, not by the MailCluster: orphan deletion leaves it alone.
+    let cron = get::<CronJob>(&client, "mail-stress").await.expect("the stress CronJob");
+    let template = cron.spec.clone().unwrap().job_template;
+    let spawned: Job = serde_json::from_value(json!({
+        "metadata": {
+            "name": "mail-stress-manual",
+            "labels": template.metadata.as_ref().and_then(|m| m.labels.clone()),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "mail-stress",
+                                 "uid": cron.uid().unwrap(), "controller": true}],
+        },
+        "spec": template.spec,
+    }))
+    .unwrap();
+    // Suspended: it starts no pod, so it never finishes and the CronJob's history
+    // limit never removes it while the test looks.
+    let mut spawned = spawned;
+    spawned.spec.as_mut().unwrap().suspend = Some(true);
+    Api::<Job>::default_namespaced(client.clone()).create(&PostParams::default(), &spawned).await.unwrap();
+
+    // New image: the Deployments stay on the old one until the new image's schema
+    // migration completes; the old migration Job is no longer wanted.
+    let image_of = |d: Deployment| d.spec?.template.spec?.containers.first()?.image.clone();
+    mcs.patch("mail", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"image": {"tag": "0.2.0"}}})))
+        .await
+        .unwrap();
+    let upgraded = get::<MailCluster>(&client, "mail").await.unwrap();
+    let new_job = migration_job_name(&upgraded);
+    eventually("phase Migrating with the new migration Job", || async {
+        let st = get::<MailCluster>(&client, "mail").await?.status?;
+        let migrating = serde_json::to_value(st.phase?).ok()? == "Migrating";
+        (migrating
+            && get::<Job>(&client, &new_job).await.is_some()
+            && get::<Job>(&client, &job).await.is_none())
+        .then_some(())
+    })
+    .await;
+    let smtp = get::<Deployment>(&client, "mail-smtp").await.unwrap();
+    assert_eq!(
+        image_of(smtp).as_deref(),
+        Some("ghcr.io/mailcluster/mailcluster:0.1.0"),
+        "held for the migration"
+    );
+    eventually("Deployments on the new image once migrated", || async {
+        report_pods(&client).await;
+        let smtp = get::<Deployment>(&client, "mail-smtp").await?;
+        (image_of(smtp)? == "ghcr.io/mailcluster/mailcluster:0.2.0").then_some(())
+    })
+    .await;
+    assert!(
+        get::<Job>(&client, "mail-stress-manual").await.is_some(),
+        "the CronJob's Job is not ours to delete"
+    );
+
     // On-demand stress run: the annotation's token names a Job; a new token replaces it.
     let annotate = |token: &str| json!({"metadata": {"annotations": {"mailcluster.dev/run-stress": token}}});
     let stress_jobs = || async {
         let mut v: Vec<String> = names::<Job>(&client).await.into_iter().filter(|n| *n != job).collect();
-        v.retain(|n| n.starts_with("mail-stress-"));
+        v.retain(|n| n.starts_with("mail-stress-") && n != "mail-stress-manual");
         v
     };
     mcs.patch("mail", &PatchParams::default(), &Patch::Merge(&annotate("run-1"))).await.unwrap();
@@ -590,6 +644,120 @@ async fn certificate_and_service_monitor_once_their_crds_are_installed() {
         degraded().await.filter(|d| (d.status.as_str(), d.reason.as_str()) == ("False", "AsExpected"))
     })
     .await;
+    op.stop().await;
+    drop(ns);
+}
+
+/// Status as users read it, with the API server holding the truth: a missing Secret
+/// blocks and recovers, the connection budget caps HPAs and says so, the stress Job's
+/// verdict (written under its own field manager) drives SLOMet and survives the
+/// operator's own status writes, and a spec the CRD admits but the operator cannot
+/// build is reported, not retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_follows_secrets_budget_and_the_stress_verdict() {
+    init_logs();
+    let Some(ns) = TestNamespace::create("status").await else { return };
+    let client = ns.client.clone();
+    let op = Operator::start(&client, None);
+    let mcs: Api<MailCluster> = Api::default_namespaced(client.clone());
+    let condition = |type_: &'static str| {
+        let client = client.clone();
+        async move {
+            let c = get::<MailCluster>(&client, "mail").await?.status?.condition(type_)?.clone();
+            Some((c.status, c.reason, c.message))
+        }
+    };
+
+    // No Secrets yet: Degraded names both; nothing is applied.
+    let mut mc = cluster();
+    // 70 − 10 reserved − 2 migration = 58 connections for the pods' pools.
+    mc.spec.postgres.max_connections = 70;
+    mcs.create(&PostParams::default(), &mc).await.unwrap();
+    let d = eventually("Degraded SecretMissing", || async {
+        condition("Degraded").await.filter(|d| d.1 == "SecretMissing")
+    })
+    .await;
+    assert!(
+        d.2.contains("Secret mail-db not found") && d.2.contains("Secret mail-redis not found"),
+        "{}",
+        d.2
+    );
+    assert!(names::<ConfigMap>(&client).await.is_empty(), "nothing built without the Secrets");
+
+    // The Secrets appear: the next look (Secrets are not watched) proceeds.
+    put_secrets(&client).await;
+    mcs.patch(
+        "mail",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"annotations": {"t": "1"}}})),
+    )
+    .await
+    .unwrap();
+    let job = eventually("the migration Job", || async {
+        names::<Job>(&client).await.into_iter().find(|n| n.starts_with("mail-migrate"))
+    })
+    .await;
+    eventually("the migration Job complete", || async {
+        report_pods(&client).await;
+        let j = get::<Job>(&client, &job).await?;
+        j.status?.conditions?.iter().any(|c| c.type_ == "Complete" && c.status == "True").then_some(())
+    })
+    .await;
+
+    // The budget caps every HPA's maxReplicas and says so in Degraded.
+    let d = eventually("Degraded ConnectionBudgetCapped", || async {
+        condition("Degraded").await.filter(|d| d.1 == "ConnectionBudgetCapped")
+    })
+    .await;
+    assert!(d.2.contains("capped smtp maxReplicas 6→"), "{}", d.2);
+    let hpas: Api<HorizontalPodAutoscaler> = Api::default_namespaced(client.clone());
+    let smtp_max = eventually("the SMTP HPA", || async { hpas.get_opt("mail-smtp").await.ok()? }).await;
+    assert!(smtp_max.spec.unwrap().max_replicas < 6, "capped below the asked 6");
+
+    // The stress Job's verdict, applied to the status subresource under its own
+    // field manager as `mailcluster stress` does in the cluster.
+    let verdict = json!({
+        "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailCluster",
+        "status": {"lastStress": {"verdict": "Fail", "job": "mail-stress-1",
+            "startedAt": "2026-11-30T03:00:00Z", "finishedAt": "2026-11-30T03:10:00Z",
+            "successRate": 99.99, "p95Ms": {"smtp.deliver": 180.0}}},
+    });
+    let stress_manager = PatchParams::apply(mailcluster_api::STRESS_FIELD_MANAGER).force();
+    mcs.patch_status("mail", &stress_manager, &Patch::Apply(&verdict)).await.expect("stress verdict applied");
+    let slo =
+        eventually("SLOMet=False", || async { condition("SLOMet").await.filter(|c| c.1 == "StressFailed") })
+            .await;
+    assert!(slo.2.contains("smtp.deliver p95 180ms"), "{}", slo.2);
+    // Later operator status writes leave the verdict where the stress Job put it.
+    mcs.patch("mail", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"smtp": {"replicas": 2}}})))
+        .await
+        .unwrap();
+    eventually("a status write for generation 2", || async {
+        let st = get::<MailCluster>(&client, "mail").await?.status?;
+        (st.observed_generation == Some(2)).then_some(())
+    })
+    .await;
+    let st = get::<MailCluster>(&client, "mail").await.unwrap().status.unwrap();
+    assert_eq!(st.last_stress.unwrap().job.as_deref(), Some("mail-stress-1"));
+
+    // A domain the CRD's schema admits but no DNS name can be: Degraded InvalidSpec,
+    // the children stay as they were.
+    let deployments_before = names::<Deployment>(&client).await;
+    mcs.patch(
+        "mail",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"domains": ["not a domain"]}})),
+    )
+    .await
+    .unwrap();
+    let d = eventually("Degraded InvalidSpec", || async {
+        condition("Degraded").await.filter(|d| d.1 == "InvalidSpec")
+    })
+    .await;
+    assert!(d.2.contains("is not a valid DNS name"), "{}", d.2);
+    assert_eq!(names::<Deployment>(&client).await, deployments_before);
+    let metrics = op.metrics.render();
+    assert!(!metrics.contains("mailcluster_operator_reconcile_failures_total{"), "{metrics}");
     op.stop().await;
     drop(ns);
 }
