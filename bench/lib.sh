@@ -6,8 +6,14 @@
 #   bench_table FILE.json…                           → one line per operation
 # Cleanup (server, database, Redis keys) runs on exit.
 
-PG=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-REDIS=${REDIS_URL:-redis://127.0.0.1:6379}
+# PostgreSQL and Redis: reused when they answer, else installed and started (the
+# same code as the test command's).
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+ensure_postgres || exit 1
+ensure_redis || exit 1
+PG=$DATABASE_URL
+REDIS=$REDIS_URL
 MC=${MC:-target/release/mailcluster}
 STRESS=${STRESS:-target/release/mailcluster-stress}
 PEERS=${PEERS_DIR:-/var/tmp/mailcluster-peers}
@@ -32,7 +38,9 @@ mc_cleanup() {
 # mc_start USERS PROTOCOLS(comma list)
 mc_start() {
   local users=$1 protocols=$2
-  [ -x "$MC" ] && [ -x "$STRESS" ] || nice cargo build --release -p mailcluster -p mailcluster-stress
+  # Always through cargo (a no-op when current): a figure must come from this
+  # checkout's binary, never from a stale one left in target/.
+  nice cargo build -q --release -p mailcluster -p mailcluster-stress || exit 1
   MC_DB=mc_bench_$$
   MC_PREFIX="mcbench$$:"
   MC_DIR=$(mktemp -d)

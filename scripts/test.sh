@@ -21,31 +21,10 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then SUDO=(sudo); fi
-
-APT_UPDATED=0
-apt_install() {
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
-}
-
-# True when something accepts TCP connections on 127.0.0.1:$1.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_port() {
-    local port=$1 name=$2
-    for _ in $(seq 1 60); do
-        if port_open "$port"; then return 0; fi
-        sleep 0.5
-    done
-    echo "error: $name did not start on 127.0.0.1:$port" >&2
-    exit 1
-}
+# apt installs, PostgreSQL and Redis: one implementation for tests and benchmarks.
+# shellcheck source=scripts/services.sh
+source scripts/services.sh
+apt_install() { svc_apt_install "$@"; }
 
 # ---- client tools used by the end-to-end tests ----
 missing=()
@@ -101,39 +80,9 @@ if [ "$kube_was_running" -eq 0 ] && [ "${MAILCLUSTER_KEEP_KUBE:-0}" != 1 ]; then
     trap './scripts/kube-down.sh >/dev/null 2>&1 || true' EXIT
 fi
 
-# ---- PostgreSQL ----
-if port_open 5432; then
-    log "PostgreSQL already running on 127.0.0.1:5432: reusing it"
-else
-    if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
-        apt_install postgresql
-        # A fresh Debian cluster asks for a password on TCP; give the test user one
-        # so the URL below works without touching pg_hba.conf.
-        FRESH_POSTGRES=1
-    fi
-    version=$(ls /etc/postgresql | sort -V | tail -n 1)
-    log "starting PostgreSQL $version"
-    "${SUDO[@]}" pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
-    wait_port 5432 PostgreSQL
-    if [ "${FRESH_POSTGRES:-0}" = 1 ]; then
-        "${SUDO[@]}" su postgres -c "psql -q -c \"ALTER USER postgres PASSWORD 'postgres'\""
-        export DATABASE_URL="${DATABASE_URL:-postgres://postgres:postgres@127.0.0.1:5432/postgres}"
-    fi
-fi
-export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-
-# ---- Redis ----
-if port_open 6379; then
-    log "Redis already running on 127.0.0.1:6379: reusing it"
-else
-    command -v redis-server >/dev/null 2>&1 || apt_install redis-server
-    log "starting Redis"
-    redis_dir=$(mktemp -d)
-    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-        --dir "$redis_dir" --logfile "$redis_dir/redis.log"
-    wait_port 6379 Redis
-fi
-export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+# ---- PostgreSQL and Redis (reuse, else install and start) ----
+ensure_postgres
+ensure_redis
 
 # Seconds of random and mutated input per parser in server/tests/proto_fuzz.rs.
 export MAILCLUSTER_FUZZ_SECS="${MAILCLUSTER_FUZZ_SECS:-10}"
