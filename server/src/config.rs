@@ -144,11 +144,24 @@ pub struct RedisConfig {
     pub connect_timeout_secs: u64,
     /// Prefix for every key, so several clusters can share one Redis.
     pub key_prefix: String,
+    /// Longest a request waits on Redis before the pod's stand-in answers
+    /// (`cache::resilient`): a slow or dead Redis never holds a session longer.
+    pub request_budget_ms: u64,
+    /// After a Redis failure the pod stops calling Redis and probes it this often
+    /// until it answers again.
+    pub retry_after_secs: u64,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        RedisConfig { url: None, pool_size: 8, connect_timeout_secs: 5, key_prefix: "mc:".into() }
+        RedisConfig {
+            url: None,
+            pool_size: 8,
+            connect_timeout_secs: 5,
+            key_prefix: "mc:".into(),
+            request_budget_ms: 50,
+            retry_after_secs: 2,
+        }
     }
 }
 
@@ -363,6 +376,8 @@ impl Config {
             ("database.connect_timeout_secs", self.database.connect_timeout_secs),
             ("redis.pool_size", u64::from(self.redis.pool_size)),
             ("redis.connect_timeout_secs", self.redis.connect_timeout_secs),
+            ("redis.request_budget_ms", self.redis.request_budget_ms),
+            ("redis.retry_after_secs", self.redis.retry_after_secs),
             ("net.backlog", u64::from(self.net.backlog)),
             ("net.max_connections", self.net.max_connections as u64),
             ("tls.reload_interval_secs", self.tls.reload_interval_secs),

@@ -34,9 +34,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.database.migrate_on_start {
         store.migrate().await.context("database migration failed")?;
     }
-    let cache = open_cache(&config).await?;
+    let (cache, resilient) = open_serving_cache(&config, store.clone()).await?;
 
     let metrics = Arc::new(Metrics::new());
+    if let Some(r) = &resilient {
+        r.register_metrics(&metrics.registry).context("registering cache metrics")?;
+    }
     // Time spent waiting for a database connection: the early sign of a pool too
     // small for the load, before saturation shows in command latency.
     let acquire = metrics.db_pool_acquire.clone();
@@ -113,7 +116,33 @@ fn protocol_for(name: &str, app: &App) -> Option<(TlsMode, Arc<dyn Protocol>)> {
     })
 }
 
-/// Opens the cache: Redis when configured, else the in-process one (single pod).
+/// The cache of a serving pod: with Redis configured, Redis behind its per-pod
+/// stand-ins (`cache::resilient`), so that a Redis outage degrades the pod instead
+/// of stopping it — and a Redis down at start does not keep the pod from starting.
+/// Without Redis, the in-process cache.
+pub async fn open_serving_cache(
+    config: &Config,
+    store: Arc<dyn crate::store::Store>,
+) -> anyhow::Result<(Arc<dyn Cache>, Option<Arc<cache::resilient::ResilientCache>>)> {
+    let Some(url) = config.redis.url.as_ref().map(|s| s.expose()) else {
+        return Ok((open_cache(config).await?, None));
+    };
+    let opts = cache::resilient::ResilienceOptions {
+        budget: Duration::from_millis(config.redis.request_budget_ms),
+        retry_after: Duration::from_secs(config.redis.retry_after_secs),
+        ..Default::default()
+    };
+    let timeout = Duration::from_secs(config.redis.connect_timeout_secs);
+    let resilient =
+        cache::resilient::ResilientCache::start(url, &config.redis.key_prefix, timeout, store, opts)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot use Redis at {}: {e}", redact_url(url)))?;
+    Ok((resilient.clone(), Some(resilient)))
+}
+
+/// Opens the cache directly: Redis when configured (failing when it does not
+/// answer), else the in-process one (single pod). For the admin commands, which
+/// must reach the shared cache or say they cannot.
 pub async fn open_cache(config: &Config) -> anyhow::Result<Arc<dyn Cache>> {
     let url = config.redis.url.as_ref().map(|s| s.expose());
     let timeout = Duration::from_secs(config.redis.connect_timeout_secs);

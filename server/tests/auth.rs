@@ -139,6 +139,18 @@ impl Store for DownStore {
     async fn queue_fail(&self, _: i64, _: &str, _: Option<chrono::DateTime<chrono::Utc>>) -> StoreResult<()> {
         down_store()
     }
+    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: std::time::Duration) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn lease_extend(&self, _: &str, _: &str, _: std::time::Duration) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn lease_release(&self, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn lease_count(&self, _: &str) -> StoreResult<u64> {
+        down_store()
+    }
 }
 
 // ---------------------------------------------------------------- a failing cache

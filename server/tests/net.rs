@@ -829,8 +829,14 @@ async fn admin_endpoints() {
     *store.fail.lock().expect("lock") = Some("connection\nrefused".into());
     assert_eq!(http_get(addr, "/readyz").await, (503, "store (test): connection refused\n".to_string()));
     *store.fail.lock().expect("lock") = None;
-    *cache.fail.lock().expect("lock") = Some("down".into());
-    assert_eq!(http_get(addr, "/readyz").await, (503, "cache (test): down\n".to_string()));
+    assert_eq!(http_get(addr, "/healthz").await, (200, "ok\ncache (test): up\n".to_string()));
+    // The cache down: the pod stays ready (its stand-ins serve); liveness says why.
+    *cache.fail.lock().expect("lock") = Some("connection\nrefused".into());
+    assert_eq!(http_get(addr, "/readyz").await, (200, "ready\n".to_string()));
+    assert_eq!(
+        http_get(addr, "/healthz").await,
+        (200, "ok\ncache (test): down: connection refused\n".to_string())
+    );
     *cache.fail.lock().expect("lock") = None;
     assert_eq!(http_get(addr, "/readyz").await.0, 200);
 

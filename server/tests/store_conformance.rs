@@ -210,6 +210,8 @@ conformance!(
     concurrent_group_commit,
     queue_lifecycle,
     queue_claim_is_exclusive,
+    leases_limit_renew_expire,
+    leases_are_exclusive_across_pods,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -1211,6 +1213,48 @@ async fn queue_claim_is_exclusive(ctx: Ctx) {
         }
     }
     assert_eq!(seen, all, "every item claimed exactly once");
+}
+
+async fn leases_limit_renew_expire(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let ttl = Duration::from_secs(60);
+    assert!(s.lease_acquire("k", "a", 2, ttl).await.expect("acquire"));
+    assert!(s.lease_acquire("k", "b", 2, ttl).await.expect("acquire"));
+    assert!(!s.lease_acquire("k", "c", 2, ttl).await.expect("acquire"), "limit 2");
+    assert!(s.lease_acquire("k", "a", 2, ttl).await.expect("renew"), "a holder renews at the limit");
+    assert_eq!(s.lease_count("k").await.expect("count"), 2);
+    assert_eq!(s.lease_count("other").await.expect("count"), 0, "keys are independent");
+    assert!(s.lease_extend("k", "a", ttl).await.expect("extend"));
+    assert!(!s.lease_extend("k", "c", ttl).await.expect("extend"), "c holds nothing");
+    s.lease_release("k", "b").await.expect("release");
+    s.lease_release("k", "b").await.expect("a second release is harmless");
+    assert!(s.lease_acquire("k", "c", 2, ttl).await.expect("acquire"), "b's slot is free");
+
+    // Expiry: a lapsed lease neither counts nor extends, and its slot is taken.
+    let short = Duration::from_millis(200);
+    assert!(s.lease_acquire("e", "old", 1, short).await.expect("acquire"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.lease_count("e").await.expect("count"), 0);
+    assert!(!s.lease_extend("e", "old", ttl).await.expect("extend"), "lapsed");
+    assert!(s.lease_acquire("e", "new", 1, ttl).await.expect("acquire"));
+}
+
+async fn leases_are_exclusive_across_pods(ctx: Ctx) {
+    // 8 contenders on 2 store handles (as on 2 pods) race for a limit of 3.
+    let stores = [ctx.store.clone(), ctx.open_again().await];
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let store = stores[i % 2].clone();
+        handles.push(tokio::spawn(async move {
+            store.lease_acquire("race", &format!("m{i}"), 3, Duration::from_secs(60)).await.expect("acquire")
+        }));
+    }
+    let mut won = 0;
+    for h in handles {
+        won += usize::from(h.await.expect("contender"));
+    }
+    assert_eq!(won, 3, "exactly the limit");
+    assert_eq!(ctx.store.lease_count("race").await.expect("count"), 3);
 }
 
 // ------------------------------------------------ backend-specific, outside the macro

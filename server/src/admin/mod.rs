@@ -3,10 +3,14 @@
 //! - `/metrics`: Prometheus text of `Metrics::registry`. Pool gauges are sampled from
 //!   the store and cache at scrape time rather than by a timer, so they are exactly
 //!   as fresh as the scrape and cost nothing between scrapes.
-//! - `/healthz`: 200 while the process can answer HTTP at all (liveness).
-//! - `/readyz`: 200 only when the store and the cache answer a ping within
+//! - `/healthz`: 200 while the process can answer HTTP at all (liveness); its body
+//!   says whether the cache answers (`cache (redis): up` or `… down: reason`).
+//! - `/readyz`: 200 only when the store answers a ping within
 //!   [`READY_PING_TIMEOUT`] and the pod is not draining; otherwise 503 with a
-//!   one-line reason. Kubernetes stops routing to a pod whose readiness fails.
+//!   one-line reason. Kubernetes stops routing to a pod whose readiness fails. The
+//!   cache is not part of it: every pod shares one Redis, so a cache outage would
+//!   take every pod out of its Services at once although the mail — in the store —
+//!   is there; the pods serve on their stand-ins instead (`cache::resilient`).
 //!
 //! The admin server outlives the mail listeners during a drain (it stops on its own
 //! `stop` future), so probes keep seeing the 503 until the process exits.
@@ -126,8 +130,13 @@ pub async fn serve_admin(
     Ok(())
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+async fn healthz(State(state): State<AdminState>) -> String {
+    let cache = match tokio::time::timeout(READY_PING_TIMEOUT, state.cache.ping()).await {
+        Ok(Ok(())) => "up".to_string(),
+        Ok(Err(e)) => format!("down: {}", one_line(&e)),
+        Err(_) => "down: ping timed out".to_string(),
+    };
+    format!("ok\n{}: {cache}\n", state.cache.describe())
 }
 
 async fn readyz(State(state): State<AdminState>) -> Response {
@@ -142,18 +151,11 @@ pub async fn readiness(state: &AdminState) -> Result<(), String> {
     if state.shutdown.is_draining() {
         return Err("draining".into());
     }
-    let (store, cache) = tokio::join!(
-        tokio::time::timeout(READY_PING_TIMEOUT, state.store.ping()),
-        tokio::time::timeout(READY_PING_TIMEOUT, state.cache.ping()),
-    );
-    for (backend, result) in [(&state.store, store), (&state.cache, cache)] {
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(format!("{}: {}", backend.describe(), one_line(&e))),
-            Err(_) => return Err(format!("{}: ping timed out", backend.describe())),
-        }
+    match tokio::time::timeout(READY_PING_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{}: {}", state.store.describe(), one_line(&e))),
+        Err(_) => Err(format!("{}: ping timed out", state.store.describe())),
     }
-    Ok(())
 }
 
 /// Errors from drivers can span lines; a probe body and a log line should not.

@@ -9,6 +9,7 @@
 
 pub mod local;
 pub mod redis;
+pub mod resilient;
 
 use std::sync::Arc;
 use std::time::Duration;

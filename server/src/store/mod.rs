@@ -244,6 +244,19 @@ pub trait Store: Send + Sync + 'static {
         error: &str,
         retry_at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> StoreResult<()>;
+
+    // ---- leases: the cache's locks and lease sets while Redis is unavailable ----
+    /// Takes a lease on `key` for `member` unless `limit` live leases of other
+    /// members hold it; renews it when `member` already holds one. `true` when
+    /// `member` holds a lease afterwards. A lease lapses `ttl` after it was taken or
+    /// last renewed (by the database's clock, the same for every pod).
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool>;
+    /// Extends `member`'s lease on `key` by `ttl` only while it is still live;
+    /// `false` when it had lapsed (and may be somebody else's now).
+    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool>;
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()>;
+    /// Live leases on `key`.
+    async fn lease_count(&self, key: &str) -> StoreResult<u64>;
 }
 
 /// File name of the embedded database inside the data directory.

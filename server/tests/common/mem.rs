@@ -384,6 +384,20 @@ impl Store for MemStore {
     async fn queue_fail(&self, _: i64, _: &str, _: Option<chrono::DateTime<chrono::Utc>>) -> StoreResult<()> {
         Ok(())
     }
+    // Leases back the cache only while Redis is down; the sessions under test here
+    // use MemCache, so these are never reached.
+    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: std::time::Duration) -> StoreResult<bool> {
+        Err(StoreError::Unavailable("MemStore keeps no leases".into()))
+    }
+    async fn lease_extend(&self, _: &str, _: &str, _: std::time::Duration) -> StoreResult<bool> {
+        Err(StoreError::Unavailable("MemStore keeps no leases".into()))
+    }
+    async fn lease_release(&self, _: &str, _: &str) -> StoreResult<()> {
+        Err(StoreError::Unavailable("MemStore keeps no leases".into()))
+    }
+    async fn lease_count(&self, _: &str) -> StoreResult<u64> {
+        Err(StoreError::Unavailable("MemStore keeps no leases".into()))
+    }
 }
 
 /// Notifications over a tokio broadcast channel; the rest is inert.

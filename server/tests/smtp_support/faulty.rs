@@ -208,4 +208,22 @@ impl Store for FaultyStore {
     ) -> StoreResult<()> {
         self.inner.queue_fail(id, error, retry_at).await
     }
+    async fn lease_acquire(
+        &self,
+        key: &str,
+        member: &str,
+        limit: u64,
+        ttl: std::time::Duration,
+    ) -> StoreResult<bool> {
+        self.inner.lease_acquire(key, member, limit, ttl).await
+    }
+    async fn lease_extend(&self, key: &str, member: &str, ttl: std::time::Duration) -> StoreResult<bool> {
+        self.inner.lease_extend(key, member, ttl).await
+    }
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
+        self.inner.lease_release(key, member).await
+    }
+    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
+        self.inner.lease_count(key).await
+    }
 }

@@ -1495,6 +1495,86 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
+        let mut tx = self.tx().await?;
+        // One writer per key at a time: count-then-insert must not interleave with
+        // another pod's. A transaction-scoped advisory lock (not a row lock: there
+        // may be no row yet) is released by COMMIT/ROLLBACK whatever happens.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        sqlx::query("DELETE FROM leases WHERE key = $1 AND expires_at <= now()")
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let secs = ttl.as_secs_f64();
+        let renewed = sqlx::query(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) WHERE key = $1 AND member = $2",
+        )
+        .bind(key)
+        .bind(member)
+        .bind(secs)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if renewed.rows_affected() == 0 {
+            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1")
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            if u64::try_from(live).unwrap_or(0) >= limit {
+                tx.commit().await.map_err(db_err)?;
+                return Ok(false);
+            }
+            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))")
+                .bind(key)
+                .bind(member)
+                .bind(secs)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(true)
+    }
+
+    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
+        let res = sqlx::query(
+            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) \
+             WHERE key = $1 AND member = $2 AND expires_at > now()",
+        )
+        .bind(key)
+        .bind(member)
+        .bind(ttl.as_secs_f64())
+        .execute(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM leases WHERE key = $1 AND member = $2")
+            .bind(key)
+            .bind(member)
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1 AND expires_at > now()")
+            .bind(key)
+            .fetch_one(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
         let res = match retry_at {
             Some(at) => sqlx::query(

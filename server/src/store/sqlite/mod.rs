@@ -1340,6 +1340,81 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
+        // BEGIN IMMEDIATE: the write lock serialises count-then-insert.
+        let mut tx = self.write_tx().await?;
+        let now = to_us(Utc::now());
+        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
+        sqlx::query("DELETE FROM leases WHERE key = ? AND expires_at <= ?")
+            .bind(key)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        let renewed = sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ?")
+            .bind(until)
+            .bind(key)
+            .bind(member)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if renewed.rows_affected() == 0 {
+            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ?")
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            if u64::try_from(live).unwrap_or(0) >= limit {
+                tx.commit().await.map_err(db_err)?;
+                return Ok(false);
+            }
+            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES (?, ?, ?)")
+                .bind(key)
+                .bind(member)
+                .bind(until)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(true)
+    }
+
+    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
+        let now = to_us(Utc::now());
+        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
+        let res =
+            sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ? AND expires_at > ?")
+                .bind(until)
+                .bind(key)
+                .bind(member)
+                .bind(now)
+                .execute(&mut *self.write_conn().await?)
+                .await
+                .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM leases WHERE key = ? AND member = ?")
+            .bind(key)
+            .bind(member)
+            .execute(&mut *self.write_conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ? AND expires_at > ?")
+            .bind(key)
+            .bind(to_us(Utc::now()))
+            .fetch_one(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
         let res = match retry_at {
             Some(at) => sqlx::query(
