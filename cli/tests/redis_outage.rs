@@ -1,0 +1,340 @@
+//! Redis killed and restarted under load: `mailcluster serve` over PostgreSQL and a
+//! Redis of this test's own (started on a free port, so the shared one stays up)
+//! takes an open-loop SMTP deliver and an IMAP login storm while Redis dies for a
+//! few seconds and comes back. Nothing acknowledged is lost, no client waits until
+//! its timeout, logins keep succeeding (verified against the store), readiness stays
+//! 200 throughout, POP3 keeps its maildrop lock in the store, and the pod returns to
+//! Redis when it is back.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::{run, run_with};
+use sqlx::Connection;
+
+/// A redis-server of this test's own; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Redis {
+    fn start_on(port: u16, dir: tempfile::TempDir) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (scripts/test.sh installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Redis { child, port, dir: Some(dir) }
+    }
+
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Redis::start_on(port, tempfile::tempdir().unwrap())
+    }
+
+    /// SIGKILL: a crashed Redis, no goodbye to its clients.
+    fn kill(mut self) -> (u16, tempfile::TempDir) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        (self.port, self.dir.take().expect("a running Redis has its directory"))
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
+fn reply(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if line.as_bytes().get(3) != Some(&b'-') {
+            return Ok(line);
+        }
+    }
+}
+
+/// One SMTP delivery on its own connection: the final reply line and the time from
+/// connect to the reply of DATA.
+fn deliver(addr: SocketAddr, n: usize) -> Result<(String, Duration), String> {
+    let start = Instant::now();
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    let mut step = |cmd: &str| -> Result<String, String> {
+        if !cmd.is_empty() {
+            write!(w, "{cmd}\r\n").map_err(|e| e.to_string())?;
+        }
+        reply(&mut r).map_err(|e| format!("{cmd}: {e}"))
+    };
+    step("")?;
+    step("EHLO load.test")?;
+    step("MAIL FROM:<load@remote.test>")?;
+    let rcpt = step(&format!("RCPT TO:<user{}@example.test>", n % 4))?;
+    if !rcpt.starts_with("250") {
+        return Ok((rcpt, start.elapsed()));
+    }
+    step("DATA")?;
+    let body = format!(
+        "From: load@remote.test\r\nSubject: load {n}\r\nMessage-ID: <load-{n}@remote.test>\r\n\r\nmessage {n}\r\n."
+    );
+    let done = step(&body)?;
+    let took = start.elapsed();
+    let _ = step("QUIT");
+    Ok((done, took))
+}
+
+fn imap_login(addr: SocketAddr, user: &str) -> Result<String, String> {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).map_err(|e| e.to_string())?;
+    write!(w, "a LOGIN {user} secret\r\n").map_err(|e| e.to_string())?;
+    loop {
+        line.clear();
+        r.read_line(&mut line).map_err(|e| format!("LOGIN: {e}"))?;
+        if line.starts_with("a ") {
+            break;
+        }
+    }
+    let _ = write!(w, "b LOGOUT\r\n");
+    Ok(line.trim_end().to_string())
+}
+
+fn p95(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v.get((v.len() * 95 / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+}
+
+#[derive(Default)]
+struct Phase {
+    latencies: Vec<Duration>,
+    acknowledged: Vec<usize>,
+    failures: Vec<String>,
+}
+
+#[test]
+fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
+    let db = PgDatabase::create("mc_redis_outage");
+    let redis = Redis::start();
+    let redis_url = format!("redis://127.0.0.1:{}", redis.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = ephemeral_ports();
+    env.extend([
+        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
+        ("MAILCLUSTER_REDIS_URL", redis_url.as_str()),
+        ("MAILCLUSTER_PROTOCOLS", "smtp,imap,pop3"),
+        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
+        ("MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP", "0"),
+        ("MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP", "0"),
+        // The pod notices Redis is back within a second.
+        ("MAILCLUSTER_REDIS__RETRY_AFTER_SECS", "1"),
+    ]);
+    run(dir.path(), &["migrate"], &env).ok();
+    run(dir.path(), &["domain", "add", "example.test"], &env).ok();
+    for i in 0..4 {
+        let user = format!("user{i}@example.test");
+        run_with(dir.path(), &["user", "add", &user], &env, "secret\n", Duration::from_secs(120)).ok();
+    }
+    let serve_dir = tempfile::tempdir().unwrap();
+    let server = ServeProcess::start(serve_dir.path(), &env, 3);
+    let (smtp, imap, admin) = (server.addr("smtp"), server.addr("imap"), server.admin);
+    assert_eq!(http_get(admin, "/readyz").0, 200);
+
+    // Readiness is watched for the whole run.
+    let stop = Arc::new(AtomicBool::new(false));
+    let not_ready = Arc::new(Mutex::new(Vec::new()));
+    let watcher = {
+        let (stop, not_ready) = (stop.clone(), not_ready.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let (status, body) = http_get(admin, "/readyz");
+                if status != 200 {
+                    not_ready.lock().unwrap().push(format!("{status} {body}"));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // IMAP login storm: 2 clients in a loop; every answer must be OK.
+    let logins = Arc::new(Mutex::new((0usize, Vec::<String>::new())));
+    let stormers: Vec<_> = (0..2)
+        .map(|c| {
+            let (stop, logins) = (stop.clone(), logins.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = imap_login(imap, &format!("user{}@example.test", (c + i) % 4));
+                    let mut l = logins.lock().unwrap();
+                    match r {
+                        Ok(line) if line.starts_with("a OK") => l.0 += 1,
+                        Ok(line) => l.1.push(line),
+                        Err(e) => l.1.push(e),
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+
+    // Open-loop deliveries, 40/s, in three phases: before, during, after the outage.
+    let rate = Duration::from_millis(25);
+    let mut next = 0usize;
+    let mut run_phase = |secs: u64| -> Phase {
+        let phase = Arc::new(Mutex::new(Phase::default()));
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut workers = Vec::new();
+        let mut tick = Instant::now();
+        while Instant::now() < end {
+            let n = next;
+            next += 1;
+            let phase = phase.clone();
+            workers.push(std::thread::spawn(move || {
+                let r = deliver(smtp, n);
+                let mut p = phase.lock().unwrap();
+                match r {
+                    Ok((line, took)) if line.starts_with("250") => {
+                        p.latencies.push(took);
+                        p.acknowledged.push(n);
+                    }
+                    Ok((line, _)) => p.failures.push(format!("message {n}: {}", line.trim_end())),
+                    Err(e) => p.failures.push(format!("message {n}: {e}")),
+                }
+            }));
+            tick += rate;
+            std::thread::sleep(tick.saturating_duration_since(Instant::now()));
+        }
+        for w in workers {
+            w.join().unwrap();
+        }
+        Arc::try_unwrap(phase).ok().unwrap().into_inner().unwrap()
+    };
+
+    let mut before = run_phase(3);
+    let (port, redis_dir) = redis.kill();
+    let mut during = run_phase(5);
+    assert!(
+        http_get(admin, "/healthz").1.contains("cache (redis): down"),
+        "{}",
+        http_get(admin, "/healthz").1
+    );
+    // POP3 while Redis is away: the maildrop lock is taken in the store.
+    let pop = pop3_session(server.addr("pop3"));
+    let redis = Redis::start_on(port, redis_dir);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !http_get(admin, "/healthz").1.contains("cache (redis): up") {
+        assert!(
+            Instant::now() < deadline,
+            "the pod did not return to Redis: {}",
+            http_get(admin, "/healthz").1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut after = run_phase(3);
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().unwrap();
+    for s in stormers {
+        s.join().unwrap();
+    }
+
+    let metrics = http_get(admin, "/metrics").1;
+    let (p_before, p_during, p_after) =
+        (p95(&mut before.latencies), p95(&mut during.latencies), p95(&mut after.latencies));
+    let (ok_logins, failed_logins) = logins.lock().unwrap().clone();
+    eprintln!(
+        "deliveries before/during/after: {}/{}/{} acknowledged, P95 {p_before:?} / {p_during:?} / {p_after:?}; \
+         {ok_logins} IMAP logins OK",
+        before.acknowledged.len(),
+        during.acknowledged.len(),
+        after.acknowledged.len()
+    );
+    for p in [&before, &during, &after] {
+        assert!(p.failures.is_empty(), "deliveries failed: {:?}", &p.failures[..p.failures.len().min(10)]);
+    }
+    assert!(during.acknowledged.len() >= 150, "the outage phase delivered: {}", during.acknowledged.len());
+    // Delivery never waits on Redis: the outage does not stretch the latency (a
+    // floor keeps a very fast baseline from making scheduling noise a failure).
+    assert!(
+        p_during <= (p_before * 2).max(Duration::from_millis(100)),
+        "P95 {p_during:?} during the outage against {p_before:?} before"
+    );
+    assert!(failed_logins.is_empty(), "logins failed: {:?}", &failed_logins[..failed_logins.len().min(10)]);
+    assert!(ok_logins > 20, "logins: {ok_logins}");
+    assert!(not_ready.lock().unwrap().is_empty(), "readiness failed: {:?}", not_ready.lock().unwrap());
+    assert!(pop.starts_with("+OK"), "POP3 during the outage: {pop}");
+    assert!(metrics.contains("mail_cache_up 1"), "back on Redis");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("mail_cache_fallbacks_total{op=\"credential_get\"}")),
+        "{metrics}"
+    );
+
+    // Every acknowledged message is stored, once.
+    let acknowledged: usize =
+        before.acknowledged.len() + during.acknowledged.len() + after.acknowledged.len();
+    let stored: i64 = block_on(async {
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query_scalar("SELECT count(*) FROM mailbox_messages").fetch_one(&mut c).await.unwrap()
+    });
+    assert_eq!(stored as usize, acknowledged, "stored exactly what was acknowledged");
+    drop(redis);
+    drop(server);
+}
+
+/// USER/PASS/STAT/QUIT on `addr`; the PASS reply.
+fn pop3_session(addr: SocketAddr) -> String {
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("pop3");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    let mut say = |cmd: &str, r: &mut BufReader<TcpStream>| {
+        if !cmd.is_empty() {
+            write!(w, "{cmd}\r\n").unwrap();
+        }
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        line.trim_end().to_string()
+    };
+    say("", &mut r);
+    say("USER user0@example.test", &mut r);
+    let pass = say("PASS secret", &mut r);
+    say("QUIT", &mut r);
+    pass
+}
