@@ -164,6 +164,11 @@ fn deliver(addr: SocketAddr, n: usize) -> Result<String, String> {
 
 /// LOGIN then SELECT INBOX: the tagged replies.
 fn imap_select(addr: SocketAddr) -> Result<(String, String), String> {
+    imap_commands(addr, false).map(|(login, select, _)| (login, select))
+}
+
+/// LOGIN, SELECT INBOX and, with `store`, a flag change on message 1.
+fn imap_commands(addr: SocketAddr, store: bool) -> Result<(String, String, String), String> {
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut w = stream.try_clone().unwrap();
@@ -184,7 +189,20 @@ fn imap_select(addr: SocketAddr) -> Result<(String, String), String> {
     r.read_line(&mut greeting).map_err(|e| e.to_string())?;
     let login = tagged("a", "LOGIN user@example.test secret", &mut r)?;
     let select = if login.starts_with("a OK") { tagged("b", "SELECT INBOX", &mut r)? } else { String::new() };
-    Ok((login, select))
+    let stored = if store && select.starts_with("b OK") {
+        tagged("c", "STORE 1 +FLAGS (\\Flagged)", &mut r)?
+    } else {
+        String::new()
+    };
+    Ok((login, select, stored))
+}
+
+/// Runs one statement as the cluster's superuser.
+fn psql(url: &str, sql: &str) {
+    block_on(async {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.unwrap();
+    });
 }
 
 #[test]
@@ -217,6 +235,28 @@ fn a_postgres_outage_gives_temporary_failures_and_the_pod_recovers_by_itself() {
     let (login, select) = imap_select(imap).unwrap();
     assert!(login.starts_with("a OK") && select.starts_with("b OK"), "{login} / {select}");
     assert_eq!(http_status(admin, "/readyz"), 200);
+
+    // The primary turns read-only (as a demoted primary does in a failover): writes
+    // are temporary failures; once it takes writes again, the pod does too.
+    psql(&url, "ALTER SYSTEM SET default_transaction_read_only = on");
+    psql(&url, "SELECT pg_reload_conf()");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = deliver(smtp, 50).unwrap();
+    assert!(r.starts_with("451"), "a delivery to a read-only primary: {r}");
+    let (_, _, stored) = imap_commands(imap, true).unwrap();
+    assert!(stored.contains("NO [UNAVAILABLE]"), "STORE on a read-only primary: {stored}");
+    psql(&url, "ALTER SYSTEM SET default_transaction_read_only = off");
+    psql(&url, "SELECT pg_reload_conf()");
+    let writable = Instant::now();
+    loop {
+        let r = deliver(smtp, 60).unwrap();
+        if r.starts_with("250") {
+            acknowledged += 1;
+            break;
+        }
+        assert!(writable.elapsed() < Duration::from_secs(5), "still failing 5 s after writes returned: {r}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     pg.stop();
     // Down: every attempt ends in a temporary failure, each within a bound.

@@ -305,6 +305,34 @@ pub(crate) fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// Maps a database error: connectivity and contention become `Unavailable` (the
 /// session answers with a temporary failure and the client retries), everything
 /// else `Internal`.
+/// The moment (milliseconds after [`read_only_clock`]'s start) a PostgreSQL
+/// connection last answered that the server only reads — SQLSTATE 25006: the
+/// primary was demoted by a failover, or made read-only. 0: never. Connections
+/// opened before then still point at that server: the pool discards them at their
+/// next acquire (`postgres::PgStore::connect`, before_acquire), so it reconnects —
+/// through the Service, to the new primary — without a restart. Process-wide
+/// because the error is seen where any query fails, far from the pool.
+static READ_ONLY_AT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn read_only_clock() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}
+
+/// How long ago a server last said it only reads, if one ever did.
+pub(crate) fn read_only_seen_ago() -> Option<std::time::Duration> {
+    let at = READ_ONLY_AT_MS.load(std::sync::atomic::Ordering::Acquire);
+    (at != 0).then(|| {
+        let now = read_only_clock().elapsed();
+        now.saturating_sub(std::time::Duration::from_millis(at))
+    })
+}
+
+fn note_read_only() {
+    let now = u64::try_from(read_only_clock().elapsed().as_millis()).unwrap_or(u64::MAX).max(1);
+    READ_ONLY_AT_MS.fetch_max(now, std::sync::atomic::Ordering::AcqRel);
+}
+
 pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
     match e {
         sqlx::Error::PoolTimedOut => {
@@ -315,10 +343,17 @@ pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
         sqlx::Error::Tls(e) => StoreError::Unavailable(format!("database tls: {e}")),
         sqlx::Error::Database(d) => {
             let code = d.code().map(|c| c.into_owned()).unwrap_or_default();
-            // PG: serialization failure, deadlock, admin shutdown, too many
-            // connections; SQLite: SQLITE_BUSY / SQLITE_LOCKED and extended codes.
-            let transient = matches!(code.as_str(), "40001" | "40P01" | "57P01" | "53300" | "5" | "6")
-                || code.starts_with("08")
+            // PG: serialization failure, deadlock, admin / crash shutdown, a server
+            // starting or in recovery, too many connections, a server that only
+            // reads (a demoted primary); SQLite: SQLITE_BUSY / SQLITE_LOCKED and
+            // extended codes.
+            if code == "25006" {
+                note_read_only();
+            }
+            let transient = matches!(
+                code.as_str(),
+                "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "53300" | "25006" | "5" | "6"
+            ) || code.starts_with("08")
                 || code.parse::<i32>().is_ok_and(|c| c & 0xff == 5 || c & 0xff == 6);
             if d.is_unique_violation() {
                 StoreError::AlreadyExists(d.message().to_string())

@@ -138,6 +138,11 @@ impl PgStore {
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
+                    // Opened before a server said it only reads (a failover):
+                    // discard, so the pool opens a connection to the new primary.
+                    if common::read_only_seen_ago().is_some_and(|ago| meta.age > ago) {
+                        return Ok(false);
+                    }
                     if meta.idle_for > IDLE_PING_AFTER {
                         conn.ping().await?;
                     }
