@@ -613,10 +613,13 @@ pub struct ClusterStressSpec {
     /// Cron schedule of the recurring run; absent: on-demand runs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
+    /// A reference load profile (see [`crate::stress::StressProfile`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::stress::StressProfile>,
     /// Test accounts; default `stress{:04}@<first domain>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users: Option<crate::stress::UsersSpec>,
-    /// Scenarios run in order (DESIGN §6); empty: the runner's defaults.
+    /// Scenarios run in order (DESIGN §6); empty: the profile's, else the runner's defaults.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub scenarios: Vec<crate::stress::ScenarioSpec>,
@@ -639,6 +642,7 @@ impl Default for ClusterStressSpec {
     fn default() -> Self {
         ClusterStressSpec {
             schedule: None,
+            profile: None,
             users: None,
             scenarios: Vec::new(),
             slo: Default::default(),

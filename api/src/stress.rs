@@ -1,7 +1,8 @@
 //! Stress-run specification and result types.
 //!
-//! One format serves three readers: the scenario file given to `mailcluster stress
-//! --scenario FILE` (YAML), the `spec.stress` block of a `MailCluster` (the operator
+//! One format serves four readers: the scenario file given to `mailcluster stress
+//! --file FILE` (YAML), the reference profiles shipped in `stress/profiles/`
+//! ([`StressProfile`]), the `spec.stress` block of a `MailCluster` (the operator
 //! embeds [`StressSpec`] in the CRD and turns it into a CronJob), and the
 //! `status.lastStress` block the stress Job writes back ([`LastStress`]).
 //!
@@ -45,6 +46,14 @@ pub struct TargetsSpec {
     /// SMTP endpoint used for delivery (inbound port or submission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smtp: Option<EndpointSpec>,
+    /// Message submission with STARTTLS (port 587); scenarios reach it with
+    /// `smtpTarget: submission` or the `submission` weight of `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission: Option<EndpointSpec>,
+    /// Message submission over implicit TLS (port 465); `smtpTarget: submissions` or
+    /// the `submissions` weight of `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submissions: Option<EndpointSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imap: Option<EndpointSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +173,32 @@ pub enum Protocol {
     Pop3,
 }
 
+/// SMTP endpoint a scenario sends to: `smtp` (the `smtp` target, by default),
+/// `submission` (587, STARTTLS) or `submissions` (465, implicit TLS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpTarget {
+    /// `targets.smtp` (inbound port 25, or whatever the CLI's `--smtp` names).
+    #[default]
+    Smtp,
+    /// `targets.submission` (587, STARTTLS).
+    Submission,
+    /// `targets.submissions` (465, implicit TLS).
+    Submissions,
+}
+
+impl SmtpTarget {
+    pub const ALL: [SmtpTarget; 3] = [SmtpTarget::Smtp, SmtpTarget::Submission, SmtpTarget::Submissions];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SmtpTarget::Smtp => "smtp",
+            SmtpTarget::Submission => "submission",
+            SmtpTarget::Submissions => "submissions",
+        }
+    }
+}
+
 /// IMAP or SMTP authentication mechanism.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -236,12 +271,23 @@ pub struct ScenarioSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops_per_connection: Option<u32>,
     /// `mixed`: relative weight per operation (`deliver`, `search`, `fetch`,
-    /// `pop3`, `auth`, `noop`).
+    /// `pop3`, `auth`, `noop`; `submission` and `submissions` deliver through those
+    /// targets, so one mix can spread its sending over both submission ports).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weights: BTreeMap<String, u32>,
     /// `seed`: messages to put in every user's INBOX.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages_per_user: Option<u32>,
+    /// SMTP endpoint for `deliver`, `seed`, `smtp-noop`, and for `auth` /
+    /// `connect-flood` over SMTP (default `smtp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smtp_target: Option<SmtpTarget>,
+    /// Envelope sender and `From:` of generated messages. Default: the authenticated
+    /// user when the SMTP session authenticates (as a mail client does; a submission
+    /// server refuses any other sender with 553), otherwise another test user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 320))]
+    pub sender: Option<String>,
     /// Extra thresholds for this scenario, e.g. `"deliver.p95 < 120ms"`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slo: Vec<String>,
@@ -265,6 +311,8 @@ impl ScenarioSpec {
             ops_per_connection: None,
             weights: BTreeMap::new(),
             messages_per_user: None,
+            smtp_target: None,
+            sender: None,
             slo: Vec::new(),
         }
     }
@@ -311,6 +359,65 @@ pub struct LastStress {
     pub job: Option<String>,
 }
 
+/// A reference load profile shipped with the runner (`stress/profiles/NAME.yaml`,
+/// compiled into the binary): `whitepaper`, `whitepaper-short` or `submission-pop3`.
+/// `mailcluster stress --profile NAME` runs it; in a MailCluster its scenarios,
+/// number of users and SLOs apply unless `scenarios`, `users` or `slo` say
+/// otherwise, and its targets' TLS modes pick the Service ports (implicit:
+/// 465/993/995).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StressProfile {
+    /// The reference stress white paper's suite at full length (about 50 minutes).
+    Whitepaper,
+    /// The same suite in minutes, for CI and demos.
+    WhitepaperShort,
+    /// Authenticated submission on 465 and 587 with attachments, 60/40 with POP3 on 995.
+    SubmissionPop3,
+}
+
+impl StressProfile {
+    pub const ALL: [StressProfile; 3] =
+        [StressProfile::Whitepaper, StressProfile::WhitepaperShort, StressProfile::SubmissionPop3];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StressProfile::Whitepaper => "whitepaper",
+            StressProfile::WhitepaperShort => "whitepaper-short",
+            StressProfile::SubmissionPop3 => "submission-pop3",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<StressProfile> {
+        StressProfile::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The profile file as shipped, comments (its source figures) included.
+    pub fn text(self) -> &'static str {
+        match self {
+            StressProfile::Whitepaper => include_str!("../../stress/profiles/whitepaper.yaml"),
+            StressProfile::WhitepaperShort => include_str!("../../stress/profiles/whitepaper-short.yaml"),
+            StressProfile::SubmissionPop3 => include_str!("../../stress/profiles/submission-pop3.yaml"),
+        }
+    }
+
+    /// The leading comment block of the file: where the figures come from.
+    pub fn header(self) -> String {
+        self.text().lines().take_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+    }
+
+    /// The profile as a scenario file.
+    pub fn spec(self) -> Result<StressSpec, serde_yaml_ng::Error> {
+        serde_yaml_ng::from_str(self.text())
+    }
+}
+
+impl std::fmt::Display for StressProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +458,19 @@ slo: {successRate: 99.9}
     fn unknown_kind_is_rejected() {
         let err = serde_yaml_ng::from_str::<ScenarioSpec>("kind: explode").unwrap_err();
         assert!(err.to_string().contains("unknown variant"), "{err}");
+    }
+
+    #[test]
+    fn every_profile_parses_and_names_round_trip() {
+        for p in StressProfile::ALL {
+            let spec = p.spec().unwrap_or_else(|e| panic!("profile {p}: {e}"));
+            assert!(!spec.scenarios.is_empty(), "profile {p} has no scenario");
+            assert!(p.header().lines().count() >= 3, "profile {p} documents its source figures");
+            assert_eq!(StressProfile::from_name(p.name()), Some(p));
+            let wire: StressProfile = serde_yaml_ng::from_str(p.name()).expect("serde name");
+            assert_eq!(wire, p);
+        }
+        assert_eq!(StressProfile::from_name("whitepaper-long"), None);
     }
 
     #[test]

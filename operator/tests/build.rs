@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mailcluster_api::MailCluster;
-use mailcluster_api::stress::{StressSpec, TlsMode};
+use mailcluster_api::stress::{EndpointSpec, StressProfile, StressSpec, TlsMode};
 use mailcluster_operator::build::{BuildContext, Built, Rollout, build};
 use mailcluster_operator::children::ChildKind;
 use mailcluster_operator::names;
@@ -336,6 +336,64 @@ fn stress_cron_job_and_on_demand_job() {
     assert_eq!(rules[1]["resourceNames"][0], "prod");
     assert!(b.get(ChildKind::RoleBinding, "prod-stress").is_some());
     assert!(b.get(ChildKind::ServiceAccount, "prod-stress").is_some());
+}
+
+#[test]
+fn stress_profile_is_mounted_into_the_job_with_this_clusters_targets() {
+    let mc = fixture("stress-profile");
+    let b = steady(&mc);
+    let token_job = format!("post-stress-{}", names::short_hash(&["demo-1"]));
+    let job: Job = get(&b, ChildKind::Job, &token_job);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let args = c.args.as_ref().unwrap();
+    let file =
+        args.iter().position(|a| a == "--scenario-file").map(|i| args[i + 1].clone()).expect("file arg");
+    // The file the runner reads is the ConfigMap mounted into the pod.
+    let mount =
+        c.volume_mounts.as_ref().unwrap().iter().find(|m| file.starts_with(&m.mount_path)).expect("mount");
+    let volume = pod.volumes.as_ref().unwrap().iter().find(|v| v.name == mount.name).expect("volume");
+    assert_eq!(volume.config_map.as_ref().map(|c| c.name.as_str()), Some("post-stress"));
+    let key = file.rsplit('/').next().unwrap();
+
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "post-stress");
+    let text = cm.data.unwrap()[key].clone();
+    // The profile's own account of its figures travels with it.
+    assert!(text.starts_with(&StressProfile::SubmissionPop3.header()), "{text}");
+    let plan: StressSpec = serde_yaml_ng::from_str(&text).unwrap();
+    let profile = StressProfile::SubmissionPop3.spec().unwrap();
+    assert_eq!(plan.scenarios, profile.scenarios, "the profile's scenarios, unchanged");
+    // Targets: this cluster's Services, on the ports and TLS modes the profile asks for.
+    let t = plan.targets.unwrap();
+    let endpoint = |e: Option<EndpointSpec>| e.map(|e| (e.address, e.tls, e.verify));
+    assert_eq!(
+        endpoint(t.submissions),
+        Some(("post-submission.mail.svc:4465".into(), TlsMode::Implicit, false))
+    );
+    assert_eq!(
+        endpoint(t.submission),
+        Some(("post-submission.mail.svc:587".into(), TlsMode::Starttls, false))
+    );
+    assert_eq!(endpoint(t.pop3), Some(("post-pop3.mail.svc:995".into(), TlsMode::Implicit, false)));
+    // The profile's number of users, named as this cluster's test accounts.
+    let users = plan.users.unwrap();
+    assert_eq!(
+        (users.template.as_str(), users.count),
+        ("stress{:04}@example.net", profile.users.unwrap().count)
+    );
+    // The cluster's own SLO fields win; the rest are the profile's.
+    assert_eq!(plan.slo.smtp_p95_ms, Some(200.0));
+    assert_eq!(plan.slo.success_rate, profile.slo.success_rate);
+
+    // Without a profile, the runner's defaults run over STARTTLS on the standard ports.
+    let mut plain = mc.clone();
+    plain.spec.stress.as_mut().unwrap().profile = None;
+    let b = steady(&plain);
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "post-stress");
+    let plan: StressSpec = serde_yaml_ng::from_str(&cm.data.unwrap()[key]).unwrap();
+    assert!(plan.scenarios.is_empty());
+    let t = plan.targets.unwrap();
+    assert_eq!(endpoint(t.pop3), Some(("post-pop3.mail.svc:110".into(), TlsMode::Starttls, false)));
 }
 
 #[test]

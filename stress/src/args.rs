@@ -7,9 +7,12 @@
 
 use anyhow::{Context, bail};
 use mailcluster_api::stress::{
-    AuthMechanism, EndpointSpec, MessageSize, Protocol, ScenarioKind, ScenarioSpec, StressSpec, TlsMode,
+    AuthMechanism, EndpointSpec, MessageSize, Protocol, ScenarioKind, ScenarioSpec, SmtpTarget,
+    StressProfile, StressSpec, TargetsSpec, TlsMode, UsersSpec,
 };
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::client::Endpoint;
 use crate::engine::{Op, Plan, Targets};
@@ -32,8 +35,17 @@ its family (`fetch` = `fetch-body` + `fetch-header`).";
 #[command(after_help = EXIT_HELP)]
 pub struct StressArgs {
     /// Scenario file (YAML: targets, users, scenarios, slo) — the `spec.stress` format.
-    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    #[arg(short = 'f', long = "file", visible_alias = "scenario-file", value_name = "FILE")]
     pub file: Option<PathBuf>,
+    /// A reference profile shipped with the runner, used like a scenario file:
+    /// whitepaper, whitepaper-short, submission-pop3 (stress/profiles/). Flags
+    /// override it as they override a file.
+    #[arg(long, value_name = "NAME", value_parser = parse_profile, conflicts_with = "file")]
+    pub profile: Option<StressProfile>,
+    /// Print the resolved run (targets, users, every scenario with every knob, SLOs)
+    /// as a scenario file, and exit without sending anything.
+    #[arg(long)]
+    pub print: bool,
     /// Scenarios to run (comma-separated) when no file is given: connect-flood, auth,
     /// deliver, search, fetch, pop3, mixed, seed, smtp-noop. Default: deliver, auth,
     /// search, fetch, pop3, connect-flood (those whose targets are given).
@@ -46,6 +58,18 @@ pub struct StressArgs {
     /// TLS mode of the SMTP target: plain, starttls, implicit.
     #[arg(long, value_parser = parse_tls, value_name = "MODE")]
     pub smtp_tls: Option<TlsMode>,
+    /// Submission target host:port (STARTTLS unless --submission-tls says otherwise);
+    /// used by `--smtp-target submission` and the `submission` weight.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub submission: Option<String>,
+    #[arg(long, value_parser = parse_tls, value_name = "MODE")]
+    pub submission_tls: Option<TlsMode>,
+    /// Submission over implicit TLS, host:port; used by `--smtp-target submissions`
+    /// and the `submissions` weight.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub submissions: Option<String>,
+    #[arg(long, value_parser = parse_tls, value_name = "MODE")]
+    pub submissions_tls: Option<TlsMode>,
     /// IMAP target host:port.
     #[arg(long, value_name = "HOST:PORT")]
     pub imap: Option<String>,
@@ -112,6 +136,13 @@ pub struct StressArgs {
     /// Protocol for connect-flood / auth: smtp, imap, pop3.
     #[arg(long, value_parser = parse_protocol)]
     pub protocol: Option<Protocol>,
+    /// SMTP endpoint of deliveries: smtp, submission, submissions.
+    #[arg(long, value_parser = parse_smtp_target, value_name = "TARGET")]
+    pub smtp_target: Option<SmtpTarget>,
+    /// Envelope sender and From: of every message. Default: the authenticated user
+    /// with --auth (a submission server refuses any other), else another test user.
+    #[arg(long, value_name = "ADDRESS")]
+    pub sender: Option<String>,
     /// Operations per session before reconnecting (0 = keep the session).
     #[arg(long)]
     pub ops_per_connection: Option<u32>,
@@ -187,6 +218,16 @@ fn parse_auth(s: &str) -> Result<AuthMechanism, String> {
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
     serde_yaml_ng::from_str(s).map_err(|_| format!("protocol must be smtp, imap or pop3, not {s:?}"))
 }
+fn parse_smtp_target(s: &str) -> Result<SmtpTarget, String> {
+    serde_yaml_ng::from_str(s)
+        .map_err(|_| format!("SMTP target must be smtp, submission or submissions, not {s:?}"))
+}
+fn parse_profile(s: &str) -> Result<StressProfile, String> {
+    StressProfile::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = StressProfile::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown profile {s:?} (known: {})", names.join(", "))
+    })
+}
 
 /// Everything a run needs, resolved and validated.
 pub struct Setup {
@@ -197,6 +238,8 @@ pub struct Setup {
     pub run_thresholds: Vec<Threshold>,
     pub run_id: String,
     pub job: Option<String>,
+    /// The run as a scenario file, every knob resolved (what `--print` shows).
+    pub resolved: StressSpec,
 }
 
 /// Upper bounds that keep a typo from turning into a runaway run.
@@ -204,18 +247,21 @@ const MAX_CONCURRENCY: u32 = 200_000;
 const MAX_OPS_CLOSED: u64 = 100_000_000;
 
 pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
-    let mut spec: StressSpec = match &args.file {
-        Some(f) => {
+    let mut spec: StressSpec = match (&args.file, args.profile) {
+        (Some(f), _) => {
             let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
             serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", f.display()))?
         }
-        None => StressSpec::default(),
+        (None, Some(p)) => p.spec().with_context(|| format!("parsing profile {p}"))?,
+        (None, None) => StressSpec::default(),
     };
     // Targets.
     let mut t = spec.targets.take().unwrap_or_default();
-    override_endpoint(&mut t.smtp, &args.smtp, args.smtp_tls);
-    override_endpoint(&mut t.imap, &args.imap, args.imap_tls);
-    override_endpoint(&mut t.pop3, &args.pop3, args.pop3_tls);
+    override_endpoint(&mut t.smtp, &args.smtp, args.smtp_tls, TlsMode::Plain);
+    override_endpoint(&mut t.submission, &args.submission, args.submission_tls, TlsMode::Starttls);
+    override_endpoint(&mut t.submissions, &args.submissions, args.submissions_tls, TlsMode::Implicit);
+    override_endpoint(&mut t.imap, &args.imap, args.imap_tls, TlsMode::Plain);
+    override_endpoint(&mut t.pop3, &args.pop3, args.pop3_tls, TlsMode::Plain);
     let ca = match &args.ca_file {
         Some(p) => Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
         None => None,
@@ -229,9 +275,20 @@ pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
         let tls = TlsSettings::new(&name, e.verify && !args.insecure, ca.as_deref())?;
         Ok(Some(Endpoint { address: e.address.clone(), tls_mode: e.tls, tls }))
     };
-    let targets = Targets { smtp: endpoint(&t.smtp)?, imap: endpoint(&t.imap)?, pop3: endpoint(&t.pop3)? };
-    if targets.smtp.is_none() && targets.imap.is_none() && targets.pop3.is_none() {
-        bail!("no target: give --smtp, --imap and/or --pop3 (or targets in the scenario file)");
+    let targets = Targets {
+        smtp: endpoint(&t.smtp)?,
+        submission: endpoint(&t.submission)?,
+        submissions: endpoint(&t.submissions)?,
+        imap: endpoint(&t.imap)?,
+        pop3: endpoint(&t.pop3)?,
+    };
+    if [&targets.smtp, &targets.submission, &targets.submissions, &targets.imap, &targets.pop3]
+        .iter()
+        .all(|e| e.is_none())
+    {
+        bail!(
+            "no target: give --smtp, --submission(s), --imap and/or --pop3 (or targets in the scenario file)"
+        );
     }
 
     // Users.
@@ -252,6 +309,9 @@ pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
         u.file = Some(v.display().to_string());
     }
     let users = Users::from_spec(&u)?;
+    if let Some(sender) = &args.sender {
+        check_sender(sender)?;
+    }
 
     // Scenarios.
     let mut scenarios = if !args.scenarios.is_empty() {
@@ -266,6 +326,11 @@ pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
     }
     let cli_sizes =
         args.message_sizes.iter().map(|s| parse_size_class(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    for s in &scenarios {
+        if let Some(sender) = &s.sender {
+            check_sender(sender).with_context(|| format!("scenario {}", s.name.as_deref().unwrap_or("?")))?;
+        }
+    }
     let mut plans = Vec::new();
     let mut all_sizes = Vec::new();
     for s in scenarios.iter_mut() {
@@ -285,20 +350,165 @@ pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
     let run_thresholds = run_thresholds(&slo_spec, &args.slo)?;
     let run_id =
         args.run_id.clone().unwrap_or_else(|| chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string());
-    Ok(Setup { targets, users, messages, plans, run_thresholds, run_id, job: args.job_name.clone() })
+    let resolved = resolved_spec(&t, &u, &plans, &slo_spec, &args.slo, args.insecure);
+    Ok(Setup {
+        targets,
+        users,
+        messages,
+        plans,
+        run_thresholds,
+        run_id,
+        job: args.job_name.clone(),
+        resolved,
+    })
 }
 
-fn override_endpoint(slot: &mut Option<EndpointSpec>, addr: &Option<String>, tls: Option<TlsMode>) {
+/// `--print`: the resolved run as a scenario file, after the profile's own comment
+/// (its source figures) when a profile was asked for.
+pub fn print(args: &StressArgs) -> anyhow::Result<String> {
+    let setup = resolve(args)?;
+    let mut out = String::new();
+    if let Some(p) = args.profile {
+        out.push_str(&p.header());
+        out.push_str(&format!("#\n# Resolved from profile {p}; every knob shown with its value.\n"));
+    }
+    out.push_str(&serde_yaml_ng::to_string(&setup.resolved).context("rendering the resolved run")?);
+    Ok(out)
+}
+
+/// The run as a scenario file with every knob at its resolved value. The password is
+/// never printed.
+fn resolved_spec(
+    t: &TargetsSpec,
+    u: &UsersSpec,
+    plans: &[Plan],
+    slo: &mailcluster_api::stress::SloSpec,
+    extra_slo: &[String],
+    insecure: bool,
+) -> StressSpec {
+    let mut targets = t.clone();
+    for e in [
+        &mut targets.smtp,
+        &mut targets.submission,
+        &mut targets.submissions,
+        &mut targets.imap,
+        &mut targets.pop3,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        e.verify &= !insecure;
+    }
+    let mut slo = slo.clone();
+    slo.success_rate = slo.success_rate.or(Some(crate::slo::DEFAULT_SUCCESS_RATE));
+    slo.smtp_p95_ms = slo.smtp_p95_ms.or(Some(crate::slo::DEFAULT_SMTP_P95_MS));
+    slo.imap_fetch_p95_ms = slo.imap_fetch_p95_ms.or(Some(crate::slo::DEFAULT_IMAP_FETCH_P95_MS));
+    slo.thresholds.extend(extra_slo.iter().cloned());
+    StressSpec {
+        schedule: None,
+        targets: Some(targets),
+        users: Some(UsersSpec { password: "(not shown)".into(), ..u.clone() }),
+        scenarios: plans.iter().map(scenario_of).collect(),
+        slo,
+    }
+}
+
+fn scenario_of(p: &Plan) -> ScenarioSpec {
+    // Knobs a scenario cannot use are left out, so the listing reads as the load.
+    let sends = p.kind != ScenarioKind::ConnectFlood
+        && p.mix.iter().any(|(op, _)| matches!(op, Op::Deliver(_) | Op::Seed));
+    let smtp = sends
+        || p.mix.iter().any(|(op, _)| *op == Op::Noop)
+        || (matches!(p.kind, ScenarioKind::ConnectFlood | ScenarioKind::Auth)
+            && !matches!(p.protocol, Some(Protocol::Imap | Protocol::Pop3)));
+    let mut weights = BTreeMap::new();
+    if p.kind == ScenarioKind::Mixed {
+        let mut prev = 0;
+        for (op, cum) in &p.mix {
+            weights.insert(op_weight_name(*op).to_string(), (*cum - prev) as u32);
+            prev = *cum;
+        }
+    }
+    ScenarioSpec {
+        name: Some(p.name.clone()),
+        kind: p.kind,
+        protocol: p.protocol,
+        concurrency: Some(p.concurrency as u32),
+        rate: p.rate,
+        duration: Some(format_duration(p.duration)),
+        ramp_up: Some(format_duration(p.ramp_up)),
+        // The closed-loop budget is a backstop, not a property of the run.
+        max_ops: (p.max_ops < MAX_OPS_CLOSED).then_some(p.max_ops),
+        timeout: Some(format_duration(p.timeout)),
+        message_sizes: if sends { p.sizes.clone() } else { Vec::new() },
+        auth: Some(p.auth),
+        ops_per_connection: Some(p.ops_per_connection),
+        weights,
+        messages_per_user: (p.kind == ScenarioKind::Seed).then_some(p.messages_per_user),
+        smtp_target: smtp.then_some(p.smtp_target),
+        sender: p.sender.clone(),
+        slo: p.slo.iter().map(|t| t.text.clone()).collect(),
+    }
+}
+
+/// The `weights` key of an operation (inverse of [`Op::parse`]).
+fn op_weight_name(op: Op) -> &'static str {
+    match op {
+        Op::Deliver(None) | Op::Deliver(Some(SmtpTarget::Smtp)) => "deliver",
+        Op::Deliver(Some(SmtpTarget::Submission)) => "submission",
+        Op::Deliver(Some(SmtpTarget::Submissions)) => "submissions",
+        Op::Noop => "noop",
+        Op::Auth => "auth",
+        Op::Search => "search",
+        Op::Fetch => "fetch",
+        Op::Pop3 => "pop3",
+        Op::Seed => "seed",
+    }
+}
+
+/// `90s`, `30m`, `1h`, `1500ms`: the largest unit that states the value exactly.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        "0s".into()
+    } else if ms.is_multiple_of(3_600_000) {
+        format!("{}h", ms / 3_600_000)
+    } else if ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// A sender goes into `MAIL FROM:<…>` and a `From:` line as it is: one address,
+/// nothing that could end the line or the path.
+fn check_sender(sender: &str) -> anyhow::Result<()> {
+    let bad = sender.is_empty()
+        || sender.len() > 320
+        || !sender.contains('@')
+        || sender.chars().any(|c| c.is_control() || c.is_whitespace() || matches!(c, '<' | '>'));
+    if bad {
+        bail!("sender {sender:?} is not a mail address");
+    }
+    Ok(())
+}
+
+/// A flag's address replaces the file's (keeping its TLS mode and verification) or
+/// adds the endpoint with `new_tls`; a flag's TLS mode wins either way.
+fn override_endpoint(
+    slot: &mut Option<EndpointSpec>,
+    addr: &Option<String>,
+    tls: Option<TlsMode>,
+    new_tls: TlsMode,
+) {
     if let Some(a) = addr {
         match slot {
             Some(e) => e.address = a.clone(),
             None => {
-                *slot = Some(EndpointSpec {
-                    address: a.clone(),
-                    tls: TlsMode::Plain,
-                    verify: true,
-                    server_name: None,
-                })
+                *slot =
+                    Some(EndpointSpec { address: a.clone(), tls: new_tls, verify: true, server_name: None })
             }
         }
     }
@@ -471,6 +681,8 @@ fn plan_for(
         timeout,
         auth: args.auth.or(s.auth).unwrap_or(d.auth),
         ops_per_connection: args.ops_per_connection.or(s.ops_per_connection).unwrap_or(d.ops_per_connection),
+        smtp_target: args.smtp_target.or(s.smtp_target).unwrap_or_default(),
+        sender: args.sender.clone().or_else(|| s.sender.clone()),
         mix,
         messages_per_user,
         sizes,
@@ -502,7 +714,7 @@ fn single_op(kind: ScenarioKind) -> Op {
         ScenarioKind::Pop3 => Op::Pop3,
         ScenarioKind::SmtpNoop => Op::Noop,
         ScenarioKind::Seed => Op::Seed,
-        _ => Op::Deliver,
+        _ => Op::Deliver(None),
     }
 }
 
@@ -519,16 +731,26 @@ fn check_targets(plan: &Plan, t: &Targets) -> anyhow::Result<()> {
     };
     // connect-flood has no operation mix: it needs whichever target it floods.
     let mix: &[(Op, u64)] = if plan.kind == ScenarioKind::ConnectFlood { &[] } else { &plan.mix };
+    let smtp = |via: Option<SmtpTarget>| {
+        let target = via.unwrap_or(plan.smtp_target);
+        let what = match target {
+            SmtpTarget::Smtp => "SMTP",
+            SmtpTarget::Submission => "submission (--submission)",
+            SmtpTarget::Submissions => "submissions (--submissions)",
+        };
+        need(t.smtp_target(target).is_some(), what)
+    };
     for (op, _) in mix {
         match op {
-            Op::Deliver | Op::Noop | Op::Seed => need(t.smtp.is_some(), "SMTP")?,
+            Op::Deliver(via) => smtp(*via)?,
+            Op::Noop | Op::Seed => smtp(None)?,
             Op::Search | Op::Fetch => need(t.imap.is_some(), "IMAP")?,
             Op::Pop3 => need(t.pop3.is_some(), "POP3")?,
-            Op::Auth => need(t.imap.is_some() || t.smtp.is_some(), "IMAP or SMTP")?,
+            Op::Auth => need(t.imap.is_some() || t.smtp_target(plan.smtp_target).is_some(), "IMAP or SMTP")?,
         }
     }
     match plan.protocol {
-        Some(Protocol::Smtp) => need(t.smtp.is_some(), "SMTP"),
+        Some(Protocol::Smtp) => smtp(None),
         Some(Protocol::Imap) => need(t.imap.is_some(), "IMAP"),
         Some(Protocol::Pop3) => need(t.pop3.is_some(), "POP3"),
         None => Ok(()),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mailcluster_api::stress::{AuthMechanism, MessageSize, Protocol, ScenarioKind};
+use mailcluster_api::stress::{AuthMechanism, MessageSize, Protocol, ScenarioKind, SmtpTarget};
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::client::imap::ImapClient;
@@ -38,14 +38,27 @@ use crate::workload::{Messages, Users};
 #[derive(Clone, Debug, Default)]
 pub struct Targets {
     pub smtp: Option<Endpoint>,
+    pub submission: Option<Endpoint>,
+    pub submissions: Option<Endpoint>,
     pub imap: Option<Endpoint>,
     pub pop3: Option<Endpoint>,
+}
+
+impl Targets {
+    pub fn smtp_target(&self, t: SmtpTarget) -> Option<&Endpoint> {
+        match t {
+            SmtpTarget::Smtp => self.smtp.as_ref(),
+            SmtpTarget::Submission => self.submission.as_ref(),
+            SmtpTarget::Submissions => self.submissions.as_ref(),
+        }
+    }
 }
 
 /// Operations a scenario can mix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    Deliver,
+    /// SMTP delivery through the given target, or the scenario's `smtpTarget`.
+    Deliver(Option<SmtpTarget>),
     Noop,
     Auth,
     Search,
@@ -57,7 +70,9 @@ pub enum Op {
 impl Op {
     pub fn parse(s: &str) -> Option<Op> {
         Some(match s {
-            "deliver" | "send" => Op::Deliver,
+            "deliver" | "send" => Op::Deliver(None),
+            "submission" => Op::Deliver(Some(SmtpTarget::Submission)),
+            "submissions" => Op::Deliver(Some(SmtpTarget::Submissions)),
             "noop" => Op::Noop,
             "auth" | "login" => Op::Auth,
             "search" => Op::Search,
@@ -82,6 +97,10 @@ pub struct Plan {
     pub timeout: Duration,
     pub auth: AuthMechanism,
     pub ops_per_connection: u32,
+    /// SMTP endpoint of deliveries that do not name one, and of SMTP auth / flood.
+    pub smtp_target: SmtpTarget,
+    /// Envelope sender and `From:` instead of the default (see [`Worker`]).
+    pub sender: Option<String>,
     /// Operations with cumulative weights.
     pub mix: Vec<(Op, u64)>,
     pub messages_per_user: u32,
@@ -108,7 +127,7 @@ impl Plan {
     fn pick(&self, r: u64) -> Op {
         let total = self.mix.last().map_or(1, |(_, w)| *w).max(1);
         let w = r % total;
-        self.mix.iter().find(|(_, c)| w < *c).map_or(Op::Deliver, |(op, _)| *op)
+        self.mix.iter().find(|(_, c)| w < *c).map_or(Op::Deliver(None), |(op, _)| *op)
     }
 }
 
@@ -266,7 +285,7 @@ fn mix_seed(seq: u64) -> u64 {
 /// Report name of an operation family (used for errors before the variant is known).
 fn op_family(op: Op) -> &'static str {
     match op {
-        Op::Deliver => "deliver",
+        Op::Deliver(via) => deliver_name(via),
         Op::Noop => "noop",
         Op::Auth => "auth",
         Op::Search => "search",
@@ -276,10 +295,21 @@ fn op_family(op: Op) -> &'static str {
     }
 }
 
+/// Report name of a delivery: `deliver` through the scenario's target; a mix that
+/// names the submission ports reports each apart (the `deliver` family covers both).
+fn deliver_name(via: Option<SmtpTarget>) -> &'static str {
+    match via {
+        None => "deliver",
+        Some(SmtpTarget::Smtp) => "deliver-smtp",
+        Some(SmtpTarget::Submission) => "deliver-submission",
+        Some(SmtpTarget::Submissions) => "deliver-submissions",
+    }
+}
+
 /// Concrete action of one job.
 #[derive(Clone, Copy, Debug)]
 enum Action {
-    Deliver,
+    Deliver(Option<SmtpTarget>),
     Seed(usize),
     Noop,
     ImapLogin,
@@ -295,7 +325,7 @@ enum Action {
 impl Action {
     fn name(self) -> &'static str {
         match self {
-            Action::Deliver => "deliver",
+            Action::Deliver(via) => deliver_name(via),
             Action::Seed(_) => "seed",
             Action::Noop => "noop",
             Action::ImapLogin => "imap-login",
@@ -319,13 +349,27 @@ struct ImapSession {
     ops: u32,
 }
 
+struct SmtpSession {
+    client: SmtpClient,
+    /// Transactions on this session so far.
+    uses: u32,
+    /// Index of the user the session authenticated as.
+    user: Option<usize>,
+}
+
 /// One concurrent actor with its lazily opened sessions.
+///
+/// The sender of a delivery (envelope and `From:`) is the scenario's `sender` when
+/// set; otherwise the user the SMTP session authenticated as, which is what a mail
+/// client sends and all a submission server accepts (anything else is a 553); on an
+/// unauthenticated session, the test user after the recipient.
 struct Worker {
     id: usize,
     plan: Arc<Plan>,
     env: Arc<Env>,
     rec: Arc<Recorder>,
-    smtp: Option<(SmtpClient, u32)>,
+    /// One session per SMTP target, so a mix over both submission ports keeps both.
+    smtp: [Option<SmtpSession>; 3],
     imap: Option<ImapSession>,
     /// Index of the user this worker acts as; advances by the concurrency on every
     /// new session so that all users are visited.
@@ -341,7 +385,7 @@ impl Worker {
             plan: Arc::clone(plan),
             env: Arc::clone(env),
             rec: Arc::clone(rec),
-            smtp: None,
+            smtp: Default::default(),
             imap: None,
             user: id,
             counter: 0,
@@ -365,7 +409,7 @@ impl Worker {
         let op =
             if self.plan.kind == ScenarioKind::Seed { Op::Seed } else { self.plan.pick(mix_seed(job.seq)) };
         match op {
-            Op::Deliver => Action::Deliver,
+            Op::Deliver(via) => Action::Deliver(via),
             Op::Seed => Action::Seed(job.seq as usize),
             Op::Noop => Action::Noop,
             Op::Search => Action::Search,
@@ -382,7 +426,11 @@ impl Worker {
                 let use_imap = match self.plan.protocol {
                     Some(Protocol::Imap) => true,
                     Some(_) => false,
-                    None => t.imap.is_some() && (t.smtp.is_none() || self.counter.is_multiple_of(2)),
+                    None => {
+                        t.imap.is_some()
+                            && (t.smtp_target(self.plan.smtp_target).is_none()
+                                || self.counter.is_multiple_of(2))
+                    }
                 };
                 let plain = match self.plan.auth {
                     AuthMechanism::Plain => true,
@@ -411,21 +459,23 @@ impl Worker {
                 // A reply error leaves the session in a known state; anything else
                 // (I/O, protocol confusion) does not, so start over.
                 if !matches!(e, ClientError::Smtp(..) | ClientError::Imap(..)) {
-                    self.smtp = None;
+                    self.smtp = Default::default();
                     self.imap = None;
                 }
             }
             Err(_) => {
                 self.rec.error(name, "timeout");
-                self.smtp = None;
+                self.smtp = Default::default();
                 self.imap = None;
             }
         }
     }
 
     async fn close(&mut self) {
-        if let Some((c, _)) = self.smtp.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), c.quit()).await;
+        for slot in &mut self.smtp {
+            if let Some(s) = slot.take() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), s.client.quit()).await;
+            }
         }
         if let Some(s) = self.imap.take() {
             let _ = tokio::time::timeout(Duration::from_secs(1), s.client.logout()).await;
@@ -435,33 +485,24 @@ impl Worker {
     fn endpoint(&self, p: Protocol) -> Result<Endpoint, ClientError> {
         let t = &self.env.targets;
         let ep = match p {
-            Protocol::Smtp => &t.smtp,
-            Protocol::Imap => &t.imap,
-            Protocol::Pop3 => &t.pop3,
+            Protocol::Smtp => t.smtp_target(self.plan.smtp_target),
+            Protocol::Imap => t.imap.as_ref(),
+            Protocol::Pop3 => t.pop3.as_ref(),
         };
-        ep.clone().ok_or_else(|| ClientError::Protocol(format!("no {p:?} target configured")))
+        ep.cloned().ok_or_else(|| ClientError::Protocol(format!("no {p:?} target configured")))
     }
 
     async fn exec(&mut self, action: Action) -> Result<u64, ClientError> {
         match action {
-            Action::Deliver | Action::Seed(_) => {
-                let rcpt_idx = match action {
-                    Action::Seed(seq) => seq,
-                    _ => self.env.rcpt.fetch_add(1, Ordering::Relaxed),
-                };
-                let r = self.random();
-                let env = Arc::clone(&self.env);
-                let smtp = self.smtp_session().await?;
-                let (from, _) = env.users.get(rcpt_idx.wrapping_add(1));
-                let (rcpt, _) = env.users.get(rcpt_idx);
-                let msg = env.messages.pick(r);
-                smtp.send(from, &[rcpt], msg).await?;
-                self.smtp_used().await;
-                Ok(msg.len() as u64)
+            Action::Deliver(via) => {
+                let rcpt_idx = self.env.rcpt.fetch_add(1, Ordering::Relaxed);
+                self.deliver(rcpt_idx, via.unwrap_or(self.plan.smtp_target)).await
             }
+            Action::Seed(seq) => self.deliver(seq, self.plan.smtp_target).await,
             Action::Noop => {
-                self.smtp_session().await?.noop().await?;
-                self.smtp_used().await;
+                let target = self.plan.smtp_target;
+                self.smtp_session(target).await?.client.noop().await?;
+                self.smtp_used(target).await;
                 Ok(0)
             }
             Action::SmtpAuthPlain | Action::SmtpAuthLogin => {
@@ -522,44 +563,66 @@ impl Worker {
         }
     }
 
-    async fn smtp_session(&mut self) -> Result<&mut SmtpClient, ClientError> {
-        if self.smtp.is_none() {
-            let ep = self.endpoint(Protocol::Smtp)?;
+    /// One message to user `rcpt_idx` through `target`; returns the bytes sent.
+    async fn deliver(&mut self, rcpt_idx: usize, target: SmtpTarget) -> Result<u64, ClientError> {
+        let r = self.random();
+        let (env, plan) = (Arc::clone(&self.env), Arc::clone(&self.plan));
+        let smtp = self.smtp_session(target).await?;
+        let from = match (&plan.sender, smtp.user) {
+            (Some(sender), _) => sender.as_str(),
+            (None, Some(u)) => env.users.get(u).0,
+            (None, None) => env.users.get(rcpt_idx.wrapping_add(1)).0,
+        };
+        let (rcpt, _) = env.users.get(rcpt_idx);
+        let msg = env.messages.pick(r);
+        // The pooled messages carry no From: (one pool serves every sender); it goes
+        // in front, in the same write as the rest.
+        let header = format!("From: {from}\r\n");
+        smtp.client.send(from, &[rcpt], &[header.as_bytes(), msg]).await?;
+        self.smtp_used(target).await;
+        Ok((header.len() + msg.len()) as u64)
+    }
+
+    async fn smtp_session(&mut self, target: SmtpTarget) -> Result<&mut SmtpSession, ClientError> {
+        let slot = target as usize;
+        if self.smtp[slot].is_none() {
+            let ep = self.env.targets.smtp_target(target).cloned().ok_or_else(|| {
+                ClientError::Protocol(format!("no SMTP target {} configured", target.name()))
+            })?;
             let t0 = Instant::now();
-            let mut c = SmtpClient::connect(&ep, &self.env.helo).await?;
+            let mut client = SmtpClient::connect(&ep, &self.env.helo).await?;
             self.rec.ok_aux("smtp-connect", t0.elapsed());
             let env = Arc::clone(&self.env);
-            match self.plan.auth {
-                AuthMechanism::None => {}
+            let user = match self.plan.auth {
+                AuthMechanism::None => None,
                 mech => {
                     let u = self.next_user();
                     let (user, pass) = env.users.get(u);
                     let t1 = Instant::now();
                     if mech == AuthMechanism::Login || (mech == AuthMechanism::Both && u % 2 == 1) {
-                        c.auth_login(user, pass).await?;
+                        client.auth_login(user, pass).await?;
                     } else {
-                        c.auth_plain(user, pass).await?;
+                        client.auth_plain(user, pass).await?;
                     }
                     self.rec.ok_aux("smtp-session-auth", t1.elapsed());
+                    Some(u)
                 }
-            }
-            self.smtp = Some((c, 0));
+            };
+            self.smtp[slot] = Some(SmtpSession { client, uses: 0, user });
         }
-        match &mut self.smtp {
-            Some((c, _)) => Ok(c),
-            None => Err(ClientError::Closed),
-        }
+        self.smtp[slot].as_mut().ok_or(ClientError::Closed)
     }
 
-    async fn smtp_used(&mut self) {
+    async fn smtp_used(&mut self, target: SmtpTarget) {
         let limit = self.plan.ops_per_connection;
-        if let Some((_, uses)) = &mut self.smtp {
-            *uses += 1;
+        let slot = &mut self.smtp[target as usize];
+        if let Some(s) = slot {
+            s.uses += 1;
             if limit > 0
-                && *uses >= limit
-                && let Some((c, _)) = self.smtp.take()
+                && s.uses >= limit
+                && let Some(s) = slot.take()
             {
-                let _ = c.quit().await;
+                let _ = s.client.quit().await;
             }
         }
     }
@@ -675,13 +738,13 @@ async fn flood(plan: Arc<Plan>, env: Arc<Env>, rec: Arc<Recorder>, cancel: watch
     let t = &env.targets;
     let proto = plan.protocol.unwrap_or(if t.imap.is_some() {
         Protocol::Imap
-    } else if t.smtp.is_some() {
+    } else if t.smtp_target(plan.smtp_target).is_some() {
         Protocol::Smtp
     } else {
         Protocol::Pop3
     });
     let ep = match proto {
-        Protocol::Smtp => t.smtp.clone(),
+        Protocol::Smtp => t.smtp_target(plan.smtp_target).cloned(),
         Protocol::Imap => t.imap.clone(),
         Protocol::Pop3 => t.pop3.clone(),
     };
@@ -744,7 +807,9 @@ mod tests {
             timeout: Duration::from_secs(1),
             auth: AuthMechanism::None,
             ops_per_connection: 0,
-            mix: vec![(Op::Deliver, 60), (Op::Fetch, 100)],
+            smtp_target: SmtpTarget::Smtp,
+            sender: None,
+            mix: vec![(Op::Deliver(None), 60), (Op::Fetch, 100)],
             messages_per_user: 0,
             sizes: vec![],
             slo: vec![],
@@ -766,7 +831,7 @@ mod tests {
     #[test]
     fn mix_follows_weights() {
         let p = plan(0);
-        let sends = (0..10_000u64).filter(|s| p.pick(mix_seed(*s)) == Op::Deliver).count();
+        let sends = (0..10_000u64).filter(|s| p.pick(mix_seed(*s)) == Op::Deliver(None)).count();
         assert!((5_700..6_300).contains(&sends), "{sends}");
     }
 }

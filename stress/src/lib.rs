@@ -59,6 +59,18 @@ pub async fn run(args: StressArgs) -> i32 {
             }
         };
     }
+    if args.print {
+        return match args::print(&args) {
+            Ok(text) => {
+                print!("{text}");
+                EXIT_PASS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                EXIT_ERROR
+            }
+        };
+    }
     let (cancel_tx, cancel_rx) = watch::channel(false);
     // Ctrl-C stops the load; the report of what ran is still produced.
     let ctrl_c = tokio::spawn(async move {

@@ -209,11 +209,16 @@ impl Threshold {
 
 /// Run-wide thresholds: the defaults of DESIGN §6, overridden by the spec, plus the
 /// spec's and the command line's extra thresholds.
+/// Run-wide defaults of DESIGN §6.
+pub const DEFAULT_SUCCESS_RATE: f64 = 99.95;
+pub const DEFAULT_SMTP_P95_MS: f64 = 120.0;
+pub const DEFAULT_IMAP_FETCH_P95_MS: f64 = 350.0;
+
 pub fn run_thresholds(spec: &SloSpec, extra: &[String]) -> Result<Vec<Threshold>, ParseError> {
     let mut out = vec![
-        format!("success_rate >= {}%", spec.success_rate.unwrap_or(99.95)),
-        format!("deliver.p95 <= {}ms", spec.smtp_p95_ms.unwrap_or(120.0)),
-        format!("fetch.p95 <= {}ms", spec.imap_fetch_p95_ms.unwrap_or(350.0)),
+        format!("success_rate >= {}%", spec.success_rate.unwrap_or(DEFAULT_SUCCESS_RATE)),
+        format!("deliver.p95 <= {}ms", spec.smtp_p95_ms.unwrap_or(DEFAULT_SMTP_P95_MS)),
+        format!("fetch.p95 <= {}ms", spec.imap_fetch_p95_ms.unwrap_or(DEFAULT_IMAP_FETCH_P95_MS)),
         "search.p95 <= 350ms".to_string(),
     ];
     out.extend(spec.thresholds.iter().cloned());

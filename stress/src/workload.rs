@@ -171,7 +171,9 @@ impl Messages {
     }
 }
 
-/// A real MIME message of roughly `bytes` bytes, dot-stuffed and terminated.
+/// A real MIME message of roughly `bytes` bytes, dot-stuffed and terminated, without
+/// a `From:` header: the sender writes its own in front (see `engine`), so one pool
+/// serves every sender and the header always matches the envelope.
 pub fn build_message(bytes: u64, attachment: bool, variant: usize) -> Vec<u8> {
     // Headers and MIME structure take ~400 bytes; the rest is body.
     let body_len = bytes.saturating_sub(400) as usize;
@@ -187,7 +189,6 @@ pub fn build_message(bytes: u64, attachment: bool, variant: usize) -> Vec<u8> {
     text.truncate(text_len.max(1));
     let subject = format!("stress message {bytes} bytes #{variant}");
     let mut b = MessageBuilder::new()
-        .from(("Stress", "stress@example.test"))
         .to(("Recipient", "rcpt@example.test"))
         .subject(subject)
         .message_id(format!("stress.{bytes}.{variant}@example.test"))
@@ -250,6 +251,7 @@ mod tests {
             assert!(m.ends_with(b"\r\n.\r\n"));
             let text = String::from_utf8_lossy(&m);
             assert!(text.contains("MIME-Version: 1.0"));
+            assert!(!text.starts_with("From:") && !text.contains("\nFrom:"), "sender-neutral: {text:.300}");
             if att {
                 assert!(text.contains("multipart/mixed"));
                 assert!(text.contains("Content-Transfer-Encoding: base64"));

@@ -91,17 +91,26 @@ pub fn stress_role_binding(mc: &MailCluster) -> Value {
 
 /// The scenario file of a stress run, in the stress runner's own format, with the
 /// targets pointed at this cluster's Services.
+///
+/// A profile (`spec.stress.profile`) is resolved here, into this file, rather than
+/// passed to the Job as `--profile NAME`: the Job runs the cluster's image, which may
+/// be older than the operator and not know the name, whereas every image reads a
+/// scenario file; the targets depend on the profile (which ports, which TLS) and only
+/// the operator knows the Services; and the mounted ConfigMap shows exactly what runs,
+/// with the profile's comment on where its figures come from.
 pub fn stress_plan(mc: &MailCluster, stress: &ClusterStressSpec) -> StressSpec {
+    // Every shipped profile parses (api's tests); an empty base would still run the
+    // runner's defaults rather than nothing.
+    let base = stress.profile.and_then(|p| p.spec().ok()).unwrap_or_default();
+    let wanted = base.targets.clone().unwrap_or_default();
     let ns = names::namespace(mc);
-    let endpoint = |p: Protocol, l: Listener| {
+    let endpoint = |p: Protocol, l: Listener, tls: TlsMode| {
         mc.spec.protocol(p).enabled.then(|| {
             let svc = &mc.spec.protocol(p).service;
             let port = svc.ports.iter().find(|o| o.name == l).map_or(l.standard_port(), |o| o.port);
             EndpointSpec {
                 address: format!("{}.{ns}.svc:{port}", names::protocol_object(mc, p)),
-                // STARTTLS on the standard ports: credentials never cross in the clear,
-                // and the same listeners real clients use are measured.
-                tls: TlsMode::Starttls,
+                tls,
                 // The load test measures capacity, not PKI: the certificate may come
                 // from a private issuer the runner's image does not trust.
                 verify: false,
@@ -109,29 +118,65 @@ pub fn stress_plan(mc: &MailCluster, stress: &ClusterStressSpec) -> StressSpec {
             }
         })
     };
+    // STARTTLS on the standard ports unless the profile asks for implicit TLS:
+    // credentials never cross in the clear, and the listeners real clients use are
+    // measured.
+    let pick = |p: Protocol, want: &Option<EndpointSpec>, starttls: Listener, implicit: Listener| {
+        if want.as_ref().is_some_and(|e| e.tls == TlsMode::Implicit) {
+            endpoint(p, implicit, TlsMode::Implicit)
+        } else {
+            endpoint(p, starttls, TlsMode::Starttls)
+        }
+    };
     let domain = mc.spec.domains.first().cloned().unwrap_or_else(|| "example.test".into());
+    let cluster_users = |count: Option<u32>| {
+        let mut u = UsersSpec { template: format!("stress{{:04}}@{domain}"), ..Default::default() };
+        if let Some(c) = count {
+            u.count = c;
+        }
+        u
+    };
+    let users = match (&stress.users, &base.users) {
+        (Some(u), _) => u.clone(),
+        // The profile's load is sized for its number of users; the names are the
+        // cluster's own test accounts.
+        (None, Some(u)) => cluster_users(Some(u.count)),
+        (None, None) => cluster_users(None),
+    };
+    let scenarios = if stress.scenarios.is_empty() { base.scenarios } else { stress.scenarios.clone() };
+    let mut slo = base.slo;
+    let own = &stress.slo;
+    slo.success_rate = own.success_rate.or(slo.success_rate);
+    slo.smtp_p95_ms = own.smtp_p95_ms.or(slo.smtp_p95_ms);
+    slo.imap_fetch_p95_ms = own.imap_fetch_p95_ms.or(slo.imap_fetch_p95_ms);
+    slo.thresholds.extend(own.thresholds.iter().cloned());
     StressSpec {
         schedule: None,
         targets: Some(TargetsSpec {
-            smtp: endpoint(Protocol::Smtp, Listener::Smtp),
-            imap: endpoint(Protocol::Imap, Listener::Imap),
-            pop3: endpoint(Protocol::Pop3, Listener::Pop3),
+            smtp: endpoint(Protocol::Smtp, Listener::Smtp, TlsMode::Starttls),
+            submission: endpoint(Protocol::Submission, Listener::Submission, TlsMode::Starttls),
+            submissions: endpoint(Protocol::Submission, Listener::Submissions, TlsMode::Implicit),
+            imap: pick(Protocol::Imap, &wanted.imap, Listener::Imap, Listener::Imaps),
+            pop3: pick(Protocol::Pop3, &wanted.pop3, Listener::Pop3, Listener::Pop3s),
         }),
-        users: Some(stress.users.clone().unwrap_or_else(|| UsersSpec {
-            template: format!("stress{{:04}}@{domain}"),
-            ..Default::default()
-        })),
-        scenarios: stress.scenarios.clone(),
-        slo: stress.slo.clone(),
+        users: Some(users),
+        scenarios,
+        slo,
     }
 }
 
 pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> Value {
     // A plan of strings and numbers always serializes.
     let yaml = serde_yaml_ng::to_string(&stress_plan(mc, stress)).unwrap_or_default();
+    let text = match stress.profile {
+        Some(p) => {
+            format!("{}#\n# Profile {p}, with targets and test accounts of this cluster.\n{yaml}", p.header())
+        }
+        None => yaml,
+    };
     json!({
         "metadata": metadata(mc, &names::stress(mc), "stress"),
-        "data": {"stress.yaml": yaml},
+        "data": {"stress.yaml": text},
     })
 }
 

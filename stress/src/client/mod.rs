@@ -196,6 +196,40 @@ impl Conn {
         Ok(())
     }
 
+    /// Write several buffers as one (vectored where the stream supports it), so a
+    /// short header in front of a large pooled body costs no extra segment or copy.
+    pub async fn write_all_parts(&mut self, parts: &[&[u8]]) -> Result<()> {
+        let stream = self.io.get_mut();
+        let (mut i, mut off) = (0, 0);
+        while i < parts.len() {
+            if off >= parts[i].len() {
+                i += 1;
+                off = 0;
+                continue;
+            }
+            let mut slices = Vec::with_capacity(parts.len() - i);
+            slices.push(io::IoSlice::new(&parts[i][off..]));
+            slices.extend(parts[i + 1..].iter().map(|p| io::IoSlice::new(p)));
+            let mut n = stream.write_vectored(&slices).await?;
+            if n == 0 {
+                return Err(ClientError::Io(io::ErrorKind::WriteZero.into()));
+            }
+            // Advance over what was written, possibly several parts.
+            while n > 0 && i < parts.len() {
+                let left = parts[i].len() - off;
+                if n < left {
+                    off += n;
+                    n = 0;
+                } else {
+                    n -= left;
+                    i += 1;
+                    off = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Read one line (with its CRLF) into the internal buffer and return it.
     pub async fn read_line(&mut self) -> Result<&[u8]> {
         self.line.clear();

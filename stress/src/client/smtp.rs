@@ -103,10 +103,11 @@ impl SmtpClient {
         self.expect(235).await.map(drop)
     }
 
-    /// One transaction. `data` must already be dot-stuffed and end with `\r\n.\r\n`.
+    /// One transaction. The message is the concatenation of `data`'s parts, which
+    /// together must already be dot-stuffed and end with `\r\n.\r\n`.
     /// With PIPELINING, MAIL, RCPT and DATA leave in one write (one round trip saved
     /// per command, as any real MTA does).
-    pub async fn send(&mut self, from: &str, rcpts: &[&str], data: &[u8]) -> Result<()> {
+    pub async fn send(&mut self, from: &str, rcpts: &[&str], data: &[&[u8]]) -> Result<()> {
         self.cmd.clear();
         self.cmd.extend_from_slice(format!("MAIL FROM:<{from}>\r\n").as_bytes());
         if self.ext.pipelining {
@@ -148,7 +149,7 @@ impl SmtpClient {
             self.conn.write_all(b"DATA\r\n").await?;
             self.expect(354).await?;
         }
-        self.conn.write_all(data).await?;
+        self.conn.write_all_parts(data).await?;
         self.expect(250).await.map(drop)
     }
 

@@ -1,0 +1,182 @@
+//! `mailcluster stress` against `mailcluster serve` (embedded store, generated
+//! self-signed certificate, free ports): the `submission-pop3` profile — AUTH PLAIN
+//! on 465 and 587 with attachments, POP3 on 995 — runs without a single error, as
+//! does the same load spelled out in flags; a sender the login does not own is
+//! refused with 553 and counted as such.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::cluster::{ServeProcess, ephemeral_ports};
+use common::{Output, run, run_with};
+
+const USERS: usize = 4;
+
+/// Runs `mailcluster stress ARGS --json FILE` and returns its exit output and report.
+fn stress(dir: &Path, args: &[&str]) -> (Output, serde_json::Value) {
+    let json = dir.join(format!("report-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&json);
+    let mut all = vec!["stress", "-q", "--no-progress", "--json", json.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = run_with(dir, &all, &[], "", Duration::from_secs(120));
+    out.assert_no_panic();
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stdout: {}\nstderr: {}", out.stdout, out.stderr));
+    (out, serde_json::from_str(&text).expect("JSON report"))
+}
+
+fn total(report: &serde_json::Value, op: &str, field: &str) -> u64 {
+    report["totals"][op][field].as_u64().unwrap_or_else(|| panic!("no totals.{op}.{field} in {report:#}"))
+}
+
+/// Every primary operation of the run, with its error count.
+fn errors(report: &serde_json::Value) -> Vec<(String, u64, serde_json::Value)> {
+    report["totals"]
+        .as_object()
+        .expect("totals")
+        .iter()
+        .filter(|(_, v)| v["primary"] == true)
+        .map(|(k, v)| (k.clone(), v["errors"].as_u64().unwrap_or(u64::MAX), v["errors_by_kind"].clone()))
+        .collect()
+}
+
+fn assert_no_errors(report: &serde_json::Value, out: &Output) {
+    let errs: Vec<_> = errors(report).into_iter().filter(|(_, n, _)| *n != 0).collect();
+    assert!(errs.is_empty(), "errors: {errs:?}\nstdout: {}", out.stdout);
+    // Latency SLOs of a debug build on a small machine are not this test's subject;
+    // a failed run (1) or a success-rate miss would be.
+    assert!(matches!(out.code, Some(0) | Some(3)), "exit {:?}: {}", out.code, out.stderr);
+    assert_eq!(report["success_rate"].as_f64(), Some(100.0));
+}
+
+#[test]
+fn submission_pop3_profile_runs_clean_against_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = ephemeral_ports();
+    run(dir.path(), &["domain", "add", "example.test"], &env).ok();
+    for n in 1..=USERS {
+        let user = format!("user{n:04}@example.test");
+        run_with(dir.path(), &["user", "add", &user], &env, "pass\n", Duration::from_secs(120)).ok();
+    }
+    let server = ServeProcess::start(dir.path(), &env, 7);
+    let (p465, p587, p995) = (
+        server.addr("submissions").to_string(),
+        server.addr("submission").to_string(),
+        server.addr("pop3s").to_string(),
+    );
+    let users = USERS.to_string();
+    let concurrency = USERS.to_string();
+
+    // The profile, made short: its targets moved to this server's ports, the
+    // self-signed certificate accepted, a few seconds at a low rate.
+    let (out, report) = stress(
+        dir.path(),
+        &[
+            "--profile",
+            "submission-pop3",
+            "--submissions",
+            &p465,
+            "--submission",
+            &p587,
+            "--pop3",
+            &p995,
+            "-k",
+            "--users-count",
+            &users,
+            "-c",
+            &concurrency,
+            "--messages-per-user",
+            "2",
+            "-r",
+            "20",
+            "-d",
+            "3s",
+            "--ramp-up",
+            "0s",
+        ],
+    );
+    assert_no_errors(&report, &out);
+    assert_eq!(total(&report, "seed", "ok"), 2 * USERS as u64);
+    for op in ["deliver-submissions", "deliver-submission", "pop3-session"] {
+        assert!(total(&report, op, "ok") > 0, "no {op} in {report:#}");
+    }
+    // The seed filled every maildrop, so POP3 sessions fetched messages.
+    assert!(total(&report, "pop3-retr", "ok") > 0, "{report:#}");
+
+    // The same practice spelled out in flags, one SMTP target on 465.
+    let (out, report) = stress(
+        dir.path(),
+        &[
+            "--smtp",
+            &p465,
+            "--smtp-tls",
+            "implicit",
+            "--auth",
+            "plain",
+            "--pop3",
+            &p995,
+            "--pop3-tls",
+            "implicit",
+            "-k",
+            "-s",
+            "mixed",
+            "--weights",
+            "deliver=60,pop3=40",
+            "--message-size",
+            "4k:70",
+            "--message-size",
+            "64k:20:attach",
+            "--message-size",
+            "512k:10:attach",
+            "--users-count",
+            &users,
+            "-c",
+            &concurrency,
+            "-r",
+            "20",
+            "-d",
+            "3s",
+            "--ramp-up",
+            "0s",
+        ],
+    );
+    assert_no_errors(&report, &out);
+    assert!(total(&report, "deliver", "ok") > 0, "{report:#}");
+
+    // A sender the authenticated user does not own: the server refuses it (553),
+    // and the run says so instead of hiding it.
+    let (out, report) = stress(
+        dir.path(),
+        &[
+            "--submissions",
+            &p465,
+            "-k",
+            "-s",
+            "deliver",
+            "--smtp-target",
+            "submissions",
+            "--auth",
+            "plain",
+            "--sender",
+            "intruder@example.test",
+            "--users-count",
+            &users,
+            "-c",
+            "2",
+            "--closed-loop",
+            "--max-ops",
+            "8",
+            "-d",
+            "10s",
+        ],
+    );
+    assert_eq!(out.code, Some(3), "an SLO miss: {}", out.stdout);
+    assert_eq!(total(&report, "deliver", "ok"), 0);
+    assert_eq!(
+        report["totals"]["deliver"]["errors_by_kind"],
+        serde_json::json!({"smtp-553": 8}),
+        "{report:#}"
+    );
+}
