@@ -363,11 +363,8 @@ impl Config {
         }
         if let Some(url) = &self.redis.url {
             let url = url.expose();
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                problems.push(format!(
-                    "redis.url must start with redis:// or rediss:// (got {})",
-                    redact_url(url)
-                ));
+            if let Err(e) = crate::cache::target::RedisTarget::parse(url) {
+                problems.push(format!("redis.url: {e} (got {})", redact_url(url)));
             }
         }
 

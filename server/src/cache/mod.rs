@@ -10,6 +10,7 @@
 pub mod local;
 pub mod redis;
 pub mod resilient;
+pub mod target;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,21 +19,19 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 /// Opens the cache named by `url`: `None` → the in-process [`local::LocalCache`]
-/// (single pod), `redis://` or `rediss://` → [`redis::RedisCache`]. Every Redis key
+/// (single pod), `redis://` or `rediss://` → [`redis::RedisCache`], and
+/// `redis+sentinel://` / `rediss+sentinel://` → the master the Sentinels name
+/// ([`target`]). Every Redis key
 /// and channel starts with `prefix` so that several clusters (or test runs) can
 /// share one Redis. An unreachable Redis is `CacheError::Unavailable` naming
 /// `host:port` (never the password) after at most `connect_timeout`.
 pub async fn open(url: Option<&str>, prefix: &str, connect_timeout: Duration) -> CacheResult<Arc<dyn Cache>> {
     match url {
         None => Ok(Arc::new(local::LocalCache::new())),
-        Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            Ok(Arc::new(redis::RedisCache::connect(url, prefix, connect_timeout).await?))
+        Some(url) => {
+            let master = target::RedisTarget::parse(url)?.resolve(connect_timeout).await?;
+            Ok(Arc::new(redis::RedisCache::connect(&master, prefix, connect_timeout).await?))
         }
-        // The URL may carry a password: name only its scheme.
-        Some(url) => Err(CacheError::Internal(format!(
-            "unsupported cache URL scheme {:?} (expected redis:// or rediss://)",
-            url.split_once(':').map_or("", |(scheme, _)| scheme)
-        ))),
     }
 }
 

@@ -447,7 +447,21 @@ async fn keepalive(sub: Weak<Subscriber>, dead: oneshot::Sender<()>) {
 }
 
 fn map_err(addr: &str, e: RedisError) -> CacheError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+    // READONLY: this server was a master and is a replica now (a Sentinel failover
+    // moved the master); LOADING: it restarted and is reading its dataset. Both
+    // mean "this Redis cannot serve us now", not a fault in the request.
+    let not_serving = matches!(
+        e.kind(),
+        ::redis::ErrorKind::Server(
+            ::redis::ServerErrorKind::ReadOnly | ::redis::ServerErrorKind::BusyLoading
+        )
+    );
+    if not_serving
+        || e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+    {
         CacheError::Unavailable(format!("Redis at {addr}: {e}"))
     } else {
         CacheError::Internal(format!("Redis at {addr}: {e}"))

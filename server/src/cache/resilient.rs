@@ -32,11 +32,13 @@
 //! - subscriptions → refused while Redis is away (the caller polls).
 //!
 //! A Redis that cannot be reached when the pod starts does not stop it: the pod
-//! starts on the stand-ins and connects in the background.
+//! starts on the stand-ins and connects in the background. Behind Sentinels
+//! (`redis+sentinel://…`, [`super::target`]) the probe asks them for the master
+//! again after each failure, so a failover moves the pod to the new master.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -45,6 +47,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::sync::mpsc;
 
 use super::local::LocalCache;
+use super::target::RedisTarget;
 use super::{Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret};
 use crate::store::{PoolStats, Store};
 
@@ -103,8 +106,11 @@ impl CacheMetrics {
 }
 
 struct Shared {
-    /// Set once the first connection succeeded (at start or by the probe).
-    primary: OnceLock<Arc<dyn Cache>>,
+    /// The Redis connection; None until the first connection succeeded. Replaced
+    /// when the Sentinels name another master.
+    primary: RwLock<Option<Arc<dyn Cache>>>,
+    /// The master's URL behind `primary`.
+    master_url: Mutex<String>,
     up: AtomicBool,
     /// Why Redis is down, for `/healthz`.
     reason: Mutex<String>,
@@ -112,6 +118,15 @@ struct Shared {
 }
 
 impl Shared {
+    fn current(&self) -> Option<Arc<dyn Cache>> {
+        self.primary.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, primary: Arc<dyn Cache>, url: String) {
+        *self.primary.write().unwrap_or_else(|e| e.into_inner()) = Some(primary);
+        *self.master_url.lock().unwrap_or_else(|e| e.into_inner()) = url;
+    }
+
     fn set_up(&self) {
         if !self.up.swap(true, Ordering::AcqRel) {
             self.metrics.up.set(1);
@@ -165,8 +180,9 @@ macro_rules! on_redis {
 }
 
 impl ResilientCache {
-    /// Wraps Redis at `url`. A Redis that does not answer now is connected in the
-    /// background; only a URL that cannot be valid is an error.
+    /// Wraps the Redis that `url` names (directly or through Sentinels). A Redis
+    /// that does not answer now is connected in the background; only a URL that
+    /// cannot be valid is an error.
     pub async fn start(
         url: &str,
         prefix: &str,
@@ -174,16 +190,17 @@ impl ResilientCache {
         store: Arc<dyn Store>,
         opts: ResilienceOptions,
     ) -> CacheResult<Arc<ResilientCache>> {
-        let metrics = CacheMetrics::new();
+        let target = RedisTarget::parse(url)?;
         let shared = Arc::new(Shared {
-            primary: OnceLock::new(),
+            primary: RwLock::new(None),
+            master_url: Mutex::new(String::new()),
             up: AtomicBool::new(false),
             reason: Mutex::new("not connected yet".into()),
-            metrics,
+            metrics: CacheMetrics::new(),
         });
-        match super::redis::RedisCache::connect(url, prefix, connect_timeout).await {
-            Ok(redis) => {
-                let _ = shared.primary.set(Arc::new(redis));
+        match connect(&target, prefix, connect_timeout).await {
+            Ok((redis, master)) => {
+                shared.replace(redis, master);
                 shared.up.store(true, Ordering::Release);
                 shared.metrics.up.set(1);
             }
@@ -203,13 +220,8 @@ impl ResilientCache {
             in_store: Mutex::new(HashSet::new()),
         });
         tokio::spawn(publisher(Arc::downgrade(&shared), queue, opts.budget));
-        tokio::spawn(probe(
-            Arc::downgrade(&shared),
-            url.to_owned(),
-            prefix.to_owned(),
-            connect_timeout,
-            opts,
-        ));
+        let reconnect = Reconnect { target, prefix: prefix.to_owned(), connect_timeout };
+        tokio::spawn(probe(Arc::downgrade(&shared), Some(reconnect), opts));
         Ok(cache)
     }
 
@@ -220,16 +232,16 @@ impl ResilientCache {
         opts: ResilienceOptions,
     ) -> Arc<ResilientCache> {
         let shared = Arc::new(Shared {
-            primary: OnceLock::new(),
+            primary: RwLock::new(Some(primary)),
+            master_url: Mutex::new(String::new()),
             up: AtomicBool::new(true),
             reason: Mutex::new(String::new()),
             metrics: CacheMetrics::new(),
         });
-        let _ = shared.primary.set(primary.clone());
         shared.metrics.up.set(1);
         let (publish, queue) = mpsc::channel(opts.publish_queue.max(1));
         tokio::spawn(publisher(Arc::downgrade(&shared), queue, opts.budget));
-        tokio::spawn(reprobe(Arc::downgrade(&shared), primary, opts));
+        tokio::spawn(probe(Arc::downgrade(&shared), None, opts));
         Arc::new(ResilientCache {
             shared,
             local: LocalCache::new(),
@@ -259,8 +271,8 @@ impl ResilientCache {
         }
     }
 
-    fn primary(&self) -> Option<&Arc<dyn Cache>> {
-        if self.shared.up.load(Ordering::Acquire) { self.shared.primary.get() } else { None }
+    fn primary(&self) -> Option<Arc<dyn Cache>> {
+        if self.shared.up.load(Ordering::Acquire) { self.shared.current() } else { None }
     }
 
     fn fallback(&self, op: &str) {
@@ -302,7 +314,7 @@ async fn publisher(
 ) {
     while let Some(event) = queue.recv().await {
         let Some(shared) = shared.upgrade() else { return };
-        let primary = shared.up.load(Ordering::Acquire).then(|| shared.primary.get().cloned()).flatten();
+        let primary = shared.up.load(Ordering::Acquire).then(|| shared.current()).flatten();
         let Some(primary) = primary else {
             shared.metrics.events_dropped.inc();
             continue;
@@ -325,49 +337,78 @@ async fn publisher(
     }
 }
 
-/// Connects when the start could not, then watches a connected Redis.
-async fn probe(
-    shared: std::sync::Weak<Shared>,
-    url: String,
+/// How the probe reaches Redis again: the target and the connection settings.
+struct Reconnect {
+    target: RedisTarget,
     prefix: String,
     connect_timeout: Duration,
-    opts: ResilienceOptions,
-) {
-    loop {
-        let Some(s) = shared.upgrade() else { return };
-        if let Some(primary) = s.primary.get().cloned() {
-            drop(s);
-            return reprobe(shared, primary, opts).await;
-        }
-        drop(s);
-        tokio::time::sleep(opts.retry_after).await;
-        let Some(s) = shared.upgrade() else { return };
-        match super::redis::RedisCache::connect(&url, &prefix, connect_timeout).await {
-            Ok(redis) => {
-                let _ = s.primary.set(Arc::new(redis));
-                s.set_up();
-            }
-            Err(e) => *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string(),
-        }
-    }
 }
 
-/// While the breaker is open, pings Redis every `retry_after` and closes the
+/// Resolves the master (asking the Sentinels when there are some) and connects.
+async fn connect(
+    target: &RedisTarget,
+    prefix: &str,
+    timeout: Duration,
+) -> CacheResult<(Arc<dyn Cache>, String)> {
+    let master = target.resolve(timeout).await?;
+    let redis = super::redis::RedisCache::connect(&master, prefix, timeout).await?;
+    Ok((Arc::new(redis), master))
+}
+
+/// While the breaker is open, looks for Redis every `retry_after` and closes the
 /// breaker when it answers. Requests never probe: they only use a Redis known up.
-async fn reprobe(shared: std::sync::Weak<Shared>, primary: Arc<dyn Cache>, opts: ResilienceOptions) {
+/// With Sentinels, the master is asked of them again each round: after a failover
+/// the connection is replaced by one to the new master. A connected direct Redis
+/// only needs a ping (its connection reconnects by itself).
+async fn probe(shared: std::sync::Weak<Shared>, reconnect: Option<Reconnect>, opts: ResilienceOptions) {
+    // The probe may wait longer than a request: nobody waits on it.
+    let wait = opts.budget.max(Duration::from_secs(1));
     loop {
         tokio::time::sleep(opts.retry_after).await;
         let Some(s) = shared.upgrade() else { return };
         if s.up.load(Ordering::Acquire) {
             continue;
         }
-        // The probe may wait longer than a request: nobody waits on it.
-        let wait = opts.budget.max(Duration::from_secs(1));
+        let current = s.current();
+        let fresh_target = match &reconnect {
+            Some(r) if current.is_none() || matches!(r.target, RedisTarget::Sentinel { .. }) => Some(r),
+            _ => None,
+        };
+        if let Some(r) = fresh_target {
+            let master = match r.target.resolve(r.connect_timeout).await {
+                Ok(m) => m,
+                Err(e) => {
+                    *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string();
+                    continue;
+                }
+            };
+            let same = *s.master_url.lock().unwrap_or_else(|e| e.into_inner()) == master;
+            if current.is_none() || !same {
+                match super::redis::RedisCache::connect(&master, &r.prefix, r.connect_timeout).await {
+                    Ok(redis) => {
+                        tracing::info!(master = %redact(&master), "cache: connected to the Redis master");
+                        s.replace(Arc::new(redis), master);
+                        s.set_up();
+                    }
+                    Err(e) => *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string(),
+                }
+                continue;
+            }
+        }
+        let Some(primary) = current else { continue };
         match tokio::time::timeout(wait, primary.ping()).await {
             Ok(Ok(())) => s.set_up(),
             Ok(Err(e)) => *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = e.to_string(),
             Err(_) => *s.reason.lock().unwrap_or_else(|e| e.into_inner()) = "ping timed out".into(),
         }
+    }
+}
+
+/// A master URL for a log line: without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(i), Some(j)) if j > i => format!("{}{}", &url[..i + 3], &url[j + 1..]),
+        _ => url.to_owned(),
     }
 }
 
@@ -378,14 +419,14 @@ impl Cache for ResilientCache {
     }
 
     async fn ping(&self) -> CacheResult<()> {
-        match self.shared.primary.get() {
-            Some(p) => p.ping().await,
-            None => Err(CacheError::Unavailable(self.health().err().unwrap_or_default())),
+        match self.shared.current() {
+            Some(p) if self.health().is_ok() => p.ping().await,
+            _ => Err(CacheError::Unavailable(self.health().err().unwrap_or_default())),
         }
     }
 
     fn pool_stats(&self) -> PoolStats {
-        self.shared.primary.get().map(|p| p.pool_stats()).unwrap_or_default()
+        self.shared.current().map(|p| p.pool_stats()).unwrap_or_default()
     }
 
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
