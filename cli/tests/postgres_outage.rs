@@ -304,6 +304,12 @@ fn a_postgres_outage_gives_temporary_failures_and_the_pod_recovers_by_itself() {
     }
     let (login, select) = imap_select(imap).unwrap();
     assert!(login.starts_with("a OK") && select.starts_with("b OK"), "{login} / {select}");
+    // A restarted server is another epoch: the pod's IMAP read caches, which
+    // assume the database never goes back in time, are cleared.
+    while !server.log_contains("read caches cleared") {
+        assert!(back.elapsed() < Duration::from_secs(20), "the database's new epoch went unnoticed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     let stored: i64 = block_on(async {
         let mut c = sqlx::PgConnection::connect(&url).await.unwrap();

@@ -85,6 +85,11 @@ impl BodyReader {
         }
     }
 
+    /// Forgets every cached body (see [`BodyCache::clear`]).
+    pub fn clear_cache(&self) {
+        self.cache.clear();
+    }
+
     /// Where the given UIDs of a mailbox are, as of now (a query that started
     /// after this call).
     pub async fn links(&self, mailbox_id: i64, uids: &[u32]) -> StoreResult<Links> {
@@ -226,6 +231,15 @@ impl BodyCache {
             }
             None => None,
         }
+    }
+
+    /// Forgets every body: after the database went back in time, message ids are
+    /// handed out again, and the INTERNALDATE check only catches most reuses.
+    pub fn clear(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.entries.clear();
+        inner.bytes = 0;
+        self.gauge.set(0);
     }
 
     pub fn put(&self, internal_date: DateTime<Utc>, body: StoredBody) {

@@ -48,6 +48,15 @@ impl IndexCache {
         Some(entry.index.clone())
     }
 
+    /// Forgets every list: the database went back in time (a restore, a failover
+    /// to a replica that lost the primary's last commits), and a cached list newer
+    /// than the database would show messages that no longer exist.
+    pub fn clear(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.entries.clear();
+        inner.messages = 0;
+    }
+
     /// Keeps `index` unless a newer one is already held.
     pub fn put(&self, mailbox_id: i64, uid_validity: u32, index: MailboxIndex) {
         let size = index.uids.len();

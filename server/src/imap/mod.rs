@@ -212,11 +212,49 @@ impl ImapProtocol {
             None => {
                 let s = Arc::new(Shared::new(&app));
                 all.push((key, s.clone()));
+                // Outside a runtime (a test building the protocol) nothing watches.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(watch_epoch(Arc::downgrade(&s), app.store.clone(), EPOCH_CHECK_EVERY));
+                }
                 s
             }
         };
         drop(all);
         ImapProtocol { app, implicit_tls, shared }
+    }
+}
+
+/// How often a process asks the database who it is (one small query).
+const EPOCH_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Clears the process's read caches when the database's epoch changes (a restore,
+/// a failover): both assume the database never goes back in time — the SELECT
+/// cache would show messages that no longer exist, the body cache could serve one
+/// message's body under a message id handed out again. Runs until the IMAP state
+/// is dropped.
+pub(crate) async fn watch_epoch(
+    shared: Weak<Shared>,
+    store: Arc<dyn crate::store::Store>,
+    every: std::time::Duration,
+) {
+    let mut known: Option<String> = None;
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        if let Ok(Some(epoch)) = store.epoch().await {
+            let Some(shared) = shared.upgrade() else { return };
+            match &known {
+                Some(k) if *k != epoch => {
+                    tracing::warn!(was = %k, now = %epoch, "imap: the database changed (restore or failover); read caches cleared");
+                    shared.reads.index_cache.clear();
+                    shared.reads.bodies.clear_cache();
+                }
+                _ => {}
+            }
+            known = Some(epoch);
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -245,6 +245,16 @@ pub trait Store: Send + Sync + 'static {
         retry_at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> StoreResult<()>;
 
+    /// Who the database server is and where its history stands: a value that
+    /// changes when the database is restored, fails over to a replica or is
+    /// replaced — after any of which ids it handed out may be handed out again and
+    /// modseqs may go backwards. Per-process caches built on those are cleared when
+    /// it changes. None: the backend cannot tell (the embedded SQLite file is this
+    /// process's own).
+    async fn epoch(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
+
     // ---- leases: the cache's locks and lease sets while Redis is unavailable ----
     /// Takes a lease on `key` for `member` unless `limit` live leases of other
     /// members hold it; renews it when `member` already holds one. `true` when

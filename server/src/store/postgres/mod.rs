@@ -1500,6 +1500,29 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn epoch(&self) -> StoreResult<Option<String>> {
+        let mut conn = self.conn().await?;
+        // The cluster's identifier and timeline say it best (a promoted replica
+        // shares the identifier but moves to a new timeline; a restore into a new
+        // cluster changes the identifier), but reading them needs pg_monitor or a
+        // superuser. Without, the server's start time: it changes on every restart
+        // and failover too (clearing caches once more than needed, never less).
+        let control: Result<String, _> = sqlx::query_scalar(
+            "SELECT s.system_identifier::text || '/' || c.timeline_id::text \
+             FROM pg_control_system() s, pg_control_checkpoint() c",
+        )
+        .fetch_one(&mut *conn)
+        .await;
+        let started: String = sqlx::query_scalar("SELECT pg_postmaster_start_time()::text")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(Some(match control {
+            Ok(c) => format!("{c}/{started}"),
+            Err(_) => started,
+        }))
+    }
+
     async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
         let mut tx = self.tx().await?;
         // One writer per key at a time: count-then-insert must not interleave with
