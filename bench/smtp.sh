@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# SMTP side by side, in one run on one machine: the Mailcluster MX (release build,
-# PostgreSQL store, group commit) against Postfix + Dovecot (/work/shared/peers,
-# started with setup-postfix-dovecot.sh; Postfix SMTP on 2526, delivery over LMTP
-# into Maildir).
+# SMTP side by side, in one run on one machine: the shipped binary (`mailcluster
+# serve`, release build, over PostgreSQL + Redis, default configuration but for the
+# per-IP connection caps, lifted because all load comes from 127.0.0.1; the
+# effective settings are printed at the start) against Postfix + Dovecot
+# (/work/shared/peers, started with setup-postfix-dovecot.sh; Postfix SMTP on 2526,
+# delivery over LMTP into Maildir), and beside both the PostgreSQL ceiling of the
+# same delivery transaction (bench/pg-ceiling.sh).
 #
 #   1. throughput: Postfix's smtp-source, 20,000 x 4 KB over 50 sessions, one recipient
 #   2. the same load spread over 1,000 recipients (smtp_bench_client)
@@ -13,7 +16,7 @@
 # "delivered" there; for Postfix the script also waits until the messages are in
 # the Maildir. Reports msg/s, latency, server CPU seconds and peak RSS.
 #
-# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, PORT, DATABASE_URL)
+# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, CEILING=0 to skip the pgbench part)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
@@ -21,46 +24,44 @@ S=${S:-50}
 SIZE=${SIZE:-4096}
 RATE=${RATE:-2000}
 BIG=${BIG:-100000}
-PORT=${PORT:-12525}
-PG=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-PEERS=${PEERS_DIR:-/var/tmp/mailcluster-peers}
-SRV=target/release/examples/smtp_bench_server
 CLI=target/release/examples/smtp_bench_client
 TICKS=$(getconf CLK_TCK)
-ulimit -n "$(ulimit -Hn)"
+source bench/lib.sh
 
-[ -x "$SRV" ] && [ -x "$CLI" ] ||
-  nice cargo build --release -p mailcluster-server --example smtp_bench_server --example smtp_bench_client
+nice cargo build -q --release -p mailcluster-server --example smtp_bench_client || exit 1
+machine_line
+mc_start 1000 smtp
+PORT=$(mc_port smtp)
+PID=$MC_PID
+URL=$MC_DB_URL
+echo "## mailcluster $("$MC" version 2>/dev/null | head -n 1) at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
+echo "## configuration (everything else default): $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR | sort | tr '\n' ' ')"
+echo "##   over PostgreSQL ($(psql "$PG" -Atc 'SHOW server_version') , database of its own) and Redis (key prefix of its own)"
 
-echo "## machine: $(nproc) cores; $(free -g | awk '/Mem:/{print $2" GiB RAM"}'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
-
-DB=mc_bench_smtp_$$
-psql "$PG" -qc "CREATE DATABASE $DB" || exit 1
-URL="${PG%/*}/$DB"
-LOG=$(mktemp)
-"$SRV" "$URL" "$PORT" 1000 example.test 2>"$LOG" &
-PID=$!
-cleanup() { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; psql "$PG" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)"; rm -f "$LOG"; }
-trap cleanup EXIT
-for _ in $(seq 1 300); do grep -q listening "$LOG" && break; sleep 1; done
-grep -q listening "$LOG" || { echo "server did not start"; cat "$LOG"; exit 1; }
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 cpu_of() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # CPU ticks of every Postfix/Dovecot process (they come and go: sampled totals).
 peer_cpu() { ps -eo user=,comm=,times= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot|trivial-rewrite)$/ {s+=$3} END {print s+0}'; }
 peer_rss_mb() { ps -eo user=,comm=,rss= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot)$/ {s+=$3} END {printf "%.0f", s/1024}'; }
+# CPU ticks of PostgreSQL's processes (its backends live as long as the pool's
+# connections; ps's whole seconds per process would round each of them to 0).
+pg_cpu() { for p in $(pgrep -u postgres); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
+# Postfix goes on delivering after it answered 250: wait until its queue is empty,
+# so that the next case does not share the machine with that backlog.
+postfix_drain() {
+  for _ in $(seq 1 600); do postqueue -p 2>/dev/null | grep -q 'Mail queue is empty' && return; sleep 0.5; done
+  echo "postfix     (queue not empty after 300 s)"
+}
 stored() { psql "${URL}" -Atc "SELECT count(*) FROM mailbox_messages"; }
 maildir_count() { find "$PEERS/mail/example.test/$1/Maildir/new" "$PEERS/mail/example.test/$1/Maildir/cur" -type f 2>/dev/null | wc -l; }
 
 mc_run() { # name, command...
   local name=$1; shift
-  local c0 t0 t1 c1 s0 s1 out
-  c0=$(cpu_of "$PID"); s0=$(stored); t0=$(date +%s.%N)
+  local c0 t0 t1 c1 s0 s1 p0 p1 out
+  c0=$(cpu_of "$PID"); p0=$(pg_cpu); s0=$(stored); t0=$(date +%s.%N)
   out=$("$@" 2>&1)
-  t1=$(date +%s.%N); c1=$(cpu_of "$PID"); s1=$(stored)
-  awk -v n="$name" -v d=$((s1 - s0)) -v t0="$t0" -v t1="$t1" -v c=$((c1 - c0)) -v tk="$TICKS" -v o="$out" \
-    'BEGIN { e=t1-t0; printf "mailcluster %-22s delivered=%d in %.2fs = %.0f msg/s; server CPU %.1fs (%.0f%% of one core) | %s\n", n, d, e, d/e, c/tk, 100*c/tk/e, o }'
+  t1=$(date +%s.%N); c1=$(cpu_of "$PID"); p1=$(pg_cpu); s1=$(stored)
+  awk -v n="$name" -v d=$((s1 - s0)) -v t0="$t0" -v t1="$t1" -v c=$((c1 - c0)) -v tk="$TICKS" -v o="$out" -v pg=$((p1 - p0)) \
+    'BEGIN { e=t1-t0; printf "mailcluster %-22s delivered=%d in %.2fs = %.0f msg/s; server CPU %.1fs (%.0f%% of one core), PostgreSQL CPU %.1fs | %s\n", n, d, e, d/e, c/tk, 100*c/tk/e, pg/tk, o }'
 }
 
 echo "## 1. smtp-source: $N x $SIZE B over $S sessions, one recipient"
@@ -81,11 +82,11 @@ fi
 
 echo "## 2. $N x $SIZE B over $S sessions, spread over 1,000 recipients"
 mc_run spread-1000 "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
-port_open 2526 && echo "postfix     spread-1000            $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)"
+port_open 2526 && echo "postfix     spread-1000            $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
 
 echo "## 3. latency at $RATE msg/s offered (10 s), 1,000 recipients"
 mc_run "rate-$RATE" "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
-port_open 2526 && echo "postfix     rate-$RATE              $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)"
+port_open 2526 && echo "postfix     rate-$RATE              $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
 
 echo "## 4. a mailbox with $BIG messages against an empty one"
 "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$BIG" --size 1024 --rcpt-count 1 --rcpt-first 500 >/dev/null
@@ -93,5 +94,10 @@ mc_run "into-${BIG}-mailbox" "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages
 mc_run into-empty-mailbox "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1 --rcpt-first 912
 
 echo "## mailcluster server peak RSS: $(awk '/VmHWM/{printf "%.0f MB", $2/1024}' "/proc/$PID/status")"
-kill -TERM "$PID"; wait "$PID" 2>/dev/null
-grep -E '^mail_group_commit_batch_size_(sum|count)|^mail_smtp_delivery_seconds_(sum|count)' "$LOG"
+curl -s "http://127.0.0.1:$(mc_port admin)/metrics" |
+  grep -E '^mail_group_commit_batch_size_(sum|count)|^mail_smtp_delivery_seconds_(sum|count)|^mail_db_pool_max'
+
+if [ "${CEILING:-1}" != 0 ]; then
+  echo "## the same transaction in PostgreSQL alone (bench/pg-ceiling.sh, on this run's schema)"
+  bench/pg-ceiling.sh "$URL"
+fi
