@@ -160,7 +160,17 @@ fn installed() -> Option<Kube> {
     let kube = Kube { kubeconfig: kubeconfig()? };
     ONCE.get_or_init(|| {
         let file = root().join("manifests/install.yaml");
-        kube.must(&["apply", "--server-side", "--field-manager=install-test", "-f", file.to_str().unwrap()]);
+        // --force-conflicts: on a cluster kept from an earlier run this is an
+        // upgrade, and the CRD's version list (an atomic field) is owned by whoever
+        // applied the previous one — as it is for a user upgrading (docs/quickstart.md).
+        kube.must(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=install-test",
+            "-f",
+            file.to_str().unwrap(),
+        ]);
         kube.must(&["wait", "--for=condition=Established", &format!("crd/{CRD}"), "--timeout=60s"]);
     });
     Some(kube)
