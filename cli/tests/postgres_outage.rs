@@ -9,13 +9,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::{ServeProcess, block_on, ephemeral_ports};
+use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
 use sqlx::Connection;
 
@@ -116,85 +116,24 @@ fn nix_is_root() -> bool {
 }
 
 fn http_status(addr: SocketAddr, path: &str) -> u16 {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return 0 };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    http_get(addr, path).0
 }
 
-/// One delivery; the first reply that is not a positive intermediate one (the
-/// final verdict on the message) — or the I/O error.
 fn deliver(addr: SocketAddr, n: usize) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let read = |r: &mut BufReader<TcpStream>| -> Result<String, String> {
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
-                return Err("connection closed".into());
-            }
-            if line.as_bytes().get(3) != Some(&b'-') {
-                return Ok(line.trim_end().to_string());
-            }
-        }
-    };
-    read(&mut r)?;
-    for cmd in [
-        "EHLO load.test".to_string(),
-        "MAIL FROM:<load@remote.test>".into(),
-        "RCPT TO:<user@example.test>".into(),
-        "DATA".into(),
-    ] {
-        write!(w, "{cmd}\r\n").map_err(|e| e.to_string())?;
-        let line = read(&mut r)?;
-        if !(line.starts_with('2') || line.starts_with('3')) {
-            return Ok(line);
-        }
-    }
-    write!(w, "Subject: {n}\r\nMessage-ID: <pg-{n}@remote.test>\r\n\r\nmessage {n}\r\n.\r\n")
-        .map_err(|e| e.to_string())?;
-    let line = read(&mut r)?;
-    let _ = write!(w, "QUIT\r\n");
-    Ok(line)
+    smtp_try(addr, "user@example.test", n).map(|(verdict, _)| verdict)
 }
 
-/// LOGIN then SELECT INBOX: the tagged replies.
+/// LOGIN then SELECT INBOX: the tagged replies ("" for a command not reached).
 fn imap_select(addr: SocketAddr) -> Result<(String, String), String> {
     imap_commands(addr, false).map(|(login, select, _)| (login, select))
 }
 
 /// LOGIN, SELECT INBOX and, with `store`, a flag change on message 1.
 fn imap_commands(addr: SocketAddr, store: bool) -> Result<(String, String, String), String> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut tagged = |tag: &str, cmd: &str, r: &mut BufReader<TcpStream>| -> Result<String, String> {
-        write!(w, "{tag} {cmd}\r\n").map_err(|e| e.to_string())?;
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
-                return Err("connection closed".into());
-            }
-            if line.starts_with(&format!("{tag} ")) {
-                return Ok(line.trim_end().to_string());
-            }
-        }
-    };
-    let mut greeting = String::new();
-    r.read_line(&mut greeting).map_err(|e| e.to_string())?;
-    let login = tagged("a", "LOGIN user@example.test secret", &mut r)?;
-    let select = if login.starts_with("a OK") { tagged("b", "SELECT INBOX", &mut r)? } else { String::new() };
-    let stored = if store && select.starts_with("b OK") {
-        tagged("c", "STORE 1 +FLAGS (\\Flagged)", &mut r)?
-    } else {
-        String::new()
-    };
-    Ok((login, select, stored))
+    let commands: &[&str] =
+        if store { &["SELECT INBOX", "STORE 1 +FLAGS (\\Flagged)"] } else { &["SELECT INBOX"] };
+    let mut r = imap_exchange(addr, "user@example.test", "secret", commands)?.into_iter();
+    Ok((r.next().unwrap_or_default(), r.next().unwrap_or_default(), r.next().unwrap_or_default()))
 }
 
 /// Runs one statement as the cluster's superuser.

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
 use sqlx::Connection;
 
@@ -64,78 +65,13 @@ impl Drop for Redis {
     }
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
-}
-
-fn reply(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        if line.as_bytes().get(3) != Some(&b'-') {
-            return Ok(line);
-        }
-    }
-}
-
-/// One SMTP delivery on its own connection: the final reply line and the time from
-/// connect to the reply of DATA.
+/// One delivery to one of the four users, and its time to the verdict.
 fn deliver(addr: SocketAddr, n: usize) -> Result<(String, Duration), String> {
-    let start = Instant::now();
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut step = |cmd: &str| -> Result<String, String> {
-        if !cmd.is_empty() {
-            write!(w, "{cmd}\r\n").map_err(|e| e.to_string())?;
-        }
-        reply(&mut r).map_err(|e| format!("{cmd}: {e}"))
-    };
-    step("")?;
-    step("EHLO load.test")?;
-    step("MAIL FROM:<load@remote.test>")?;
-    let rcpt = step(&format!("RCPT TO:<user{}@example.test>", n % 4))?;
-    if !rcpt.starts_with("250") {
-        return Ok((rcpt, start.elapsed()));
-    }
-    step("DATA")?;
-    let body = format!(
-        "From: load@remote.test\r\nSubject: load {n}\r\nMessage-ID: <load-{n}@remote.test>\r\n\r\nmessage {n}\r\n."
-    );
-    let done = step(&body)?;
-    let took = start.elapsed();
-    let _ = step("QUIT");
-    Ok((done, took))
+    smtp_try(addr, &format!("user{}@example.test", n % 4), n)
 }
 
 fn imap_login(addr: SocketAddr, user: &str) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).map_err(|e| e.to_string())?;
-    write!(w, "a LOGIN {user} secret\r\n").map_err(|e| e.to_string())?;
-    loop {
-        line.clear();
-        r.read_line(&mut line).map_err(|e| format!("LOGIN: {e}"))?;
-        if line.starts_with("a ") {
-            break;
-        }
-    }
-    let _ = write!(w, "b LOGOUT\r\n");
-    Ok(line.trim_end().to_string())
+    imap_exchange(addr, user, "secret", &[]).map(|r| r[0].clone())
 }
 
 fn p95(v: &mut [Duration]) -> Duration {

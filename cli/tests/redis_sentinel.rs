@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -19,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
 use sqlx::Connection;
 
@@ -72,65 +72,12 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-        return (0, String::new());
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let status = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
-}
-
 fn deliver(addr: SocketAddr, n: usize) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let read = |r: &mut BufReader<TcpStream>| -> Result<String, String> {
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
-                return Err("connection closed".into());
-            }
-            if line.as_bytes().get(3) != Some(&b'-') {
-                return Ok(line.trim_end().to_string());
-            }
-        }
-    };
-    read(&mut r)?;
-    for cmd in ["EHLO load.test", "MAIL FROM:<load@remote.test>", "RCPT TO:<user@example.test>", "DATA"] {
-        write!(w, "{cmd}\r\n").map_err(|e| e.to_string())?;
-        let line = read(&mut r)?;
-        if !(line.starts_with('2') || line.starts_with('3')) {
-            return Ok(line);
-        }
-    }
-    write!(w, "Subject: {n}\r\n\r\nmessage {n}\r\n.\r\n").map_err(|e| e.to_string())?;
-    let line = read(&mut r)?;
-    let _ = write!(w, "QUIT\r\n");
-    Ok(line)
+    smtp_try(addr, "user@example.test", n).map(|(verdict, _)| verdict)
 }
 
 fn imap_login(addr: SocketAddr) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut w = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).map_err(|e| e.to_string())?;
-    write!(w, "a LOGIN user@example.test secret\r\n").map_err(|e| e.to_string())?;
-    loop {
-        line.clear();
-        r.read_line(&mut line).map_err(|e| e.to_string())?;
-        if line.starts_with("a ") {
-            break;
-        }
-    }
-    let _ = write!(w, "b LOGOUT\r\n");
-    Ok(line.trim_end().to_string())
+    imap_exchange(addr, "user@example.test", "secret", &[]).map(|r| r[0].clone())
 }
 
 /// Migrates a fresh database and adds user@example.test (password "secret").
