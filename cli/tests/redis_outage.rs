@@ -9,59 +9,37 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::redis::{RedisProcess, data_node, free_port};
 use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
 use sqlx::Connection;
 
-/// A redis-server of this test's own; killed on drop.
+/// The test's Redis: killed (as in a crash) and started again on the same port.
 struct Redis {
-    child: Child,
+    process: RedisProcess,
     port: u16,
     dir: Option<tempfile::TempDir>,
 }
 
 impl Redis {
     fn start_on(port: u16, dir: tempfile::TempDir) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (scripts/test.sh installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Redis { child, port, dir: Some(dir) }
+        Redis { process: data_node(port, dir.path(), &[]), port, dir: Some(dir) }
     }
 
     fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Redis::start_on(port, tempfile::tempdir().unwrap())
+        Redis::start_on(free_port(), tempfile::tempdir().unwrap())
     }
 
     /// SIGKILL: a crashed Redis, no goodbye to its clients.
     fn kill(mut self) -> (u16, tempfile::TempDir) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
         (self.port, self.dir.take().expect("a running Redis has its directory"))
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod redis;
 pub mod wire;
 
 use std::io::{Read, Write};
