@@ -61,6 +61,10 @@ pub fn parse_meta(raw: &[u8]) -> MessageMeta {
         bcc: address_summary(message.bcc()),
         message_id: message.message_id().unwrap_or_default().to_string(),
         sent_date: message.date().and_then(|d| chrono::DateTime::from_timestamp(d.to_timestamp(), 0)),
+        sent_offset_minutes: message.date().map(|d| {
+            let minutes = i32::from(d.tz_hour) * 60 + i32::from(d.tz_minute);
+            if d.tz_before_gmt { -minutes } else { minutes }
+        }),
     }
 }
 

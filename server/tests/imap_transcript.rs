@@ -505,3 +505,46 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
     c.send("DONE\r\n").await;
     c.line().await;
 }
+
+/// RFC 3501 §6.4.4, read closely: HEADER with an empty string matches every
+/// message that has the field; SENT* compare the Date: header's day in the zone it
+/// is written in; LIST patterns may hold any list-char, `&` included.
+#[tokio::test]
+async fn search_header_presence_sent_dates_and_list_patterns() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let late = b"From: Alice <alice@example.com>\r\nSubject: late\r\nDate: Mon, 30 Nov 2026 23:30:00 -0800\r\n\r\nlate evening in California\r\n";
+    let early =
+        b"From: bob@example.org\r\nDate: Tue, 01 Dec 2026 00:30:00 +0100\r\n\r\nno subject field at all\r\n";
+    deliver(&app, &bob, "INBOX", late, FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", early, FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+
+    let r = c.cmd("h1", "SEARCH HEADER SUBJECT \"\"").await;
+    assert_eq!(r[0], "* SEARCH 1", "only the message with a Subject field: {r:?}");
+    let r = c.cmd("h2", "SEARCH NOT HEADER SUBJECT \"\"").await;
+    assert_eq!(r[0], "* SEARCH 2", "{r:?}");
+    let r = c.cmd("h3", "SEARCH HEADER FROM \"\"").await;
+    assert_eq!(r[0], "* SEARCH 1 2", "{r:?}");
+    let r = c.cmd("h4", "SEARCH FROM Alice").await;
+    assert_eq!(r[0], "* SEARCH 1", "display names are part of the field: {r:?}");
+
+    // 23:30 -0800 on the 30th is 07:30 UTC on the 1st; 00:30 +0100 on the 1st is
+    // 23:30 UTC on the 30th. The header's own day counts.
+    let r = c.cmd("d1", "SEARCH SENTON 30-Nov-2026").await;
+    assert_eq!(r[0], "* SEARCH 1", "{r:?}");
+    let r = c.cmd("d2", "SEARCH SENTON 1-Dec-2026").await;
+    assert_eq!(r[0], "* SEARCH 2", "{r:?}");
+    let r = c.cmd("d3", "SEARCH SENTBEFORE 1-Dec-2026").await;
+    assert_eq!(r[0], "* SEARCH 1", "{r:?}");
+    let r = c.cmd("d4", "SEARCH SENTSINCE 1-Dec-2026").await;
+    assert_eq!(r[0], "* SEARCH 2", "{r:?}");
+
+    for (tag, pattern) in [("l1", "&"), ("l2", "\"a&b\""), ("l3", "INBOX.&"), ("l4", "#")] {
+        let r = c.cmd(tag, &format!("LIST \"\" {pattern}")).await;
+        assert!(tagged(&r).starts_with(&format!("{tag} OK")), "LIST {pattern}: {r:?}");
+    }
+    let r = c.cmd("l5", "LSUB \"\" &").await;
+    assert!(tagged(&r).starts_with("l5 OK"), "{r:?}");
+}

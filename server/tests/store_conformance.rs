@@ -241,6 +241,7 @@ fn meta_for(subject: &str, raw: &[u8]) -> MessageMeta {
         bcc: String::new(),
         message_id: format!("<{subject}@example.com>"),
         sent_date: Some(ts(1_700_000_000)),
+        sent_offset_minutes: None,
     }
 }
 

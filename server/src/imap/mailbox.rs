@@ -48,9 +48,13 @@ pub fn name_from_bytes(raw: &[u8]) -> Result<String, Outcome> {
     Ok(name.to_string())
 }
 
-/// Decoded LIST pattern (wildcards kept).
+/// Decoded LIST pattern (wildcards kept). A pattern is not a mailbox name: an `&`
+/// that does not start a valid modified-UTF-7 run (`&`, `a&b`) stands for itself
+/// and the pattern is matched as written — never an error (RFC 3501 §6.3.8
+/// allows any list-char in a pattern).
 fn pattern_text(raw: &[u8]) -> Option<String> {
-    utf7::decode(std::str::from_utf8(raw).ok()?)
+    let text = std::str::from_utf8(raw).ok()?;
+    Some(utf7::decode(text).unwrap_or_else(|| text.to_owned()))
 }
 
 /// RFC 3501 §6.3.8 wildcards: `*` matches anything, `%` anything but the separator.

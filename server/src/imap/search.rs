@@ -61,9 +61,11 @@ fn needs(key: &SearchKey<'_>, meta: &mut bool, raw: &mut bool) {
             needs(b, meta, raw);
         }
         SearchKey::Body(_) | SearchKey::Text(_) => *raw = true,
-        SearchKey::Header(name, _) => {
+        SearchKey::Header(name, value) => {
             *meta = true;
-            if summary_field(name.as_ref()).is_none() {
+            // An empty value asks whether the field is there at all, which the
+            // summary (empty for an absent field) cannot tell: read the header.
+            if summary_field(name.as_ref()).is_none() || value.as_ref().is_empty() {
                 *raw = true;
             }
         }
@@ -150,7 +152,7 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
         c.meta.is_some_and(|m| contains_ci(get(m), &lower(needle)))
     };
     let internal = c.internal_date.map(|d| d.date_naive());
-    let sent = c.meta.and_then(|m| m.sent_date).map(|d| d.date_naive()).or(internal);
+    let sent = c.meta.and_then(|m| m.sent_day()).or(internal);
     match key {
         SearchKey::And(keys) => keys.as_ref().iter().all(|k| eval(k, c, b)),
         SearchKey::SequenceSet(set) => SeqSet::from_codec(set).contains(c.seq, b.max_seq),

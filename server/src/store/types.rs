@@ -205,6 +205,21 @@ pub struct MessageMeta {
     pub message_id: String,
     /// The Date: header, if parseable (SENTBEFORE/SENTON/SENTSINCE).
     pub sent_date: Option<DateTime<Utc>>,
+    /// The Date: header's own zone, in minutes east of UTC. SENT* searches compare
+    /// the date as the header writes it, in that zone (RFC 3501 §6.4.4), not
+    /// shifted to UTC: a message sent at 23:30 -0800 was sent "on" that day.
+    /// None in rows stored before it was kept (those compare in UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_offset_minutes: Option<i32>,
+}
+
+impl MessageMeta {
+    /// The calendar day of the Date: header, in the header's own zone.
+    pub fn sent_day(&self) -> Option<chrono::NaiveDate> {
+        let utc = self.sent_date?;
+        let offset = chrono::Duration::minutes(i64::from(self.sent_offset_minutes.unwrap_or(0)));
+        Some((utc + offset).date_naive())
+    }
 }
 
 /// One message to deliver: stored once, linked into every mailbox of `targets`.
