@@ -548,3 +548,41 @@ async fn search_header_presence_sent_dates_and_list_patterns() {
     let r = c.cmd("l5", "LSUB \"\" &").await;
     assert!(tagged(&r).starts_with("l5 OK"), "{r:?}");
 }
+
+/// RFC 6851 §3.3 and RFC 3501 §6.4.7: MOVE and COPY into the selected mailbox are
+/// legal. MOVE gives the messages new UIDs (COPYUID), expunges the old ones and
+/// announces the new ones; COPY adds them beside the originals.
+#[tokio::test]
+async fn move_and_copy_into_the_selected_mailbox() {
+    let app = mem_app(true);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    deliver(&app, &bob, "INBOX", &sample("one", "first"), FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "second"), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("s", "SELECT INBOX").await;
+    let validity = r
+        .iter()
+        .find_map(|l| l.strip_prefix("* OK [UIDVALIDITY "))
+        .unwrap()
+        .split(']')
+        .next()
+        .unwrap()
+        .to_string();
+
+    let r = c.cmd("m", "MOVE 1 INBOX").await;
+    assert!(has(&r, &format!("* OK [COPYUID {validity} 1 3]")), "{r:?}");
+    assert!(has(&r, "* 1 EXPUNGE"), "{r:?}");
+    assert!(tagged(&r).starts_with("m OK"), "{r:?}");
+    let r = c.cmd("n", "NOOP").await;
+    let r2 = c.cmd("f", "FETCH 1:* (UID)").await;
+    assert_eq!(
+        r2[..2],
+        ["* 1 FETCH (UID 2)".to_string(), "* 2 FETCH (UID 3)".to_string()],
+        "after {r:?}: {r2:?}"
+    );
+
+    let r = c.cmd("c", "UID COPY 2 INBOX").await;
+    assert!(tagged(&r).starts_with(&format!("c OK [COPYUID {validity} 2 4]")), "{r:?}");
+    let r = c.cmd("n2", "NOOP").await;
+    assert!(has(&r, "* 3 EXISTS"), "{r:?}");
+}

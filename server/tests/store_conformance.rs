@@ -1050,6 +1050,19 @@ async fn copy_and_move(ctx: Ctx) {
     assert_counts(s, archive).await;
     assert!(is_not_found(s.move_messages(inbox, &UidSet::all(), i64::MAX).await));
     assert_eq!(s.mailbox_uids(inbox).await.expect("uids").len(), 2, "failed MOVE changed nothing");
+
+    // Into its own mailbox (RFC 6851 §3.3): new UIDs for the same bodies and flags,
+    // the old UIDs expunged, the count unchanged.
+    let before = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    let next = s.mailbox_status(inbox).await.expect("status").uid_next;
+    let moved = s.move_messages(inbox, &UidSet::single(uids[0]), inbox).await.expect("move into itself");
+    assert_eq!(moved, vec![(uids[0], next)]);
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![uids[1], next]);
+    assert_eq!(s.changes_since(inbox, before).await.expect("changes").expunged, vec![uids[0]]);
+    let again = s.messages_by_uid(inbox, &UidSet::single(next)).await.expect("rows");
+    assert_eq!(again[0].message_id, src_rows[0].message_id, "the same body");
+    assert_eq!(again[0].flags, flagset(Flags::SEEN, &["Keep"]), "flags kept");
+    assert_counts(s, inbox).await;
 }
 
 async fn concurrent_group_commit(ctx: Ctx) {

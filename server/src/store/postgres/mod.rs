@@ -1364,9 +1364,8 @@ impl Store for PgStore {
     }
 
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        if src == dest {
-            return Err(StoreError::Invalid("cannot move messages into their own mailbox".into()));
-        }
+        // Into the same mailbox too (RFC 6851 §3.3): the links get new UIDs, the
+        // old ones are expunged, in one transaction — never a copy left behind.
         self.copy_or_move(src, uids, dest, true).await
     }
 

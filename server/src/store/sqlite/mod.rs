@@ -1226,9 +1226,6 @@ impl Store for SqliteStore {
     }
 
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        if src == dest {
-            return Err(StoreError::Invalid("cannot move messages into their own mailbox".into()));
-        }
         self.copy_or_move(src, uids, dest, true).await
     }
 
