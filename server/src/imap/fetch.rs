@@ -68,6 +68,11 @@ impl Session {
         // for that answer and is skipped when nothing changed: one round trip for
         // `UID FETCH n BODY.PEEK[]` instead of two.
         let mut synced = false;
+        // A message still in this session's view whose body another session's
+        // EXPUNGE removed between our reads: its content cannot be served, and an
+        // empty or different value would be cached by the client as that UID's
+        // content for ever. It gets no FETCH line and the command says why.
+        let mut expunge_issued = false;
         if !from_bodies || sets_seen {
             if let Err(e) = self.sync(false).await {
                 return store_error(e);
@@ -139,8 +144,12 @@ impl Session {
                         let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(link.uid)) else {
                             continue;
                         };
-                        // Linked messages always have a body (foreign key).
-                        let Some(stored) = stored else { continue };
+                        // Linked when the links were read; gone since (expunged and
+                        // its body removed by another session in between).
+                        let Some(stored) = stored else {
+                            expunge_issued = true;
+                            continue;
+                        };
                         let meta = MessageMeta {
                             size: stored.body.len() as u32,
                             header_size: stored.header_size,
@@ -179,6 +188,10 @@ impl Session {
                     let mut bodies = bodies.into_iter();
                     for row in rows {
                         let body = bodies.next().flatten().map(|b| b.body);
+                        if needs_body && body.is_none() {
+                            expunge_issued = true;
+                            continue;
+                        }
                         self.announce_keywords(&row.flags);
                         let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
                             continue;
@@ -239,6 +252,10 @@ impl Session {
             for l in lines {
                 self.push(&l);
             }
+        }
+        if expunge_issued {
+            // RFC 5530; the EXPUNGE itself reaches the client at its next command.
+            return Outcome::no("[EXPUNGEISSUED] Some of the requested messages no longer exist");
         }
         Outcome::ok(if uid { "UID FETCH completed" } else { "FETCH completed" })
     }
