@@ -586,3 +586,20 @@ async fn move_and_copy_into_the_selected_mailbox() {
     let r = c.cmd("n2", "NOOP").await;
     assert!(has(&r, "* 3 EXISTS"), "{r:?}");
 }
+
+/// RFC 3501 §6.3.9: "foo/bar" subscribed and "foo" not — LSUB "" % returns foo
+/// with \Noselect, not foo/bar; LSUB "" * returns foo/bar itself.
+#[tokio::test]
+async fn lsub_lists_an_unsubscribed_parent_as_noselect() {
+    let app = mem_app(true);
+    account(&app, "bob@example.org", "pw").await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    for cmd in ["CREATE foo/bar", "SUBSCRIBE foo/bar", "UNSUBSCRIBE foo"] {
+        let r = c.cmd("p", cmd).await;
+        assert!(tagged(&r).starts_with("p OK") || cmd.starts_with("UNSUBSCRIBE"), "{cmd}: {r:?}");
+    }
+    let r = c.cmd("l1", "LSUB \"\" %").await;
+    assert_eq!(r, ["* LSUB (\\Noselect) \"/\" \"foo\"", "l1 OK LSUB completed"], "{r:?}");
+    let r = c.cmd("l2", "LSUB \"\" *").await;
+    assert_eq!(r, ["* LSUB () \"/\" \"foo/bar\"", "l2 OK LSUB completed"], "{r:?}");
+}

@@ -342,10 +342,25 @@ impl Session {
         };
         let mut lines = Vec::new();
         if lsub {
+            // A subscribed mailbox's unsubscribed ancestor that the pattern matches
+            // where the mailbox itself does not (`%` one level up) is listed as
+            // \Noselect (RFC 3501 §6.3.9), so a client can walk the tree.
+            let mut listed: BTreeSet<&str> = BTreeSet::new();
             for name in &subscribed {
                 if name_matches(&full, name) {
+                    listed.insert(name);
                     let attrs = if all.get(name).is_some_and(|(e, _)| *e) { "" } else { "\\Noselect" };
                     lines.push(format!("* LSUB ({attrs}) \"/\" {}", encode::mailbox(name)));
+                }
+            }
+            let hidden: Vec<&String> = subscribed.iter().filter(|n| !listed.contains(n.as_str())).collect();
+            for name in hidden {
+                let mut parent = name.as_str();
+                while let Some((p, _)) = parent.rsplit_once(SEP) {
+                    parent = p;
+                    if !subscribed.contains(p) && name_matches(&full, p) && listed.insert(p) {
+                        lines.push(format!("* LSUB (\\Noselect) \"/\" {}", encode::mailbox(p)));
+                    }
                 }
             }
         } else {
