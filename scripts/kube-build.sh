@@ -29,11 +29,6 @@ if ! command -v kubectl >/dev/null 2>&1 || [ -x "$BIN/kubectl" ]; then COMPONENT
 
 log() { printf '==> %s\n' "$*" >&2; }
 
-if ! command -v go >/dev/null 2>&1; then
-    echo "error: Go is needed to build the control plane (apt-get install golang-go, or a Go toolchain >= 1.26)" >&2
-    exit 1
-fi
-
 have_all() {
     local c
     for c in etcd "${COMPONENTS[@]}"; do [ -x "$BIN/$c" ] || return 1; done
@@ -43,6 +38,56 @@ if have_all; then
     echo "$BIN"
     exit 0
 fi
+
+# The Go the release asks for (its go.mod says `go 1.26.0`). A machine without it —
+# Debian 12 ships Go 1.19, too old even to switch toolchains by itself — gets the
+# official toolchain the way the go command itself fetches one: the module
+# golang.org/toolchain from the Go module proxy, unpacked once into the cache.
+GO_TOOLCHAIN_VERSION="${GO_TOOLCHAIN_VERSION:-1.26.8}"
+go_is_new_enough() {
+    local v
+    v=$("$1" env GOVERSION 2>/dev/null) || return 1
+    v=${v#go}
+    [ "$(printf '%s\n%s\n' "1.26" "$v" | sort -V | head -n 1)" = "1.26" ]
+}
+GO=go
+if [ -n "${MAILCLUSTER_FORCE_GO_BOOTSTRAP:-}" ] || ! command -v go >/dev/null 2>&1 || ! go_is_new_enough go; then
+    case "$(uname -m)" in
+        x86_64) goarch=amd64 ;;
+        aarch64 | arm64) goarch=arm64 ;;
+        *) echo "error: no Go toolchain for $(uname -m); install Go >= 1.26" >&2; exit 1 ;;
+    esac
+    gomod="golang.org/toolchain@v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-$goarch"
+    goroot="$CACHE_ROOT/go/$gomod"
+    if [ ! -x "$goroot/bin/go" ]; then
+        log "fetching Go $GO_TOOLCHAIN_VERSION ($gomod) from the Go module proxy"
+        proxy="${GOPROXY:-https://proxy.golang.org}"
+        proxy="${proxy%%,*}"
+        mkdir -p "$CACHE_ROOT/go"
+        zip="$CACHE_ROOT/go/toolchain.zip.tmp"
+        curl -fsSL --retry 3 -o "$zip" "$proxy/golang.org/toolchain/@v/v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-$goarch.zip"
+        # A module zip holds <module>@<version>/… and keeps no file modes: the
+        # executables under bin/ and pkg/tool/ get theirs back.
+        python3 - "$zip" "$CACHE_ROOT/go" <<'PY'
+import os, sys, zipfile
+zip_path, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(zip_path) as z:
+    for info in z.infolist():
+        path = z.extract(info, dest)
+        # golang.org/toolchain@<version>/<path inside GOROOT>
+        inside = info.filename.split("/")[2:]
+        if not info.is_dir() and (inside[:1] == ["bin"] or inside[:2] == ["pkg", "tool"]):
+            os.chmod(path, 0o755)
+PY
+        rm -f "$zip"
+    fi
+    GO="$goroot/bin/go"
+    export GOROOT="$goroot"
+    export PATH="$goroot/bin:$PATH"
+    go_is_new_enough "$GO" || { echo "error: $GO is not a usable Go >= 1.26" >&2; exit 1; }
+fi
+# The toolchain chosen here builds everything below (no switching behind our back).
+export GOTOOLCHAIN=local
 
 mkdir -p "$BIN" "$DIR/src/kubernetes" "$DIR/src/etcd"
 # Builds share the module and build caches of the user's Go installation.
@@ -75,8 +120,8 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 EOF
-        go mod tidy >/dev/null
-        go build -trimpath -ldflags='-s -w' -o "$BIN/etcd.tmp" .
+        "$GO" mod tidy >/dev/null
+        "$GO" build -trimpath -ldflags='-s -w' -o "$BIN/etcd.tmp" .
         mv "$BIN/etcd.tmp" "$BIN/etcd"
     )
 fi
@@ -88,7 +133,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     log "building Kubernetes v$KUBE_VERSION (${COMPONENTS[*]})"
     (
         cd "$DIR/src/kubernetes"
-        upstream_mod=$(go mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')
+        upstream_mod=$("$GO" mod download -json "k8s.io/kubernetes@v$KUBE_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')
         [ -f "$upstream_mod" ] || { echo "error: cannot read k8s.io/kubernetes@v$KUBE_VERSION go.mod" >&2; exit 1; }
         # Staging modules are the ones the release requires at v0.0.0 and replaces
         # with ./staging/src/...; their published versions are v0.<minor>.<patch>.
@@ -112,10 +157,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
 // Anchors the control-plane commands in this module's build list.
 package tools
 EOF
-        for c in "${COMPONENTS[@]}"; do go get "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION" >/dev/null 2>&1 || go get "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done
+        for c in "${COMPONENTS[@]}"; do "$GO" get "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION" >/dev/null 2>&1 || "$GO" get "k8s.io/kubernetes/cmd/$c@v$KUBE_VERSION"; done
         for c in "${missing[@]}"; do
             log "go build $c"
-            go build -trimpath -ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=${KUBE_VERSION%%.*} -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$KUBE_VERSION")" \
+            "$GO" build -trimpath -ldflags="-s -w -X k8s.io/component-base/version.gitVersion=v$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=${KUBE_VERSION%%.*} -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$KUBE_VERSION")" \
                 -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
             mv "$BIN/$c.tmp" "$BIN/$c"
         done

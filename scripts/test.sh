@@ -6,8 +6,8 @@
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
 #   4. builds (once, cached in ~/.cache/mailcluster/kube) and starts a real Kubernetes
-#      control plane on 127.0.0.1 (scripts/kube-up.sh; Go from Debian when missing,
-#      which fetches the toolchain the release needs from the Go module proxy), or
+#      control plane on 127.0.0.1 (scripts/kube-up.sh; without a Go >= 1.26 the
+#      toolchain comes from the Go module proxy), or
 #      reuses a running one; exports MAILCLUSTER_TEST_KUBECONFIG; stops it at the end
 #      if it started it (MAILCLUSTER_KEEP_KUBE=1 keeps it);
 #   5. cargo fmt --check, cargo clippy -D warnings, the whole test suite
@@ -56,10 +56,9 @@ if ! command -v kubernetes-validate >/dev/null 2>&1 \
 fi
 
 # ---- a real Kubernetes control plane (cli/tests/kube_real.rs) ----
-# Go builds it from the release's modules; a Debian Go older than the release's go
-# line fetches the newer toolchain itself (GOTOOLCHAIN=auto).
-if ! command -v go >/dev/null 2>&1; then apt_install golang-go ca-certificates; fi
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
+# Go builds it from the release's modules; without a Go new enough,
+# scripts/kube-build.sh fetches the toolchain from the Go module proxy (curl, python3).
+[ -f /etc/ssl/certs/ca-certificates.crt ] || apt_install ca-certificates
 kube_dir="${MAILCLUSTER_KUBE_DIR:-/tmp/mailcluster-kube}"
 kube_was_running=0
 if [ -f "$kube_dir/pids/kube-apiserver" ] && kill -0 "$(cat "$kube_dir/pids/kube-apiserver")" 2>/dev/null; then
