@@ -100,6 +100,9 @@ pub trait Cache: Send + Sync + 'static {
     async fn value_del(&self, key: &str) -> CacheResult<()>;
 
     // ---- mailbox-change notifications ----
+    /// The caches a serving pod uses (in-process, and Redis behind
+    /// `resilient::ResilientCache`) queue the event and return at once, so callers
+    /// on the delivery path await it directly.
     async fn publish(&self, event: MailboxEvent) -> CacheResult<()>;
     /// Events for one account (all its mailboxes), from now on. The stream ends when
     /// the backend connection is lost; callers then fall back to polling the store.

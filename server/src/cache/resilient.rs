@@ -419,9 +419,10 @@ impl Cache for ResilientCache {
     }
 
     async fn ping(&self) -> CacheResult<()> {
-        match self.shared.current() {
-            Some(p) if self.health().is_ok() => p.ping().await,
-            _ => Err(CacheError::Unavailable(self.health().err().unwrap_or_default())),
+        match (self.shared.current(), self.health()) {
+            (Some(p), Ok(())) => p.ping().await,
+            (_, Err(reason)) => Err(CacheError::Unavailable(reason)),
+            (None, Ok(())) => Err(CacheError::Unavailable("not connected".into())),
         }
     }
 

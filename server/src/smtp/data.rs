@@ -289,18 +289,16 @@ impl Session {
                 self.count_delivery("tempfail");
                 return replies::temp_failure();
             }
-            // Wake IDLE sessions on every pod; done off the reply path because the
-            // message is already safe and a slow cache must not slow SMTP down.
-            let cache = self.app.cache.clone();
-            tokio::spawn(async move {
-                for (account_id, mailbox_id) in locals {
-                    // The store does not report the new modseq; 0 means "re-check".
-                    let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
-                    if let Err(err) = cache.publish(event).await {
-                        tracing::debug!(error = %err, "mailbox event not published");
-                    }
+            // Wake IDLE sessions on every pod. Publishing only queues the event (a
+            // serving pod's cache never waits on Redis here), so it needs no task of
+            // its own on this path.
+            for (account_id, mailbox_id) in locals {
+                // The store does not report the new modseq; 0 means "re-check".
+                let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
+                if let Err(err) = self.app.cache.publish(event).await {
+                    tracing::debug!(error = %err, "mailbox event not published");
                 }
-            });
+            }
         }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();
