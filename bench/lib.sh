@@ -19,7 +19,7 @@ STRESS=${STRESS:-target/release/mailcluster-stress}
 PEERS=${PEERS_DIR:-/var/tmp/mailcluster-peers}
 ulimit -n "$(ulimit -Hn)"
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_open() { svc_port_open "$1"; }
 machine_line() {
   echo "## machine: $(nproc) cores; $(free -g | awk '/Mem:/{print $2" GiB RAM"}'); load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%FT%TZ)"
 }

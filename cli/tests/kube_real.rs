@@ -18,8 +18,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use common::redis::free_port;
+use common::wire::http_get;
+
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -147,10 +150,9 @@ fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// A name of this run, as a Kubernetes object name may be spelt (no underscores).
 fn unique(prefix: &str) -> String {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    format!("{prefix}-{}-{}", std::process::id(), nanos % 100_000)
+    common::unique(prefix).replace('_', "-")
 }
 
 /// `manifests/install.yaml` applied server-side (once per test process; idempotent
@@ -407,20 +409,6 @@ fn every_cel_rule_rejects_its_violation_with_its_message() {
 
 // ------------------------------------------------------------------ the operator
 
-/// A free port on 127.0.0.1 (bound, then released for the child to take).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
 /// `mailcluster operator` as its own process, logging to a file kept for failures.
 struct OperatorProcess {
     child: Child,
@@ -464,7 +452,7 @@ impl OperatorProcess {
     }
 
     fn metrics_text(&self) -> String {
-        http_get(self.metrics, "/metrics").unwrap_or_default()
+        http_get(self.metrics, "/metrics").1
     }
 
     fn kill9(&mut self) {
