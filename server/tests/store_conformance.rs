@@ -1436,3 +1436,38 @@ async fn sqlite_acknowledged_delivery_survives_kill_9() {
     }
     assert_counts(&s, inbox).await;
 }
+
+/// The database epoch for a role with and without the right to read the cluster's
+/// control data: both give a stable value (the second falls back to the server's
+/// start time); the embedded store has none.
+#[tokio::test]
+async fn postgres_epoch_with_and_without_pg_monitor() {
+    let admin = database_url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = store::open(Some(&admin), dir.path(), 2, CONNECT_TIMEOUT).await.expect("open");
+    let epoch = full.epoch().await.expect("epoch").expect("postgres has one");
+    assert_eq!(full.epoch().await.expect("epoch").as_deref(), Some(epoch.as_str()), "stable");
+
+    // A role without pg_monitor (the usual application role).
+    let role = format!("mc_epoch_{}", std::process::id());
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("admin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'x'"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("role");
+    let (scheme, rest) = admin.split_once("://").expect("scheme");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let plain = format!("{scheme}://{role}:x@{host}");
+    let limited = store::open(Some(&plain), dir.path(), 2, CONNECT_TIMEOUT).await.expect("open as role");
+    let first = limited.epoch().await.expect("epoch without pg_monitor").expect("some");
+    assert_eq!(limited.epoch().await.expect("again").as_deref(), Some(first.as_str()));
+    assert!(epoch.ends_with(&first), "the start time is part of both: {epoch} / {first}");
+    drop(limited);
+    let _ =
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}"))).execute(&mut conn).await;
+
+    let sqlite = store::open(None, dir.path(), 2, CONNECT_TIMEOUT).await.expect("sqlite");
+    assert_eq!(sqlite.epoch().await.expect("epoch"), None);
+}

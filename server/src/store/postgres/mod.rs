@@ -46,6 +46,10 @@ pub struct PgStore {
     pool: PgPool,
     options: PgConnectOptions,
     acquire: AcquireTimer,
+    /// Whether this role may read the cluster's control data (`epoch`); false after
+    /// the first refusal, so that a role without pg_monitor does not leave an error
+    /// in the server's log at every check.
+    control_readable: std::sync::atomic::AtomicBool,
 }
 
 type Tx = Transaction<'static, Postgres>;
@@ -164,7 +168,12 @@ impl PgStore {
                     redact_error(&e, url)
                 ))
             })?;
-        let store = PgStore { pool, options, acquire: AcquireTimer::default() };
+        let store = PgStore {
+            pool,
+            options,
+            acquire: AcquireTimer::default(),
+            control_readable: std::sync::atomic::AtomicBool::new(true),
+        };
         match store.synchronous_commit().await {
             Ok(v) if v == "off" => tracing::warn!(
                 target = %target,
@@ -1500,26 +1509,33 @@ impl Store for PgStore {
     }
 
     async fn epoch(&self) -> StoreResult<Option<String>> {
+        use std::sync::atomic::Ordering;
         let mut conn = self.conn().await?;
         // The cluster's identifier and timeline say it best (a promoted replica
         // shares the identifier but moves to a new timeline; a restore into a new
         // cluster changes the identifier), but reading them needs pg_monitor or a
         // superuser. Without, the server's start time: it changes on every restart
         // and failover too (clearing caches once more than needed, never less).
-        let control: Result<String, _> = sqlx::query_scalar(
-            "SELECT s.system_identifier::text || '/' || c.timeline_id::text \
-             FROM pg_control_system() s, pg_control_checkpoint() c",
-        )
-        .fetch_one(&mut *conn)
-        .await;
+        if self.control_readable.load(Ordering::Relaxed) {
+            let control: Result<String, _> = sqlx::query_scalar(
+                "SELECT s.system_identifier::text || '/' || c.timeline_id::text || '/' || \
+                 pg_postmaster_start_time()::text FROM pg_control_system() s, pg_control_checkpoint() c",
+            )
+            .fetch_one(&mut *conn)
+            .await;
+            match control {
+                Ok(epoch) => return Ok(Some(epoch)),
+                Err(sqlx::Error::Database(d)) if d.code().as_deref() == Some("42501") => {
+                    self.control_readable.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(db_err(e)),
+            }
+        }
         let started: String = sqlx::query_scalar("SELECT pg_postmaster_start_time()::text")
             .fetch_one(&mut *conn)
             .await
             .map_err(db_err)?;
-        Ok(Some(match control {
-            Ok(c) => format!("{c}/{started}"),
-            Err(_) => started,
-        }))
+        Ok(Some(started))
     }
 
     async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
