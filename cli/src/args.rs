@@ -24,8 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the mail server (embedded SQLite and in-process cache unless configured otherwise).
     Serve(ServeArgs),
-    /// Apply pending database schema migrations and exit.
-    Migrate(ConfigArg),
+    /// Apply pending database schema migrations (and add missing --domain's), then exit.
+    Migrate(MigrateArgs),
     /// Manage mail accounts.
     User {
         #[command(flatten)]
@@ -75,6 +75,16 @@ pub struct ConfigArg {
     /// Configuration file (TOML, or YAML by extension); MAILCLUSTER_* variables override it.
     #[arg(long, short = 'c', value_name = "FILE", env = "MAILCLUSTER_CONFIG", global = true)]
     pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// A domain to serve: added when missing, never removed (repeatable). The
+    /// operator's migration Job passes the MailCluster's `spec.domains` this way.
+    #[arg(long = "domain", value_name = "DOMAIN")]
+    pub domains: Vec<String>,
 }
 
 #[derive(Debug, Args)]

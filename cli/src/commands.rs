@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use mailcluster_server::config::Config;
-use mailcluster_server::store::Store;
+use mailcluster_server::store::{Store, StoreError};
+use mailcluster_stress::StressArgs;
 
 use crate::args::{ConfigArg, DomainCommand, PasswordArgs, ServeArgs, UserCommand};
 use crate::failure::Failure;
@@ -27,11 +28,87 @@ pub async fn serve(args: &ServeArgs, config: Config) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn migrate(config: &Config) -> Result<(), Failure> {
+/// Applies the schema migrations, then makes sure `domains` are served: each is
+/// added when missing and none is ever removed (deleting a domain is an explicit
+/// `domain del`, never a side effect of a list that changed).
+pub async fn migrate(config: &Config, domains: &[String]) -> Result<(), Failure> {
     let store = mailcluster_server::serve::open_store(config).await?;
     store.migrate().await.context("migration failed")?;
     tracing::info!(backend = store.backend(), "schema is up to date");
+    for domain in domains {
+        let domain = checked_domain(domain)?;
+        match store.domain_add(&domain).await {
+            Ok(()) => tracing::info!(%domain, "domain added"),
+            Err(StoreError::AlreadyExists(_)) => {}
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!("cannot add domain {domain}")).into());
+            }
+        }
+    }
     Ok(())
+}
+
+/// `mailcluster stress`, and with `--provision-accounts` the accounts it logs in as:
+/// created when missing, given a password made for this run, and locked with another
+/// one nobody knows once the run is over, whatever its outcome.
+pub async fn stress(mut args: StressArgs) -> Result<i32, Failure> {
+    if !args.provision_accounts || args.print || args.sink.is_some() {
+        return Ok(mailcluster_stress::run(args).await);
+    }
+    let users = mailcluster_stress::args::planned_users(&args).map_err(Failure::usage)?;
+    let config = Config::load(None, std::env::vars()).map_err(Failure::usage)?;
+    let store = admin_store(&config).await?;
+    let password = random_password();
+    let emails: Vec<&str> = users.list.iter().map(|(email, _)| email.as_str()).collect();
+    // One hash for every account: the password is the same and argon2 is slow by design.
+    set_passwords(&config, &*store, &emails, &hash(&password).await?, true).await?;
+    eprintln!("{} stress accounts ready", emails.len());
+    args.password = Some(password);
+    let code = mailcluster_stress::run(args).await;
+    set_passwords(&config, &*store, &emails, &hash(&random_password()).await?, false).await?;
+    eprintln!("{} stress accounts locked", emails.len());
+    Ok(code)
+}
+
+async fn set_passwords(
+    config: &Config,
+    store: &dyn Store,
+    emails: &[&str],
+    hash: &str,
+    create: bool,
+) -> Result<(), Failure> {
+    let mut ids = Vec::with_capacity(emails.len());
+    for email in emails {
+        check_email(email)?;
+        let existing = store.account_get(email).await.with_context(|| format!("cannot look up {email}"))?;
+        let id = match existing {
+            Some(account) => {
+                store
+                    .account_set_password(email, hash)
+                    .await
+                    .with_context(|| format!("cannot set the password of {email}"))?;
+                account.id
+            }
+            None if create => {
+                store
+                    .account_create(email, hash)
+                    .await
+                    .with_context(|| format!("cannot create stress account {email}"))?
+                    .id
+            }
+            None => continue,
+        };
+        ids.push(id);
+    }
+    forget_credentials(config, &ids).await;
+    Ok(())
+}
+
+/// 24 random bytes, hex: a password for one run, never shown.
+fn random_password() -> String {
+    let mut bytes = [0u8; 24];
+    rand::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Opens the store for an admin command, applying migrations first when the
@@ -49,10 +126,7 @@ pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Fail
     let store = admin_store(config).await?;
     match command {
         DomainCommand::Add { domain } => {
-            let domain = domain.trim().to_ascii_lowercase();
-            if domain.is_empty() || domain.contains(['@', ' ']) {
-                return Err(Failure::usage(anyhow::anyhow!("{domain:?} is not a domain name")));
-            }
+            let domain = checked_domain(domain)?;
             store.domain_add(&domain).await.with_context(|| format!("cannot add domain {domain}"))?;
             eprintln!("domain {domain} added");
         }
@@ -97,13 +171,13 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 .account_set_password(email, &hash)
                 .await
                 .with_context(|| format!("cannot change the password of {email}"))?;
-            forget_credentials(config, account.id).await;
+            forget_credentials(config, &[account.id]).await;
             eprintln!("password of {email} changed");
         }
         (UserCommand::Del { email }, _) => {
             let account = existing_account(&*store, email).await?;
             store.account_delete(email).await.with_context(|| format!("cannot delete user {email}"))?;
-            forget_credentials(config, account.id).await;
+            forget_credentials(config, &[account.id]).await;
             eprintln!("user {email} deleted");
         }
         (UserCommand::List { domain }, _) => {
@@ -134,18 +208,28 @@ async fn existing_account(
 /// (Redis) cache, drop them so the old password stops working at once. The
 /// in-process cache of a running embedded server is out of reach and expires by
 /// itself. Failing here is a warning: the change itself is already stored.
-async fn forget_credentials(config: &Config, account_id: i64) {
-    if config.redis.url.is_none() {
+async fn forget_credentials(config: &Config, account_ids: &[i64]) {
+    if config.redis.url.is_none() || account_ids.is_empty() {
         return;
     }
     let purge = async {
         let cache = mailcluster_server::serve::open_cache(config).await?;
-        cache.credential_purge_account(account_id).await?;
+        for id in account_ids {
+            cache.credential_purge_account(*id).await?;
+        }
         anyhow::Ok(())
     };
     if let Err(e) = purge.await {
         tracing::warn!(error = %format!("{e:#}"), "cannot clear cached credentials; they expire by themselves");
     }
+}
+
+fn checked_domain(domain: &str) -> Result<String, Failure> {
+    let domain = domain.trim().to_ascii_lowercase();
+    if domain.is_empty() || domain.contains(['@', ' ']) {
+        return Err(Failure::usage(anyhow::anyhow!("{domain:?} is not a domain name")));
+    }
+    Ok(domain)
 }
 
 fn check_email(email: &str) -> Result<(), Failure> {

@@ -44,7 +44,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), "warn")
                 .map_err(Failure::usage)?;
             logging::init(filter, "auto");
-            let code = runtime()?.block_on(mailcluster_stress::run(*args));
+            let code = runtime()?.block_on(commands::stress(*args))?;
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }
         Command::Crd => {
@@ -80,9 +80,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Serve(ref args) => &args.config,
-        Command::Migrate(ref config)
-        | Command::User { ref config, .. }
-        | Command::Domain { ref config, .. } => config,
+        Command::Migrate(ref args) => &args.config,
+        Command::User { ref config, .. } | Command::Domain { ref config, .. } => config,
     };
     let config = commands::load_config(config_arg)?;
     let rust_log = std::env::var("RUST_LOG").ok();
@@ -93,7 +92,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     runtime()?.block_on(async {
         match &cli.command {
             Command::Serve(args) => commands::serve(args, config).await,
-            Command::Migrate(_) => commands::migrate(&config).await,
+            Command::Migrate(args) => commands::migrate(&config, &args.domains).await,
             Command::User { command, .. } => commands::user(&config, command).await,
             Command::Domain { command, .. } => commands::domain(&config, command).await,
             Command::Version

@@ -2,25 +2,32 @@
 //! self-signed certificate, free ports): the `submission-pop3` profile — AUTH PLAIN
 //! on 465 and 587 with attachments, POP3 on 995 — runs without a single error, as
 //! does the same load spelled out in flags; a sender the login does not own is
-//! refused with 553 and counted as such.
+//! refused with 553 and counted as such. The in-cluster way: the migration adds the
+//! domains, the runner provisions its accounts over PostgreSQL with a password that
+//! lives for one run.
 
 mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{ServeProcess, ephemeral_ports};
+use common::cluster::{PgDatabase, ServeProcess, ephemeral_ports};
+use common::wire::imap_exchange;
 use common::{Output, run, run_with};
 
 const USERS: usize = 4;
 
 /// Runs `mailcluster stress ARGS --json FILE` and returns its exit output and report.
 fn stress(dir: &Path, args: &[&str]) -> (Output, serde_json::Value) {
+    stress_with(dir, args, &[])
+}
+
+fn stress_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Output, serde_json::Value) {
     let json = dir.join(format!("report-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&json);
     let mut all = vec!["stress", "-q", "--no-progress", "--json", json.to_str().unwrap()];
     all.extend_from_slice(args);
-    let out = run_with(dir, &all, &[], "", Duration::from_secs(120));
+    let out = run_with(dir, &all, env, "", Duration::from_secs(120));
     out.assert_no_panic();
     let text = std::fs::read_to_string(&json)
         .unwrap_or_else(|e| panic!("no JSON report ({e}); stdout: {}\nstderr: {}", out.stdout, out.stderr));
@@ -179,4 +186,106 @@ fn submission_pop3_profile_runs_clean_against_serve() {
         serde_json::json!({"smtp-553": 8}),
         "{report:#}"
     );
+}
+
+/// `migrate --domain` (the migration Job's spec.domains) then `stress
+/// --provision-accounts` (the stress Job's accounts) against a server on a fresh
+/// PostgreSQL database: nothing added by hand, no error, and the accounts' password
+/// dies with the run.
+#[test]
+fn provisioned_accounts_serve_one_run_and_are_locked_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = PgDatabase::create("stress_provision");
+    let mut env = ephemeral_ports();
+    env.push(("MAILCLUSTER_DATABASE_URL", &db.url));
+
+    // Twice: the second run finds both domains and changes nothing.
+    for _ in 0..2 {
+        run(dir.path(), &["migrate", "--domain", "Example.Test", "--domain", "example.org"], &env).ok();
+    }
+    let listed = run(dir.path(), &["domain", "list"], &env);
+    assert_eq!(listed.ok().stdout.lines().collect::<Vec<_>>(), ["example.org", "example.test"]);
+    let bad = run(dir.path(), &["migrate", "--domain", "not a domain"], &env);
+    assert_eq!(bad.code, Some(2), "a usage error: {}", bad.stderr);
+
+    let server = ServeProcess::start(dir.path(), &env, 7);
+    let (p465, p993) = (server.addr("submissions").to_string(), server.addr("imaps").to_string());
+    let provisioned = |extra: &[&str]| {
+        let mut args = vec![
+            "--provision-accounts",
+            "--users-template",
+            "stress{:04}@example.test",
+            "--users-count",
+            "3",
+            "--submissions",
+            &p465,
+            "--imap",
+            &p993,
+            "--imap-tls",
+            "implicit",
+            "-k",
+            "-s",
+            "deliver,auth",
+            "--smtp-target",
+            "submissions",
+            "--auth",
+            "plain",
+            "-c",
+            "3",
+            "--closed-loop",
+            "--max-ops",
+            "6",
+            "-d",
+            "20s",
+        ];
+        args.extend_from_slice(extra);
+        stress_with(dir.path(), &args, &env)
+    };
+    // The second run finds the accounts and gives them a new password.
+    for _ in 0..2 {
+        let (out, report) = provisioned(&[]);
+        assert_no_errors(&report, &out);
+        assert_eq!(total(&report, "deliver", "ok"), 6, "{report:#}");
+        assert!(total(&report, "imap-authenticate-plain", "ok") > 0, "{report:#}");
+        assert!(out.stderr.contains("3 stress accounts locked"), "{}", out.stderr);
+    }
+    let users = run(dir.path(), &["user", "list"], &env);
+    assert_eq!(
+        users.ok().stdout.lines().collect::<Vec<_>>(),
+        ["stress0001@example.test", "stress0002@example.test", "stress0003@example.test"]
+    );
+    // After the run no password the runner might have used opens the account.
+    let imap = server.addr("imap");
+    for password in ["pass", "secret"] {
+        let replies = imap_exchange(imap, "stress0001@example.test", password, &[]).expect("IMAP answers");
+        assert!(replies[0].starts_with("a NO"), "{replies:?}");
+    }
+
+    // Flags that would bypass the run's password are refused up front.
+    let (code, stderr) = {
+        let out = run(
+            dir.path(),
+            &["stress", "--provision-accounts", "--password", "x", "--smtp", "127.0.0.1:1"],
+            &env,
+        );
+        (out.code, out.stderr)
+    };
+    assert_eq!(code, Some(2), "{stderr}");
+    // A domain the store does not serve: the run does not start, and says why.
+    let out = run(
+        dir.path(),
+        &[
+            "stress",
+            "--provision-accounts",
+            "--users-template",
+            "u{}@nowhere.test",
+            "--users-count",
+            "1",
+            "--smtp",
+            &p465,
+        ],
+        &env,
+    );
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("u1@nowhere.test"), "{}", out.stderr);
 }

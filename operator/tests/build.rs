@@ -305,7 +305,14 @@ fn stress_cron_job_and_on_demand_job() {
     assert_eq!(pod.service_account_name.as_deref(), Some("prod-stress"));
     assert_eq!(
         pod.containers[0].args.as_ref().unwrap(),
-        &["stress", "--report-to", "mail/prod", "--scenario-file", "/etc/mailcluster/stress.yaml"]
+        &[
+            "stress",
+            "--report-to",
+            "mail/prod",
+            "--scenario-file",
+            "/etc/mailcluster/stress.yaml",
+            "--provision-accounts"
+        ]
     );
     // Jobs the CronJob spawns must not carry the labels orphan deletion lists by.
     let jt_labels = s.job_template.metadata.unwrap().labels.unwrap();
@@ -413,9 +420,24 @@ fn migration_holds_deployments_on_the_old_image() {
     assert_eq!(pod.containers[0].image.as_deref(), Some(new.as_str()));
     assert_eq!(
         pod.containers[0].args.as_ref().unwrap(),
-        &["migrate", "--config", "/etc/mailcluster/migrate.toml"]
+        &[
+            "migrate",
+            "--config",
+            "/etc/mailcluster/migrate.toml",
+            "--domain",
+            "example.com",
+            "--domain",
+            "example.org"
+        ]
     );
     assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+    // A domain added to the spec is a new Job (a Job's template is immutable); the
+    // rollout does not wait for it once the image is migrated.
+    let mut more = mc.clone();
+    more.spec.domains.push("example.net".into());
+    let again = build(&more, &BuildContext::steady_state(&more)).unwrap();
+    assert_ne!(again.migration_job, b.migration_job);
+    assert_eq!(again.rollout, Rollout::Current);
 
     // First install: nothing runs until the schema exists.
     let ctx = BuildContext { migrated_image: None, ..BuildContext::steady_state(&mc) };

@@ -105,6 +105,13 @@ pub struct StressArgs {
     /// File of `user password` lines (overrides the template).
     #[arg(long, value_name = "FILE")]
     pub users_file: Option<PathBuf>,
+    /// Before the run, make the run's users exist in the mail store that `serve`
+    /// would open (MAILCLUSTER_DATABASE_URL, or the embedded default) and give them
+    /// all a password made for this run; afterwards, replace it with one nobody
+    /// knows. The in-cluster stress Job runs this way: its accounts never carry a
+    /// password that outlives the run. The users' domain must already be served.
+    #[arg(long, conflicts_with_all = ["users_file", "password"])]
+    pub provision_accounts: bool,
 
     /// Concurrent sessions (connections held, for connect-flood).
     #[arg(short = 'c', long)]
@@ -246,15 +253,50 @@ pub struct Setup {
 const MAX_CONCURRENCY: u32 = 200_000;
 const MAX_OPS_CLOSED: u64 = 100_000_000;
 
-pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
-    let mut spec: StressSpec = match (&args.file, args.profile) {
+/// The run's users: the scenario file's (or profile's) `users`, with the flags
+/// applied on top.
+fn users_of(args: &StressArgs, spec: Option<UsersSpec>) -> anyhow::Result<(UsersSpec, Users)> {
+    let mut u = spec.unwrap_or_default();
+    if let Some(v) = &args.users_template {
+        u.template = v.clone();
+    }
+    if let Some(v) = args.users_first {
+        u.first = v;
+    }
+    if let Some(v) = args.users_count {
+        u.count = v;
+    }
+    if let Some(v) = &args.password {
+        u.password = v.clone();
+    }
+    if let Some(v) = &args.users_file {
+        u.file = Some(v.display().to_string());
+    }
+    let users = Users::from_spec(&u)?;
+    Ok((u, users))
+}
+
+/// The users a run with these arguments logs in as, without resolving anything
+/// else (what `--provision-accounts` creates before the run).
+pub fn planned_users(args: &StressArgs) -> anyhow::Result<Users> {
+    let mut spec = load_spec(args)?;
+    Ok(users_of(args, spec.users.take())?.1)
+}
+
+/// The scenario file or profile the arguments name (an empty spec when neither).
+fn load_spec(args: &StressArgs) -> anyhow::Result<StressSpec> {
+    Ok(match (&args.file, args.profile) {
         (Some(f), _) => {
             let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
             serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", f.display()))?
         }
         (None, Some(p)) => p.spec().with_context(|| format!("parsing profile {p}"))?,
         (None, None) => StressSpec::default(),
-    };
+    })
+}
+
+pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
+    let mut spec = load_spec(args)?;
     // Targets.
     let mut t = spec.targets.take().unwrap_or_default();
     override_endpoint(&mut t.smtp, &args.smtp, args.smtp_tls, TlsMode::Plain);
@@ -291,24 +333,7 @@ pub fn resolve(args: &StressArgs) -> anyhow::Result<Setup> {
         );
     }
 
-    // Users.
-    let mut u = spec.users.take().unwrap_or_default();
-    if let Some(v) = &args.users_template {
-        u.template = v.clone();
-    }
-    if let Some(v) = args.users_first {
-        u.first = v;
-    }
-    if let Some(v) = args.users_count {
-        u.count = v;
-    }
-    if let Some(v) = &args.password {
-        u.password = v.clone();
-    }
-    if let Some(v) = &args.users_file {
-        u.file = Some(v.display().to_string());
-    }
-    let users = Users::from_spec(&u)?;
+    let (u, users) = users_of(args, spec.users.take())?;
     if let Some(sender) = &args.sender {
         check_sender(sender)?;
     }

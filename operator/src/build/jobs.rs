@@ -12,16 +12,28 @@ use super::workload::{
 use crate::config;
 use crate::names::{self, CONFIG_DIR, DATA_DIR};
 
-/// The migration Job is named after what its pod template is made of (image and
-/// database secret reference): a Job's template is immutable, so a new image gets a
-/// new Job, and the same image never migrates twice.
+/// The migration Job is named after what its pod template is made of (image,
+/// database secret reference, domains): a Job's template is immutable, so a new
+/// image or a domain added to the spec gets a new Job, and the same template never
+/// runs twice.
 pub fn migration_job_name(mc: &MailCluster) -> String {
     let r = &mc.spec.postgres.url_secret_ref;
-    format!(
-        "{}-migrate-{}",
-        names::cluster_name(mc),
-        names::short_hash(&[&mc.spec.image.reference(), &r.name, &r.key])
-    )
+    let image = mc.spec.image.reference();
+    let mut parts = vec![image.as_str(), r.name.as_str(), r.key.as_str()];
+    parts.extend(mc.spec.domains.iter().map(String::as_str));
+    format!("{}-migrate-{}", names::cluster_name(mc), names::short_hash(&parts))
+}
+
+/// `migrate` and the domains to serve: the store learns `spec.domains` here, so a
+/// fresh install accepts mail for them without a `domain add` by hand. Domains
+/// removed from the spec stay (mail may still be in their mailboxes).
+fn migration_args(mc: &MailCluster, config_file: &str) -> Vec<String> {
+    let mut args = vec!["migrate".to_string(), "--config".into(), config_file.into()];
+    for d in &mc.spec.domains {
+        args.push("--domain".into());
+        args.push(d.clone());
+    }
+    args
 }
 
 pub fn migration_job(mc: &MailCluster) -> Value {
@@ -52,7 +64,7 @@ pub fn migration_job(mc: &MailCluster) -> Value {
                     "containers": [{
                         "name": "migrate",
                         "image": image,
-                        "args": ["migrate", "--config", format!("{CONFIG_DIR}/{key}")],
+                        "args": migration_args(mc, &format!("{CONFIG_DIR}/{key}")),
                         "env": env,
                         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                         "securityContext": container_security_context(),
@@ -183,7 +195,7 @@ pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> Value 
 fn stress_job_spec(mc: &MailCluster, stress: &ClusterStressSpec, image: &str) -> Value {
     let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
     // The runner provisions its test accounts through the store (budgeted as the
-    // stress reserve) and reports through the Kubernetes API.
+    // stress reserve; `--provision-accounts`) and reports through the Kubernetes API.
     env.extend(secret_envs(mc));
     let mut volumes = vec![json!({"name": "scenarios", "configMap": {"name": names::stress(mc)}})];
     volumes.extend(scratch_volumes());
@@ -208,6 +220,8 @@ fn stress_job_spec(mc: &MailCluster, stress: &ClusterStressSpec, image: &str) ->
                         "stress",
                         "--report-to", format!("{}/{}", names::namespace(mc), names::cluster_name(mc)),
                         "--scenario-file", format!("{CONFIG_DIR}/stress.yaml"),
+                        // The test accounts get a password for this run only.
+                        "--provision-accounts",
                     ],
                     "env": env,
                     "resources": stress.resources.as_ref().map_or_else(
