@@ -1,11 +1,14 @@
-//! Mailcluster API types: the `MailCluster` custom resource (spec and status) and
-//! the names shared by the operator, the stress runner and the CLI.
+//! Mailcluster API types: the `MailCluster` custom resource (spec and status), the
+//! mail pod's configuration file, and the names shared by the operator, the server,
+//! the stress runner and the CLI.
 //!
-//! This crate holds data types only — no I/O, no reconcile logic — so every
-//! component can depend on it without pulling in a client.
+//! This crate holds data types only — no network I/O, no reconcile logic — so every
+//! component can depend on it without pulling in a client. (Reading the pod's
+//! configuration file is the one read it does.)
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod config;
 pub mod stress;
 
 pub use cluster::*;

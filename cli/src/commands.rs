@@ -16,7 +16,7 @@ use crate::failure::Failure;
 
 /// Loads the configuration from `--config` and the process environment.
 pub fn load_config(arg: &ConfigArg) -> Result<Config, Failure> {
-    Config::load(arg.config.as_deref(), std::env::vars()).map_err(Failure::usage)
+    mailcluster_server::config::load(arg.config.as_deref(), std::env::vars()).map_err(Failure::usage)
 }
 
 pub async fn serve(args: &ServeArgs, config: Config) -> Result<(), Failure> {
@@ -56,7 +56,7 @@ pub async fn stress(mut args: StressArgs) -> Result<i32, Failure> {
         return Ok(mailcluster_stress::run(args).await);
     }
     let users = mailcluster_stress::args::planned_users(&args).map_err(Failure::usage)?;
-    let config = Config::load(None, std::env::vars()).map_err(Failure::usage)?;
+    let config = mailcluster_server::config::load(None, std::env::vars()).map_err(Failure::usage)?;
     let store = admin_store(&config).await?;
     let password = random_password();
     let emails: Vec<&str> = users.list.iter().map(|(email, _)| email.as_str()).collect();

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use mailcluster_api::{MailCluster, Protocol};
 
-use crate::config::MIGRATION_POOL_SIZE;
+use crate::build::pod_config::MIGRATION_POOL_SIZE;
 use crate::validate::ValidationError;
 
 /// Connections kept for a stress run (it seeds test accounts through the store).

@@ -10,7 +10,6 @@
 pub mod budget;
 pub mod build;
 pub mod children;
-pub mod config;
 pub mod crd;
 pub mod leader;
 pub mod metrics;

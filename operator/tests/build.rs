@@ -6,8 +6,8 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use mailcluster_api::MailCluster;
 use mailcluster_api::stress::{EndpointSpec, StressProfile, StressSpec, TlsMode};
+use mailcluster_api::{Listener, MailCluster};
 use mailcluster_operator::build::{BuildContext, Built, Rollout, build};
 use mailcluster_operator::children::ChildKind;
 use mailcluster_operator::names;
@@ -144,6 +144,16 @@ fn deployment_pod_is_locked_down_and_probed() {
     assert_eq!(ann[names::CONFIG_HASH_ANNOTATION], names::hash_hex(text));
 }
 
+/// The file as a pod reads it: through the server's loader, with every check it
+/// makes at start (unknown keys, listener clashes, filters, URLs).
+fn server_loads(key: &str, text: &str) -> mailcluster_api::config::Config {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(key);
+    std::fs::write(&path, text).unwrap();
+    mailcluster_server::config::load(Some(&path), std::iter::empty())
+        .unwrap_or_else(|e| panic!("{key} rejected by the server: {e}\n{text}"))
+}
+
 #[test]
 fn config_files_are_accepted_by_the_server() {
     let mc = fixture("full");
@@ -153,33 +163,32 @@ fn config_files_are_accepted_by_the_server() {
     let keys: Vec<&str> = data.keys().map(String::as_str).collect();
     assert_eq!(keys, ["imap.toml", "migrate.toml", "pop3.toml", "smtp.toml", "submission.toml"]);
     for (key, text) in &data {
-        let cfg: mailcluster_server::config::Config =
-            toml::from_str(text).unwrap_or_else(|e| panic!("{key} rejected by the server: {e}"));
+        let cfg = server_loads(key, text);
         assert!(!cfg.database.migrate_on_start, "{key}: the migration Job migrates");
         assert!(cfg.database.url.is_none(), "{key}: URLs come from Secrets, not the ConfigMap");
         assert_eq!(cfg.hostname, "mx.example.com");
         assert_eq!(cfg.redis.key_prefix, "prod:");
         assert_eq!(cfg.shutdown_grace_secs, 40);
-        assert_eq!(cfg.ports, mailcluster_server::config::Ports::default(), "contract ports");
+        assert_eq!(cfg.ports, mailcluster_api::config::Ports::default(), "contract ports");
         assert_eq!(cfg.tls.cert.as_deref(), Some(std::path::Path::new("/etc/mailcluster/tls/tls.crt")));
         assert!(cfg.net.proxy_protocol.enabled);
         assert_eq!(cfg.net.proxy_protocol.trusted_cidrs, vec!["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
         assert_eq!(cfg.log.level, "debug");
     }
-    let smtp: mailcluster_server::config::Config = toml::from_str(&data["smtp.toml"]).unwrap();
-    assert_eq!(smtp.protocols, ["smtp"]);
+    let smtp = server_loads("smtp.toml", &data["smtp.toml"]);
+    assert_eq!(smtp.protocols, [Listener::Smtp]);
     assert_eq!(smtp.database.pool_size, 10);
     assert_eq!(smtp.net.max_connections, 2000);
     assert_eq!(smtp.net.max_connections_per_ip, 20);
-    let sub: mailcluster_server::config::Config = toml::from_str(&data["submission.toml"]).unwrap();
-    assert_eq!(sub.protocols, ["submission", "submissions"]);
-    let migrate: mailcluster_server::config::Config = toml::from_str(&data["migrate.toml"]).unwrap();
+    let sub = server_loads("submission.toml", &data["submission.toml"]);
+    assert_eq!(sub.protocols, [Listener::Submission, Listener::Submissions]);
+    let migrate = server_loads("migrate.toml", &data["migrate.toml"]);
     assert_eq!(migrate.database.pool_size, 2);
 
     // Default key prefix is per cluster so clusters can share a Redis.
     let minimal = steady(&fixture("minimal"));
     let cm: ConfigMap = get(&minimal, ChildKind::ConfigMap, "mail-config");
-    let cfg: mailcluster_server::config::Config = toml::from_str(&cm.data.unwrap()["smtp.toml"]).unwrap();
+    let cfg = server_loads("smtp.toml", &cm.data.unwrap()["smtp.toml"]);
     assert_eq!(cfg.redis.key_prefix, "mc:mail:mail:");
     assert_eq!(cfg.hostname, "mail.example.com");
     assert!(cfg.tls.cert.is_none());

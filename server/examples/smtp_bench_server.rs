@@ -44,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
         store.clone(),
-        config.smtp.delivery_options(),
+        mailcluster_server::smtp::delivery_options(&config.smtp),
     ));
     let metrics = Arc::new(mailcluster_server::metrics::Metrics::new());
     let app = mailcluster_server::app::App {

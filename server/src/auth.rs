@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use argon2::{Algorithm, Argon2, Params, Version};
 use hmac::{Hmac, KeyInit, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use tokio::sync::Semaphore;
 
@@ -61,41 +60,7 @@ impl AuthOutcome {
     }
 }
 
-/// `[auth]` in the configuration file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuthConfig {
-    /// Failed logins allowed per user name in one window; further attempts are
-    /// refused (`RateLimited`) without checking the password until it ends.
-    /// 0 disables this limit (likewise `max_failures_per_ip`).
-    pub max_failures_per_user: u64,
-    pub user_window_secs: u64,
-    /// Failed logins allowed per client address (IPv6: per /64, what one host
-    /// usually controls) in one window. Higher than per user: NAT puts many users
-    /// behind one address.
-    pub max_failures_per_ip: u64,
-    pub ip_window_secs: u64,
-    /// How long a verified credential is served from the cache.
-    pub credential_cache_secs: u64,
-    /// How long the domain list (for bare local-part logins) is kept in memory.
-    pub domain_cache_secs: u64,
-    /// argon2 runs at once on this pod (each holds 19 MiB); 0 = number of CPUs.
-    pub max_concurrent_hashes: usize,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        AuthConfig {
-            max_failures_per_user: 10,
-            user_window_secs: 300,
-            max_failures_per_ip: 30,
-            ip_window_secs: 300,
-            credential_cache_secs: 300,
-            domain_cache_secs: 10,
-            max_concurrent_hashes: 0,
-        }
-    }
-}
+pub use mailcluster_api::config::AuthConfig;
 
 /// Name of the shared secret keying the credential cache.
 const CREDENTIAL_SECRET: &str = "credential-key";

@@ -22,6 +22,7 @@ use crate::net::{self, Listener, ListenerSpec, Protocol, ShutdownController, Tls
 use crate::pop3::Pop3Protocol;
 use crate::smtp::{SmtpKind, SmtpProtocol};
 use crate::store::{self, Store, StoreError};
+use mailcluster_api::Listener as ConfigListener;
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
@@ -46,7 +47,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     store.set_acquire_observer(Arc::new(move |wait| acquire.observe(wait.as_secs_f64())));
     let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
-    let deliverer = Arc::new(Deliverer::with_options(store.clone(), config.smtp.delivery_options()));
+    let deliverer =
+        Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
     let app = App {
         config: config.clone(),
         store: store.clone(),
@@ -68,13 +70,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let admin_listener =
         admin::bind(admin_addr).await.with_context(|| format!("cannot listen on {admin_addr} (admin)"))?;
     let mut bound = Vec::new();
-    for name in config.enabled_protocols() {
-        let Some((tls_mode, protocol)) = protocol_for(name, &app) else {
-            tracing::warn!(listener = name, "protocol not available in this build; not listening");
-            continue;
-        };
-        let port = config.ports.get(name).unwrap_or(0);
-        let spec = ListenerSpec::from_config(name, port, tls_mode, &config);
+    for (listener, addr) in config.listen_addrs() {
+        let name = listener.name();
+        let (tls_mode, protocol) = protocol_for(listener, &app);
+        let spec = ListenerSpec::from_config(name, addr.port(), tls_mode, &config);
         let addr = spec.addr;
         let listener = Listener::bind(spec).with_context(|| format!("cannot listen on {addr} ({name})"))?;
         bound.push((listener, protocol));
@@ -99,21 +98,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The session type and TLS mode of each listener name in
-/// [`PROTOCOLS`](crate::config::PROTOCOLS); `None` for a name this build does not
-/// serve.
-fn protocol_for(name: &str, app: &App) -> Option<(TlsMode, Arc<dyn Protocol>)> {
+/// The session type and TLS mode of each listener.
+fn protocol_for(listener: ConfigListener, app: &App) -> (TlsMode, Arc<dyn Protocol>) {
     let app = app.clone();
-    Some(match name {
-        "smtp" => (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Mx))),
-        "submission" => (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Submission))),
-        "submissions" => (TlsMode::Implicit, Arc::new(SmtpProtocol::new(app, SmtpKind::Submissions))),
-        "imap" => (TlsMode::Plain, Arc::new(ImapProtocol::new(app, false))),
-        "imaps" => (TlsMode::Implicit, Arc::new(ImapProtocol::new(app, true))),
-        "pop3" => (TlsMode::Plain, Arc::new(Pop3Protocol::new(app, false))),
-        "pop3s" => (TlsMode::Implicit, Arc::new(Pop3Protocol::new(app, true))),
-        _ => return None,
-    })
+    match listener {
+        ConfigListener::Smtp => (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Mx))),
+        ConfigListener::Submission => {
+            (TlsMode::Plain, Arc::new(SmtpProtocol::new(app, SmtpKind::Submission)))
+        }
+        ConfigListener::Submissions => {
+            (TlsMode::Implicit, Arc::new(SmtpProtocol::new(app, SmtpKind::Submissions)))
+        }
+        ConfigListener::Imap => (TlsMode::Plain, Arc::new(ImapProtocol::new(app, false))),
+        ConfigListener::Imaps => (TlsMode::Implicit, Arc::new(ImapProtocol::new(app, true))),
+        ConfigListener::Pop3 => (TlsMode::Plain, Arc::new(Pop3Protocol::new(app, false))),
+        ConfigListener::Pop3s => (TlsMode::Implicit, Arc::new(Pop3Protocol::new(app, true))),
+    }
 }
 
 /// The cache of a serving pod: with Redis configured, Redis behind its per-pod

@@ -39,7 +39,7 @@ fn child_server() {
         config.smtp.max_connections_per_ip = 0;
         let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
             store.clone(),
-            config.smtp.delivery_options(),
+            mailcluster_server::smtp::delivery_options(&config.smtp),
         ));
         let app = mailcluster_server::app::App {
             config: Arc::new(config),

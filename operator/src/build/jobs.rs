@@ -6,10 +6,10 @@ use mailcluster_api::{ClusterStressSpec, Listener, MailCluster, Protocol};
 use serde_json::{Value, json};
 
 use super::metadata;
+use super::pod_config as config;
 use super::workload::{
     container_security_context, pod_security_context, scratch_mounts, scratch_volumes, secret_envs,
 };
-use crate::config;
 use crate::names::{self, CONFIG_DIR, DATA_DIR};
 
 /// The migration Job is named after what its pod template is made of (image,

@@ -7,6 +7,7 @@
 //! against the Kubernetes OpenAPI schemas (strict: unknown fields fail).
 
 mod jobs;
+pub mod pod_config;
 mod workload;
 
 use kube::Resource;

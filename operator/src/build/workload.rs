@@ -7,8 +7,8 @@ use mailcluster_api::{IssuerRef, Listener, MailCluster, Protocol, ServiceType, T
 use serde_json::{Value, json};
 
 use super::metadata;
+use super::pod_config as config;
 use crate::budget::{ProtocolBudget, SURGE};
-use crate::config;
 use crate::names::{self, ADMIN_PORT, CONFIG_DIR, DATA_DIR, TLS_DIR};
 
 /// Seconds the pod keeps serving after it is marked for deletion, before SIGTERM:

@@ -27,68 +27,13 @@ mod session;
 
 use std::sync::{Arc, Mutex, Weak};
 
-use serde::{Deserialize, Serialize};
-
 pub use session::Session;
 
 use crate::app::App;
 use crate::metrics::Metrics;
 use crate::net::{Protocol, SessionCtx, SessionStream};
 
-/// `[imap]` section of the server configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ImapConfig {
-    /// Longest command line (literal data excluded).
-    pub max_line_bytes: usize,
-    /// Largest literal (APPEND message, long string). Over it, a synchronising
-    /// literal is refused before the client sends it; a LITERAL+ one closes the
-    /// connection.
-    pub max_literal_bytes: usize,
-    /// Idle time after which an authenticated session is logged out (RFC 3501
-    /// §5.4 asks for at least 30 minutes).
-    pub autologout_secs: u64,
-    /// Idle time allowed before authentication.
-    pub preauth_timeout_secs: u64,
-    /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
-    /// keeps NAT boxes and the autologout timer happy, RFC 2177).
-    pub idle_timeout_secs: u64,
-    /// Concurrent sessions per account, counted across all pods through the
-    /// cache (0 = unlimited). See [`limit`].
-    pub max_connections_per_user: usize,
-    /// How long a session still counts against the limit after its pod stopped
-    /// renewing it (crashed without logging out). Pods renew every third of it.
-    pub connection_lease_secs: u64,
-    /// Commands a session may issue per second; more are delayed, not refused.
-    pub max_commands_per_second: u32,
-    /// While IDLE without a working notification stream, poll the store this often.
-    pub idle_poll_secs: u64,
-    /// Messages (UID and flags, about 9 bytes each) a process keeps of recently
-    /// selected mailboxes, so that SELECT of a large mailbox reads only what
-    /// changed since (0 = off). See [`index_cache`].
-    pub select_cache_messages: usize,
-    /// Bytes of message bodies a process keeps for FETCH (bodies never change once
-    /// stored, so any pod may cache them; 0 = off). See [`bodies`].
-    pub body_cache_bytes: usize,
-}
-
-impl Default for ImapConfig {
-    fn default() -> Self {
-        ImapConfig {
-            max_line_bytes: 64 * 1024,
-            max_literal_bytes: 50 * 1024 * 1024,
-            autologout_secs: 30 * 60,
-            preauth_timeout_secs: 60,
-            idle_timeout_secs: 29 * 60,
-            max_connections_per_user: 50,
-            connection_lease_secs: 300,
-            max_commands_per_second: 200,
-            idle_poll_secs: 3,
-            select_cache_messages: 2_000_000,
-            body_cache_bytes: 64 * 1024 * 1024,
-        }
-    }
-}
+pub use mailcluster_api::config::ImapConfig;
 
 /// The IMAP protocol on one listener: `imap` (STARTTLS) or `imaps` (implicit TLS).
 pub struct ImapProtocol {

@@ -21,92 +21,20 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::app::App;
 use crate::delivery::DeliveryOptions;
 use crate::net::{Protocol, SessionCtx, SessionStream};
 
 pub use metrics::SmtpMetrics;
 
-/// `[smtp]` section of the server configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SmtpConfig {
-    /// Longest command line accepted (octets including CRLF); RFC 5321 §4.5.3.1.4
-    /// asks for at least 512, extensions (AUTH initial responses) need more.
-    pub max_line_length: usize,
-    /// Largest message accepted (octets as sent by the client), advertised in SIZE.
-    pub max_message_size: usize,
-    /// After a message went over the limit, how many more octets are read and
-    /// thrown away (so the client can get its 552) before the connection is closed.
-    pub max_discard_size: usize,
-    /// RCPT commands accepted per message; more get 452 4.5.3 (RFC 5321 §4.5.3.1.8).
-    pub max_recipients: usize,
-    /// Failed commands before the session is closed with 421.
-    pub max_errors: u32,
-    /// NOOP/RSET/VRFY/EXPN/HELP allowed per session before each counts as an error.
-    pub max_junk_commands: u32,
-    /// Waiting for a command (RFC 5321 §4.5.3.2.7: at least 5 minutes).
-    pub command_timeout_secs: u64,
-    /// Waiting for the next piece of DATA/BDAT content (§4.5.3.2.5: 3 minutes).
-    pub data_timeout_secs: u64,
-    /// Simultaneous sessions per client IP on one listener (0 = unlimited).
-    pub max_connections_per_ip: usize,
-    /// AUTH only on TLS connections (unless `tls.allow_plaintext_auth` is set).
-    pub require_tls_for_auth: bool,
-    /// On submission, MAIL FROM must be the authenticated account's address.
-    pub sender_must_match_auth: bool,
-    /// Group commit: most deliveries per store transaction.
-    pub group_commit_max_batch: usize,
-    /// Group commit: how long a non-full batch may wait for more while other commits
-    /// are in flight (0 = never wait; batches still form under load). A message
-    /// arriving at an idle server is committed at once either way.
-    pub group_commit_max_wait_ms: u64,
-    /// Group commit: store transactions in flight at once.
-    pub group_commit_max_concurrent: usize,
-    /// How long a recipient lookup (exists / does not exist) is cached.
-    pub recipient_cache_ttl_secs: u64,
-    /// Outbound queue: give up (and bounce) after this long.
-    pub queue_expiry_secs: u64,
-    /// Where mail to the bare `<postmaster>` goes, and to `postmaster@` a local
-    /// domain that has no such account (RFC 5321 §4.5.1 requires both to work).
-    /// Empty: `postmaster@` the server's hostname.
-    pub postmaster: String,
-}
+pub use mailcluster_api::config::SmtpConfig;
 
-impl Default for SmtpConfig {
-    fn default() -> Self {
-        SmtpConfig {
-            max_line_length: 4096,
-            max_message_size: 25 * 1024 * 1024,
-            max_discard_size: 64 * 1024 * 1024,
-            max_recipients: 100,
-            max_errors: 20,
-            max_junk_commands: 100,
-            command_timeout_secs: 300,
-            data_timeout_secs: 180,
-            max_connections_per_ip: 256,
-            require_tls_for_auth: true,
-            sender_must_match_auth: true,
-            group_commit_max_batch: 256,
-            group_commit_max_wait_ms: 1,
-            group_commit_max_concurrent: 4,
-            recipient_cache_ttl_secs: 30,
-            queue_expiry_secs: 5 * 24 * 3600,
-            postmaster: String::new(),
-        }
-    }
-}
-
-impl SmtpConfig {
-    /// The group-commit settings, for building the [`crate::delivery::Deliverer`].
-    pub fn delivery_options(&self) -> DeliveryOptions {
-        DeliveryOptions {
-            max_batch: self.group_commit_max_batch,
-            max_wait: Duration::from_millis(self.group_commit_max_wait_ms),
-            max_concurrent: self.group_commit_max_concurrent,
-        }
+/// The group-commit settings of `[smtp]`, for building the [`crate::delivery::Deliverer`].
+pub fn delivery_options(config: &SmtpConfig) -> DeliveryOptions {
+    DeliveryOptions {
+        max_batch: config.group_commit_max_batch,
+        max_wait: Duration::from_millis(config.group_commit_max_wait_ms),
+        max_concurrent: config.group_commit_max_concurrent,
     }
 }
 

@@ -305,33 +305,7 @@ pub async fn open(
     }
 }
 
-/// The URL with any password replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let mut out = match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-            let (authority, tail) = rest.split_at(authority_end);
-            match authority.rsplit_once('@') {
-                Some((userinfo, host)) => {
-                    let user = match userinfo.split_once(':') {
-                        Some((user, _)) => format!("{user}:***"),
-                        None => userinfo.to_string(),
-                    };
-                    format!("{scheme}://{user}@{host}{tail}")
-                }
-                None => url.to_string(),
-            }
-        }
-        None => url.to_string(),
-    };
-    // `?password=...` is accepted by libpq-style URLs too
-    if let Some(i) = out.find("password=") {
-        let start = i + "password=".len();
-        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
-        out.replace_range(start..end, "***");
-    }
-    out
-}
+pub use mailcluster_api::config::redact_url;
 
 #[cfg(test)]
 mod tests {

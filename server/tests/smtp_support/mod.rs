@@ -144,7 +144,7 @@ impl Harness {
         let store_dyn: Arc<dyn Store> = store.clone();
         let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
             store_dyn.clone(),
-            config.smtp.delivery_options(),
+            mailcluster_server::smtp::delivery_options(&config.smtp),
         ));
         let auth = mailcluster_server::auth::Authenticator::new(
             store_dyn.clone(),

@@ -1,0 +1,426 @@
+//! The mail pod's configuration: a TOML file plus `MAILCLUSTER_*` environment
+//! overrides (DESIGN §4 operational contract). Unknown keys are errors, not silently
+//! ignored: a typo in a limit must not run a server with the default.
+//!
+//! One definition for the two sides of the file: the server reads it
+//! (`Config::load`, plus the checks only a running server can make), the operator
+//! writes it into each MailCluster's ConfigMap. Each section has its defaults and
+//! its checks beside its fields.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Listener;
+
+mod load;
+mod protocols;
+
+pub use load::ConfigError;
+pub use protocols::{AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, Pop3Config, SmtpConfig};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Name used in greetings and Received headers.
+    pub hostname: String,
+    /// `MAILCLUSTER_LISTEN_ADDR`.
+    pub listen_addr: IpAddr,
+    /// `MAILCLUSTER_PROTOCOLS`, e.g. `["smtp", "imap"]`; empty means all.
+    /// Names: smtp, submission, submissions, imap, imaps, pop3, pop3s.
+    pub protocols: Vec<Listener>,
+    pub ports: Ports,
+    /// `MAILCLUSTER_DATA_DIR`: embedded database and generated dev certificate.
+    pub data_dir: PathBuf,
+    pub database: DatabaseConfig,
+    pub redis: RedisConfig,
+    pub tls: TlsConfig,
+    pub net: NetConfig,
+    pub log: LogConfig,
+    /// Seconds sessions get to finish after SIGTERM before they are told goodbye.
+    pub shutdown_grace_secs: u64,
+    pub smtp: SmtpConfig,
+    pub imap: ImapConfig,
+    pub pop3: Pop3Config,
+    pub auth: AuthConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            hostname: "localhost".into(),
+            listen_addr: IpAddr::from([0, 0, 0, 0]),
+            protocols: Vec::new(),
+            ports: Ports::default(),
+            data_dir: PathBuf::from("./mailcluster-data"),
+            database: DatabaseConfig::default(),
+            redis: RedisConfig::default(),
+            tls: TlsConfig::default(),
+            net: NetConfig::default(),
+            log: LogConfig::default(),
+            shutdown_grace_secs: 25,
+            smtp: Default::default(),
+            imap: Default::default(),
+            pop3: Default::default(),
+            auth: Default::default(),
+        }
+    }
+}
+
+/// Listen ports: the standard port + 10000 so pods need no privileges; Services
+/// map the standard ports onto these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Ports {
+    pub smtp: u16,
+    pub submission: u16,
+    pub submissions: u16,
+    pub imap: u16,
+    pub imaps: u16,
+    pub pop3: u16,
+    pub pop3s: u16,
+    pub admin: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        // Container ports are the standard port + 10000 (at most 10995).
+        let port = |l: Listener| u16::try_from(l.container_port()).unwrap_or(0);
+        Ports {
+            smtp: port(Listener::Smtp),
+            submission: port(Listener::Submission),
+            submissions: port(Listener::Submissions),
+            imap: port(Listener::Imap),
+            imaps: port(Listener::Imaps),
+            pop3: port(Listener::Pop3),
+            pop3s: port(Listener::Pop3s),
+            admin: 9090,
+        }
+    }
+}
+
+/// A value that never shows in logs, `Debug` or `--print-config`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// `MAILCLUSTER_DATABASE_URL`: postgres:// or sqlite://; unset → SQLite file in
+    /// the data dir.
+    pub url: Option<Secret>,
+    /// Maximum pool connections per process.
+    pub pool_size: u32,
+    /// Run migrations at start (the operator runs a migration Job and turns this off).
+    pub migrate_on_start: bool,
+    pub connect_timeout_secs: u64,
+    /// Keep retrying an unreachable database at start for this long (0 = fail fast).
+    pub startup_retry_secs: u64,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: None,
+            pool_size: 20,
+            migrate_on_start: true,
+            connect_timeout_secs: 5,
+            startup_retry_secs: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `MAILCLUSTER_REDIS_URL`; unset → in-process cache (single pod only).
+    pub url: Option<Secret>,
+    pub pool_size: u32,
+    pub connect_timeout_secs: u64,
+    /// Prefix for every key, so several clusters can share one Redis.
+    pub key_prefix: String,
+    /// Longest a request waits on Redis before the pod's stand-in answers
+    /// (`cache::resilient`): a slow or dead Redis never holds a session longer.
+    pub request_budget_ms: u64,
+    /// After a Redis failure the pod stops calling Redis and probes it this often
+    /// until it answers again.
+    pub retry_after_secs: u64,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: None,
+            pool_size: 8,
+            connect_timeout_secs: 5,
+            key_prefix: "mc:".into(),
+            request_budget_ms: 50,
+            retry_after_secs: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// `MAILCLUSTER_TLS_CERT` / `MAILCLUSTER_TLS_KEY`: PEM files. Unset → a
+    /// self-signed certificate is generated in the data dir (with a warning).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// How often to look for changed certificate files.
+    pub reload_interval_secs: u64,
+    /// Allow AUTH/LOGIN/USER over unencrypted connections (off by default).
+    pub allow_plaintext_auth: bool,
+    /// Rotate session-ticket keys (shared through the cache) this often.
+    pub ticket_rotation_secs: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert: None,
+            key: None,
+            reload_interval_secs: 10,
+            allow_plaintext_auth: false,
+            ticket_rotation_secs: 6 * 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetConfig {
+    pub backlog: u32,
+    /// Per-listener connection cap; over it, clients get an immediate protocol
+    /// refusal.
+    pub max_connections: usize,
+    /// Per-client-IP connection cap per listener (0 = unlimited).
+    pub max_connections_per_ip: usize,
+    pub tcp_keepalive_secs: u64,
+    pub proxy_protocol: ProxyProtocolConfig,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            backlog: 1024,
+            max_connections: 10_000,
+            max_connections_per_ip: 0,
+            tcp_keepalive_secs: 60,
+            proxy_protocol: ProxyProtocolConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyProtocolConfig {
+    pub enabled: bool,
+    /// Peers allowed to send a PROXY header (v1 or v2); others are refused.
+    pub trusted_cidrs: Vec<ipnet::IpNet>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// An `EnvFilter` directive, e.g. `info` or `mailcluster_server=debug`.
+    pub level: String,
+    /// `auto` (JSON when stdout is not a terminal), `json` or `text`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into(), format: "auto".into() }
+    }
+}
+
+impl Config {
+    /// Checks what the type system cannot: that the enabled listeners fit together
+    /// and the values are usable. Reports every problem at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems.join("; "))) }
+    }
+
+    /// Every problem [`Config::validate`] reports, one message each (a server adds
+    /// the checks that need its own parsers, e.g. of Redis URLs and log filters).
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+
+        if self.hostname.trim().is_empty() {
+            problems.push("hostname must not be empty".to_string());
+        }
+
+        for (i, listener) in self.protocols.iter().enumerate() {
+            if self.protocols[..i].contains(listener) {
+                problems.push(format!("protocol {:?} is listed twice", listener.name()));
+            }
+        }
+
+        // Two listeners on one port would fail at bind time with a less helpful
+        // message; port 0 (pick a free port) may repeat.
+        let mut by_port: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
+        for listener in self.enabled_listeners() {
+            by_port.entry(self.ports.get(listener)).or_default().push(listener.name());
+        }
+        by_port.entry(self.ports.admin).or_default().push("admin");
+        for (port, names) in by_port {
+            if port != 0 && names.len() > 1 {
+                problems.push(format!("port {port} is used by several listeners: {}", names.join(", ")));
+            }
+        }
+
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            problems.push(
+                "tls.cert and tls.key must be set together (or neither, for a generated certificate)".into(),
+            );
+        }
+
+        if let Some(url) = &self.database.url {
+            let url = url.expose();
+            if !(url.starts_with("postgres://")
+                || url.starts_with("postgresql://")
+                || url.starts_with("sqlite:"))
+            {
+                problems.push(format!(
+                    "database.url must start with postgres://, postgresql:// or sqlite: (got {})",
+                    redact_url(url)
+                ));
+            }
+        }
+        for (name, value) in [
+            ("database.pool_size", u64::from(self.database.pool_size)),
+            ("database.connect_timeout_secs", self.database.connect_timeout_secs),
+            ("redis.pool_size", u64::from(self.redis.pool_size)),
+            ("redis.connect_timeout_secs", self.redis.connect_timeout_secs),
+            ("redis.request_budget_ms", self.redis.request_budget_ms),
+            ("redis.retry_after_secs", self.redis.retry_after_secs),
+            ("net.backlog", u64::from(self.net.backlog)),
+            ("net.max_connections", self.net.max_connections as u64),
+            ("tls.reload_interval_secs", self.tls.reload_interval_secs),
+            ("tls.ticket_rotation_secs", self.tls.ticket_rotation_secs),
+            ("imap.connection_lease_secs", self.imap.connection_lease_secs),
+        ] {
+            if value == 0 {
+                problems.push(format!("{name} must be greater than 0"));
+            }
+        }
+
+        if self.pop3.autologout_secs < MIN_AUTOLOGOUT_SECS {
+            problems
+                .push(format!("pop3.autologout_secs must be at least {} (RFC 1939 §3)", MIN_AUTOLOGOUT_SECS));
+        }
+        // RFC 2449 §4: commands may be up to 255 octets; shorter limits break clients.
+        if self.pop3.max_line_bytes < 255 {
+            problems.push("pop3.max_line_bytes must be at least 255 (RFC 2449 §4)".into());
+        }
+        if self.pop3.lock_ttl_secs == 0 {
+            problems.push("pop3.lock_ttl_secs must be greater than 0".into());
+        }
+
+        // A PROXY header from an untrusted peer is refused, so enabling the protocol
+        // with nobody trusted would refuse every connection.
+        if self.net.proxy_protocol.enabled && self.net.proxy_protocol.trusted_cidrs.is_empty() {
+            problems.push("net.proxy_protocol.enabled needs at least one entry in trusted_cidrs".into());
+        }
+
+        if !["auto", "json", "text"].contains(&self.log.format.as_str()) {
+            problems.push(format!("log.format must be auto, json or text (got {:?})", self.log.format));
+        }
+        problems
+    }
+
+    /// The listeners to start: `protocols` as given, or all of them when empty.
+    pub fn enabled_listeners(&self) -> Vec<Listener> {
+        Listener::ALL
+            .into_iter()
+            .filter(|l| self.protocols.is_empty() || self.protocols.contains(l))
+            .collect()
+    }
+
+    /// `(listener, address)` for every enabled protocol listener.
+    pub fn listen_addrs(&self) -> Vec<(Listener, SocketAddr)> {
+        self.enabled_listeners()
+            .into_iter()
+            .map(|l| (l, SocketAddr::new(self.listen_addr, self.ports.get(l))))
+            .collect()
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.listen_addr, self.ports.admin)
+    }
+
+    /// The effective configuration as TOML, secrets replaced by `<redacted>`
+    /// (what `serve --print-config` shows).
+    pub fn to_redacted_toml(&self) -> String {
+        // Serializing plain data into TOML only fails for shapes TOML cannot hold
+        // (e.g. a None inside an array), which this struct does not have.
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+    }
+}
+
+impl Ports {
+    /// The port of a listener.
+    pub fn get(&self, listener: Listener) -> u16 {
+        match listener {
+            Listener::Smtp => self.smtp,
+            Listener::Submission => self.submission,
+            Listener::Submissions => self.submissions,
+            Listener::Imap => self.imap,
+            Listener::Imaps => self.imaps,
+            Listener::Pop3 => self.pop3,
+            Listener::Pop3s => self.pop3s,
+        }
+    }
+}
+
+/// Passwords in URLs (`user:***@host`, `?password=***`) hidden, for messages that
+/// must name the server they could not reach.
+pub fn redact_url(url: &str) -> String {
+    let mut out = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (authority, tail) = rest.split_at(authority_end);
+            match authority.rsplit_once('@') {
+                Some((userinfo, host)) => {
+                    let user = match userinfo.split_once(':') {
+                        Some((user, _)) => format!("{user}:***"),
+                        None => userinfo.to_string(),
+                    };
+                    format!("{scheme}://{user}@{host}{tail}")
+                }
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    };
+    // `?password=...` is accepted by libpq-style URLs too
+    if let Some(i) = out.find("password=") {
+        let start = i + "password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
+    }
+    out
+}

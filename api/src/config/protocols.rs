@@ -1,0 +1,200 @@
+//! The protocol sections: `[smtp]`, `[imap]`, `[pop3]` and `[auth]`.
+
+use serde::{Deserialize, Serialize};
+
+/// `[smtp]` section of the server configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// Longest command line accepted (octets including CRLF); RFC 5321 §4.5.3.1.4
+    /// asks for at least 512, extensions (AUTH initial responses) need more.
+    pub max_line_length: usize,
+    /// Largest message accepted (octets as sent by the client), advertised in SIZE.
+    pub max_message_size: usize,
+    /// After a message went over the limit, how many more octets are read and
+    /// thrown away (so the client can get its 552) before the connection is closed.
+    pub max_discard_size: usize,
+    /// RCPT commands accepted per message; more get 452 4.5.3 (RFC 5321 §4.5.3.1.8).
+    pub max_recipients: usize,
+    /// Failed commands before the session is closed with 421.
+    pub max_errors: u32,
+    /// NOOP/RSET/VRFY/EXPN/HELP allowed per session before each counts as an error.
+    pub max_junk_commands: u32,
+    /// Waiting for a command (RFC 5321 §4.5.3.2.7: at least 5 minutes).
+    pub command_timeout_secs: u64,
+    /// Waiting for the next piece of DATA/BDAT content (§4.5.3.2.5: 3 minutes).
+    pub data_timeout_secs: u64,
+    /// Simultaneous sessions per client IP on one listener (0 = unlimited).
+    pub max_connections_per_ip: usize,
+    /// AUTH only on TLS connections (unless `tls.allow_plaintext_auth` is set).
+    pub require_tls_for_auth: bool,
+    /// On submission, MAIL FROM must be the authenticated account's address.
+    pub sender_must_match_auth: bool,
+    /// Group commit: most deliveries per store transaction.
+    pub group_commit_max_batch: usize,
+    /// Group commit: how long a non-full batch may wait for more while other commits
+    /// are in flight (0 = never wait; batches still form under load). A message
+    /// arriving at an idle server is committed at once either way.
+    pub group_commit_max_wait_ms: u64,
+    /// Group commit: store transactions in flight at once.
+    pub group_commit_max_concurrent: usize,
+    /// How long a recipient lookup (exists / does not exist) is cached.
+    pub recipient_cache_ttl_secs: u64,
+    /// Outbound queue: give up (and bounce) after this long.
+    pub queue_expiry_secs: u64,
+    /// Where mail to the bare `<postmaster>` goes, and to `postmaster@` a local
+    /// domain that has no such account (RFC 5321 §4.5.1 requires both to work).
+    /// Empty: `postmaster@` the server's hostname.
+    pub postmaster: String,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        SmtpConfig {
+            max_line_length: 4096,
+            max_message_size: 25 * 1024 * 1024,
+            max_discard_size: 64 * 1024 * 1024,
+            max_recipients: 100,
+            max_errors: 20,
+            max_junk_commands: 100,
+            command_timeout_secs: 300,
+            data_timeout_secs: 180,
+            max_connections_per_ip: 256,
+            require_tls_for_auth: true,
+            sender_must_match_auth: true,
+            group_commit_max_batch: 256,
+            group_commit_max_wait_ms: 1,
+            group_commit_max_concurrent: 4,
+            recipient_cache_ttl_secs: 30,
+            queue_expiry_secs: 5 * 24 * 3600,
+            postmaster: String::new(),
+        }
+    }
+}
+
+/// `[imap]` section of the server configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImapConfig {
+    /// Longest command line (literal data excluded).
+    pub max_line_bytes: usize,
+    /// Largest literal (APPEND message, long string). Over it, a synchronising
+    /// literal is refused before the client sends it; a LITERAL+ one closes the
+    /// connection.
+    pub max_literal_bytes: usize,
+    /// Idle time after which an authenticated session is logged out (RFC 3501
+    /// §5.4 asks for at least 30 minutes).
+    pub autologout_secs: u64,
+    /// Idle time allowed before authentication.
+    pub preauth_timeout_secs: u64,
+    /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
+    /// keeps NAT boxes and the autologout timer happy, RFC 2177).
+    pub idle_timeout_secs: u64,
+    /// Concurrent sessions per account, counted across all pods through the
+    /// cache (0 = unlimited). See the server's `imap::limit`.
+    pub max_connections_per_user: usize,
+    /// How long a session still counts against the limit after its pod stopped
+    /// renewing it (crashed without logging out). Pods renew every third of it.
+    pub connection_lease_secs: u64,
+    /// Commands a session may issue per second; more are delayed, not refused.
+    pub max_commands_per_second: u32,
+    /// While IDLE without a working notification stream, poll the store this often.
+    pub idle_poll_secs: u64,
+    /// Messages (UID and flags, about 9 bytes each) a process keeps of recently
+    /// selected mailboxes, so that SELECT of a large mailbox reads only what
+    /// changed since (0 = off). See the server's `imap::index_cache`.
+    pub select_cache_messages: usize,
+    /// Bytes of message bodies a process keeps for FETCH (bodies never change once
+    /// stored, so any pod may cache them; 0 = off). See the server's `imap::bodies`.
+    pub body_cache_bytes: usize,
+}
+
+impl Default for ImapConfig {
+    fn default() -> Self {
+        ImapConfig {
+            max_line_bytes: 64 * 1024,
+            max_literal_bytes: 50 * 1024 * 1024,
+            autologout_secs: 30 * 60,
+            preauth_timeout_secs: 60,
+            idle_timeout_secs: 29 * 60,
+            max_connections_per_user: 50,
+            connection_lease_secs: 300,
+            max_commands_per_second: 200,
+            idle_poll_secs: 3,
+            select_cache_messages: 2_000_000,
+            body_cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// RFC 1939 §3: an inactivity autologout timer, if any, must be at least 10 minutes.
+pub const MIN_AUTOLOGOUT_SECS: u64 = 600;
+
+/// `[pop3]` section of the server configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Pop3Config {
+    /// Longest command line. RFC 2449 allows 255 octets for commands; SASL
+    /// responses can be longer.
+    pub max_line_bytes: usize,
+    /// Inactivity after which the session is closed without entering the UPDATE
+    /// state (no deletion applied). At least 600 (RFC 1939 §3).
+    pub autologout_secs: u64,
+    /// Erroneous commands (unknown, malformed, wrong state, failed logins) before
+    /// the connection is closed.
+    pub max_errors: u32,
+    /// Lifetime of the maildrop lock; the session renews it at a third of this, so
+    /// a crashed holder blocks the maildrop for at most this long.
+    pub lock_ttl_secs: u64,
+    /// Mark messages retrieved with RETR as \Seen (applied at QUIT, with the
+    /// deletions), so IMAP clients of the same account see them as read.
+    pub mark_seen_on_retr: bool,
+}
+
+impl Default for Pop3Config {
+    fn default() -> Self {
+        Pop3Config {
+            max_line_bytes: 4096,
+            autologout_secs: MIN_AUTOLOGOUT_SECS,
+            max_errors: 10,
+            lock_ttl_secs: 60,
+            mark_seen_on_retr: true,
+        }
+    }
+}
+
+/// `[auth]` in the configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Failed logins allowed per user name in one window; further attempts are
+    /// refused (`RateLimited`) without checking the password until it ends.
+    /// 0 disables this limit (likewise `max_failures_per_ip`).
+    pub max_failures_per_user: u64,
+    pub user_window_secs: u64,
+    /// Failed logins allowed per client address (IPv6: per /64, what one host
+    /// usually controls) in one window. Higher than per user: NAT puts many users
+    /// behind one address.
+    pub max_failures_per_ip: u64,
+    pub ip_window_secs: u64,
+    /// How long a verified credential is served from the cache.
+    pub credential_cache_secs: u64,
+    /// How long the domain list (for bare local-part logins) is kept in memory.
+    pub domain_cache_secs: u64,
+    /// argon2 runs at once on this pod (each holds 19 MiB); 0 = number of CPUs.
+    pub max_concurrent_hashes: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            max_failures_per_user: 10,
+            user_window_secs: 300,
+            max_failures_per_ip: 30,
+            ip_window_secs: 300,
+            credential_cache_secs: 300,
+            domain_cache_secs: 10,
+            max_concurrent_hashes: 0,
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The configuration file of each protocol's pods (and of the migration Job): the
+//! server's own `Config` (`mailcluster_api::config`), filled in from the MailCluster.
+//!
+//! Only settings that differ from the defaults are written: the ConfigMap shows what
+//! this cluster changes, and an image keeps its own defaults for everything else.
+//! Secrets (database and Redis URLs) never go into the ConfigMap: the pods get them
+//! from Secrets through `secretKeyRef` environment.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use mailcluster_api::config::Config;
+use mailcluster_api::{MailCluster, Protocol};
+
+use crate::names;
+
+/// Pool size of the migration Job: it runs statements one at a time.
+pub const MIGRATION_POOL_SIZE: u32 = 2;
+
+pub fn redis_key_prefix(mc: &MailCluster) -> String {
+    mc.spec
+        .redis
+        .key_prefix
+        .clone()
+        .unwrap_or_else(|| format!("mc:{}:{}:", names::namespace(mc), names::cluster_name(mc)))
+}
+
+/// The config of one protocol's pods, or of the migration Job when `protocol` is None.
+pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
+    let spec = &mc.spec;
+    let mut c = Config::default();
+    match protocol {
+        Some(p) => {
+            let ps = spec.protocol(p);
+            c.protocols = p.listeners().to_vec();
+            c.net.max_connections = ps.max_connections as usize;
+            c.net.max_connections_per_ip = ps.max_connections_per_ip as usize;
+            c.database.pool_size = spec.postgres.pool_size;
+        }
+        None => {
+            // The Job serves nothing; its pool only runs the migration.
+            c.net.max_connections = 1;
+            c.database.pool_size = MIGRATION_POOL_SIZE;
+        }
+    }
+    c.hostname = spec.hostname();
+    // Pods are reached through their Services on every interface of the pod.
+    c.listen_addr = IpAddr::from([0, 0, 0, 0]);
+    c.data_dir = PathBuf::from(names::DATA_DIR);
+    c.shutdown_grace_secs = u64::from(spec.shutdown_grace_seconds);
+    // The migration Job owns schema changes; pods never race each other migrating.
+    c.database.migrate_on_start = false;
+    // Pods wait for PostgreSQL instead of crash-looping while it restarts.
+    c.database.startup_retry_secs = 120;
+    c.redis.pool_size = spec.redis.pool_size;
+    c.redis.key_prefix = redis_key_prefix(mc);
+    if spec.tls.is_some() {
+        c.tls.cert = Some(PathBuf::from(format!("{}/tls.crt", names::TLS_DIR)));
+        c.tls.key = Some(PathBuf::from(format!("{}/tls.key", names::TLS_DIR)));
+    }
+    c.net.proxy_protocol.enabled = spec.proxy_protocol.enabled;
+    // `validate` refused the spec unless every entry is a CIDR.
+    c.net.proxy_protocol.trusted_cidrs =
+        spec.proxy_protocol.trusted_cidrs.iter().filter_map(|s| s.parse().ok()).collect();
+    c.log.level = spec.log_level.clone();
+    c.log.format = "json".into();
+    c
+}
+
+/// The TOML text of [`pod_config`], without the settings left at their defaults.
+pub fn render_toml(mc: &MailCluster, protocol: Option<Protocol>) -> Result<String, toml::ser::Error> {
+    let config = toml::Table::try_from(pod_config(mc, protocol))?;
+    let defaults = toml::Table::try_from(Config::default())?;
+    toml::to_string(&changed(config, &defaults))
+}
+
+/// The entries of `table` that differ from `defaults`, sections kept only when
+/// something in them changed.
+fn changed(table: toml::Table, defaults: &toml::Table) -> toml::Table {
+    table
+        .into_iter()
+        .filter_map(|(key, value)| match (value, defaults.get(&key)) {
+            (toml::Value::Table(t), Some(toml::Value::Table(d))) => {
+                let t = changed(t, d);
+                (!t.is_empty()).then_some((key, toml::Value::Table(t)))
+            }
+            (v, Some(d)) if v == *d => None,
+            (v, _) => Some((key, v)),
+        })
+        .collect()
+}
+
+/// ConfigMap key of a protocol's (or the migration Job's) config file.
+pub fn config_key(protocol: Option<Protocol>) -> String {
+    match protocol {
+        Some(p) => format!("{}.toml", p.name()),
+        None => "migrate.toml".into(),
+    }
+}
