@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::PgDatabase;
+use common::TestDatabase;
 use common::{Output, run, run_with};
 
 fn with_password(cwd: &Path, args: &[&str], env: &[(&str, &str)], password: &str) -> Output {
@@ -69,7 +69,7 @@ fn domains_and_users_in_the_embedded_store() {
 
 #[test]
 fn domains_and_users_in_postgres() {
-    let db = PgDatabase::create("mc_cli");
+    let db = TestDatabase::create_blocking("mc_cli");
     let dir = tempfile::tempdir().unwrap();
     let env =
         [("MAILCLUSTER_DATABASE_URL", db.url.as_str()), ("MAILCLUSTER_DATABASE__MIGRATE_ON_START", "false")];
@@ -117,16 +117,6 @@ fn unreachable_redis_does_not_keep_serve_from_starting() {
         log.lines().find(|l| l.contains("Redis unavailable at start")).unwrap_or_else(|| panic!("{log}"));
     assert!(warning.contains("127.0.0.1:1"), "names the Redis: {warning}");
     assert!(!log.contains("hunter2"), "password leaked: {log}");
-}
-
-#[test]
-fn with_database_replaces_the_path() {
-    assert_eq!(common::with_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
-    assert_eq!(common::with_database("postgres://u@h", "x"), "postgres://u@h/x");
-    assert_eq!(
-        common::with_database("postgres://u@h/db?sslmode=disable", "x"),
-        "postgres://u@h/x?sslmode=disable"
-    );
 }
 
 #[test]

@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, ServeProcess, block_on, smtp_deliver};
+use common::TestDatabase;
+use common::cluster::{ServeProcess, block_on, smtp_deliver};
 use common::{redis_url, unique};
 use sqlx::Connection;
 
@@ -30,14 +31,14 @@ const PASSWORD: &str = "multi process";
 /// A fresh PostgreSQL database with the schema, the domain and the test user,
 /// dropped again when the test ends.
 struct Database {
-    _pg: PgDatabase,
+    _pg: TestDatabase,
     url: String,
     dir: tempfile::TempDir,
 }
 
 impl Database {
     fn create() -> Database {
-        let pg = PgDatabase::create("mc_imapmp");
+        let pg = TestDatabase::create_blocking("mc_imapmp");
         let url = pg.url.clone();
         let dir = tempfile::tempdir().unwrap();
         let env = [("MAILCLUSTER_DATABASE_URL", url.as_str())];

@@ -10,7 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, ServeProcess, ephemeral_ports, smtp_deliver};
+use common::TestDatabase;
+use common::cluster::{ServeProcess, ephemeral_ports, smtp_deliver};
 use common::{redis_url, run, run_with, unique};
 
 /// Lifetime of the maildrop lock in this test (renewed every third of it).
@@ -49,7 +50,7 @@ impl Pop3 {
 
 #[test]
 fn maildrop_lock_holds_across_processes_and_expires_after_a_crash() {
-    let db = PgDatabase::create("mc_pop3");
+    let db = TestDatabase::create_blocking("mc_pop3");
     let prefix = format!("{}:", unique("mcpop3"));
     let redis = redis_url();
     let dir = tempfile::tempdir().unwrap();

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::TestDatabase;
+use common::cluster::{ServeProcess, block_on, ephemeral_ports};
 use common::redis::{RedisProcess, data_node, free_port};
 use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
@@ -66,7 +67,7 @@ struct Phase {
 
 #[test]
 fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
-    let db = PgDatabase::create("mc_redis_outage");
+    let db = TestDatabase::create_blocking("mc_redis_outage");
     let redis = Redis::start();
     let redis_url = format!("redis://127.0.0.1:{}", redis.port);
     let dir = tempfile::tempdir().unwrap();

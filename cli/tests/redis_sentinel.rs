@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{PgDatabase, ServeProcess, block_on, ephemeral_ports};
+use common::TestDatabase;
+use common::cluster::{ServeProcess, block_on, ephemeral_ports};
 use common::redis::{RedisProcess, data_node, free_port};
 use common::wire::{http_get, imap_exchange, smtp_try};
 use common::{run, run_with};
@@ -82,7 +83,7 @@ fn a_sentinel_failover_moves_the_pod_to_the_new_master_without_losing_mail() {
     .unwrap();
     let _sentinel = RedisProcess::start(&[conf.to_str().unwrap(), "--sentinel"], sentinel_port);
 
-    let db = PgDatabase::create("mc_sentinel");
+    let db = TestDatabase::create_blocking("mc_sentinel");
     let url = format!("redis+sentinel://127.0.0.1:{sentinel_port}/mymaster");
     let env = base_env(&db.url, &url);
     prepare(&env);
@@ -214,7 +215,7 @@ fn a_tls_only_redis_is_verified_and_used() {
         ],
         port,
     );
-    let db = PgDatabase::create("mc_redis_tls");
+    let db = TestDatabase::create_blocking("mc_redis_tls");
     let url = format!("rediss://127.0.0.1:{port}");
     let mut env = base_env(&db.url, &url);
     // The pod trusts the Redis CA through the system's trust store settings.

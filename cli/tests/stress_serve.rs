@@ -11,7 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::cluster::{PgDatabase, ServeProcess, ephemeral_ports};
+use common::TestDatabase;
+use common::cluster::{ServeProcess, ephemeral_ports};
 use common::wire::imap_exchange;
 use common::{Output, run, run_with};
 
@@ -195,7 +196,7 @@ fn submission_pop3_profile_runs_clean_against_serve() {
 #[test]
 fn provisioned_accounts_serve_one_run_and_are_locked_after() {
     let dir = tempfile::tempdir().unwrap();
-    let db = PgDatabase::create("stress_provision");
+    let db = TestDatabase::create_blocking("stress_provision");
     let mut env = ephemeral_ports();
     env.push(("MAILCLUSTER_DATABASE_URL", &db.url));
 

@@ -301,7 +301,7 @@ impl Drop for RedisCleanup {
 
 /// Two Redis-backed caches on one prefix: two pods.
 async fn redis_pods() -> (Arc<dyn Cache>, Arc<dyn Cache>, RedisCleanup) {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = mailcluster_testkit::redis_url();
     let prefix = random_prefix();
     let open = || async {
         cache::open(Some(&url), &prefix, Duration::from_secs(5))

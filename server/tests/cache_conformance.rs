@@ -20,9 +20,7 @@ struct Pods {
     _cleanup: Option<RedisCleanup>,
 }
 
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+use mailcluster_testkit::redis_url;
 
 fn random_hex() -> String {
     let mut bytes = [0u8; 8];

@@ -13,26 +13,10 @@ use mailcluster_server::app::App;
 use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::cache::redis::RedisCache;
 use mailcluster_server::store::{self, FlagSet, Flags};
-use sqlx::Connection as _;
 
 const CONNECT: Duration = Duration::from_secs(10);
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// `url` with its database path replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let query = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
-    format!("{scheme}://{authority}/{db}{query}")
-}
+use mailcluster_testkit::{TestDatabase, redis_url};
 
 #[tokio::test]
 async fn sqlite_store_and_local_cache() {
@@ -49,22 +33,9 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let admin = database_url();
-    let name = format!("mc_imap_{:016x}", rand::random::<u64>());
-    let mut conn = tokio::time::timeout(CONNECT, sqlx::PgConnection::connect(&admin))
-        .await
-        .unwrap_or_else(|_| panic!("PostgreSQL at {admin} did not answer"))
-        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is unreachable: {e}"));
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .expect("create db");
-    let result =
-        tokio::time::timeout(Duration::from_secs(120), tokio::spawn(test(with_database(&admin, &name))))
-            .await;
-    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-        .execute(&mut conn)
-        .await;
+    let db = TestDatabase::create("mc_imap").await;
+    let result = tokio::time::timeout(Duration::from_secs(120), tokio::spawn(test(db.url.clone()))).await;
+    drop(db);
     result.expect("test within 120 s").expect("test passed");
 }
 

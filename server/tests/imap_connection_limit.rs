@@ -75,7 +75,7 @@ impl Drop for RedisCleanup {
 
 /// Two pods, each with its own Redis connections under one prefix.
 async fn redis_pods() -> (Arc<dyn Cache>, Arc<dyn Cache>, RedisCleanup) {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = mailcluster_testkit::redis_url();
     let mut id = [0u8; 8];
     rand::fill(&mut id);
     let prefix = format!("mctest:imaplimit:{}:", id.iter().map(|b| format!("{b:02x}")).collect::<String>());

@@ -518,7 +518,7 @@ async fn tickets_shared_through_the_local_cache() {
 /// The cluster case: each pod has its own Redis connection, same key prefix.
 #[tokio::test]
 async fn tickets_shared_through_redis() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = mailcluster_testkit::redis_url();
     let prefix = format!("nettest-{}:", std::process::id() as u64 * 1_000_003 + rand_suffix());
     let open = || mailcluster_server::cache::open(Some(&url), &prefix, Duration::from_secs(5));
     let cache_a = open().await.expect("Redis reachable (REDIS_URL)");

@@ -25,24 +25,7 @@ use sqlx::Connection;
 const TEST_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// `url` with its database path replaced by `db`.
-fn with_database(url: &str, db: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let query = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
-    format!("{scheme}://{authority}/{db}{query}")
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Backend {
-    Postgres,
-    Sqlite,
-}
+use mailcluster_testkit::{Backend, TestDatabase, database_url};
 
 /// What a test gets: the store under test plus the means to open a second store
 /// on the same database and to peek at storage details the trait hides.
@@ -100,29 +83,13 @@ impl Ctx {
 
 struct Harness {
     ctx: Ctx,
-    pg_db: Option<String>,
+    pg_db: Option<TestDatabase>,
     _dir: tempfile::TempDir,
 }
 
 async fn harness(backend: Backend, migrate: bool) -> Harness {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (url, pg_db) = match backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.path().join("test.db").display()), None),
-        Backend::Postgres => {
-            let admin = database_url();
-            let name = format!("mc_test_{:016x}", rand::random::<u64>());
-            let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, sqlx::PgConnection::connect(&admin))
-                .await
-                .unwrap_or_else(|_| panic!("PostgreSQL at {admin} did not answer"))
-                .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is unreachable: {e}"));
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut conn)
-                .await
-                .expect("create test database");
-            let _ = conn.close().await;
-            (with_database(&admin, &name), Some(name))
-        }
-    };
+    let (url, pg_db) = backend.fresh_database(dir.path(), "mc_test").await;
     let store = store::open(Some(&url), dir.path(), 8, CONNECT_TIMEOUT).await.expect("store opens");
     if migrate {
         store.migrate().await.expect("migrations apply");
@@ -131,18 +98,10 @@ async fn harness(backend: Backend, migrate: bool) -> Harness {
 }
 
 impl Harness {
+    /// The store's pool closes before its database is dropped.
     async fn teardown(self) {
         drop(self.ctx);
-        if let Some(db) = self.pg_db {
-            let admin = database_url();
-            if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
-                let _ =
-                    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")))
-                        .execute(&mut conn)
-                        .await;
-                let _ = conn.close().await;
-            }
-        }
+        drop(self.pg_db);
     }
 }
 

@@ -100,26 +100,6 @@ pub fn wait_output(mut child: Child, limit: Duration) -> Output {
     }
 }
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// A unique name for a database or key prefix of this test run.
-pub fn unique(prefix: &str) -> String {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
-
-/// `url` with its database name replaced by `name` (query parameters kept).
-pub fn with_database(url: &str, name: &str) -> String {
-    let authority_start = url.find("://").map(|i| i + 3).unwrap_or(0);
-    let rest = &url[authority_start..];
-    let authority_end = authority_start + rest.find(['/', '?']).unwrap_or(rest.len());
-    let query = url.find('?').map(|q| &url[q..]).unwrap_or("");
-    format!("{}/{name}{query}", &url[..authority_end])
-}
+// Each test file uses some of these.
+#[allow(unused_imports)]
+pub use mailcluster_testkit::{TestDatabase, database_url, redis_url, unique, with_database};

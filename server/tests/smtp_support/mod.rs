@@ -20,11 +20,7 @@ pub mod faulty;
 
 pub use faulty::FaultyStore;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
+pub use mailcluster_testkit::{Backend, TestDatabase};
 
 /// Defines one `#[tokio::test]` per backend for an `async fn name(Backend)`:
 /// `name::sqlite` and `name::postgres`.
@@ -54,7 +50,7 @@ pub struct Harness {
     pub submission: Arc<SmtpProtocol>,
     pub shutdown_tx: tokio::sync::watch::Sender<bool>,
     pub shutdown: Shutdown,
-    pg_db: Option<String>,
+    _pg_db: Option<TestDatabase>,
     _dir: tempfile::TempDir,
 }
 
@@ -64,66 +60,10 @@ pub fn config(edit: impl FnOnce(&mut Config)) -> Config {
     c
 }
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-/// `url` with its database path replaced by `db`.
-pub fn with_database(url: &str, db: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL has a scheme");
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let query = tail.find('?').map(|i| &tail[i..]).unwrap_or("");
-    format!("{scheme}://{authority}/{db}{query}")
-}
-
 /// A fresh database for one test: SQLite in `dir`, or a new PostgreSQL database
-/// (its name returned so it can be dropped). Fails when PostgreSQL is unreachable.
-pub async fn fresh_database(backend: Backend, dir: &std::path::Path) -> (String, Option<String>) {
-    use sqlx::Connection;
-    match backend {
-        Backend::Sqlite => (format!("sqlite://{}", dir.join("smtp.db").display()), None),
-        Backend::Postgres => {
-            let admin = database_url();
-            let name = format!("mc_smtp_{:016x}", rand::random::<u64>());
-            let mut conn = tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&admin))
-                .await
-                .unwrap_or_else(|_| panic!("PostgreSQL at {admin} did not answer"))
-                .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is unreachable: {e}"));
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut conn)
-                .await
-                .expect("create test database");
-            let _ = conn.close().await;
-            (with_database(&admin, &name), Some(name))
-        }
-    }
-}
-
-/// Drops a test database (from a plain thread: usable in `Drop`).
-pub fn drop_database(name: String) {
-    let _ = std::thread::spawn(move || {
-        use sqlx::Connection;
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-        rt.block_on(async move {
-            if let Ok(mut conn) = sqlx::PgConnection::connect(&database_url()).await {
-                let _ =
-                    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                        .execute(&mut conn)
-                        .await;
-                let _ = conn.close().await;
-            }
-        });
-    })
-    .join();
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(db) = self.pg_db.take() {
-            drop_database(db);
-        }
-    }
+/// (dropped with the returned guard). Fails when PostgreSQL is unreachable.
+pub async fn fresh_database(backend: Backend, dir: &std::path::Path) -> (String, Option<TestDatabase>) {
+    backend.fresh_database(dir, "mc_smtp").await
 }
 
 impl Harness {
@@ -162,7 +102,7 @@ impl Harness {
         let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
         let submission = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Submission));
         let (shutdown_tx, shutdown) = Shutdown::new();
-        Harness { app, store, cache, mx, submission, shutdown_tx, shutdown, pg_db, _dir: dir }
+        Harness { app, store, cache, mx, submission, shutdown_tx, shutdown, _pg_db: pg_db, _dir: dir }
     }
 
     pub async fn add_account(&self, email: &str) {
