@@ -44,6 +44,19 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
     assert!(acquired > 0, "no database connection acquisitions observed:\n{metrics}");
+    // The pod's metrics are registered at start, before any traffic: the HPA rules
+    // and dashboards find them on a pod that has served nothing yet. (Labelled
+    // families show once they have a series; SMTP's have one per listener.)
+    for family in [
+        "mail_db_pool_max",
+        "mail_smtp_delivery_seconds",
+        "mail_smtp_messages_total",
+        "mail_group_commit_batch_size",
+        "mail_imap_idle_sessions",
+        "mail_imap_body_cache_bytes",
+    ] {
+        assert!(metrics.contains(&format!("# TYPE {family} ")), "{family} missing:\n{metrics}");
+    }
 
     // The listeners really speak their protocols.
     for (name, expected) in [("smtp", "220 "), ("imap", "* OK "), ("pop3", "+OK ")] {

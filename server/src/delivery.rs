@@ -83,10 +83,9 @@ impl Deliverer {
         self.options
     }
 
-    /// `mail_group_commit_batch_size`: registered by the SMTP module into the shared
-    /// registry (registering the same collector twice is harmless there).
-    pub fn batch_size_histogram(&self) -> &prometheus::Histogram {
-        &self.batch_size
+    /// Registers `mail_group_commit_batch_size` (once, at start: `serve`).
+    pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.batch_size.clone()))
     }
 
     /// Stores `delivery` durably; returns the UIDs it got. Returns only after the

@@ -1,5 +1,11 @@
 //! The Prometheus registry and the metrics named in the operational contract
 //! (DESIGN §4): the operator's HPA rules and dashboards depend on these names.
+//!
+//! One pattern for every metric of a pod: the series of the sessions are created
+//! and registered here, once per process; parts built on their own (the
+//! authenticator, the resilient cache, the group-commit deliverer) have a
+//! `register_metrics` that `serve` calls once at start, its error failing the
+//! start. Nothing registers lazily, and no registration error is ignored.
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -33,6 +39,35 @@ pub struct Metrics {
     /// `mail_connections_refused_total{protocol,reason}`: connections closed by the
     /// network layer before a session started (limits, PROXY header problems).
     pub connections_refused_total: IntCounterVec,
+    pub smtp: SmtpMetricVecs,
+    pub imap: ImapMetrics,
+}
+
+/// SMTP's own series, one per listener (`listener` label: smtp, submission,
+/// submissions).
+pub struct SmtpMetricVecs {
+    /// `mail_smtp_delivery_seconds{listener}`: end of data → durable → reply.
+    pub delivery_seconds: HistogramVec,
+    /// `mail_smtp_messages_total{listener}`: messages accepted (250 after data).
+    pub messages_total: IntCounterVec,
+    /// `mail_smtp_bytes_total{listener}`: message octets accepted.
+    pub bytes_total: IntCounterVec,
+}
+
+/// IMAP's own series, shared by the `imap` and `imaps` listeners of a process.
+pub struct ImapMetrics {
+    /// `mail_imap_idle_sessions`
+    pub idle_sessions: IntGauge,
+    /// `mail_imap_select_cache_total{result}` (hit|miss)
+    pub select_cache: IntCounterVec,
+    /// `mail_imap_change_checks_total{kind}` (question|query)
+    pub change_checks: IntCounterVec,
+    /// `mail_imap_body_cache_total{result}` (hit|miss)
+    pub body_cache: IntCounterVec,
+    /// `mail_imap_body_cache_bytes`
+    pub body_cache_bytes: IntGauge,
+    /// `mail_imap_fetch_reads_total{read,kind}` (link|body, question|query)
+    pub fetch_reads: IntCounterVec,
 }
 
 /// Latency buckets from 0.5 ms to 10 s: mail commands span both ends.
@@ -94,8 +129,71 @@ impl Metrics {
             &["protocol", "reason"],
         )
         .expect("valid metric");
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let smtp = SmtpMetricVecs {
+            delivery_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "mail_smtp_delivery_seconds",
+                    "Time from the end of message data to the reply, including the durable commit",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["listener"],
+            )
+            .expect("valid metric"),
+            messages_total: counters(
+                "mail_smtp_messages_total",
+                "Messages accepted over SMTP",
+                &["listener"],
+            ),
+            bytes_total: counters(
+                "mail_smtp_bytes_total",
+                "Message octets accepted over SMTP",
+                &["listener"],
+            ),
+        };
+        let imap = ImapMetrics {
+            idle_sessions: gauge("mail_imap_idle_sessions", "IMAP sessions in IDLE"),
+            select_cache: counters(
+                "mail_imap_select_cache_total",
+                "SELECT/EXAMINE served from the cached message list (hit) or a full read (miss)",
+                &["result"],
+            ),
+            change_checks: counters(
+                "mail_imap_change_checks_total",
+                "'Has the mailbox changed?' questions of IMAP commands, and the store queries that answered them",
+                &["kind"],
+            ),
+            body_cache: counters(
+                "mail_imap_body_cache_total",
+                "Message bodies FETCH found in the process's body cache (hit) or not (miss: read from the store, once for all sessions missing it at the same time)",
+                &["result"],
+            ),
+            body_cache_bytes: gauge(
+                "mail_imap_body_cache_bytes",
+                "Bytes of message bodies held in the process's body cache",
+            ),
+            fetch_reads: counters(
+                "mail_imap_fetch_reads_total",
+                "FETCH reads of message links and bodies (questions), and the store queries that answered them",
+                &["read", "kind"],
+            ),
+        };
+        // Every series of the process is registered here, once: a clash is a bug in
+        // this list, and fails every test that builds a pod.
         for c in [
-            Box::new(connections_active.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(smtp.delivery_seconds.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(smtp.messages_total.clone()),
+            Box::new(smtp.bytes_total.clone()),
+            Box::new(imap.idle_sessions.clone()),
+            Box::new(imap.select_cache.clone()),
+            Box::new(imap.change_checks.clone()),
+            Box::new(imap.body_cache.clone()),
+            Box::new(imap.body_cache_bytes.clone()),
+            Box::new(imap.fetch_reads.clone()),
+            Box::new(connections_active.clone()),
             Box::new(command_duration.clone()),
             Box::new(commands_total.clone()),
             Box::new(deliveries_total.clone()),
@@ -124,6 +222,8 @@ impl Metrics {
             tls_handshakes_total,
             tls_handshake_failures_total,
             connections_refused_total,
+            smtp,
+            imap,
         }
     }
 }

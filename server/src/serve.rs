@@ -49,6 +49,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
     let deliverer =
         Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
+    deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
     let app = App {
         config: config.clone(),
         store: store.clone(),

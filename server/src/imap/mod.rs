@@ -69,50 +69,12 @@ pub(crate) struct Shared {
 /// with a new one at the same address.
 static SHARED: Mutex<Vec<(Weak<Metrics>, Arc<Shared>)>> = Mutex::new(Vec::new());
 
-/// Registers `metric` in the pod's registry and returns it. A registry that
-/// already has the name keeps its own; ours then still counts, just unexported.
-fn registered<M: prometheus::core::Collector + Clone + 'static>(app: &App, metric: M) -> M {
-    let _ = app.metrics.registry.register(Box::new(metric.clone()));
-    metric
-}
-
-fn counter_vec(app: &App, name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
-    registered(
-        app,
-        prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels).expect("valid metric"),
-    )
-}
-
 impl Shared {
     /// One per App (store, config, metrics registry): the pod's.
     fn new(app: &App) -> Self {
-        let gauge = |name: &str, help: &str| {
-            registered(app, prometheus::IntGauge::new(name, help).expect("valid metric"))
-        };
-        let select_cache = counter_vec(
-            app,
-            "mail_imap_select_cache_total",
-            "SELECT/EXAMINE served from the cached message list (hit) or a full read (miss)",
-            &["result"],
-        );
-        let change_checks = counter_vec(
-            app,
-            "mail_imap_change_checks_total",
-            "'Has the mailbox changed?' questions of IMAP commands, and the store queries that answered them",
-            &["kind"],
-        );
-        let body_cache = counter_vec(
-            app,
-            "mail_imap_body_cache_total",
-            "Message bodies FETCH found in the process's body cache (hit) or not (miss: read from the store, once for all sessions missing it at the same time)",
-            &["result"],
-        );
-        let fetch_reads = counter_vec(
-            app,
-            "mail_imap_fetch_reads_total",
-            "FETCH reads of message links and bodies (questions), and the store queries that answered them",
-            &["read", "kind"],
-        );
+        let m = &app.metrics.imap;
+        let (select_cache, change_checks, body_cache, fetch_reads) =
+            (&m.select_cache, &m.change_checks, &m.body_cache, &m.fetch_reads);
         let reads = Reads {
             probe: probe::ModseqProbe::new(
                 app.store.clone(),
@@ -125,10 +87,7 @@ impl Shared {
                 bodies::BodyMetrics {
                     hits: body_cache.with_label_values(&["hit"]),
                     misses: body_cache.with_label_values(&["miss"]),
-                    cached_bytes: gauge(
-                        "mail_imap_body_cache_bytes",
-                        "Bytes of message bodies held in the process's body cache",
-                    ),
+                    cached_bytes: m.body_cache_bytes.clone(),
                     link_questions: fetch_reads.with_label_values(&["link", "question"]),
                     link_queries: fetch_reads.with_label_values(&["link", "query"]),
                     body_questions: fetch_reads.with_label_values(&["body", "question"]),
@@ -139,11 +98,7 @@ impl Shared {
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
         };
-        Shared {
-            leases: limit::Leases::new(),
-            idle_gauge: gauge("mail_imap_idle_sessions", "IMAP sessions in IDLE"),
-            reads,
-        }
+        Shared { leases: limit::Leases::new(), idle_gauge: m.idle_sessions.clone(), reads }
     }
 }
 

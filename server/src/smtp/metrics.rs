@@ -1,14 +1,9 @@
-//! SMTP metrics: the contract ones (`mail_command_duration_seconds`,
-//! `mail_commands_total`, `mail_deliveries_total`, shared through
-//! [`crate::metrics::Metrics`]) and SMTP's own, registered here into the shared
-//! registry.
-//!
-//! Each listener (smtp, submission, submissions) registers its own series with a
-//! constant `listener` label: the registry accepts the same metric name several
-//! times when the constant labels differ, so three `SmtpProtocol`s in one process
-//! need no shared static.
+//! SMTP metrics of one listener: the contract ones (`mail_command_duration_seconds`,
+//! `mail_commands_total`, `mail_deliveries_total`) and SMTP's own with this
+//! listener's `listener` label, all created and registered once per process by
+//! [`crate::metrics::Metrics`].
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 
 use super::SmtpKind;
 use crate::app::App;
@@ -26,49 +21,17 @@ pub struct SmtpMetrics {
 }
 
 impl SmtpMetrics {
-    pub fn register(app: &App, kind: SmtpKind) -> SmtpMetrics {
-        let listener = kind.listener_name();
-        let delivery_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "mail_smtp_delivery_seconds",
-                "Time from the end of message data to the reply, including the durable commit",
-            )
-            .const_label("listener", listener)
-            .buckets(crate::metrics::LATENCY_BUCKETS.to_vec()),
-        )
-        .expect("valid metric");
-        let messages_total = IntCounter::with_opts(
-            Opts::new("mail_smtp_messages_total", "Messages accepted over SMTP")
-                .const_label("listener", listener),
-        )
-        .expect("valid metric");
-        let bytes_total = IntCounter::with_opts(
-            Opts::new("mail_smtp_bytes_total", "Message octets accepted over SMTP")
-                .const_label("listener", listener),
-        )
-        .expect("valid metric");
-        let registry = &app.metrics.registry;
-        for c in [
-            Box::new(delivery_seconds.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(messages_total.clone()),
-            Box::new(bytes_total.clone()),
-        ] {
-            if let Err(err) = registry.register(c) {
-                // Only a second protocol object for the same listener gets here (tests);
-                // its series then simply stay unexported.
-                tracing::debug!(error = %err, "SMTP metric already registered");
-            }
-        }
-        // The group-commit histogram belongs to the one Deliverer of the App; every
-        // SMTP listener tries to register it, the first one wins.
-        let _ = registry.register(Box::new(app.deliverer.batch_size_histogram().clone()));
+    /// The handles of one listener; the series are registered by [`crate::metrics::Metrics`].
+    pub fn for_listener(app: &App, kind: SmtpKind) -> SmtpMetrics {
+        let listener = [kind.listener_name()];
+        let smtp = &app.metrics.smtp;
         SmtpMetrics {
             command_duration: app.metrics.command_duration.clone(),
             commands_total: app.metrics.commands_total.clone(),
             deliveries_total: app.metrics.deliveries_total.clone(),
-            delivery_seconds,
-            messages_total,
-            bytes_total,
+            delivery_seconds: smtp.delivery_seconds.with_label_values(&listener),
+            messages_total: smtp.messages_total.with_label_values(&listener),
+            bytes_total: smtp.bytes_total.with_label_values(&listener),
         }
     }
 }

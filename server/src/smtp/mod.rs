@@ -73,7 +73,7 @@ pub struct SmtpProtocol {
 
 impl SmtpProtocol {
     pub fn new(app: App, kind: SmtpKind) -> Self {
-        let metrics = Arc::new(SmtpMetrics::register(&app, kind));
+        let metrics = Arc::new(SmtpMetrics::for_listener(&app, kind));
         SmtpProtocol { app, kind, metrics, per_ip: Arc::default() }
     }
 

@@ -86,6 +86,9 @@ impl Harness {
             store_dyn.clone(),
             mailcluster_server::smtp::delivery_options(&config.smtp),
         ));
+        let metrics = Arc::new(mailcluster_server::metrics::Metrics::new());
+        // What `serve` registers at start beside `Metrics` itself.
+        deliverer.register_metrics(&metrics.registry).expect("group-commit metrics register");
         let auth = mailcluster_server::auth::Authenticator::new(
             store_dyn.clone(),
             cache.clone(),
@@ -95,7 +98,7 @@ impl Harness {
             config: Arc::new(config),
             store: store_dyn,
             cache: cache.clone(),
-            metrics: Arc::new(mailcluster_server::metrics::Metrics::new()),
+            metrics,
             auth: Arc::new(auth),
             deliverer,
         };
