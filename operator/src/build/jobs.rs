@@ -1,14 +1,22 @@
 //! Jobs: the schema migration Job and the stress runs (CronJob + on-demand Job) with
 //! the identity that lets a stress Job write its verdict into the resource's status.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, PodSpec, PodTemplateSpec, ServiceAccount, Volume,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use mailcluster_api::stress::{EndpointSpec, StressSpec, TargetsSpec, TlsMode, UsersSpec};
 use mailcluster_api::{ClusterStressSpec, Listener, MailCluster, Protocol};
-use serde_json::{Value, json};
 
 use super::metadata;
 use super::pod_config as config;
 use super::workload::{
-    container_security_context, pod_security_context, scratch_mounts, scratch_volumes, secret_envs,
+    config_map_volume, container_security_context, env, mount, pod_security_context, resources,
+    scratch_mounts, scratch_volumes, secret_envs,
 };
 use crate::names::{self, CONFIG_DIR, DATA_DIR};
 
@@ -36,69 +44,100 @@ fn migration_args(mc: &MailCluster, config_file: &str) -> Vec<String> {
     args
 }
 
-pub fn migration_job(mc: &MailCluster) -> Value {
-    let image = mc.spec.image.reference();
-    let key = config::config_key(None);
-    let mut volumes = vec![json!({
-        "name": "config",
-        "configMap": {"name": names::config_map(mc), "items": [{"key": key, "path": key}]},
-    })];
-    volumes.extend(scratch_volumes());
-    let mut mounts = vec![json!({"name": "config", "mountPath": CONFIG_DIR, "readOnly": true})];
-    mounts.extend(scratch_mounts());
-    let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
-    env.extend(secret_envs(mc));
-    json!({
-        "metadata": metadata(mc, &migration_job_name(mc), "migrate"),
-        "spec": {
-            "backoffLimit": 3,
-            "activeDeadlineSeconds": 1800,
-            "template": {
-                "metadata": {"labels": names::selector_labels_for(mc, "migrate")},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": names::cluster_name(mc),
-                    "automountServiceAccountToken": false,
-                    "enableServiceLinks": false,
-                    "securityContext": pod_security_context(),
-                    "containers": [{
-                        "name": "migrate",
-                        "image": image,
-                        "args": migration_args(mc, &format!("{CONFIG_DIR}/{key}")),
-                        "env": env,
-                        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-                        "securityContext": container_security_context(),
-                        "volumeMounts": mounts,
-                    }],
-                    "volumes": volumes,
-                },
-            },
-        },
-    })
+/// The pod of a Job: one container, never restarted in place (the Job retries).
+fn job_pod(
+    mc: &MailCluster,
+    component: &str,
+    service_account: String,
+    container: Container,
+    volumes: Vec<Volume>,
+) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(names::selector_labels_for(mc, component)),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            service_account_name: Some(service_account),
+            enable_service_links: Some(false),
+            security_context: Some(pod_security_context()),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+    }
 }
 
-pub fn stress_service_account(mc: &MailCluster) -> Value {
-    json!({"metadata": metadata(mc, &names::stress(mc), "stress")})
+pub fn migration_job(mc: &MailCluster) -> Job {
+    let key = config::config_key(None);
+    let mut volumes = vec![config_map_volume("config", names::config_map(mc), &key)];
+    volumes.extend(scratch_volumes());
+    let mut mounts = vec![mount("config", CONFIG_DIR, true)];
+    mounts.extend(scratch_mounts());
+    let mut envs = vec![env("MAILCLUSTER_DATA_DIR", DATA_DIR)];
+    envs.extend(secret_envs(mc));
+    let container = Container {
+        name: "migrate".into(),
+        image: Some(mc.spec.image.reference()),
+        args: Some(migration_args(mc, &format!("{CONFIG_DIR}/{key}"))),
+        env: Some(envs),
+        resources: Some(resources("50m", "64Mi", "256Mi")),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let mut template = job_pod(mc, "migrate", names::cluster_name(mc).to_string(), container, volumes);
+    if let Some(pod) = template.spec.as_mut() {
+        pod.automount_service_account_token = Some(false);
+    }
+    Job {
+        metadata: metadata(mc, &migration_job_name(mc), "migrate"),
+        spec: Some(JobSpec {
+            backoff_limit: Some(3),
+            active_deadline_seconds: Some(1800),
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn stress_service_account(mc: &MailCluster) -> ServiceAccount {
+    ServiceAccount { metadata: metadata(mc, &names::stress(mc), "stress"), ..Default::default() }
 }
 
 /// The stress Job may read its MailCluster and patch its status — nothing else.
-pub fn stress_role(mc: &MailCluster) -> Value {
-    let name = names::cluster_name(mc);
-    json!({
-        "metadata": metadata(mc, &names::stress(mc), "stress"),
-        "rules": [
-            {"apiGroups": [mailcluster_api::GROUP], "resources": ["mailclusters"], "resourceNames": [name], "verbs": ["get"]},
-            {"apiGroups": [mailcluster_api::GROUP], "resources": ["mailclusters/status"], "resourceNames": [name], "verbs": ["get", "patch"]},
-        ],
-    })
+pub fn stress_role(mc: &MailCluster) -> Role {
+    let name = names::cluster_name(mc).to_string();
+    let rule = |resource: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![mailcluster_api::GROUP.into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: Some(vec![name.clone()]),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    Role {
+        metadata: metadata(mc, &names::stress(mc), "stress"),
+        rules: Some(vec![rule("mailclusters", &["get"]), rule("mailclusters/status", &["get", "patch"])]),
+    }
 }
 
-pub fn stress_role_binding(mc: &MailCluster) -> Value {
-    json!({
-        "metadata": metadata(mc, &names::stress(mc), "stress"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::stress(mc)},
-        "subjects": [{"kind": "ServiceAccount", "name": names::stress(mc), "namespace": names::namespace(mc)}],
-    })
+pub fn stress_role_binding(mc: &MailCluster) -> RoleBinding {
+    RoleBinding {
+        metadata: metadata(mc, &names::stress(mc), "stress"),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: names::stress(mc),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: names::stress(mc),
+            namespace: Some(names::namespace(mc).to_string()),
+            ..Default::default()
+        }]),
+    }
 }
 
 /// The scenario file of a stress run, in the stress runner's own format, with the
@@ -177,7 +216,7 @@ pub fn stress_plan(mc: &MailCluster, stress: &ClusterStressSpec) -> StressSpec {
     }
 }
 
-pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> Value {
+pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> ConfigMap {
     // A plan of strings and numbers always serializes.
     let yaml = serde_yaml_ng::to_string(&stress_plan(mc, stress)).unwrap_or_default();
     let text = match stress.profile {
@@ -186,82 +225,86 @@ pub fn stress_config_map(mc: &MailCluster, stress: &ClusterStressSpec) -> Value 
         }
         None => yaml,
     };
-    json!({
-        "metadata": metadata(mc, &names::stress(mc), "stress"),
-        "data": {"stress.yaml": text},
-    })
+    ConfigMap {
+        metadata: metadata(mc, &names::stress(mc), "stress"),
+        data: Some(BTreeMap::from([("stress.yaml".to_string(), text)])),
+        ..Default::default()
+    }
 }
 
-fn stress_job_spec(mc: &MailCluster, stress: &ClusterStressSpec, image: &str) -> Value {
-    let mut env = vec![json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR})];
+fn stress_job_spec(mc: &MailCluster, stress: &ClusterStressSpec, image: &str) -> JobSpec {
+    let mut envs = vec![env("MAILCLUSTER_DATA_DIR", DATA_DIR)];
     // The runner provisions its test accounts through the store (budgeted as the
     // stress reserve; `--provision-accounts`) and reports through the Kubernetes API.
-    env.extend(secret_envs(mc));
-    let mut volumes = vec![json!({"name": "scenarios", "configMap": {"name": names::stress(mc)}})];
+    envs.extend(secret_envs(mc));
+    let mut volumes = vec![Volume {
+        name: "scenarios".into(),
+        config_map: Some(ConfigMapVolumeSource { name: names::stress(mc), ..Default::default() }),
+        ..Default::default()
+    }];
     volumes.extend(scratch_volumes());
-    let mut mounts = vec![json!({"name": "scenarios", "mountPath": CONFIG_DIR, "readOnly": true})];
+    let mut mounts = vec![mount("scenarios", CONFIG_DIR, true)];
     mounts.extend(scratch_mounts());
-    json!({
+    let args = [
+        "stress".to_string(),
+        "--report-to".into(),
+        format!("{}/{}", names::namespace(mc), names::cluster_name(mc)),
+        "--scenario-file".into(),
+        format!("{CONFIG_DIR}/stress.yaml"),
+        // The test accounts get a password for this run only.
+        "--provision-accounts".into(),
+    ];
+    let container = Container {
+        name: "stress".into(),
+        image: Some(image.into()),
+        args: Some(args.to_vec()),
+        env: Some(envs),
+        resources: Some(stress.resources.clone().unwrap_or_else(|| resources("500m", "256Mi", "1Gi"))),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    JobSpec {
         // One attempt: a retried load test measures a different situation and would
         // report twice; a failed run is a verdict, not a glitch.
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": stress.deadline_seconds,
-        "template": {
-            "metadata": {"labels": names::selector_labels_for(mc, "stress")},
-            "spec": {
-                "restartPolicy": "Never",
-                "serviceAccountName": names::stress(mc),
-                "enableServiceLinks": false,
-                "securityContext": pod_security_context(),
-                "containers": [{
-                    "name": "stress",
-                    "image": image,
-                    "args": [
-                        "stress",
-                        "--report-to", format!("{}/{}", names::namespace(mc), names::cluster_name(mc)),
-                        "--scenario-file", format!("{CONFIG_DIR}/stress.yaml"),
-                        // The test accounts get a password for this run only.
-                        "--provision-accounts",
-                    ],
-                    "env": env,
-                    "resources": stress.resources.as_ref().map_or_else(
-                        || json!({"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}),
-                        |r| json!(r),
-                    ),
-                    "securityContext": container_security_context(),
-                    "volumeMounts": mounts,
-                }],
-                "volumes": volumes,
-            },
-        },
-    })
+        backoff_limit: Some(0),
+        active_deadline_seconds: Some(stress.deadline_seconds),
+        template: job_pod(mc, "stress", names::stress(mc), container, volumes),
+        ..Default::default()
+    }
 }
 
-pub fn stress_cron_job(mc: &MailCluster, stress: &ClusterStressSpec, schedule: &str, image: &str) -> Value {
-    json!({
-        "metadata": metadata(mc, &names::stress(mc), "stress"),
-        "spec": {
-            "schedule": schedule,
+pub fn stress_cron_job(mc: &MailCluster, stress: &ClusterStressSpec, schedule: &str, image: &str) -> CronJob {
+    CronJob {
+        metadata: metadata(mc, &names::stress(mc), "stress"),
+        spec: Some(CronJobSpec {
+            schedule: schedule.into(),
             // Two overlapping load tests measure each other.
-            "concurrencyPolicy": "Forbid",
-            "startingDeadlineSeconds": 300,
-            "successfulJobsHistoryLimit": 3,
-            "failedJobsHistoryLimit": 3,
-            "jobTemplate": {
+            concurrency_policy: Some("Forbid".into()),
+            starting_deadline_seconds: Some(300),
+            successful_jobs_history_limit: Some(3),
+            failed_jobs_history_limit: Some(3),
+            job_template: JobTemplateSpec {
                 // Not the managed-by/cluster labels: the Jobs this template spawns belong
                 // to the CronJob, and orphan deletion must never list them.
-                "metadata": {"labels": names::selector_labels_for(mc, "stress")},
-                "spec": stress_job_spec(mc, stress, image),
+                metadata: Some(ObjectMeta {
+                    labels: Some(names::selector_labels_for(mc, "stress")),
+                    ..Default::default()
+                }),
+                spec: Some(stress_job_spec(mc, stress, image)),
             },
-        },
-    })
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// On-demand run for annotation value `token`. It stays (and is not re-run) while the
 /// annotation keeps that value; a new value is a new Job, and the old one is deleted.
-pub fn stress_job(mc: &MailCluster, stress: &ClusterStressSpec, token: &str, image: &str) -> Value {
+pub fn stress_job(mc: &MailCluster, stress: &ClusterStressSpec, token: &str, image: &str) -> Job {
     let name = format!("{}-{}", names::stress(mc), names::short_hash(&[token]));
     let mut meta = metadata(mc, &name, "stress");
-    meta["annotations"] = json!({mailcluster_api::RUN_STRESS_ANNOTATION: token});
-    json!({"metadata": meta, "spec": stress_job_spec(mc, stress, image)})
+    meta.annotations =
+        Some(BTreeMap::from([(mailcluster_api::RUN_STRESS_ANNOTATION.to_string(), token.to_string())]));
+    Job { metadata: meta, spec: Some(stress_job_spec(mc, stress, image)), ..Default::default() }
 }

@@ -2,17 +2,20 @@
 //!
 //! No client, no clock, no randomness: the same input gives byte-identical objects,
 //! which is what makes server-side apply a no-op when nothing changed and lets the
-//! tests compare objects field by field. Objects are written as JSON literals that
-//! read like the YAML a human would write; a test validates every one of them
-//! against the Kubernetes OpenAPI schemas (strict: unknown fields fail).
+//! tests compare objects field by field. Objects are typed k8s-openapi structs, so a
+//! misspelt field does not compile; the two kinds of optional CRDs are JSON. A test
+//! validates every object against the Kubernetes OpenAPI schemas (strict: unknown
+//! fields fail).
 
 mod jobs;
 pub mod pod_config;
 mod workload;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use mailcluster_api::{MailCluster, RUN_STRESS_ANNOTATION, Scaler};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::budget::{self, Budget};
 use crate::children::{Child, ChildKind};
@@ -88,18 +91,22 @@ pub fn stress_token(mc: &MailCluster) -> Option<&str> {
 }
 
 /// Metadata of a child: name, namespace, labels, owner reference.
-pub(crate) fn metadata(mc: &MailCluster, name: &str, component: &str) -> Value {
-    let mut m = json!({
-        "name": name,
-        "namespace": names::namespace(mc),
-        "labels": names::component_labels(mc, component),
-    });
-    // The owner reference needs the resource's uid; `render` without a cluster has
-    // none, and then the objects are printed without one.
-    if let Some(owner) = mc.controller_owner_ref(&()) {
-        m["ownerReferences"] = json!([owner]);
+pub(crate) fn metadata(mc: &MailCluster, name: &str, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(names::namespace(mc).to_string()),
+        labels: Some(names::component_labels(mc, component)),
+        // The owner reference needs the resource's uid; `render` without a cluster has
+        // none, and then the objects are printed without one.
+        owner_references: mc.controller_owner_ref(&()).map(|owner| vec![owner]),
+        ..Default::default()
     }
-    m
+}
+
+/// A built object as JSON, for the one apply path of every kind.
+fn value<T: Serialize>(object: &T) -> Value {
+    // k8s-openapi structs and JSON values always serialize.
+    serde_json::to_value(object).unwrap_or_default()
 }
 
 pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationError> {
@@ -123,40 +130,40 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
 
     let mut out: Vec<(ChildKind, Value)> = Vec::new();
     let config_map = workload::config_map(mc);
-    out.push((ChildKind::ServiceAccount, workload::service_account(mc)));
-    out.push((ChildKind::ConfigMap, config_map.clone()));
-    out.push((ChildKind::Service, workload::metrics_service(mc)));
-    out.push((ChildKind::Job, jobs::migration_job(mc)));
+    out.push((ChildKind::ServiceAccount, value(&workload::service_account(mc))));
+    out.push((ChildKind::ConfigMap, value(&config_map)));
+    out.push((ChildKind::Service, value(&workload::metrics_service(mc))));
+    out.push((ChildKind::Job, value(&jobs::migration_job(mc))));
 
     for p in mc.spec.enabled_protocols() {
-        out.push((ChildKind::Service, workload::service(mc, p)));
+        out.push((ChildKind::Service, value(&workload::service(mc, p))));
         let Some(image) = running_image else { continue };
         let pb = &budget.protocols[&p];
-        out.push((ChildKind::Deployment, workload::deployment(mc, p, image, &config_map, pb)));
+        out.push((ChildKind::Deployment, value(&workload::deployment(mc, p, image, &config_map, pb))));
         // An external scaler owns replicas: no HPA of ours may target the same Deployment
         // (two HPAs on one target both stop scaling).
         if pb.autoscaled && mc.spec.autoscaling_for(p).scaler == Scaler::HorizontalPodAutoscaler {
-            out.push((ChildKind::HorizontalPodAutoscaler, workload::hpa(mc, p, pb)));
+            out.push((ChildKind::HorizontalPodAutoscaler, value(&workload::hpa(mc, p, pb))));
         }
-        out.push((ChildKind::PodDisruptionBudget, workload::pdb(mc, p)));
+        out.push((ChildKind::PodDisruptionBudget, value(&workload::pdb(mc, p))));
     }
     if mc.spec.network_policy.enabled {
-        out.push((ChildKind::NetworkPolicy, workload::network_policy(mc)));
+        out.push((ChildKind::NetworkPolicy, value(&workload::network_policy(mc))));
     }
 
     if stress_enabled {
         let stress = mc.spec.stress.clone().unwrap_or_default();
-        out.push((ChildKind::ServiceAccount, jobs::stress_service_account(mc)));
-        out.push((ChildKind::Role, jobs::stress_role(mc)));
-        out.push((ChildKind::RoleBinding, jobs::stress_role_binding(mc)));
-        out.push((ChildKind::ConfigMap, jobs::stress_config_map(mc, &stress)));
+        out.push((ChildKind::ServiceAccount, value(&jobs::stress_service_account(mc))));
+        out.push((ChildKind::Role, value(&jobs::stress_role(mc))));
+        out.push((ChildKind::RoleBinding, value(&jobs::stress_role_binding(mc))));
+        out.push((ChildKind::ConfigMap, value(&jobs::stress_config_map(mc, &stress))));
         // The stress Job tests the pods; it runs the image the pods run.
         let image = running_image.unwrap_or(&wanted);
         if let Some(schedule) = &stress.schedule {
-            out.push((ChildKind::CronJob, jobs::stress_cron_job(mc, &stress, schedule, image)));
+            out.push((ChildKind::CronJob, value(&jobs::stress_cron_job(mc, &stress, schedule, image))));
         }
         if let Some(token) = token {
-            out.push((ChildKind::Job, jobs::stress_job(mc, &stress, token, image)));
+            out.push((ChildKind::Job, value(&jobs::stress_job(mc, &stress, token, image))));
         }
     }
 
@@ -164,7 +171,7 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
         && let Some(issuer) = &tls.issuer_ref
     {
         if ctx.has_cert_manager {
-            out.push((ChildKind::Certificate, workload::certificate(mc, tls, issuer)));
+            out.push((ChildKind::Certificate, value(&workload::certificate(mc, tls, issuer))));
         } else {
             warnings.push(format!(
                 "tls.issuerRef is set but cert-manager is not installed; Secret {} must be created by hand",
@@ -173,7 +180,7 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
         }
     }
     if mc.spec.monitoring.service_monitor && ctx.has_service_monitor {
-        out.push((ChildKind::ServiceMonitor, workload::service_monitor(mc)));
+        out.push((ChildKind::ServiceMonitor, value(&workload::service_monitor(mc))));
     }
     if budget.capped() {
         warnings.push(budget.summary());

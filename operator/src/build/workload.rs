@@ -1,9 +1,31 @@
 //! The mail pods and what surrounds them: ConfigMap, Deployments, Services, HPAs,
-//! PDBs, NetworkPolicy, Certificate, ServiceMonitor.
+//! PDBs, NetworkPolicy as typed k8s-openapi objects; Certificate and ServiceMonitor
+//! (kinds of optional CRDs k8s-openapi does not have) as JSON checked by the schema
+//! test.
 
 use std::collections::BTreeMap;
 
-use mailcluster_api::{IssuerRef, Listener, MailCluster, Protocol, ServiceType, TlsSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HPAScalingPolicy, HPAScalingRules, HorizontalPodAutoscaler,
+    HorizontalPodAutoscalerBehavior, HorizontalPodAutoscalerSpec, MetricIdentifier, MetricSpec, MetricTarget,
+    PodsMetricSource, ResourceMetricSource,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, SleepAction,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use mailcluster_api::{IssuerRef, MailCluster, Protocol, ServiceType, TlsSpec};
 use serde_json::{Value, json};
 
 use super::metadata;
@@ -18,32 +40,53 @@ pub const PRE_STOP_SLEEP_SECONDS: i64 = 5;
 /// Non-root user of the image (distroless `nonroot`).
 pub const RUN_AS_USER: i64 = 65532;
 
-pub(crate) fn pod_security_context() -> Value {
-    json!({
-        "runAsNonRoot": true,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    })
+fn runtime_default_seccomp() -> Option<SeccompProfile> {
+    Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() })
 }
 
-pub(crate) fn container_security_context() -> Value {
-    json!({
-        "runAsNonRoot": true,
-        "allowPrivilegeEscalation": false,
-        "readOnlyRootFilesystem": true,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    })
+pub(crate) fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS_USER),
+        run_as_group: Some(RUN_AS_USER),
+        fs_group: Some(RUN_AS_USER),
+        seccomp_profile: runtime_default_seccomp(),
+        ..Default::default()
+    }
 }
 
-fn secret_env(name: &str, r: &mailcluster_api::SecretKeyRef) -> Value {
-    json!({"name": name, "valueFrom": {"secretKeyRef": {"name": r.name, "key": r.key}}})
+pub(crate) fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        seccomp_profile: runtime_default_seccomp(),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+fn secret_env(name: &str, r: &mailcluster_api::SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// Database and Redis URLs, from Secrets: never in the ConfigMap, never in the spec.
-pub(crate) fn secret_envs(mc: &MailCluster) -> Vec<Value> {
+pub(crate) fn secret_envs(mc: &MailCluster) -> Vec<EnvVar> {
     vec![
         secret_env("MAILCLUSTER_DATABASE_URL", &mc.spec.postgres.url_secret_ref),
         secret_env("MAILCLUSTER_REDIS_URL", &mc.spec.redis.url_secret_ref),
@@ -55,34 +98,82 @@ pub(crate) fn tls_secret_name(mc: &MailCluster) -> Option<String> {
     Some(tls.secret_name.clone().unwrap_or_else(|| names::tls_secret_from_issuer(mc)))
 }
 
+/// The volume of one key of a ConfigMap.
+pub(crate) fn config_map_volume(name: &str, config_map: String, key: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map,
+            items: Some(vec![KeyToPath { key: key.into(), path: key.into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
 /// Writable scratch space: the root filesystem is read-only.
-pub(crate) fn scratch_volumes() -> Vec<Value> {
-    vec![
-        json!({"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}),
-        json!({"name": "data", "emptyDir": {"sizeLimit": "1Gi"}}),
-    ]
+pub(crate) fn scratch_volumes() -> Vec<Volume> {
+    let empty_dir = |name: &str, size: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    vec![empty_dir("tmp", "64Mi"), empty_dir("data", "1Gi")]
 }
 
-pub(crate) fn scratch_mounts() -> Vec<Value> {
-    vec![json!({"name": "tmp", "mountPath": "/tmp"}), json!({"name": "data", "mountPath": DATA_DIR})]
+pub(crate) fn scratch_mounts() -> Vec<VolumeMount> {
+    vec![mount("tmp", "/tmp", false), mount("data", DATA_DIR, false)]
 }
 
-pub fn service_account(mc: &MailCluster) -> Value {
-    json!({
-        "metadata": metadata(mc, names::cluster_name(mc), "server"),
+/// Requests and a memory limit, e.g. `resources("100m", "128Mi", "512Mi")`.
+pub(crate) fn resources(cpu: &str, memory: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.into())),
+            ("memory".to_string(), Quantity(memory.into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), Quantity(memory_limit.into()))])),
+        ..Default::default()
+    }
+}
+
+fn match_labels(labels: BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector { match_labels: Some(labels), ..Default::default() }
+}
+
+pub fn service_account(mc: &MailCluster) -> ServiceAccount {
+    ServiceAccount {
+        metadata: metadata(mc, names::cluster_name(mc), "server"),
         // The mail pods never talk to the Kubernetes API.
-        "automountServiceAccountToken": false,
-    })
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    }
 }
 
-pub fn config_map(mc: &MailCluster) -> Value {
+pub fn config_map(mc: &MailCluster) -> ConfigMap {
     let mut data = BTreeMap::new();
     for p in mc.spec.enabled_protocols().into_iter().map(Some).chain([None]) {
         // Rendering a struct of strings and numbers to TOML cannot fail.
         let text = config::render_toml(mc, p).unwrap_or_default();
         data.insert(config::config_key(p), text);
     }
-    json!({"metadata": metadata(mc, &names::config_map(mc), "config"), "data": data})
+    ConfigMap {
+        metadata: metadata(mc, &names::config_map(mc), "config"),
+        data: Some(data),
+        ..Default::default()
+    }
 }
 
 fn pod_labels(mc: &MailCluster, p: Protocol) -> BTreeMap<String, String> {
@@ -91,282 +182,342 @@ fn pod_labels(mc: &MailCluster, p: Protocol) -> BTreeMap<String, String> {
     l
 }
 
-fn default_resources() -> Value {
-    json!({
-        "requests": {"cpu": "100m", "memory": "128Mi"},
-        "limits": {"memory": "512Mi"},
-    })
+fn http_probe(path: &str, period: i32, timeout: Option<i32>, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("admin".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: timeout,
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
 }
 
 pub fn deployment(
     mc: &MailCluster,
     p: Protocol,
     image: &str,
-    config_map: &Value,
+    config_map: &ConfigMap,
     budget: &ProtocolBudget,
-) -> Value {
+) -> Deployment {
     let spec = &mc.spec;
     let ps = spec.protocol(p);
     let name = names::protocol_object(mc, p);
     let key = config::config_key(Some(p));
     // Pods restart when their own config file changes, not when another protocol's does.
-    let config_text = config_map["data"][&key].as_str().unwrap_or_default();
+    let config_text = config_map.data.as_ref().and_then(|d| d.get(&key)).map_or("", String::as_str);
     let config_hash = names::hash_hex(config_text);
     let listeners: Vec<&str> = p.listeners().iter().map(|l| l.name()).collect();
 
-    let mut env = vec![
-        json!({"name": "MAILCLUSTER_PROTOCOLS", "value": listeners.join(",")}),
-        json!({"name": "MAILCLUSTER_DATA_DIR", "value": DATA_DIR}),
-    ];
-    env.extend(secret_envs(mc));
-    let mut volumes = vec![json!({
-        "name": "config",
-        "configMap": {"name": names::config_map(mc), "items": [{"key": key, "path": key}]},
-    })];
+    let mut envs =
+        vec![env("MAILCLUSTER_PROTOCOLS", listeners.join(",")), env("MAILCLUSTER_DATA_DIR", DATA_DIR)];
+    envs.extend(secret_envs(mc));
+    let mut volumes = vec![config_map_volume("config", names::config_map(mc), &key)];
     volumes.extend(scratch_volumes());
-    let mut mounts = vec![json!({"name": "config", "mountPath": CONFIG_DIR, "readOnly": true})];
+    let mut mounts = vec![mount("config", CONFIG_DIR, true)];
     mounts.extend(scratch_mounts());
     if let Some(secret) = tls_secret_name(mc) {
-        env.push(json!({"name": "MAILCLUSTER_TLS_CERT", "value": format!("{TLS_DIR}/tls.crt")}));
-        env.push(json!({"name": "MAILCLUSTER_TLS_KEY", "value": format!("{TLS_DIR}/tls.key")}));
-        volumes.push(json!({"name": "tls", "secret": {"secretName": secret}}));
-        mounts.push(json!({"name": "tls", "mountPath": TLS_DIR, "readOnly": true}));
+        envs.push(env("MAILCLUSTER_TLS_CERT", format!("{TLS_DIR}/tls.crt")));
+        envs.push(env("MAILCLUSTER_TLS_KEY", format!("{TLS_DIR}/tls.key")));
+        volumes.push(Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(secret), ..Default::default() }),
+            ..Default::default()
+        });
+        mounts.push(mount("tls", TLS_DIR, true));
     }
-    let mut ports: Vec<Value> = p
-        .listeners()
-        .iter()
-        .map(|l| json!({"name": l.name(), "containerPort": l.container_port(), "protocol": "TCP"}))
-        .collect();
-    ports.push(json!({"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"}));
+    let port = |name: &str, number: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: number,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let mut ports: Vec<ContainerPort> =
+        p.listeners().iter().map(|l| port(l.name(), l.container_port())).collect();
+    ports.push(port("admin", ADMIN_PORT));
 
     let selector = names::selector_labels(mc, p);
-    let spread = |key: &str| {
-        json!({
-            "maxSkew": 1,
-            "topologyKey": key,
-            // Spread when possible; never leave a pod pending because a zone is full.
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": selector},
-        })
+    let spread = |key: &str| TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.into(),
+        // Spread when possible; never leave a pod pending because a zone is full.
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(match_labels(selector.clone())),
+        ..Default::default()
     };
     let grace = i64::from(spec.shutdown_grace_seconds);
-    let mut dspec = json!({
-        "revisionHistoryLimit": 5,
-        "selector": {"matchLabels": selector},
-        // maxUnavailable 0: capacity never drops during a rollout; the surge pod is
-        // counted in the connection budget.
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": SURGE, "maxUnavailable": 0}},
-        "template": {
-            "metadata": {
-                "labels": pod_labels(mc, p),
-                "annotations": {
-                    names::CONFIG_HASH_ANNOTATION: config_hash,
-                    names::IMAGE_ANNOTATION: image,
-                },
-            },
-            "spec": {
-                "serviceAccountName": names::cluster_name(mc),
-                "automountServiceAccountToken": false,
-                "enableServiceLinks": false,
-                "securityContext": pod_security_context(),
-                // preStop sleep + the server's own drain (shutdown_grace_secs) + margin
-                // for the goodbye lines and socket close: the kubelet must not SIGKILL a
-                // draining session.
-                "terminationGracePeriodSeconds": PRE_STOP_SLEEP_SECONDS + grace + 5,
-                "topologySpreadConstraints": [spread("kubernetes.io/hostname"), spread("topology.kubernetes.io/zone")],
-                "containers": [{
-                    "name": "mailcluster",
-                    "image": image,
-                    "imagePullPolicy": spec.image.pull_policy.map_or("IfNotPresent", |p| match p {
-                        mailcluster_api::PullPolicy::Always => "Always",
-                        mailcluster_api::PullPolicy::IfNotPresent => "IfNotPresent",
-                        mailcluster_api::PullPolicy::Never => "Never",
-                    }),
-                    "args": ["serve", "--config", format!("{CONFIG_DIR}/{key}")],
-                    "env": env,
-                    "ports": ports,
-                    "resources": ps.resources.as_ref().map_or_else(default_resources, |r| json!(r)),
-                    "securityContext": container_security_context(),
-                    "volumeMounts": mounts,
-                    "startupProbe": {
-                        "httpGet": {"path": "/healthz", "port": "admin"},
-                        "periodSeconds": 2,
-                        "failureThreshold": 60,
-                    },
-                    "readinessProbe": {
-                        "httpGet": {"path": "/readyz", "port": "admin"},
-                        "periodSeconds": 5,
-                        "timeoutSeconds": 2,
-                        "failureThreshold": 2,
-                    },
-                    "livenessProbe": {
-                        "httpGet": {"path": "/healthz", "port": "admin"},
-                        "periodSeconds": 10,
-                        "timeoutSeconds": 3,
-                        "failureThreshold": 3,
-                    },
-                    "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
-                }],
-                "volumes": volumes,
-            },
-        },
+    let pull_policy = spec.image.pull_policy.map_or("IfNotPresent", |p| match p {
+        mailcluster_api::PullPolicy::Always => "Always",
+        mailcluster_api::PullPolicy::IfNotPresent => "IfNotPresent",
+        mailcluster_api::PullPolicy::Never => "Never",
     });
-    // With an HPA the replica count is the HPA's: leaving it out of the applied object
-    // means server-side apply never resets what the autoscaler chose.
-    if !budget.autoscaled {
-        dspec["replicas"] = json!(budget.max_replicas);
+    let container = Container {
+        name: "mailcluster".into(),
+        image: Some(image.into()),
+        image_pull_policy: Some(pull_policy.into()),
+        args: Some(vec!["serve".into(), "--config".into(), format!("{CONFIG_DIR}/{key}")]),
+        env: Some(envs),
+        ports: Some(ports),
+        resources: Some(ps.resources.clone().unwrap_or_else(|| resources("100m", "128Mi", "512Mi"))),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        startup_probe: Some(http_probe("/healthz", 2, None, 60)),
+        readiness_probe: Some(http_probe("/readyz", 5, Some(2), 2)),
+        liveness_probe: Some(http_probe("/healthz", 10, Some(3), 3)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction { seconds: PRE_STOP_SLEEP_SECONDS }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels(mc, p)),
+            annotations: Some(BTreeMap::from([
+                (names::CONFIG_HASH_ANNOTATION.to_string(), config_hash),
+                (names::IMAGE_ANNOTATION.to_string(), image.to_string()),
+            ])),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(names::cluster_name(mc).to_string()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            security_context: Some(pod_security_context()),
+            // preStop sleep + the server's own drain (shutdown_grace_secs) + margin
+            // for the goodbye lines and socket close: the kubelet must not SIGKILL a
+            // draining session.
+            termination_grace_period_seconds: Some(PRE_STOP_SLEEP_SECONDS + grace + 5),
+            topology_spread_constraints: Some(vec![
+                spread("kubernetes.io/hostname"),
+                spread("topology.kubernetes.io/zone"),
+            ]),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+    };
+    Deployment {
+        metadata: metadata(mc, &name, p.name()),
+        spec: Some(DeploymentSpec {
+            // With an HPA the replica count is the HPA's: leaving it out of the
+            // applied object means server-side apply never resets what the
+            // autoscaler chose.
+            replicas: (!budget.autoscaled).then_some(budget.max_replicas),
+            revision_history_limit: Some(5),
+            selector: match_labels(selector),
+            // maxUnavailable 0: capacity never drops during a rollout; the surge pod
+            // is counted in the connection budget.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(SURGE)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
     }
-    json!({"metadata": metadata(mc, &name, p.name()), "spec": dspec})
 }
 
-pub fn service(mc: &MailCluster, p: Protocol) -> Value {
-    let ps = mc.spec.protocol(p);
-    let svc = &ps.service;
-    let ports: Vec<Value> = p
+pub fn service(mc: &MailCluster, p: Protocol) -> Service {
+    let svc = &mc.spec.protocol(p).service;
+    let ports = p
         .listeners()
         .iter()
-        .map(|l: &Listener| {
-            let port = svc.ports.iter().find(|o| o.name == *l).map_or(l.standard_port(), |o| o.port);
-            json!({"name": l.name(), "port": port, "targetPort": l.name(), "protocol": "TCP"})
+        .map(|l| ServicePort {
+            name: Some(l.name().into()),
+            port: svc.ports.iter().find(|o| o.name == *l).map_or(l.standard_port(), |o| o.port),
+            target_port: Some(IntOrString::String(l.name().into())),
+            protocol: Some("TCP".into()),
+            ..Default::default()
         })
         .collect();
     let mut meta = metadata(mc, &names::protocol_object(mc, p), p.name());
     if !svc.annotations.is_empty() {
-        meta["annotations"] = json!(svc.annotations);
+        meta.annotations = Some(svc.annotations.clone());
     }
     let type_ = match svc.type_ {
         ServiceType::ClusterIP => "ClusterIP",
         ServiceType::NodePort => "NodePort",
         ServiceType::LoadBalancer => "LoadBalancer",
     };
-    let mut spec = json!({
-        "type": type_,
-        "selector": names::selector_labels(mc, p),
-        "ports": ports,
-    });
+    let mut spec = ServiceSpec {
+        type_: Some(type_.into()),
+        selector: Some(names::selector_labels(mc, p)),
+        ports: Some(ports),
+        ..Default::default()
+    };
     if svc.type_ == ServiceType::LoadBalancer {
         // Local: no second hop through another node, so the pod sees the client's real
         // address (rate limits, logs, SPF) and health checks skip nodes without pods.
-        spec["externalTrafficPolicy"] = json!("Local");
+        spec.external_traffic_policy = Some("Local".into());
         if !svc.load_balancer_source_ranges.is_empty() {
-            spec["loadBalancerSourceRanges"] = json!(svc.load_balancer_source_ranges);
+            spec.load_balancer_source_ranges = Some(svc.load_balancer_source_ranges.clone());
         }
     }
-    json!({"metadata": meta, "spec": spec})
+    Service { metadata: meta, spec: Some(spec), ..Default::default() }
 }
 
 /// ClusterIP Service over the admin port of every pod: the scrape target. Kept apart
 /// from the mail Services so a LoadBalancer never exposes `/metrics`.
-pub fn metrics_service(mc: &MailCluster) -> Value {
-    json!({
-        "metadata": metadata(mc, &names::metrics_service(mc), "metrics"),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": names::all_pods_selector(mc),
-            "ports": [{"name": "metrics", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}],
-        },
-    })
+pub fn metrics_service(mc: &MailCluster) -> Service {
+    Service {
+        metadata: metadata(mc, &names::metrics_service(mc), "metrics"),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(names::all_pods_selector(mc)),
+            ports: Some(vec![ServicePort {
+                name: Some("metrics".into()),
+                port: ADMIN_PORT,
+                target_port: Some(IntOrString::String("admin".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
-pub fn hpa(mc: &MailCluster, p: Protocol, budget: &ProtocolBudget) -> Value {
+pub fn hpa(mc: &MailCluster, p: Protocol, budget: &ProtocolBudget) -> HorizontalPodAutoscaler {
     let a = mc.spec.autoscaling_for(p);
     let name = names::protocol_object(mc, p);
+    let pods_average = |metric: &str, value: String| MetricSpec {
+        type_: "Pods".into(),
+        pods: Some(PodsMetricSource {
+            metric: MetricIdentifier { name: metric.into(), ..Default::default() },
+            target: MetricTarget {
+                type_: "AverageValue".into(),
+                average_value: Some(Quantity(value)),
+                ..Default::default()
+            },
+        }),
+        ..Default::default()
+    };
     let mut metrics = Vec::new();
     if let Some(cpu) = a.cpu_utilization {
-        metrics.push(json!({
-            "type": "Resource",
-            "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": cpu}},
-        }));
+        metrics.push(MetricSpec {
+            type_: "Resource".into(),
+            resource: Some(ResourceMetricSource {
+                name: "cpu".into(),
+                target: MetricTarget {
+                    type_: "Utilization".into(),
+                    average_utilization: Some(cpu),
+                    ..Default::default()
+                },
+            }),
+            ..Default::default()
+        });
     }
     if let Some(sat) = a.pool_saturation {
         // mail_pool_saturation is 0..1; the spec says percent. 70 % → "700m".
-        metrics.push(json!({
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": "mail_pool_saturation"},
-                "target": {"type": "AverageValue", "averageValue": format!("{}m", sat * 10)},
-            },
-        }));
+        metrics.push(pods_average("mail_pool_saturation", format!("{}m", sat * 10)));
     }
     if let Some(conns) = a.connections_per_pod {
-        metrics.push(json!({
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": "mail_connections_active"},
-                "target": {"type": "AverageValue", "averageValue": conns.to_string()},
-            },
-        }));
+        metrics.push(pods_average("mail_connections_active", conns.to_string()));
     }
-    json!({
-        "metadata": metadata(mc, &name, p.name()),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-            "minReplicas": budget.min_replicas,
-            "maxReplicas": budget.max_replicas,
-            "metrics": metrics,
-            "behavior": {
+    let policy = |type_: &str, value: i32, period: i32| HPAScalingPolicy {
+        type_: type_.into(),
+        value,
+        period_seconds: period,
+    };
+    HorizontalPodAutoscaler {
+        metadata: metadata(mc, &name, p.name()),
+        spec: Some(HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".into()),
+                kind: "Deployment".into(),
+                name,
+            },
+            min_replicas: Some(budget.min_replicas),
+            max_replicas: budget.max_replicas,
+            metrics: Some(metrics),
+            behavior: Some(HorizontalPodAutoscalerBehavior {
                 // Load arrives in bursts (connect storms after an outage): scale up at once.
-                "scaleUp": {
-                    "stabilizationWindowSeconds": 0,
-                    "selectPolicy": "Max",
-                    "policies": [
-                        {"type": "Percent", "value": 100, "periodSeconds": 30},
-                        {"type": "Pods", "value": 4, "periodSeconds": 30},
-                    ],
-                },
+                scale_up: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(0),
+                    select_policy: Some("Max".into()),
+                    policies: Some(vec![policy("Percent", 100, 30), policy("Pods", 4, 30)]),
+                    ..Default::default()
+                }),
                 // Scaling down ends long-lived IMAP sessions (IDLE clients reconnect):
                 // one pod at a time, after five calm minutes.
-                "scaleDown": {
-                    "stabilizationWindowSeconds": 300,
-                    "selectPolicy": "Min",
-                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}],
-                },
-            },
-        },
-    })
+                scale_down: Some(HPAScalingRules {
+                    stabilization_window_seconds: Some(300),
+                    select_policy: Some("Min".into()),
+                    policies: Some(vec![policy("Pods", 1, 120)]),
+                    ..Default::default()
+                }),
+            }),
+        }),
+        ..Default::default()
+    }
 }
 
-pub fn pdb(mc: &MailCluster, p: Protocol) -> Value {
-    json!({
-        "metadata": metadata(mc, &names::protocol_object(mc, p), p.name()),
-        "spec": {
+pub fn pdb(mc: &MailCluster, p: Protocol) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: metadata(mc, &names::protocol_object(mc, p), p.name()),
+        spec: Some(PodDisruptionBudgetSpec {
             // One pod at a time through voluntary disruptions (node drains), so drains
             // never take a whole protocol down; never blocks a single-replica drain.
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": names::selector_labels(mc, p)},
-        },
-    })
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(match_labels(names::selector_labels(mc, p))),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
-pub fn network_policy(mc: &MailCluster) -> Value {
-    let mail_ports: Vec<Value> = mc
+pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
+    let tcp = |port: i32| NetworkPolicyPort {
+        protocol: Some("TCP".into()),
+        port: Some(IntOrString::Int(port)),
+        ..Default::default()
+    };
+    let mail_ports = mc
         .spec
         .enabled_protocols()
         .iter()
         .flat_map(|p| p.listeners())
-        .map(|l| json!({"protocol": "TCP", "port": l.container_port()}))
+        .map(|l| tcp(l.container_port()))
         .collect();
-    let mut metrics_from = vec![json!({"podSelector": {}})];
+    let mut metrics_from =
+        vec![NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..Default::default() }];
     for ns in &mc.spec.network_policy.metrics_namespaces {
-        metrics_from.push(json!({
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-        }));
+        metrics_from.push(NetworkPolicyPeer {
+            namespace_selector: Some(match_labels(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_string(),
+                ns.clone(),
+            )]))),
+            ..Default::default()
+        });
     }
-    json!({
-        "metadata": metadata(mc, names::cluster_name(mc), "server"),
-        "spec": {
-            "podSelector": {"matchLabels": names::all_pods_selector(mc)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
+    NetworkPolicy {
+        metadata: metadata(mc, names::cluster_name(mc), "server"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(match_labels(names::all_pods_selector(mc))),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
                 // Mail is public: anyone may connect to the mail listeners.
-                {"ports": mail_ports},
+                NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
                 // The admin port (metrics, health) only from this namespace and monitoring.
-                {"from": metrics_from, "ports": [{"protocol": "TCP", "port": ADMIN_PORT}]},
-            ],
-        },
-    })
+                NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
+            ]),
+            ..Default::default()
+        }),
+    }
 }
 
+/// cert-manager's Certificate: a kind of an optional CRD, written as JSON.
 pub fn certificate(mc: &MailCluster, tls: &TlsSpec, issuer: &IssuerRef) -> Value {
     let mut dns = vec![mc.spec.hostname()];
     for d in mc.spec.domains.iter().chain(&tls.dns_names) {
@@ -386,6 +537,7 @@ pub fn certificate(mc: &MailCluster, tls: &TlsSpec, issuer: &IssuerRef) -> Value
     })
 }
 
+/// Prometheus operator's ServiceMonitor: a kind of an optional CRD, written as JSON.
 pub fn service_monitor(mc: &MailCluster) -> Value {
     json!({
         "metadata": metadata(mc, names::cluster_name(mc), "metrics"),
