@@ -636,3 +636,67 @@ fn idle_falls_back_to_polling_when_redis_is_lost() {
     idler.done(&idle_tag);
     idler.check_against(&db.inbox_uids());
 }
+
+/// \Recent across pods (RFC 3501 §2.3.2): sessions on two processes select the same
+/// INBOX at the same moment; every new message is recent for exactly one of them,
+/// and the RECENT counts they were told add up to the messages delivered.
+#[test]
+fn each_new_message_is_recent_for_exactly_one_session_across_processes() {
+    const MESSAGES: usize = 12;
+    const PER_PROCESS: usize = 4;
+    let db = Database::create();
+    let prefix = format!("{}:", unique("mc_imapmp"));
+    let a = Server::start(&db, &redis_url(), &prefix, &[]);
+    let b = Server::start(&db, &redis_url(), &prefix, &[]);
+    for i in 0..MESSAGES {
+        smtp_deliver(if i % 2 == 0 { a.smtp } else { b.smtp }, USER, &format!("recent {i}"));
+    }
+    let names = ["A1", "A2", "A3", "A4", "B1", "B2", "B3", "B4"];
+    let barrier = Arc::new(std::sync::Barrier::new(2 * PER_PROCESS));
+    let sessions: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, &name)| {
+            let addr = if i < PER_PROCESS { a.imap } else { b.imap };
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut c = Imap::connect(name, addr);
+                assert!(c.command(&format!("LOGIN {USER} \"{PASSWORD}\"")).ok());
+                barrier.wait();
+                let select = c.command("SELECT INBOX");
+                assert!(select.ok(), "{select:?}");
+                let told: usize = select
+                    .untagged
+                    .iter()
+                    .find_map(|l| l.strip_suffix(" RECENT").and_then(|l| l.strip_prefix("* ")))
+                    .expect("RECENT in the SELECT reply")
+                    .parse()
+                    .expect("a count");
+                let search = c.uid_search("RECENT");
+                assert_eq!(search.len(), told, "{name}: SEARCH RECENT agrees with * n RECENT");
+                let fetch = c.command("UID FETCH 1:* (FLAGS)");
+                let flagged: Vec<u32> = fetch
+                    .untagged
+                    .iter()
+                    .filter(|l| l.contains("\\Recent"))
+                    .filter_map(|l| l.split("UID ").nth(1)?.split([' ', ')']).next()?.parse().ok())
+                    .collect();
+                assert_eq!(flagged, search, "{name}: FETCH FLAGS \\Recent agrees with SEARCH RECENT");
+                (name, told, search)
+            })
+        })
+        .collect();
+    let mut owner: HashMap<u32, &str> = HashMap::new();
+    let mut total = 0;
+    for handle in sessions {
+        let (name, told, uids) = handle.join().expect("session");
+        total += told;
+        for uid in uids {
+            if let Some(other) = owner.insert(uid, name) {
+                panic!("UID {uid} is recent for both {other} and {name}");
+            }
+        }
+    }
+    assert_eq!(total, MESSAGES, "every message recent for one session: {owner:?}");
+    assert_eq!(owner.len(), MESSAGES);
+}

@@ -94,6 +94,9 @@ impl Store for DownStore {
     async fn mailbox_status(&self, _: i64) -> StoreResult<MailboxStatus> {
         down_store()
     }
+    async fn recent_claim(&self, _: i64, _: u32) -> StoreResult<u32> {
+        down_store()
+    }
     async fn deliver_batch(&self, _: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         down_store()
     }

@@ -87,6 +87,8 @@ async fn idle_wakes_across_pods() {
             let sent = std::time::Instant::now();
             assert!(tagged(&r).starts_with("p OK"), "{r:?}");
             assert_eq!(idler.line().await, format!("* {n} EXISTS"));
+            // The idling session is the first to learn of each message: recent for it.
+            assert_eq!(idler.line().await, format!("* {n} RECENT"));
             worst = worst.max(sent.elapsed());
         }
         println!("IDLE wake-up across pods: worst of 5 = {worst:?}");
@@ -126,8 +128,10 @@ async fn body_fetch_and_flag_map_see_other_pods_changes() {
         deliver(&b, &bob, "INBOX", &sample("late", "x"), FlagSet::default()).await;
         let r = reader.cmd("f1", "UID FETCH 2 BODY.PEEK[HEADER]").await;
         let body_at = r.iter().position(|l| l.starts_with("* 2 FETCH (UID 2 BODY[HEADER] {")).expect("body");
-        let flags_at =
-            r.iter().position(|l| l.contains("* 1 FETCH (UID 1 FLAGS (\\Flagged $Urgent))")).expect("flags");
+        let flags_at = r
+            .iter()
+            .position(|l| l.contains("* 1 FETCH (UID 1 FLAGS (\\Flagged \\Recent $Urgent))"))
+            .expect("flags");
         let exists_at = r.iter().position(|l| l == "* 4 EXISTS").expect("EXISTS");
         assert!(flags_at < body_at && exists_at < body_at, "{r:?}");
         assert!(has(&r, "* FLAGS ("), "the new keyword is announced: {r:?}");
@@ -141,8 +145,9 @@ async fn body_fetch_and_flag_map_see_other_pods_changes() {
         let r = reader.cmd("q2", "UID SEARCH FLAGGED").await;
         assert!(r.contains(&"* SEARCH".to_string()), "{r:?}");
         let r = reader.cmd("ff", "FETCH 1:* (FLAGS)").await;
-        assert!(has(&r, "* 1 FETCH (FLAGS ($Urgent))"), "{r:?}");
-        assert!(has(&r, "* 4 FETCH (FLAGS ())"), "{r:?}");
+        // The reader selected first and saw message 4 arrive: all are \Recent for it.
+        assert!(has(&r, "* 1 FETCH (FLAGS (\\Recent $Urgent))"), "{r:?}");
+        assert!(has(&r, "* 4 FETCH (FLAGS (\\Recent))"), "{r:?}");
 
         // Expunged on the other pod: UID FETCH may say so, after the data.
         writer.cmd("d", "UID STORE 3 +FLAGS.SILENT (\\Deleted)").await;
@@ -180,16 +185,17 @@ async fn full_session(app: App) {
     let r = c.cmd("s", "SELECT INBOX").await;
     assert!(has(&r, "* 3 EXISTS") && has(&r, "* OK [UNSEEN 2]") && has(&r, "[UIDNEXT 4]"), "{r:?}");
     let r = c.cmd("f1", "UID FETCH 1:* (FLAGS RFC822.SIZE)").await;
-    assert!(r[0].starts_with("* 1 FETCH (UID 1 FLAGS (\\Seen) RFC822.SIZE "), "{r:?}");
+    // The first SELECT takes the delivered messages as \Recent (RFC 3501 §2.3.2).
+    assert!(r[0].starts_with("* 1 FETCH (UID 1 FLAGS (\\Seen \\Recent) RFC822.SIZE "), "{r:?}");
     let r = c.cmd("f2", "FETCH 2 (ENVELOPE BODY[])").await;
     assert!(r[0].contains("\"two\"") && has(&r, "second body"), "{r:?}");
-    assert!(has(&r, "FLAGS (\\Seen)"), "{r:?}");
+    assert!(has(&r, "FLAGS (\\Seen \\Recent)"), "{r:?}");
     let r = c.cmd("u", "UID SEARCH UNSEEN").await;
     assert_eq!(r[0], "* SEARCH 3");
     let r = c.cmd("t", "SEARCH BODY third").await;
     assert_eq!(r[0], "* SEARCH 3");
     let r = c.cmd("st", "STORE 1 +FLAGS (\\Deleted $Later)").await;
-    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted $Later))"), "{r:?}");
+    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted \\Recent $Later))"), "{r:?}");
     let r = c.cmd("cp", "UID COPY 2:3 Archive").await;
     assert!(tagged(&r).starts_with("cp OK [COPYUID "), "{r:?}");
     let r = c.cmd("mv", "MOVE 3 Trash").await;
@@ -212,6 +218,9 @@ async fn full_session(app: App) {
     let r = c.cmd("a2", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
     assert!(tagged(&r).contains("APPEND completed"), "{r:?}");
     assert_eq!(other.line().await, "* 3 EXISTS");
+    // Recent for whichever of the two sessions learnt of it first: the count is 0 or 1.
+    let recent = other.line().await;
+    assert!(recent == "* 0 RECENT" || recent == "* 1 RECENT", "{recent}");
     other.send("DONE\r\n").await;
     assert_eq!(other.line().await, "i OK IDLE terminated");
     let r = c.cmd("d", "DELETE Archive").await;

@@ -125,13 +125,14 @@ async fn select_fetch_store_search_expunge() {
 
     let r = c.cmd("s1", "SELECT INBOX").await;
     assert!(has(&r, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft)"), "{r:?}");
-    assert!(has(&r, "* 3 EXISTS") && has(&r, "* 0 RECENT") && has(&r, "* OK [UNSEEN 2]"), "{r:?}");
+    // The first session to select gets the delivered messages as \Recent (§2.3.2).
+    assert!(has(&r, "* 3 EXISTS") && has(&r, "* 3 RECENT") && has(&r, "* OK [UNSEEN 2]"), "{r:?}");
     assert!(has(&r, "[UIDVALIDITY ") && has(&r, "* OK [UIDNEXT 4]"), "{r:?}");
     assert!(tagged(&r).starts_with("s1 OK [READ-WRITE]"), "{r:?}");
 
     let r = c.cmd("f1", "FETCH 1:* (FLAGS)").await;
-    assert_eq!(r[0], "* 1 FETCH (FLAGS (\\Seen))");
-    assert_eq!(r[1], "* 2 FETCH (FLAGS ())");
+    assert_eq!(r[0], "* 1 FETCH (FLAGS (\\Seen \\Recent))");
+    assert_eq!(r[1], "* 2 FETCH (FLAGS (\\Recent))");
     let r = c.cmd("f2", "UID FETCH 2 (RFC822.SIZE ENVELOPE)").await;
     assert!(r[0].starts_with("* 2 FETCH (UID 2 RFC822.SIZE "), "{r:?}");
     assert!(
@@ -145,10 +146,10 @@ async fn select_fetch_store_search_expunge() {
     assert_eq!(r[0], "* 2 FETCH (BODY[HEADER.FIELDS (SUBJECT)] {16}");
     assert_eq!(r[1], "Subject: two");
     let r = c.cmd("f4", "FETCH 2 (FLAGS)").await;
-    assert_eq!(r[0], "* 2 FETCH (FLAGS ())");
+    assert_eq!(r[0], "* 2 FETCH (FLAGS (\\Recent))");
     let r = c.cmd("f5", "FETCH 2 BODY[TEXT]<0.6>").await;
     assert_eq!(r[0], "* 2 FETCH (BODY[TEXT]<0> {6}");
-    assert!(r[1].starts_with("second FLAGS (\\Seen))"), "{r:?}");
+    assert!(r[1].starts_with("second FLAGS (\\Seen \\Recent))"), "{r:?}");
     let r = c.cmd("f6", "FETCH 3 (BODYSTRUCTURE INTERNALDATE)").await;
     assert!(
         r[0].contains("BODYSTRUCTURE (\"TEXT\" \"PLAIN\" NIL NIL NIL \"7BIT\" 12 1 NIL NIL NIL NIL)"),
@@ -158,7 +159,7 @@ async fn select_fetch_store_search_expunge() {
 
     let r = c.cmd("st1", "STORE 1:2 +FLAGS (\\Deleted $Work)").await;
     assert!(has(&r, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Work)"), "{r:?}");
-    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted $Work))"), "{r:?}");
+    assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted \\Recent $Work))"), "{r:?}");
     let r = c.cmd("st2", "UID STORE 3 +FLAGS.SILENT (\\Flagged)").await;
     assert_eq!(r, vec!["st2 OK UID STORE completed".to_string()]);
     let r = c.cmd("se1", "SEARCH UNSEEN").await;
@@ -286,7 +287,7 @@ async fn copy_move_and_uid_expunge() {
     let r = c.cmd("x1", "UID EXPUNGE 4").await;
     assert_eq!(r, vec!["* 2 EXPUNGE".to_string(), "x1 OK UID EXPUNGE completed".to_string()]);
     let r = c.cmd("f", "FETCH 1:* (UID FLAGS)").await;
-    assert_eq!(r[0], "* 1 FETCH (UID 1 FLAGS (\\Deleted))");
+    assert_eq!(r[0], "* 1 FETCH (UID 1 FLAGS (\\Deleted \\Recent))");
     assert_eq!(r.len(), 2, "{r:?}");
 }
 
@@ -321,7 +322,7 @@ async fn other_sessions_changes_respect_sequence_rules() {
     // Flag changes by another session arrive as untagged FETCH.
     b.cmd("st", "UID STORE 3 +FLAGS (\\Flagged)").await;
     let r = a.cmd("n2", "NOOP").await;
-    assert!(has(&r, "* 2 FETCH (UID 3 FLAGS (\\Flagged))"), "{r:?}");
+    assert!(has(&r, "* 2 FETCH (UID 3 FLAGS (\\Flagged \\Recent))"), "{r:?}");
 }
 
 #[tokio::test]
@@ -338,6 +339,7 @@ async fn idle_wakes_on_changes_from_another_session() {
     let r = b.cmd("p", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
     assert!(tagged(&r).starts_with("p OK"), "{r:?}");
     assert_eq!(a.line().await, "* 1 EXISTS");
+    assert_eq!(a.line().await, "* 1 RECENT");
     assert!(started.elapsed() < std::time::Duration::from_millis(500), "{:?}", started.elapsed());
     a.send("DONE\r\n").await;
     assert_eq!(a.line().await, "i1 OK IDLE terminated");
@@ -411,6 +413,7 @@ async fn idle_falls_back_to_polling_when_notifications_end() {
     deliver(&app, &bob, "INBOX", &sample("polled", "x"), FlagSet::default()).await;
     let started = std::time::Instant::now();
     assert_eq!(a.line().await, "* 1 EXISTS");
+    assert_eq!(a.line().await, "* 1 RECENT");
     assert!(started.elapsed() < std::time::Duration::from_secs(3), "{:?}", started.elapsed());
     a.send("DONE\r\n").await;
     assert_eq!(a.line().await, "i OK IDLE terminated");
@@ -602,4 +605,74 @@ async fn lsub_lists_an_unsubscribed_parent_as_noselect() {
     assert_eq!(r, ["* LSUB (\\Noselect) \"/\" \"foo\"", "l1 OK LSUB completed"], "{r:?}");
     let r = c.cmd("l2", "LSUB \"\" *").await;
     assert_eq!(r, ["* LSUB () \"/\" \"foo/bar\"", "l2 OK LSUB completed"], "{r:?}");
+}
+
+/// \Recent (RFC 3501 §2.3.2, §6.3.1-2, §6.3.10, §6.4.4, §7.3.2): a new message is
+/// recent for the first session that selects the mailbox (or learns of the message
+/// while selected) and for no other; EXAMINE and STATUS only look; RECENT, NEW and
+/// OLD search by it; a client cannot set it.
+#[tokio::test]
+async fn recent_belongs_to_exactly_one_session() {
+    // The embedded store (SQLite), plain-text logins for the in-memory connections.
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
+    deliver(&app, &bob, "INBOX", &sample("one", "x"), seen).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "x"), FlagSet::default()).await;
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    let (mut c, _tc) = login(&app, "bob@example.org", "pw").await;
+
+    let r = c.cmd("st0", "STATUS INBOX (MESSAGES RECENT)").await;
+    assert_eq!(r[0], "* STATUS \"INBOX\" (MESSAGES 2 RECENT 2)");
+
+    // EXAMINE shows the recent messages without taking them.
+    let r = a.cmd("e", "EXAMINE INBOX").await;
+    assert!(has(&r, "* 2 EXISTS") && has(&r, "* 2 RECENT"), "{r:?}");
+    let r = a.cmd("ef", "FETCH 1:* (FLAGS)").await;
+    assert_eq!(
+        r[..2],
+        ["* 1 FETCH (FLAGS (\\Seen \\Recent))", "* 2 FETCH (FLAGS (\\Recent))"].map(String::from)
+    );
+    let r = c.cmd("st1", "STATUS INBOX (RECENT)").await;
+    assert_eq!(r[0], "* STATUS \"INBOX\" (RECENT 2)", "EXAMINE took nothing");
+
+    // The first SELECT takes them.
+    let r = b.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 2 RECENT"), "{r:?}");
+    let r = b.cmd("sr", "SEARCH RECENT").await;
+    assert_eq!(r[0], "* SEARCH 1 2");
+    let r = b.cmd("sn", "SEARCH NEW").await;
+    assert_eq!(r[0], "* SEARCH 2", "NEW is RECENT UNSEEN");
+    let r = b.cmd("so", "SEARCH OLD").await;
+    assert_eq!(r[0], "* SEARCH");
+    let r = c.cmd("st2", "STATUS INBOX (RECENT)").await;
+    assert_eq!(r[0], "* STATUS \"INBOX\" (RECENT 0)");
+
+    // A later SELECT gets none of them.
+    let r = c.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 2 EXISTS") && has(&r, "* 0 RECENT"), "{r:?}");
+    let r = c.cmd("f", "FETCH 1:* (FLAGS)").await;
+    assert_eq!(r[..2], ["* 1 FETCH (FLAGS (\\Seen))", "* 2 FETCH (FLAGS ())"].map(String::from));
+    let r = c.cmd("so", "SEARCH OLD").await;
+    assert_eq!(r[0], "* SEARCH 1 2");
+    // \Recent cannot be altered by a client (§2.3.2): refused, nothing changed.
+    let r = c.cmd("x", "STORE 2 +FLAGS (\\Recent \\Flagged)").await;
+    assert!(tagged(&r).starts_with("x BAD"), "{r:?}");
+    let r = c.cmd("f2", "FETCH 2 (FLAGS)").await;
+    assert_eq!(r[0], "* 2 FETCH (FLAGS ())");
+
+    // New mail: recent for the one read-write session that learns of it first.
+    deliver(&app, &bob, "INBOX", &sample("three", "x"), FlagSet::default()).await;
+    let r = c.cmd("n", "NOOP").await;
+    assert_eq!(r[..2], ["* 3 EXISTS", "* 1 RECENT"].map(String::from), "{r:?}");
+    let r = c.cmd("f3", "FETCH 3 (FLAGS)").await;
+    assert_eq!(r[0], "* 3 FETCH (FLAGS (\\Recent))");
+    let r = b.cmd("n", "NOOP").await;
+    assert_eq!(r[..2], ["* 3 EXISTS", "* 2 RECENT"].map(String::from), "b keeps its two: {r:?}");
+    let r = b.cmd("f3", "FETCH 3 (FLAGS)").await;
+    assert_eq!(r[0], "* 3 FETCH (FLAGS ())");
+    // The read-only session cannot tell and treats it as recent (§2.3.2 SHOULD).
+    let r = a.cmd("n", "NOOP").await;
+    assert_eq!(r[..2], ["* 3 EXISTS", "* 3 RECENT"].map(String::from), "{r:?}");
 }

@@ -171,6 +171,7 @@ conformance!(
     queue_claim_is_exclusive,
     leases_limit_renew_expire,
     leases_are_exclusive_across_pods,
+    recent_is_claimed_once,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -1188,6 +1189,45 @@ async fn queue_claim_is_exclusive(ctx: Ctx) {
     assert_eq!(seen, all, "every item claimed exactly once");
 }
 
+/// \Recent (RFC 3501 §2.3.2): each new message is recent for exactly one claimer,
+/// even when claims race from separate stores (pods); STATUS counts what nobody
+/// has claimed yet.
+async fn recent_is_claimed_once(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (_acc, inbox) = account(&s, "r@example.com").await;
+    let fresh = s.mailbox_get_by_id(inbox).await.expect("get").expect("inbox");
+    assert_eq!(fresh.recent_floor, 0, "a new mailbox has given out nothing");
+    for i in 0..3 {
+        deliver_one(&s, &format!("r{i}"), &[inbox]).await;
+    }
+    assert_eq!(s.recent_count(inbox).await.expect("recent"), 3);
+
+    let mut handles = Vec::new();
+    for w in 0..6 {
+        let store = if w % 2 == 0 { s.clone() } else { ctx.open_again().await };
+        handles.push(tokio::spawn(async move { store.recent_claim(inbox, 3).await.expect("claim") }));
+    }
+    let mut floors = Vec::new();
+    for h in handles {
+        floors.push(h.await.expect("claimer"));
+    }
+    floors.sort_unstable();
+    assert_eq!(floors, [0, 3, 3, 3, 3, 3], "exactly one claimer got UIDs 1..3");
+    assert_eq!(s.recent_count(inbox).await.expect("recent"), 0);
+    assert_eq!(s.mailbox_get_by_id(inbox).await.expect("get").expect("inbox").recent_floor, 3);
+
+    // The floor never goes down; new mail above it is recent again.
+    assert_eq!(s.recent_claim(inbox, 1).await.expect("claim"), 3);
+    deliver_one(&s, "r3", &[inbox]).await;
+    deliver_one(&s, "r4", &[inbox]).await;
+    assert_eq!(s.recent_count(inbox).await.expect("recent"), 2);
+    s.expunge(inbox, Some(&UidSet::single(5))).await.expect("expunge");
+    assert_eq!(s.recent_count(inbox).await.expect("recent"), 1, "expunged messages are not counted");
+    assert_eq!(s.recent_claim(inbox, 5).await.expect("claim"), 3);
+    assert_eq!(s.recent_count(inbox).await.expect("recent"), 0);
+    assert!(is_not_found(s.recent_claim(i64::MAX, 1).await), "unknown mailbox");
+}
+
 async fn leases_limit_renew_expire(ctx: Ctx) {
     let s = ctx.store.clone();
     let ttl = Duration::from_secs(60);
@@ -1297,32 +1337,6 @@ async fn postgres_keeps_synchronous_commit_on() {
         assert_eq!(pg.synchronous_commit().await.expect("show"), "on");
         let (_, inbox) = account(&ctx.store, "a@example.com").await;
         deliver_one(&ctx.store, "durable", &[inbox]).await;
-    })
-    .await;
-}
-
-/// Every store connection to PostgreSQL has TCP_NODELAY (see
-/// store/postgres/nodelay.rs): without it, statements larger than a segment wait
-/// ~40 ms for a delayed ACK. The first assertion shows the check sees a socket
-/// without the option — when it fails, sqlx sets it itself again and the
-/// workaround can go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_connections_use_tcp_nodelay() {
-    use store::postgres::nodelay::connections_without;
-    run(Backend::Postgres, true, |ctx: Ctx| async move {
-        let port = sqlx::postgres::PgConnectOptions::from_str(&ctx.url).expect("url").get_port();
-        let raw = sqlx::PgConnection::connect(&ctx.url).await.expect("plain sqlx connection");
-        assert!(connections_without(port) >= 1, "a plain sqlx 0.9.0 connection has Nagle on");
-        raw.close().await.expect("close");
-        let pg = store::postgres::PgStore::connect(&ctx.url, 4, CONNECT_TIMEOUT).await.expect("connect");
-        // Several connections at once: every one of them gets the option.
-        let pings: Vec<_> = (0..4).map(|_| pg.synchronous_commit()).collect();
-        for p in futures::future::join_all(pings).await {
-            p.expect("query");
-        }
-        let (_, inbox) = account(&ctx.store, "a@example.com").await;
-        deliver_one(&ctx.store, "fast", &[inbox]).await;
-        assert_eq!(connections_without(port), 0, "every PostgreSQL connection has TCP_NODELAY");
     })
     .await;
 }

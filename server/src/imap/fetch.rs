@@ -158,6 +158,7 @@ impl Session {
                         let message = Message {
                             uid: link.uid,
                             flags: &link.flags,
+                            recent: self.is_recent(link.uid),
                             internal_date: &link.internal_date,
                             meta: &meta,
                             body: Some(&stored.body),
@@ -199,6 +200,7 @@ impl Session {
                         let message = Message {
                             uid: row.uid,
                             flags: &row.flags,
+                            recent: self.is_recent(row.uid),
                             internal_date: &row.internal_date,
                             meta: &row.meta,
                             body: body.as_deref(),
@@ -231,8 +233,11 @@ impl Session {
                                     let _ = write!(lines, "UID {u}");
                                 }
                                 I::Flags => {
-                                    let _ =
-                                        write!(lines, "FLAGS {}", encode::flag_list(&sel.flag_set_at(pos)));
+                                    let flags = encode::flag_list_recent(
+                                        &sel.flag_set_at(pos),
+                                        sel.recent.contains(u),
+                                    );
+                                    let _ = write!(lines, "FLAGS {flags}");
                                 }
                                 _ => {}
                             }
@@ -262,6 +267,11 @@ impl Session {
 
     /// Sends FLAGS/PERMANENTFLAGS before the first response that uses a keyword
     /// the client has not been told about.
+    /// `\Recent` for this session.
+    fn is_recent(&self, uid: u32) -> bool {
+        self.selected.as_ref().is_some_and(|s| s.recent.contains(uid))
+    }
+
     pub(crate) fn announce_keywords(&mut self, flags: &FlagSet) {
         let Some(sel) = self.selected.as_mut() else { return };
         if flags.keywords.is_empty() || !sel.learn_keywords(flags.keywords.iter()) {
@@ -277,6 +287,8 @@ impl Session {
 struct Message<'a> {
     uid: u32,
     flags: &'a FlagSet,
+    /// `\Recent` for this session.
+    recent: bool,
     internal_date: &'a chrono::DateTime<chrono::Utc>,
     meta: &'a MessageMeta,
     body: Option<&'a [u8]>,
@@ -304,7 +316,7 @@ fn fetch_line(
             }
             I::Flags => {
                 flags_sent = true;
-                let _ = write!(Bytes(out), "FLAGS {}", encode::flag_list(m.flags));
+                let _ = write!(Bytes(out), "FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
             }
             I::InternalDate => {
                 let _ = write!(Bytes(out), "INTERNALDATE {}", encode::internal_date(m.internal_date));
@@ -350,7 +362,7 @@ fn fetch_line(
         }
     }
     if !flags_sent && seen_set {
-        let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list(m.flags));
+        let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
     }
     out.extend_from_slice(b")\r\n");
 }

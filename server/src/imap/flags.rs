@@ -77,7 +77,8 @@ impl Session {
                 }
                 let Some(seq) = sel.seq_of(row.uid) else { continue };
                 let uid_item = if uid { format!(" UID {}", row.uid) } else { String::new() };
-                let line = format!("* {seq} FETCH (FLAGS {}{uid_item})", encode::flag_list(&row.flags));
+                let flags = encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid));
+                let line = format!("* {seq} FETCH (FLAGS {flags}{uid_item})");
                 self.push(&line);
             }
         }

@@ -135,6 +135,7 @@ impl Session {
                 Err(e) => return store_error(e),
             },
         };
+        let recent_floor = mb.recent_floor;
         let mut sel = Selected::new(mb, read_only, index);
         if cached_modseq.is_some() {
             match store.changes_since(mailbox_id, sel.modseq).await {
@@ -143,6 +144,21 @@ impl Session {
             }
         }
         sel.uid_next = sel.uid_next.max(uid_next);
+        // \Recent: SELECT takes the messages no session has been given yet (one
+        // atomic claim, so exactly one session in the cluster gets each); EXAMINE
+        // only looks, leaving them to the next SELECT (RFC 3501 §6.3.2).
+        let max = sel.max_uid();
+        if max > recent_floor {
+            let from = if read_only {
+                recent_floor
+            } else {
+                match store.recent_claim(mailbox_id, max).await {
+                    Ok(floor) => floor,
+                    Err(e) => return store_error(e),
+                }
+            };
+            sel.recent.add(from + 1, max);
+        }
         if cached_modseq.is_none_or(|m| sel.modseq > m) {
             self.shared.reads.index_cache.put(mailbox_id, uid_validity, sel.snapshot());
         }
@@ -150,7 +166,7 @@ impl Session {
             self.push(&line);
         }
         self.push(&format!("* {} EXISTS", sel.uids.len()));
-        self.push("* 0 RECENT");
+        self.push(&sel.recent_line());
         if let Some(pos) = sel.flags.iter().position(|f| !f.contains(Flags::SEEN)) {
             let seq = pos + 1;
             self.push(&format!("* OK [UNSEEN {seq}] First unseen message"));
@@ -407,7 +423,10 @@ impl Session {
         for item in items {
             match item {
                 StatusDataItemName::Messages => parts.push(format!("MESSAGES {}", st.messages)),
-                StatusDataItemName::Recent => parts.push("RECENT 0".to_string()),
+                StatusDataItemName::Recent => match self.app.store.recent_count(mb.id).await {
+                    Ok(n) => parts.push(format!("RECENT {n}")),
+                    Err(e) => return store_error(e),
+                },
                 StatusDataItemName::UidNext => parts.push(format!("UIDNEXT {}", st.uid_next)),
                 StatusDataItemName::UidValidity => parts.push(format!("UIDVALIDITY {}", st.uid_validity)),
                 StatusDataItemName::Unseen => parts.push(format!("UNSEEN {}", st.unseen)),

@@ -18,6 +18,8 @@ struct Candidate<'a> {
     seq: u32,
     uid: u32,
     system: Flags,
+    /// `\Recent` for this session.
+    recent: bool,
     keywords: &'a [String],
     internal_date: Option<chrono::DateTime<chrono::Utc>>,
     meta: Option<&'a MessageMeta>,
@@ -168,9 +170,9 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
         SearchKey::Unflagged => !has(Flags::FLAGGED),
         SearchKey::Seen => has(Flags::SEEN),
         SearchKey::Unseen => !has(Flags::SEEN),
-        // No session ever sees \Recent (it is not kept across pods).
-        SearchKey::Recent | SearchKey::New => false,
-        SearchKey::Old => true,
+        SearchKey::Recent => c.recent,
+        SearchKey::New => c.recent && !has(Flags::SEEN),
+        SearchKey::Old => !c.recent,
         SearchKey::Keyword(k) => c.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
         SearchKey::Unkeyword(k) => !c.keywords.iter().any(|x| x.eq_ignore_ascii_case(k.as_ref())),
         SearchKey::Before(d) => internal.is_some_and(|i| i < date_of(d)),
@@ -235,6 +237,7 @@ impl Session {
         }
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
         let mailbox_id = sel.mailbox.id;
+        let recent = sel.recent.clone();
         let bounds = Bounds { max_seq: sel.uids.len() as u32, max_uid: sel.max_uid() };
         let gone = |uid: &u32| sel.pending_expunge.contains(uid);
         let mut hits: Vec<u32> = Vec::new(); // UIDs
@@ -254,6 +257,7 @@ impl Session {
                     seq: pos as u32 + 1,
                     uid,
                     system,
+                    recent: recent.contains(uid),
                     keywords: sel.keywords_of(uid),
                     internal_date: None,
                     meta: None,
@@ -284,6 +288,7 @@ impl Session {
                     seq: pos as u32 + 1,
                     uid: row.uid,
                     system: row.flags.system,
+                    recent: recent.contains(row.uid),
                     keywords: &row.flags.keywords,
                     internal_date: Some(row.internal_date),
                     meta: Some(&row.meta),

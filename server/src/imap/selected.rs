@@ -40,6 +40,40 @@ pub struct Selected {
     /// (uid, modseq) of flag changes this session made and already answered, so
     /// the next sync does not announce them a second time (`STORE .SILENT`).
     pub own_changes: Vec<(u32, u64)>,
+    /// The messages that are `\Recent` for this session (RFC 3501 §2.3.2).
+    pub recent: RecentSet,
+}
+
+/// UIDs that are `\Recent` for one session, as ascending inclusive ranges: what it
+/// took at SELECT and with each batch of new messages since. Small however large the
+/// mailbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecentSet(Vec<(u32, u32)>);
+
+impl RecentSet {
+    /// Adds `lo..=hi` (nothing when empty). Ranges come in ascending order.
+    pub fn add(&mut self, lo: u32, hi: u32) {
+        if lo > hi {
+            return;
+        }
+        match self.0.last_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => self.0.push((lo, hi)),
+        }
+    }
+
+    pub fn contains(&self, uid: u32) -> bool {
+        let i = self.0.partition_point(|&(_, hi)| hi < uid);
+        self.0.get(i).is_some_and(|&(lo, _)| lo <= uid)
+    }
+
+    /// How many of `uids` (ascending) are recent.
+    pub fn count_in(&self, uids: &[u32]) -> usize {
+        self.0
+            .iter()
+            .map(|&(lo, hi)| uids.partition_point(|&u| u <= hi) - uids.partition_point(|&u| u < lo))
+            .sum()
+    }
 }
 
 impl Selected {
@@ -56,8 +90,14 @@ impl Selected {
             keywords,
             pending_expunge: Vec::new(),
             own_changes: Vec::new(),
+            recent: RecentSet::default(),
             mailbox,
         }
+    }
+
+    /// `* n RECENT`: how many messages in the view are recent for this session.
+    pub fn recent_line(&self) -> String {
+        format!("* {} RECENT", self.recent.count_in(&self.uids))
     }
 
     /// Brings a map built from an older snapshot up to date without telling the
@@ -273,7 +313,7 @@ impl Session {
                 lines.push(format!(
                     "* {seq} FETCH (UID {} FLAGS {})",
                     row.uid,
-                    encode::flag_list(&row.flags)
+                    encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid))
                 ));
             }
         }
@@ -284,7 +324,24 @@ impl Session {
                     sel.append(row.uid, &row.flags);
                 }
             }
+            let new_max = sel.max_uid();
+            // A read-write session takes the new messages as \Recent unless another
+            // session took them first; a read-only one cannot take them and, unable to
+            // tell, treats them as recent (RFC 3501 §2.3.2 "SHOULD").
+            let from = if sel.read_only {
+                max
+            } else {
+                match self.app.store.recent_claim(mailbox_id, new_max).await {
+                    Ok(floor) => floor.max(max),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "imap: cannot claim \\Recent; announcing as recent");
+                        max
+                    }
+                }
+            };
+            sel.recent.add(from + 1, new_max);
             lines.push(format!("* {} EXISTS", sel.uids.len()));
+            lines.push(sel.recent_line());
         }
         for l in lines {
             self.push(&l);
@@ -306,6 +363,7 @@ mod tests {
             uid_next: 100,
             highest_modseq: 1,
             special_use: None,
+            recent_floor: 0,
         };
         let index = MailboxIndex {
             highest_modseq: 1,

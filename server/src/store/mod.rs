@@ -112,6 +112,24 @@ pub trait Store: Send + Sync + 'static {
     async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>>;
     /// Counts for STATUS / SELECT, served from indexes (no scan of the mailbox).
     async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus>;
+    /// Takes the messages with UIDs in (floor, `up_to`] as `\Recent` for the calling
+    /// session (RFC 3501 §2.3.2): raises the mailbox's `recent_floor` to `up_to` and
+    /// returns the floor before. Concurrent claims, from any process, are
+    /// serialised: every UID is given as recent to exactly one caller.
+    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32>;
+    /// Messages no session has been given as `\Recent` yet (STATUS RECENT). Not
+    /// part of [`Store::mailbox_status`]: it counts rows, and clients poll STATUS
+    /// without asking for it. This default reads the UID list; the backends count in
+    /// SQL.
+    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
+        let floor = self
+            .mailbox_get_by_id(mailbox_id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?
+            .recent_floor;
+        let uids = self.mailbox_uids(mailbox_id).await?;
+        Ok(uids.iter().filter(|&&u| u > floor).count() as u32)
+    }
 
     // ---- messages ----
     /// The group-commit entry point: stores every message of the batch once and links

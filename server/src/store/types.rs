@@ -68,6 +68,9 @@ pub struct Mailbox {
     pub uid_next: u32,
     pub highest_modseq: u64,
     pub special_use: Option<SpecialUse>,
+    /// The highest UID already given to a session as `\Recent`: the messages above
+    /// it are recent for the next session that selects the mailbox.
+    pub recent_floor: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -58,6 +58,7 @@ impl Inner {
             uid_next: 1,
             highest_modseq: 1,
             special_use: su,
+            recent_floor: 0,
         };
         self.mailboxes.insert(id, mb.clone());
         self.msgs.insert(id, BTreeMap::new());
@@ -234,6 +235,13 @@ impl Store for MemStore {
             uid_validity: mb.uid_validity,
             highest_modseq: mb.highest_modseq,
         })
+    }
+    async fn recent_claim(&self, id: i64, up_to: u32) -> StoreResult<u32> {
+        let mut g = self.inner.lock().expect("lock");
+        let mb = g.mailboxes.get_mut(&id).ok_or_else(|| StoreError::NotFound("mailbox".into()))?;
+        let before = mb.recent_floor;
+        mb.recent_floor = before.max(up_to);
+        Ok(before)
     }
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         let mut g = self.inner.lock().expect("lock");

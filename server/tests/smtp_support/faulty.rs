@@ -119,6 +119,9 @@ impl Store for FaultyStore {
     async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
         self.inner.mailbox_status(mailbox_id).await
     }
+    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
+        self.inner.recent_claim(mailbox_id, up_to).await
+    }
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         let delay = self.commit_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {

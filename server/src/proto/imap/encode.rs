@@ -12,8 +12,15 @@ pub fn mailbox(name: &str) -> String {
 
 /// `(\Seen \Flagged $Keyword)`.
 pub fn flag_list(flags: &FlagSet) -> String {
+    flag_list_recent(flags, false)
+}
+
+/// [`flag_list`] with `\Recent` when the message is recent for the session (a
+/// session flag: never stored, never settable).
+pub fn flag_list_recent(flags: &FlagSet, recent: bool) -> String {
     let mut out = String::from("(");
-    for name in flags.system.names() {
+    let recent = recent.then_some("\\Recent");
+    for name in flags.system.names().chain(recent) {
         if out.len() > 1 {
             out.push(' ');
         }

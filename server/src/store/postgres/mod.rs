@@ -54,7 +54,8 @@ pub struct PgStore {
 
 type Tx = Transaction<'static, Postgres>;
 
-const MAILBOX_COLS: &str = "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use";
+const MAILBOX_COLS: &str =
+    "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
 const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
      FROM accounts a JOIN domains d ON d.id = a.domain_id";
 
@@ -68,6 +69,7 @@ fn mailbox_from_row(r: &PgRow) -> StoreResult<Mailbox> {
         uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
         highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
         special_use: special.as_deref().and_then(SpecialUse::parse),
+        recent_floor: u32_of(r.try_get("recent_floor").map_err(db_err)?, "recent_floor")?,
     })
 }
 
@@ -978,6 +980,35 @@ impl Store for PgStore {
             uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
             highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
         })
+    }
+
+    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
+        let n: Option<i64> = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
+             FROM mailboxes m WHERE m.id = $1",
+        )
+        .bind(mailbox_id)
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        u32_of(n.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent")
+    }
+
+    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
+        // The row lock of the CTE serialises claims: a second claim waits, then reads
+        // the floor the first one left.
+        let before: Option<i64> = sqlx::query_scalar(
+            "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
+             UPDATE mailboxes m SET recent_floor = GREATEST(m.recent_floor, $2) FROM old \
+             WHERE m.id = $1 RETURNING old.recent_floor",
+        )
+        .bind(mailbox_id)
+        .bind(i64::from(up_to))
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        u32_of(before, "recent_floor")
     }
 
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
