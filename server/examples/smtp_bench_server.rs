@@ -47,14 +47,13 @@ async fn main() -> anyhow::Result<()> {
         mailcluster_server::smtp::delivery_options(&config.smtp),
     ));
     let metrics = Arc::new(mailcluster_server::metrics::Metrics::new());
-    let app = mailcluster_server::app::App {
-        config: Arc::new(config),
-        store: store.clone(),
-        cache: cache.clone(),
-        metrics: metrics.clone(),
-        auth: Arc::new(mailcluster_server::auth::Authenticator::new(store, cache, Default::default())),
-        deliverer,
-    };
+    let auth = Arc::new(mailcluster_server::auth::Authenticator::new(
+        store.clone(),
+        cache.clone(),
+        Default::default(),
+    ));
+    let app =
+        mailcluster_server::app::App::new(Arc::new(config), store, cache, metrics.clone(), auth, deliverer);
     let proto = Arc::new(SmtpProtocol::new(app, SmtpKind::Mx));
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;

@@ -6,6 +6,7 @@ use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::delivery::Deliverer;
+use crate::imap::ImapState;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -17,4 +18,21 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub auth: Arc<Authenticator>,
     pub deliverer: Arc<Deliverer>,
+    /// The process's IMAP leases and read caches, one for all IMAP listeners.
+    pub imap: ImapState,
+}
+
+impl App {
+    /// The App of one process; its IMAP state is built here, once.
+    pub fn new(
+        config: Arc<Config>,
+        store: Arc<dyn Store>,
+        cache: Arc<dyn Cache>,
+        metrics: Arc<Metrics>,
+        auth: Arc<Authenticator>,
+        deliverer: Arc<Deliverer>,
+    ) -> App {
+        let imap = ImapState::new(&config.imap, &store, &metrics);
+        App { config, store, cache, metrics, auth, deliverer, imap }
+    }
 }

@@ -50,14 +50,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let deliverer =
         Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    let app = App {
-        config: config.clone(),
-        store: store.clone(),
-        cache: cache.clone(),
-        metrics: metrics.clone(),
-        auth,
-        deliverer,
-    };
+    let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer);
+    // The read caches assume the database never goes back in time; they are
+    // dropped when it does (restore, failover).
+    tokio::spawn(app.imap.watch_epoch(store.clone()));
 
     let tls =
         TlsProvider::from_app_config(&config, cache.clone(), &metrics).await.context("TLS setup failed")?;

@@ -41,14 +41,13 @@ fn child_server() {
             store.clone(),
             mailcluster_server::smtp::delivery_options(&config.smtp),
         ));
-        let app = mailcluster_server::app::App {
-            config: Arc::new(config),
-            store: store.clone(),
-            cache: cache.clone(),
-            metrics: Arc::new(mailcluster_server::metrics::Metrics::new()),
-            auth: Arc::new(mailcluster_server::auth::Authenticator::new(store, cache, Default::default())),
-            deliverer,
-        };
+        let auth = Arc::new(mailcluster_server::auth::Authenticator::new(
+            store.clone(),
+            cache.clone(),
+            Default::default(),
+        ));
+        let metrics = Arc::new(mailcluster_server::metrics::Metrics::new());
+        let app = mailcluster_server::app::App::new(Arc::new(config), store, cache, metrics, auth, deliverer);
         let proto = Arc::new(mailcluster_server::smtp::SmtpProtocol::new(
             app,
             mailcluster_server::smtp::SmtpKind::Mx,

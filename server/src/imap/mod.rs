@@ -25,7 +25,7 @@ pub mod search;
 pub mod selected;
 mod session;
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 pub use session::Session;
 
@@ -63,27 +63,41 @@ pub(crate) struct Shared {
     pub(crate) reads: Reads,
 }
 
-/// Per-process IMAP state, one per metrics registry: the `imap` and `imaps`
-/// listeners of a pod share it (and must not register the gauge twice). Keyed by
-/// a `Weak` so that a dropped `Metrics` (tests build many) can never be confused
-/// with a new one at the same address.
-static SHARED: Mutex<Vec<(Weak<Metrics>, Arc<Shared>)>> = Mutex::new(Vec::new());
+/// The IMAP state of one process, built once (`serve`, or a test's `App`) and
+/// shared by its `imap` and `imaps` listeners and all their sessions: connection
+/// leases, the change probe, the SELECT cache and the body cache.
+#[derive(Clone)]
+pub struct ImapState(Arc<Shared>);
+
+impl ImapState {
+    pub fn new(config: &ImapConfig, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> ImapState {
+        ImapState(Arc::new(Shared::new(config, store, metrics)))
+    }
+
+    /// Clears the read caches whenever the database's epoch changes; runs until
+    /// every handle to this state is gone. `serve` spawns it.
+    pub fn watch_epoch(
+        &self,
+        store: Arc<dyn crate::store::Store>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        watch_epoch(Arc::downgrade(&self.0), store, EPOCH_CHECK_EVERY)
+    }
+}
 
 impl Shared {
-    /// One per App (store, config, metrics registry): the pod's.
-    fn new(app: &App) -> Self {
-        let m = &app.metrics.imap;
+    fn new(config: &ImapConfig, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> Self {
+        let m = &metrics.imap;
         let (select_cache, change_checks, body_cache, fetch_reads) =
             (&m.select_cache, &m.change_checks, &m.body_cache, &m.fetch_reads);
         let reads = Reads {
             probe: probe::ModseqProbe::new(
-                app.store.clone(),
+                store.clone(),
                 change_checks.with_label_values(&["question"]),
                 change_checks.with_label_values(&["query"]),
             ),
             bodies: bodies::BodyReader::new(
-                app.store.clone(),
-                app.config.imap.body_cache_bytes,
+                store.clone(),
+                config.body_cache_bytes,
                 bodies::BodyMetrics {
                     hits: body_cache.with_label_values(&["hit"]),
                     misses: body_cache.with_label_values(&["miss"]),
@@ -94,7 +108,7 @@ impl Shared {
                     body_queries: fetch_reads.with_label_values(&["body", "query"]),
                 },
             ),
-            index_cache: index_cache::IndexCache::new(app.config.imap.select_cache_messages),
+            index_cache: index_cache::IndexCache::new(config.select_cache_messages),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
         };
@@ -104,22 +118,7 @@ impl Shared {
 
 impl ImapProtocol {
     pub fn new(app: App, implicit_tls: bool) -> Self {
-        let mut all = SHARED.lock().unwrap_or_else(|p| p.into_inner());
-        all.retain(|(m, _)| m.strong_count() > 0);
-        let key = Arc::downgrade(&app.metrics);
-        let shared = match all.iter().find(|(m, _)| m.ptr_eq(&key)) {
-            Some((_, s)) => s.clone(),
-            None => {
-                let s = Arc::new(Shared::new(&app));
-                all.push((key, s.clone()));
-                // Outside a runtime (a test building the protocol) nothing watches.
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(watch_epoch(Arc::downgrade(&s), app.store.clone(), EPOCH_CHECK_EVERY));
-                }
-                s
-            }
-        };
-        drop(all);
+        let shared = app.imap.0.clone();
         ImapProtocol { app, implicit_tls, shared }
     }
 }

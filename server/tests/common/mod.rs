@@ -40,14 +40,9 @@ pub fn app_configured(store: Arc<dyn Store>, cache: Arc<dyn Cache>, tweak: impl 
     let mut config = Config::default();
     config.imap.max_literal_bytes = 1024 * 1024;
     tweak(&mut config);
-    App {
-        config: Arc::new(config),
-        auth: Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default())),
-        deliverer: Arc::new(Deliverer::new(store.clone())),
-        store,
-        cache,
-        metrics: Arc::new(Metrics::new()),
-    }
+    let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default()));
+    let deliverer = Arc::new(Deliverer::new(store.clone()));
+    App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer)
 }
 
 pub fn mem_app(plaintext_auth: bool) -> App {

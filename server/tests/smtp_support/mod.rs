@@ -94,14 +94,7 @@ impl Harness {
             cache.clone(),
             config.auth.clone(),
         );
-        let app = App {
-            config: Arc::new(config),
-            store: store_dyn,
-            cache: cache.clone(),
-            metrics,
-            auth: Arc::new(auth),
-            deliverer,
-        };
+        let app = App::new(Arc::new(config), store_dyn, cache.clone(), metrics, Arc::new(auth), deliverer);
         let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
         let submission = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Submission));
         let (shutdown_tx, shutdown) = Shutdown::new();
