@@ -49,6 +49,17 @@ async fn python_imaplib() {
     assert!(ok, "imaplib session failed:\n{out}");
 }
 
+/// COMPRESS=DEFLATE (RFC 4978) with a client built on Python's zlib, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_compress_deflate() {
+    let (_app, imaps, _imap, _dir) = setup().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/imap_compress.py");
+    let (ok, out) =
+        run_client(tokio::process::Command::new("python3").args([script, &imaps.port().to_string()])).await;
+    println!("{out}");
+    assert!(ok, "compressed session failed:\n{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_imaps() {
     let (_app, imaps, imap, _dir) = setup().await;

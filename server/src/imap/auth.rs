@@ -22,6 +22,9 @@ impl Session {
         let mut caps = String::from(
             "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND",
         );
+        if self.account().is_some() && !self.stream.is_compressed() {
+            caps.push_str(" COMPRESS=DEFLATE");
+        }
         if self.account().is_none() {
             if !self.tls && self.ctx.tls.is_some() {
                 caps.push_str(" STARTTLS");
@@ -58,6 +61,26 @@ impl Session {
         let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
         self.stream = plain.upgrade(&tls).await?;
         self.tls = true;
+        Ok(Outcome::Sent)
+    }
+
+    /// COMPRESS DEFLATE (RFC 4978): the OK goes out uncompressed, everything after it
+    /// is DEFLATE in both directions. Valid once, after login (the ABNF puts it in
+    /// `command-auth`).
+    pub(crate) async fn cmd_compress(&mut self, tag: &str, mechanism: &str) -> std::io::Result<Outcome> {
+        if self.stream.is_compressed() {
+            return Ok(Outcome::no("[COMPRESSIONACTIVE] DEFLATE is already active"));
+        }
+        if !mechanism.eq_ignore_ascii_case("DEFLATE") {
+            return Ok(Outcome::no("Unsupported compression mechanism"));
+        }
+        self.push(&format!("{tag} OK DEFLATE active"));
+        self.flush().await?;
+        // The client waits for the OK before compressing: anything buffered was
+        // sent uncompressed against the protocol, and is not executed.
+        self.reader.discard_buffered();
+        let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
+        self.stream = plain.compress();
         Ok(Outcome::Sent)
     }
 

@@ -236,6 +236,10 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_append(&mailbox, messages).await,
             },
+            Request::Compress(mechanism) => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_compress(&tag, &mechanism).await?,
+            },
         };
         let (result, keep) = match outcome {
             Outcome::Ok(text) => {
@@ -386,5 +390,6 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::Namespace => "NAMESPACE",
         Request::UidExpunge(_) => "UID EXPUNGE",
         Request::Append { .. } => "APPEND",
+        Request::Compress(_) => "COMPRESS",
     }
 }

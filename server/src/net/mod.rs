@@ -43,11 +43,27 @@ pub enum SessionStream {
     Tls(Box<TlsStream<TcpStream>>),
     /// In-memory, for tests.
     Memory(DuplexStream),
+    /// Any of the above after IMAP COMPRESS=DEFLATE.
+    Deflate(Box<deflate::Deflate<SessionStream>>),
 }
 
 impl SessionStream {
     pub fn is_tls(&self) -> bool {
-        matches!(self, SessionStream::Tls(_))
+        match self {
+            SessionStream::Tls(_) => true,
+            SessionStream::Deflate(d) => d.get_ref().is_tls(),
+            _ => false,
+        }
+    }
+
+    pub fn is_compressed(&self) -> bool {
+        matches!(self, SessionStream::Deflate(_))
+    }
+
+    /// DEFLATE from here on in both directions (IMAP COMPRESS). Called after the
+    /// command's OK has been flushed uncompressed.
+    pub fn compress(self) -> SessionStream {
+        SessionStream::Deflate(Box::new(deflate::Deflate::new(self)))
     }
 }
 
@@ -57,6 +73,7 @@ macro_rules! delegate {
             SessionStream::Plain($s) => $e,
             SessionStream::Tls($s) => $e,
             SessionStream::Memory($s) => $e,
+            SessionStream::Deflate($s) => $e,
         }
     };
 }
@@ -93,6 +110,7 @@ impl AsyncWrite for SessionStream {
             SessionStream::Plain(s) => s.is_write_vectored(),
             SessionStream::Tls(s) => s.is_write_vectored(),
             SessionStream::Memory(s) => s.is_write_vectored(),
+            SessionStream::Deflate(s) => s.is_write_vectored(),
         }
     }
 }
@@ -107,6 +125,7 @@ pub struct ConnInfo {
     pub listener: &'static str,
 }
 
+pub mod deflate;
 pub mod listener;
 pub mod proxy;
 pub mod server;
@@ -129,6 +148,7 @@ impl SessionStream {
             }
             SessionStream::Tls(_) => Err(std::io::Error::other("TLS already active")),
             SessionStream::Memory(_) => Err(std::io::Error::other("in-memory streams cannot start TLS")),
+            SessionStream::Deflate(_) => Err(std::io::Error::other("TLS cannot start inside compression")),
         }
     }
 }

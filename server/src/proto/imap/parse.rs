@@ -16,6 +16,8 @@ pub enum Request<'a> {
     Namespace,
     /// `UID EXPUNGE set` (UIDPLUS).
     UidExpunge(SeqSet),
+    /// `COMPRESS mechanism` (RFC 4978).
+    Compress(String),
     /// APPEND with one or more messages (MULTIAPPEND).
     Append {
         mailbox: Vec<u8>,
@@ -120,6 +122,15 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 .end()
                 .then_some((tag.clone(), Request::UidExpunge(set)))
                 .ok_or(bad("Junk after UID set"));
+        }
+        b"COMPRESS" => {
+            if !tok.sp() {
+                return Err(bad("COMPRESS needs a mechanism"));
+            }
+            let mechanism = String::from_utf8_lossy(tok.atom()).into_owned();
+            return (!mechanism.is_empty() && tok.end())
+                .then_some((tag.clone(), Request::Compress(mechanism)))
+                .ok_or(bad("Invalid COMPRESS arguments"));
         }
         b"APPEND" => {
             return parse_append(&mut tok).map(|r| (tag.clone(), r)).ok_or(bad("Invalid APPEND arguments"));
