@@ -676,3 +676,51 @@ async fn recent_belongs_to_exactly_one_session() {
     let r = a.cmd("n", "NOOP").await;
     assert_eq!(r[..2], ["* 3 EXISTS", "* 3 RECENT"].map(String::from), "{r:?}");
 }
+
+/// ESEARCH (RFC 4731, its §3 examples in shape): RETURN (MIN MAX COUNT ALL), the
+/// empty list meaning ALL, no MIN/MAX/ALL for no match, UID results for UID
+/// SEARCH, ranges in ALL, options the server does not know refused.
+#[tokio::test]
+async fn esearch_returns_what_was_asked() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let flagged = FlagSet { system: Flags::FLAGGED, keywords: vec![] };
+    for i in 1..=8 {
+        let flags = if [2, 3, 4, 7].contains(&i) { flagged.clone() } else { FlagSet::default() };
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), flags).await;
+    }
+    let (mut c, _t) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("cap", "CAPABILITY").await;
+    assert!(r[0].contains(" ESEARCH"), "{r:?}");
+    c.cmd("s", "SELECT INBOX").await;
+    // Expunge UID 1 so sequence numbers and UIDs differ by one.
+    c.cmd("d", "STORE 1 +FLAGS.SILENT (\\Deleted)").await;
+    c.cmd("x", "EXPUNGE").await;
+
+    let r = c.cmd("A282", "SEARCH RETURN (MIN COUNT) FLAGGED").await;
+    assert_eq!(r, ["* ESEARCH (TAG \"A282\") MIN 1 COUNT 4", "A282 OK SEARCH completed"].map(String::from));
+    let r = c.cmd("A283", "SEARCH RETURN () FLAGGED").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"A283\") ALL 1:3,6");
+    let r = c.cmd("A284", "SEARCH RETURN (MIN COUNT) KEYWORD $Nothing").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"A284\") COUNT 0");
+    let r = c.cmd("A285", "UID SEARCH RETURN (MIN MAX) 1:5000").await;
+    assert_eq!(
+        r,
+        ["* ESEARCH (TAG \"A285\") UID MIN 2 MAX 8", "A285 OK UID SEARCH completed"].map(String::from)
+    );
+    let r = c.cmd("A286", "UID SEARCH RETURN (ALL COUNT MAX) UNFLAGGED").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"A286\") UID MAX 8 COUNT 3 ALL 5:6,8");
+    let r = c.cmd("A287", "SEARCH RETURN (MAX) CHARSET UTF-8 SUBJECT m3").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"A287\") MAX 2");
+    // A plain SEARCH still answers the RFC 3501 way.
+    let r = c.cmd("p", "SEARCH FLAGGED").await;
+    assert_eq!(r[0], "* SEARCH 1 2 3 6");
+    for (tag, bad) in [
+        ("b1", "SEARCH RETURN (BOGUS) ALL"),
+        ("b2", "SEARCH RETURN (SAVE) ALL"),
+        ("b3", "SEARCH RETURN MIN ALL"),
+    ] {
+        let r = c.cmd(tag, bad).await;
+        assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
+    }
+}

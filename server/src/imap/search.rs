@@ -10,7 +10,7 @@ use imap_codec::imap_types::core::{AString, Charset};
 use imap_codec::imap_types::search::SearchKey;
 
 use super::session::{Outcome, Session, store_error};
-use crate::proto::imap::parse::SeqSet;
+use crate::proto::imap::parse::{ReturnOption, SeqSet};
 use crate::store::{Flags, MessageMeta, UidSet};
 
 /// One message as the evaluator sees it.
@@ -222,10 +222,80 @@ impl Session {
         criteria: &SearchKey<'_>,
         uid: bool,
     ) -> Outcome {
+        let hits = match self.search_hits(charset, criteria, uid).await {
+            Ok(hits) => hits,
+            Err(o) => return o,
+        };
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        // itoa, not `write!`: formatting a thousand numbers per UNSEEN search
+        // through core::fmt was 6 % of the server's CPU (bench/imap.sh profile).
+        let mut line = String::with_capacity(9 + hits.len() * 7);
+        line.push_str("* SEARCH");
+        let mut digits = itoa::Buffer::new();
+        for u in &hits {
+            let n = if uid { Some(*u) } else { sel.seq_of(*u) };
+            if let Some(n) = n {
+                line.push(' ');
+                line.push_str(digits.format(n));
+            }
+        }
+        self.push(&line);
+        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
+    }
+
+    /// SEARCH with RETURN options (ESEARCH, RFC 4731): one `* ESEARCH` line with
+    /// what was asked for — MIN, MAX, COUNT, ALL (as a compact set); none asked
+    /// means ALL.
+    pub(crate) async fn cmd_esearch(
+        &mut self,
+        tag: &str,
+        options: &[ReturnOption],
+        charset: Option<&Charset<'_>>,
+        criteria: &SearchKey<'_>,
+        uid: bool,
+    ) -> Outcome {
+        let hits = match self.search_hits(charset, criteria, uid).await {
+            Ok(hits) => hits,
+            Err(o) => return o,
+        };
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let mut numbers: Vec<u32> =
+            hits.iter().filter_map(|&u| if uid { Some(u) } else { sel.seq_of(u) }).collect();
+        numbers.sort_unstable();
+        let all = options.is_empty();
+        let mut line = format!("* ESEARCH (TAG \"{tag}\")");
+        if uid {
+            line.push_str(" UID");
+        }
+        let wants = |o: ReturnOption| all && o == ReturnOption::All || options.contains(&o);
+        if let (true, Some(min)) = (wants(ReturnOption::Min), numbers.first()) {
+            line.push_str(&format!(" MIN {min}"));
+        }
+        if let (true, Some(max)) = (wants(ReturnOption::Max), numbers.last()) {
+            line.push_str(&format!(" MAX {max}"));
+        }
+        if wants(ReturnOption::Count) {
+            line.push_str(&format!(" COUNT {}", numbers.len()));
+        }
+        if wants(ReturnOption::All) && !numbers.is_empty() {
+            line.push_str(" ALL ");
+            line.push_str(&compact_set(&numbers));
+        }
+        self.push(&line);
+        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
+    }
+
+    /// The UIDs matching `criteria`, ascending, or the reply that ends the command.
+    async fn search_hits(
+        &mut self,
+        charset: Option<&Charset<'_>>,
+        criteria: &SearchKey<'_>,
+        uid: bool,
+    ) -> Result<Vec<u32>, Outcome> {
         if let Some(cs) = charset {
             let cs = cs.as_ref();
             if !cs.eq_ignore_ascii_case("UTF-8") && !cs.eq_ignore_ascii_case("US-ASCII") {
-                return Outcome::no("[BADCHARSET (UTF-8 US-ASCII)] Unsupported charset");
+                return Err(Outcome::no("[BADCHARSET (UTF-8 US-ASCII)] Unsupported charset"));
             }
         }
         // Brought up to date first: flag criteria are answered from the session's
@@ -233,9 +303,9 @@ impl Session {
         // announced for UID SEARCH (RFC 3501 §7.4.1); messages expunged elsewhere
         // and not yet announced match nothing.
         if let Err(e) = self.sync(uid).await {
-            return store_error(e);
+            return Err(store_error(e));
         }
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let Some(sel) = self.selected.as_ref() else { return Err(Outcome::bad("No mailbox selected")) };
         let mailbox_id = sel.mailbox.id;
         let recent = sel.recent.clone();
         let bounds = Bounds { max_seq: sel.uids.len() as u32, max_uid: sel.max_uid() };
@@ -272,14 +342,14 @@ impl Session {
             let store = self.app.store.clone();
             let rows = match store.messages_by_uid(mailbox_id, &UidSet::from_uids(&known)).await {
                 Ok(r) => r,
-                Err(e) => return store_error(e),
+                Err(e) => return Err(store_error(e)),
             };
             for row in &rows {
                 let Ok(pos) = known.binary_search(&row.uid) else { continue };
                 let raw = if need_raw {
                     match store.message_body(row.message_id).await {
                         Ok(b) => Some(b),
-                        Err(e) => return store_error(e),
+                        Err(e) => return Err(store_error(e)),
                     }
                 } else {
                     None
@@ -299,20 +369,31 @@ impl Session {
                 }
             }
         }
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        // itoa, not `write!`: formatting a thousand numbers per UNSEEN search
-        // through core::fmt was 6 % of the server's CPU (bench/imap.sh profile).
-        let mut line = String::with_capacity(9 + hits.len() * 7);
-        line.push_str("* SEARCH");
-        let mut digits = itoa::Buffer::new();
-        for u in &hits {
-            let n = if uid { Some(*u) } else { sel.seq_of(*u) };
-            if let Some(n) = n {
-                line.push(' ');
-                line.push_str(digits.format(n));
-            }
-        }
-        self.push(&line);
-        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
+        hits.sort_unstable();
+        Ok(hits)
     }
+}
+
+/// Ascending numbers as a sequence set with ranges: `1:3,7,9:10`.
+fn compact_set(numbers: &[u32]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < numbers.len() {
+        let start = numbers[i];
+        let mut end = start;
+        while i + 1 < numbers.len() && numbers[i + 1] == end + 1 {
+            i += 1;
+            end = numbers[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}:{end}"));
+        }
+        i += 1;
+    }
+    out
 }

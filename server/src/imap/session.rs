@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use imap_codec::decode::Decoder;
 use imap_codec::imap_types::command::{Command, CommandBody};
 use tokio::io::AsyncWriteExt;
 
@@ -240,6 +241,15 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_compress(&tag, &mechanism).await?,
             },
+            Request::ESearch { options, search, .. } => match self.require_selected() {
+                Some(o) => o,
+                None => match imap_codec::CommandCodec::default().decode(&search) {
+                    Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
+                        self.cmd_esearch(&tag, &options, charset.as_ref(), &criteria, uid).await
+                    }
+                    _ => Outcome::bad("Invalid SEARCH criteria"),
+                },
+            },
         };
         let (result, keep) = match outcome {
             Outcome::Ok(text) => {
@@ -391,5 +401,7 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::UidExpunge(_) => "UID EXPUNGE",
         Request::Append { .. } => "APPEND",
         Request::Compress(_) => "COMPRESS",
+        Request::ESearch { uid: true, .. } => "UID SEARCH",
+        Request::ESearch { .. } => "SEARCH",
     }
 }

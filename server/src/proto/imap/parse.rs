@@ -7,6 +7,15 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
+/// ESEARCH RETURN options (RFC 4731 §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnOption {
+    Min,
+    Max,
+    All,
+    Count,
+}
+
 /// A parsed command.
 #[derive(Debug)]
 pub enum Request<'a> {
@@ -18,6 +27,13 @@ pub enum Request<'a> {
     UidExpunge(SeqSet),
     /// `COMPRESS mechanism` (RFC 4978).
     Compress(String),
+    /// `[UID] SEARCH RETURN (options) criteria` (ESEARCH, RFC 4731): the options,
+    /// and the command without its RETURN clause for `imap-codec` to parse.
+    ESearch {
+        uid: bool,
+        options: Vec<ReturnOption>,
+        search: Vec<u8>,
+    },
     /// APPEND with one or more messages (MULTIAPPEND).
     Append {
         mailbox: Vec<u8>,
@@ -132,6 +148,13 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 .then_some((tag.clone(), Request::Compress(mechanism)))
                 .ok_or(bad("Invalid COMPRESS arguments"));
         }
+        b"SEARCH" | b"UID" => {
+            // (The UID EXPUNGE guard above may have moved `tok`.)
+            let after_name = tag.len() + 1 + name.len();
+            if let Some(request) = parse_esearch(cmd, &tag, after_name) {
+                return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid SEARCH RETURN options"));
+            }
+        }
         b"APPEND" => {
             return parse_append(&mut tok).map(|r| (tag.clone(), r)).ok_or(bad("Invalid APPEND arguments"));
         }
@@ -142,6 +165,62 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         Ok(_) => Err(bad("Junk after command")),
         Err(_) => Err(bad("Unknown command or invalid arguments")),
     }
+}
+
+/// `[UID] SEARCH RETURN (…) …`: `None` when there is no RETURN clause (a plain
+/// SEARCH), `Some(None)` when the clause is malformed. `after_name` is the position
+/// after the command name (`SEARCH`, or `UID`).
+fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
+    let mut tok = Tok { s: cmd, pos: after_name };
+    let uid = cmd[tag.len() + 1..after_name].eq_ignore_ascii_case(b"UID");
+    let name_end = if uid {
+        if !tok.sp() || !tok.atom().eq_ignore_ascii_case(b"SEARCH") {
+            return None;
+        }
+        tok.pos
+    } else {
+        after_name
+    };
+    let mut look = Tok { s: cmd, pos: name_end };
+    if !look.sp() || !look.atom().eq_ignore_ascii_case(b"RETURN") {
+        return None;
+    }
+    let options = (|| {
+        if !look.sp() || look.peek() != Some(b'(') {
+            return None;
+        }
+        look.pos += 1;
+        let mut options = Vec::new();
+        loop {
+            if look.peek() == Some(b')') {
+                look.pos += 1;
+                break;
+            }
+            if !options.is_empty() && !look.sp() {
+                return None;
+            }
+            let option = match look.atom().to_ascii_uppercase().as_slice() {
+                b"MIN" => ReturnOption::Min,
+                b"MAX" => ReturnOption::Max,
+                b"ALL" => ReturnOption::All,
+                b"COUNT" => ReturnOption::Count,
+                _ => return None,
+            };
+            if !options.contains(&option) {
+                options.push(option);
+            }
+        }
+        Some(options)
+    })();
+    let Some(options) = options else { return Some(None) };
+    if !look.sp() {
+        return Some(None);
+    }
+    // The same command without `RETURN (…)`: the criteria parse as usual.
+    let mut search = cmd[..name_end].to_vec();
+    search.push(b' ');
+    search.extend_from_slice(&cmd[look.pos..]);
+    Some(Some(Request::ESearch { uid, options, search }))
 }
 
 fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
