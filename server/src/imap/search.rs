@@ -10,6 +10,7 @@ use imap_codec::imap_types::core::{AString, Charset};
 use imap_codec::imap_types::search::SearchKey;
 
 use super::session::{Outcome, Session, store_error};
+use crate::proto::imap::encode;
 use crate::proto::imap::parse::{ReturnOption, SeqSet};
 use crate::store::{Flags, MessageMeta, UidSet};
 
@@ -216,73 +217,41 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
 }
 
 impl Session {
+    /// SEARCH, and with RETURN options (`esearch`: ESEARCH, RFC 4731) one
+    /// `* ESEARCH` line with what was asked for instead of `* SEARCH`.
     pub(crate) async fn cmd_search(
         &mut self,
+        esearch: Option<(&str, &[ReturnOption])>,
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
     ) -> Outcome {
-        let hits = match self.search_hits(charset, criteria, uid).await {
-            Ok(hits) => hits,
+        let numbers = match self.search_numbers(charset, criteria, uid).await {
+            Ok(n) => n,
             Err(o) => return o,
         };
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        // itoa, not `write!`: formatting a thousand numbers per UNSEEN search
-        // through core::fmt was 6 % of the server's CPU (bench/imap.sh profile).
-        let mut line = String::with_capacity(9 + hits.len() * 7);
-        line.push_str("* SEARCH");
-        let mut digits = itoa::Buffer::new();
-        for u in &hits {
-            let n = if uid { Some(*u) } else { sel.seq_of(*u) };
-            if let Some(n) = n {
-                line.push(' ');
-                line.push_str(digits.format(n));
-            }
-        }
+        let line = match esearch {
+            Some((tag, options)) => esearch_line(tag, options, uid, &numbers),
+            None => search_line(&numbers),
+        };
         self.push(&line);
         Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
     }
 
-    /// SEARCH with RETURN options (ESEARCH, RFC 4731): one `* ESEARCH` line with
-    /// what was asked for — MIN, MAX, COUNT, ALL (as a compact set); none asked
-    /// means ALL.
-    pub(crate) async fn cmd_esearch(
+    /// What a SEARCH reports: the matching UIDs (UID SEARCH) or their sequence
+    /// numbers, ascending; or the reply that ends the command.
+    async fn search_numbers(
         &mut self,
-        tag: &str,
-        options: &[ReturnOption],
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
-    ) -> Outcome {
-        let hits = match self.search_hits(charset, criteria, uid).await {
-            Ok(hits) => hits,
-            Err(o) => return o,
-        };
-        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let mut numbers: Vec<u32> =
-            hits.iter().filter_map(|&u| if uid { Some(u) } else { sel.seq_of(u) }).collect();
-        numbers.sort_unstable();
-        let all = options.is_empty();
-        let mut line = format!("* ESEARCH (TAG \"{tag}\")");
+    ) -> Result<Vec<u32>, Outcome> {
+        let hits = self.search_hits(charset, criteria, uid).await?;
         if uid {
-            line.push_str(" UID");
+            return Ok(hits);
         }
-        let wants = |o: ReturnOption| all && o == ReturnOption::All || options.contains(&o);
-        if let (true, Some(min)) = (wants(ReturnOption::Min), numbers.first()) {
-            line.push_str(&format!(" MIN {min}"));
-        }
-        if let (true, Some(max)) = (wants(ReturnOption::Max), numbers.last()) {
-            line.push_str(&format!(" MAX {max}"));
-        }
-        if wants(ReturnOption::Count) {
-            line.push_str(&format!(" COUNT {}", numbers.len()));
-        }
-        if wants(ReturnOption::All) && !numbers.is_empty() {
-            line.push_str(" ALL ");
-            line.push_str(&compact_set(&numbers));
-        }
-        self.push(&line);
-        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
+        let Some(sel) = self.selected.as_ref() else { return Err(Outcome::bad("No mailbox selected")) };
+        Ok(hits.iter().filter_map(|&u| sel.seq_of(u)).collect())
     }
 
     /// The UIDs matching `criteria`, ascending, or the reply that ends the command.
@@ -374,26 +343,40 @@ impl Session {
     }
 }
 
-/// Ascending numbers as a sequence set with ranges: `1:3,7,9:10`.
-fn compact_set(numbers: &[u32]) -> String {
-    let mut out = String::new();
-    let mut i = 0;
-    while i < numbers.len() {
-        let start = numbers[i];
-        let mut end = start;
-        while i + 1 < numbers.len() && numbers[i + 1] == end + 1 {
-            i += 1;
-            end = numbers[i];
-        }
-        if !out.is_empty() {
-            out.push(',');
-        }
-        if start == end {
-            out.push_str(&start.to_string());
-        } else {
-            out.push_str(&format!("{start}:{end}"));
-        }
-        i += 1;
+/// `* SEARCH 2 3 5`.
+fn search_line(numbers: &[u32]) -> String {
+    // itoa, not `write!`: formatting a thousand numbers per UNSEEN search through
+    // core::fmt was 6 % of the server's CPU (bench/imap.sh profile).
+    let mut line = String::with_capacity(9 + numbers.len() * 7);
+    line.push_str("* SEARCH");
+    let mut digits = itoa::Buffer::new();
+    for &n in numbers {
+        line.push(' ');
+        line.push_str(digits.format(n));
     }
-    out
+    line
+}
+
+/// `* ESEARCH (TAG "a") [UID] MIN … MAX … COUNT … ALL …`, the items `options`
+/// asks for (none means ALL); MIN, MAX and ALL are left out when nothing matched.
+fn esearch_line(tag: &str, options: &[ReturnOption], uid: bool, numbers: &[u32]) -> String {
+    let mut line = format!("* ESEARCH (TAG \"{tag}\")");
+    if uid {
+        line.push_str(" UID");
+    }
+    let wants = |o: ReturnOption| options.is_empty() && o == ReturnOption::All || options.contains(&o);
+    if let (true, Some(min)) = (wants(ReturnOption::Min), numbers.first()) {
+        line.push_str(&format!(" MIN {min}"));
+    }
+    if let (true, Some(max)) = (wants(ReturnOption::Max), numbers.last()) {
+        line.push_str(&format!(" MAX {max}"));
+    }
+    if wants(ReturnOption::Count) {
+        line.push_str(&format!(" COUNT {}", numbers.len()));
+    }
+    if wants(ReturnOption::All) && !numbers.is_empty() {
+        line.push_str(" ALL ");
+        line.push_str(&encode::sequence_set(numbers));
+    }
+    line
 }

@@ -245,7 +245,7 @@ impl Session {
                 Some(o) => o,
                 None => match imap_codec::CommandCodec::default().decode(&search) {
                     Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
-                        self.cmd_esearch(&tag, &options, charset.as_ref(), &criteria, uid).await
+                        self.cmd_search(Some((&tag, &options)), charset.as_ref(), &criteria, uid).await
                     }
                     _ => Outcome::bad("Invalid SEARCH criteria"),
                 },
@@ -361,7 +361,9 @@ impl Session {
             C::Unselect => self.cmd_close(false).await,
             C::Close => self.cmd_close(true).await,
             C::Expunge => self.cmd_expunge(None).await,
-            C::Search { charset, criteria, uid } => self.cmd_search(charset.as_ref(), &criteria, uid).await,
+            C::Search { charset, criteria, uid } => {
+                self.cmd_search(None, charset.as_ref(), &criteria, uid).await
+            }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
                 self.cmd_fetch(&sequence_set, macro_or_item_names, uid).await
             }
