@@ -724,3 +724,72 @@ async fn esearch_returns_what_was_asked() {
         assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
     }
 }
+
+/// SORT (RFC 5256 §3): by each key the RFC defines, REVERSE per key, ties in
+/// mailbox order, base subjects without Re:/Fwd:/[blob], DATE in UTC with the
+/// arrival time for a message without a Date:, UID SORT answering UIDs, and the
+/// search criteria and charset as SEARCH has them.
+#[tokio::test]
+async fn sort_orders_by_the_rfc_keys() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let message = |from: &str, subject: &str, date: Option<&str>, body: &str| {
+        let date = date.map(|d| format!("Date: {d}\r\n")).unwrap_or_default();
+        format!("From: {from}\r\nTo: bob@example.org\r\nSubject: {subject}\r\n{date}\r\n{body}\r\n")
+            .into_bytes()
+    };
+    // UID 1 is expunged below, so sequence numbers are UIDs - 1.
+    let m = [
+        message("zed@example.com", "gone", Some("Mon, 1 Jan 2024 00:00:00 +0000"), "x"),
+        message("Carol <carol@example.com>", "Re: [list] beta", Some("Wed, 3 Jan 2024 10:00:00 +0000"), "xx"),
+        message("alice@example.com", "alpha", Some("Wed, 3 Jan 2024 09:00:00 -0200"), "xxxxxxxx"),
+        message(
+            "\"Doe, Bob\" <bob@example.net>",
+            "Fwd: Alpha (fwd)",
+            Some("Tue, 2 Jan 2024 12:00:00 +0000"),
+            "xxxx",
+        ),
+        message("alice@example.com", "gamma", None, "xxx"),
+    ];
+    for raw in &m {
+        deliver(&app, &bob, "INBOX", raw, FlagSet::default()).await;
+    }
+    let (mut c, _t) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("cap", "CAPABILITY").await;
+    assert!(r[0].contains(" SORT"), "{r:?}");
+    c.cmd("s", "SELECT INBOX").await;
+    c.cmd("d", "UID STORE 1 +FLAGS.SILENT (\\Deleted)").await;
+    c.cmd("x", "EXPUNGE").await;
+
+    async fn sort<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        c: &mut Client<S>,
+        tag: &str,
+        args: &str,
+    ) -> String {
+        let r = c.cmd(tag, &format!("SORT {args}")).await;
+        assert_eq!(r.last().map(String::as_str), Some(format!("{tag} OK SORT completed").as_str()), "{r:?}");
+        r[0].clone()
+    }
+    // Subjects: beta, alpha, Alpha, gamma → alpha ties with Alpha (mailbox order).
+    assert_eq!(sort(&mut c, "a", "(SUBJECT) UTF-8 ALL").await, "* SORT 2 3 1 4");
+    assert_eq!(sort(&mut c, "b", "(REVERSE SUBJECT) UTF-8 ALL").await, "* SORT 4 1 2 3");
+    // Dates in UTC: 3 Jan 10:00, 3 Jan 11:00, 2 Jan 12:00, and the arrival time
+    // (now) for the message without a Date:.
+    assert_eq!(sort(&mut c, "c", "(DATE) UTF-8 ALL").await, "* SORT 3 1 2 4");
+    assert_eq!(sort(&mut c, "e", "(FROM REVERSE SIZE) UTF-8 ALL").await, "* SORT 2 4 3 1");
+    assert_eq!(sort(&mut c, "f", "(ARRIVAL) US-ASCII ALL").await, "* SORT 1 2 3 4");
+    assert_eq!(sort(&mut c, "g", "(SIZE) UTF-8 FROM alice").await, "* SORT 4 2");
+    assert_eq!(sort(&mut c, "h", "(TO SUBJECT) UTF-8 ALL").await, "* SORT 2 3 1 4");
+    let r = c.cmd("u", "UID SORT (REVERSE DATE) UTF-8 ALL").await;
+    assert_eq!(r, ["* SORT 5 3 2 4", "u OK UID SORT completed"].map(String::from));
+    let r = c.cmd("n", "SORT (SUBJECT) UTF-8 SUBJECT nothing").await;
+    assert_eq!(r[0], "* SORT");
+    let r = c.cmd("cs", "SORT (SUBJECT) KOI8-R ALL").await;
+    assert!(r.last().unwrap().starts_with("cs NO [BADCHARSET"), "{r:?}");
+    for (tag, bad) in
+        [("b1", "SORT (BOGUS) UTF-8 ALL"), ("b2", "SORT SUBJECT UTF-8 ALL"), ("b3", "SORT (SUBJECT) UTF-8")]
+    {
+        let r = c.cmd(tag, bad).await;
+        assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
+    }
+}

@@ -24,6 +24,7 @@ pub mod probe;
 pub mod search;
 pub mod selected;
 mod session;
+pub mod sort;
 
 use std::sync::{Arc, Weak};
 

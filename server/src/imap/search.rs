@@ -255,7 +255,7 @@ impl Session {
     }
 
     /// The UIDs matching `criteria`, ascending, or the reply that ends the command.
-    async fn search_hits(
+    pub(crate) async fn search_hits(
         &mut self,
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,

@@ -241,6 +241,15 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_compress(&tag, &mechanism).await?,
             },
+            Request::Sort { keys, search, .. } => match self.require_selected() {
+                Some(o) => o,
+                None => match imap_codec::CommandCodec::default().decode(&search) {
+                    Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
+                        self.cmd_sort(&keys, charset.as_ref(), &criteria, uid).await
+                    }
+                    _ => Outcome::bad("Invalid SORT criteria"),
+                },
+            },
             Request::ESearch { options, search, .. } => match self.require_selected() {
                 Some(o) => o,
                 None => match imap_codec::CommandCodec::default().decode(&search) {
@@ -404,6 +413,8 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::Append { .. } => "APPEND",
         Request::Compress(_) => "COMPRESS",
         Request::ESearch { uid: true, .. } => "UID SEARCH",
+        Request::Sort { uid: true, .. } => "UID SORT",
+        Request::Sort { .. } => "SORT",
         Request::ESearch { .. } => "SEARCH",
     }
 }

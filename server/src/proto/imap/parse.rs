@@ -7,6 +7,24 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
+/// One SORT criterion (RFC 5256 §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SortKey {
+    pub reverse: bool,
+    pub kind: SortKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortKind {
+    Arrival,
+    Cc,
+    Date,
+    From,
+    Size,
+    Subject,
+    To,
+}
+
 /// ESEARCH RETURN options (RFC 4731 §3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReturnOption {
@@ -32,6 +50,13 @@ pub enum Request<'a> {
     ESearch {
         uid: bool,
         options: Vec<ReturnOption>,
+        search: Vec<u8>,
+    },
+    /// `[UID] SORT (keys) charset criteria` (RFC 5256): the keys, and the criteria
+    /// as the SEARCH command `imap-codec` parses.
+    Sort {
+        uid: bool,
+        keys: Vec<SortKey>,
         search: Vec<u8>,
     },
     /// APPEND with one or more messages (MULTIAPPEND).
@@ -148,6 +173,13 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 .then_some((tag.clone(), Request::Compress(mechanism)))
                 .ok_or(bad("Invalid COMPRESS arguments"));
         }
+        b"SORT" | b"UID" if parse_sort_head(cmd, &tag, tag.len() + 1 + name.len()).is_some() => {
+            let after_name = tag.len() + 1 + name.len();
+            return parse_sort_head(cmd, &tag, after_name)
+                .flatten()
+                .map(|r| (tag.clone(), r))
+                .ok_or(bad("Invalid SORT arguments"));
+        }
         b"SEARCH" | b"UID" => {
             // (The UID EXPUNGE guard above may have moved `tok`.)
             let after_name = tag.len() + 1 + name.len();
@@ -165,6 +197,70 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         Ok(_) => Err(bad("Junk after command")),
         Err(_) => Err(bad("Unknown command or invalid arguments")),
     }
+}
+
+/// `[UID] SORT (keys) charset criteria`: `None` when the command is not SORT,
+/// `Some(None)` when its arguments are malformed.
+fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
+    let mut tok = Tok { s: cmd, pos: after_name };
+    let uid = cmd[tag.len() + 1..after_name].eq_ignore_ascii_case(b"UID");
+    if uid && (!tok.sp() || !tok.atom().eq_ignore_ascii_case(b"SORT")) {
+        return None;
+    }
+    let keys = (|| {
+        if !tok.sp() || tok.peek() != Some(b'(') {
+            return None;
+        }
+        tok.pos += 1;
+        let mut keys = Vec::new();
+        let mut reverse = false;
+        loop {
+            let kind = match tok.atom().to_ascii_uppercase().as_slice() {
+                b"REVERSE" if !reverse => {
+                    reverse = true;
+                    if !tok.sp() {
+                        return None;
+                    }
+                    continue;
+                }
+                b"ARRIVAL" => SortKind::Arrival,
+                b"CC" => SortKind::Cc,
+                b"DATE" => SortKind::Date,
+                b"FROM" => SortKind::From,
+                b"SIZE" => SortKind::Size,
+                b"SUBJECT" => SortKind::Subject,
+                b"TO" => SortKind::To,
+                _ => return None,
+            };
+            keys.push(SortKey { reverse, kind });
+            reverse = false;
+            match tok.peek() {
+                Some(b')') => {
+                    tok.pos += 1;
+                    return Some(keys);
+                }
+                Some(b' ') => tok.pos += 1,
+                _ => return None,
+            }
+        }
+    })();
+    let Some(keys) = keys else { return Some(None) };
+    if !tok.sp() {
+        return Some(None);
+    }
+    let charset = tok.atom();
+    if charset.is_empty() || !tok.sp() {
+        return Some(None);
+    }
+    let mut search = cmd[..tag.len() + 1].to_vec();
+    if uid {
+        search.extend_from_slice(b"UID ");
+    }
+    search.extend_from_slice(b"SEARCH CHARSET ");
+    search.extend_from_slice(charset);
+    search.push(b' ');
+    search.extend_from_slice(&cmd[tok.pos..]);
+    Some(Some(Request::Sort { uid, keys, search }))
 }
 
 /// `[UID] SEARCH RETURN (…) …`: `None` when there is no RETURN clause (a plain

@@ -1,0 +1,202 @@
+//! SORT (RFC 5256 §3): the messages a search matches, ordered by keys of their
+//! headers and metadata, ties in mailbox order.
+
+use std::cmp::Ordering;
+
+use imap_codec::imap_types::core::Charset;
+use imap_codec::imap_types::search::SearchKey;
+
+use super::session::{Outcome, Session, store_error};
+use crate::proto::imap::parse::{SortKey, SortKind};
+use crate::store::{MessageRow, UidSet};
+
+impl Session {
+    pub(crate) async fn cmd_sort(
+        &mut self,
+        keys: &[SortKey],
+        charset: Option<&Charset<'_>>,
+        criteria: &SearchKey<'_>,
+        uid: bool,
+    ) -> Outcome {
+        let hits = match self.search_hits(charset, criteria, uid).await {
+            Ok(hits) => hits,
+            Err(o) => return o,
+        };
+        let Some(mailbox_id) = self.selected.as_ref().map(|s| s.mailbox.id) else {
+            return Outcome::bad("No mailbox selected");
+        };
+        let rows = if hits.is_empty() {
+            Vec::new()
+        } else {
+            match self.app.store.messages_by_uid(mailbox_id, &UidSet::from_uids(&hits)).await {
+                Ok(rows) => rows,
+                Err(e) => return store_error(e),
+            }
+        };
+        let mut sorted: Vec<(Vec<SortValue>, u32)> = rows
+            .iter()
+            .map(|row| (keys.iter().map(|k| SortValue::of(k.kind, row)).collect(), row.uid))
+            .collect();
+        sorted.sort_by(|(a, ua), (b, ub)| {
+            keys.iter()
+                .zip(a.iter().zip(b))
+                .map(|(k, (x, y))| if k.reverse { y.cmp(x) } else { x.cmp(y) })
+                .find(|o| *o != Ordering::Equal)
+                // Equal by every key: mailbox order (UIDs ascend with it).
+                .unwrap_or_else(|| ua.cmp(ub))
+        });
+        let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+        let mut line = String::from("* SORT");
+        for (_, u) in sorted {
+            // Expunged here meanwhile: not in this session's view any more.
+            let Some(n) = (if uid { sel.seq_of(u).map(|_| u) } else { sel.seq_of(u) }) else { continue };
+            line.push(' ');
+            line.push_str(&n.to_string());
+        }
+        self.push(&line);
+        Outcome::ok(if uid { "UID SORT completed" } else { "SORT completed" })
+    }
+}
+
+/// One sort key of one message, comparable with the same key of another.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum SortValue {
+    Time(i64),
+    Number(u32),
+    /// Compared as i;ascii-casemap: ASCII letters upper-cased.
+    Text(Vec<u8>),
+}
+
+impl SortValue {
+    fn of(kind: SortKind, row: &MessageRow) -> SortValue {
+        let meta = &row.meta;
+        let text = |s: &str| SortValue::Text(s.bytes().map(|b| b.to_ascii_uppercase()).collect());
+        match kind {
+            SortKind::Arrival => SortValue::Time(row.internal_date.timestamp_micros()),
+            // The Date: header in UTC; without one, the arrival time (§3).
+            SortKind::Date => SortValue::Time(meta.sent_date.unwrap_or(row.internal_date).timestamp_micros()),
+            SortKind::Size => SortValue::Number(meta.size),
+            SortKind::Subject => text(&base_subject(&meta.subject)),
+            SortKind::From => text(first_mailbox(&meta.from)),
+            SortKind::To => text(first_mailbox(&meta.to)),
+            SortKind::Cc => text(first_mailbox(&meta.cc)),
+        }
+    }
+}
+
+/// The local part (addr-mailbox) of the first address of a header summary
+/// (`Name <local@domain>, …`); empty when there is none.
+fn first_mailbox(summary: &str) -> &str {
+    let address = match summary.find('<') {
+        Some(open) => summary[open + 1..].split('>').next().unwrap_or(""),
+        None => summary.split(',').next().unwrap_or("").trim(),
+    };
+    address.rsplit_once('@').map_or(address, |(local, _)| local)
+}
+
+/// The base subject (RFC 5256 §2.1): whitespace runs made single spaces, and the
+/// `Re:`/`Fw:`/`Fwd:` leaders, `[blob]`s, `(fwd)` trailers and `[fwd: …]` wrappers
+/// that replies and forwards add taken away, until none is left.
+pub fn base_subject(subject: &str) -> String {
+    let mut s: String = subject.split_whitespace().collect::<Vec<_>>().join(" ");
+    loop {
+        // (2) trailers
+        loop {
+            let t = s.trim_end();
+            if t.len() >= 5 && t[t.len() - 5..].eq_ignore_ascii_case("(fwd)") {
+                s = t[..t.len() - 5].to_string();
+            } else {
+                s = t.to_string();
+                break;
+            }
+        }
+        // (3)-(5) leaders and blobs
+        loop {
+            let before = s.len();
+            s = s.trim_start().to_string();
+            if let Some(rest) = strip_leader(&s) {
+                s = rest.to_string();
+            } else if let Some(rest) = strip_blob(&s)
+                && !rest.trim().is_empty()
+            {
+                s = rest.to_string();
+            }
+            if s.len() == before {
+                break;
+            }
+        }
+        // (6) a forward wrapper
+        if s.len() >= 6 && s[..5].eq_ignore_ascii_case("[fwd:") && s.ends_with(']') {
+            s = s[5..s.len() - 1].to_string();
+            continue;
+        }
+        return s;
+    }
+}
+
+/// `*subj-blob subj-refwd`: blobs, then `re`/`fw`/`fwd`, optional spaces, an
+/// optional blob, and `:`. The rest of the subject after it, if there is one.
+fn strip_leader(s: &str) -> Option<&str> {
+    let mut rest = s;
+    while let Some(r) = strip_blob(rest) {
+        rest = r;
+    }
+    let lower = rest.get(..3).map(str::to_ascii_lowercase).unwrap_or_default();
+    rest = if lower == "fwd" {
+        &rest[3..]
+    } else if lower.starts_with("re") || lower.starts_with("fw") {
+        &rest[2..]
+    } else {
+        return None;
+    };
+    rest = rest.trim_start();
+    if let Some(r) = strip_blob(rest) {
+        rest = r;
+    }
+    rest.strip_prefix(':')
+}
+
+/// `"[" *BLOBCHAR "]" *WSP` at the start: the rest after it.
+fn strip_blob(s: &str) -> Option<&str> {
+    let inner = s.strip_prefix('[')?;
+    let close = inner.find(']')?;
+    if inner[..close].contains('[') {
+        return None;
+    }
+    Some(inner[close + 1..].trim_start())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_subjects_per_rfc5256() {
+        for (subject, base) in [
+            ("Hello", "Hello"),
+            ("Re: Hello", "Hello"),
+            ("RE: re: Fwd: Hello", "Hello"),
+            ("Re: [mailcluster] Hello", "Hello"),
+            ("[mailcluster] Re: Hello", "Hello"),
+            ("Re [2]: Hello", "Hello"),
+            ("Fw:  Hello   world (fwd)", "Hello world"),
+            ("Hello (fwd) (FWD)", "Hello"),
+            ("[Fwd: Re: Hello]", "Hello"),
+            ("[only a blob]", "[only a blob]"),
+            ("Re:", ""),
+            ("Reply to all", "Reply to all"),
+            ("Fwd", "Fwd"),
+            ("", ""),
+        ] {
+            assert_eq!(base_subject(subject), base, "{subject:?}");
+        }
+    }
+
+    #[test]
+    fn first_mailbox_is_the_local_part_of_the_first_address() {
+        assert_eq!(first_mailbox("Alice <alice@example.com>, bob@example.org"), "alice");
+        assert_eq!(first_mailbox("\"Doe, John\" <john@example.com>"), "john");
+        assert_eq!(first_mailbox("bob@example.org, carol@example.org"), "bob");
+        assert_eq!(first_mailbox(""), "");
+    }
+}
