@@ -793,3 +793,53 @@ async fn sort_orders_by_the_rfc_keys() {
         assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
     }
 }
+
+/// THREAD (RFC 5256 §2, §4): REFERENCES from Message-ID / References /
+/// In-Reply-To read from the stored headers, ORDEREDSUBJECT by base subject, the
+/// response nesting, UID THREAD, and the search criteria applied first.
+#[tokio::test]
+async fn thread_by_references_and_by_subject() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let message = |id: &str, subject: &str, day: u32, refs: &str| {
+        format!(
+            "From: a@example.com\r\nTo: bob@example.org\r\nSubject: {subject}\r\nMessage-ID: <{id}@x>\r\n\
+             Date: Mon, {day} Jan 2024 10:00:00 +0000\r\n{refs}\r\nbody\r\n"
+        )
+        .into_bytes()
+    };
+    let raw = [
+        message("a", "Lunch", 1, ""),
+        message("b", "Re: Lunch", 2, "In-Reply-To: <a@x>\r\n"),
+        message("z", "Budget", 3, ""),
+        message("c", "Re: Lunch", 4, "References: <a@x>\r\n <b@x>\r\n"),
+        message("d", "Re: Lunch", 5, "References: <a@x>\r\n"),
+        message("e", "Re: Budget", 6, "In-Reply-To: <missing@x>\r\n"),
+    ];
+    for r in &raw {
+        deliver(&app, &bob, "INBOX", r, FlagSet::default()).await;
+    }
+    let (mut c, _t) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("cap", "CAPABILITY").await;
+    assert!(r[0].contains(" THREAD=REFERENCES") && r[0].contains(" THREAD=ORDEREDSUBJECT"), "{r:?}");
+    c.cmd("s", "SELECT INBOX").await;
+
+    let r = c.cmd("t1", "THREAD REFERENCES UTF-8 ALL").await;
+    // a ← b ← c, a ← d; z, and e (its parent unknown) joined to z by subject.
+    assert_eq!(r, ["* THREAD (1 (2 4)(5))(3 6)", "t1 OK THREAD completed"].map(String::from));
+    let r = c.cmd("t2", "THREAD ORDEREDSUBJECT UTF-8 ALL").await;
+    assert_eq!(r[0], "* THREAD (1 (2)(4)(5))(3 6)");
+    c.cmd("d", "UID STORE 2 +FLAGS.SILENT (\\Deleted)").await;
+    c.cmd("x", "EXPUNGE").await;
+    // UID 2 is gone: c's chain still goes through it (References names it).
+    let r = c.cmd("t3", "UID THREAD REFERENCES UTF-8 ALL").await;
+    assert_eq!(r, ["* THREAD (1 (4)(5))(3 6)", "t3 OK UID THREAD completed"].map(String::from));
+    let r = c.cmd("t4", "THREAD REFERENCES UTF-8 SUBJECT budget").await;
+    assert_eq!(r[0], "* THREAD (2 5)");
+    let r = c.cmd("t5", "THREAD REFERENCES UTF-8 SUBJECT nothing").await;
+    assert_eq!(r[0], "* THREAD");
+    for (tag, bad) in [("b1", "THREAD BOGUS UTF-8 ALL"), ("b2", "THREAD REFERENCES UTF-8")] {
+        let r = c.cmd(tag, bad).await;
+        assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
+    }
+}

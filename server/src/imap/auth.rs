@@ -20,7 +20,7 @@ impl Session {
 
     pub(crate) fn capabilities(&self) -> String {
         let mut caps = String::from(
-            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SORT",
+            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES",
         );
         if self.account().is_some() && !self.stream.is_compressed() {
             caps.push_str(" COMPRESS=DEFLATE");

@@ -25,6 +25,7 @@ pub mod search;
 pub mod selected;
 mod session;
 pub mod sort;
+pub mod thread;
 
 use std::sync::{Arc, Weak};
 

@@ -6,13 +6,15 @@ use std::time::{Duration, Instant};
 
 use imap_codec::decode::Decoder;
 use imap_codec::imap_types::command::{Command, CommandBody};
+use imap_codec::imap_types::core::Charset;
+use imap_codec::imap_types::search::SearchKey;
 use tokio::io::AsyncWriteExt;
 
 use super::selected::Selected;
 use super::{ImapConfig, Shared};
 use crate::app::App;
 use crate::net::{SessionCtx, SessionStream};
-use crate::proto::imap::parse::{self, Request};
+use crate::proto::imap::parse::{self, Request, SearchKind};
 use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
 use crate::store::{Account, StoreError};
 
@@ -241,23 +243,27 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_compress(&tag, &mechanism).await?,
             },
-            Request::Sort { keys, search, .. } => match self.require_selected() {
-                Some(o) => o,
-                None => match imap_codec::CommandCodec::default().decode(&search) {
-                    Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
-                        self.cmd_sort(&keys, charset.as_ref(), &criteria, uid).await
+            Request::Searching { kind, search, .. } => match (self.require_selected(), search_of(&search)) {
+                (Some(o), _) => o,
+                (None, None) => Outcome::bad("Invalid search criteria"),
+                (None, Some((charset, criteria, uid))) => {
+                    let charset = charset.as_ref();
+                    match &kind {
+                        SearchKind::ESearch(options) => {
+                            self.cmd_search(Some((&tag, options)), charset, &criteria, uid).await
+                        }
+                        SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await {
+                            Ok(rows) => self.cmd_sort(keys, rows, uid),
+                            Err(o) => o,
+                        },
+                        SearchKind::Thread(algorithm) => {
+                            match self.matching_rows(charset, &criteria, uid).await {
+                                Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
+                                Err(o) => o,
+                            }
+                        }
                     }
-                    _ => Outcome::bad("Invalid SORT criteria"),
-                },
-            },
-            Request::ESearch { options, search, .. } => match self.require_selected() {
-                Some(o) => o,
-                None => match imap_codec::CommandCodec::default().decode(&search) {
-                    Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
-                        self.cmd_search(Some((&tag, &options)), charset.as_ref(), &criteria, uid).await
-                    }
-                    _ => Outcome::bad("Invalid SEARCH criteria"),
-                },
+                }
             },
         };
         let (result, keep) = match outcome {
@@ -412,9 +418,24 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::UidExpunge(_) => "UID EXPUNGE",
         Request::Append { .. } => "APPEND",
         Request::Compress(_) => "COMPRESS",
-        Request::ESearch { uid: true, .. } => "UID SEARCH",
-        Request::Sort { uid: true, .. } => "UID SORT",
-        Request::Sort { .. } => "SORT",
-        Request::ESearch { .. } => "SEARCH",
+        Request::Searching { uid, kind, .. } => match (kind, uid) {
+            (SearchKind::ESearch(_), true) => "UID SEARCH",
+            (SearchKind::ESearch(_), false) => "SEARCH",
+            (SearchKind::Sort(_), true) => "UID SORT",
+            (SearchKind::Sort(_), false) => "SORT",
+            (SearchKind::Thread(_), true) => "UID THREAD",
+            (SearchKind::Thread(_), false) => "THREAD",
+        },
+    }
+}
+
+/// The SEARCH a search extension's command was rewritten into: its charset,
+/// criteria and UID-ness.
+fn search_of(search: &[u8]) -> Option<(Option<Charset<'_>>, SearchKey<'_>, bool)> {
+    match imap_codec::CommandCodec::default().decode(search) {
+        Ok((b"", Command { body: CommandBody::Search { charset, criteria, uid }, .. })) => {
+            Some((charset, criteria, uid))
+        }
+        _ => None,
     }
 }

@@ -11,28 +11,8 @@ use crate::proto::imap::parse::{SortKey, SortKind};
 use crate::store::{MessageRow, UidSet};
 
 impl Session {
-    pub(crate) async fn cmd_sort(
-        &mut self,
-        keys: &[SortKey],
-        charset: Option<&Charset<'_>>,
-        criteria: &SearchKey<'_>,
-        uid: bool,
-    ) -> Outcome {
-        let hits = match self.search_hits(charset, criteria, uid).await {
-            Ok(hits) => hits,
-            Err(o) => return o,
-        };
-        let Some(mailbox_id) = self.selected.as_ref().map(|s| s.mailbox.id) else {
-            return Outcome::bad("No mailbox selected");
-        };
-        let rows = if hits.is_empty() {
-            Vec::new()
-        } else {
-            match self.app.store.messages_by_uid(mailbox_id, &UidSet::from_uids(&hits)).await {
-                Ok(rows) => rows,
-                Err(e) => return store_error(e),
-            }
-        };
+    /// `rows`: what the search matched ([`Session::matching_rows`]).
+    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<MessageRow>, uid: bool) -> Outcome {
         let mut sorted: Vec<(Vec<SortValue>, u32)> = rows
             .iter()
             .map(|row| (keys.iter().map(|k| SortValue::of(k.kind, row)).collect(), row.uid))
@@ -58,6 +38,32 @@ impl Session {
     }
 }
 
+impl Session {
+    /// The stored rows (metadata, dates) of the messages `criteria` matches: what
+    /// SORT and THREAD order.
+    pub(crate) async fn matching_rows(
+        &mut self,
+        charset: Option<&Charset<'_>>,
+        criteria: &SearchKey<'_>,
+        uid: bool,
+    ) -> Result<Vec<MessageRow>, Outcome> {
+        let hits = self.search_hits(charset, criteria, uid).await?;
+        let Some(mailbox_id) = self.selected.as_ref().map(|s| s.mailbox.id) else {
+            return Err(Outcome::bad("No mailbox selected"));
+        };
+        if hits.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.app.store.messages_by_uid(mailbox_id, &UidSet::from_uids(&hits)).await.map_err(store_error)
+    }
+}
+
+/// The sent date as SORT DATE and THREAD use it: the Date: header in UTC, or the
+/// arrival time when there is none (RFC 5256 §3).
+pub(crate) fn sent_time(row: &MessageRow) -> i64 {
+    row.meta.sent_date.unwrap_or(row.internal_date).timestamp_micros()
+}
+
 /// One sort key of one message, comparable with the same key of another.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum SortValue {
@@ -74,7 +80,7 @@ impl SortValue {
         match kind {
             SortKind::Arrival => SortValue::Time(row.internal_date.timestamp_micros()),
             // The Date: header in UTC; without one, the arrival time (§3).
-            SortKind::Date => SortValue::Time(meta.sent_date.unwrap_or(row.internal_date).timestamp_micros()),
+            SortKind::Date => SortValue::Time(sent_time(row)),
             SortKind::Size => SortValue::Number(meta.size),
             SortKind::Subject => text(&base_subject(&meta.subject)),
             SortKind::From => text(first_mailbox(&meta.from)),
@@ -86,7 +92,7 @@ impl SortValue {
 
 /// The local part (addr-mailbox) of the first address of a header summary
 /// (`Name <local@domain>, …`); empty when there is none.
-fn first_mailbox(summary: &str) -> &str {
+pub(crate) fn first_mailbox(summary: &str) -> &str {
     let address = match summary.find('<') {
         Some(open) => summary[open + 1..].split('>').next().unwrap_or(""),
         None => summary.split(',').next().unwrap_or("").trim(),
@@ -98,6 +104,13 @@ fn first_mailbox(summary: &str) -> &str {
 /// `Re:`/`Fw:`/`Fwd:` leaders, `[blob]`s, `(fwd)` trailers and `[fwd: …]` wrappers
 /// that replies and forwards add taken away, until none is left.
 pub fn base_subject(subject: &str) -> String {
+    base_subject_of(subject).0
+}
+
+/// [`base_subject`], and whether a reply or forward marker was taken away (THREAD
+/// REFERENCES prefers a thread's original message over replies to it).
+pub fn base_subject_of(subject: &str) -> (String, bool) {
+    let mut reply = false;
     let mut s: String = subject.split_whitespace().collect::<Vec<_>>().join(" ");
     loop {
         // (2) trailers
@@ -105,6 +118,7 @@ pub fn base_subject(subject: &str) -> String {
             let t = s.trim_end();
             if t.len() >= 5 && t[t.len() - 5..].eq_ignore_ascii_case("(fwd)") {
                 s = t[..t.len() - 5].to_string();
+                reply = true;
             } else {
                 s = t.to_string();
                 break;
@@ -116,6 +130,7 @@ pub fn base_subject(subject: &str) -> String {
             s = s.trim_start().to_string();
             if let Some(rest) = strip_leader(&s) {
                 s = rest.to_string();
+                reply = true;
             } else if let Some(rest) = strip_blob(&s)
                 && !rest.trim().is_empty()
             {
@@ -128,9 +143,10 @@ pub fn base_subject(subject: &str) -> String {
         // (6) a forward wrapper
         if s.len() >= 6 && s[..5].eq_ignore_ascii_case("[fwd:") && s.ends_with(']') {
             s = s[5..s.len() - 1].to_string();
+            reply = true;
             continue;
         }
-        return s;
+        return (s, reply);
     }
 }
 

@@ -7,6 +7,21 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
+/// What a search extension does with the matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SearchKind {
+    ESearch(Vec<ReturnOption>),
+    Sort(Vec<SortKey>),
+    Thread(ThreadAlgorithm),
+}
+
+/// THREAD algorithms (RFC 5256 §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadAlgorithm {
+    OrderedSubject,
+    References,
+}
+
 /// One SORT criterion (RFC 5256 §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SortKey {
@@ -45,18 +60,13 @@ pub enum Request<'a> {
     UidExpunge(SeqSet),
     /// `COMPRESS mechanism` (RFC 4978).
     Compress(String),
-    /// `[UID] SEARCH RETURN (options) criteria` (ESEARCH, RFC 4731): the options,
-    /// and the command without its RETURN clause for `imap-codec` to parse.
-    ESearch {
+    /// The search extensions: `[UID] SEARCH RETURN (options) criteria` (ESEARCH,
+    /// RFC 4731), `[UID] SORT (keys) charset criteria` and `[UID] THREAD algorithm
+    /// charset criteria` (RFC 5256). `search` is the command rewritten as the plain
+    /// SEARCH `imap-codec` parses, so the criteria have one grammar.
+    Searching {
         uid: bool,
-        options: Vec<ReturnOption>,
-        search: Vec<u8>,
-    },
-    /// `[UID] SORT (keys) charset criteria` (RFC 5256): the keys, and the criteria
-    /// as the SEARCH command `imap-codec` parses.
-    Sort {
-        uid: bool,
-        keys: Vec<SortKey>,
+        kind: SearchKind,
         search: Vec<u8>,
     },
     /// APPEND with one or more messages (MULTIAPPEND).
@@ -173,12 +183,12 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 .then_some((tag.clone(), Request::Compress(mechanism)))
                 .ok_or(bad("Invalid COMPRESS arguments"));
         }
-        b"SORT" | b"UID" if parse_sort_head(cmd, &tag, tag.len() + 1 + name.len()).is_some() => {
+        b"SORT" | b"THREAD" | b"UID" if parse_sort_head(cmd, &tag, tag.len() + 1 + name.len()).is_some() => {
             let after_name = tag.len() + 1 + name.len();
             return parse_sort_head(cmd, &tag, after_name)
                 .flatten()
                 .map(|r| (tag.clone(), r))
-                .ok_or(bad("Invalid SORT arguments"));
+                .ok_or(bad("Invalid SORT or THREAD arguments"));
         }
         b"SEARCH" | b"UID" => {
             // (The UID EXPUNGE guard above may have moved `tok`.)
@@ -199,52 +209,39 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
     }
 }
 
-/// `[UID] SORT (keys) charset criteria`: `None` when the command is not SORT,
-/// `Some(None)` when its arguments are malformed.
+/// `[UID] SORT (keys) charset criteria` and `[UID] THREAD algorithm charset
+/// criteria`: `None` when the command is neither, `Some(None)` when its arguments
+/// are malformed.
 fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
-    let mut tok = Tok { s: cmd, pos: after_name };
-    let uid = cmd[tag.len() + 1..after_name].eq_ignore_ascii_case(b"UID");
-    if uid && (!tok.sp() || !tok.atom().eq_ignore_ascii_case(b"SORT")) {
-        return None;
-    }
-    let keys = (|| {
-        if !tok.sp() || tok.peek() != Some(b'(') {
+    let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
+    let mut verb = tok.atom().to_ascii_uppercase();
+    let uid = verb == b"UID";
+    if uid {
+        if !tok.sp() {
             return None;
         }
-        tok.pos += 1;
-        let mut keys = Vec::new();
-        let mut reverse = false;
-        loop {
-            let kind = match tok.atom().to_ascii_uppercase().as_slice() {
-                b"REVERSE" if !reverse => {
-                    reverse = true;
-                    if !tok.sp() {
-                        return None;
-                    }
-                    continue;
-                }
-                b"ARRIVAL" => SortKind::Arrival,
-                b"CC" => SortKind::Cc,
-                b"DATE" => SortKind::Date,
-                b"FROM" => SortKind::From,
-                b"SIZE" => SortKind::Size,
-                b"SUBJECT" => SortKind::Subject,
-                b"TO" => SortKind::To,
-                _ => return None,
-            };
-            keys.push(SortKey { reverse, kind });
-            reverse = false;
-            match tok.peek() {
-                Some(b')') => {
-                    tok.pos += 1;
-                    return Some(keys);
-                }
-                Some(b' ') => tok.pos += 1,
-                _ => return None,
+        verb = tok.atom().to_ascii_uppercase();
+    }
+    debug_assert!(uid || tok.pos == after_name);
+    enum Head {
+        Sort(Vec<SortKey>),
+        Thread(ThreadAlgorithm),
+    }
+    let head = match verb.as_slice() {
+        b"SORT" => sort_keys(&mut tok).map(Head::Sort),
+        b"THREAD" => {
+            if !tok.sp() {
+                return Some(None);
+            }
+            match tok.atom().to_ascii_uppercase().as_slice() {
+                b"ORDEREDSUBJECT" => Some(Head::Thread(ThreadAlgorithm::OrderedSubject)),
+                b"REFERENCES" => Some(Head::Thread(ThreadAlgorithm::References)),
+                _ => None,
             }
         }
-    })();
-    let Some(keys) = keys else { return Some(None) };
+        _ => return None,
+    };
+    let Some(head) = head else { return Some(None) };
     if !tok.sp() {
         return Some(None);
     }
@@ -260,7 +257,50 @@ fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Optio
     search.extend_from_slice(charset);
     search.push(b' ');
     search.extend_from_slice(&cmd[tok.pos..]);
-    Some(Some(Request::Sort { uid, keys, search }))
+    let kind = match head {
+        Head::Sort(keys) => SearchKind::Sort(keys),
+        Head::Thread(algorithm) => SearchKind::Thread(algorithm),
+    };
+    Some(Some(Request::Searching { uid, kind, search }))
+}
+
+/// ` (REVERSE SUBJECT DATE)`: the SORT keys.
+fn sort_keys(tok: &mut Tok<'_>) -> Option<Vec<SortKey>> {
+    if !tok.sp() || tok.peek() != Some(b'(') {
+        return None;
+    }
+    tok.pos += 1;
+    let mut keys = Vec::new();
+    let mut reverse = false;
+    loop {
+        let kind = match tok.atom().to_ascii_uppercase().as_slice() {
+            b"REVERSE" if !reverse => {
+                reverse = true;
+                if !tok.sp() {
+                    return None;
+                }
+                continue;
+            }
+            b"ARRIVAL" => SortKind::Arrival,
+            b"CC" => SortKind::Cc,
+            b"DATE" => SortKind::Date,
+            b"FROM" => SortKind::From,
+            b"SIZE" => SortKind::Size,
+            b"SUBJECT" => SortKind::Subject,
+            b"TO" => SortKind::To,
+            _ => return None,
+        };
+        keys.push(SortKey { reverse, kind });
+        reverse = false;
+        match tok.peek() {
+            Some(b')') => {
+                tok.pos += 1;
+                return Some(keys);
+            }
+            Some(b' ') => tok.pos += 1,
+            _ => return None,
+        }
+    }
 }
 
 /// `[UID] SEARCH RETURN (…) …`: `None` when there is no RETURN clause (a plain
@@ -316,7 +356,7 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
     let mut search = cmd[..name_end].to_vec();
     search.push(b' ');
     search.extend_from_slice(&cmd[look.pos..]);
-    Some(Some(Request::ESearch { uid, options, search }))
+    Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search }))
 }
 
 fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
