@@ -843,3 +843,81 @@ async fn thread_by_references_and_by_subject() {
         assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
     }
 }
+
+/// LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819) and STATUS=SIZE (RFC 8438):
+/// selection and return options, several patterns, \NonExistent subscribed names,
+/// CHILDINFO with RECURSIVEMATCH, a STATUS line after each selectable mailbox, and
+/// SIZE as the sum of the messages' octets.
+#[tokio::test]
+async fn list_extended_and_status_size() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let one = sample("one", "first body");
+    let two = sample("two", "second");
+    deliver(&app, &bob, "INBOX", &one, FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &two, FlagSet { system: Flags::SEEN, keywords: vec![] }).await;
+    let (mut c, _t) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("cap", "CAPABILITY").await;
+    for cap in [" LIST-EXTENDED", " LIST-STATUS", " STATUS=SIZE"] {
+        assert!(r[0].contains(cap), "{cap}: {r:?}");
+    }
+    // Gone stays subscribed after its deletion (RFC 3501 §6.3.6).
+    for cmd in
+        ["CREATE Work/Reports", "SUBSCRIBE Work/Reports", "CREATE Gone", "SUBSCRIBE Gone", "DELETE Gone"]
+    {
+        let r = c.cmd("p", cmd).await;
+        assert!(r.last().unwrap().starts_with("p OK"), "{cmd}: {r:?}");
+    }
+
+    let size = one.len() + two.len();
+    let r = c.cmd("s1", "STATUS INBOX (MESSAGES SIZE UNSEEN)").await;
+    assert_eq!(r[0], format!("* STATUS \"INBOX\" (MESSAGES 2 SIZE {size} UNSEEN 1)"));
+    let r = c.cmd("s2", "STATUS INBOX (SIZE)").await;
+    assert_eq!(r, [format!("* STATUS \"INBOX\" (SIZE {size})"), "s2 OK STATUS completed".into()]);
+
+    // LIST-STATUS: a STATUS line right after each selectable mailbox.
+    let r = c.cmd("l1", "LIST \"\" (INBOX Work) RETURN (STATUS (MESSAGES UNSEEN SIZE))").await;
+    assert_eq!(
+        r,
+        [
+            "* LIST (\\HasNoChildren) \"/\" \"INBOX\"".to_string(),
+            format!("* STATUS \"INBOX\" (MESSAGES 2 UNSEEN 1 SIZE {size})"),
+            "* LIST (\\HasChildren) \"/\" \"Work\"".to_string(),
+            "* STATUS \"Work\" (MESSAGES 0 UNSEEN 0 SIZE 0)".to_string(),
+            "l1 OK LIST completed".to_string(),
+        ]
+    );
+    // Selection SUBSCRIBED: subscribed names only, a deleted one as \NonExistent.
+    let r = c.cmd("l2", "LIST (SUBSCRIBED) \"\" \"*\"").await;
+    assert!(has(&r, "* LIST (\\NonExistent \\Subscribed) \"/\" \"Gone\""), "{r:?}");
+    assert!(has(&r, "* LIST (\\HasNoChildren \\Subscribed) \"/\" \"Work/Reports\""), "{r:?}");
+    assert!(!r.iter().any(|l| l.ends_with("\"Work\"")), "Work is not subscribed: {r:?}");
+    // RECURSIVEMATCH: Work matches `%` and has a subscribed child.
+    let r = c.cmd("l3", "LIST (SUBSCRIBED RECURSIVEMATCH) \"\" \"%\"").await;
+    assert!(has(&r, "* LIST (\\HasChildren) \"/\" \"Work\" (\"CHILDINFO\" (\"SUBSCRIBED\"))"), "{r:?}");
+    // Return SUBSCRIBED on a plain selection.
+    let r = c.cmd("l4", "LIST \"\" \"Work/%\" RETURN (SUBSCRIBED CHILDREN)").await;
+    assert_eq!(r[0], "* LIST (\\HasNoChildren \\Subscribed) \"/\" \"Work/Reports\"");
+    // Selection SPECIAL-USE (RFC 6154): the special-use mailboxes only.
+    let r = c.cmd("l5", "LIST (SPECIAL-USE) \"\" \"*\"").await;
+    assert!(
+        r.iter().filter(|l| l.starts_with("* LIST")).all(|l| l.contains("\\Sent")
+            || l.contains("\\Trash")
+            || l.contains("\\Drafts")
+            || l.contains("\\Junk")
+            || l.contains("\\Archive")),
+        "{r:?}"
+    );
+    // A plain RFC 3501 LIST is unchanged.
+    let r = c.cmd("l6", "LIST \"\" INBOX").await;
+    assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"INBOX\"");
+    for (tag, bad) in [
+        ("b1", "LIST (BOGUS) \"\" \"*\""),
+        ("b2", "LIST (RECURSIVEMATCH) \"\" \"*\""),
+        ("b3", "LIST \"\" \"*\" RETURN (STATUS (BOGUS))"),
+        ("b4", "STATUS INBOX (SIZE BOGUS)"),
+    ] {
+        let r = c.cmd(tag, bad).await;
+        assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
+    }
+}

@@ -10,11 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use imap_codec::imap_types::mailbox::{ListMailbox, Mailbox as WireMailbox};
-use imap_codec::imap_types::status::StatusDataItemName;
 
 use super::selected::Selected;
 use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
+use crate::proto::imap::parse::{ListExtended, StatusItem};
 use crate::proto::imap::{encode, utf7};
 use crate::store::{Flags, StoreError};
 
@@ -320,34 +320,13 @@ impl Session {
             self.push(&format!("* {verb} (\\Noselect) \"/\" \"\""));
             return Outcome::ok(format!("{verb} completed"));
         }
-        let full = if reference.is_empty() || reference.ends_with(SEP) || pattern.starts_with(SEP) {
-            format!("{reference}{pattern}")
-        } else {
-            format!("{reference}{SEP}{pattern}")
-        };
+        let full = full_pattern(&reference, &pattern);
         let account = self.account_id();
-        let mailboxes = match self.app.store.mailbox_list(account).await {
-            Ok(m) => m,
+        let all = match self.mailbox_tree().await {
+            Ok(all) => all,
             Err(e) => return store_error(e),
         };
-        // name → (exists, special-use attribute)
-        let mut all: BTreeMap<String, (bool, Option<&'static str>)> = BTreeMap::new();
-        for mb in &mailboxes {
-            all.insert(mb.name.clone(), (true, mb.special_use.map(|u| u.attribute())));
-        }
-        let existing: Vec<String> = all.keys().cloned().collect();
-        for name in &existing {
-            // Missing ancestors are listed as \Noselect so `%` walks the hierarchy.
-            let mut parent = name.as_str();
-            while let Some((p, _)) = parent.rsplit_once(SEP) {
-                all.entry(p.to_string()).or_insert((false, None));
-                parent = p;
-            }
-        }
-        let has_children = |name: &str| {
-            let prefix = format!("{name}{SEP}");
-            all.range(prefix.clone()..).next().is_some_and(|(n, _)| n.starts_with(&prefix))
-        };
+        let has_children = |name: &str| has_children(&all, name);
         let subscribed: BTreeSet<String> = if lsub {
             match self.app.store.subscriptions(account).await {
                 Ok(s) => s.into_iter().collect(),
@@ -365,7 +344,8 @@ impl Session {
             for name in &subscribed {
                 if name_matches(&full, name) {
                     listed.insert(name);
-                    let attrs = if all.get(name).is_some_and(|(e, _)| *e) { "" } else { "\\Noselect" };
+                    let attrs =
+                        if all.get(name).is_some_and(|(id, _)| id.is_some()) { "" } else { "\\Noselect" };
                     lines.push(format!("* LSUB ({attrs}) \"/\" {}", encode::mailbox(name)));
                 }
             }
@@ -380,12 +360,12 @@ impl Session {
                 }
             }
         } else {
-            for (name, (exists, special)) in &all {
+            for (name, (id, special)) in &all {
                 if !name_matches(&full, name) {
                     continue;
                 }
                 let mut attrs: Vec<&str> = Vec::new();
-                if !exists {
+                if id.is_none() {
                     attrs.push("\\Noselect");
                 }
                 attrs.push(if has_children(name) { "\\HasChildren" } else { "\\HasNoChildren" });
@@ -401,11 +381,117 @@ impl Session {
         Outcome::ok(format!("{verb} completed"))
     }
 
-    pub(crate) async fn cmd_status(
-        &mut self,
-        mailbox: &WireMailbox<'_>,
-        items: &[StatusDataItemName],
-    ) -> Outcome {
+    /// Every mailbox of the account with its special-use attribute, and the
+    /// missing ancestors of nested names (`exists` false), by name.
+    async fn mailbox_tree(&self) -> Result<MailboxTree, StoreError> {
+        let mut all = MailboxTree::new();
+        for mb in self.app.store.mailbox_list(self.account_id()).await? {
+            all.insert(mb.name, (Some(mb.id), mb.special_use.map(|u| u.attribute())));
+        }
+        let existing: Vec<String> = all.keys().cloned().collect();
+        for name in &existing {
+            // Missing ancestors are listed as \Noselect so `%` walks the hierarchy.
+            let mut parent = name.as_str();
+            while let Some((p, _)) = parent.rsplit_once(SEP) {
+                all.entry(p.to_string()).or_insert((None, None));
+                parent = p;
+            }
+        }
+        Ok(all)
+    }
+
+    /// LIST with RFC 5258 selection and return options, several patterns, and
+    /// LIST-STATUS (RFC 5819).
+    pub(crate) async fn cmd_list_extended(&mut self, list: &ListExtended) -> Outcome {
+        let Some(reference) = pattern_text(&list.reference) else {
+            return Outcome::no("[CANNOT] Invalid reference");
+        };
+        let mut patterns = Vec::new();
+        for p in &list.patterns {
+            match pattern_text(p) {
+                Some(p) => patterns.push(full_pattern(&reference, &p)),
+                None => return Outcome::no("[CANNOT] Invalid pattern"),
+            }
+        }
+        let all = match self.mailbox_tree().await {
+            Ok(all) => all,
+            Err(e) => return store_error(e),
+        };
+        let subscribed: BTreeSet<String> = if list.subscribed || list.return_subscribed {
+            match self.app.store.subscriptions(self.account_id()).await {
+                Ok(s) => s.into_iter().collect(),
+                Err(e) => return store_error(e),
+            }
+        } else {
+            BTreeSet::new()
+        };
+        let matches = |name: &str| patterns.iter().any(|p| name_matches(p, name));
+        // Candidates: with SUBSCRIBED, the subscribed names (existing or not); else
+        // the mailboxes and their ancestors.
+        let mut names: BTreeSet<String> = if list.subscribed {
+            subscribed.iter().filter(|n| matches(n)).cloned().collect()
+        } else {
+            all.keys().filter(|n| matches(n)).cloned().collect()
+        };
+        // RECURSIVEMATCH: a matching name with a subscribed descendant is listed with
+        // CHILDINFO, even when itself not subscribed (RFC 5258 §3.5).
+        let mut childinfo: BTreeSet<String> = BTreeSet::new();
+        if list.recursive {
+            for sub in &subscribed {
+                let mut parent = sub.as_str();
+                while let Some((p, _)) = parent.rsplit_once(SEP) {
+                    if matches(p) {
+                        childinfo.insert(p.to_string());
+                        names.insert(p.to_string());
+                    }
+                    parent = p;
+                }
+            }
+        }
+        let mut lines = Vec::new();
+        for name in &names {
+            let (id, special) = all.get(name).copied().unwrap_or((None, None));
+            if list.special_use && special.is_none() {
+                continue;
+            }
+            let is_subscribed = subscribed.contains(name);
+            if list.subscribed && !is_subscribed && !childinfo.contains(name) {
+                continue;
+            }
+            let mut attrs: Vec<&str> = Vec::new();
+            match (id, all.contains_key(name)) {
+                (Some(_), _) => {}
+                (None, true) => attrs.push("\\Noselect"),
+                (None, false) => attrs.push("\\NonExistent"),
+            }
+            if all.contains_key(name) {
+                attrs.push(if has_children(&all, name) { "\\HasChildren" } else { "\\HasNoChildren" });
+            }
+            if is_subscribed && (list.subscribed || list.return_subscribed) {
+                attrs.push("\\Subscribed");
+            }
+            if let Some(s) = special {
+                attrs.push(s);
+            }
+            let mut line = format!("* LIST ({}) \"/\" {}", attrs.join(" "), encode::mailbox(name));
+            if childinfo.contains(name) {
+                line.push_str(" (\"CHILDINFO\" (\"SUBSCRIBED\"))");
+            }
+            lines.push(line);
+            if let (Some(items), Some(id)) = (&list.return_status, id) {
+                match self.status_line(name, id, items).await {
+                    Ok(status) => lines.push(status),
+                    Err(e) => return store_error(e),
+                }
+            }
+        }
+        for l in lines {
+            self.push(&l);
+        }
+        Outcome::ok("LIST completed")
+    }
+
+    pub(crate) async fn cmd_status(&mut self, mailbox: &WireMailbox<'_>, items: &[StatusItem]) -> Outcome {
         let name = match mailbox_name(mailbox) {
             Ok(n) => n,
             Err(o) => return o,
@@ -415,27 +501,52 @@ impl Session {
             Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
             Err(e) => return store_error(e),
         };
-        let st = match self.app.store.mailbox_status(mb.id).await {
-            Ok(s) => s,
-            Err(e) => return store_error(e),
-        };
+        match self.status_line(&mb.name, mb.id, items).await {
+            Ok(line) => {
+                self.push(&line);
+                Outcome::ok("STATUS completed")
+            }
+            Err(e) => store_error(e),
+        }
+    }
+
+    /// `* STATUS name (items)` of one mailbox (STATUS, and LIST-STATUS).
+    async fn status_line(
+        &self,
+        name: &str,
+        mailbox_id: i64,
+        items: &[StatusItem],
+    ) -> Result<String, StoreError> {
+        let st = self.app.store.mailbox_status(mailbox_id).await?;
         let mut parts = Vec::new();
         for item in items {
-            match item {
-                StatusDataItemName::Messages => parts.push(format!("MESSAGES {}", st.messages)),
-                StatusDataItemName::Recent => match self.app.store.recent_count(mb.id).await {
-                    Ok(n) => parts.push(format!("RECENT {n}")),
-                    Err(e) => return store_error(e),
-                },
-                StatusDataItemName::UidNext => parts.push(format!("UIDNEXT {}", st.uid_next)),
-                StatusDataItemName::UidValidity => parts.push(format!("UIDVALIDITY {}", st.uid_validity)),
-                StatusDataItemName::Unseen => parts.push(format!("UNSEEN {}", st.unseen)),
-                // DELETED / DELETED-STORAGE (RFC 9051) are not announced; ignore.
-                _ => {}
-            }
+            parts.push(match item {
+                StatusItem::Messages => format!("MESSAGES {}", st.messages),
+                StatusItem::Recent => format!("RECENT {}", self.app.store.recent_count(mailbox_id).await?),
+                StatusItem::UidNext => format!("UIDNEXT {}", st.uid_next),
+                StatusItem::UidValidity => format!("UIDVALIDITY {}", st.uid_validity),
+                StatusItem::Unseen => format!("UNSEEN {}", st.unseen),
+                StatusItem::Size => format!("SIZE {}", self.app.store.mailbox_size(mailbox_id).await?),
+            });
         }
-        self.push(&format!("* STATUS {} ({})", encode::mailbox(&name), parts.join(" ")));
-        Outcome::ok("STATUS completed")
+        Ok(format!("* STATUS {} ({})", encode::mailbox(name), parts.join(" ")))
+    }
+}
+
+/// Mailbox name → (id when it exists, special-use attribute).
+type MailboxTree = BTreeMap<String, (Option<i64>, Option<&'static str>)>;
+
+fn has_children(all: &MailboxTree, name: &str) -> bool {
+    let prefix = format!("{name}{SEP}");
+    all.range(prefix.clone()..).next().is_some_and(|(n, _)| n.starts_with(&prefix))
+}
+
+/// The reference and the pattern as one name pattern (RFC 3501 §6.3.8).
+fn full_pattern(reference: &str, pattern: &str) -> String {
+    if reference.is_empty() || reference.ends_with(SEP) || pattern.starts_with(SEP) {
+        format!("{reference}{pattern}")
+    } else {
+        format!("{reference}{SEP}{pattern}")
     }
 }
 

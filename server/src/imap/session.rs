@@ -14,7 +14,7 @@ use super::selected::Selected;
 use super::{ImapConfig, Shared};
 use crate::app::App;
 use crate::net::{SessionCtx, SessionStream};
-use crate::proto::imap::parse::{self, Request, SearchKind};
+use crate::proto::imap::parse::{self, Request, SearchKind, StatusItem};
 use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
 use crate::store::{Account, StoreError};
 
@@ -243,6 +243,19 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_compress(&tag, &mechanism).await?,
             },
+            Request::ListExtended(list) => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_list_extended(&list).await,
+            },
+            Request::Status { items, status } => match self.require_auth() {
+                Some(o) => o,
+                None => match imap_codec::CommandCodec::default().decode(&status) {
+                    Ok((b"", Command { body: CommandBody::Status { mailbox, .. }, .. })) => {
+                        self.cmd_status(&mailbox, &items).await
+                    }
+                    _ => Outcome::bad("Invalid STATUS arguments"),
+                },
+            },
             Request::Searching { kind, search, .. } => match (self.require_selected(), search_of(&search)) {
                 (Some(o), _) => o,
                 (None, None) => Outcome::bad("Invalid search criteria"),
@@ -370,7 +383,23 @@ impl Session {
             C::Lsub { reference, mailbox_wildcard } => {
                 self.cmd_list(&reference, &mailbox_wildcard, true).await
             }
-            C::Status { mailbox, item_names } => self.cmd_status(&mailbox, item_names.as_ref()).await,
+            C::Status { mailbox, item_names } => {
+                use imap_codec::imap_types::status::StatusDataItemName as N;
+                // DELETED / DELETED-STORAGE (RFC 9051) are not announced: not answered.
+                let items: Vec<StatusItem> = item_names
+                    .as_ref()
+                    .iter()
+                    .filter_map(|i| match i {
+                        N::Messages => Some(StatusItem::Messages),
+                        N::Recent => Some(StatusItem::Recent),
+                        N::UidNext => Some(StatusItem::UidNext),
+                        N::UidValidity => Some(StatusItem::UidValidity),
+                        N::Unseen => Some(StatusItem::Unseen),
+                        _ => None,
+                    })
+                    .collect();
+                self.cmd_status(&mailbox, &items).await
+            }
             C::Append { .. } => Outcome::bad("APPEND is parsed elsewhere"),
             C::Idle => return self.cmd_idle(tag).await,
             C::Unselect => self.cmd_close(false).await,
@@ -418,6 +447,8 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::UidExpunge(_) => "UID EXPUNGE",
         Request::Append { .. } => "APPEND",
         Request::Compress(_) => "COMPRESS",
+        Request::ListExtended(_) => "LIST",
+        Request::Status { .. } => "STATUS",
         Request::Searching { uid, kind, .. } => match (kind, uid) {
             (SearchKind::ESearch(_), true) => "UID SEARCH",
             (SearchKind::ESearch(_), false) => "SEARCH",

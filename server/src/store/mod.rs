@@ -121,6 +121,11 @@ pub trait Store: Send + Sync + 'static {
     /// part of [`Store::mailbox_status`]: it counts rows, and clients poll STATUS
     /// without asking for it. This default reads the UID list; the backends count in
     /// SQL.
+    /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from the
+    /// sizes its listing carries.
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
+        Ok(self.maildrop(mailbox_id).await?.iter().map(|e| u64::from(e.size)).sum())
+    }
     async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
         let floor = self
             .mailbox_get_by_id(mailbox_id)

@@ -7,6 +7,34 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
+/// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusItem {
+    Messages,
+    Recent,
+    UidNext,
+    UidValidity,
+    Unseen,
+    Size,
+}
+
+/// A LIST with RFC 5258 options.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListExtended {
+    /// Selection SUBSCRIBED: subscribed names only (existing or not).
+    pub subscribed: bool,
+    /// Selection RECURSIVEMATCH: parents of matching subscribed names too.
+    pub recursive: bool,
+    /// Selection SPECIAL-USE (RFC 6154): special-use mailboxes only.
+    pub special_use: bool,
+    pub reference: Vec<u8>,
+    pub patterns: Vec<Vec<u8>>,
+    /// Return SUBSCRIBED: `\Subscribed` on subscribed names.
+    pub return_subscribed: bool,
+    /// Return STATUS (LIST-STATUS): a STATUS line after each selectable mailbox.
+    pub return_status: Option<Vec<StatusItem>>,
+}
+
 /// What a search extension does with the matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SearchKind {
@@ -68,6 +96,15 @@ pub enum Request<'a> {
         uid: bool,
         kind: SearchKind,
         search: Vec<u8>,
+    },
+    /// LIST with selection or return options or several patterns (LIST-EXTENDED,
+    /// RFC 5258; LIST-STATUS, RFC 5819).
+    ListExtended(ListExtended),
+    /// STATUS asking for SIZE (RFC 8438): the items, and the command with SIZE
+    /// replaced by MESSAGES for `imap-codec` to parse the mailbox name.
+    Status {
+        items: Vec<StatusItem>,
+        status: Vec<u8>,
     },
     /// APPEND with one or more messages (MULTIAPPEND).
     Append {
@@ -183,6 +220,18 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 .then_some((tag.clone(), Request::Compress(mechanism)))
                 .ok_or(bad("Invalid COMPRESS arguments"));
         }
+        b"LIST" => {
+            if let Some(request) = parse_list_extended(&mut tok) {
+                return request
+                    .map(|r| (tag.clone(), Request::ListExtended(r)))
+                    .ok_or(bad("Invalid LIST arguments"));
+            }
+        }
+        b"STATUS" => {
+            if let Some(request) = parse_status_size(cmd, &tag, tok.pos) {
+                return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid STATUS arguments"));
+            }
+        }
         b"SORT" | b"THREAD" | b"UID" if parse_sort_head(cmd, &tag, tag.len() + 1 + name.len()).is_some() => {
             let after_name = tag.len() + 1 + name.len();
             return parse_sort_head(cmd, &tag, after_name)
@@ -207,6 +256,160 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         Ok(_) => Err(bad("Junk after command")),
         Err(_) => Err(bad("Unknown command or invalid arguments")),
     }
+}
+
+/// `LIST [(selection)] reference pattern-or-(patterns) [RETURN (options)]`:
+/// `None` when it is a plain RFC 3501 LIST (`imap-codec` parses those),
+/// `Some(None)` when malformed.
+fn parse_list_extended(tok: &mut Tok<'_>) -> Option<Option<ListExtended>> {
+    let start = tok.pos;
+    if !tok.sp() {
+        return None;
+    }
+    let mut list = ListExtended::default();
+    let mut extended = false;
+    if tok.peek() == Some(b'(') {
+        extended = true;
+        let Some(options) = paren_atoms(tok) else { return Some(None) };
+        for o in options {
+            match o.as_slice() {
+                b"SUBSCRIBED" => list.subscribed = true,
+                b"RECURSIVEMATCH" => list.recursive = true,
+                b"SPECIAL-USE" => list.special_use = true,
+                // Remote mailboxes: there are none here.
+                b"REMOTE" => {}
+                _ => return Some(None),
+            }
+        }
+        // RECURSIVEMATCH alone would say nothing (RFC 5258 §3).
+        if list.recursive && !list.subscribed || !tok.sp() {
+            return Some(None);
+        }
+    }
+    let reference = match tok.quoted() {
+        Some(q) => q,
+        None => tok.atom().to_vec(),
+    };
+    list.reference = reference;
+    if !tok.sp() {
+        return if extended { Some(None) } else { None };
+    }
+    if tok.peek() == Some(b'(') {
+        extended = true;
+        tok.pos += 1;
+        loop {
+            let Some(p) = list_pattern(tok) else { return Some(None) };
+            list.patterns.push(p);
+            match tok.peek() {
+                Some(b')') => {
+                    tok.pos += 1;
+                    break;
+                }
+                Some(b' ') => tok.pos += 1,
+                _ => return Some(None),
+            }
+        }
+    } else {
+        let Some(p) = list_pattern(tok) else { return if extended { Some(None) } else { None } };
+        list.patterns.push(p);
+    }
+    let mut look = Tok { s: tok.s, pos: tok.pos };
+    if look.sp() && look.atom().eq_ignore_ascii_case(b"RETURN") {
+        extended = true;
+        *tok = look;
+        if !tok.sp() {
+            return Some(None);
+        }
+        if return_options(tok, &mut list).is_none() {
+            return Some(None);
+        }
+    }
+    if !extended {
+        tok.pos = start;
+        return None;
+    }
+    tok.end().then_some(Some(list)).or(Some(None))
+}
+
+/// A list-mailbox: a quoted string or the characters an atom and `%`/`*` allow.
+fn list_pattern(tok: &mut Tok<'_>) -> Option<Vec<u8>> {
+    if let Some(q) = tok.quoted() {
+        return Some(q);
+    }
+    let a = tok.atom();
+    (!a.is_empty()).then(|| a.to_vec())
+}
+
+/// `(item item …)`, each item read by `item`.
+fn paren_list<T>(tok: &mut Tok<'_>, mut item: impl FnMut(&mut Tok<'_>) -> Option<T>) -> Option<Vec<T>> {
+    if tok.peek() != Some(b'(') {
+        return None;
+    }
+    tok.pos += 1;
+    let mut out = Vec::new();
+    loop {
+        if tok.peek() == Some(b')') {
+            tok.pos += 1;
+            return Some(out);
+        }
+        if !out.is_empty() && !tok.sp() {
+            return None;
+        }
+        out.push(item(tok)?);
+    }
+}
+
+/// `(A B C)`, upper-cased.
+fn paren_atoms(tok: &mut Tok<'_>) -> Option<Vec<Vec<u8>>> {
+    paren_list(tok, |t| Some(t.atom().to_ascii_uppercase()).filter(|a| !a.is_empty()))
+}
+
+/// LIST's `RETURN (SUBSCRIBED CHILDREN SPECIAL-USE STATUS (…))` into `list`.
+fn return_options(tok: &mut Tok<'_>, list: &mut ListExtended) -> Option<()> {
+    paren_list(tok, |t| {
+        match t.atom().to_ascii_uppercase().as_slice() {
+            b"SUBSCRIBED" => list.return_subscribed = true,
+            // Sent anyway.
+            b"CHILDREN" | b"SPECIAL-USE" => {}
+            b"STATUS" if t.sp() => list.return_status = Some(status_items(t)?),
+            _ => return None,
+        }
+        Some(())
+    })
+    .map(|_| ())
+}
+
+/// `(MESSAGES UNSEEN SIZE)`.
+fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
+    let names = paren_atoms(tok)?;
+    let items = names
+        .iter()
+        .map(|n| match n.as_slice() {
+            b"MESSAGES" => Some(StatusItem::Messages),
+            b"RECENT" => Some(StatusItem::Recent),
+            b"UIDNEXT" => Some(StatusItem::UidNext),
+            b"UIDVALIDITY" => Some(StatusItem::UidValidity),
+            b"UNSEEN" => Some(StatusItem::Unseen),
+            b"SIZE" => Some(StatusItem::Size),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (!items.is_empty()).then_some(items)
+}
+
+/// `STATUS mailbox (… SIZE …)`: `None` without SIZE (`imap-codec` parses it).
+fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
+    let open = cmd.iter().rposition(|&b| b == b'(')?;
+    let mut tok = Tok { s: cmd, pos: open };
+    let items = status_items(&mut tok).filter(|i| i.contains(&StatusItem::Size))?;
+    if !tok.end() || after_name >= open {
+        return Some(None);
+    }
+    let mut status = cmd[..tag.len() + 1].to_vec();
+    status.extend_from_slice(b"STATUS");
+    status.extend_from_slice(&cmd[after_name..open]);
+    status.extend_from_slice(b"(MESSAGES)\r\n");
+    Some(Some(Request::Status { items, status }))
 }
 
 /// `[UID] SORT (keys) charset criteria` and `[UID] THREAD algorithm charset
