@@ -715,11 +715,7 @@ async fn esearch_returns_what_was_asked() {
     // A plain SEARCH still answers the RFC 3501 way.
     let r = c.cmd("p", "SEARCH FLAGGED").await;
     assert_eq!(r[0], "* SEARCH 1 2 3 6");
-    for (tag, bad) in [
-        ("b1", "SEARCH RETURN (BOGUS) ALL"),
-        ("b2", "SEARCH RETURN (SAVE) ALL"),
-        ("b3", "SEARCH RETURN MIN ALL"),
-    ] {
+    for (tag, bad) in [("b1", "SEARCH RETURN (BOGUS) ALL"), ("b3", "SEARCH RETURN MIN ALL")] {
         let r = c.cmd(tag, bad).await;
         assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
     }
@@ -920,4 +916,56 @@ async fn list_extended_and_status_size() {
         let r = c.cmd(tag, bad).await;
         assert!(r.last().unwrap().starts_with(&format!("{tag} BAD")), "{bad}: {r:?}");
     }
+}
+
+/// SEARCHRES (RFC 5182): SEARCH RETURN (SAVE) keeps the result as `$`, answered
+/// by the tagged OK alone; `$` then names those messages in FETCH, UID STORE,
+/// SEARCH (as a key, combined with others), UID COPY; SAVE with MIN/MAX keeps just
+/// those; a new SELECT forgets it; `$` inside strings and `$Junk` are not it.
+#[tokio::test]
+async fn searchres_saves_and_reuses_a_result() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let flagged = FlagSet { system: Flags::FLAGGED, keywords: vec![] };
+    for i in 1..=6 {
+        let flags = if i % 2 == 0 { flagged.clone() } else { FlagSet::default() };
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), flags).await;
+    }
+    let (mut c, _t) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("cap", "CAPABILITY").await;
+    assert!(r[0].contains(" SEARCHRES"), "{r:?}");
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("a", "FETCH $ (UID)").await;
+    assert_eq!(r, ["a OK FETCH completed (the saved result is empty)"]);
+
+    let r = c.cmd("A282", "SEARCH RETURN (SAVE) FLAGGED").await;
+    assert_eq!(r, ["A282 OK SEARCH completed"], "SAVE alone: no ESEARCH");
+    let r = c.cmd("A283", "FETCH $ (UID)").await;
+    assert_eq!(r[..3], ["* 2 FETCH (UID 2)", "* 4 FETCH (UID 4)", "* 6 FETCH (UID 6)"].map(String::from));
+    let r = c.cmd("A284", "UID STORE $ +FLAGS.SILENT ($Done)").await;
+    assert!(r.last().unwrap().starts_with("A284 OK"), "{r:?}");
+    let r = c.cmd("A285", "SEARCH $ KEYWORD $Done SUBJECT m4").await;
+    assert_eq!(r[0], "* SEARCH 4");
+    let r = c.cmd("A286", "SEARCH OR $ SUBJECT m1").await;
+    assert_eq!(r[0], "* SEARCH 1 2 4 6");
+    c.cmd("cr", "CREATE Other").await;
+    let r = c.cmd("A287", "UID COPY $ Other").await;
+    assert!(
+        r.last().unwrap().starts_with("A287 OK [COPYUID ") && r.last().unwrap().contains(" 2,4,6 1:3]"),
+        "{r:?}"
+    );
+    // Expunged messages drop out of $.
+    c.cmd("d", "UID STORE 4 +FLAGS.SILENT (\\Deleted)").await;
+    c.cmd("x", "EXPUNGE").await;
+    let r = c.cmd("f", "UID FETCH $ (UID)").await;
+    assert_eq!(r[..2], ["* 2 FETCH (UID 2)", "* 5 FETCH (UID 6)"].map(String::from));
+    // SAVE with MIN MAX: those two only, and an ESEARCH for them.
+    let r = c.cmd("mm", "UID SEARCH RETURN (SAVE MIN MAX) ALL").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"mm\") UID MIN 1 MAX 6");
+    let r = c.cmd("f2", "UID FETCH $ (UID)").await;
+    assert_eq!(r[..2], ["* 1 FETCH (UID 1)", "* 5 FETCH (UID 6)"].map(String::from));
+    // A new SELECT starts with an empty $.
+    c.cmd("s2", "SELECT INBOX").await;
+    let r = c.cmd("n", "SEARCH $").await;
+    assert_eq!(r[0], "* SEARCH");
 }

@@ -226,32 +226,28 @@ impl Session {
         criteria: &SearchKey<'_>,
         uid: bool,
     ) -> Outcome {
-        let numbers = match self.search_numbers(charset, criteria, uid).await {
-            Ok(n) => n,
+        let hits = match self.search_hits(charset, criteria, uid).await {
+            Ok(hits) => hits,
             Err(o) => return o,
         };
-        let line = match esearch {
-            Some((tag, options)) => esearch_line(tag, options, uid, &numbers),
-            None => search_line(&numbers),
-        };
-        self.push(&line);
-        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
-    }
-
-    /// What a SEARCH reports: the matching UIDs (UID SEARCH) or their sequence
-    /// numbers, ascending; or the reply that ends the command.
-    async fn search_numbers(
-        &mut self,
-        charset: Option<&Charset<'_>>,
-        criteria: &SearchKey<'_>,
-        uid: bool,
-    ) -> Result<Vec<u32>, Outcome> {
-        let hits = self.search_hits(charset, criteria, uid).await?;
-        if uid {
-            return Ok(hits);
+        let Some(sel) = self.selected.as_mut() else { return Outcome::bad("No mailbox selected") };
+        let numbers: Vec<u32> =
+            if uid { hits.clone() } else { hits.iter().filter_map(|&u| sel.seq_of(u)).collect() };
+        if let Some((_, options)) = esearch
+            && options.contains(&ReturnOption::Save)
+        {
+            sel.saved = saved_result(&hits, options);
         }
-        let Some(sel) = self.selected.as_ref() else { return Err(Outcome::bad("No mailbox selected")) };
-        Ok(hits.iter().filter_map(|&u| sel.seq_of(u)).collect())
+        let line = match esearch {
+            // SAVE alone answers nothing but the tagged OK (RFC 5182 §2.4).
+            Some((_, [ReturnOption::Save])) => None,
+            Some((tag, options)) => Some(esearch_line(tag, options, uid, &numbers)),
+            None => Some(search_line(&numbers)),
+        };
+        if let Some(line) = line {
+            self.push(&line);
+        }
+        Outcome::ok(if uid { "UID SEARCH completed" } else { "SEARCH completed" })
     }
 
     /// The UIDs matching `criteria`, ascending, or the reply that ends the command.
@@ -343,6 +339,26 @@ impl Session {
     }
 }
 
+/// What SEARCH RETURN (SAVE …) keeps as `$`: every match, or with MIN and/or MAX
+/// but neither ALL nor COUNT, just those (RFC 5182 §2.4).
+fn saved_result(hits: &[u32], options: &[ReturnOption]) -> Vec<u32> {
+    let only_ends = !options.contains(&ReturnOption::All)
+        && !options.contains(&ReturnOption::Count)
+        && (options.contains(&ReturnOption::Min) || options.contains(&ReturnOption::Max));
+    if !only_ends {
+        return hits.to_vec();
+    }
+    let mut out = Vec::new();
+    if options.contains(&ReturnOption::Min) {
+        out.extend(hits.first());
+    }
+    if options.contains(&ReturnOption::Max) {
+        out.extend(hits.last());
+    }
+    out.dedup();
+    out
+}
+
 /// `* SEARCH 2 3 5`.
 fn search_line(numbers: &[u32]) -> String {
     // itoa, not `write!`: formatting a thousand numbers per UNSEEN search through
@@ -364,7 +380,9 @@ fn esearch_line(tag: &str, options: &[ReturnOption], uid: bool, numbers: &[u32])
     if uid {
         line.push_str(" UID");
     }
-    let wants = |o: ReturnOption| options.is_empty() && o == ReturnOption::All || options.contains(&o);
+    // No option but SAVE (or none at all) asks for ALL (RFC 4731 §3.1).
+    let only_save = options.iter().all(|o| *o == ReturnOption::Save);
+    let wants = |o: ReturnOption| only_save && o == ReturnOption::All || options.contains(&o);
     if let (true, Some(min)) = (wants(ReturnOption::Min), numbers.first()) {
         line.push_str(&format!(" MIN {min}"));
     }

@@ -42,6 +42,9 @@ pub struct Selected {
     pub own_changes: Vec<(u32, u64)>,
     /// The messages that are `\Recent` for this session (RFC 3501 §2.3.2).
     pub recent: RecentSet,
+    /// The search result saved as `$` (SEARCHRES, RFC 5182), UIDs ascending; empty
+    /// at SELECT. Expunged messages drop out of it where it is used.
+    pub saved: Vec<u32>,
 }
 
 /// UIDs that are `\Recent` for one session, as ascending inclusive ranges: what it
@@ -91,6 +94,7 @@ impl Selected {
             pending_expunge: Vec::new(),
             own_changes: Vec::new(),
             recent: RecentSet::default(),
+            saved: Vec::new(),
             mailbox,
         }
     }

@@ -14,6 +14,7 @@ use super::selected::Selected;
 use super::{ImapConfig, Shared};
 use crate::app::App;
 use crate::net::{SessionCtx, SessionStream};
+use crate::proto::imap::encode;
 use crate::proto::imap::parse::{self, Request, SearchKind, StatusItem};
 use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
 use crate::store::{Account, StoreError};
@@ -217,6 +218,18 @@ impl Session {
 
     /// Parses and runs one command; false when the session must end.
     async fn execute(&mut self, cmd: &[u8]) -> std::io::Result<bool> {
+        let substituted;
+        let cmd = match self.with_saved_result(cmd) {
+            Ok(Some(c)) => {
+                substituted = c;
+                substituted.as_slice()
+            }
+            Ok(None) => cmd,
+            Err(reply) => {
+                self.push(&reply);
+                return Ok(true);
+            }
+        };
         let (tag, request) = match parse::parse(cmd) {
             Ok(v) => v,
             Err(e) => {
@@ -300,6 +313,52 @@ impl Session {
         };
         self.count(name, result, started.elapsed());
         Ok(keep)
+    }
+
+    /// `$` (SEARCHRES, RFC 5182) replaced by the saved result, in the form the
+    /// command takes: `UID set` as a search key, a UID set in UID commands, sequence
+    /// numbers otherwise. `Ok(None)`: no `$`. `Err(line)`: the command's whole
+    /// answer (nothing selected; or an empty result, which names no message).
+    fn with_saved_result(&self, cmd: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let refs = parse::saved_result_refs(cmd);
+        if refs.is_empty() {
+            return Ok(None);
+        }
+        let tag = crate::proto::imap::reader::tag_of(cmd);
+        let Some(sel) = self.selected.as_ref() else { return Err(format!("{tag} BAD No mailbox selected")) };
+        let words: Vec<String> = cmd
+            .split(|&b| b == b' ')
+            .skip(1)
+            .take(2)
+            .map(|w| String::from_utf8_lossy(w).trim_end().to_ascii_uppercase())
+            .collect();
+        let uid = words.first().is_some_and(|w| w == "UID");
+        let verb = if uid { words.get(1) } else { words.first() }.cloned().unwrap_or_default();
+        let present: Vec<u32> = sel.saved.iter().copied().filter(|&u| sel.seq_of(u).is_some()).collect();
+        let replacement = if matches!(verb.as_str(), "SEARCH" | "SORT" | "THREAD") {
+            if present.is_empty() {
+                "NOT ALL".to_string()
+            } else {
+                format!("UID {}", encode::sequence_set(&present))
+            }
+        } else if present.is_empty() {
+            let name = if uid { format!("UID {verb}") } else { verb };
+            return Err(format!("{tag} OK {name} completed (the saved result is empty)"));
+        } else if uid {
+            encode::sequence_set(&present)
+        } else {
+            let seqs: Vec<u32> = present.iter().filter_map(|&u| sel.seq_of(u)).collect();
+            encode::sequence_set(&seqs)
+        };
+        let mut out = Vec::with_capacity(cmd.len() + replacement.len());
+        let mut last = 0;
+        for at in refs {
+            out.extend_from_slice(&cmd[last..at]);
+            out.extend_from_slice(replacement.as_bytes());
+            last = at + 1;
+        }
+        out.extend_from_slice(&cmd[last..]);
+        Ok(Some(out))
     }
 
     fn count(&self, command: &str, result: &str, took: Duration) {

@@ -75,6 +75,8 @@ pub enum ReturnOption {
     Max,
     All,
     Count,
+    /// SEARCHRES (RFC 5182): keep the result as `$`.
+    Save,
 }
 
 /// A parsed command.
@@ -543,6 +545,7 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
                 b"MAX" => ReturnOption::Max,
                 b"ALL" => ReturnOption::All,
                 b"COUNT" => ReturnOption::Count,
+                b"SAVE" => ReturnOption::Save,
                 _ => return None,
             };
             if !options.contains(&option) {
@@ -722,9 +725,62 @@ impl<'a> Tok<'a> {
     }
 }
 
+/// Where a command names `$` (SEARCHRES, RFC 5182): the byte ranges of every `$`
+/// that stands alone as an argument (not inside a quoted string or a literal, not
+/// part of a longer atom such as `$Junk`).
+pub fn saved_result_refs(cmd: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    // After the tag (a tag may itself be `$`).
+    let mut i = cmd.iter().position(|&b| b == b' ').unwrap_or(cmd.len());
+    while i < cmd.len() {
+        match cmd[i] {
+            b'"' => {
+                i += 1;
+                while i < cmd.len() && cmd[i] != b'"' {
+                    i += if cmd[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'{' => {
+                // `{n}` / `{n+}` CRLF and n octets of literal data.
+                let digits = cmd[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let n: usize = std::str::from_utf8(&cmd[i + 1..i + 1 + digits])
+                    .ok()
+                    .and_then(|d| d.parse().ok())
+                    .unwrap_or(0);
+                match cmd[i..].iter().position(|&b| b == b'\n') {
+                    Some(nl) if digits > 0 => i += nl + 1 + n,
+                    _ => i += 1,
+                }
+            }
+            b'$' => {
+                let before = if i == 0 { b' ' } else { cmd[i - 1] };
+                let after = cmd.get(i + 1).copied().unwrap_or(b'\r');
+                if matches!(before, b' ' | b'(') && matches!(after, b' ' | b')' | b'\r' | b'\n') {
+                    out.push(i);
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saved_result_refs_are_standalone_arguments_only() {
+        let at = |cmd: &[u8]| saved_result_refs(cmd);
+        assert_eq!(at(b"a FETCH $ (UID)\r\n"), [8]);
+        assert_eq!(at(b"$ FETCH 1 FLAGS\r\n"), Vec::<usize>::new(), "a tag of $");
+        assert_eq!(at(b"a SEARCH KEYWORD $Junk\r\n"), Vec::<usize>::new());
+        assert_eq!(at(b"a SEARCH SUBJECT \"$\" OR $ ALL\r\n"), [24]);
+        assert_eq!(at(b"a SEARCH BODY {3}\r\n $ $\r\n"), [22], "literal data is skipped");
+        assert_eq!(at(b"a SEARCH ($)\r\n"), [10]);
+    }
     use imap_codec::imap_types::command::CommandBody;
 
     #[test]
