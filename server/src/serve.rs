@@ -54,6 +54,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The read caches assume the database never goes back in time; they are
     // dropped when it does (restore, failover).
     tokio::spawn(app.imap.watch_epoch(store.clone()));
+    if config.imap.tombstone_retention_days > 0 {
+        tokio::spawn(prune_tombstones(store.clone(), config.clone()));
+    }
 
     let tls =
         TlsProvider::from_app_config(&config, cache.clone(), &metrics).await.context("TLS setup failed")?;
@@ -184,4 +187,32 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 async fn open_store_once(config: &Config, url: Option<&str>) -> Result<Arc<dyn Store>, StoreError> {
     let timeout = Duration::from_secs(config.database.connect_timeout_secs);
     store::open(url, &config.data_dir, config.database.pool_size, timeout).await
+}
+
+/// Every `imap.tombstone_prune_interval_secs`, the pod that holds the cluster-wide
+/// lease deletes the expunge tombstones older than `imap.tombstone_retention_days`
+/// (the expunged table would otherwise grow with every message ever deleted).
+/// Failures are logged and retried at the next interval.
+async fn prune_tombstones(store: Arc<dyn Store>, config: Arc<Config>) {
+    let every = Duration::from_secs(config.imap.tombstone_prune_interval_secs);
+    let retention =
+        chrono::Duration::days(i64::try_from(config.imap.tombstone_retention_days).unwrap_or(i64::MAX));
+    let member = format!("{}:{}", config.hostname, std::process::id());
+    loop {
+        tokio::time::sleep(every).await;
+        match store.lease_acquire("prune:tombstones", &member, 1, every).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "tombstone prune: cannot take the lease");
+                continue;
+            }
+        }
+        let before = chrono::Utc::now() - retention;
+        match store.prune_tombstones(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pruned = n, %before, "expunge tombstones pruned"),
+            Err(e) => tracing::warn!(error = %e, "tombstone prune failed"),
+        }
+    }
 }

@@ -969,3 +969,33 @@ async fn searchres_saves_and_reuses_a_result() {
     let r = c.cmd("n", "SEARCH $").await;
     assert_eq!(r[0], "* SEARCH");
 }
+
+/// Expunge tombstones pruned while a session (and the process's SELECT cache) still
+/// had the old view: the session learns what went from the full UID list, in
+/// protocol order, and a later SELECT from the cache shows the mailbox as it is.
+#[tokio::test]
+async fn sessions_catch_up_after_tombstones_are_pruned() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    for i in 1..=5 {
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+    }
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("s", "SELECT INBOX").await;
+    b.cmd("s", "SELECT INBOX").await;
+    b.cmd("d", "UID STORE 2,4 +FLAGS.SILENT (\\Deleted)").await;
+    b.cmd("x", "EXPUNGE").await;
+    let pruned = app.store.prune_tombstones(chrono::Utc::now() + chrono::Duration::seconds(5)).await.unwrap();
+    assert_eq!(pruned, 2);
+
+    let r = a.cmd("n", "NOOP").await;
+    assert_eq!(r[..2], ["* 4 EXPUNGE", "* 2 EXPUNGE"].map(String::from), "{r:?}");
+    let r = a.cmd("f", "FETCH 1:* (UID)").await;
+    assert_eq!(r[..3], ["* 1 FETCH (UID 1)", "* 2 FETCH (UID 3)", "* 3 FETCH (UID 5)"].map(String::from));
+    let (mut c, _tc) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 3 EXISTS"), "{r:?}");
+    let r = c.cmd("f", "UID SEARCH ALL").await;
+    assert_eq!(r[0], "* SEARCH 1 3 5");
+}

@@ -172,6 +172,7 @@ conformance!(
     leases_limit_renew_expire,
     leases_are_exclusive_across_pods,
     recent_is_claimed_once,
+    tombstones_pruned_past_a_floor,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -1226,6 +1227,39 @@ async fn recent_is_claimed_once(ctx: Ctx) {
     assert_eq!(s.recent_claim(inbox, 5).await.expect("claim"), 3);
     assert_eq!(s.recent_count(inbox).await.expect("recent"), 0);
     assert!(is_not_found(s.recent_claim(i64::MAX, 1).await), "unknown mailbox");
+}
+
+/// Expunge tombstones are pruned after a while; asking for changes from before the
+/// newest pruned one gets the full UID list (`present`), later ones the tombstones.
+async fn tombstones_pruned_past_a_floor(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (_acc, inbox) = account(&s, "t@example.com").await;
+    let (_acc2, other) = account(&s, "u@example.com").await;
+    for i in 0..5 {
+        deliver_one(&s, &format!("t{i}"), &[inbox, other]).await;
+    }
+    let before = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    s.expunge(inbox, Some(&UidSet::from_uids(&[2, 4]))).await.expect("expunge");
+    let changes = s.changes_since(inbox, before).await.expect("changes");
+    assert_eq!((changes.expunged.clone(), changes.present.clone()), (vec![2, 4], None));
+
+    // Nothing is old enough yet.
+    let an_hour_ago = Utc::now() - chrono::Duration::hours(1);
+    assert_eq!(s.prune_tombstones(an_hour_ago).await.expect("prune"), 0);
+    assert_eq!(s.changes_since(inbox, before).await.expect("changes").expunged, [2, 4]);
+
+    let soon = Utc::now() + chrono::Duration::seconds(5);
+    assert_eq!(s.prune_tombstones(soon).await.expect("prune"), 2);
+    let after_prune = s.changes_since(inbox, before).await.expect("changes");
+    assert_eq!(after_prune.present.as_deref(), Some(&[1, 3, 5][..]), "{after_prune:?}");
+    // From the floor on, tombstones answer again.
+    let floor = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    s.expunge(inbox, Some(&UidSet::single(5))).await.expect("expunge");
+    let later = s.changes_since(inbox, floor).await.expect("changes");
+    assert_eq!((later.expunged, later.present), (vec![5], None));
+    // Another mailbox had nothing pruned.
+    assert_eq!(s.changes_since(other, 0).await.expect("changes").present, None);
+    assert_eq!(s.prune_tombstones(soon).await.expect("prune"), 1, "the later one, now old too");
 }
 
 async fn leases_limit_renew_expire(ctx: Ctx) {

@@ -322,6 +322,7 @@ impl Config {
             ("tls.reload_interval_secs", self.tls.reload_interval_secs),
             ("tls.ticket_rotation_secs", self.tls.ticket_rotation_secs),
             ("imap.connection_lease_secs", self.imap.connection_lease_secs),
+            ("imap.tombstone_prune_interval_secs", self.imap.tombstone_prune_interval_secs),
         ] {
             if value == 0 {
                 problems.push(format!("{name} must be greater than 0"));

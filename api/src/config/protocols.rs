@@ -107,6 +107,12 @@ pub struct ImapConfig {
     /// Bytes of message bodies a process keeps for FETCH (bodies never change once
     /// stored, so any pod may cache them; 0 = off). See the server's `imap::bodies`.
     pub body_cache_bytes: usize,
+    /// Days an expunged message's tombstone is kept (0 = for ever). Sessions (and
+    /// the SELECT cache) that last looked at a mailbox before that learn what was
+    /// expunged from its full UID list instead.
+    pub tombstone_retention_days: u64,
+    /// How often one pod of the cluster prunes tombstones past their retention.
+    pub tombstone_prune_interval_secs: u64,
 }
 
 impl Default for ImapConfig {
@@ -123,6 +129,8 @@ impl Default for ImapConfig {
             idle_poll_secs: 3,
             select_cache_messages: 2_000_000,
             body_cache_bytes: 64 * 1024 * 1024,
+            tombstone_retention_days: 30,
+            tombstone_prune_interval_secs: 3600,
         }
     }
 }

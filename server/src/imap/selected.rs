@@ -107,7 +107,7 @@ impl Selected {
     /// Brings a map built from an older snapshot up to date without telling the
     /// client anything (SELECT: the client has no view of the mailbox yet).
     pub fn apply_silently(&mut self, changes: &MailboxChanges) {
-        for &uid in &changes.expunged {
+        for uid in self.expunged_in(changes) {
             self.remove(uid);
         }
         for row in &changes.changed {
@@ -127,6 +127,17 @@ impl Selected {
         }
         self.modseq = self.modseq.max(changes.highest_modseq);
         self.uid_next = self.uid_next.max(self.max_uid() + 1);
+    }
+
+    /// The known UIDs `changes` says were expunged: its tombstones, or, when they
+    /// were pruned past the asked modseq, whatever known UID is not present any more.
+    pub fn expunged_in(&self, changes: &MailboxChanges) -> Vec<u32> {
+        match &changes.present {
+            None => changes.expunged.clone(),
+            Some(present) => {
+                self.uids.iter().copied().filter(|u| present.binary_search(u).is_err()).collect()
+            }
+        }
     }
 
     /// The map as a [`MailboxIndex`] (for the SELECT cache).
@@ -283,7 +294,7 @@ impl Session {
         let Some(sel) = self.selected.as_mut() else { return Ok(()) };
         sel.modseq = sel.modseq.max(changes.highest_modseq);
 
-        for uid in changes.expunged {
+        for uid in sel.expunged_in(&changes) {
             if sel.seq_of(uid).is_some() && !sel.pending_expunge.contains(&uid) {
                 sel.pending_expunge.push(uid);
             }

@@ -245,6 +245,15 @@ pub trait Store: Send + Sync + 'static {
     /// Everything that changed after `modseq`: flag rows stamped later (including
     /// new messages) and UIDs expunged later. Served from the modseq indexes.
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges>;
+    /// Deletes the expunge tombstones older than `before`, raising each affected
+    /// mailbox's floor to the newest modseq pruned; returns how many went. Later
+    /// [`Store::changes_since`] calls from before a floor answer with the full
+    /// UID list. This default, for stores that keep tombstones forever, prunes
+    /// nothing.
+    async fn prune_tombstones(&self, before: chrono::DateTime<chrono::Utc>) -> StoreResult<u64> {
+        let _ = before;
+        Ok(0)
+    }
 
     // ---- outbound queue ----
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64>;

@@ -327,6 +327,11 @@ pub struct MailboxChanges {
     pub changed: Vec<FlagRow>,
     /// UIDs expunged after the asked modseq, ascending.
     pub expunged: Vec<u32>,
+    /// Set when the asked modseq is older than the tombstones still kept (they are
+    /// pruned after a while): `expunged` may then miss some, and this is every UID
+    /// in the mailbox now, ascending — whatever the caller knows and is not here
+    /// was expunged.
+    pub present: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -378,6 +378,7 @@ impl Store for MemStore {
                 .get(&id)
                 .map(|t| t.iter().filter(|(_, s)| *s > modseq).map(|(u, _)| *u).collect())
                 .unwrap_or_default(),
+            present: None,
         })
     }
     async fn queue_enqueue(&self, _: &NewQueueItem) -> StoreResult<i64> {

@@ -1461,7 +1461,57 @@ impl Store for PgStore {
         .await
         .map_err(db_err)?;
         out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
+        // The floor read after the tombstones: a prune committed before that read
+        // shows in the floor (it deletes and raises in one transaction).
+        let floor: i64 = sqlx::query_scalar("SELECT expunged_floor FROM mailboxes WHERE id = $1")
+            .bind(mailbox_id)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        if since < floor {
+            let uids: Vec<i64> =
+                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")
+                    .bind(mailbox_id)
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db_err)?;
+            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
+        }
         Ok(out)
+    }
+
+    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        let mut tx = self.tx().await?;
+        let gone: Vec<(i64, i64)> =
+            sqlx::query_as("DELETE FROM expunged WHERE expunged_at < $1 RETURNING mailbox_id, modseq")
+                .bind(before)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+        let mut floors: BTreeMap<i64, i64> = BTreeMap::new();
+        for (mailbox, modseq) in &gone {
+            let f = floors.entry(*mailbox).or_default();
+            *f = (*f).max(*modseq);
+        }
+        // Mailbox rows in ascending id order, as every writer locks them.
+        let ids: Vec<i64> = floors.keys().copied().collect();
+        let floor_values: Vec<i64> = floors.values().copied().collect();
+        sqlx::query("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        sqlx::query(
+            "UPDATE mailboxes m SET expunged_floor = GREATEST(m.expunged_floor, t.f) \
+             FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, f) WHERE m.id = t.id",
+        )
+        .bind(&ids)
+        .bind(&floor_values)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        tx.commit().await.map_err(db_err)?;
+        Ok(gone.len() as u64)
     }
 
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {

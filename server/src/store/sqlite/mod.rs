@@ -313,13 +313,16 @@ impl SqliteStore {
                 .execute(&mut **tx)
                 .await
                 .map_err(db_err)?;
-            sqlx::query("INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq) VALUES (?, ?, ?)")
-                .bind(mailbox_id)
-                .bind(l.uid)
-                .bind(modseq)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
+            sqlx::query(
+                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) VALUES (?, ?, ?, ?)",
+            )
+            .bind(mailbox_id)
+            .bind(l.uid)
+            .bind(modseq)
+            .bind(to_us(Utc::now()))
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
             if l.flags & i64::from(Flags::SEEN.0) == 0 {
                 unseen += 1;
             }
@@ -758,10 +761,11 @@ impl Store for SqliteStore {
             .map_err(db_err)?;
             let modseq = Self::bump_modseq(&mut tx, src.id).await?;
             sqlx::query(
-                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq) \
-                 SELECT mailbox_id, uid, ? FROM mailbox_messages WHERE mailbox_id = ?",
+                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) \
+                 SELECT mailbox_id, uid, ?, ? FROM mailbox_messages WHERE mailbox_id = ?",
             )
             .bind(modseq)
+            .bind(to_us(Utc::now()))
             .bind(src.id)
             .execute(&mut *tx)
             .await
@@ -1300,7 +1304,43 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db_err)?;
         out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
+        let floor: i64 = sqlx::query_scalar("SELECT expunged_floor FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err)?;
+        if since < floor {
+            let uids: Vec<i64> =
+                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
+                    .bind(mailbox_id)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(db_err)?;
+            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
+        }
         Ok(out)
+    }
+
+    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        let mut tx = self.write_tx().await?;
+        let cutoff = to_us(before);
+        sqlx::query(
+            "UPDATE mailboxes SET expunged_floor = max(expunged_floor, \
+             (SELECT max(modseq) FROM expunged e WHERE e.mailbox_id = mailboxes.id AND e.expunged_at < ?1)) \
+             WHERE id IN (SELECT mailbox_id FROM expunged WHERE expunged_at < ?1)",
+        )
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let gone = sqlx::query("DELETE FROM expunged WHERE expunged_at < ?")
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected();
+        tx.commit().await.map_err(db_err)?;
+        Ok(gone)
     }
 
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
