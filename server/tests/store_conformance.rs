@@ -173,6 +173,7 @@ conformance!(
     leases_are_exclusive_across_pods,
     recent_is_claimed_once,
     tombstones_pruned_past_a_floor,
+    sort_rows_match_the_stored_metadata,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -1260,6 +1261,21 @@ async fn tombstones_pruned_past_a_floor(ctx: Ctx) {
     // Another mailbox had nothing pruned.
     assert_eq!(s.changes_since(other, 0).await.expect("changes").present, None);
     assert_eq!(s.prune_tombstones(soon).await.expect("prune"), 1, "the later one, now old too");
+}
+
+/// SORT's summary columns say what the stored metadata says.
+async fn sort_rows_match_the_stored_metadata(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (_acc, inbox) = account(&s, "s@example.com").await;
+    for i in 0..4 {
+        deliver_one(&s, &format!("sorted {i}"), &[inbox]).await;
+    }
+    let some = UidSet::from_uids(&[1, 3, 4]);
+    let full: Vec<store::SortRow> =
+        s.messages_by_uid(inbox, &some).await.expect("rows").iter().map(store::SortRow::of).collect();
+    let sort = s.sort_rows(inbox, &some).await.expect("sort rows");
+    assert_eq!(sort, full);
+    assert_eq!(sort.iter().map(|r| r.uid).collect::<Vec<_>>(), [1, 3, 4]);
 }
 
 async fn leases_limit_renew_expire(ctx: Ctx) {

@@ -8,11 +8,11 @@ use imap_codec::imap_types::search::SearchKey;
 
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::parse::{SortKey, SortKind};
-use crate::store::{MessageRow, UidSet};
+use crate::store::{SortRow, UidSet};
 
 impl Session {
     /// `rows`: what the search matched ([`Session::matching_rows`]).
-    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<MessageRow>, uid: bool) -> Outcome {
+    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<SortRow>, uid: bool) -> Outcome {
         let mut sorted: Vec<(Vec<SortValue>, u32)> = rows
             .iter()
             .map(|row| (keys.iter().map(|k| SortValue::of(k.kind, row)).collect(), row.uid))
@@ -46,7 +46,7 @@ impl Session {
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
-    ) -> Result<Vec<MessageRow>, Outcome> {
+    ) -> Result<Vec<SortRow>, Outcome> {
         let hits = self.search_hits(charset, criteria, uid).await?;
         let Some(mailbox_id) = self.selected.as_ref().map(|s| s.mailbox.id) else {
             return Err(Outcome::bad("No mailbox selected"));
@@ -54,14 +54,14 @@ impl Session {
         if hits.is_empty() {
             return Ok(Vec::new());
         }
-        self.app.store.messages_by_uid(mailbox_id, &UidSet::from_uids(&hits)).await.map_err(store_error)
+        self.app.store.sort_rows(mailbox_id, &UidSet::from_uids(&hits)).await.map_err(store_error)
     }
 }
 
 /// The sent date as SORT DATE and THREAD use it: the Date: header in UTC, or the
 /// arrival time when there is none (RFC 5256 §3).
-pub(crate) fn sent_time(row: &MessageRow) -> i64 {
-    row.meta.sent_date.unwrap_or(row.internal_date).timestamp_micros()
+pub(crate) fn sent_time(row: &SortRow) -> i64 {
+    row.sent_date.unwrap_or(row.internal_date).timestamp_micros()
 }
 
 /// One sort key of one message, comparable with the same key of another.
@@ -74,18 +74,17 @@ enum SortValue {
 }
 
 impl SortValue {
-    fn of(kind: SortKind, row: &MessageRow) -> SortValue {
-        let meta = &row.meta;
+    fn of(kind: SortKind, row: &SortRow) -> SortValue {
         let text = |s: &str| SortValue::Text(s.bytes().map(|b| b.to_ascii_uppercase()).collect());
         match kind {
             SortKind::Arrival => SortValue::Time(row.internal_date.timestamp_micros()),
             // The Date: header in UTC; without one, the arrival time (§3).
             SortKind::Date => SortValue::Time(sent_time(row)),
-            SortKind::Size => SortValue::Number(meta.size),
-            SortKind::Subject => text(&base_subject(&meta.subject)),
-            SortKind::From => text(first_mailbox(&meta.from)),
-            SortKind::To => text(first_mailbox(&meta.to)),
-            SortKind::Cc => text(first_mailbox(&meta.cc)),
+            SortKind::Size => SortValue::Number(row.size),
+            SortKind::Subject => text(&base_subject(&row.subject)),
+            SortKind::From => text(first_mailbox(&row.from)),
+            SortKind::To => text(first_mailbox(&row.to)),
+            SortKind::Cc => text(first_mailbox(&row.cc)),
         }
     }
 }

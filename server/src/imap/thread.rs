@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::session::{Outcome, Session, store_error};
 use super::sort::{base_subject_of, sent_time};
 use crate::proto::imap::parse::ThreadAlgorithm;
-use crate::store::MessageRow;
+use crate::store::SortRow;
 
 /// Bodies read at once for their References / In-Reply-To headers.
 const HEADER_BATCH: usize = 256;
@@ -39,7 +39,7 @@ impl Session {
     pub(crate) async fn cmd_thread(
         &mut self,
         algorithm: ThreadAlgorithm,
-        rows: Vec<MessageRow>,
+        rows: Vec<SortRow>,
         uid: bool,
     ) -> Outcome {
         // References and In-Reply-To are not in the stored summary: read the headers.
@@ -60,10 +60,10 @@ impl Session {
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
         let messages: Vec<ThreadMessage> = rows
             .iter()
-            .filter_map(|row: &MessageRow| {
+            .filter_map(|row: &SortRow| {
                 let number = if uid { sel.seq_of(row.uid).map(|_| row.uid) } else { sel.seq_of(row.uid) }?;
-                let (subject, reply) = base_subject_of(&row.meta.subject);
-                let message_id = Some(row.meta.message_id.trim().trim_matches(['<', '>']).to_string())
+                let (subject, reply) = base_subject_of(&row.subject);
+                let message_id = Some(row.message_id_header.trim().trim_matches(['<', '>']).to_string())
                     .filter(|m| !m.is_empty());
                 let parents = parents.remove(&row.message_id).unwrap_or_default();
                 Some(ThreadMessage { number, date: sent_time(row), subject, reply, message_id, parents })

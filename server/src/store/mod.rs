@@ -163,6 +163,11 @@ pub trait Store: Send + Sync + 'static {
     /// Per-message rows (flags, size, dates, metadata) for the given UIDs, ascending.
     /// Unknown UIDs are skipped.
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>>;
+    /// The sort and thread keys of those messages, by UID: the summary columns
+    /// only. This default (for test doubles) reads the whole rows.
+    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
+        Ok(self.messages_by_uid(mailbox_id, uids).await?.iter().map(SortRow::of).collect())
+    }
     /// The links (message id, flags, INTERNALDATE) of the asked `(mailbox, uid)`
     /// pairs that exist, and the highest modseq of each asked mailbox that exists,
     /// read in one snapshot: the first half of IMAP FETCH of bodies, asked for the

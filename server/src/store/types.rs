@@ -259,6 +259,44 @@ pub struct MessageRow {
     pub meta: MessageMeta,
 }
 
+/// What SORT and THREAD read of a message: its link and the summary columns stored
+/// beside its body, not its metadata document (decoding that for every message of
+/// a large mailbox on every SORT would cost more than the sort).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SortRow {
+    pub uid: u32,
+    /// The stored message's id (for reading its headers).
+    pub message_id: i64,
+    pub internal_date: DateTime<Utc>,
+    pub size: u32,
+    /// The Date: header (UTC), when it parsed.
+    pub sent_date: Option<DateTime<Utc>>,
+    /// Decoded header summaries, as [`MessageMeta`] has them.
+    pub subject: String,
+    pub from: String,
+    pub to: String,
+    pub cc: String,
+    /// The Message-ID header.
+    pub message_id_header: String,
+}
+
+impl SortRow {
+    pub fn of(row: &MessageRow) -> SortRow {
+        SortRow {
+            uid: row.uid,
+            message_id: row.message_id,
+            internal_date: row.internal_date,
+            size: row.meta.size,
+            sent_date: row.meta.sent_date,
+            subject: row.meta.subject.clone(),
+            from: row.meta.from.clone(),
+            to: row.meta.to.clone(),
+            cc: row.meta.cc.clone(),
+            message_id_header: row.meta.message_id.clone(),
+        }
+    }
+}
+
 /// Where one message of a mailbox is stored: a row of
 /// [`Store::message_links`](super::Store::message_links).
 #[derive(Debug, Clone, PartialEq)]

@@ -1223,6 +1223,33 @@ impl Store for PgStore {
             .collect()
     }
 
+    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
+        let rows = self
+            .linked_rows(
+                mailbox_id,
+                uids,
+                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
+                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SortRow {
+                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
+                    internal_date: r.try_get("internal_date").map_err(db_err)?,
+                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
+                    sent_date: r.try_get("sent_date").map_err(db_err)?,
+                    subject: r.try_get("subject").map_err(db_err)?,
+                    from: r.try_get("from_addr").map_err(db_err)?,
+                    to: r.try_get("to_addr").map_err(db_err)?,
+                    cc: r.try_get("cc_addr").map_err(db_err)?,
+                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
+                })
+            })
+            .collect()
+    }
+
     async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of

@@ -386,6 +386,33 @@ impl SqliteStore {
         Ok(out)
     }
 
+    /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
+    /// ascending, one range at a time.
+    async fn linked_rows(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        columns: &str,
+    ) -> StoreResult<Vec<SqliteRow>> {
+        let mut conn = self.read_conn().await?;
+        let sql = format!(
+            "SELECT {columns} FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+             WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid"
+        );
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(mailbox_id)
+                .bind(lo)
+                .bind(hi)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db_err)?;
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
     async fn copy_or_move(
         &self,
         src: i64,
@@ -1035,34 +1062,55 @@ impl Store for SqliteStore {
     }
 
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let mut conn = self.read_conn().await?;
-        let mut out = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            let rows = sqlx::query(
-                "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta \
-                 FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
-                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
+        let rows = self
+            .linked_rows(
+                mailbox_id,
+                uids,
+                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
             )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db_err)?;
-            for r in rows {
-                let f = flag_row(&r)?;
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let f = flag_row(r)?;
                 let meta: String = r.try_get("meta").map_err(db_err)?;
-                out.push(MessageRow {
+                Ok(MessageRow {
                     uid: f.uid,
                     message_id: r.try_get("message_id").map_err(db_err)?,
                     flags: f.flags,
                     modseq: f.modseq,
                     internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
                     meta: meta_from_json(&meta)?,
-                });
-            }
-        }
-        Ok(out)
+                })
+            })
+            .collect()
+    }
+
+    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
+        let rows = self
+            .linked_rows(
+                mailbox_id,
+                uids,
+                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
+                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let sent: Option<i64> = r.try_get("sent_date").map_err(db_err)?;
+                Ok(SortRow {
+                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
+                    message_id: r.try_get("message_id").map_err(db_err)?,
+                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
+                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
+                    sent_date: sent.map(from_us),
+                    subject: r.try_get("subject").map_err(db_err)?,
+                    from: r.try_get("from_addr").map_err(db_err)?,
+                    to: r.try_get("to_addr").map_err(db_err)?,
+                    cc: r.try_get("cc_addr").map_err(db_err)?,
+                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
+                })
+            })
+            .collect()
     }
 
     async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
