@@ -46,34 +46,7 @@ Q=(--no-progress -k)
 
 # ---- 1. the same mailboxes on both sides
 if part mailboxes; then
-seed() { # smtp port, label
-  "$STRESS" --smtp "127.0.0.1:$1" -s seed --users-count 1 --messages-per-user "$MSGS" -c 20 "${Q[@]}" >"$OUT/seed-$2.txt" || exit 1
-  tail -n 3 "$OUT/seed-$2.txt"
-}
-MD=$PEERS/mail/example.test
-src=$MD/user0001/Maildir
-rm -rf "$src"   # a fresh mailbox for the peer too
-seed "$(mc_port smtp)" mailcluster
-seed 2526 dovecot
-for _ in $(seq 1 600); do
-  [ "$(find "$src/new" "$src/cur" -type f 2>/dev/null | wc -l)" -ge "$MSGS" ] && break; sleep 1
-done
-
-echo "cloning user0001's INBOX into user0002..user$(printf %04d "$USERS")"
-t0=$(date +%s)
-mc_clone_inbox "$USERS" || exit 1
-i=0
-for f in "$src"/new/*; do
-  i=$((i + 1))
-  if ((i % 10)); then mv "$f" "$src/cur/${f##*/}:2,S"; else mv "$f" "$src/cur/${f##*/}:2,"; fi
-done
-rm -f "$src"/dovecot*
-for n in $(seq 2 "$USERS"); do
-  d=$MD/$(printf user%04d "$n")/Maildir
-  rm -rf "$d"; mkdir -p "$d/new" "$d/tmp"; cp -al "$src/cur" "$d/cur"
-done
-chown -R vmail:vmail "$MD"
-echo "cloned in $(( $(date +%s) - t0 )) s"
+same_mailboxes "$USERS" "$MSGS" "$OUT"
 
 # ---- warm-up: every user's INBOX opened once on each side (Dovecot builds its index)
 for port in 1144 "$(mc_port imap)"; do

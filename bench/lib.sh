@@ -102,3 +102,38 @@ for path in sys.argv[1:]:
                   f"{o['throughput']:>9.1f}/s  p50 {o['p50_ms']:>8.2f}  p95 {o['p95_ms']:>8.2f}  p99 {o['p99_ms']:>8.2f} ms")
 PY
 }
+
+# same_mailboxes USERS MSGS OUT: MSGS messages delivered through each side's own
+# SMTP into user0001 (Mailcluster's MX; Postfix → LMTP → Maildir), 90 % then marked
+# \Seen, and that INBOX cloned into user0002…USERS: Mailcluster links the stored
+# bodies into each INBOX with SQL (bodies are stored once by design), Dovecot gets
+# hard-linked Maildir files. Needs mc_start first.
+same_mailboxes() {
+  local users=$1 msgs=$2 out=$3 md src t0 i=0 n d f
+  local q=(--no-progress -k)
+  md=$PEERS/mail/example.test
+  src=$md/user0001/Maildir
+  rm -rf "$src"   # a fresh mailbox for the peer too
+  "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --users-count 1 --messages-per-user "$msgs" -c 20 "${q[@]}" \
+    >"$out/seed-mailcluster.txt" || exit 1
+  "$STRESS" --smtp 127.0.0.1:2526 -s seed --users-count 1 --messages-per-user "$msgs" -c 20 "${q[@]}" \
+    >"$out/seed-dovecot.txt" || exit 1
+  tail -n 3 "$out/seed-mailcluster.txt" "$out/seed-dovecot.txt"
+  for _ in $(seq 1 600); do
+    [ "$(find "$src/new" "$src/cur" -type f 2>/dev/null | wc -l)" -ge "$msgs" ] && break; sleep 1
+  done
+  echo "cloning user0001's INBOX into user0002..user$(printf %04d "$users")"
+  t0=$(date +%s)
+  mc_clone_inbox "$users" || exit 1
+  for f in "$src"/new/*; do
+    i=$((i + 1))
+    if ((i % 10)); then mv "$f" "$src/cur/${f##*/}:2,S"; else mv "$f" "$src/cur/${f##*/}:2,"; fi
+  done
+  rm -f "$src"/dovecot*
+  for n in $(seq 2 "$users"); do
+    d=$md/$(printf user%04d "$n")/Maildir
+    rm -rf "$d"; mkdir -p "$d/new" "$d/tmp"; cp -al "$src/cur" "$d/cur"
+  done
+  chown -R vmail:vmail "$md"
+  echo "cloned in $(( $(date +%s) - t0 )) s"
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SORT side by side, in one run: Mailcluster (release build, PostgreSQL + Redis)
+# against Dovecot from /work/shared/peers. USERS sessions at once, each its own
+# user with MSGS messages in INBOX (the same mailboxes on both sides, see
+# same_mailboxes in lib.sh), alternating `UID SORT (DATE) UTF-8 ALL` and
+# `UID SORT (SUBJECT) UTF-8 ALL` for DUR seconds after one warm-up sort of each
+# key per session. The client is bench/imap_sort_client.py (one asyncio process on
+# the same machine, for both sides alike). Run as root (the peer's Maildirs).
+#
+# Usage: bench/imap-sort.sh [OUT_DIR]   (env: USERS=50, MSGS=10000, DUR=30)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+OUT=${1:-bench/results/imap-sort}
+USERS=${USERS:-50}
+MSGS=${MSGS:-10000}
+DUR=${DUR:-30}
+shopt -s nullglob
+mkdir -p "$OUT"
+port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
+
+export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000
+mc_start "$USERS" smtp,imap
+machine_line | tee "$OUT/machine.txt"
+echo "mailcluster: $MC serve over PostgreSQL + Redis; MAILCLUSTER_* as set by bench/lib.sh mc_start" | tee -a "$OUT/machine.txt"
+same_mailboxes "$USERS" "$MSGS" "$OUT"
+for side in dovecot mailcluster; do
+  port=1144
+  [ "$side" = mailcluster ] && port=$(mc_port imap)
+  c0=$(cpu_secs "$MC_PID")
+  python3 bench/imap_sort_client.py "$port" "$USERS" "$DUR" "$OUT/sort-$side.json" "$side" | tee "$OUT/sort-$side.txt"
+  [ "$side" = mailcluster ] && echo "mailcluster server CPU during the run (warm-up included): $(echo "$(cpu_secs "$MC_PID") - $c0" | bc) s" | tee -a "$OUT/sort-$side.txt"
+done
