@@ -20,9 +20,11 @@ mkdir -p "$OUT"
 port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
 
 export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000
+# Every user's sort keys held at once (50 x 10,000; the default is 200,000).
+export MAILCLUSTER_IMAP__SORT_CACHE_MESSAGES=${SORT_CACHE:-600000}
 mc_start "$USERS" smtp,imap
 machine_line | tee "$OUT/machine.txt"
-echo "mailcluster: $MC serve over PostgreSQL + Redis; MAILCLUSTER_* as set by bench/lib.sh mc_start" | tee -a "$OUT/machine.txt"
+echo "mailcluster: $MC serve over PostgreSQL + Redis; MAILCLUSTER_* as set by bench/lib.sh mc_start, plus imap.sort_cache_messages=$MAILCLUSTER_IMAP__SORT_CACHE_MESSAGES" | tee -a "$OUT/machine.txt"
 same_mailboxes "$USERS" "$MSGS" "$OUT"
 for side in dovecot mailcluster; do
   port=1144

@@ -107,6 +107,10 @@ pub struct ImapConfig {
     /// Bytes of message bodies a process keeps for FETCH (bodies never change once
     /// stored, so any pod may cache them; 0 = off). See the server's `imap::bodies`.
     pub body_cache_bytes: usize,
+    /// Messages whose SORT/THREAD keys a process keeps (about 250 bytes each; keys
+    /// never change once a message is stored; 0 = off). See the server's
+    /// `imap::sort_cache`.
+    pub sort_cache_messages: usize,
     /// Days an expunged message's tombstone is kept (0 = for ever). Sessions (and
     /// the SELECT cache) that last looked at a mailbox before that learn what was
     /// expunged from its full UID list instead.
@@ -129,6 +133,7 @@ impl Default for ImapConfig {
             idle_poll_secs: 3,
             select_cache_messages: 2_000_000,
             body_cache_bytes: 64 * 1024 * 1024,
+            sort_cache_messages: 200_000,
             tombstone_retention_days: 30,
             tombstone_prune_interval_secs: 3600,
         }

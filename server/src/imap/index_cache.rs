@@ -4,8 +4,9 @@
 //! A cached [`MailboxIndex`] may be older than the mailbox: SELECT brings it up
 //! to date with `changes_since(its modseq)` — the same query every command's sync
 //! uses — so what the client is told is exactly what a fresh read would give.
-//! (This relies on expunge tombstones reaching back to the cached modseq; they
-//! are kept for good today. Whoever prunes them must drop older entries here.)
+//! (When the tombstones no longer reach back to the cached modseq — they are
+//! pruned after `imap.tombstone_retention_days` — `changes_since` says so and
+//! hands over the full UID list, from which the expunged ones follow.)
 //!
 //! Bounded by the number of messages held over all entries; the least recently
 //! used entries go first. Keyed by mailbox id and UIDVALIDITY, so a renamed or

@@ -25,6 +25,7 @@ pub mod search;
 pub mod selected;
 mod session;
 pub mod sort;
+pub mod sort_cache;
 pub mod thread;
 
 use std::sync::{Arc, Weak};
@@ -51,6 +52,7 @@ pub(crate) struct Reads {
     pub(crate) probe: probe::ModseqProbe,
     pub(crate) bodies: bodies::BodyReader,
     pub(crate) index_cache: index_cache::IndexCache,
+    pub(crate) sort_cache: sort_cache::SortCache,
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
     pub(crate) select_misses: prometheus::IntCounter,
@@ -111,6 +113,7 @@ impl Shared {
                 },
             ),
             index_cache: index_cache::IndexCache::new(config.select_cache_messages),
+            sort_cache: sort_cache::SortCache::new(config.sort_cache_messages),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
         };
@@ -149,6 +152,7 @@ pub(crate) async fn watch_epoch(
                 Some(k) if *k != epoch => {
                     tracing::warn!(was = %k, now = %epoch, "imap: the database changed (restore or failover); read caches cleared");
                     shared.reads.index_cache.clear();
+                    shared.reads.sort_cache.clear();
                     shared.reads.bodies.clear_cache();
                 }
                 _ => {}

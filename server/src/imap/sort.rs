@@ -8,11 +8,14 @@ use imap_codec::imap_types::search::SearchKey;
 
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::parse::{SortKey, SortKind};
-use crate::store::{SortRow, UidSet};
+use std::sync::Arc;
+
+use super::sort_cache::SortKeys;
+use crate::store::UidSet;
 
 impl Session {
     /// `rows`: what the search matched ([`Session::matching_rows`]).
-    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<SortRow>, uid: bool) -> Outcome {
+    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<Arc<SortKeys>>, uid: bool) -> Outcome {
         let mut sorted: Vec<(Vec<SortValue>, u32)> = rows
             .iter()
             .map(|row| (keys.iter().map(|k| SortValue::of(k.kind, row)).collect(), row.uid))
@@ -39,29 +42,42 @@ impl Session {
 }
 
 impl Session {
-    /// The stored rows (metadata, dates) of the messages `criteria` matches: what
-    /// SORT and THREAD order.
+    /// The sort keys of the messages `criteria` matches, ascending by UID: from the
+    /// process's sort cache, the missing ones read from the store and added to it.
     pub(crate) async fn matching_rows(
         &mut self,
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
-    ) -> Result<Vec<SortRow>, Outcome> {
+    ) -> Result<Vec<Arc<SortKeys>>, Outcome> {
         let hits = self.search_hits(charset, criteria, uid).await?;
-        let Some(mailbox_id) = self.selected.as_ref().map(|s| s.mailbox.id) else {
+        let Some(mailbox) = self.selected.as_ref().map(|s| (s.mailbox.id, s.mailbox.uid_validity)) else {
             return Err(Outcome::bad("No mailbox selected"));
         };
-        if hits.is_empty() {
-            return Ok(Vec::new());
+        let cache = &self.shared.reads.sort_cache;
+        let mut keys = cache.get(mailbox, &hits);
+        let missing: Vec<u32> =
+            hits.iter().zip(&keys).filter(|(_, k)| k.is_none()).map(|(u, _)| *u).collect();
+        if !missing.is_empty() {
+            let rows = self
+                .app
+                .store
+                .sort_rows(mailbox.0, &UidSet::from_uids(&missing))
+                .await
+                .map_err(store_error)?;
+            let read: Vec<Arc<SortKeys>> = rows.iter().map(|r| Arc::new(SortKeys::of(r))).collect();
+            cache.put(mailbox, &read);
+            let by_uid: std::collections::HashMap<u32, Arc<SortKeys>> =
+                read.into_iter().map(|k| (k.uid, k)).collect();
+            for (u, k) in hits.iter().zip(keys.iter_mut()) {
+                if k.is_none() {
+                    *k = by_uid.get(u).cloned();
+                }
+            }
         }
-        self.app.store.sort_rows(mailbox_id, &UidSet::from_uids(&hits)).await.map_err(store_error)
+        // A message expunged between the search and the read has no keys: left out.
+        Ok(keys.into_iter().flatten().collect())
     }
-}
-
-/// The sent date as SORT DATE and THREAD use it: the Date: header in UTC, or the
-/// arrival time when there is none (RFC 5256 §3).
-pub(crate) fn sent_time(row: &SortRow) -> i64 {
-    row.sent_date.unwrap_or(row.internal_date).timestamp_micros()
 }
 
 /// One sort key of one message, comparable with the same key of another.
@@ -74,17 +90,16 @@ enum SortValue {
 }
 
 impl SortValue {
-    fn of(kind: SortKind, row: &SortRow) -> SortValue {
-        let text = |s: &str| SortValue::Text(s.bytes().map(|b| b.to_ascii_uppercase()).collect());
+    fn of(kind: SortKind, k: &SortKeys) -> SortValue {
+        let text = |s: &str| SortValue::Text(s.as_bytes().to_vec());
         match kind {
-            SortKind::Arrival => SortValue::Time(row.internal_date.timestamp_micros()),
-            // The Date: header in UTC; without one, the arrival time (§3).
-            SortKind::Date => SortValue::Time(sent_time(row)),
-            SortKind::Size => SortValue::Number(row.size),
-            SortKind::Subject => text(&base_subject(&row.subject)),
-            SortKind::From => text(first_mailbox(&row.from)),
-            SortKind::To => text(first_mailbox(&row.to)),
-            SortKind::Cc => text(first_mailbox(&row.cc)),
+            SortKind::Arrival => SortValue::Time(k.arrival),
+            SortKind::Date => SortValue::Time(k.sent),
+            SortKind::Size => SortValue::Number(k.size),
+            SortKind::Subject => text(&k.subject),
+            SortKind::From => text(&k.from),
+            SortKind::To => text(&k.to),
+            SortKind::Cc => text(&k.cc),
         }
     }
 }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use super::session::{Outcome, Session, store_error};
-use super::sort::{base_subject_of, sent_time};
+use std::sync::Arc;
+
+use super::sort_cache::SortKeys;
 use crate::proto::imap::parse::ThreadAlgorithm;
-use crate::store::SortRow;
 
 /// Bodies read at once for their References / In-Reply-To headers.
 const HEADER_BATCH: usize = 256;
@@ -39,7 +40,7 @@ impl Session {
     pub(crate) async fn cmd_thread(
         &mut self,
         algorithm: ThreadAlgorithm,
-        rows: Vec<SortRow>,
+        rows: Vec<Arc<SortKeys>>,
         uid: bool,
     ) -> Outcome {
         // References and In-Reply-To are not in the stored summary: read the headers.
@@ -60,13 +61,18 @@ impl Session {
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
         let messages: Vec<ThreadMessage> = rows
             .iter()
-            .filter_map(|row: &SortRow| {
-                let number = if uid { sel.seq_of(row.uid).map(|_| row.uid) } else { sel.seq_of(row.uid) }?;
-                let (subject, reply) = base_subject_of(&row.subject);
-                let message_id = Some(row.message_id_header.trim().trim_matches(['<', '>']).to_string())
-                    .filter(|m| !m.is_empty());
-                let parents = parents.remove(&row.message_id).unwrap_or_default();
-                Some(ThreadMessage { number, date: sent_time(row), subject, reply, message_id, parents })
+            .filter_map(|k: &Arc<SortKeys>| {
+                let number = if uid { sel.seq_of(k.uid).map(|_| k.uid) } else { sel.seq_of(k.uid) }?;
+                let message_id = Some(k.message_id_header.to_string()).filter(|m| !m.is_empty());
+                let parents = parents.remove(&k.message_id).unwrap_or_default();
+                Some(ThreadMessage {
+                    number,
+                    date: k.sent,
+                    subject: k.subject.to_string(),
+                    reply: k.reply,
+                    message_id,
+                    parents,
+                })
             })
             .collect();
         let threads = match algorithm {
@@ -392,6 +398,7 @@ pub fn render(threads: &[Thread], messages: &[ThreadMessage]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::imap::sort::base_subject_of;
 
     fn msg(number: u32, date: i64, subject: &str, id: &str, parents: &[&str]) -> ThreadMessage {
         let (subject, reply) = base_subject_of(subject);
