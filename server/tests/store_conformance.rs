@@ -1377,6 +1377,29 @@ async fn postgres_concurrent_migrations_on_fresh_database() {
     .await;
 }
 
+/// The PostgreSQL prune works in batches (short transactions): more tombstones than
+/// one batch all go, and the floor is the newest of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_prunes_many_tombstones_in_batches() {
+    run(Backend::Postgres, true, |ctx: Ctx| async move {
+        let (_acc, inbox) = account(&ctx.store, "p@example.com").await;
+        ctx.exec_sql(&format!(
+            "INSERT INTO expunged (mailbox_id, uid, modseq, expunged_at) \
+             SELECT {inbox}, g, g, now() - interval '40 days' FROM generate_series(1, 25000) AS g; \
+             UPDATE mailboxes SET highest_modseq = 30000, uid_next = 25001 WHERE id = {inbox}"
+        ))
+        .await;
+        let cutoff = Utc::now() - chrono::Duration::days(30);
+        assert_eq!(ctx.store.prune_tombstones(cutoff).await.expect("prune"), 25_000);
+        assert_eq!(ctx.store.prune_tombstones(cutoff).await.expect("prune"), 0);
+        let changes = ctx.store.changes_since(inbox, 24_999).await.expect("changes");
+        assert!(changes.present.is_some(), "asked from below the floor 25000");
+        let changes = ctx.store.changes_since(inbox, 25_000).await.expect("changes");
+        assert!(changes.present.is_none(), "from the floor on, tombstones answer");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_keeps_synchronous_commit_on() {
     run(Backend::Postgres, true, |ctx: Ctx| async move {

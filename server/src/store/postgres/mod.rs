@@ -1508,37 +1508,50 @@ impl Store for PgStore {
     }
 
     async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
-        let mut tx = self.tx().await?;
-        let gone: Vec<(i64, i64)> =
-            sqlx::query_as("DELETE FROM expunged WHERE expunged_at < $1 RETURNING mailbox_id, modseq")
-                .bind(before)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        let mut floors: BTreeMap<i64, i64> = BTreeMap::new();
-        for (mailbox, modseq) in &gone {
-            let f = floors.entry(*mailbox).or_default();
-            *f = (*f).max(*modseq);
-        }
-        // Mailbox rows in ascending id order, as every writer locks them.
-        let ids: Vec<i64> = floors.keys().copied().collect();
-        let floor_values: Vec<i64> = floors.values().copied().collect();
-        sqlx::query("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind(&ids)
+        // In batches, each its own short transaction: the first prune after an
+        // upgrade (every older tombstone dated at the migration) must not hold
+        // locks on millions of rows at once.
+        const BATCH: i64 = 10_000;
+        let mut total = 0u64;
+        loop {
+            let mut tx = self.tx().await?;
+            let gone: Vec<(i64, i64)> = sqlx::query_as(
+                "DELETE FROM expunged WHERE ctid IN \
+                 (SELECT ctid FROM expunged WHERE expunged_at < $1 LIMIT $2) RETURNING mailbox_id, modseq",
+            )
+            .bind(before)
+            .bind(BATCH)
             .fetch_all(&mut *tx)
             .await
             .map_err(db_err)?;
-        sqlx::query(
-            "UPDATE mailboxes m SET expunged_floor = GREATEST(m.expunged_floor, t.f) \
-             FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, f) WHERE m.id = t.id",
-        )
-        .bind(&ids)
-        .bind(&floor_values)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(gone.len() as u64)
+            let mut floors: BTreeMap<i64, i64> = BTreeMap::new();
+            for (mailbox, modseq) in &gone {
+                let f = floors.entry(*mailbox).or_default();
+                *f = (*f).max(*modseq);
+            }
+            // Mailbox rows in ascending id order, as every writer locks them.
+            let ids: Vec<i64> = floors.keys().copied().collect();
+            let floor_values: Vec<i64> = floors.values().copied().collect();
+            sqlx::query("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+                .bind(&ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?;
+            sqlx::query(
+                "UPDATE mailboxes m SET expunged_floor = GREATEST(m.expunged_floor, t.f) \
+                 FROM UNNEST($1::bigint[], $2::bigint[]) AS t(id, f) WHERE m.id = t.id",
+            )
+            .bind(&ids)
+            .bind(&floor_values)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            tx.commit().await.map_err(db_err)?;
+            total += gone.len() as u64;
+            if (gone.len() as i64) < BATCH {
+                return Ok(total);
+            }
+        }
     }
 
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
