@@ -995,6 +995,20 @@ impl Store for PgStore {
     }
 
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
+        let mut conn = self.conn().await?;
+        // Most calls find the messages already taken (another session learnt of
+        // them first): a plain read answers those, with no lock and no write on the
+        // mailbox row deliveries also update. The floor only ever rises, so a
+        // floor at or above `up_to` stays so.
+        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = $1")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        if floor >= i64::from(up_to) {
+            return u32_of(floor, "recent_floor");
+        }
         // The row lock of the CTE serialises claims: a second claim waits, then reads
         // the floor the first one left.
         let before: Option<i64> = sqlx::query_scalar(
@@ -1004,7 +1018,7 @@ impl Store for PgStore {
         )
         .bind(mailbox_id)
         .bind(i64::from(up_to))
-        .fetch_optional(&mut *self.conn().await?)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(db_err)?;
         let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;

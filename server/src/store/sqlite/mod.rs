@@ -902,6 +902,17 @@ impl Store for SqliteStore {
     }
 
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
+        // Already taken (the usual case): answered by a read, without the writer.
+        // The floor only ever rises.
+        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        if floor >= i64::from(up_to) {
+            return u32_of(floor, "recent_floor");
+        }
         // BEGIN IMMEDIATE: the write lock serialises read-then-raise.
         let mut tx = self.write_tx().await?;
         let before: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
