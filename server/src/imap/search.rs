@@ -334,7 +334,7 @@ impl Session {
                 }
             }
         }
-        hits.sort_unstable();
+        // Ascending already: every path walks the mailbox (or its rows) by UID.
         Ok(hits)
     }
 }

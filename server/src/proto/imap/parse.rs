@@ -730,6 +730,10 @@ impl<'a> Tok<'a> {
 /// part of a longer atom such as `$Junk`).
 pub fn saved_result_refs(cmd: &[u8]) -> Vec<usize> {
     let mut out = Vec::new();
+    // Every command passes through here: most have no `$` at all.
+    if memchr::memchr(b'$', cmd).is_none() {
+        return out;
+    }
     // After the tag (a tag may itself be `$`).
     let mut i = cmd.iter().position(|&b| b == b' ').unwrap_or(cmd.len());
     while i < cmd.len() {

@@ -1491,24 +1491,21 @@ impl Store for PgStore {
         .await
         .map_err(db_err)?;
         out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
-        let expunged: Vec<i64> = sqlx::query_scalar(
-            "SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
+        // The tombstones and the mailbox's prune floor in one statement, so one
+        // snapshot: a prune deletes and raises the floor in one transaction, so
+        // either both show or neither does.
+        let (expunged, floor): (Vec<i64>, i64) = sqlx::query_as(
+            "SELECT ARRAY(SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 \
+             ORDER BY uid), (SELECT expunged_floor FROM mailboxes WHERE id = $1)",
         )
         .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .bind(highest)
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
         out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        // The floor read after the tombstones: a prune committed before that read
-        // shows in the floor (it deletes and raises in one transaction).
-        let floor: i64 = sqlx::query_scalar("SELECT expunged_floor FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db_err)?;
         if since < floor {
             let uids: Vec<i64> =
                 sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")

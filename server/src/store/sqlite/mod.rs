@@ -1332,12 +1332,14 @@ impl Store for SqliteStore {
         // The modseq indexes are named because SQLite, lacking statistics, would
         // rather walk the primary key for the ORDER BY and filter the whole mailbox.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
-        let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        // The floor with the modseq: one snapshot with the tombstones read below.
+        let (highest, floor): (i64, i64) =
+            sqlx::query_as("SELECT highest_modseq, expunged_floor FROM mailboxes WHERE id = ?")
+                .bind(mailbox_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db_err)?
+                .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
         let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
         if since >= highest {
@@ -1363,11 +1365,6 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db_err)?;
         out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        let floor: i64 = sqlx::query_scalar("SELECT expunged_floor FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
         if since < floor {
             let uids: Vec<i64> =
                 sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
