@@ -117,12 +117,9 @@ pub(crate) fn first_mailbox(summary: &str) -> &str {
 /// The base subject (RFC 5256 §2.1): whitespace runs made single spaces, and the
 /// `Re:`/`Fw:`/`Fwd:` leaders, `[blob]`s, `(fwd)` trailers and `[fwd: …]` wrappers
 /// that replies and forwards add taken away, until none is left.
-pub fn base_subject(subject: &str) -> String {
-    base_subject_of(subject).0
-}
-
-/// [`base_subject`], and whether a reply or forward marker was taken away (THREAD
-/// REFERENCES prefers a thread's original message over replies to it).
+///
+/// Also whether a reply or forward marker was taken away (THREAD REFERENCES
+/// prefers a thread's original message over replies to it).
 pub fn base_subject_of(subject: &str) -> (String, bool) {
     let mut reply = false;
     let mut s: String = subject.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -218,7 +215,7 @@ mod tests {
             ("Fwd", "Fwd"),
             ("", ""),
         ] {
-            assert_eq!(base_subject(subject), base, "{subject:?}");
+            assert_eq!(base_subject_of(subject).0, base, "{subject:?}");
         }
     }
 
