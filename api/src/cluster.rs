@@ -101,6 +101,15 @@ pub struct MailClusterSpec {
     pub autoscaling: AutoscalingSpec,
     #[serde(default)]
     pub proxy_protocol: ProxyProtocolSpec,
+    /// DKIM signing keys of local domains, one Secret each (`mailcluster dkim
+    /// generate` writes the key and prints the DNS record to publish).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, self.filter(e, e.domain == k.domain).size() == 1)").message("one DKIM key per domain"))]
+    pub dkim: Vec<DkimSpec>,
+    /// Sending to other domains: directly to their MX hosts, or through a smarthost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelaySpec>,
     /// In-cluster load test: scheduled and on-demand (`mailcluster.dev/run-stress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stress: Option<ClusterStressSpec>,
@@ -405,6 +414,64 @@ fn default_issuer_kind() -> String {
 
 fn default_issuer_group() -> String {
     "cert-manager.io".into()
+}
+
+/// One domain's DKIM signing key.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DkimSpec {
+    #[schemars(length(min = 1, max = 253))]
+    pub domain: String,
+    /// The `s=` selector: the key is published at `SELECTOR._domainkey.DOMAIN`.
+    #[schemars(length(min = 1, max = 63))]
+    pub selector: String,
+    /// The Secret holding the PEM private key.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The key of that Secret.
+    #[serde(default = "default_dkim_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_key: String,
+    #[serde(default)]
+    pub algorithm: DkimAlgorithm,
+}
+
+fn default_dkim_key() -> String {
+    "dkim.key".into()
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DkimAlgorithm {
+    /// ed25519-sha256 (RFC 8463).
+    #[default]
+    Ed25519,
+    /// rsa-sha256.
+    Rsa,
+}
+
+impl DkimAlgorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            DkimAlgorithm::Ed25519 => "ed25519",
+            DkimAlgorithm::Rsa => "rsa",
+        }
+    }
+}
+
+/// Outbound delivery.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelaySpec {
+    /// `host:port` to send all outbound mail through (a provider's submission
+    /// service); absent: straight to each domain's MX hosts on port 25.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 260))]
+    pub smarthost: Option<String>,
+    /// Secret with the smarthost's `username` and `password` keys (AUTH PLAIN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub smarthost_secret_name: Option<String>,
 }
 
 /// A key in a Secret in the MailCluster's namespace.

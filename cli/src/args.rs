@@ -43,6 +43,18 @@ pub enum Command {
     /// Run load scenarios against a server and check them against SLOs
     /// (exit 0 all SLOs met, 3 an SLO missed, 1 the run failed).
     Stress(Box<mailcluster_stress::StressArgs>),
+    /// Inspect and manage the outbound queue.
+    Queue {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: QueueCommand,
+    },
+    /// DKIM signing keys.
+    Dkim {
+        #[command(subcommand)]
+        command: DkimCommand,
+    },
     /// Run the Kubernetes operator (in-cluster config or KUBECONFIG).
     Operator(OperatorArgs),
     /// Print the MailCluster CustomResourceDefinition YAML.
@@ -140,6 +152,48 @@ pub enum DomainCommand {
     Del { domain: String },
     /// List domains, one per line.
     List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Messages waiting for delivery, oldest first.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One message: its envelope, every recipient's history and its header section.
+    Show {
+        id: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Try now instead of at the scheduled time.
+    Retry {
+        /// A queue id; without it, every message.
+        id: Option<i64>,
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
+    },
+    /// Remove a message without delivering it or telling its sender.
+    Delete { id: i64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DkimCommand {
+    /// Write a new private key and print the DNS TXT record to publish.
+    Generate {
+        domain: String,
+        #[arg(long, default_value = "mail")]
+        selector: String,
+        #[arg(long, default_value = "ed25519", value_parser = ["ed25519", "rsa"])]
+        algorithm: String,
+        /// Where the key goes; default DOMAIN.SELECTOR.key in the current directory.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
 }
 
 #[cfg(test)]

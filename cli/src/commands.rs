@@ -3,7 +3,7 @@
 //! SQLite default and against PostgreSQL (`MAILCLUSTER_DATABASE_URL`) alike.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -11,7 +11,9 @@ use mailcluster_server::config::Config;
 use mailcluster_server::store::{Store, StoreError};
 use mailcluster_stress::StressArgs;
 
-use crate::args::{ConfigArg, DomainCommand, PasswordArgs, ServeArgs, UserCommand};
+use crate::args::{
+    ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, ServeArgs, UserCommand,
+};
 use crate::failure::Failure;
 
 /// Loads the configuration from `--config` and the process environment.
@@ -282,6 +284,124 @@ fn first_line(path: &Path) -> Result<String, Failure> {
         .with_context(|| format!("cannot read password file {}", path.display()))
         .map_err(Failure::usage)?;
     Ok(text.lines().next().unwrap_or("").to_string())
+}
+
+pub async fn queue(config: &Config, command: &QueueCommand) -> Result<(), Failure> {
+    let store = admin_store(config).await?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        QueueCommand::List { limit, json } => {
+            let entries = store.queue_list(*limit).await.context("cannot list the queue")?;
+            if *json {
+                for e in &entries {
+                    writeln!(out, "{}", serde_json::to_string(e).context("cannot encode")?)?;
+                }
+            } else if entries.is_empty() {
+                writeln!(out, "queue is empty")?;
+            } else {
+                writeln!(
+                    out,
+                    "{:>8}  {:>8}  {:>3}  {:<20}  {:<30}  recipients / last error",
+                    "id", "size", "try", "next attempt", "sender"
+                )?;
+                for e in &entries {
+                    let sender = if e.sender.is_empty() { "<>" } else { e.sender.as_str() };
+                    writeln!(
+                        out,
+                        "{:>8}  {:>8}  {:>3}  {:<20}  {:<30}  {}",
+                        e.id,
+                        e.size,
+                        e.attempts,
+                        e.next_attempt.format("%Y-%m-%d %H:%M:%S"),
+                        sender,
+                        e.recipients.join(", ")
+                    )?;
+                    if let Some(err) = &e.last_error {
+                        writeln!(out, "{:>58}{err}", "")?;
+                    }
+                }
+            }
+        }
+        QueueCommand::Show { id, json } => {
+            let Some((entry, raw)) = store.queue_get(*id).await.context("cannot read the queue")? else {
+                return Err(Failure::runtime(anyhow::anyhow!("no queue item {id}")));
+            };
+            if *json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&entry).context("cannot encode")?)?;
+                return Ok(());
+            }
+            writeln!(out, "id:           {}", entry.id)?;
+            writeln!(out, "sender:       <{}>", entry.sender)?;
+            writeln!(out, "to deliver:   {}", entry.recipients.join(", "))?;
+            writeln!(out, "size:         {} octets", entry.size)?;
+            writeln!(out, "queued:       {}", entry.created_at)?;
+            writeln!(out, "attempts:     {}", entry.attempts)?;
+            writeln!(out, "next attempt: {}", entry.next_attempt)?;
+            writeln!(out, "expires:      {}", entry.expires_at)?;
+            if let Some(worker) = &entry.locked_by {
+                writeln!(out, "in delivery:  by {worker}")?;
+            }
+            if let Some(err) = &entry.last_error {
+                writeln!(out, "last error:   {err}")?;
+            }
+            for o in &entry.outcomes {
+                writeln!(
+                    out,
+                    "  {}  {:<8}  {}  {}",
+                    o.at,
+                    format!("{:?}", o.status).to_lowercase(),
+                    o.recipient,
+                    o.reply
+                )?;
+            }
+            let end = memchr_header_end(&raw);
+            writeln!(out)?;
+            out.write_all(&raw[..end])?;
+        }
+        QueueCommand::Retry { id, all: _ } => {
+            let n = store.queue_retry(*id).await.context("cannot reschedule")?;
+            writeln!(out, "{n} message(s) due now")?;
+        }
+        QueueCommand::Delete { id } => {
+            if !store.queue_delete(*id).await.context("cannot delete")? {
+                return Err(Failure::runtime(anyhow::anyhow!("no queue item {id}")));
+            }
+            writeln!(out, "queue item {id} deleted")?;
+        }
+    }
+    Ok(())
+}
+
+/// The end of a message's header section (or the whole message, bounded).
+fn memchr_header_end(raw: &[u8]) -> usize {
+    raw.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 2).unwrap_or(raw.len()).min(64 * 1024)
+}
+
+pub fn dkim(command: &DkimCommand) -> Result<(), Failure> {
+    match command {
+        DkimCommand::Generate { domain, selector, algorithm, out } => {
+            let domain = checked_domain(domain)?;
+            let key = mailcluster_server::dkim::generate(algorithm)?;
+            let path = out.clone().unwrap_or_else(|| PathBuf::from(format!("{domain}.{selector}.key")));
+            mailcluster_server::dkim::write_key_file(&path, &key.private_pem)?;
+            let mut stdout = std::io::stdout().lock();
+            writeln!(
+                stdout,
+                "private key written to {} (keep it secret; mount it as a Secret)",
+                path.display()
+            )?;
+            writeln!(stdout, "publish this TXT record:")?;
+            writeln!(stdout, "{selector}._domainkey.{domain}. IN TXT \"{}\"", key.dns_txt)?;
+            writeln!(stdout, "and add to the configuration:")?;
+            writeln!(stdout, "[[dkim.keys]]")?;
+            writeln!(
+                stdout,
+                "domain = \"{domain}\"\nselector = \"{selector}\"\nkey_file = \"{}\"\nalgorithm = \"{algorithm}\"",
+                path.display()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

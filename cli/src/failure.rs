@@ -16,6 +16,11 @@ impl Failure {
         Failure { code: 2, error: error.into() }
     }
 
+    /// A runtime failure (exit 1): the thing asked for is not there.
+    pub fn runtime(error: impl Into<anyhow::Error>) -> Self {
+        Failure { code: 1, error: error.into() }
+    }
+
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(self.code)
     }

@@ -344,6 +344,13 @@ fn every_cel_rule_rejects_its_violation_with_its_message() {
             json!({"spec": {"domains": ["example.com", "example.org", "example.com"]}}),
         ),
         (
+            "one DKIM key per domain",
+            json!({"spec": {"dkim": [
+                {"domain": "example.com", "selector": "a", "secretName": "k1"},
+                {"domain": "example.com", "selector": "b", "secretName": "k2"}
+            ]}}),
+        ),
+        (
             "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
             json!({"spec": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}),
         ),

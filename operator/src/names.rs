@@ -18,6 +18,12 @@ pub const MAX_NAME_LEN: usize = 40;
 /// Where the pods find things (read-only root filesystem: only these are writable or mounted).
 pub const CONFIG_DIR: &str = "/etc/mailcluster";
 pub const TLS_DIR: &str = "/etc/mailcluster/tls";
+/// DKIM keys: `DKIM_DIR/<domain>/dkim.key`, one Secret volume per domain.
+pub const DKIM_DIR: &str = "/etc/mailcluster/dkim";
+
+pub fn dkim_key_path(domain: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("{DKIM_DIR}/{}/dkim.key", domain.to_ascii_lowercase()))
+}
 pub const DATA_DIR: &str = "/var/lib/mailcluster";
 pub const ADMIN_PORT: i32 = 9090;
 

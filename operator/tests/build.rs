@@ -184,6 +184,24 @@ fn config_files_are_accepted_by_the_server() {
     assert_eq!(sub.protocols, [Listener::Submission, Listener::Submissions]);
     let migrate = server_loads("migrate.toml", &data["migrate.toml"]);
     assert_eq!(migrate.database.pool_size, 2);
+    // The sending pods sign and relay; the others neither load keys nor need them.
+    for cfg in [&smtp, &sub] {
+        let keys: Vec<_> = cfg
+            .dkim
+            .keys
+            .iter()
+            .map(|k| (k.domain.as_str(), k.selector.as_str(), k.algorithm.as_str()))
+            .collect();
+        assert_eq!(keys, [("example.com", "mail", "ed25519"), ("example.org", "s2024", "rsa")]);
+        assert_eq!(
+            cfg.dkim.keys[0].key_file,
+            std::path::Path::new("/etc/mailcluster/dkim/example.com/dkim.key")
+        );
+        assert_eq!(cfg.relay.smarthost.as_deref(), Some("smtp.provider.example:587"));
+    }
+    for key in ["imap.toml", "pop3.toml", "migrate.toml"] {
+        assert!(server_loads(key, &data[key]).dkim.keys.is_empty(), "{key}");
+    }
 
     // Default key prefix is per cluster so clusters can share a Redis.
     let minimal = steady(&fixture("minimal"));
@@ -192,6 +210,33 @@ fn config_files_are_accepted_by_the_server() {
     assert_eq!(cfg.redis.key_prefix, "mc:mail:mail:");
     assert_eq!(cfg.hostname, "mail.example.com");
     assert!(cfg.tls.cert.is_none());
+}
+
+#[test]
+fn dkim_secrets_and_smarthost_credentials_reach_the_sending_pods_only() {
+    let mc = fixture("full");
+    let b = steady(&mc);
+    let smtp: Deployment = get(&b, ChildKind::Deployment, "prod-smtp");
+    let pod = smtp.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    let volume = |name: &str| pod.volumes.as_ref().unwrap().iter().find(|v| v.name == name).cloned().unwrap();
+    let secret = volume("dkim-1").secret.unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("dkim-example-org"));
+    let items = secret.items.unwrap();
+    assert_eq!((items[0].key.as_str(), items[0].path.as_str()), ("private.pem", "dkim.key"));
+    let c = container(&smtp);
+    let mounts = c.volume_mounts.clone().unwrap();
+    let m = mounts.iter().find(|m| m.name == "dkim-1").unwrap();
+    assert_eq!(m.mount_path, "/etc/mailcluster/dkim/example.org");
+    assert_eq!(m.read_only, Some(true));
+    let env = c.env.unwrap();
+    let pw = env.iter().find(|e| e.name == "MAILCLUSTER_RELAY__SMARTHOST_PASSWORD").expect("password env");
+    let sel = pw.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((sel.name.as_str(), sel.key.as_str()), ("relay-credentials", "password"));
+
+    let imap: Deployment = get(&b, ChildKind::Deployment, "prod-imap");
+    let ipod = imap.spec.unwrap().template.spec.unwrap();
+    assert!(!ipod.volumes.unwrap().iter().any(|v| v.name.starts_with("dkim")));
+    assert!(!ipod.containers[0].env.as_ref().unwrap().iter().any(|e| e.name.contains("SMARTHOST")));
 }
 
 #[test]

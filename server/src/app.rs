@@ -20,6 +20,28 @@ pub struct App {
     pub deliverer: Arc<Deliverer>,
     /// The process's IMAP leases and read caches, one for all IMAP listeners.
     pub imap: ImapState,
+    /// Mail exchange with other domains (resolver, DKIM keys, relay wake-up).
+    pub mail: Arc<MailExchange>,
+}
+
+/// What exchanging mail with other domains needs.
+pub struct MailExchange {
+    /// None: no resolver, so no sender authentication on the MX (a process built
+    /// for one job, like the admin commands and unit harnesses).
+    pub dns: Option<Arc<crate::dns::Dns>>,
+    pub signer: Arc<crate::dkim::Signer>,
+    /// Wakes the relay workers when mail is queued.
+    pub relay_wake: Arc<tokio::sync::Notify>,
+}
+
+impl MailExchange {
+    pub fn disabled() -> MailExchange {
+        MailExchange {
+            dns: None,
+            signer: Arc::new(crate::dkim::Signer::default()),
+            relay_wake: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
 }
 
 impl App {
@@ -33,6 +55,11 @@ impl App {
         deliverer: Arc<Deliverer>,
     ) -> App {
         let imap = ImapState::new(&config.imap, &store, &metrics);
-        App { config, store, cache, metrics, auth, deliverer, imap }
+        App { config, store, cache, metrics, auth, deliverer, imap, mail: Arc::new(MailExchange::disabled()) }
+    }
+
+    pub fn with_mail(mut self, mail: MailExchange) -> App {
+        self.mail = Arc::new(mail);
+        self
     }
 }

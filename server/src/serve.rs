@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::admin::{self, AdminState};
-use crate::app::App;
+use crate::app::{App, MailExchange};
 use crate::auth::Authenticator;
 use crate::cache::{self, Cache};
 use crate::config::{Config, redact_url};
@@ -20,6 +20,7 @@ use crate::imap::ImapProtocol;
 use crate::metrics::Metrics;
 use crate::net::{self, Listener, ListenerSpec, Protocol, ShutdownController, TlsMode, TlsProvider};
 use crate::pop3::Pop3Protocol;
+use crate::relay::Relay;
 use crate::smtp::{SmtpKind, SmtpProtocol};
 use crate::store::{self, Store, StoreError};
 use mailcluster_api::Listener as ConfigListener;
@@ -50,7 +51,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let deliverer =
         Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer);
+    let dns = Arc::new(crate::dns::Dns::from_config(&config.dns).context("DNS resolver setup failed")?);
+    let signer = Arc::new(crate::dkim::Signer::load(&config.dkim).context("DKIM setup failed")?);
+    let relay_wake = Arc::new(tokio::sync::Notify::new());
+    let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer)
+        .with_mail(MailExchange { dns: Some(dns.clone()), signer, relay_wake: relay_wake.clone() });
     // The read caches assume the database never goes back in time; they are
     // dropped when it does (restore, failover).
     tokio::spawn(app.imap.watch_epoch(store.clone()));
@@ -85,8 +90,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let _ = admin_stopped.await;
     }));
 
+    // Relay workers run where SMTP is served: the pods that take mail in also
+    // send it on.
+    let serves_smtp = config.enabled_listeners().iter().any(|l| {
+        matches!(l, ConfigListener::Smtp | ConfigListener::Submission | ConfigListener::Submissions)
+    });
+    let relay_task = if config.relay.enabled && serves_smtp {
+        let relay = Relay::new(app.clone(), dns, relay_wake).context("relay setup failed")?;
+        relay.register_metrics(&metrics.registry).context("registering relay metrics")?;
+        Some(tokio::spawn(relay.run(shutdown.clone())))
+    } else {
+        None
+    };
+
     tracing::info!(hostname = %config.hostname, store = store.backend(), cache = cache.backend(), "mailcluster serving");
-    net::serve(bound, Some(tls), metrics, shutdown).await;
+    net::serve(bound, Some(tls), metrics, shutdown.clone()).await;
+    if let Some(task) = relay_task {
+        // It began its drain with the listeners'; it has had the same grace.
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     tracing::info!("drained; stopping");
 
     // The admin port stays up during the drain so probes see `/readyz` fail.

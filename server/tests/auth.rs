@@ -139,7 +139,25 @@ impl Store for DownStore {
     async fn queue_complete(&self, _: i64) -> StoreResult<()> {
         down_store()
     }
-    async fn queue_fail(&self, _: i64, _: &str, _: Option<chrono::DateTime<chrono::Utc>>) -> StoreResult<()> {
+    async fn queue_finish(&self, _: i64, _: &str, _: &QueueAttempt) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn queue_release(&self, _: i64, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn queue_list(&self, _: u32) -> StoreResult<Vec<QueueEntry>> {
+        down_store()
+    }
+    async fn queue_get(&self, _: i64) -> StoreResult<Option<(QueueEntry, bytes::Bytes)>> {
+        down_store()
+    }
+    async fn queue_retry(&self, _: Option<i64>) -> StoreResult<u64> {
+        down_store()
+    }
+    async fn queue_delete(&self, _: i64) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn queue_stats(&self) -> StoreResult<QueueStats> {
         down_store()
     }
     async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: std::time::Duration) -> StoreResult<bool> {

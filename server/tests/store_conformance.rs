@@ -17,8 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use mailcluster_server::store::{
-    self, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, SpecialUse, Store,
-    StoreError, UidSet,
+    self, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt, QueueStats,
+    RecipientOutcome, RecipientStatus, SpecialUse, Store, StoreError, UidSet,
 };
 use sqlx::Connection;
 
@@ -1133,18 +1133,74 @@ async fn queue_lifecycle(ctx: Ctx) {
         "leased items are not re-claimed"
     );
 
-    // temporary failure: back in the queue at retry_at
-    s.queue_fail(id1, "451 try later", Some(Utc::now() - chrono::Duration::seconds(1))).await.expect("fail");
+    // An attempt that delivered to x and was deferred for y: only y remains,
+    // due at retry_at; the outcomes accumulate.
+    let outcome = |rcpt: &str, status| RecipientOutcome {
+        recipient: rcpt.into(),
+        status,
+        reply: format!("reply for {rcpt}"),
+        at: Utc::now(),
+    };
+    let attempt = QueueAttempt {
+        remaining: vec!["y@remote.net".into()],
+        outcomes: vec![
+            outcome("x@remote.net", RecipientStatus::Sent),
+            outcome("y@remote.net", RecipientStatus::Deferred),
+        ],
+        last_error: Some("451 try later".into()),
+        retry_at: Utc::now() - chrono::Duration::seconds(1),
+        delay_notified: true,
+    };
+    assert!(!s.queue_finish(id1, "w2", &attempt).await.expect("finish"), "only the claiming worker records");
+    assert!(s.queue_finish(id1, "w1", &attempt).await.expect("finish"));
     let again = s.queue_claim("w2", 10, lease).await.expect("claim");
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].id, id1);
     assert_eq!(again[0].attempts, 2);
+    assert_eq!(again[0].recipients, vec!["y@remote.net"]);
+    assert!(again[0].delay_notified);
     assert_eq!(again[0].last_error.as_deref(), Some("451 try later"));
-    // permanent failure: never claimed again
-    s.queue_fail(id1, "550 no such user", None).await.expect("fail");
+    let second = QueueAttempt {
+        outcomes: vec![outcome("y@remote.net", RecipientStatus::Deferred)],
+        retry_at: Utc::now() + chrono::Duration::hours(1),
+        ..attempt.clone()
+    };
+    assert!(s.queue_finish(id1, "w2", &second).await.expect("finish"));
+    let (entry, raw) = s.queue_get(id1).await.expect("get").expect("still queued");
+    assert_eq!(raw, first.raw);
+    assert_eq!(entry.size, first.raw.len() as u64);
+    assert_eq!(entry.locked_by, None, "finished: not in delivery");
+    let statuses: Vec<_> = entry.outcomes.iter().map(|o| (o.recipient.as_str(), o.status)).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            ("x@remote.net", RecipientStatus::Sent),
+            ("y@remote.net", RecipientStatus::Deferred),
+            ("y@remote.net", RecipientStatus::Deferred)
+        ]
+    );
+    // retry now → claimable at once
+    assert_eq!(s.queue_retry(Some(id1)).await.expect("retry"), 1);
+    assert_eq!(s.queue_claim("w5", 10, lease).await.expect("claim")[0].id, id1);
+    // nothing remaining: removed
+    let done = QueueAttempt { remaining: vec![], ..attempt.clone() };
+    assert!(s.queue_finish(id1, "w5", &done).await.expect("finish"));
+    assert!(s.queue_get(id1).await.expect("get").is_none());
+    // a released claim is due again and does not count as an attempt
+    s.queue_release(id2, "w1").await.expect("release");
+    let released = s.queue_claim("w6", 10, lease).await.expect("claim");
+    assert_eq!(released.iter().map(|i| i.id).collect::<Vec<_>>(), vec![id2]);
+    assert_eq!(released[0].attempts, 1);
     s.queue_complete(id2).await.expect("complete");
     assert!(is_not_found(s.queue_complete(id2).await));
-    assert!(is_not_found(s.queue_fail(i64::MAX, "x", None).await));
+    let listed = s.queue_list(10).await.expect("list");
+    assert_eq!(listed.len(), 1, "only the later item is left");
+    let stats = s.queue_stats().await.expect("stats");
+    assert_eq!(stats.depth, 1);
+    assert!(stats.oldest.is_some());
+    assert!(s.queue_delete(listed[0].id).await.expect("delete"));
+    assert!(!s.queue_delete(listed[0].id).await.expect("delete"));
+    assert_eq!(s.queue_stats().await.expect("stats"), QueueStats::default());
 
     // an expired lease makes the item claimable again (a worker died)
     let id3 = s.queue_enqueue(&queue_item("third", past)).await.expect("enqueue");

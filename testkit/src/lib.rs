@@ -7,6 +7,8 @@
 //! answer: a green run means the real database was used.
 #![forbid(unsafe_code)]
 
+pub mod dns;
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -155,7 +155,7 @@ fn documented_key(name: &str) -> Option<&'static [&'static str]> {
 
 /// Secrets that may instead be read from a file (a mounted Kubernetes Secret):
 /// `MAILCLUSTER_<NAME>_FILE`.
-const FILE_SECRETS: &[&str] = &["DATABASE_URL", "REDIS_URL"];
+const FILE_SECRETS: &[&str] = &["DATABASE_URL", "REDIS_URL", "RELAY__SMARTHOST_PASSWORD"];
 
 /// Kubernetes injects `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT=tcp://…` and
 /// `<SERVICE>_PORT_<n>_TCP…` for every Service in the namespace ("service links"),
@@ -211,7 +211,10 @@ fn collect_overrides(env: impl Iterator<Item = (String, String)>) -> Result<Vec<
                 std::fs::read_to_string(value).map_err(|e| env_err(format!("cannot read {value}: {e}")))?;
             // Secret files usually end with a newline that is not part of the value.
             let content = content.trim_end_matches(['\n', '\r']).to_string();
-            let path = documented_key(secret).unwrap_or(&[]).iter().map(|s| s.to_string()).collect();
+            let path = match documented_key(secret) {
+                Some(path) => path.iter().map(|s| s.to_string()).collect(),
+                None => secret.split("__").map(|s| s.to_ascii_lowercase()).collect(),
+            };
             out.push(Override { var: var.clone(), path, raw: Some(content), list: false });
             continue;
         }

@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 use crate::Listener;
 
 mod load;
+mod mail;
 mod protocols;
 
 pub use load::ConfigError;
+pub use mail::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig, RelayConfig, split_host_port};
 pub use protocols::{AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, Pop3Config, SmtpConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,6 +47,10 @@ pub struct Config {
     pub imap: ImapConfig,
     pub pop3: Pop3Config,
     pub auth: AuthConfig,
+    pub relay: RelayConfig,
+    pub dns: DnsConfig,
+    pub dkim: DkimConfig,
+    pub inbound: InboundAuthConfig,
 }
 
 impl Default for Config {
@@ -65,6 +71,10 @@ impl Default for Config {
             imap: Default::default(),
             pop3: Default::default(),
             auth: Default::default(),
+            relay: Default::default(),
+            dns: Default::default(),
+            dkim: Default::default(),
+            inbound: Default::default(),
         }
     }
 }
@@ -350,6 +360,9 @@ impl Config {
         if !["auto", "json", "text"].contains(&self.log.format.as_str()) {
             problems.push(format!("log.format must be auto, json or text (got {:?})", self.log.format));
         }
+        self.relay.problems(&mut problems);
+        self.dns.problems(&mut problems);
+        self.dkim.problems(&mut problems);
         problems
     }
 

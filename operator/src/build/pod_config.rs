@@ -62,6 +62,19 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
     // `validate` refused the spec unless every entry is a CIDR.
     c.net.proxy_protocol.trusted_cidrs =
         spec.proxy_protocol.trusted_cidrs.iter().filter_map(|s| s.parse().ok()).collect();
+    // Only the pods that send mail sign it (and have the keys mounted).
+    let sends = matches!(protocol, Some(Protocol::Smtp | Protocol::Submission));
+    for key in spec.dkim.iter().filter(|_| sends) {
+        c.dkim.keys.push(mailcluster_api::config::DkimKey {
+            domain: key.domain.clone(),
+            selector: key.selector.clone(),
+            key_file: names::dkim_key_path(&key.domain),
+            algorithm: key.algorithm.name().into(),
+        });
+    }
+    if let Some(relay) = &spec.relay {
+        c.relay.smarthost = relay.smarthost.clone();
+    }
     c.log.level = spec.log_level.clone();
     c.log.format = "json".into();
     c

@@ -229,6 +229,43 @@ pub fn deployment(
         });
         mounts.push(mount("tls", TLS_DIR, true));
     }
+    if matches!(p, Protocol::Smtp | Protocol::Submission) {
+        for (i, key) in spec.dkim.iter().enumerate() {
+            let name = format!("dkim-{i}");
+            volumes.push(Volume {
+                name: name.clone(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(key.secret_name.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: key.secret_key.clone(),
+                        path: "dkim.key".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            let dir = names::dkim_key_path(&key.domain);
+            let dir = dir.parent().map(|d| d.display().to_string()).unwrap_or_default();
+            mounts.push(mount(&name, &dir, true));
+        }
+        if let Some(secret) = spec.relay.as_ref().and_then(|r| r.smarthost_secret_name.as_ref()) {
+            let from_secret = |var: &str, key: &str| EnvVar {
+                name: var.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: secret.clone(),
+                        key: key.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            envs.push(from_secret("MAILCLUSTER_RELAY__SMARTHOST_USERNAME", "username"));
+            envs.push(from_secret("MAILCLUSTER_RELAY__SMARTHOST_PASSWORD", "password"));
+        }
+    }
     let port = |name: &str, number: i32| ContainerPort {
         name: Some(name.into()),
         container_port: number,

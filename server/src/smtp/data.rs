@@ -217,12 +217,19 @@ impl Session {
         let Some(envelope) = self.envelope.take() else {
             return replies::bad_sequence("Need MAIL command");
         };
+        let mut raw = raw;
+        let mut junk = false;
+        if let Some(reply) = self.authenticate_sender(&envelope, &mut raw, &mut junk).await {
+            return reply;
+        }
         let raw = Bytes::from(raw);
         let mut locals: Vec<(i64, i64)> = Vec::new();
         let mut remotes: Vec<String> = Vec::new();
         for r in &envelope.rcpts {
             match r.target {
                 Target::Local { account_id, mailbox_id } => {
+                    let mailbox_id =
+                        if junk { self.junk_of(account_id).await.unwrap_or(mailbox_id) } else { mailbox_id };
                     if !locals.iter().any(|(_, m)| *m == mailbox_id) {
                         locals.push((account_id, mailbox_id));
                     }
@@ -242,13 +249,16 @@ impl Session {
             let item = NewQueueItem {
                 sender: envelope.from.clone(),
                 recipients: remotes,
-                raw: raw.clone(),
+                raw: self.outbound_copy(&raw),
                 account_id: self.account.as_ref().map(|a| a.id),
                 not_before: now,
                 expires_at: now + expiry,
             };
             match self.app.store.queue_enqueue(&item).await {
-                Ok(id) => queued = Some(id),
+                Ok(id) => {
+                    queued = Some(id);
+                    self.app.mail.relay_wake.notify_one();
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
                     self.count_delivery("tempfail");
@@ -307,6 +317,80 @@ impl Session {
         Reply::new(250, "2.0.0", format!("OK: queued as {}", envelope.id))
     }
 
+    /// SPF, DKIM, ARC and DMARC of mail arriving on the MX from outside
+    /// (`inbound.*`): adds `Authentication-Results` below `Return-Path`, or
+    /// answers with the refusal.
+    async fn authenticate_sender(
+        &self,
+        envelope: &Envelope,
+        raw: &mut Vec<u8>,
+        junk: &mut bool,
+    ) -> Option<Reply> {
+        let inbound = &self.app.config.inbound;
+        let dns = self.app.mail.dns.as_ref()?;
+        if self.kind != super::SmtpKind::Mx || self.account.is_some() || !inbound.enabled {
+            return None;
+        }
+        let ip = self.conn.remote.ip();
+        if inbound.trusted_networks.iter().any(|n| n.contains(&ip)) {
+            return None;
+        }
+        let authserv_id = if inbound.authserv_id.is_empty() { self.hostname() } else { &inbound.authserv_id };
+        let trace_end = return_path_end(raw);
+        let verdict = crate::inbound::check(
+            dns,
+            inbound,
+            authserv_id,
+            &crate::inbound::Envelope {
+                remote_ip: ip,
+                helo: self.helo.as_deref().unwrap_or(""),
+                mail_from: &envelope.from,
+            },
+            &raw[trace_end..],
+        )
+        .await;
+        match verdict {
+            crate::inbound::Verdict::Accept { header, junk: j } => {
+                raw.splice(trace_end..trace_end, header.into_bytes());
+                *junk = j;
+                None
+            }
+            crate::inbound::Verdict::Reject(text) => {
+                tracing::info!(id = %envelope.id, from = %envelope.from, "refused by DMARC policy");
+                self.count_delivery("rejected");
+                Some(Reply::new(550, "5.7.1", text))
+            }
+            crate::inbound::Verdict::Defer(status, text) => {
+                self.count_delivery("tempfail");
+                Some(Reply::new(451, status, text))
+            }
+        }
+    }
+
+    /// The account's Junk mailbox, if it has one.
+    async fn junk_of(&self, account_id: i64) -> Option<i64> {
+        match self.app.store.mailbox_get(account_id, "Junk").await {
+            Ok(Some(m)) => Some(m.id),
+            _ => None,
+        }
+    }
+
+    /// The copy that leaves for other domains: without `Return-Path` (RFC 5321
+    /// §4.4: only the final delivery adds it) and, for mail of a local domain with
+    /// a key, DKIM-signed.
+    fn outbound_copy(&self, raw: &Bytes) -> Bytes {
+        let content = raw.slice(return_path_end(raw)..);
+        match self.app.mail.signer.sign(&content) {
+            Some(signature) => {
+                let mut signed = Vec::with_capacity(signature.len() + content.len());
+                signed.extend_from_slice(signature.as_bytes());
+                signed.extend_from_slice(&content);
+                Bytes::from(signed)
+            }
+            None => content,
+        }
+    }
+
     pub(super) fn count_delivery(&self, result: &str) {
         self.metrics.deliveries_total.with_label_values(&[result]).inc();
     }
@@ -315,4 +399,13 @@ impl Session {
 /// Text safe inside a header field: no control characters (no header injection).
 fn header_safe(s: &str) -> String {
     s.chars().filter(|c| !c.is_control()).take(512).collect()
+}
+
+/// Where the `Return-Path` line that [`Session::trace_headers`] writes first ends.
+fn return_path_end(raw: &[u8]) -> usize {
+    if raw.starts_with(b"Return-Path:") {
+        memchr::memmem::find(raw, b"\r\n").map(|p| p + 2).unwrap_or(0)
+    } else {
+        0
+    }
 }

@@ -431,6 +431,16 @@ pub(crate) fn now_secs() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
+/// A value as the JSON text the queue columns hold.
+pub(crate) fn json_of<T: serde::Serialize + ?Sized>(value: &T) -> StoreResult<String> {
+    serde_json::to_string(value).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+/// A queue column's JSON text back as a value.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad {what}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

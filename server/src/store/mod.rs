@@ -274,13 +274,23 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<QueueItem>>;
     /// Delivered: the item is removed.
     async fn queue_complete(&self, id: i64) -> StoreResult<()>;
-    /// Reschedules (`retry_at` Some) or marks failed for good (`None`).
-    async fn queue_fail(
-        &self,
-        id: i64,
-        error: &str,
-        retry_at: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> StoreResult<()>;
+    /// Records the end of an attempt by `worker`: the item is rescheduled for its
+    /// remaining recipients, or removed when none remain. `false` when `worker` no
+    /// longer holds the item (its lease ran out and another worker took it): then
+    /// nothing is written.
+    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool>;
+    /// Gives a claimed item back untried (a draining pod): due again at once, and
+    /// the claim does not count as an attempt.
+    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()>;
+    /// The queue, oldest first, at most `limit` items.
+    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>>;
+    /// One item with its message.
+    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, bytes::Bytes)>>;
+    /// Makes one item (or all) due now; the number of items changed.
+    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64>;
+    /// Removes an item without delivering it or telling anyone.
+    async fn queue_delete(&self, id: i64) -> StoreResult<bool>;
+    async fn queue_stats(&self) -> StoreResult<QueueStats>;
 
     /// Who the database server is and where its history stands: a value that
     /// changes when the database is restored, fails over to a replica or is

@@ -402,4 +402,62 @@ pub struct QueueItem {
     pub last_error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The sender was already told the message is late.
+    pub delay_notified: bool,
+}
+
+/// What became of one recipient in one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecipientOutcome {
+    pub recipient: String,
+    pub status: RecipientStatus,
+    /// The remote server's reply, or why there was none.
+    pub reply: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecipientStatus {
+    Sent,
+    Deferred,
+    Failed,
+}
+
+/// The end of one delivery attempt of a queue item, written by the worker that
+/// claimed it.
+#[derive(Debug, Clone)]
+pub struct QueueAttempt {
+    /// Recipients for the next attempt; empty: the item is done and removed.
+    pub remaining: Vec<String>,
+    /// Appended to the item's record.
+    pub outcomes: Vec<RecipientOutcome>,
+    pub last_error: Option<String>,
+    /// When the next attempt is due (ignored when nothing remains).
+    pub retry_at: DateTime<Utc>,
+    pub delay_notified: bool,
+}
+
+/// A queue item as the `queue` admin commands show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueueEntry {
+    pub id: i64,
+    pub sender: String,
+    pub recipients: Vec<String>,
+    pub size: u64,
+    pub attempts: u32,
+    pub next_attempt: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    /// The worker delivering it now, if its lease is live.
+    pub locked_by: Option<String>,
+    pub outcomes: Vec<RecipientOutcome>,
+}
+
+/// Queue depth and age, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueStats {
+    pub depth: u64,
+    pub oldest: Option<DateTime<Utc>>,
 }

@@ -390,8 +390,26 @@ impl Store for MemStore {
     async fn queue_complete(&self, _: i64) -> StoreResult<()> {
         Ok(())
     }
-    async fn queue_fail(&self, _: i64, _: &str, _: Option<chrono::DateTime<chrono::Utc>>) -> StoreResult<()> {
+    async fn queue_finish(&self, _: i64, _: &str, _: &QueueAttempt) -> StoreResult<bool> {
+        Ok(false)
+    }
+    async fn queue_release(&self, _: i64, _: &str) -> StoreResult<()> {
         Ok(())
+    }
+    async fn queue_list(&self, _: u32) -> StoreResult<Vec<QueueEntry>> {
+        Ok(vec![])
+    }
+    async fn queue_get(&self, _: i64) -> StoreResult<Option<(QueueEntry, bytes::Bytes)>> {
+        Ok(None)
+    }
+    async fn queue_retry(&self, _: Option<i64>) -> StoreResult<u64> {
+        Ok(0)
+    }
+    async fn queue_delete(&self, _: i64) -> StoreResult<bool> {
+        Ok(false)
+    }
+    async fn queue_stats(&self) -> StoreResult<QueueStats> {
+        Ok(QueueStats::default())
     }
     // Leases back the cache only while Redis is down; the sessions under test here
     // use MemCache, so these are never reached.

@@ -203,13 +203,26 @@ impl Store for FaultyStore {
     async fn queue_complete(&self, id: i64) -> StoreResult<()> {
         self.inner.queue_complete(id).await
     }
-    async fn queue_fail(
-        &self,
-        id: i64,
-        error: &str,
-        retry_at: Option<chrono::DateTime<chrono::Utc>>,
-    ) -> StoreResult<()> {
-        self.inner.queue_fail(id, error, retry_at).await
+    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
+        self.inner.queue_finish(id, worker, attempt).await
+    }
+    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
+        self.inner.queue_release(id, worker).await
+    }
+    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
+        self.inner.queue_list(limit).await
+    }
+    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, bytes::Bytes)>> {
+        self.inner.queue_get(id).await
+    }
+    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
+        self.inner.queue_retry(id).await
+    }
+    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
+        self.inner.queue_delete(id).await
+    }
+    async fn queue_stats(&self) -> StoreResult<QueueStats> {
+        self.inner.queue_stats().await
     }
     async fn lease_acquire(
         &self,

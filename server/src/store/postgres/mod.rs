@@ -31,9 +31,10 @@ use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, is_inbox, is_unique_violation,
-    mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
-    normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
+    is_unique_violation, json_of, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
+    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of,
+    uid_ranges,
 };
 use super::*;
 
@@ -1598,7 +1599,7 @@ impl Store for PgStore {
                attempts = q.attempts + 1 \
              FROM due WHERE q.id = due.id \
              RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
-               q.created_at, q.expires_at",
+               q.created_at, q.expires_at, q.delay_notified",
         )
         .bind(worker)
         .bind(lease_us)
@@ -1622,6 +1623,7 @@ impl Store for PgStore {
                 last_error: r.try_get("last_error").map_err(db_err)?,
                 created_at: r.try_get("created_at").map_err(db_err)?,
                 expires_at: r.try_get("expires_at").map_err(db_err)?,
+                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
             });
         }
         items.sort_by_key(|i| i.id);
@@ -1750,28 +1752,128 @@ impl Store for PgStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
-        let res = match retry_at {
-            Some(at) => sqlx::query(
-                "UPDATE outbound_queue SET last_error = $1, next_attempt = $2, locked_by = NULL, \
-                 locked_until = NULL WHERE id = $3",
+    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
+        let res = if attempt.remaining.is_empty() {
+            sqlx::query("DELETE FROM outbound_queue WHERE id = $1 AND locked_by = $2")
+                .bind(id)
+                .bind(worker)
+                .execute(&mut *self.conn().await?)
+                .await
+        } else {
+            let remaining = json_of(&attempt.remaining)?;
+            let outcomes = json_of(&attempt.outcomes)?;
+            // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
+            sqlx::query(
+                "UPDATE outbound_queue SET recipients = $3, \
+                   outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
+                   delay_notified = $7, locked_by = NULL, locked_until = NULL \
+                 WHERE id = $1 AND locked_by = $2",
             )
-            .bind(error)
-            .bind(at)
-            .bind(id),
-            None => sqlx::query(
-                "UPDATE outbound_queue SET last_error = $1, status = 'failed', locked_by = NULL, \
-                 locked_until = NULL WHERE id = $2",
-            )
-            .bind(error)
-            .bind(id),
+            .bind(id)
+            .bind(worker)
+            .bind(remaining)
+            .bind(outcomes)
+            .bind(attempt.last_error.as_deref())
+            .bind(attempt.retry_at)
+            .bind(attempt.delay_notified)
+            .execute(&mut *self.conn().await?)
+            .await
         }
+        .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+               attempts = greatest(attempts - 1, 0) WHERE id = $1 AND locked_by = $2",
+        )
+        .bind(id)
+        .bind(worker)
         .execute(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
         Ok(())
     }
+
+    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT $1"
+        )))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(queue_entry_of).collect()
+    }
+
+    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
+        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
+    }
+
+    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
+        let res = sqlx::query(
+            "UPDATE outbound_queue SET next_attempt = now() WHERE ($1::bigint IS NULL OR id = $1) \
+             AND status = 'queued' AND next_attempt > now()",
+        )
+        .bind(id)
+        .execute(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        Ok(res.rows_affected())
+    }
+
+    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
+        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
+            .bind(id)
+            .execute(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn queue_stats(&self) -> StoreResult<QueueStats> {
+        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
+            .fetch_one(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        let depth: i64 = row.try_get("depth").map_err(db_err)?;
+        Ok(QueueStats {
+            depth: u64::try_from(depth).unwrap_or(0),
+            oldest: row.try_get("oldest").map_err(db_err)?,
+        })
+    }
+}
+
+const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
+     next_attempt, created_at, expires_at, last_error, \
+     CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes";
+
+fn queue_entry_of(r: &sqlx::postgres::PgRow) -> StoreResult<QueueEntry> {
+    let recipients: String = r.try_get("recipients").map_err(db_err)?;
+    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
+    let size: i64 = r.try_get("size").map_err(db_err)?;
+    let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
+    Ok(QueueEntry {
+        id: r.try_get("id").map_err(db_err)?,
+        sender: r.try_get("sender").map_err(db_err)?,
+        recipients: from_json(&recipients, "recipients")?,
+        size: u64::try_from(size).unwrap_or(0),
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        next_attempt: r.try_get("next_attempt").map_err(db_err)?,
+        created_at: r.try_get("created_at").map_err(db_err)?,
+        expires_at: r.try_get("expires_at").map_err(db_err)?,
+        last_error: r.try_get("last_error").map_err(db_err)?,
+        locked_by: r.try_get("locked_by").map_err(db_err)?,
+        outcomes: from_json(&outcomes, "outcomes")?,
+    })
 }

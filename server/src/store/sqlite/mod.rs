@@ -34,9 +34,10 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, is_inbox, is_unique_violation,
-    mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
-    normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
+    is_unique_violation, json_of, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
+    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of,
+    uid_ranges,
 };
 use super::*;
 
@@ -1426,7 +1427,8 @@ impl Store for SqliteStore {
             "UPDATE outbound_queue SET locked_by = ?1, locked_until = ?2, attempts = attempts + 1 \
              WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= ?3 \
                AND (locked_until IS NULL OR locked_until <= ?3) ORDER BY next_attempt, id LIMIT ?4) \
-             RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at",
+             RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
+               delay_notified",
         )
         .bind(worker)
         .bind(to_us(until))
@@ -1450,6 +1452,7 @@ impl Store for SqliteStore {
                 last_error: r.try_get("last_error").map_err(db_err)?,
                 created_at: from_us(r.try_get("created_at").map_err(db_err)?),
                 expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
+                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
             });
         }
         items.sort_by_key(|i| i.id);
@@ -1543,28 +1546,130 @@ impl Store for SqliteStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    async fn queue_fail(&self, id: i64, error: &str, retry_at: Option<DateTime<Utc>>) -> StoreResult<()> {
-        let res = match retry_at {
-            Some(at) => sqlx::query(
-                "UPDATE outbound_queue SET last_error = ?, next_attempt = ?, locked_by = NULL, \
-                 locked_until = NULL WHERE id = ?",
+    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
+        let res = if attempt.remaining.is_empty() {
+            sqlx::query("DELETE FROM outbound_queue WHERE id = ? AND locked_by = ?")
+                .bind(id)
+                .bind(worker)
+                .execute(&mut *self.write_conn().await?)
+                .await
+        } else {
+            let remaining = json_of(&attempt.remaining)?;
+            let outcomes = json_of(&attempt.outcomes)?;
+            // json_group_array over both arrays' elements: their concatenation.
+            sqlx::query(
+                "UPDATE outbound_queue SET recipients = ?3, \
+                   outcomes = (SELECT json_group_array(json(value)) FROM \
+                     (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each(?4))), \
+                   last_error = ?5, next_attempt = ?6, delay_notified = ?7, locked_by = NULL, \
+                   locked_until = NULL \
+                 WHERE id = ?1 AND locked_by = ?2",
             )
-            .bind(error)
-            .bind(to_us(at))
-            .bind(id),
-            None => sqlx::query(
-                "UPDATE outbound_queue SET last_error = ?, status = 'failed', locked_by = NULL, \
-                 locked_until = NULL WHERE id = ?",
-            )
-            .bind(error)
-            .bind(id),
+            .bind(id)
+            .bind(worker)
+            .bind(remaining)
+            .bind(outcomes)
+            .bind(attempt.last_error.as_deref())
+            .bind(to_us(attempt.retry_at))
+            .bind(attempt.delay_notified)
+            .execute(&mut *self.write_conn().await?)
+            .await
         }
+        .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+               attempts = max(attempts - 1, 0) WHERE id = ? AND locked_by = ?",
+        )
+        .bind(id)
+        .bind(worker)
         .execute(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
         Ok(())
     }
+
+    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT ?2"
+        )))
+        .bind(to_us(Utc::now()))
+        .bind(i64::from(limit))
+        .fetch_all(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.iter().map(queue_entry_of).collect()
+    }
+
+    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = ?2"
+        )))
+        .bind(to_us(Utc::now()))
+        .bind(id)
+        .fetch_optional(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
+        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
+    }
+
+    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
+        let res = sqlx::query(
+            "UPDATE outbound_queue SET next_attempt = ?1 WHERE (?2 IS NULL OR id = ?2) \
+             AND status = 'queued' AND next_attempt > ?1",
+        )
+        .bind(to_us(Utc::now()))
+        .bind(id)
+        .execute(&mut *self.write_conn().await?)
+        .await
+        .map_err(db_err)?;
+        Ok(res.rows_affected())
+    }
+
+    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
+        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
+            .bind(id)
+            .execute(&mut *self.write_conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    async fn queue_stats(&self) -> StoreResult<QueueStats> {
+        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
+            .fetch_one(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        let depth: i64 = row.try_get("depth").map_err(db_err)?;
+        let oldest: Option<i64> = row.try_get("oldest").map_err(db_err)?;
+        Ok(QueueStats { depth: u64::try_from(depth).unwrap_or(0), oldest: oldest.map(from_us) })
+    }
+}
+
+/// `?1` is the current time (a lease is live until `locked_until`).
+const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
+     created_at, expires_at, last_error, CASE WHEN locked_until > ?1 THEN locked_by END AS locked_by, outcomes";
+
+fn queue_entry_of(r: &sqlx::sqlite::SqliteRow) -> StoreResult<QueueEntry> {
+    let recipients: String = r.try_get("recipients").map_err(db_err)?;
+    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
+    let size: i64 = r.try_get("size").map_err(db_err)?;
+    Ok(QueueEntry {
+        id: r.try_get("id").map_err(db_err)?,
+        sender: r.try_get("sender").map_err(db_err)?,
+        recipients: from_json(&recipients, "recipients")?,
+        size: u64::try_from(size).unwrap_or(0),
+        attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
+        next_attempt: from_us(r.try_get("next_attempt").map_err(db_err)?),
+        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
+        expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
+        last_error: r.try_get("last_error").map_err(db_err)?,
+        locked_by: r.try_get("locked_by").map_err(db_err)?,
+        outcomes: from_json(&outcomes, "outcomes")?,
+    })
 }

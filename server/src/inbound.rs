@@ -1,0 +1,124 @@
+//! Who really sent mail arriving on the MX: SPF (RFC 7208), DKIM (RFC 6376),
+//! ARC (RFC 8617) and DMARC (RFC 7489), by the `mail-auth` crate, with the
+//! result recorded in an `Authentication-Results` header (RFC 8601) and the
+//! sender domain's DMARC policy honoured.
+//!
+//! DNS work for one message runs under one time budget; running out of it, or a
+//! resolver failure that leaves the verdict open, defers the message (451)
+//! instead of letting it pass unchecked.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use mail_auth::common::headers::HeaderWriter;
+use mail_auth::dmarc::Policy;
+use mail_auth::dmarc::verify::DmarcParameters;
+use mail_auth::spf::verify::SpfParameters;
+use mail_auth::{AuthenticatedMessage, AuthenticationResults, DkimResult, DmarcResult, SpfResult};
+
+use crate::dns::Dns;
+use mailcluster_api::config::InboundAuthConfig;
+
+/// What to do with the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Deliver, with this `Authentication-Results` header field (CRLF-terminated)
+    /// on top; `junk`: into the recipients' Junk mailbox (DMARC p=quarantine).
+    Accept { header: String, junk: bool },
+    /// 550 5.7.1 with this text (DMARC p=reject).
+    Reject(String),
+    /// 451 with this enhanced status and text.
+    Defer(&'static str, String),
+}
+
+/// The session facts the checks use.
+pub struct Envelope<'a> {
+    pub remote_ip: IpAddr,
+    pub helo: &'a str,
+    /// The MAIL FROM address; empty for the null sender.
+    pub mail_from: &'a str,
+}
+
+pub async fn check(
+    dns: &Dns,
+    config: &InboundAuthConfig,
+    authserv_id: &str,
+    envelope: &Envelope<'_>,
+    message: &[u8],
+) -> Verdict {
+    let budget = Duration::from_millis(config.dns_budget_ms);
+    match tokio::time::timeout(budget, evaluate(dns, config, authserv_id, envelope, message)).await {
+        Ok(verdict) => verdict,
+        Err(_) => {
+            Verdict::Defer("4.4.3", "Sender authentication DNS lookups took too long; try again later".into())
+        }
+    }
+}
+
+async fn evaluate(
+    dns: &Dns,
+    config: &InboundAuthConfig,
+    authserv_id: &str,
+    envelope: &Envelope<'_>,
+    message: &[u8],
+) -> Verdict {
+    let auth = &dns.authenticator;
+    let helo = if envelope.helo.is_empty() { "unknown" } else { envelope.helo };
+    let spf = auth
+        .verify_spf(dns.params(SpfParameters::verify(
+            envelope.remote_ip,
+            helo,
+            authserv_id,
+            envelope.mail_from,
+        )))
+        .await;
+    let mail_from_domain = match envelope.mail_from.rsplit_once('@') {
+        Some((_, d)) => d,
+        None => helo,
+    };
+    let mut results = AuthenticationResults::new(authserv_id);
+    results = if envelope.mail_from.is_empty() {
+        results.with_spf_ehlo_result(&spf, envelope.remote_ip, helo)
+    } else {
+        results.with_spf_mailfrom_result(&spf, envelope.remote_ip, envelope.mail_from, helo)
+    };
+    let Some(parsed) = AuthenticatedMessage::parse(message) else {
+        // Not a message the checks can read (no header section): SPF alone speaks.
+        if spf.result() == SpfResult::TempError {
+            return Verdict::Defer("4.4.3", "Temporary DNS failure checking SPF; try again later".into());
+        }
+        return Verdict::Accept { header: results.to_header(), junk: false };
+    };
+    let header_from = parsed.from.first().cloned().unwrap_or_default();
+    let dkim = auth.verify_dkim(dns.params(&parsed)).await;
+    let arc = auth.verify_arc(dns.params(&parsed)).await;
+    let dmarc =
+        auth.verify_dmarc(dns.params(DmarcParameters::new(&parsed, &dkim, mail_from_domain, &spf))).await;
+    results = results
+        .with_dkim_results(&dkim, &header_from)
+        .with_arc_result(&arc, envelope.remote_ip)
+        .with_dmarc_result(&dmarc);
+    let header = results.to_header();
+
+    let dmarc_result = dmarc.result();
+    let temp = matches!(dmarc_result, DmarcResult::TempError(_))
+        || (dmarc_result != DmarcResult::Pass
+            && (spf.result() == SpfResult::TempError
+                || dkim.iter().any(|d| matches!(d.result(), DkimResult::TempError(_)))));
+    if temp {
+        return Verdict::Defer("4.4.3", "Temporary DNS failure checking the sender; try again later".into());
+    }
+    if config.enforce_dmarc && matches!(dmarc_result, DmarcResult::Fail(_)) {
+        match dmarc.policy() {
+            Policy::Reject => {
+                return Verdict::Reject(format!(
+                    "Message rejected by the DMARC policy of {} (RFC 7489)",
+                    dmarc.domain()
+                ));
+            }
+            Policy::Quarantine => return Verdict::Accept { header, junk: true },
+            Policy::None | Policy::Unspecified => {}
+        }
+    }
+    Verdict::Accept { header, junk: false }
+}

@@ -1,0 +1,139 @@
+//! Sender authentication on the MX (`inbound::check`) against a real DNS server
+//! on loopback holding SPF, DKIM and DMARC records: each policy outcome, and a
+//! resolver that does not answer deferring instead of passing.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use mailcluster_api::config::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig};
+use mailcluster_server::dkim::{Signer, generate, write_key_file};
+use mailcluster_server::dns::Dns;
+use mailcluster_server::inbound::{Envelope, Verdict, check};
+use mailcluster_testkit::dns::TestDns;
+
+struct World {
+    _dns: TestDns,
+    resolver: Dns,
+    signer: Signer,
+    _dir: tempfile::TempDir,
+}
+
+async fn world(dmarc_policy: &str) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let key = generate("ed25519").unwrap();
+    let path = dir.path().join("k.pem");
+    write_key_file(&path, &key.private_pem).unwrap();
+    let signer = Signer::load(&DkimConfig {
+        keys: vec![DkimKey {
+            domain: "org-a.test".into(),
+            selector: "s1".into(),
+            key_file: path,
+            algorithm: "ed25519".into(),
+        }],
+    })
+    .unwrap();
+    let zone = format!(
+        "@ 60 IN MX 10 mx.org-a.test.\n\
+         mx 60 IN A 127.0.0.1\n\
+         @ 60 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n\
+         s1._domainkey 60 IN TXT \"{}\"\n\
+         _dmarc 60 IN TXT \"v=DMARC1; p={dmarc_policy}\"\n",
+        key.dns_txt
+    );
+    let dns = TestDns::start(&[("org-a.test.", &zone), ("relay.test.", "mx 60 IN A 127.0.0.1\n")]).await;
+    let resolver =
+        Dns::from_config(&DnsConfig { nameservers: vec![dns.addr()], ..Default::default() }).unwrap();
+    World { _dns: dns, resolver, signer, _dir: dir }
+}
+
+const MESSAGE: &[u8] = b"From: Alice <alice@org-a.test>\r\nTo: bob@org-b.test\r\nSubject: hi\r\n\
+Date: Tue, 1 Dec 2026 10:00:00 +0000\r\nMessage-ID: <1@org-a.test>\r\n\r\nhello\r\n";
+
+async fn verdict(w: &World, ip: &str, mail_from: &str, message: &[u8]) -> Verdict {
+    let env = Envelope { remote_ip: ip.parse::<IpAddr>().unwrap(), helo: "mx.org-a.test", mail_from };
+    check(&w.resolver, &InboundAuthConfig::default(), "mx.org-b.test", &env, message).await
+}
+
+fn signed(w: &World) -> Vec<u8> {
+    let mut m = w.signer.sign(MESSAGE).expect("signed").into_bytes();
+    m.extend_from_slice(MESSAGE);
+    m
+}
+
+#[tokio::test]
+async fn aligned_spf_and_dkim_pass() {
+    let w = world("reject").await;
+    let v = verdict(&w, "127.0.0.1", "alice@org-a.test", &signed(&w)).await;
+    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    assert!(header.starts_with("Authentication-Results: mx.org-b.test;"), "{header}");
+    for want in
+        ["dkim=pass", "spf=pass", "dmarc=pass", "header.d=org-a.test", "smtp.mailfrom=alice@org-a.test"]
+    {
+        assert!(header.contains(want), "{want} missing: {header}");
+    }
+}
+
+#[tokio::test]
+async fn dkim_alone_passes_dmarc_from_outside_spf() {
+    let w = world("reject").await;
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", &signed(&w)).await;
+    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    assert!(
+        header.contains("spf=fail") && header.contains("dkim=pass") && header.contains("dmarc=pass"),
+        "{header}"
+    );
+}
+
+#[tokio::test]
+async fn forgery_is_rejected_under_p_reject_and_junked_under_quarantine() {
+    let w = world("reject").await;
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", MESSAGE).await;
+    assert!(matches!(&v, Verdict::Reject(t) if t.contains("org-a.test")), "{v:?}");
+    // A tampered signed message fails DKIM too.
+    let tampered = String::from_utf8(signed(&w)).unwrap().replace("hello", "pay me");
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", tampered.as_bytes()).await;
+    assert!(matches!(v, Verdict::Reject(_)), "{v:?}");
+
+    let w = world("quarantine").await;
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", MESSAGE).await;
+    let Verdict::Accept { header, junk: true } = v else { panic!("{v:?}") };
+    assert!(header.contains("dmarc=fail"), "{header}");
+
+    let w = world("none").await;
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", MESSAGE).await;
+    assert!(matches!(v, Verdict::Accept { junk: false, .. }), "{v:?}");
+}
+
+#[tokio::test]
+async fn unknown_domain_has_no_policy_and_passes_as_none() {
+    let w = world("reject").await;
+    let msg = b"From: x@nowhere.test\r\nSubject: s\r\n\r\nb\r\n";
+    let v = verdict(&w, "127.0.0.9", "x@nowhere.test", msg).await;
+    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    assert!(header.contains("spf=none") && header.contains("dmarc=none"), "{header}");
+}
+
+#[tokio::test]
+async fn resolver_that_never_answers_defers() {
+    // A UDP socket that reads queries and never answers.
+    let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let resolver = Dns::from_config(&DnsConfig {
+        nameservers: vec![addr],
+        timeout_ms: 200,
+        attempts: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let env = Envelope {
+        remote_ip: "127.0.0.9".parse().unwrap(),
+        helo: "mx.org-a.test",
+        mail_from: "a@org-a.test",
+    };
+    let config = InboundAuthConfig { dns_budget_ms: 1500, ..Default::default() };
+    let started = std::time::Instant::now();
+    let v = check(&resolver, &config, "mx.org-b.test", &env, MESSAGE).await;
+    assert!(matches!(v, Verdict::Defer(..)), "{v:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "bounded by the budget: {:?}", started.elapsed());
+    drop(silent);
+}

@@ -1,0 +1,418 @@
+//! Relay workers against remote SMTP servers that misbehave on purpose, with a
+//! real DNS server on loopback: a remote that defers and later accepts, one that
+//! rejects (a DSN with the original headers reaches the local sender), expiry, a
+//! delay notice, null MX, 100 MX records, an MX that points back at us, a greeting
+//! that never ends and a server that never answers. Every case ends in bounded
+//! time with a clear status on the queue entry.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chrono::Utc;
+use mailcluster_server::app::{App, MailExchange};
+use mailcluster_server::auth::Authenticator;
+use mailcluster_server::cache::Cache;
+use mailcluster_server::config::Config;
+use mailcluster_server::delivery::Deliverer;
+use mailcluster_server::dns::Dns;
+use mailcluster_server::metrics::Metrics;
+use mailcluster_server::net::ShutdownController;
+use mailcluster_server::relay::Relay;
+use mailcluster_server::store::{NewQueueItem, RecipientStatus, Store};
+use mailcluster_testkit::dns::TestDns;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// How the scripted remote answers.
+#[derive(Clone)]
+enum Greeting {
+    Normal,
+    /// "220-" lines forever.
+    Endless,
+    /// Accepts the connection and says nothing.
+    Silent,
+}
+
+#[derive(Clone)]
+struct Behaviour {
+    greeting: Greeting,
+    rcpt_reply: String,
+}
+
+#[derive(Debug, Clone)]
+struct Received {
+    from: String,
+    rcpts: Vec<String>,
+    data: String,
+}
+
+/// A small SMTP server whose answers the test sets.
+struct Remote {
+    addr: SocketAddr,
+    behaviour: Arc<Mutex<Behaviour>>,
+    received: Arc<Mutex<Vec<Received>>>,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Remote {
+    async fn start(rcpt_reply: &str) -> Remote {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let behaviour = Arc::new(Mutex::new(Behaviour {
+            greeting: Greeting::Normal,
+            rcpt_reply: rcpt_reply.to_string(),
+        }));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (b, r, c) = (behaviour.clone(), received.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_one(sock, b.clone(), r.clone()));
+            }
+        });
+        Remote { addr, behaviour, received, connections }
+    }
+
+    fn set_rcpt_reply(&self, reply: &str) {
+        self.behaviour.lock().unwrap().rcpt_reply = reply.to_string();
+    }
+
+    fn set_greeting(&self, g: Greeting) {
+        self.behaviour.lock().unwrap().greeting = g;
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+/// One connection; the behaviour is read at each step, so a change applies to
+/// connections the relay keeps open too.
+async fn serve_one(
+    sock: tokio::net::TcpStream,
+    b: Arc<Mutex<Behaviour>>,
+    received: Arc<Mutex<Vec<Received>>>,
+) {
+    let (r, mut w) = sock.into_split();
+    let mut r = BufReader::new(r);
+    let greeting = b.lock().unwrap().greeting.clone();
+    match greeting {
+        Greeting::Silent => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            return;
+        }
+        Greeting::Endless => {
+            let line = format!("220-{}\r\n", "x".repeat(500));
+            for _ in 0..100_000 {
+                if w.write_all(line.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        Greeting::Normal => {}
+    }
+    let _ = w.write_all(b"220 remote.test ESMTP\r\n").await;
+    let (mut from, mut rcpts) = (String::new(), Vec::new());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let cmd = line.trim_end().to_string();
+        let upper = cmd.to_ascii_uppercase();
+        let reply = if upper.starts_with("EHLO") {
+            "250-remote.test\r\n250-PIPELINING\r\n250 SIZE 10000000\r\n".to_string()
+        } else if upper.starts_with("MAIL FROM:") {
+            from = cmd[10..].trim_matches(|c| c == '<' || c == '>').split('>').next().unwrap_or("").into();
+            rcpts.clear();
+            "250 2.1.0 ok\r\n".into()
+        } else if upper.starts_with("RCPT TO:") {
+            let reply = b.lock().unwrap().rcpt_reply.clone();
+            if reply.starts_with('2') {
+                rcpts.push(cmd[8..].trim_matches(|c| c == '<' || c == '>').to_string());
+            }
+            format!("{reply}\r\n")
+        } else if upper == "DATA" {
+            if rcpts.is_empty() {
+                "554 5.5.1 no valid recipients\r\n".into()
+            } else {
+                let _ = w.write_all(b"354 go ahead\r\n").await;
+                let mut data = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == ".\r\n" {
+                        break;
+                    }
+                    data.push_str(&line);
+                }
+                received.lock().unwrap().push(Received { from: from.clone(), rcpts: rcpts.clone(), data });
+                "250 2.0.0 queued\r\n".into()
+            }
+        } else if upper == "RSET" {
+            "250 2.0.0 ok\r\n".into()
+        } else if upper == "QUIT" {
+            let _ = w.write_all(b"221 bye\r\n").await;
+            return;
+        } else {
+            "500 5.5.2 what\r\n".into()
+        };
+        if w.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+struct Setup {
+    app: App,
+    remote: Remote,
+    _dns: TestDns,
+    _dir: tempfile::TempDir,
+    shutdown: ShutdownController,
+    relay: tokio::task::JoinHandle<()>,
+}
+
+impl Setup {
+    async fn start(zone_extra: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
+        let remote = Remote::start("250 2.1.5 ok").await;
+        let zone = format!("@ 60 IN MX 10 mx.remote.test.\nmx 60 IN A 127.0.0.1\n{zone_extra}");
+        let dns = TestDns::start(&[("remote.test.", &zone)]).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config { hostname: "mx.local.test".into(), ..Default::default() };
+        config.dns.nameservers = vec![dns.addr()];
+        config.relay.remote_port = remote.addr.port();
+        config.relay.poll_interval_ms = 100;
+        config.relay.retry_schedule_secs = vec![1];
+        config.relay.command_timeout_secs = 2;
+        config.relay.connect_timeout_secs = 2;
+        config.relay.delay_notice_secs = 0;
+        tweak(&mut config);
+        let store =
+            mailcluster_server::store::open(None, dir.path(), 4, Duration::from_secs(5)).await.unwrap();
+        store.migrate().await.unwrap();
+        store.domain_add("local.test").await.unwrap();
+        let cache: Arc<dyn Cache> =
+            mailcluster_server::cache::open(None, "t", Duration::from_secs(1)).await.unwrap();
+        let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default()));
+        let deliverer = Arc::new(Deliverer::new(store.clone()));
+        let resolver = Arc::new(Dns::from_config(&config.dns).unwrap());
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let app = App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer)
+            .with_mail(MailExchange {
+                dns: Some(resolver.clone()),
+                signer: Arc::new(Default::default()),
+                relay_wake: wake.clone(),
+            });
+        let shutdown = ShutdownController::new(Duration::from_secs(2));
+        let relay = Relay::new(app.clone(), resolver, wake).unwrap();
+        let relay = tokio::spawn(relay.run(shutdown.clone()));
+        Setup { app, remote, _dns: dns, _dir: dir, shutdown, relay }
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        &self.app.store
+    }
+
+    async fn enqueue(&self, sender: &str, rcpts: &[&str], expires_in: chrono::Duration) -> i64 {
+        let now = Utc::now();
+        let id = self
+            .store()
+            .queue_enqueue(&NewQueueItem {
+                sender: sender.into(),
+                recipients: rcpts.iter().map(|r| r.to_string()).collect(),
+                raw: Bytes::from_static(
+                    b"From: alice@local.test\r\nTo: x@remote.test\r\nSubject: relay test\r\n\r\n.leading dot\r\nbody\r\n",
+                ),
+                account_id: None,
+                not_before: now,
+                expires_at: now + expires_in,
+            })
+            .await
+            .unwrap();
+        self.app.mail.relay_wake.notify_one();
+        id
+    }
+
+    /// Waits until `probe` holds, at most `limit`.
+    async fn until(&self, what: &str, limit: Duration, mut probe: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !probe().await {
+            if Instant::now() > deadline {
+                let q = self.store().queue_list(10).await.unwrap();
+                panic!("timed out waiting for {what}; queue: {q:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The messages in `email`'s INBOX.
+    async fn inbox(&self, email: &str) -> Vec<String> {
+        let store = self.store();
+        let account = store.account_get(email).await.unwrap().unwrap();
+        let inbox = store.mailbox_get(account.id, "INBOX").await.unwrap().unwrap();
+        let mut out = Vec::new();
+        for e in store.maildrop(inbox.id).await.unwrap() {
+            out.push(String::from_utf8_lossy(&store.message_body(e.message_id).await.unwrap()).into_owned());
+        }
+        out
+    }
+
+    async fn stop(self) {
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(10), self.relay).await.expect("relay stops").unwrap();
+    }
+}
+
+async fn queue_empty(s: &Setup) -> bool {
+    s.store().queue_stats().await.unwrap().depth == 0
+}
+
+#[tokio::test]
+async fn delivers_with_dot_stuffing_and_removes_the_item() {
+    let s = Setup::start("", |_| {}).await;
+    s.enqueue("alice@local.test", &["x@remote.test", "y@Remote.Test"], chrono::Duration::days(1)).await;
+    s.until("delivery", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    let got = s.remote.received();
+    assert_eq!(got.len(), 1, "one transaction for one domain: {got:?}");
+    assert_eq!(got[0].from, "alice@local.test");
+    assert_eq!(got[0].rcpts, vec!["x@remote.test", "y@Remote.Test"]);
+    assert!(got[0].data.contains("\r\n..leading dot\r\n"), "dot-stuffed on the wire: {:?}", got[0].data);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn deferred_then_accepted_is_delivered_once_after_retry() {
+    let s = Setup::start("", |_| {}).await;
+    s.remote.set_rcpt_reply("451 4.3.0 try again later");
+    let id = s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("a deferral", Duration::from_secs(10), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.attempts >= 1 && e.last_error.is_some())
+    })
+    .await;
+    let (entry, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(entry.last_error.as_deref().unwrap().contains("451 4.3.0"), "{entry:?}");
+    assert_eq!(entry.outcomes[0].status, RecipientStatus::Deferred);
+    s.remote.set_rcpt_reply("250 2.1.5 ok");
+    s.until("delivery after retry", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    assert_eq!(s.remote.received().len(), 1, "delivered exactly once");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn rejection_bounces_to_local_sender_with_original_headers_and_null_sender_never_bounces() {
+    let s = Setup::start("", |_| {}).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.remote.set_rcpt_reply("550 5.1.1 no such user here");
+    s.enqueue("alice@local.test", &["nobody@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the DSN", Duration::from_secs(10), async || !s.inbox("alice@local.test").await.is_empty()).await;
+    let dsn = &s.inbox("alice@local.test").await[0];
+    assert!(dsn.starts_with("Return-Path: <>\r\n"), "{dsn}");
+    assert!(dsn.contains("Final-Recipient: rfc822; nobody@remote.test"), "{dsn}");
+    assert!(dsn.contains("Status: 5.1.1") && dsn.contains("Remote-MTA: dns; mx.remote.test"), "{dsn}");
+    assert!(dsn.contains("Diagnostic-Code: smtp; 550 5.1.1 no such user here"), "{dsn}");
+    assert!(dsn.contains("Subject: relay test"), "original headers: {dsn}");
+    assert!(queue_empty(&s).await);
+
+    // The null sender's failure ends there: no DSN, nothing queued.
+    s.enqueue("", &["nobody@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the attempt", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(queue_empty(&s).await, "no bounce of a bounce");
+    assert_eq!(s.inbox("alice@local.test").await.len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn remote_sender_gets_its_dsn_queued_with_the_null_sender() {
+    let s = Setup::start("", |c| c.relay.retry_schedule_secs = vec![3600]).await;
+    s.remote.set_rcpt_reply("550 5.1.1 no");
+    s.enqueue("someone@remote.test", &["nobody@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the queued DSN", Duration::from_secs(10), async || {
+        let q = s.store().queue_list(10).await.unwrap();
+        q.iter().any(|e| e.sender.is_empty() && e.recipients == vec!["someone@remote.test".to_string()])
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn expiry_and_delay_notice_reach_the_sender() {
+    let s = Setup::start("", |c| c.relay.delay_notice_secs = 1).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.remote.set_rcpt_reply("452 4.2.2 mailbox full");
+    s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::seconds(4)).await;
+    s.until("expiry", Duration::from_secs(20), async || queue_empty(&s).await).await;
+    let inbox = s.inbox("alice@local.test").await;
+    let delayed: Vec<_> = inbox.iter().filter(|m| m.contains("Action: delayed")).collect();
+    let failed: Vec<_> = inbox.iter().filter(|m| m.contains("Action: failed")).collect();
+    assert_eq!(delayed.len(), 1, "one delay notice: {inbox:#?}");
+    assert_eq!(failed.len(), 1, "one failure notice: {inbox:#?}");
+    assert!(
+        failed[0].contains("Status: 4.4.7") && failed[0].contains("452 4.2.2 mailbox full"),
+        "{}",
+        failed[0]
+    );
+    assert!(s.remote.received().is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn null_mx_and_missing_domain_fail_at_once_and_mx_to_ourselves_is_a_loop() {
+    let s = Setup::start("nullmx 60 IN MX 0 .\nloop 60 IN MX 10 mx.local.test.\n", |_| {}).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.enqueue(
+        "alice@local.test",
+        &["a@nullmx.remote.test", "b@nowhere.remote.test", "c@loop.remote.test"],
+        chrono::Duration::days(1),
+    )
+    .await;
+    s.until("the DSN", Duration::from_secs(10), async || !s.inbox("alice@local.test").await.is_empty()).await;
+    let dsn = &s.inbox("alice@local.test").await[0];
+    for want in ["Status: 5.1.10", "Status: 5.1.2", "Status: 5.4.6", "null MX", "loops back"] {
+        assert!(dsn.contains(want), "{want} missing in {dsn}");
+    }
+    assert!(queue_empty(&s).await);
+    assert_eq!(s.remote.connections.load(Ordering::SeqCst), 0, "no connection for any of them");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn hundred_mx_records_endless_greeting_and_silent_server_are_bounded() {
+    // 100 MX hosts (an answer only TCP carries), all silent: only
+    // relay.max_mx_hosts of them are tried, each for the command timeout.
+    let mut hundred = String::new();
+    for i in 0..100 {
+        hundred.push_str(&format!("many 60 IN MX {i} h{i}.remote.test.\nh{i} 60 IN A 127.0.0.1\n"));
+    }
+    let s = Setup::start(&hundred, |c| c.relay.max_mx_hosts = 3).await;
+    s.remote.set_greeting(Greeting::Silent);
+    let started = Instant::now();
+    let id = s.enqueue("alice@local.test", &["x@many.remote.test"], chrono::Duration::days(1)).await;
+    s.until("the deferral", Duration::from_secs(20), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+    })
+    .await;
+    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(e.last_error.as_deref().unwrap().contains("timed out"), "{e:?}");
+    assert_eq!(s.remote.connections.load(Ordering::SeqCst), 3, "three hosts tried, not a hundred");
+    assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+    s.store().queue_delete(id).await.unwrap();
+
+    // A greeting that never ends: "reply too long", deferred.
+    s.remote.set_greeting(Greeting::Endless);
+    let id = s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the endless greeting deferral", Duration::from_secs(15), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+    })
+    .await;
+    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(e.last_error.as_deref().unwrap().contains("too long"), "{e:?}");
+    s.stop().await;
+}
