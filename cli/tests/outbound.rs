@@ -54,11 +54,16 @@ fn zone(o: &Org) -> String {
 
 /// Config file plus one domain and one user, then the server.
 fn start(o: &Org, peer_port: u16, dns: SocketAddr, user: &str) -> ServeProcess {
+    start_with(o, peer_port, dns, user, "", "")
+}
+
+/// [`start`] with extra lines in the top-level table and the `[relay]` section.
+fn start_with(o: &Org, peer_port: u16, dns: SocketAddr, user: &str, top: &str, relay: &str) -> ServeProcess {
     let config = format!(
         "hostname = \"mx.{d}\"\n\
-         data_dir = \"{dir}\"\n\
+         data_dir = \"{dir}\"\n{top}\n\
          [dns]\nnameservers = [\"{dns}\"]\n\
-         [relay]\nremote_port = {peer_port}\npoll_interval_ms = 200\n\
+         [relay]\nremote_port = {peer_port}\npoll_interval_ms = 200\n{relay}\n\
          [inbound]\ntrusted_networks = []\n\
          [[dkim.keys]]\ndomain = \"{d}\"\nselector = \"mail\"\nkey_file = \"{dir}/dkim.key\"\nalgorithm = \"ed25519\"\n",
         d = o.domain,
@@ -238,4 +243,40 @@ fn two_organisations_exchange_signed_mail_and_refuse_forgeries() {
     assert!(dsn.contains("Subject: to nobody"), "original headers quoted:\n{dsn}");
     assert!(dsn.contains("Return-Path: <>"), "{dsn}");
     drop(dns);
+}
+
+#[test]
+fn smarthost_mode_authenticates_over_tls_and_delivers() {
+    let a = org("org-a.test");
+    let b = org("org-b.test");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dns = rt.block_on(TestDns::start(&[("org-a.test.", &zone(&a)), ("org-b.test.", &zone(&b))]));
+    // org-b's submission service is org-a's smarthost: org-a authenticates there
+    // as bob and sends for alice, which org-b allows for this test.
+    let server_b = start_with(
+        &b,
+        a.smtp_port,
+        dns.addr(),
+        "bob@org-b.test",
+        "[smtp]\nsender_must_match_auth = false",
+        "",
+    );
+    let smarthost = server_b.addr("submission");
+    let relay = format!(
+        "smarthost = \"{smarthost}\"\nsmarthost_username = \"bob@org-b.test\"\n\
+         smarthost_password = \"secret-pw\"\nsmarthost_tls_verify = false"
+    );
+    let server_a = start_with(&a, 1, dns.addr(), "alice@org-a.test", "", &relay);
+    let sent = swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "via smarthost");
+    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
+    let msg = wait_for(
+        "the message through the smarthost",
+        &[&server_a, &server_b],
+        &[a.dir.path(), b.dir.path()],
+        Duration::from_secs(30),
+        || inbox(server_b.addr("imap"), "bob@org-b.test").into_iter().find(|m| m.contains("via smarthost")),
+    );
+    // Submitted at org-b by an authenticated client over TLS: "ESMTPSA".
+    assert!(msg.contains("with ESMTPSA"), "{msg}");
+    assert!(msg.contains("DKIM-Signature:") && msg.contains("d=org-a.test"), "{msg}");
 }

@@ -5,9 +5,7 @@
 //! that never ends and a server that never answers. Every case ends in bounded
 //! time with a clear status on the queue entry.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,156 +21,11 @@ use mailcluster_server::net::ShutdownController;
 use mailcluster_server::relay::Relay;
 use mailcluster_server::store::{NewQueueItem, RecipientStatus, Store};
 use mailcluster_testkit::dns::TestDns;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-/// How the scripted remote answers.
-#[derive(Clone)]
-enum Greeting {
-    Normal,
-    /// "220-" lines forever.
-    Endless,
-    /// Accepts the connection and says nothing.
-    Silent,
-}
-
-#[derive(Clone)]
-struct Behaviour {
-    greeting: Greeting,
-    rcpt_reply: String,
-}
-
-#[derive(Debug, Clone)]
-struct Received {
-    from: String,
-    rcpts: Vec<String>,
-    data: String,
-}
-
-/// A small SMTP server whose answers the test sets.
-struct Remote {
-    addr: SocketAddr,
-    behaviour: Arc<Mutex<Behaviour>>,
-    received: Arc<Mutex<Vec<Received>>>,
-    connections: Arc<AtomicUsize>,
-}
-
-impl Remote {
-    async fn start(rcpt_reply: &str) -> Remote {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let behaviour = Arc::new(Mutex::new(Behaviour {
-            greeting: Greeting::Normal,
-            rcpt_reply: rcpt_reply.to_string(),
-        }));
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let connections = Arc::new(AtomicUsize::new(0));
-        let (b, r, c) = (behaviour.clone(), received.clone(), connections.clone());
-        tokio::spawn(async move {
-            while let Ok((sock, _)) = listener.accept().await {
-                c.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve_one(sock, b.clone(), r.clone()));
-            }
-        });
-        Remote { addr, behaviour, received, connections }
-    }
-
-    fn set_rcpt_reply(&self, reply: &str) {
-        self.behaviour.lock().unwrap().rcpt_reply = reply.to_string();
-    }
-
-    fn set_greeting(&self, g: Greeting) {
-        self.behaviour.lock().unwrap().greeting = g;
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().unwrap().clone()
-    }
-}
-
-/// One connection; the behaviour is read at each step, so a change applies to
-/// connections the relay keeps open too.
-async fn serve_one(
-    sock: tokio::net::TcpStream,
-    b: Arc<Mutex<Behaviour>>,
-    received: Arc<Mutex<Vec<Received>>>,
-) {
-    let (r, mut w) = sock.into_split();
-    let mut r = BufReader::new(r);
-    let greeting = b.lock().unwrap().greeting.clone();
-    match greeting {
-        Greeting::Silent => {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            return;
-        }
-        Greeting::Endless => {
-            let line = format!("220-{}\r\n", "x".repeat(500));
-            for _ in 0..100_000 {
-                if w.write_all(line.as_bytes()).await.is_err() {
-                    return;
-                }
-            }
-            return;
-        }
-        Greeting::Normal => {}
-    }
-    let _ = w.write_all(b"220 remote.test ESMTP\r\n").await;
-    let (mut from, mut rcpts) = (String::new(), Vec::new());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-            return;
-        }
-        let cmd = line.trim_end().to_string();
-        let upper = cmd.to_ascii_uppercase();
-        let reply = if upper.starts_with("EHLO") {
-            "250-remote.test\r\n250-PIPELINING\r\n250 SIZE 10000000\r\n".to_string()
-        } else if upper.starts_with("MAIL FROM:") {
-            from = cmd[10..].trim_matches(|c| c == '<' || c == '>').split('>').next().unwrap_or("").into();
-            rcpts.clear();
-            "250 2.1.0 ok\r\n".into()
-        } else if upper.starts_with("RCPT TO:") {
-            let reply = b.lock().unwrap().rcpt_reply.clone();
-            if reply.starts_with('2') {
-                rcpts.push(cmd[8..].trim_matches(|c| c == '<' || c == '>').to_string());
-            }
-            format!("{reply}\r\n")
-        } else if upper == "DATA" {
-            if rcpts.is_empty() {
-                "554 5.5.1 no valid recipients\r\n".into()
-            } else {
-                let _ = w.write_all(b"354 go ahead\r\n").await;
-                let mut data = String::new();
-                loop {
-                    line.clear();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == ".\r\n" {
-                        break;
-                    }
-                    data.push_str(&line);
-                }
-                received.lock().unwrap().push(Received { from: from.clone(), rcpts: rcpts.clone(), data });
-                "250 2.0.0 queued\r\n".into()
-            }
-        } else if upper == "RSET" {
-            "250 2.0.0 ok\r\n".into()
-        } else if upper == "QUIT" {
-            let _ = w.write_all(b"221 bye\r\n").await;
-            return;
-        } else {
-            "500 5.5.2 what\r\n".into()
-        };
-        if w.write_all(reply.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-}
+use mailcluster_testkit::smtp::{Greeting, ScriptedRemote};
 
 struct Setup {
     app: App,
-    remote: Remote,
+    remote: ScriptedRemote,
     _dns: TestDns,
     _dir: tempfile::TempDir,
     shutdown: ShutdownController,
@@ -181,7 +34,7 @@ struct Setup {
 
 impl Setup {
     async fn start(zone_extra: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
-        let remote = Remote::start("250 2.1.5 ok").await;
+        let remote = ScriptedRemote::start("250 2.1.5 ok").await;
         let zone = format!("@ 60 IN MX 10 mx.remote.test.\nmx 60 IN A 127.0.0.1\n{zone_extra}");
         let dns = TestDns::start(&[("remote.test.", &zone)]).await;
         let dir = tempfile::tempdir().unwrap();
@@ -379,7 +232,7 @@ async fn null_mx_and_missing_domain_fail_at_once_and_mx_to_ourselves_is_a_loop()
         assert!(dsn.contains(want), "{want} missing in {dsn}");
     }
     assert!(queue_empty(&s).await);
-    assert_eq!(s.remote.connections.load(Ordering::SeqCst), 0, "no connection for any of them");
+    assert_eq!(s.remote.connections(), 0, "no connection for any of them");
     s.stop().await;
 }
 
@@ -401,7 +254,7 @@ async fn hundred_mx_records_endless_greeting_and_silent_server_are_bounded() {
     .await;
     let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
     assert!(e.last_error.as_deref().unwrap().contains("timed out"), "{e:?}");
-    assert_eq!(s.remote.connections.load(Ordering::SeqCst), 3, "three hosts tried, not a hundred");
+    assert_eq!(s.remote.connections(), 3, "three hosts tried, not a hundred");
     assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
     s.store().queue_delete(id).await.unwrap();
 

@@ -150,6 +150,10 @@ pub struct StressArgs {
     /// with --auth (a submission server refuses any other), else another test user.
     #[arg(long, value_name = "ADDRESS")]
     pub sender: Option<String>,
+    /// Deliver to the same local parts at this domain instead of to the users
+    /// themselves: outbound mail, which the server relays to another domain.
+    #[arg(long, value_name = "DOMAIN")]
+    pub recipient_domain: Option<String>,
     /// Operations per session before reconnecting (0 = keep the session).
     #[arg(long)]
     pub ops_per_connection: Option<u32>,
@@ -708,6 +712,7 @@ fn plan_for(
         ops_per_connection: args.ops_per_connection.or(s.ops_per_connection).unwrap_or(d.ops_per_connection),
         smtp_target: args.smtp_target.or(s.smtp_target).unwrap_or_default(),
         sender: args.sender.clone().or_else(|| s.sender.clone()),
+        recipient_domain: args.recipient_domain.clone(),
         mix,
         messages_per_user,
         sizes,

@@ -101,6 +101,8 @@ pub struct Plan {
     pub smtp_target: SmtpTarget,
     /// Envelope sender and `From:` instead of the default (see [`Worker`]).
     pub sender: Option<String>,
+    /// Recipients at this domain (same local parts as the users): outbound mail.
+    pub recipient_domain: Option<String>,
     /// Operations with cumulative weights.
     pub mix: Vec<(Op, u64)>,
     pub messages_per_user: u32,
@@ -573,7 +575,12 @@ impl Worker {
             (None, Some(u)) => env.users.get(u).0,
             (None, None) => env.users.get(rcpt_idx.wrapping_add(1)).0,
         };
-        let (rcpt, _) = env.users.get(rcpt_idx);
+        let (user, _) = env.users.get(rcpt_idx);
+        let elsewhere = plan.recipient_domain.as_ref().map(|d| {
+            let local = user.rsplit_once('@').map_or(user, |(l, _)| l);
+            format!("{local}@{d}")
+        });
+        let rcpt = elsewhere.as_deref().unwrap_or(user);
         let msg = env.messages.pick(r);
         // The pooled messages carry no From: (one pool serves every sender); it goes
         // in front, in the same write as the rest.
@@ -809,6 +816,7 @@ mod tests {
             ops_per_connection: 0,
             smtp_target: SmtpTarget::Smtp,
             sender: None,
+            recipient_domain: None,
             mix: vec![(Op::Deliver(None), 60), (Op::Fetch, 100)],
             messages_per_user: 0,
             sizes: vec![],

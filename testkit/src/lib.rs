@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod dns;
+pub mod smtp;
 
 use std::path::Path;
 use std::time::Duration;

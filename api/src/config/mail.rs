@@ -17,7 +17,8 @@ pub struct RelayConfig {
     pub enabled: bool,
     /// Messages in delivery at once in this pod.
     pub concurrency: usize,
-    /// Connections at once to one destination (domain or smarthost) from this pod.
+    /// Connections at once to one destination (domain or smarthost) from this pod
+    /// (20: Postfix's default_destination_concurrency_limit).
     pub max_connections_per_destination: usize,
     /// Messages sent over one connection before it is closed.
     pub max_messages_per_connection: usize,
@@ -71,7 +72,7 @@ impl Default for RelayConfig {
         RelayConfig {
             enabled: true,
             concurrency: 64,
-            max_connections_per_destination: 8,
+            max_connections_per_destination: 20,
             max_messages_per_connection: 100,
             lease_secs: 600,
             poll_interval_ms: 1000,

@@ -1,0 +1,194 @@
+//! A remote SMTP server for the relay's tests, whose answers the test sets while
+//! it runs: the greeting (normal, endless, silent), the reply to RCPT, and whether
+//! the end of DATA is answered at all. It records every message it was sent.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Greeting {
+    Normal,
+    /// "220-" lines forever.
+    Endless,
+    /// Accepts the connection and says nothing.
+    Silent,
+}
+
+#[derive(Clone, Debug)]
+struct Behaviour {
+    greeting: Greeting,
+    rcpt_reply: String,
+    /// The end of DATA gets no answer (the connection is held, then dropped).
+    hold: bool,
+}
+
+/// A message the remote took, answered or not.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub from: String,
+    pub rcpts: Vec<String>,
+    pub data: String,
+    /// The end of DATA was answered with 250.
+    pub acknowledged: bool,
+}
+
+pub struct ScriptedRemote {
+    pub addr: SocketAddr,
+    behaviour: Arc<Mutex<Behaviour>>,
+    received: Arc<Mutex<Vec<Received>>>,
+    connections: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ScriptedRemote {
+    /// Listens on 127.0.0.1 (a free port), answering RCPT with `rcpt_reply`.
+    pub async fn start(rcpt_reply: &str) -> ScriptedRemote {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let behaviour = Arc::new(Mutex::new(Behaviour {
+            greeting: Greeting::Normal,
+            rcpt_reply: rcpt_reply.to_string(),
+            hold: false,
+        }));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (b, r, c) = (behaviour.clone(), received.clone(), connections.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve_one(sock, b.clone(), r.clone()));
+            }
+        });
+        ScriptedRemote { addr, behaviour, received, connections, task }
+    }
+
+    pub fn set_rcpt_reply(&self, reply: &str) {
+        lock(&self.behaviour).rcpt_reply = reply.to_string();
+    }
+
+    pub fn set_greeting(&self, g: Greeting) {
+        lock(&self.behaviour).greeting = g;
+    }
+
+    pub fn set_hold(&self, hold: bool) {
+        lock(&self.behaviour).hold = hold;
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.received).clone()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ScriptedRemote {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn address_of(arg: &str) -> String {
+    arg.trim().trim_start_matches('<').split('>').next().unwrap_or("").to_string()
+}
+
+/// One connection; the behaviour is read at each step, so a change applies to
+/// connections the relay keeps open too.
+async fn serve_one(
+    sock: tokio::net::TcpStream,
+    b: Arc<Mutex<Behaviour>>,
+    received: Arc<Mutex<Vec<Received>>>,
+) {
+    let (r, mut w) = sock.into_split();
+    let mut r = BufReader::new(r);
+    let greeting = lock(&b).greeting.clone();
+    match greeting {
+        Greeting::Silent => {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            return;
+        }
+        Greeting::Endless => {
+            let line = format!("220-{}\r\n", "x".repeat(500));
+            for _ in 0..100_000 {
+                if w.write_all(line.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        Greeting::Normal => {}
+    }
+    let _ = w.write_all(b"220 remote.test ESMTP\r\n").await;
+    let (mut from, mut rcpts) = (String::new(), Vec::new());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let cmd = line.trim_end().to_string();
+        let upper = cmd.to_ascii_uppercase();
+        let reply = if upper.starts_with("EHLO") {
+            "250-remote.test\r\n250-PIPELINING\r\n250 SIZE 10000000\r\n".to_string()
+        } else if upper.starts_with("MAIL FROM:") {
+            from = address_of(&cmd[10..]);
+            rcpts.clear();
+            "250 2.1.0 ok\r\n".into()
+        } else if upper.starts_with("RCPT TO:") {
+            let reply = lock(&b).rcpt_reply.clone();
+            if reply.starts_with('2') {
+                rcpts.push(address_of(&cmd[8..]));
+            }
+            format!("{reply}\r\n")
+        } else if upper == "DATA" {
+            if rcpts.is_empty() {
+                "554 5.5.1 no valid recipients\r\n".into()
+            } else {
+                let _ = w.write_all(b"354 go ahead\r\n").await;
+                let mut data = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == ".\r\n" {
+                        break;
+                    }
+                    data.push_str(&line);
+                }
+                let hold = lock(&b).hold;
+                lock(&received).push(Received {
+                    from: from.clone(),
+                    rcpts: rcpts.clone(),
+                    data,
+                    acknowledged: !hold,
+                });
+                if hold {
+                    tokio::time::sleep(Duration::from_secs(120)).await;
+                    return;
+                }
+                "250 2.0.0 queued\r\n".into()
+            }
+        } else if upper == "RSET" {
+            "250 2.0.0 ok\r\n".into()
+        } else if upper == "QUIT" {
+            let _ = w.write_all(b"221 bye\r\n").await;
+            return;
+        } else {
+            "500 5.5.2 what\r\n".into()
+        };
+        if w.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
