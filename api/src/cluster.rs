@@ -638,6 +638,16 @@ pub struct NetworkPolicySpec {
     #[serde(default = "default_metrics_namespaces")]
     #[schemars(length(max = 16))]
     pub metrics_namespaces: Vec<String>,
+    /// Also restrict what the mail pods may connect to: DNS (53), SMTP to other
+    /// servers (25, 465, 587), PostgreSQL (5432), Redis (6379, Sentinel 26379) and
+    /// `egressPorts`, anywhere. For namespaces whose egress is denied by default,
+    /// this is what the relay and the stores need.
+    #[serde(default)]
+    pub restrict_egress: bool,
+    /// More TCP ports the pods may connect to (a PostgreSQL or Redis on another port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(range(min = 1, max = 65535)))]
+    pub egress_ports: Vec<i32>,
 }
 
 fn default_metrics_namespaces() -> Vec<String> {
@@ -646,7 +656,12 @@ fn default_metrics_namespaces() -> Vec<String> {
 
 impl Default for NetworkPolicySpec {
     fn default() -> Self {
-        NetworkPolicySpec { enabled: false, metrics_namespaces: default_metrics_namespaces() }
+        NetworkPolicySpec {
+            enabled: false,
+            metrics_namespaces: default_metrics_namespaces(),
+            restrict_egress: false,
+            egress_ports: Vec::new(),
+        }
     }
 }
 

@@ -391,7 +391,7 @@ pub fn dkim(command: &DkimCommand) -> Result<(), Failure> {
                 path.display()
             )?;
             writeln!(stdout, "publish this TXT record:")?;
-            writeln!(stdout, "{selector}._domainkey.{domain}. IN TXT \"{}\"", key.dns_txt)?;
+            writeln!(stdout, "{selector}._domainkey.{domain}. IN TXT {}", key.zone_value())?;
             writeln!(stdout, "and add to the configuration:")?;
             writeln!(stdout, "[[dkim.keys]]")?;
             writeln!(

@@ -16,7 +16,11 @@ fn with_password(cwd: &Path, args: &[&str], env: &[(&str, &str)], password: &str
 
 /// The same administration session, whatever the backend.
 fn administer(cwd: &Path, env: &[(&str, &str)]) {
-    run(cwd, &["domain", "add", "Example.COM"], env).ok();
+    // A person's command prints its result and nothing else: no log lines.
+    let out = run(cwd, &["domain", "add", "Example.COM"], env);
+    out.ok();
+    assert_eq!(out.stderr, "domain example.com added\n", "only the result");
+    assert!(out.stdout.is_empty());
     run(cwd, &["domain", "add", "example.org"], env).ok();
     let out = run(cwd, &["domain", "list"], env);
     out.ok();
@@ -65,6 +69,62 @@ fn domains_and_users_in_the_embedded_store() {
     assert!(dir.path().join("mailcluster-data").is_dir());
     // `migrate` on an up-to-date store is a no-op that succeeds.
     run(dir.path(), &["migrate"], &[]).ok();
+    // Progress lines come back when asked for.
+    let out = run(dir.path(), &["domain", "list", "--log-level", "info"], &[]);
+    assert!(out.stderr.contains("store opened"), "{}", out.stderr);
+}
+
+#[test]
+fn queue_commands_on_an_empty_and_a_filled_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &["queue", "list"], &[]);
+    out.ok();
+    assert_eq!(out.stdout, "queue is empty\n");
+    let out = run(dir.path(), &["queue", "show", "7"], &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.error_line().contains("no queue item 7"), "{}", out.stderr);
+    let out = run(dir.path(), &["queue", "delete", "7"], &[]);
+    assert_eq!(out.code, Some(1));
+
+    // One queued message, written by the store as a submission would.
+    let store_dir = dir.path().join("mailcluster-data");
+    common::cluster::block_on(async {
+        let store =
+            mailcluster_server::store::open(None, &store_dir, 1, Duration::from_secs(5)).await.unwrap();
+        let now = chrono::Utc::now();
+        store
+            .queue_enqueue(&mailcluster_server::store::NewQueueItem {
+                sender: "alice@example.com".into(),
+                recipients: vec!["x@remote.test".into()],
+                raw: bytes::Bytes::from_static(b"Subject: queued\r\n\r\nbody\r\n"),
+                account_id: None,
+                not_before: now + chrono::Duration::hours(1),
+                expires_at: now + chrono::Duration::days(5),
+            })
+            .await
+            .unwrap();
+    });
+    let out = run(dir.path(), &["queue", "list"], &[]);
+    out.ok();
+    assert!(
+        out.stdout.contains("alice@example.com") && out.stdout.contains("x@remote.test"),
+        "{}",
+        out.stdout
+    );
+    let out = run(dir.path(), &["queue", "list", "--json"], &[]);
+    let entry: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("one JSON object");
+    let id = entry["id"].as_i64().unwrap().to_string();
+    let out = run(dir.path(), &["queue", "show", &id], &[]);
+    out.ok();
+    assert!(
+        out.stdout.contains("Subject: queued") && out.stdout.contains("<alice@example.com>"),
+        "{}",
+        out.stdout
+    );
+    let out = run(dir.path(), &["queue", "retry", &id], &[]);
+    assert_eq!(out.stdout, "1 message(s) due now\n");
+    run(dir.path(), &["queue", "delete", &id], &[]).ok();
+    assert_eq!(run(dir.path(), &["queue", "list"], &[]).stdout, "queue is empty\n");
 }
 
 #[test]

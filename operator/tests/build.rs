@@ -342,6 +342,27 @@ fn network_policy_opens_mail_ports_and_guards_admin() {
         ingress[1]["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
         "monitoring"
     );
+    // Egress restricted to what the pods need: DNS, SMTP, the stores, and the extra port.
+    assert_eq!(np.object.data["spec"]["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
+    let egress = &np.object.data["spec"]["egress"][0];
+    assert!(egress.get("to").is_none(), "to any address");
+    let ports: Vec<(String, i64)> = egress["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["protocol"].as_str().unwrap().to_string(), p["port"].as_i64().unwrap()))
+        .collect();
+    for want in
+        [("UDP", 53), ("TCP", 53), ("TCP", 25), ("TCP", 587), ("TCP", 5432), ("TCP", 6379), ("TCP", 6380)]
+    {
+        assert!(ports.contains(&(want.0.to_string(), want.1)), "{want:?} missing: {ports:?}");
+    }
+    // Without restrictEgress, egress is left alone.
+    let mut mc = fixture("full");
+    mc.spec.network_policy.restrict_egress = false;
+    let np = steady(&mc).get(ChildKind::NetworkPolicy, "prod").expect("NetworkPolicy").object.data.clone();
+    assert_eq!(np["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    assert!(np["spec"].get("egress").is_none());
 }
 
 #[test]

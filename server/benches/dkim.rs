@@ -53,7 +53,7 @@ fn main() {
         let mut signed = signer.sign(&message).expect("signed").into_bytes();
         signed.extend_from_slice(&message);
 
-        let zone = format!("s1._domainkey 60 IN TXT \"{}\"\n", key.dns_txt);
+        let zone = format!("s1._domainkey 60 IN TXT {}\n", key.zone_value());
         let verify = rt.block_on(async {
             let dns = TestDns::start(&[("example.com.", &zone)]).await;
             let resolver =

@@ -148,6 +148,21 @@ pub struct GeneratedKey {
     pub dns_txt: String,
 }
 
+impl GeneratedKey {
+    /// The TXT record's value as zone files and DNS consoles take it: quoted
+    /// strings of at most 255 characters each (RFC 1035 §3.3.14; an RSA key is
+    /// longer than one), which resolvers join back together.
+    pub fn zone_value(&self) -> String {
+        let chunks: Vec<String> = self
+            .dns_txt
+            .as_bytes()
+            .chunks(255)
+            .map(|c| format!("\"{}\"", String::from_utf8_lossy(c)))
+            .collect();
+        chunks.join(" ")
+    }
+}
+
 /// Generates a key pair: "ed25519" or "rsa" (2048 bits).
 pub fn generate(algorithm: &str) -> anyhow::Result<GeneratedKey> {
     let (pair, label, k) = match algorithm {

@@ -19,8 +19,12 @@ struct World {
 }
 
 async fn world(dmarc_policy: &str) -> World {
+    world_with(dmarc_policy, "ed25519").await
+}
+
+async fn world_with(dmarc_policy: &str, algorithm: &str) -> World {
     let dir = tempfile::tempdir().unwrap();
-    let key = generate("ed25519").unwrap();
+    let key = generate(algorithm).unwrap();
     let path = dir.path().join("k.pem");
     write_key_file(&path, &key.private_pem).unwrap();
     let signer = Signer::load(&DkimConfig {
@@ -28,7 +32,7 @@ async fn world(dmarc_policy: &str) -> World {
             domain: "org-a.test".into(),
             selector: "s1".into(),
             key_file: path,
-            algorithm: "ed25519".into(),
+            algorithm: algorithm.into(),
         }],
     })
     .unwrap();
@@ -36,9 +40,9 @@ async fn world(dmarc_policy: &str) -> World {
         "@ 60 IN MX 10 mx.org-a.test.\n\
          mx 60 IN A 127.0.0.1\n\
          @ 60 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n\
-         s1._domainkey 60 IN TXT \"{}\"\n\
+         s1._domainkey 60 IN TXT {}\n\
          _dmarc 60 IN TXT \"v=DMARC1; p={dmarc_policy}\"\n",
-        key.dns_txt
+        key.zone_value()
     );
     let dns = TestDns::start(&[("org-a.test.", &zone), ("relay.test.", "mx 60 IN A 127.0.0.1\n")]).await;
     let resolver =
@@ -71,6 +75,14 @@ async fn aligned_spf_and_dkim_pass() {
     {
         assert!(header.contains(want), "{want} missing: {header}");
     }
+}
+
+#[tokio::test]
+async fn rsa_key_longer_than_one_txt_string_verifies() {
+    let w = world_with("reject", "rsa").await;
+    let v = verdict(&w, "127.0.0.9", "alice@org-a.test", &signed(&w)).await;
+    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    assert!(header.contains("dkim=pass") && header.contains("dmarc=pass"), "{header}");
 }
 
 #[tokio::test]

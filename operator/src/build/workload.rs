@@ -19,7 +19,8 @@ use k8s_openapi::api::core::v1::{
     TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -538,18 +539,34 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             ..Default::default()
         });
     }
+    // DNS for MX lookups and sender authentication, SMTP for the relay, and the
+    // stores, to any address: where they live is not the operator's to know.
+    let egress = mc.spec.network_policy.restrict_egress.then(|| {
+        let udp = NetworkPolicyPort {
+            protocol: Some("UDP".into()),
+            port: Some(IntOrString::Int(53)),
+            ..Default::default()
+        };
+        let mut ports = vec![udp, tcp(53), tcp(25), tcp(465), tcp(587), tcp(5432), tcp(6379), tcp(26379)];
+        ports.extend(mc.spec.network_policy.egress_ports.iter().map(|p| tcp(*p)));
+        vec![NetworkPolicyEgressRule { ports: Some(ports), to: None }]
+    });
     NetworkPolicy {
         metadata: metadata(mc, names::cluster_name(mc), "server"),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(match_labels(names::all_pods_selector(mc))),
-            policy_types: Some(vec!["Ingress".into()]),
+            policy_types: Some(if egress.is_some() {
+                vec!["Ingress".into(), "Egress".into()]
+            } else {
+                vec!["Ingress".into()]
+            }),
             ingress: Some(vec![
                 // Mail is public: anyone may connect to the mail listeners.
                 NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
                 // The admin port (metrics, health) only from this namespace and monitoring.
                 NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
             ]),
-            ..Default::default()
+            egress,
         }),
     }
 }
