@@ -69,7 +69,7 @@ machine_line | tee "$OUT/machine.txt"
 sink_count() { tr '\r' '\n' <"$1" | awk -F'mesg=' 'NF>1{n=$2} END{print n+0}'; }
 
 side() { # label submission-port
-  local label=$1 port=$2 sink="$OUT/sink-$1.out" c0="" t0 t_load n acked n_end t_end
+  local label=$1 port=$2 sink="$WORK/sink-$1.out" c0="" t0 t_load n acked n_end t_end
   smtp-sink -c -u nobody "127.0.0.1:$SINK_PORT" 1024 >"$sink" 2>&1 &
   SINK_PID=$!
   sleep 0.5
@@ -90,6 +90,8 @@ side() { # label submission-port
   done
   t_end=$(date +%s.%N)
   kill "$SINK_PID" 2>/dev/null; wait "$SINK_PID" 2>/dev/null; SINK_PID=
+  # The sink's counter line, once (its running output is one line per message).
+  tr '\r' '\n' <"$sink" | tail -n 1 >"$OUT/sink-$label.txt"
   python3 - "$label" "$t0" "$t_load" "$t_end" "$n" "$n_end" "$acked" <<'PY' | tee -a "$OUT/summary.txt"
 import sys
 label, t0, tl, te, n, ne, acked = sys.argv[1], *map(float, sys.argv[2:5]), *map(int, sys.argv[5:8])
