@@ -34,7 +34,15 @@ struct Setup {
 
 impl Setup {
     async fn start(zone_extra: &str, tweak: impl FnOnce(&mut Config)) -> Setup {
-        let remote = ScriptedRemote::start("250 2.1.5 ok").await;
+        Self::start_with_tls(zone_extra, None, tweak).await
+    }
+
+    async fn start_with_tls(
+        zone_extra: &str,
+        remote_tls: Option<Arc<rustls::ServerConfig>>,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Setup {
+        let remote = ScriptedRemote::start_with_tls("250 2.1.5 ok", remote_tls).await;
         let zone = format!("@ 60 IN MX 10 mx.remote.test.\nmx 60 IN A 127.0.0.1\n{zone_extra}");
         let dns = TestDns::start(&[("remote.test.", &zone)]).await;
         let dir = tempfile::tempdir().unwrap();
@@ -267,5 +275,169 @@ async fn hundred_mx_records_endless_greeting_and_silent_server_are_bounded() {
     .await;
     let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
     assert!(e.last_error.as_deref().unwrap().contains("too long"), "{e:?}");
+    s.stop().await;
+}
+
+/// A test CA and a certificate from it for the remote's MX and MTA-STS hosts.
+struct TestPki {
+    ca_file: tempfile::NamedTempFile,
+    server: Arc<rustls::ServerConfig>,
+    /// From the same CA, for a name that is not the MX's.
+    wrong_name: Arc<rustls::ServerConfig>,
+}
+
+fn test_pki() -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "relay test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let server_for = |names: &[&str]| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.der().clone()], key_der)
+                .unwrap();
+        Arc::new(config)
+    };
+    let ca_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca_file.path(), ca.pem()).unwrap();
+    TestPki {
+        ca_file,
+        server: server_for(&["mx.remote.test", "mta-sts.remote.test"]),
+        wrong_name: server_for(&["other.test"]),
+    }
+}
+
+/// Serves `policy` at https://mta-sts.remote.test/.well-known/mta-sts.txt (on a
+/// free port of 127.0.0.1); returns the port.
+async fn policy_server(tls: Arc<rustls::ServerConfig>, policy: &'static str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(sock).await else { return };
+                let mut buf = [0u8; 2048];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let response = if request.starts_with("GET /.well-known/mta-sts.txt ") {
+                    format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{policy}")
+                } else {
+                    "HTTP/1.0 404 Not Found\r\n\r\n".to_string()
+                };
+                let _ = s.write_all(response.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+const STS_ZONE: &str = "_mta-sts 60 IN TXT \"v=STSv1; id=20261201\"\nmta-sts 60 IN A 127.0.0.1\n";
+
+#[tokio::test]
+async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
+    let pki = test_pki();
+    let port = policy_server(
+        pki.server.clone(),
+        "version: STSv1\r\nmode: enforce\r\nmx: mx.remote.test\r\nmax_age: 86400\r\n",
+    )
+    .await;
+    let ca = pki.ca_file.path().to_path_buf();
+    // The MX offers STARTTLS with a certificate from the CA the relay trusts.
+    let s = Setup::start_with_tls(STS_ZONE, Some(pki.server.clone()), |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("delivery", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    let got = s.remote.received();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].tls, "sent over TLS");
+    s.stop().await;
+
+    // The same policy, and an MX that does not offer STARTTLS: nothing is sent.
+    let s = Setup::start(STS_ZONE, |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the deferral", Duration::from_secs(10), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+    })
+    .await;
+    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(e.last_error.as_deref().unwrap().contains("TLS is required"), "{e:?}");
+    assert!(s.remote.received().is_empty(), "no cleartext copy");
+    s.stop().await;
+
+    // A certificate that is not the MX host's: refused too.
+    let s = Setup::start_with_tls(STS_ZONE, Some(pki.wrong_name.clone()), |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the deferral", Duration::from_secs(15), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+    })
+    .await;
+    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(e.last_error.as_deref().unwrap().contains("TLS handshake"), "{e:?}");
+    assert!(s.remote.received().is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn mta_sts_policy_naming_other_hosts_defers_and_testing_mode_delivers() {
+    let pki = test_pki();
+    let ca = pki.ca_file.path().to_path_buf();
+    let port = policy_server(
+        pki.server.clone(),
+        "version: STSv1\nmode: enforce\nmx: *.elsewhere.test\nmax_age: 86400\n",
+    )
+    .await;
+    let s = Setup::start(STS_ZONE, |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the deferral", Duration::from_secs(10), async || {
+        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+    })
+    .await;
+    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    assert!(e.last_error.as_deref().unwrap().contains("MTA-STS"), "{e:?}");
+    assert_eq!(s.remote.connections(), 0);
+    s.stop().await;
+
+    let port = policy_server(
+        pki.server.clone(),
+        "version: STSv1\nmode: testing\nmx: *.elsewhere.test\nmax_age: 86400\n",
+    )
+    .await;
+    let s = Setup::start(STS_ZONE, |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("delivery in testing mode", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    assert_eq!(s.remote.received().len(), 1);
     s.stop().await;
 }

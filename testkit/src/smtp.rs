@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Greeting {
@@ -34,6 +37,8 @@ pub struct Received {
     pub data: String,
     /// The end of DATA was answered with 250.
     pub acknowledged: bool,
+    /// The message came over TLS (after STARTTLS).
+    pub tls: bool,
 }
 
 pub struct ScriptedRemote {
@@ -47,6 +52,11 @@ pub struct ScriptedRemote {
 impl ScriptedRemote {
     /// Listens on 127.0.0.1 (a free port), answering RCPT with `rcpt_reply`.
     pub async fn start(rcpt_reply: &str) -> ScriptedRemote {
+        Self::start_with_tls(rcpt_reply, None).await
+    }
+
+    /// [`ScriptedRemote::start`], offering STARTTLS with `tls` when given.
+    pub async fn start_with_tls(rcpt_reply: &str, tls: Option<Arc<rustls::ServerConfig>>) -> ScriptedRemote {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let behaviour = Arc::new(Mutex::new(Behaviour {
@@ -57,10 +67,11 @@ impl ScriptedRemote {
         let received = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
         let (b, r, c) = (behaviour.clone(), received.clone(), connections.clone());
+        let tls = tls.clone();
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve_one(sock, b.clone(), r.clone()));
+                tokio::spawn(serve_one(Box::new(sock), b.clone(), r.clone(), tls.clone(), false));
             }
         });
         ScriptedRemote { addr, behaviour, received, connections, task }
@@ -105,13 +116,14 @@ fn address_of(arg: &str) -> String {
 /// One connection; the behaviour is read at each step, so a change applies to
 /// connections the relay keeps open too.
 async fn serve_one(
-    sock: tokio::net::TcpStream,
+    sock: Box<dyn Io>,
     b: Arc<Mutex<Behaviour>>,
     received: Arc<Mutex<Vec<Received>>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    is_tls: bool,
 ) {
-    let (r, mut w) = sock.into_split();
-    let mut r = BufReader::new(r);
-    let greeting = lock(&b).greeting.clone();
+    let mut r = BufReader::new(sock);
+    let greeting = if is_tls { Greeting::Normal } else { lock(&b).greeting.clone() };
     match greeting {
         Greeting::Silent => {
             tokio::time::sleep(Duration::from_secs(60)).await;
@@ -120,7 +132,7 @@ async fn serve_one(
         Greeting::Endless => {
             let line = format!("220-{}\r\n", "x".repeat(500));
             for _ in 0..100_000 {
-                if w.write_all(line.as_bytes()).await.is_err() {
+                if r.write_all(line.as_bytes()).await.is_err() {
                     return;
                 }
             }
@@ -128,7 +140,9 @@ async fn serve_one(
         }
         Greeting::Normal => {}
     }
-    let _ = w.write_all(b"220 remote.test ESMTP\r\n").await;
+    if !is_tls {
+        let _ = r.write_all(b"220 remote.test ESMTP\r\n").await;
+    }
     let (mut from, mut rcpts) = (String::new(), Vec::new());
     let mut line = String::new();
     loop {
@@ -139,7 +153,18 @@ async fn serve_one(
         let cmd = line.trim_end().to_string();
         let upper = cmd.to_ascii_uppercase();
         let reply = if upper.starts_with("EHLO") {
-            "250-remote.test\r\n250-PIPELINING\r\n250 SIZE 10000000\r\n".to_string()
+            let starttls = if tls.is_some() && !is_tls { "250-STARTTLS\r\n" } else { "" };
+            format!("250-remote.test\r\n{starttls}250-PIPELINING\r\n250 SIZE 10000000\r\n")
+        } else if upper == "STARTTLS" && !is_tls {
+            let Some(config) = tls.clone() else {
+                let _ = r.write_all(b"502 5.5.1 no TLS here\r\n").await;
+                continue;
+            };
+            let _ = r.write_all(b"220 2.0.0 go ahead\r\n").await;
+            let Ok(stream) = tokio_rustls::TlsAcceptor::from(config).accept(r.into_inner()).await else {
+                return;
+            };
+            return Box::pin(serve_one(Box::new(stream), b, received, tls, true)).await;
         } else if upper.starts_with("MAIL FROM:") {
             from = address_of(&cmd[10..]);
             rcpts.clear();
@@ -154,7 +179,7 @@ async fn serve_one(
             if rcpts.is_empty() {
                 "554 5.5.1 no valid recipients\r\n".into()
             } else {
-                let _ = w.write_all(b"354 go ahead\r\n").await;
+                let _ = r.write_all(b"354 go ahead\r\n").await;
                 let mut data = String::new();
                 loop {
                     line.clear();
@@ -172,6 +197,7 @@ async fn serve_one(
                     rcpts: rcpts.clone(),
                     data,
                     acknowledged: !hold,
+                    tls: is_tls,
                 });
                 if hold {
                     tokio::time::sleep(Duration::from_secs(120)).await;
@@ -182,12 +208,12 @@ async fn serve_one(
         } else if upper == "RSET" {
             "250 2.0.0 ok\r\n".into()
         } else if upper == "QUIT" {
-            let _ = w.write_all(b"221 bye\r\n").await;
+            let _ = r.write_all(b"221 bye\r\n").await;
             return;
         } else {
             "500 5.5.2 what\r\n".into()
         };
-        if w.write_all(reply.as_bytes()).await.is_err() {
+        if r.write_all(reply.as_bytes()).await.is_err() {
             return;
         }
     }

@@ -65,6 +65,13 @@ pub struct RelayConfig {
     pub max_reply_bytes: usize,
     /// Name sent in EHLO; empty: the server's hostname.
     pub helo_name: String,
+    /// Honour MTA-STS policies (RFC 8461) of receiving domains.
+    pub mta_sts: bool,
+    /// The port MTA-STS policies are fetched from (443; tests point it elsewhere).
+    pub mta_sts_port: u16,
+    /// More trusted roots (PEM) for verified TLS: to a smarthost and to MX hosts
+    /// under an MTA-STS policy (a private PKI, or tests).
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for RelayConfig {
@@ -91,6 +98,9 @@ impl Default for RelayConfig {
             data_timeout_secs: 600,
             max_reply_bytes: 64 * 1024,
             helo_name: String::new(),
+            mta_sts: true,
+            mta_sts_port: 443,
+            tls_ca_file: None,
         }
     }
 }
@@ -180,6 +190,7 @@ impl RelayConfig {
             ("relay.connect_timeout_secs", self.connect_timeout_secs),
             ("relay.command_timeout_secs", self.command_timeout_secs),
             ("relay.data_timeout_secs", self.data_timeout_secs),
+            ("relay.mta_sts_port", u64::from(self.mta_sts_port)),
         ] {
             if value == 0 {
                 out.push(format!("{name} must be greater than 0"));

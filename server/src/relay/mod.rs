@@ -17,11 +17,14 @@
 //! next message to the same host, up to `relay.max_messages_per_connection`.
 //!
 //! Transport security: opportunistic STARTTLS to MX hosts (certificates not
-//! verified, RFC 7435), verified TLS to a smarthost. MTA-STS and DANE are not
-//! enforced yet.
+//! verified, RFC 7435); verified TLS to a smarthost; and, to a domain with an
+//! MTA-STS policy in enforce mode (RFC 8461), only the MX hosts it names, STARTTLS
+//! required and the certificate verified for the MX host name. DANE (RFC 7672) is
+//! not supported: it needs DNSSEC-validated answers.
 
 pub mod client;
 pub mod dsn;
+pub mod mta_sts;
 mod tls;
 
 use std::collections::HashMap;
@@ -100,6 +103,8 @@ struct Destination {
     key: String,
     hosts: Vec<(String, u16)>,
     smarthost: bool,
+    /// MTA-STS enforce: verified STARTTLS or nothing.
+    require_verified_tls: bool,
 }
 
 /// One recipient's result in one attempt.
@@ -117,7 +122,11 @@ pub struct Relay {
     worker: String,
     timeouts: Arc<Timeouts>,
     tls_any: tokio_rustls::TlsConnector,
+    /// To the smarthost (unverified when `relay.smarthost_tls_verify` is off).
+    tls_smarthost: tokio_rustls::TlsConnector,
+    /// To MX hosts under an MTA-STS policy: always verified.
     tls_verified: tokio_rustls::TlsConnector,
+    mta_sts: mta_sts::MtaStsCache,
     idle: Mutex<HashMap<String, Vec<(Client, Instant)>>>,
     limits: Mutex<HashMap<String, Arc<Semaphore>>>,
     metrics: RelayMetrics,
@@ -139,7 +148,13 @@ impl Relay {
             worker,
             timeouts,
             tls_any: tls::opportunistic()?,
-            tls_verified: if c.smarthost_tls_verify { tls::verified()? } else { tls::opportunistic()? },
+            tls_smarthost: if c.smarthost_tls_verify {
+                tls::verified(c.tls_ca_file.as_deref())?
+            } else {
+                tls::opportunistic()?
+            },
+            tls_verified: tls::verified(c.tls_ca_file.as_deref())?,
+            mta_sts: mta_sts::MtaStsCache::new(tls::verified(c.tls_ca_file.as_deref())?, c.mta_sts_port),
             idle: Mutex::new(HashMap::new()),
             limits: Mutex::new(HashMap::new()),
             metrics: RelayMetrics::new(),
@@ -393,6 +408,7 @@ impl Relay {
                 key: format!("smarthost {host}:{port}"),
                 hosts: vec![(host, port)],
                 smarthost: true,
+                require_verified_tls: false,
             });
         }
         match self.dns.route(domain, config.max_mx_hosts).await {
@@ -407,7 +423,7 @@ impl Relay {
                 diagnostic: format!("{domain} has no mail exchanger and no address"),
                 remote: None,
             }),
-            Ok(Route::Hosts(hosts)) => {
+            Ok(Route::Hosts(mut hosts)) => {
                 let me = self.app.config.hostname.to_ascii_lowercase();
                 if hosts.contains(&me) {
                     // RFC 5321 §5.1: an MX list naming this host means the mail
@@ -418,11 +434,32 @@ impl Relay {
                         remote: None,
                     });
                 }
+                let mut require_verified_tls = false;
+                if config.mta_sts
+                    && let Some(policy) = self.mta_sts.policy(&self.dns, domain).await
+                {
+                    match policy.mode {
+                        mta_sts::Mode::Enforce => {
+                            hosts.retain(|h| policy.allows(h));
+                            if hosts.is_empty() {
+                                return Err(RcptResult::Deferred(format!(
+                                    "no MX host of {domain} is named by its MTA-STS policy"
+                                )));
+                            }
+                            require_verified_tls = true;
+                        }
+                        mta_sts::Mode::Testing if hosts.iter().any(|h| !policy.allows(h)) => {
+                            tracing::info!(domain, "MX hosts outside the MTA-STS policy (testing mode)");
+                        }
+                        _ => {}
+                    }
+                }
                 let port = config.remote_port;
                 Ok(Destination {
                     key: domain.to_string(),
                     hosts: hosts.into_iter().map(|h| (h, port)).collect(),
                     smarthost: false,
+                    require_verified_tls,
                 })
             }
         }
@@ -453,7 +490,8 @@ impl Relay {
         };
         let mut last_error = String::from("no mail exchanger could be reached");
         for (host, port) in &dest.hosts {
-            let pool_key = format!("{host}:{port}");
+            // Connections made under an MTA-STS policy are kept apart from others.
+            let pool_key = format!("{host}:{port}{}", if dest.require_verified_tls { " sts" } else { "" });
             // A pooled connection first; if it broke while idle (before anything of
             // this message was sent), a fresh one.
             if let Some(mut client) = self.take_idle(&pool_key) {
@@ -465,7 +503,7 @@ impl Relay {
                     Err(e) => return all(RcptResult::Deferred(format!("{host}: {e}"))),
                 }
             }
-            let mut client = match self.open(host, *port, dest.smarthost).await {
+            let mut client = match self.open(host, *port, &dest).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::debug!(host, port, error = %e, "relay: host unusable");
@@ -531,7 +569,7 @@ impl Relay {
     }
 
     /// Connects to one host (each of its addresses in turn) and greets it.
-    async fn open(&self, host: &str, port: u16, smarthost: bool) -> Result<Client, ClientError> {
+    async fn open(&self, host: &str, port: u16, dest: &Destination) -> Result<Client, ClientError> {
         let config = &self.app.config.relay;
         let addrs = self.dns.addresses(host).await.map_err(|e| ClientError::Io(e.to_string()))?;
         if addrs.is_empty() {
@@ -542,10 +580,14 @@ impl Relay {
         for ip in addrs {
             let addr = SocketAddr::new(ip, port);
             let attempt = async {
-                if smarthost {
+                if dest.require_verified_tls {
+                    let mut c = Client::connect(addr, self.timeouts.clone()).await?;
+                    c.hello(helo, Some((&self.tls_verified, host)), true).await?;
+                    Ok(c)
+                } else if dest.smarthost {
                     let require = config.smarthost_tls == "required";
                     let mut c = Client::connect(addr, self.timeouts.clone()).await?;
-                    c.hello(helo, require.then_some((&self.tls_verified, host)), require).await?;
+                    c.hello(helo, require.then_some((&self.tls_smarthost, host)), require).await?;
                     if let (Some(user), Some(password)) =
                         (&config.smarthost_username, &config.smarthost_password)
                     {

@@ -65,8 +65,19 @@ pub fn opportunistic() -> anyhow::Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
-pub fn verified() -> anyhow::Result<TlsConnector> {
-    let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+/// Verifies against the web PKI roots, plus the PEM certificates of `extra_ca`.
+pub fn verified(extra_ca: Option<&std::path::Path>) -> anyhow::Result<TlsConnector> {
+    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    if let Some(path) = extra_ca {
+        let pem = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let mut added = 0;
+        for cert in rustls_pemfile::certs(&mut std::io::BufReader::new(&pem[..])) {
+            let cert = cert.map_err(|e| anyhow::anyhow!("{}: malformed PEM: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            added += 1;
+        }
+        anyhow::ensure!(added > 0, "{}: no certificate in it", path.display());
+    }
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
