@@ -113,6 +113,15 @@ impl Setup {
         }
     }
 
+    /// Waits for the first failed attempt at `id`; its queue entry then.
+    async fn deferred(&self, id: i64, limit: Duration) -> mailcluster_server::store::QueueEntry {
+        self.until("a deferral", limit, async || {
+            self.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
+        })
+        .await;
+        self.store().queue_get(id).await.unwrap().unwrap().0
+    }
+
     /// The messages in `email`'s INBOX.
     async fn inbox(&self, email: &str) -> Vec<String> {
         let store = self.store();
@@ -256,11 +265,7 @@ async fn hundred_mx_records_endless_greeting_and_silent_server_are_bounded() {
     s.remote.set_greeting(Greeting::Silent);
     let started = Instant::now();
     let id = s.enqueue("alice@local.test", &["x@many.remote.test"], chrono::Duration::days(1)).await;
-    s.until("the deferral", Duration::from_secs(20), async || {
-        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
-    })
-    .await;
-    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    let e = s.deferred(id, Duration::from_secs(20)).await;
     assert!(e.last_error.as_deref().unwrap().contains("timed out"), "{e:?}");
     assert_eq!(s.remote.connections(), 3, "three hosts tried, not a hundred");
     assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
@@ -269,11 +274,7 @@ async fn hundred_mx_records_endless_greeting_and_silent_server_are_bounded() {
     // A greeting that never ends: "reply too long", deferred.
     s.remote.set_greeting(Greeting::Endless);
     let id = s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::days(1)).await;
-    s.until("the endless greeting deferral", Duration::from_secs(15), async || {
-        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
-    })
-    .await;
-    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    let e = s.deferred(id, Duration::from_secs(15)).await;
     assert!(e.last_error.as_deref().unwrap().contains("too long"), "{e:?}");
     s.stop().await;
 }
@@ -376,11 +377,7 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
     })
     .await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
-    s.until("the deferral", Duration::from_secs(10), async || {
-        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
-    })
-    .await;
-    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    let e = s.deferred(id, Duration::from_secs(10)).await;
     assert!(e.last_error.as_deref().unwrap().contains("TLS is required"), "{e:?}");
     assert!(s.remote.received().is_empty(), "no cleartext copy");
     s.stop().await;
@@ -392,11 +389,7 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
     })
     .await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
-    s.until("the deferral", Duration::from_secs(15), async || {
-        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
-    })
-    .await;
-    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    let e = s.deferred(id, Duration::from_secs(15)).await;
     assert!(e.last_error.as_deref().unwrap().contains("TLS handshake"), "{e:?}");
     assert!(s.remote.received().is_empty());
     s.stop().await;
@@ -417,11 +410,7 @@ async fn mta_sts_policy_naming_other_hosts_defers_and_testing_mode_delivers() {
     })
     .await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
-    s.until("the deferral", Duration::from_secs(10), async || {
-        s.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
-    })
-    .await;
-    let (e, _) = s.store().queue_get(id).await.unwrap().unwrap();
+    let e = s.deferred(id, Duration::from_secs(10)).await;
     assert!(e.last_error.as_deref().unwrap().contains("MTA-STS"), "{e:?}");
     assert_eq!(s.remote.connections(), 0);
     s.stop().await;
