@@ -51,11 +51,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let deliverer =
         Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    let dns = Arc::new(crate::dns::Dns::from_config(&config.dns).context("DNS resolver setup failed")?);
+    // Without nameservers configured and without a usable /etc/resolv.conf, the
+    // pod still serves local mail; it only cannot send to other domains or check
+    // senders, and says so.
+    let dns = match crate::dns::Dns::from_config(&config.dns) {
+        Ok(dns) => Some(Arc::new(dns)),
+        Err(e) if config.dns.nameservers.is_empty() => {
+            tracing::warn!(error = %e, "no DNS resolver: outbound relay and sender authentication are off");
+            None
+        }
+        Err(e) => return Err(e.context("DNS resolver setup failed")),
+    };
     let signer = Arc::new(crate::dkim::Signer::load(&config.dkim).context("DKIM setup failed")?);
     let relay_wake = Arc::new(tokio::sync::Notify::new());
     let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer)
-        .with_mail(MailExchange { dns: Some(dns.clone()), signer, relay_wake: relay_wake.clone() });
+        .with_mail(MailExchange { dns: dns.clone(), signer, relay_wake: relay_wake.clone() });
     // The read caches assume the database never goes back in time; they are
     // dropped when it does (restore, failover).
     tokio::spawn(app.imap.watch_epoch(store.clone()));
@@ -95,7 +105,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let serves_smtp = config.enabled_listeners().iter().any(|l| {
         matches!(l, ConfigListener::Smtp | ConfigListener::Submission | ConfigListener::Submissions)
     });
-    let relay_task = if config.relay.enabled && serves_smtp {
+    let relay_task = if let Some(dns) = dns.filter(|_| config.relay.enabled && serves_smtp) {
         let relay = Relay::new(app.clone(), dns, relay_wake).context("relay setup failed")?;
         relay.register_metrics(&metrics.registry).context("registering relay metrics")?;
         Some(tokio::spawn(relay.run(shutdown.clone())))
