@@ -200,15 +200,19 @@ async fn rejection_bounces_to_local_sender_with_original_headers_and_null_sender
 }
 
 #[tokio::test]
-async fn remote_sender_gets_its_dsn_queued_with_the_null_sender() {
-    let s = Setup::start("", |c| c.relay.retry_schedule_secs = vec![3600]).await;
-    s.remote.set_rcpt_reply("550 5.1.1 no");
+async fn remote_sender_gets_its_dsn_sent_with_the_null_sender() {
+    let s = Setup::start("", |_| {}).await;
+    s.remote.set_unknown_user("nobody");
     s.enqueue("someone@remote.test", &["nobody@remote.test"], chrono::Duration::days(1)).await;
-    s.until("the queued DSN", Duration::from_secs(10), async || {
-        let q = s.store().queue_list(10).await.unwrap();
-        q.iter().any(|e| e.sender.is_empty() && e.recipients == vec!["someone@remote.test".to_string()])
+    s.until("the DSN at the sender's server", Duration::from_secs(10), async || {
+        s.remote.received().iter().any(|m| m.rcpts == vec!["someone@remote.test".to_string()])
     })
     .await;
+    let got = s.remote.received();
+    let dsn = got.iter().find(|m| m.rcpts == vec!["someone@remote.test".to_string()]).unwrap();
+    assert_eq!(dsn.from, "", "sent with the null sender");
+    assert!(dsn.data.contains("Final-Recipient: rfc822; nobody@remote.test"), "{}", dsn.data);
+    s.until("an empty queue", Duration::from_secs(10), async || queue_empty(&s).await).await;
     s.stop().await;
 }
 

@@ -25,6 +25,8 @@ pub enum Greeting {
 struct Behaviour {
     greeting: Greeting,
     rcpt_reply: String,
+    /// RCPT of this local part is refused with 550 5.1.1, whatever `rcpt_reply`.
+    unknown_user: Option<String>,
     /// The end of DATA gets no answer (the connection is held, then dropped).
     hold: bool,
 }
@@ -62,6 +64,7 @@ impl ScriptedRemote {
         let behaviour = Arc::new(Mutex::new(Behaviour {
             greeting: Greeting::Normal,
             rcpt_reply: rcpt_reply.to_string(),
+            unknown_user: None,
             hold: false,
         }));
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -79,6 +82,11 @@ impl ScriptedRemote {
 
     pub fn set_rcpt_reply(&self, reply: &str) {
         lock(&self.behaviour).rcpt_reply = reply.to_string();
+    }
+
+    /// Refuses RCPT of `local_part@…` with 550 5.1.1.
+    pub fn set_unknown_user(&self, local_part: &str) {
+        lock(&self.behaviour).unknown_user = Some(local_part.to_string());
     }
 
     pub fn set_greeting(&self, g: Greeting) {
@@ -170,9 +178,14 @@ async fn serve_one(
             rcpts.clear();
             "250 2.1.0 ok\r\n".into()
         } else if upper.starts_with("RCPT TO:") {
-            let reply = lock(&b).rcpt_reply.clone();
+            let rcpt = address_of(&cmd[8..]);
+            let behaviour = lock(&b).clone();
+            let unknown = behaviour.unknown_user.is_some_and(|u| {
+                rcpt.split_once('@').is_some_and(|(local, _)| local.eq_ignore_ascii_case(&u))
+            });
+            let reply = if unknown { "550 5.1.1 no such user".to_string() } else { behaviour.rcpt_reply };
             if reply.starts_with('2') {
-                rcpts.push(address_of(&cmd[8..]));
+                rcpts.push(rcpt);
             }
             format!("{reply}\r\n")
         } else if upper == "DATA" {
