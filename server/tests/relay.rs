@@ -434,3 +434,15 @@ async fn mta_sts_policy_naming_other_hosts_defers_and_testing_mode_delivers() {
     assert_eq!(s.remote.received().len(), 1);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn one_connection_carries_many_messages_within_the_destination_cap() {
+    let s = Setup::start("", |c| c.relay.max_connections_per_destination = 1).await;
+    for _ in 0..5 {
+        s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::days(1)).await;
+    }
+    s.until("five deliveries", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    assert_eq!(s.remote.received().len(), 5);
+    assert_eq!(s.remote.connections(), 1, "the cap of one connection, reused for every message");
+    s.stop().await;
+}
