@@ -148,3 +148,26 @@ fn render_prints_the_children_of_a_sample() {
     assert!(out.error_line().contains("/nonexistent/cluster.yaml"), "{}", out.stderr);
     out.assert_no_panic();
 }
+
+#[test]
+fn malformed_dkim_key_stops_the_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("broken.key");
+    std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n").unwrap();
+    let config = dir.path().join("mail.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[dkim.keys]]\ndomain = \"example.org\"\nselector = \"s1\"\nkey_file = \"{}\"\nalgorithm = \"ed25519\"\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    let mut env = common::cluster::ephemeral_ports();
+    env.push(("MAILCLUSTER_CONFIG", config.to_str().unwrap()));
+    let out = run(dir.path(), &["serve"], &env);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let line = out.error_line();
+    assert!(line.contains("DKIM") && line.contains("broken.key") && line.contains("example.org"), "{line}");
+    out.assert_no_panic();
+}
