@@ -446,3 +446,23 @@ async fn one_connection_carries_many_messages_within_the_destination_cap() {
     assert_eq!(s.remote.connections(), 1, "the cap of one connection, reused for every message");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn pipelined_data_accepted_without_recipients_keeps_the_connection_in_step() {
+    // MAIL refused for now, and a server that still says 354 to the pipelined
+    // DATA: the relay ends that empty data phase, and the same connection
+    // carries the next transaction.
+    let s = Setup::start("", |c| c.relay.max_connections_per_destination = 1).await;
+    s.remote.set_data_without_recipients(true);
+    s.remote.set_mail_reply("451 4.3.0 sender check unavailable");
+    let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    let e = s.deferred(id, Duration::from_secs(10)).await;
+    assert!(e.last_error.as_deref().unwrap().contains("451 4.3.0"), "{e:?}");
+    s.remote.set_mail_reply("250 2.1.0 ok");
+    s.store().queue_retry(Some(id)).await.unwrap();
+    s.app.mail.relay_wake.notify_one();
+    s.until("delivery on the same connection", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    assert_eq!(s.remote.received().len(), 1);
+    assert_eq!(s.remote.connections(), 1, "the connection stayed usable");
+    s.stop().await;
+}

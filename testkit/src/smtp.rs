@@ -25,8 +25,12 @@ pub enum Greeting {
 struct Behaviour {
     greeting: Greeting,
     rcpt_reply: String,
+    mail_reply: String,
     /// RCPT of this local part is refused with 550 5.1.1, whatever `rcpt_reply`.
     unknown_user: Option<String>,
+    /// DATA gets 354 even when no recipient was accepted (RFC 2920 allows it);
+    /// the content that follows is then thrown away.
+    data_without_recipients: bool,
     /// The end of DATA gets no answer (the connection is held, then dropped).
     hold: bool,
 }
@@ -64,7 +68,9 @@ impl ScriptedRemote {
         let behaviour = Arc::new(Mutex::new(Behaviour {
             greeting: Greeting::Normal,
             rcpt_reply: rcpt_reply.to_string(),
+            mail_reply: "250 2.1.0 ok".into(),
             unknown_user: None,
+            data_without_recipients: false,
             hold: false,
         }));
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -82,6 +88,15 @@ impl ScriptedRemote {
 
     pub fn set_rcpt_reply(&self, reply: &str) {
         lock(&self.behaviour).rcpt_reply = reply.to_string();
+    }
+
+    pub fn set_mail_reply(&self, reply: &str) {
+        lock(&self.behaviour).mail_reply = reply.to_string();
+    }
+
+    /// Answers DATA with 354 even without recipients.
+    pub fn set_data_without_recipients(&self, on: bool) {
+        lock(&self.behaviour).data_without_recipients = on;
     }
 
     /// Refuses RCPT of `local_part@…` with 550 5.1.1.
@@ -151,7 +166,7 @@ async fn serve_one(
     if !is_tls {
         let _ = r.write_all(b"220 remote.test ESMTP\r\n").await;
     }
-    let (mut from, mut rcpts) = (String::new(), Vec::new());
+    let (mut from, mut rcpts, mut in_transaction) = (String::new(), Vec::new(), false);
     let mut line = String::new();
     loop {
         line.clear();
@@ -176,7 +191,11 @@ async fn serve_one(
         } else if upper.starts_with("MAIL FROM:") {
             from = address_of(&cmd[10..]);
             rcpts.clear();
-            "250 2.1.0 ok\r\n".into()
+            let reply = lock(&b).mail_reply.clone();
+            in_transaction = reply.starts_with('2');
+            format!("{reply}\r\n")
+        } else if upper.starts_with("RCPT TO:") && !in_transaction {
+            "503 5.5.1 need MAIL first\r\n".to_string()
         } else if upper.starts_with("RCPT TO:") {
             let rcpt = address_of(&cmd[8..]);
             let behaviour = lock(&b).clone();
@@ -189,7 +208,19 @@ async fn serve_one(
             }
             format!("{reply}\r\n")
         } else if upper == "DATA" {
-            if rcpts.is_empty() {
+            if rcpts.is_empty() && lock(&b).data_without_recipients {
+                let _ = r.write_all(b"354 go ahead\r\n").await;
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == ".\r\n" {
+                        break;
+                    }
+                }
+                "554 5.5.1 no valid recipients\r\n".into()
+            } else if rcpts.is_empty() {
                 "554 5.5.1 no valid recipients\r\n".into()
             } else {
                 let _ = r.write_all(b"354 go ahead\r\n").await;
@@ -216,9 +247,12 @@ async fn serve_one(
                     tokio::time::sleep(Duration::from_secs(120)).await;
                     return;
                 }
+                in_transaction = false;
                 "250 2.0.0 queued\r\n".into()
             }
         } else if upper == "RSET" {
+            in_transaction = false;
+            rcpts.clear();
             "250 2.0.0 ok\r\n".into()
         } else if upper == "QUIT" {
             let _ = r.write_all(b"221 bye\r\n").await;

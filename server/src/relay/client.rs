@@ -241,8 +241,19 @@ impl Client {
                 replies_to_rcpt.push(r);
             }
             data_reply = self.read_reply("the DATA reply").await?;
-            if !mail_reply.is_positive() {
-                return Ok(Sent { per_recipient: vec![mail_reply; rcpts.len()] });
+            if !mail_reply.is_positive() || accepted.is_empty() {
+                // RFC 2920 §3.1: a server may still answer the pipelined DATA with
+                // 354; an empty message (a lone ".") ends that data phase, so the
+                // connection stays in step. Then the transaction is reset.
+                if data_reply.code == 354 {
+                    self.write(b".\r\n").await?;
+                    let _ = self.read_reply("the reply to the empty message").await?;
+                }
+                self.reset().await?;
+                if !mail_reply.is_positive() {
+                    return Ok(Sent { per_recipient: vec![mail_reply; rcpts.len()] });
+                }
+                return Ok(Sent { per_recipient: replies_to_rcpt });
             }
         } else {
             let mail_reply = self.command(mail.as_bytes(), "the MAIL reply").await?;
