@@ -208,19 +208,7 @@ async fn serve_one(
             }
             format!("{reply}\r\n")
         } else if upper == "DATA" {
-            if rcpts.is_empty() && lock(&b).data_without_recipients {
-                let _ = r.write_all(b"354 go ahead\r\n").await;
-                loop {
-                    line.clear();
-                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == ".\r\n" {
-                        break;
-                    }
-                }
-                "554 5.5.1 no valid recipients\r\n".into()
-            } else if rcpts.is_empty() {
+            if rcpts.is_empty() && !lock(&b).data_without_recipients {
                 "554 5.5.1 no valid recipients\r\n".into()
             } else {
                 let _ = r.write_all(b"354 go ahead\r\n").await;
@@ -234,6 +222,13 @@ async fn serve_one(
                         break;
                     }
                     data.push_str(&line);
+                }
+                if rcpts.is_empty() {
+                    // Content after a 354 without recipients goes nowhere.
+                    if r.write_all(b"554 5.5.1 no valid recipients\r\n").await.is_err() {
+                        return;
+                    }
+                    continue;
                 }
                 let hold = lock(&b).hold;
                 lock(&received).push(Received {
