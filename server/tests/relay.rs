@@ -466,3 +466,35 @@ async fn pipelined_data_accepted_without_recipients_keeps_the_connection_in_step
     assert_eq!(s.remote.connections(), 1, "the connection stayed usable");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn starttls_refused_with_454_goes_on_in_the_clear_unless_tls_is_required() {
+    let s = Setup::start("", |_| {}).await;
+    s.remote.set_starttls_refused(true);
+    s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    s.until("delivery without TLS", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    let got = s.remote.received();
+    assert_eq!(got.len(), 1);
+    assert!(!got[0].tls);
+    s.stop().await;
+
+    // The same server under an MTA-STS policy in enforce mode: nothing is sent.
+    let pki = test_pki();
+    let port = policy_server(
+        pki.server.clone(),
+        "version: STSv1\nmode: enforce\nmx: mx.remote.test\nmax_age: 600\n",
+    )
+    .await;
+    let ca = pki.ca_file.path().to_path_buf();
+    let s = Setup::start(STS_ZONE, |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca.clone());
+    })
+    .await;
+    s.remote.set_starttls_refused(true);
+    let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
+    let e = s.deferred(id, Duration::from_secs(10)).await;
+    assert!(e.last_error.as_deref().unwrap().contains("454"), "{e:?}");
+    assert!(s.remote.received().is_empty());
+    s.stop().await;
+}

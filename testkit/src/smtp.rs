@@ -28,6 +28,8 @@ struct Behaviour {
     mail_reply: String,
     /// RCPT of this local part is refused with 550 5.1.1, whatever `rcpt_reply`.
     unknown_user: Option<String>,
+    /// STARTTLS is offered but answered with 454.
+    starttls_refused: bool,
     /// DATA gets 354 even when no recipient was accepted (RFC 2920 allows it);
     /// the content that follows is then thrown away.
     data_without_recipients: bool,
@@ -71,6 +73,7 @@ impl ScriptedRemote {
             mail_reply: "250 2.1.0 ok".into(),
             unknown_user: None,
             data_without_recipients: false,
+            starttls_refused: false,
             hold: false,
         }));
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -92,6 +95,11 @@ impl ScriptedRemote {
 
     pub fn set_mail_reply(&self, reply: &str) {
         lock(&self.behaviour).mail_reply = reply.to_string();
+    }
+
+    /// Offers STARTTLS (even without a TLS configuration) and answers it with 454.
+    pub fn set_starttls_refused(&self, on: bool) {
+        lock(&self.behaviour).starttls_refused = on;
     }
 
     /// Answers DATA with 354 even without recipients.
@@ -176,8 +184,11 @@ async fn serve_one(
         let cmd = line.trim_end().to_string();
         let upper = cmd.to_ascii_uppercase();
         let reply = if upper.starts_with("EHLO") {
-            let starttls = if tls.is_some() && !is_tls { "250-STARTTLS\r\n" } else { "" };
+            let offer = (tls.is_some() || lock(&b).starttls_refused) && !is_tls;
+            let starttls = if offer { "250-STARTTLS\r\n" } else { "" };
             format!("250-remote.test\r\n{starttls}250-PIPELINING\r\n250 SIZE 10000000\r\n")
+        } else if upper == "STARTTLS" && !is_tls && lock(&b).starttls_refused {
+            "454 4.7.0 TLS not available due to temporary reason\r\n".to_string()
         } else if upper == "STARTTLS" && !is_tls {
             let Some(config) = tls.clone() else {
                 let _ = r.write_all(b"502 5.5.1 no TLS here\r\n").await;

@@ -150,7 +150,12 @@ impl Client {
             }
             let reply = self.command(b"STARTTLS\r\n", "the STARTTLS reply").await?;
             if reply.code != 220 {
-                return Err(ClientError::Refused(reply));
+                if require_tls {
+                    return Err(ClientError::Refused(reply));
+                }
+                // Opportunistic TLS the server cannot give right now (454, RFC
+                // 3207 §4): the session goes on in the clear, as before STARTTLS.
+                return Ok(());
             }
             if !self.rbuf.is_empty() {
                 // RFC 3207 §4.2: nothing may follow the 220 in the clear.
