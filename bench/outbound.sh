@@ -59,6 +59,8 @@ algorithm = "ed25519"
 TOML
 export MAILCLUSTER_CONFIG=$WORK/outbound.toml
 mc_start "$USERS" smtp,submission
+# mc_start installs its own EXIT trap; this one runs it too.
+trap cleanup_outbound EXIT
 machine_line | tee "$OUT/machine.txt"
 {
   echo "mailcluster: $MC serve over PostgreSQL + Redis, MAILCLUSTER_* as bench/lib.sh mc_start sets them, plus:"
