@@ -354,9 +354,8 @@ pub async fn queue(config: &Config, command: &QueueCommand) -> Result<(), Failur
                     o.reply
                 )?;
             }
-            let end = memchr_header_end(&raw);
             writeln!(out)?;
-            out.write_all(&raw[..end])?;
+            out.write_all(mailcluster_server::relay::dsn::header_section(&raw))?;
         }
         QueueCommand::Retry { id, all: _ } => {
             let n = store.queue_retry(*id).await.context("cannot reschedule")?;
@@ -370,11 +369,6 @@ pub async fn queue(config: &Config, command: &QueueCommand) -> Result<(), Failur
         }
     }
     Ok(())
-}
-
-/// The end of a message's header section (or the whole message, bounded).
-fn memchr_header_end(raw: &[u8]) -> usize {
-    raw.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 2).unwrap_or(raw.len()).min(64 * 1024)
 }
 
 pub fn dkim(command: &DkimCommand) -> Result<(), Failure> {

@@ -350,6 +350,17 @@ async fn policy_server(tls: Arc<rustls::ServerConfig>, policy: &'static str) -> 
     port
 }
 
+/// A relay that fetches MTA-STS policies from `port` and trusts the test CA; the
+/// remote MX offers STARTTLS with `remote_tls` when given.
+async fn sts_setup(port: u16, pki: &TestPki, remote_tls: Option<Arc<rustls::ServerConfig>>) -> Setup {
+    let ca = pki.ca_file.path().to_path_buf();
+    Setup::start_with_tls(STS_ZONE, remote_tls, |c| {
+        c.relay.mta_sts_port = port;
+        c.relay.tls_ca_file = Some(ca);
+    })
+    .await
+}
+
 const STS_ZONE: &str = "_mta-sts 60 IN TXT \"v=STSv1; id=20261201\"\nmta-sts 60 IN A 127.0.0.1\n";
 
 #[tokio::test]
@@ -360,13 +371,8 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
         "version: STSv1\r\nmode: enforce\r\nmx: mx.remote.test\r\nmax_age: 86400\r\n",
     )
     .await;
-    let ca = pki.ca_file.path().to_path_buf();
     // The MX offers STARTTLS with a certificate from the CA the relay trusts.
-    let s = Setup::start_with_tls(STS_ZONE, Some(pki.server.clone()), |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, Some(pki.server.clone())).await;
     s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     s.until("delivery", Duration::from_secs(10), async || queue_empty(&s).await).await;
     let got = s.remote.received();
@@ -375,11 +381,7 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
     s.stop().await;
 
     // The same policy, and an MX that does not offer STARTTLS: nothing is sent.
-    let s = Setup::start(STS_ZONE, |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, None).await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     let e = s.deferred(id, Duration::from_secs(10)).await;
     assert!(e.last_error.as_deref().unwrap().contains("TLS is required"), "{e:?}");
@@ -387,11 +389,7 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
     s.stop().await;
 
     // A certificate that is not the MX host's: refused too.
-    let s = Setup::start_with_tls(STS_ZONE, Some(pki.wrong_name.clone()), |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, Some(pki.wrong_name.clone())).await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     let e = s.deferred(id, Duration::from_secs(15)).await;
     assert!(e.last_error.as_deref().unwrap().contains("TLS handshake"), "{e:?}");
@@ -402,17 +400,12 @@ async fn mta_sts_enforce_requires_verified_tls_to_a_listed_mx() {
 #[tokio::test]
 async fn mta_sts_policy_naming_other_hosts_defers_and_testing_mode_delivers() {
     let pki = test_pki();
-    let ca = pki.ca_file.path().to_path_buf();
     let port = policy_server(
         pki.server.clone(),
         "version: STSv1\nmode: enforce\nmx: *.elsewhere.test\nmax_age: 86400\n",
     )
     .await;
-    let s = Setup::start(STS_ZONE, |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, None).await;
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     let e = s.deferred(id, Duration::from_secs(10)).await;
     assert!(e.last_error.as_deref().unwrap().contains("MTA-STS"), "{e:?}");
@@ -424,11 +417,7 @@ async fn mta_sts_policy_naming_other_hosts_defers_and_testing_mode_delivers() {
         "version: STSv1\nmode: testing\nmx: *.elsewhere.test\nmax_age: 86400\n",
     )
     .await;
-    let s = Setup::start(STS_ZONE, |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, None).await;
     s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     s.until("delivery in testing mode", Duration::from_secs(10), async || queue_empty(&s).await).await;
     assert_eq!(s.remote.received().len(), 1);
@@ -485,12 +474,7 @@ async fn starttls_refused_with_454_goes_on_in_the_clear_unless_tls_is_required()
         "version: STSv1\nmode: enforce\nmx: mx.remote.test\nmax_age: 600\n",
     )
     .await;
-    let ca = pki.ca_file.path().to_path_buf();
-    let s = Setup::start(STS_ZONE, |c| {
-        c.relay.mta_sts_port = port;
-        c.relay.tls_ca_file = Some(ca.clone());
-    })
-    .await;
+    let s = sts_setup(port, &pki, None).await;
     s.remote.set_starttls_refused(true);
     let id = s.enqueue("", &["x@remote.test"], chrono::Duration::days(1)).await;
     let e = s.deferred(id, Duration::from_secs(10)).await;

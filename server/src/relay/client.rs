@@ -290,7 +290,9 @@ impl Client {
             self.reset().await?;
             return Ok(Sent { per_recipient: replies_to_rcpt });
         }
-        let stuffed = dot_stuff(message);
+        // DATA's transparency (RFC 5321 §4.5.2) is POP3's multi-line encoding.
+        let mut stuffed = Vec::new();
+        crate::proto::pop3::encode_message(message, None, &mut stuffed);
         self.content_sent = true;
         self.write(&stuffed).await?;
         let final_reply = tokio::time::timeout(self.timeouts.data, self.read_reply_inner())
@@ -410,31 +412,17 @@ fn parse_extensions(reply: &Reply) -> Extensions {
     ext
 }
 
-/// The message as DATA content (RFC 5321 §4.5.2): a line starting with "." gets
-/// another, the content ends with CRLF, then the terminating ".".
-pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(message.len() + message.len() / 64 + 5);
-    let mut at_line_start = true;
-    for &b in message {
-        if at_line_start && b == b'.' {
-            out.push(b'.');
-        }
-        out.push(b);
-        at_line_start = b == b'\n';
-    }
-    if !out.ends_with(b"\r\n") {
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b".\r\n");
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn dot_stuffing_doubles_leading_dots_and_terminates() {
+        let dot_stuff = |m: &[u8]| {
+            let mut out = Vec::new();
+            crate::proto::pop3::encode_message(m, None, &mut out);
+            out
+        };
         assert_eq!(dot_stuff(b".a\r\nb\r\n..c\r\n"), b"..a\r\nb\r\n...c\r\n.\r\n");
         assert_eq!(dot_stuff(b"no newline"), b"no newline\r\n.\r\n");
         assert_eq!(dot_stuff(b"x\r\n.\r\n"), b"x\r\n..\r\n.\r\n");

@@ -115,7 +115,7 @@ pub fn build(report: &Report<'_>) -> Vec<u8> {
 
 /// The header section of a message, without the blank line (bounded: a message
 /// that never ends its header section gives its first 64 KiB).
-fn header_section(message: &[u8]) -> &[u8] {
+pub fn header_section(message: &[u8]) -> &[u8] {
     let end = memchr::memmem::find(message, b"\r\n\r\n").map(|p| p + 2).unwrap_or(message.len());
     &message[..end.min(64 * 1024)]
 }
