@@ -23,7 +23,8 @@ ETCD_VERSION="${ETCD_VERSION:-3.6.8}"
 CACHE_ROOT="${MAILCLUSTER_KUBE_CACHE:-$HOME/.cache/mailcluster/kube}"
 DIR="$CACHE_ROOT/$KUBE_VERSION"
 BIN="$DIR/bin"
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)
+# kube-proxy (iptables mode) carries Service traffic to the test node's Pods.
+COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
 # kubectl of the same release when the machine has none.
 if ! command -v kubectl >/dev/null 2>&1 || [ -x "$BIN/kubectl" ]; then COMPONENTS+=(kubectl); fi
 
@@ -126,7 +127,7 @@ EOF
     )
 fi
 
-# ---- kube-apiserver, kube-controller-manager, kube-scheduler ----
+# ---- kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy ----
 missing=()
 for c in "${COMPONENTS[@]}"; do [ -x "$BIN/$c" ] || missing+=("$c"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -22,8 +22,26 @@ stop() {
     rm -f "$pidfile"
 }
 
-# Clients first, storage last.
-for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+# The node first (it ends its Pods' processes), clients next, storage last.
+for c in mailcluster-test-node kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+
+# What the test node and kube-proxy leave in the kernel: Pod network namespaces
+# (and their processes), kube-proxy's iptables chains, the bridge.
+if [ "$(id -u)" = 0 ] && [ -d /run/netns ]; then
+    for ns in /run/netns/mcpod-*; do
+        [ -e "$ns" ] || continue
+        name=$(basename "$ns")
+        for pid in $(ip netns pids "$name" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+        ip netns del "$name" 2>/dev/null || true
+    done
+fi
+if [ -f "$DIR/bin-dir" ] && [ -x "$(cat "$DIR/bin-dir")/kube-proxy" ] && command -v iptables >/dev/null 2>&1; then
+    "$(cat "$DIR/bin-dir")/kube-proxy" --cleanup >/dev/null 2>&1 || true
+fi
+bridge="${MAILCLUSTER_KUBE_NODE_BRIDGE:-mcbr0}"
+if [ "$(id -u)" = 0 ] && [ -d "/sys/class/net/$bridge" ]; then
+    ip link del "$bridge" 2>/dev/null || true
+fi
 
 if [ "$keep" -eq 0 ] && [ -d "$DIR" ]; then
     rm -rf "$DIR"

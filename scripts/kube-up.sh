@@ -15,6 +15,22 @@
 # Starting is bounded (MAILCLUSTER_KUBE_START_SECS, default 120): a component that
 # does not come up stops the script with the tail of its log.
 # The last line printed on stdout is `export KUBECONFIG=<path>`.
+#
+# As root on Linux (MAILCLUSTER_KUBE_NODE=1, the default there) the cluster also
+# gets a node that runs Pods: kube-proxy of the same release (iptables mode) and
+# mailcluster-test-node (testnode/), which runs every Pod as processes in a network
+# namespace on the bridge $NODE_BRIDGE ($NODE_CIDR, the node's own address
+# first). The image ghcr.io/mailcluster/mailcluster (any tag) runs target/<profile>/
+# mailcluster of this checkout (MAILCLUSTER_KUBE_PROFILE, default debug), built
+# here. The API server then listens on the node's address, which Pods reach
+# through the `kubernetes` Service; PostgreSQL and Redis of this machine are
+# offered to Pods at that address too (ports 5432 and 6379). Pod logs:
+# $MAILCLUSTER_KUBE_DIR/node/pods/<namespace>_<pod>_<uid>/logs/.
+# The node is tainted mailcluster.dev/test-node=true:NoSchedule
+# (MAILCLUSTER_KUBE_NODE_TAINT, empty for none): Pods run there only from
+# namespaces that opt in, so tests that expect Pending Pods keep them Pending. A
+# namespace opts in with the PodTolerationRestriction annotation
+#   scheduler.alpha.kubernetes.io/defaultTolerations: '[{"key":"mailcluster.dev/test-node","operator":"Exists"}]'
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -27,6 +43,17 @@ START_SECS="${MAILCLUSTER_KUBE_START_SECS:-120}"
 # objects here: nothing routes to them from this machine.
 SERVICE_CIDR="${MAILCLUSTER_KUBE_SERVICE_CIDR:-10.96.0.0/16}"
 SERVICE_IP="${SERVICE_CIDR%.*/*}.1"
+NODE_NAME="${MAILCLUSTER_KUBE_NODE_NAME:-mc-node-1}"
+NODE_BRIDGE="${MAILCLUSTER_KUBE_NODE_BRIDGE:-mcbr0}"
+NODE_CIDR="${MAILCLUSTER_KUBE_NODE_CIDR:-10.244.0.1/24}"
+NODE_IP="${NODE_CIDR%/*}"
+PROFILE="${MAILCLUSTER_KUBE_PROFILE:-debug}"
+NODE_TAINT="${MAILCLUSTER_KUBE_NODE_TAINT-mailcluster.dev/test-node=true:NoSchedule}"
+if [ -z "${MAILCLUSTER_KUBE_NODE:-}" ]; then
+    if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then MAILCLUSTER_KUBE_NODE=1; else MAILCLUSTER_KUBE_NODE=0; fi
+fi
+API_HOST=127.0.0.1
+[ "$MAILCLUSTER_KUBE_NODE" = 1 ] && API_HOST="$NODE_IP"
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -39,10 +66,11 @@ PIDS="$DIR/pids"
 alive() { [ -f "$PIDS/$1" ] && kill -0 "$(cat "$PIDS/$1")" 2>/dev/null; }
 
 api_ready() {
-    curl -sf --max-time 2 --cacert "$PKI/ca.crt" "https://127.0.0.1:$API_PORT/readyz" >/dev/null 2>&1
+    curl -sf --max-time 2 --cacert "$PKI/ca.crt" "https://$API_HOST:$API_PORT/readyz" >/dev/null 2>&1
 }
 
-if alive kube-apiserver && alive etcd && alive kube-controller-manager && alive kube-scheduler && api_ready; then
+node_alive() { [ "$MAILCLUSTER_KUBE_NODE" != 1 ] || { alive kube-proxy && alive mailcluster-test-node; }; }
+if alive kube-apiserver && alive etcd && alive kube-controller-manager && alive kube-scheduler && node_alive && api_ready; then
     log "control plane already running ($DIR)"
     echo "export KUBECONFIG=$KUBECONFIG_PATH"
     exit 0
@@ -56,6 +84,29 @@ command -v curl >/dev/null 2>&1 || die "curl is needed to probe the control plan
 
 BIN=$("$ROOT/scripts/kube-build.sh" | tail -n 1)
 mkdir -p "$PKI" "$LOGS" "$PIDS" "$DIR/etcd"
+# kube-down.sh runs `kube-proxy --cleanup` from here.
+echo "$BIN" >"$DIR/bin-dir"
+
+if [ "$MAILCLUSTER_KUBE_NODE" = 1 ]; then
+    command -v ip >/dev/null 2>&1 || die "iproute2 (ip) is needed for the test node"
+    command -v iptables-restore >/dev/null 2>&1 || die "iptables is needed for kube-proxy (apt-get install iptables)"
+    # The bridge first: the API server listens on its address.
+    [ -d "/sys/class/net/$NODE_BRIDGE" ] || ip link add "$NODE_BRIDGE" type bridge
+    ip -4 addr show dev "$NODE_BRIDGE" | grep -q "inet $NODE_CIDR " || ip addr add "$NODE_CIDR" dev "$NODE_BRIDGE"
+    ip link set "$NODE_BRIDGE" up
+    # Service addresses route to the bridge, where kube-proxy's rules translate them
+    # (also on a machine without a default route).
+    ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP"
+    # Pods on the bridge reach Services through the host's iptables: forwarding on,
+    # bridged packets through netfilter (replies between two Pods are un-DNATed).
+    echo 1 >/proc/sys/net/ipv4/ip_forward
+    [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] || modprobe br_netfilter 2>/dev/null || true
+    [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
+    log "building mailcluster and mailcluster-test-node ($PROFILE)"
+    profile_flag=()
+    [ "$PROFILE" = release ] && profile_flag=(--release)
+    (cd "$ROOT" && cargo build --locked "${profile_flag[@]}" -p mailcluster -p mailcluster-test-node >&2)
+fi
 
 # ---- PKI: one CA for serving and clients, one for the front proxy (aggregated
 # APIs such as custom.metrics.k8s.io), and the service-account signing key ----
@@ -76,13 +127,17 @@ if [ ! -f "$PKI/sa.key" ]; then
     ca ca mailcluster-kube-ca
     ca front-proxy-ca mailcluster-front-proxy-ca
     cert apiserver "/CN=kube-apiserver" ca "$(printf '%s\n' \
-        "subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
+        "subjectAltName=IP:127.0.0.1,IP:$NODE_IP,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
         "extendedKeyUsage=serverAuth")"
     cert admin "/O=system:masters/CN=kubernetes-admin" ca
     cert controller-manager "/CN=system:kube-controller-manager" ca
     cert scheduler "/CN=system:kube-scheduler" ca
     cert apiserver-kubelet-client "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client" ca
     cert front-proxy-client "/CN=front-proxy-client" front-proxy-ca
+    # The node as the Node authorizer knows nodes; kube-proxy as the bootstrap
+    # policy's system:node-proxier binding names it.
+    cert node "/O=system:nodes/CN=system:node:$NODE_NAME" ca
+    cert kube-proxy "/CN=system:kube-proxy" ca
     ssl genrsa -out "$PKI/sa.key" 2048
     ssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 fi
@@ -94,7 +149,7 @@ kind: Config
 clusters:
 - name: mailcluster-kube
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$API_HOST:$API_PORT
     certificate-authority: $PKI/ca.crt
 users:
 - name: $1
@@ -110,10 +165,13 @@ EOF
 kubeconfig admin admin
 kubeconfig controller-manager controller-manager
 kubeconfig scheduler scheduler
+kubeconfig node node
+kubeconfig kube-proxy kube-proxy
 
 start() { # name args...
-    local name=$1; shift
-    setsid "$BIN/$name" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+    local name=$1 exe="$BIN/$1"; shift
+    [ -x "$exe" ] || exe="$ROOT/target/$PROFILE/$name"
+    setsid "$exe" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$PIDS/$name"
 }
 
@@ -143,10 +201,10 @@ start etcd --name default --data-dir "$DIR/etcd" \
     --listen-metrics-urls "" --log-level warn
 wait_for etcd curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health"
 
-log "starting kube-apiserver on https://127.0.0.1:$API_PORT"
+log "starting kube-apiserver on https://$API_HOST:$API_PORT"
 start kube-apiserver \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    --bind-address "$API_HOST" --advertise-address "$API_HOST" --secure-port "$API_PORT" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
@@ -154,7 +212,7 @@ start kube-apiserver \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --authorization-mode Node,RBAC --allow-privileged=true \
-    --enable-admission-plugins NodeRestriction \
+    --enable-admission-plugins NodeRestriction,PodTolerationRestriction \
     --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" \
     --requestheader-allowed-names front-proxy-client \
     --requestheader-extra-headers-prefix X-Remote-Extra- \
@@ -191,6 +249,22 @@ wait_for kube-controller-manager sa_ready
 wait_for kube-scheduler kubectl get --raw /readyz >/dev/null 2>&1
 sleep 1
 alive kube-scheduler || { tail -n 40 "$LOGS/kube-scheduler.log" >&2; die "kube-scheduler exited (log: $LOGS/kube-scheduler.log)"; }
+
+if [ "$MAILCLUSTER_KUBE_NODE" = 1 ]; then
+    log "starting kube-proxy and the test node $NODE_NAME ($NODE_BRIDGE, $NODE_CIDR)"
+    start kube-proxy \
+        --kubeconfig "$DIR/kube-proxy.kubeconfig" --hostname-override "$NODE_NAME" \
+        --proxy-mode iptables --cluster-cidr "$NODE_CIDR" \
+        --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
+        --conntrack-max-per-core 0
+    start mailcluster-test-node --kubeconfig "$DIR/node.kubeconfig" --name "$NODE_NAME" \
+        --dir "$DIR/node" --bridge "$NODE_BRIDGE" --pod-cidr "$NODE_CIDR" \
+        --image "ghcr.io/mailcluster/mailcluster=$ROOT/target/$PROFILE/mailcluster" \
+        --host-port 5432 --host-port 6379 ${NODE_TAINT:+--taint "$NODE_TAINT"}
+    node_ready() { [ "$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
+    wait_for mailcluster-test-node node_ready
+    wait_for kube-proxy curl -sf --max-time 2 http://127.0.0.1:10256/healthz
+fi
 
 log "control plane $("$BIN/kube-apiserver" --version 2>/dev/null | awk '{print $2}') ready in $DIR"
 echo "export KUBECONFIG=$KUBECONFIG_PATH"

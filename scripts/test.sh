@@ -34,6 +34,12 @@ done
 # swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
 # --no-install-recommends skips).
 perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)
+# The test node of the Kubernetes tests (root only): namespaces and veths by
+# iproute2, Service traffic by kube-proxy's iptables rules.
+if [ "$(id -u)" = 0 ]; then
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 # pip into the interpreter the tests run. Debian's own python3 refuses plain

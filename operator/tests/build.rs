@@ -597,3 +597,25 @@ fn render_prints_every_object() {
         .unwrap();
     assert!(mailcluster_operator::render(&bad).is_err());
 }
+
+#[test]
+fn stress_users_given_by_count_are_this_clusters_test_accounts() {
+    let mut mc = fixture("stress-profile");
+    let plan_of = |mc: &MailCluster| -> StressSpec {
+        let cm: ConfigMap = get(&steady(mc), ChildKind::ConfigMap, "post-stress");
+        serde_yaml_ng::from_str(&cm.data.unwrap()["stress.yaml"]).unwrap()
+    };
+    // `users: {count: 7}`: seven of the cluster's own accounts, in its first domain
+    // (the runner's default template names a domain the cluster does not serve).
+    let stress = mc.spec.stress.as_mut().unwrap();
+    stress.users = Some(serde_json::from_value(serde_json::json!({"count": 7})).unwrap());
+    let users = plan_of(&mc).users.unwrap();
+    assert_eq!((users.template.as_str(), users.count), ("stress{:04}@example.net", 7));
+    // A template of the user's own is kept as written.
+    let stress = mc.spec.stress.as_mut().unwrap();
+    stress.users = Some(
+        serde_json::from_value(serde_json::json!({"template": "load{}@example.net", "count": 3})).unwrap(),
+    );
+    let users = plan_of(&mc).users.unwrap();
+    assert_eq!((users.template.as_str(), users.count), ("load{}@example.net", 3));
+}

@@ -373,8 +373,7 @@ struct Worker {
     /// One session per SMTP target, so a mix over both submission ports keeps both.
     smtp: [Option<SmtpSession>; 3],
     imap: Option<ImapSession>,
-    /// Index of the user this worker acts as; advances by the concurrency on every
-    /// new session so that all users are visited.
+    /// Index of the user this worker acts as; see [`user_after`].
     user: usize,
     counter: u64,
     rng: u64,
@@ -402,7 +401,7 @@ impl Worker {
 
     fn next_user(&mut self) -> usize {
         let u = self.user;
-        self.user = self.user.wrapping_add(self.plan.concurrency.max(1));
+        self.user = user_after(u, self.id, self.plan.concurrency.max(1), self.env.users.len());
         u
     }
 
@@ -700,6 +699,16 @@ impl Worker {
     }
 }
 
+/// The user a worker acts as after `current`: worker `id` of `workers` keeps to the
+/// users `id, id + workers, id + 2·workers, …` below `users` and starts over, so two
+/// workers never log in as the same user at once (a POP3 maildrop is locked by its
+/// session: a second login would get `-ERR [IN-USE]`, a refusal the runner caused).
+/// With more workers than users, sharing cannot be avoided and the stride goes on.
+fn user_after(current: usize, id: usize, workers: usize, users: usize) -> usize {
+    let next = current.wrapping_add(workers);
+    if workers <= users && next >= users { id } else { next }
+}
+
 /// A held connection of connect-flood.
 enum Held {
     Smtp(SmtpClient),
@@ -822,6 +831,29 @@ mod tests {
             sizes: vec![],
             slo: vec![],
         }
+    }
+
+    #[test]
+    fn workers_visit_disjoint_users_and_every_user() {
+        for (workers, users) in [(2, 5), (3, 9), (4, 4), (1, 3), (5, 17)] {
+            let mut seen = vec![None::<usize>; users];
+            for id in 0..workers {
+                let mut u = id;
+                for _ in 0..3 * users {
+                    assert!(u < users, "{workers} workers, {users} users: {u} out of range");
+                    assert!(
+                        seen[u].is_none_or(|w| w == id),
+                        "user {u} shared by workers {:?} and {id}",
+                        seen[u]
+                    );
+                    seen[u] = Some(id);
+                    u = super::user_after(u, id, workers, users);
+                }
+            }
+            assert!(seen.iter().all(Option::is_some), "{workers} workers, {users} users: {seen:?}");
+        }
+        // More workers than users: they share, and stay in range through `get`'s modulo.
+        assert_eq!(super::user_after(1, 1, 8, 3), 9);
     }
 
     #[test]

@@ -188,6 +188,11 @@ pub fn stress_plan(mc: &MailCluster, stress: &ClusterStressSpec) -> StressSpec {
         u
     };
     let users = match (&stress.users, &base.users) {
+        // Given a count (and the default template, which names a domain no cluster
+        // serves): that many of the cluster's own test accounts.
+        (Some(u), _) if u.template == UsersSpec::default().template && u.file.is_none() => {
+            UsersSpec { template: cluster_users(None).template, ..u.clone() }
+        }
         (Some(u), _) => u.clone(),
         // The profile's load is sized for its number of users; the names are the
         // cluster's own test accounts.
