@@ -92,7 +92,7 @@ python3 "$ROOT/scripts/install_checks.py" helm-install mc-e2e "$NS" \
 kubectl -n "$NS" rollout status deployment/mc-e2e-mailcluster --timeout="${TIMEOUT}s"
 
 step "backends: PostgreSQL database $DB and Redis of this machine, as Services pg and redis -> $NODE_IP"
-psql_admin -c "CREATE DATABASE $DB" >/dev/null
+psql_admin -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
 # A Service without selector and its EndpointSlice: the way to give Pods a
 # database that lives outside the cluster.
 host_service() { # name port
@@ -174,6 +174,8 @@ slo_condition() {
 }
 until_true "status.lastStress" sh -c "kubectl get mailcluster -n $NS $MC -o jsonpath='{.status.lastStress.verdict}' | grep -q ."
 kubectl get mailcluster -n "$NS" "$MC" -o jsonpath='{.status.lastStress}'; echo
+# The operator turns the verdict into SLOMet on its next reconcile.
+until_true "SLOMet decided" sh -c "kubectl get mailcluster -n $NS $MC -o jsonpath='{.status.conditions[?(@.type==\"SLOMet\")].status}' | grep -qv Unknown"
 [ "$(slo_condition)" = True ] || die "SLOMet is $(slo_condition)"
 
 step "kubectl wait --for=condition=Ready mc/$MC (docs/quickstart.md)"

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
+use hickory_proto::rr::{Name, RData, Record, RecordType, rdata::A, rdata::SOA};
 
 use crate::hosts::Hosts;
 
@@ -64,7 +64,21 @@ fn answer(query: &[u8], hosts: &Hosts) -> anyhow::Result<Vec<u8>> {
                 r.add_answer(Record::from_rdata(name.clone(), 5, RData::A(A(ip))));
             }
         }
-        None => r.metadata.response_code = ResponseCode::NXDomain,
+        None => {
+            r.metadata.response_code = ResponseCode::NXDomain;
+            // The SOA of the (empty) root zone: its minimum is how long resolvers
+            // may cache the negative answer (RFC 2308), as they would from a real one.
+            let soa = SOA::new(
+                Name::from_ascii("ns.cluster.")?,
+                Name::from_ascii("hostmaster.cluster.")?,
+                1,
+                3600,
+                600,
+                86400,
+                30,
+            );
+            r.authorities.push(Record::from_rdata(Name::root(), 30, RData::SOA(soa)));
+        }
     }
     tracing::debug!(name = %name, qtype = %question.query_type(), code = ?r.metadata.response_code, "cluster DNS");
     Ok(r.to_vec()?)
