@@ -192,7 +192,11 @@ impl Conn {
     }
 
     pub async fn write_all(&mut self, data: &[u8]) -> Result<()> {
-        self.io.get_mut().write_all(data).await?;
+        let stream = self.io.get_mut();
+        stream.write_all(data).await?;
+        // TLS: a write that met a full socket leaves records queued inside rustls;
+        // only a flush sends them (a later read does not).
+        stream.flush().await?;
         Ok(())
     }
 
@@ -227,6 +231,8 @@ impl Conn {
                 }
             }
         }
+        // See `write_all`: without it the tail of the body can stay in rustls.
+        stream.flush().await?;
         Ok(())
     }
 
@@ -274,4 +280,62 @@ async fn handshake(tcp: TcpStream, tls: &TlsSettings) -> Result<TlsStream<TcpStr
 pub(crate) fn text(line: &[u8]) -> String {
     let end = line.iter().rposition(|b| !matches!(b, b'\r' | b'\n')).map_or(0, |i| i + 1);
     String::from_utf8_lossy(&line[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::net::TcpSocket;
+
+    /// A body written while the socket is full leaves its tail as TLS records inside
+    /// rustls (`poll_write` reports the plaintext accepted, not sent). Without a
+    /// flush the server never sees the end of the message and both sides wait.
+    #[tokio::test]
+    async fn tls_body_written_against_slow_reader_reaches_the_server() {
+        let acceptor = crate::sink::self_signed_acceptor().unwrap();
+        let sock = TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = sock.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        let mut body = vec![b'x'; 1024 * 1024];
+        body.extend_from_slice(b"\r\n.\r\n");
+        let total = body.len();
+
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let mut got = Vec::with_capacity(total);
+            let mut buf = vec![0u8; 4096];
+            // A slow reader keeps the client's socket full until the last write.
+            while !got.ends_with(b"\r\n.\r\n") {
+                let n = tls.read(&mut buf).await.unwrap();
+                assert!(n > 0, "client closed early");
+                got.extend_from_slice(&buf[..n]);
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            tls.write_all(b"250 ok\r\n").await.unwrap();
+            tls.flush().await.unwrap();
+            got.len()
+        });
+
+        // A small send buffer so the body cannot all sit in the kernel: the last
+        // writes meet a full socket, as on a real 1500-MTU path.
+        let client = TcpSocket::new_v4().unwrap();
+        client.set_send_buffer_size(4096).unwrap();
+        let tcp = client.connect(addr).await.unwrap();
+        let settings = TlsSettings::new("localhost", false, None).unwrap();
+        let stream = Stream::Tls(Box::new(handshake(tcp, &settings).await.unwrap()));
+        let mut conn = Conn { io: BufReader::new(stream), line: Vec::new() };
+        conn.write_all_parts(&[b"header\r\n", &body[..]]).await.unwrap();
+        let line = tokio::time::timeout(Duration::from_secs(5), conn.read_line())
+            .await
+            .expect("reply never came: the end of the body stayed buffered in TLS")
+            .unwrap()
+            .to_vec();
+        assert_eq!(line, b"250 ok\r\n");
+        assert_eq!(server.await.unwrap(), total + 8);
+    }
 }
