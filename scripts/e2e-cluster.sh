@@ -153,7 +153,9 @@ done
 kubectl get pods -n "$NS" -o wide
 
 step "an account (mailcluster user add, on the same database)"
-echo "$PASSWORD" | MAILCLUSTER_DATABASE_URL="$(db_url_for 127.0.0.1 "$DB")" \
+# A clean environment: MAILCLUSTER_* variables of the caller (the test suite's own
+# settings) would be read as configuration.
+echo "$PASSWORD" | env -i PATH="$PATH" MAILCLUSTER_DATABASE_URL="$(db_url_for 127.0.0.1 "$DB")" \
     "$ROOT/target/${MAILCLUSTER_KUBE_PROFILE:-debug}/mailcluster" user add alice@e2e.test
 
 svc_ip() { kubectl get service -n "$NS" "$1" -o jsonpath='{.spec.clusterIP}'; }
