@@ -40,53 +40,9 @@ if have_all; then
     exit 0
 fi
 
-# The Go the release asks for (its go.mod says `go 1.26.0`). A machine without it —
-# Debian 12 ships Go 1.19, too old even to switch toolchains by itself — gets the
-# official toolchain the way the go command itself fetches one: the module
-# golang.org/toolchain from the Go module proxy, unpacked once into the cache.
-GO_TOOLCHAIN_VERSION="${GO_TOOLCHAIN_VERSION:-1.26.8}"
-go_is_new_enough() {
-    local v
-    v=$("$1" env GOVERSION 2>/dev/null) || return 1
-    v=${v#go}
-    [ "$(printf '%s\n%s\n' "1.26" "$v" | sort -V | head -n 1)" = "1.26" ]
-}
-GO=go
-if [ -n "${MAILCLUSTER_FORCE_GO_BOOTSTRAP:-}" ] || ! command -v go >/dev/null 2>&1 || ! go_is_new_enough go; then
-    case "$(uname -m)" in
-        x86_64) goarch=amd64 ;;
-        aarch64 | arm64) goarch=arm64 ;;
-        *) echo "error: no Go toolchain for $(uname -m); install Go >= 1.26" >&2; exit 1 ;;
-    esac
-    gomod="golang.org/toolchain@v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-$goarch"
-    goroot="$CACHE_ROOT/go/$gomod"
-    if [ ! -x "$goroot/bin/go" ]; then
-        log "fetching Go $GO_TOOLCHAIN_VERSION ($gomod) from the Go module proxy"
-        proxy="${GOPROXY:-https://proxy.golang.org}"
-        proxy="${proxy%%,*}"
-        mkdir -p "$CACHE_ROOT/go"
-        zip="$CACHE_ROOT/go/toolchain.zip.tmp"
-        curl -fsSL --retry 3 -o "$zip" "$proxy/golang.org/toolchain/@v/v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-$goarch.zip"
-        # A module zip holds <module>@<version>/… and keeps no file modes: the
-        # executables under bin/ and pkg/tool/ get theirs back.
-        python3 - "$zip" "$CACHE_ROOT/go" <<'PY'
-import os, sys, zipfile
-zip_path, dest = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(zip_path) as z:
-    for info in z.infolist():
-        path = z.extract(info, dest)
-        # golang.org/toolchain@<version>/<path inside GOROOT>
-        inside = info.filename.split("/")[2:]
-        if not info.is_dir() and (inside[:1] == ["bin"] or inside[:2] == ["pkg", "tool"]):
-            os.chmod(path, 0o755)
-PY
-        rm -f "$zip"
-    fi
-    GO="$goroot/bin/go"
-    export GOROOT="$goroot"
-    export PATH="$goroot/bin:$PATH"
-    go_is_new_enough "$GO" || { echo "error: $GO is not a usable Go >= 1.26" >&2; exit 1; }
-fi
+# The Go the release asks for (its go.mod says `go 1.26.0`).
+source "$(dirname "$0")/go-toolchain.sh"
+use_go 1.26
 # The toolchain chosen here builds everything below (no switching behind our back).
 export GOTOOLCHAIN=local
 

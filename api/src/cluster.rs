@@ -554,13 +554,16 @@ pub struct AutoscalingSpec {
     #[serde(default = "default_max_replicas")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_replicas: i32,
-    /// Target average CPU utilisation, percent of requests.
+    /// Target average CPU utilisation, percent of requests; 0 turns the CPU target
+    /// off (a cluster without metrics-server: an HPA whose CPU metric is missing
+    /// scales up on its other targets but never down).
     #[serde(default = "default_cpu", skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 0, max = 100))]
     pub cpu_utilization: Option<i32>,
-    /// Target average `mail_pool_saturation`, percent (metric 0..1 × 100).
+    /// Target average `mail_pool_saturation`, percent (metric 0..1 × 100); 0 turns
+    /// this target off.
     #[serde(default = "default_pool_saturation", skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = 0, max = 100))]
     pub pool_saturation: Option<i32>,
     /// Target average `mail_connections_active` per pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -601,6 +604,18 @@ fn default_cpu() -> Option<i32> {
 
 fn default_pool_saturation() -> Option<i32> {
     Some(70)
+}
+
+impl AutoscalingSpec {
+    /// The CPU utilisation target in force (`cpuUtilization: 0` is none).
+    pub fn cpu_target(&self) -> Option<i32> {
+        self.cpu_utilization.filter(|v| *v > 0)
+    }
+
+    /// The pool saturation target in force, percent (`poolSaturation: 0` is none).
+    pub fn pool_saturation_target(&self) -> Option<i32> {
+        self.pool_saturation.filter(|v| *v > 0)
+    }
 }
 
 impl Default for AutoscalingSpec {

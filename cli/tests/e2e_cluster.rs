@@ -5,8 +5,17 @@
 //! through the IMAP Service, and the stress Job's verdict lands in the
 //! MailCluster's status. Each of the script's waits is bounded; so is the whole.
 //!
+//! Then disruption under load (`scripts/e2e-disruption.sh`): rolling updates, a
+//! killed Pod process and a deleted Pod while deliveries run, every acknowledged
+//! message stored exactly once.
+//!
+//! And the HPA on pool health (`scripts/e2e-autoscale.sh`): Prometheus scrapes the
+//! Pods, prometheus-adapter serves custom.metrics.k8s.io, and the operator's HPA
+//! scales the SMTP Deployment up under load and back down after it.
+//!
 //! Runs when `MAILCLUSTER_TEST_KUBECONFIG` names a cluster with the test node
 //! (scripts/test.sh starts one as root). In CI as root a missing node fails the test.
+//! The scripts run one at a time: each loads the one machine they share.
 
 use std::process::Command;
 use std::time::Duration;
@@ -24,32 +33,45 @@ fn test_node_present(kubeconfig: &str) -> bool {
     out.status.success() && !String::from_utf8_lossy(&out.stdout).trim().is_empty()
 }
 
-#[test]
-fn whole_loop_on_the_test_node() {
+/// Runs `scripts/<script>` against the test cluster, bounded by `limit`; its stdout,
+/// or `None` when no cluster is configured.
+fn run_script(script: &str, limit: Duration) -> Option<String> {
     let Ok(kubeconfig) = std::env::var("MAILCLUSTER_TEST_KUBECONFIG") else {
         eprintln!("skipped: MAILCLUSTER_TEST_KUBECONFIG is not set (scripts/test.sh sets it)");
-        return;
+        return None;
     };
+    // One script at a time, across test processes too (cargo-nextest runs each test
+    // in a process of its own): a lock file beside the test binaries.
+    let lock_path = std::env::temp_dir().join("mailcluster-e2e.lock");
+    let lock = std::fs::File::create(&lock_path).expect("create the e2e lock file");
+    lock.lock().expect("take the e2e lock");
     assert!(
         test_node_present(&kubeconfig),
         "the cluster has no test node (scripts/kube-up.sh starts one as root)"
     );
     let started = std::time::Instant::now();
     let out = Command::new("timeout")
-        .arg(Duration::from_secs(900).as_secs().to_string())
-        .arg(root().join("scripts/e2e-cluster.sh"))
+        .arg(limit.as_secs().to_string())
+        .arg(root().join("scripts").join(script))
         .env("KUBECONFIG", &kubeconfig)
         .output()
-        .expect("run scripts/e2e-cluster.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+        .unwrap_or_else(|e| panic!("run scripts/{script}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "e2e-cluster.sh failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(out.status.success(), "{script} failed ({}):\n{stdout}\n{stderr}", out.status);
+    eprintln!("{script} in {:.0?}", started.elapsed());
+    Some(stdout)
+}
+
+#[test]
+fn whole_loop_on_the_test_node() {
+    let Some(stdout) = run_script("e2e-cluster.sh", Duration::from_secs(900)) else { return };
     // Every step ran, in order, and the run ends on the stress verdict.
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("==> ")).collect();
     for (i, want) in [
         "operator from charts/mailcluster",
         "schema migration Job completes",
-        "SMTP, submission, IMAP and POP3 Pods Ready",
+        "Pods Ready: smtp submission imap pop3",
         "swaks -> Service",
         "curl <- Service",
         "stress run on demand",
@@ -62,5 +84,39 @@ fn whole_loop_on_the_test_node() {
         assert!(steps.iter().any(|s| s.contains(want)), "step {i} ({want}) missing from the log:\n{stdout}");
     }
     assert_eq!(stdout.lines().last(), Some("SLOMet=True"), "{stdout}");
-    eprintln!("whole loop in {:.0?}", started.elapsed());
+}
+
+#[test]
+fn rolling_updates_and_pod_loss_under_load_lose_nothing() {
+    let Some(stdout) = run_script("e2e-disruption.sh", Duration::from_secs(900)) else { return };
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("==> ")).collect();
+    for want in [
+        "open-loop deliver",
+        "rolling update under load: image tag",
+        "rolling update under load: smtp.maxConnections",
+        "SIGKILL of an SMTP Pod's process",
+        "deleted at once (grace 0)",
+        "every acknowledged message is stored exactly once",
+    ] {
+        assert!(steps.iter().any(|s| s.contains(want)), "step ({want}) missing from the log:\n{stdout}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("exactly once: ") && last.ends_with("each stored once"), "{stdout}");
+}
+
+#[test]
+fn hpa_scales_on_pool_saturation_and_back() {
+    let Some(stdout) = run_script("e2e-autoscale.sh", Duration::from_secs(1500)) else { return };
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("==> ")).collect();
+    for want in [
+        "Prometheus on 127.0.0.1",
+        "prometheus-adapter on",
+        "open-loop deliver",
+        "after the load: back to minReplicas",
+        "timeline: replicas x poolSize within the budget",
+    ] {
+        assert!(steps.iter().any(|s| s.contains(want)), "step ({want}) missing from the log:\n{stdout}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("HPA: 1 -> ") && last.contains("back to 1"), "{stdout}");
 }

@@ -136,12 +136,15 @@ pub fn validate(mc: &MailCluster) -> Result<(), ValidationError> {
             if a.min_replicas < 1 {
                 p.push(format!("{}: autoscaling.minReplicas must be at least 1", proto.name()));
             }
-            if a.cpu_utilization.is_none() && a.pool_saturation.is_none() && a.connections_per_pod.is_none() {
+            if a.cpu_target().is_none()
+                && a.pool_saturation_target().is_none()
+                && a.connections_per_pod.is_none()
+            {
                 p.push(format!("{}: autoscaling needs at least one target metric", proto.name()));
             }
             // A CPU utilisation target is a percentage of the CPU request: without a
             // request the HPA cannot compute it and never scales.
-            if a.cpu_utilization.is_some()
+            if a.cpu_target().is_some()
                 && let Some(r) = &ps.resources
                 && !r.requests.as_ref().is_some_and(|q| q.contains_key("cpu"))
             {

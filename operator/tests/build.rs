@@ -306,6 +306,35 @@ fn hpa_metrics_and_behaviour() {
     assert_eq!(pdb.spec.unwrap().max_unavailable, Some(IntOrString::Int(1)));
 }
 
+/// A cluster without metrics-server turns the CPU target off with 0: the HPA then has
+/// no Resource metric, which it could never read and which would block scaling down.
+#[test]
+fn zero_turns_a_target_off() {
+    let mut mc = fixture("full");
+    let smtp = mc.spec.smtp.autoscaling.as_mut().expect("smtp autoscaling in the fixture");
+    smtp.cpu_utilization = Some(0);
+    let hpa: HorizontalPodAutoscaler = get(&steady(&mc), ChildKind::HorizontalPodAutoscaler, "prod-smtp");
+    let names: Vec<String> = hpa
+        .spec
+        .unwrap()
+        .metrics
+        .unwrap()
+        .iter()
+        .map(|m| m.pods.as_ref().map_or_else(|| m.type_.clone(), |p| p.metric.name.clone()))
+        .collect();
+    assert_eq!(names, ["mail_pool_saturation", "mail_connections_active"]);
+
+    // Every target off is no target at all: refused, like a spec without any.
+    let smtp = mc.spec.smtp.autoscaling.as_mut().unwrap();
+    smtp.pool_saturation = Some(0);
+    smtp.connections_per_pod = None;
+    let problems = mailcluster_operator::validate::validate(&mc).expect_err("no target").problems;
+    assert!(
+        problems.iter().any(|p| p.contains("smtp: autoscaling needs at least one target metric")),
+        "{problems:?}"
+    );
+}
+
 #[test]
 fn tls_from_cert_manager() {
     let b = steady(&fixture("full"));

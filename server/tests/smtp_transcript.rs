@@ -397,6 +397,26 @@ async fn shutdown_says_421(b: Backend) {
     c.expect("421 4.3.2").await;
 }
 
+/// A drain that begins while a message is on its way in lets it finish: the client
+/// gets its 250 and the message is stored; the 421 comes after.
+async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.cmd("DATA", "354").await;
+    c.send("From: a@remote.test\r\nSubject: in flight\r\n\r\nfirst half\r\n").await;
+    h.shutdown_tx.send(true).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    c.send("second half\r\n.\r\n").await;
+    c.expect("250 2.0.0").await;
+    assert_eq!(h.total_messages().await, 1);
+    // Then the drain goes on: the session says 421 at once, unasked (RFC 5321 §3.8).
+    c.expect("421 4.3.2").await;
+    c.expect_closed().await;
+}
+
 async fn command_timeout_says_421(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.command_timeout_secs = 1)).await;
     let mut c = h.connect(&h.mx);
@@ -592,6 +612,7 @@ both_backends!(
     long_lines_and_error_limit,
     store_failure_acknowledges_nothing,
     shutdown_says_421,
+    shutdown_finishes_the_message_in_transfer,
     command_timeout_says_421,
     per_ip_connection_limit,
     submission_requires_auth_and_tls,

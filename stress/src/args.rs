@@ -177,6 +177,10 @@ pub struct StressArgs {
     /// Write the per-second series as CSV.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Write the Message-ID of every message the server acknowledged (250 to the
+    /// end of DATA), one per line: what an exactly-once check compares the store with.
+    #[arg(long, value_name = "FILE")]
+    pub ack_log: Option<PathBuf>,
     /// Write a self-contained HTML report with plots.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,

@@ -19,10 +19,12 @@
 //! under its own timeout, after which the worker drops its sessions (their state is
 //! unknown) and counts `timeout`.
 
+use std::io::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use mailcluster_api::stress::{AuthMechanism, MessageSize, Protocol, ScenarioKind, SmtpTarget};
 use tokio::sync::{Mutex, mpsc, watch};
 
@@ -140,11 +142,55 @@ pub struct Env {
     pub messages: Messages,
     pub helo: String,
     rcpt: AtomicUsize,
+    /// Left part of every Message-ID this run writes: unique per run, so each
+    /// message is findable in the store (and a second copy of one is visible).
+    id_prefix: String,
+    sent: AtomicU64,
+    ack_log: Option<std::sync::Mutex<std::io::BufWriter<std::fs::File>>>,
 }
 
 impl Env {
-    pub fn new(targets: Targets, users: Users, messages: Messages) -> Env {
-        Env { targets, users, messages, helo: "stress.mailcluster.test".into(), rcpt: AtomicUsize::new(0) }
+    pub fn new(targets: Targets, users: Users, messages: Messages, run_id: &str) -> Env {
+        let id_prefix = format!("{run_id}.{}", std::process::id());
+        Env {
+            targets,
+            users,
+            messages,
+            helo: "stress.mailcluster.test".into(),
+            rcpt: AtomicUsize::new(0),
+            id_prefix,
+            sent: AtomicU64::new(0),
+            ack_log: None,
+        }
+    }
+
+    /// Record acknowledged Message-IDs in `path` (see `--ack-log`).
+    pub fn with_ack_log(mut self, path: &std::path::Path) -> anyhow::Result<Env> {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("cannot create the acknowledgement log {}", path.display()))?;
+        self.ack_log = Some(std::sync::Mutex::new(std::io::BufWriter::new(file)));
+        Ok(self)
+    }
+
+    fn next_message_id(&self) -> String {
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        format!("{}.{n}@stress.mailcluster.test", self.id_prefix)
+    }
+
+    fn acknowledged(&self, message_id: &str) {
+        if let Some(log) = &self.ack_log {
+            let mut w = log.lock().unwrap_or_else(|e| e.into_inner());
+            // A write error surfaces at the final flush.
+            let _ = writeln!(w, "{message_id}");
+        }
+    }
+
+    /// Flush the acknowledgement log; an error here means the log is incomplete.
+    pub fn finish(&self) -> anyhow::Result<()> {
+        if let Some(log) = &self.ack_log {
+            log.lock().unwrap_or_else(|e| e.into_inner()).flush().context("acknowledgement log")?;
+        }
+        Ok(())
     }
 }
 
@@ -581,16 +627,28 @@ impl Worker {
         });
         let rcpt = elsewhere.as_deref().unwrap_or(user);
         let msg = env.messages.pick(r);
-        // The pooled messages carry no From: (one pool serves every sender); it goes
-        // in front, in the same write as the rest.
-        let header = format!("From: {from}\r\n");
+        // The pooled messages carry no From: and no Message-ID (one pool serves every
+        // sender and every send); they go in front, in the same write as the rest.
+        let message_id = env.next_message_id();
+        let header = format!("From: {from}\r\nMessage-ID: <{message_id}>\r\n");
         smtp.client.send(from, &[rcpt], &[header.as_bytes(), msg]).await?;
+        env.acknowledged(&message_id);
         self.smtp_used(target).await;
         Ok((header.len() + msg.len()) as u64)
     }
 
     async fn smtp_session(&mut self, target: SmtpTarget) -> Result<&mut SmtpSession, ClientError> {
         let slot = target as usize;
+        // A cached session the server has since closed (a Pod draining says 421 and
+        // hangs up) is dropped before use, as a connection-caching MTA does; the
+        // count shows in the report, so a server that hangs up idle sessions
+        // without cause is still visible.
+        if let Some(s) = &mut self.smtp[slot]
+            && s.client.server_hung_up()
+        {
+            self.smtp[slot] = None;
+            self.rec.ok_aux("smtp-closed-by-server", Duration::ZERO);
+        }
         if self.smtp[slot].is_none() {
             let ep = self.env.targets.smtp_target(target).cloned().ok_or_else(|| {
                 ClientError::Protocol(format!("no SMTP target {} configured", target.name()))

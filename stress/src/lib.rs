@@ -94,7 +94,11 @@ pub async fn run(args: StressArgs) -> i32 {
 /// Writes the console report and the requested outputs; returns the report.
 pub async fn run_with_cancel(args: StressArgs, cancel: watch::Receiver<bool>) -> anyhow::Result<Report> {
     let setup = args::resolve(&args)?;
-    let env = Arc::new(Env::new(setup.targets, setup.users, setup.messages));
+    let mut env = Env::new(setup.targets, setup.users, setup.messages, &setup.run_id);
+    if let Some(path) = &args.ack_log {
+        env = env.with_ack_log(path)?;
+    }
+    let env = Arc::new(env);
     let started_at = chrono::Utc::now();
     let mut scenarios = Vec::new();
     let mut datas = Vec::new();
@@ -107,6 +111,7 @@ pub async fn run_with_cancel(args: StressArgs, cancel: watch::Receiver<bool>) ->
         datas.push(data);
     }
     let interrupted = *cancel.borrow();
+    env.finish()?;
     let report = report::assemble(report::Assembly {
         run_id: setup.run_id,
         job: setup.job,

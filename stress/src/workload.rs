@@ -201,12 +201,45 @@ pub fn build_message(bytes: u64, attachment: bool, variant: usize) -> Vec<u8> {
         b = b.attachment("application/octet-stream", format!("data-{variant}.bin"), data);
     }
     let raw = b.write_to_vec().unwrap_or_default();
-    dot_stuff(&raw)
+    dot_stuff(&without_header(&raw, b"message-id"))
+}
+
+/// `raw` without the header field `name` (lower case): the builder always writes a
+/// Message-ID, and each send writes its own unique one instead.
+fn without_header(raw: &[u8], name: &[u8]) -> Vec<u8> {
+    let header_end = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |p| p + 2);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut skipping = false;
+    for line in raw[..header_end].split_inclusive(|&b| b == b'\n') {
+        let continuation = line.first().is_some_and(|b| *b == b' ' || *b == b'\t');
+        if !continuation {
+            skipping = line.len() > name.len()
+                && line[..name.len()].eq_ignore_ascii_case(name)
+                && line[name.len()] == b':';
+        }
+        if !skipping {
+            out.extend_from_slice(line);
+        }
+    }
+    out.extend_from_slice(&raw[header_end..]);
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_messages_carry_no_message_id() {
+        let m = build_message(4096, false, 3);
+        let text = String::from_utf8_lossy(&m);
+        let (head, body) = text.split_once("\r\n\r\n").expect("header and body");
+        assert!(!head.to_ascii_lowercase().contains("message-id:"), "{head}");
+        assert!(head.contains("Subject: stress message 4096 bytes #3"), "{head}");
+        assert!(body.contains("quick brown fox"));
+        let folded = b"A: 1\r\nMessage-ID:\r\n <x@y>\r\nB: 2\r\n\r\nMessage-ID: body\r\n";
+        assert_eq!(without_header(folded, b"message-id"), b"A: 1\r\nB: 2\r\n\r\nMessage-ID: body\r\n");
+    }
 
     #[test]
     fn templates() {

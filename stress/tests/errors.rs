@@ -70,6 +70,34 @@ async fn smtp_reply_codes_are_counted_by_code() {
     assert_eq!(op(&r, "smtp-connect").ok, 1);
 }
 
+/// A server that is shutting down answers the pipelined MAIL with 421 and closes
+/// (RFC 5321 §3.8): that is the error, not the end of stream that follows it.
+#[tokio::test]
+async fn a_421_to_pipelined_commands_is_counted_as_421() {
+    let addr = serve(|s| async move {
+        let mut c = Lines::new(s);
+        c.send("220 test ESMTP\r\n").await;
+        while let Some(l) = c.line().await {
+            if l.to_ascii_uppercase().starts_with("EHLO") {
+                c.send("250-test\r\n250 PIPELINING\r\n").await;
+            } else if l.to_ascii_uppercase().starts_with("MAIL") {
+                c.send("421 4.3.2 shutting down\r\n").await;
+                return;
+            }
+        }
+    })
+    .await;
+    let mut a = args(&[ScenarioKind::Deliver]);
+    a.smtp = Some(addr.to_string());
+    a.closed_loop = true;
+    a.concurrency = Some(1);
+    a.max_ops = Some(5);
+    a.duration = Some("10s".into());
+    let r = run(a).await;
+    let d = op(&r, "deliver");
+    assert_eq!(d.errors_by_kind.get("smtp-421").copied(), Some(5), "{:?}", d.errors_by_kind);
+}
+
 #[tokio::test]
 async fn imap_no_replies_are_counted() {
     let addr = serve(|s| async move {

@@ -442,7 +442,7 @@ pub fn hpa(mc: &MailCluster, p: Protocol, budget: &ProtocolBudget) -> Horizontal
         ..Default::default()
     };
     let mut metrics = Vec::new();
-    if let Some(cpu) = a.cpu_utilization {
+    if let Some(cpu) = a.cpu_target() {
         metrics.push(MetricSpec {
             type_: "Resource".into(),
             resource: Some(ResourceMetricSource {
@@ -456,7 +456,7 @@ pub fn hpa(mc: &MailCluster, p: Protocol, budget: &ProtocolBudget) -> Horizontal
             ..Default::default()
         });
     }
-    if let Some(sat) = a.pool_saturation {
+    if let Some(sat) = a.pool_saturation_target() {
         // mail_pool_saturation is 0..1; the spec says percent. 70 % → "700m".
         metrics.push(pods_average("mail_pool_saturation", format!("{}m", sat * 10)));
     }

@@ -275,10 +275,17 @@ impl Session {
         self.rbuf.reserve(chunk);
         let rbuf = &mut self.rbuf;
         let shutdown = &mut self.shutdown;
-        let outcome = tokio::select! {
-            biased;
-            _ = shutdown.signalled() => None,
-            r = tokio::time::timeout(timeout, stream.read_buf(rbuf)) => Some(r),
+        let outcome = if data {
+            // A message on its way in is finished, not cut off: the client gets its
+            // 250 (or its error) as usual, and the drain's 421 comes at the next
+            // command. Bounded by the data timeout and by the drain's grace.
+            Some(tokio::time::timeout(timeout, stream.read_buf(rbuf)).await)
+        } else {
+            tokio::select! {
+                biased;
+                _ = shutdown.signalled() => None,
+                r = tokio::time::timeout(timeout, stream.read_buf(rbuf)) => Some(r),
+            }
         };
         match outcome {
             None => {

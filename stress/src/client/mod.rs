@@ -18,7 +18,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf,
+};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -268,6 +270,17 @@ impl Conn {
 
     pub async fn shutdown(&mut self) {
         let _ = self.io.get_mut().shutdown().await;
+    }
+
+    /// Between commands nothing is due from the server, so anything readable now —
+    /// an unsolicited 421 (RFC 5321 §3.8, a server draining), end of stream, an
+    /// error — means it has closed the session. Never waits.
+    pub fn server_hung_up(&mut self) -> bool {
+        if !self.io.buffer().is_empty() {
+            return true;
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        std::pin::Pin::new(&mut self.io).poll_fill_buf(&mut cx).is_ready()
     }
 }
 

@@ -47,6 +47,11 @@ impl SmtpClient {
         Ok(c)
     }
 
+    /// See [`Conn::server_hung_up`]: checked before a cached session is reused.
+    pub fn server_hung_up(&mut self) -> bool {
+        self.conn.server_hung_up()
+    }
+
     /// Read the greeting only (connect-flood holds connections without a session).
     pub async fn connect_greeting(ep: &Endpoint) -> Result<SmtpClient> {
         let conn = Conn::connect(ep).await?;
@@ -116,19 +121,21 @@ impl SmtpClient {
             }
             self.cmd.extend_from_slice(b"DATA\r\n");
             self.conn.write_all(&self.cmd).await?;
-            // Read every reply before judging, so the stream stays in sync.
-            let mail = self.reply().await?;
+            // Read every reply before judging, so the stream stays in sync — except
+            // after a 421: the server is closing the channel (RFC 5321 §3.8) and no
+            // further reply will come.
+            let mail = closing(self.reply().await?)?;
             let mut rcpt_err = None;
             let mut accepted = 0;
             for _ in rcpts {
-                let r = self.reply().await?;
+                let r = closing(self.reply().await?)?;
                 if r.code / 100 == 2 {
                     accepted += 1;
                 } else if rcpt_err.is_none() {
                     rcpt_err = Some(r);
                 }
             }
-            let data_reply = self.reply().await?;
+            let data_reply = closing(self.reply().await?)?;
             if mail.code / 100 != 2 {
                 return self.abort(mail, data_reply.code == 354).await;
             }
@@ -198,6 +205,12 @@ impl SmtpClient {
 }
 
 /// `250-text` → (250, false); `250 text` / `250` → (250, true).
+/// A 421 ends the session (the server closes the channel after it): an error at
+/// once, never a reply to go on from.
+fn closing(r: Reply) -> Result<Reply> {
+    if r.code == 421 { Err(ClientError::Smtp(r.code, r.text)) } else { Ok(r) }
+}
+
 fn parse_line(line: &[u8]) -> Result<(u16, bool)> {
     let bad = || ClientError::Protocol(format!("bad SMTP reply line: {}", text(line)));
     if line.len() < 3 || !line[..3].iter().all(u8::is_ascii_digit) {

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Disruption under load, against a cluster from scripts/kube-up.sh with its test node
+# (as root). While an open-loop deliver runs through the SMTP Service at
+# E2E_RATE msg/s (default 200):
+#   1. the MailCluster's image tag changes, then a configuration value: each time
+#      the SMTP Pods roll one at a time (ready Pods never below what the
+#      PodDisruptionBudget allows, never more than one surge Pod);
+#   2. one SMTP Pod's process is killed with SIGKILL: the node restarts it;
+#   3. one SMTP Pod is deleted at once (grace 0): the ReplicaSet replaces it.
+# The rollouts and the Pod loss each get a load run of their own. Then every
+# message acknowledged with 250 must be in the store exactly once, no delivery may
+# have had a 5xx reply, and during the rollouts no delivery may have failed other
+# than with a 4xx reply (a draining Pod finishes the message in transfer and tells
+# idle sessions 421; the client reconnects).
+#
+#   eval "$(scripts/kube-up.sh)" && scripts/e2e-disruption.sh
+#
+# Every step is logged with its time; the last line is the exactly-once verdict.
+# Bounded: two load runs of E2E_ROLL_SECS (75 s) and E2E_LOSS_SECS (60 s), each
+# wait E2E_TIMEOUT.
+set -euo pipefail
+source "$(dirname "$0")/e2e-lib.sh"
+RATE="${E2E_RATE:-200}"
+# Each load run outlasts what it covers (the old Pods' drain included).
+ROLL_SECS="${E2E_ROLL_SECS:-75}"
+LOSS_SECS="${E2E_LOSS_SECS:-60}"
+USERS=20
+WORK=$(mktemp -d)
+SMTP_SELECTOR="app.kubernetes.io/instance=$MC,app.kubernetes.io/component=smtp"
+
+stop_background() {
+    [ -z "${LOAD_PID:-}" ] || kill "$LOAD_PID" 2>/dev/null || true
+    [ -z "${WATCH_PID:-}" ] || kill "$WATCH_PID" 2>/dev/null || true
+    [ "${E2E_KEEP:-0}" = 1 ] || rm -rf "$WORK"
+}
+E2E_CLEANUP_HOOKS+=(stop_background)
+
+e2e_prepare
+
+step "MailCluster $MC: SMTP only, two replicas"
+apply_mailcluster <<YAML
+  smtp: {replicas: 2, autoscaling: {enabled: false}}
+  submission: {enabled: false}
+  imap: {enabled: false}
+  pop3: {enabled: false}
+YAML
+e2e_wait_ready smtp
+SMTP_IP=$(svc_ip "$MC-smtp")
+REPLICAS=$(kubectl get deployment -n "$NS" "$MC-smtp" -o jsonpath='{.spec.replicas}')
+MAX_UNAVAILABLE=$(kubectl get pdb -n "$NS" "$MC-smtp" -o jsonpath='{.spec.maxUnavailable}')
+[ "$REPLICAS" = 2 ] && [ "$MAX_UNAVAILABLE" = 1 ] || die "expected 2 replicas under a PDB of maxUnavailable 1, got $REPLICAS / $MAX_UNAVAILABLE"
+
+# The phase of the run (its name and start time), for the per-phase summary.
+phase() { # name
+    echo "$(date +%s.%N) $1" >>"$WORK/phases"
+}
+# Once a second: Pods that are not being deleted, how many of those are Ready, and
+# the ReplicaSets (template revisions) they belong to.
+watch_pods() {
+    while :; do
+        kubectl get pods -n "$NS" -l "$SMTP_SELECTOR" -o json 2>/dev/null | python3 -c '
+import json, sys, time
+pods = [p for p in json.load(sys.stdin)["items"] if not p["metadata"].get("deletionTimestamp")]
+ready = sum(1 for p in pods for c in p["status"].get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True")
+hashes = sorted({p["metadata"]["labels"].get("pod-template-hash", "?") for p in pods})
+print(f"{time.time():.3f} {len(pods)} {ready} {len(hashes)}", flush=True)
+' || true
+        sleep 1
+    done
+}
+watch_pods > "$WORK/pods.log" &
+WATCH_PID=$!
+
+# One open-loop deliver run in the background: run NAME SECONDS.
+start_load() { # name seconds
+    step "open-loop deliver ($1): $RATE msg/s for ${2}s to $USERS users through Service $MC-smtp ($SMTP_IP:25)"
+    mailcluster_host stress -s deliver --smtp "$SMTP_IP:25" --rate "$RATE" --duration "${2}s" \
+        --concurrency 64 --users-template 'load{:03}@e2e.test' --users-count "$USERS" --provision-accounts \
+        --message-size 4k --timeout 30s --success-rate 0 --no-progress --run-id "$1" \
+        --ack-log "$WORK/acked-$1" --json "$WORK/report-$1.json" >"$WORK/stress-$1.out" 2>&1 &
+    LOAD_PID=$!
+    phase steady
+    sleep 10
+    kill -0 "$LOAD_PID" 2>/dev/null || { cat "$WORK/stress-$1.out"; die "the load stopped early"; }
+}
+finish_load() { # name
+    phase steady
+    step "the load ($1) runs to its end"
+    wait "$LOAD_PID" || true
+    LOAD_PID=
+    grep -E '^(deliver|operation|  \(smtp|generator) |error ' "$WORK/stress-$1.out" || cat "$WORK/stress-$1.out"
+}
+
+rolled_to() { # expected-generation
+    [ "$(kubectl get deployment -n "$NS" "$MC-smtp" -o jsonpath='{.status.observedGeneration}')" -ge "$1" ] &&
+        kubectl -n "$NS" rollout status "deployment/$MC-smtp" --timeout=5s
+}
+roll() { # what patch
+    local gen
+    gen=$(kubectl get deployment -n "$NS" "$MC-smtp" -o jsonpath='{.metadata.generation}')
+    step "rolling update under load: $1"
+    phase "rollout: $1"
+    kubectl patch -n "$NS" "mailcluster/$MC" --type merge -p "$2" >/dev/null
+    until_true "the operator changes the Deployment" sh -c \
+        "[ \$(kubectl get deployment -n $NS $MC-smtp -o jsonpath='{.metadata.generation}') -gt $gen ]"
+    until_true "the rollout ($1)" rolled_to "$((gen + 1))"
+}
+start_load rollouts "$ROLL_SECS"
+roll "image tag e2e -> e2e-2" '{"spec":{"image":{"tag":"e2e-2"}}}'
+roll "smtp.maxConnections 5000 -> 4000 (a configuration value)" '{"spec":{"smtp":{"maxConnections":4000}}}'
+finish_load rollouts
+
+start_load pod-loss "$LOSS_SECS"
+
+step "pod loss under load: SIGKILL of an SMTP Pod's process"
+phase "SIGKILL of a Pod's process"
+# A Pod of the current revision: Pods of the old one may still be draining.
+pod=$(kubectl get pods -n "$NS" -l "$SMTP_SELECTOR" -o json | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    if ready and not p["metadata"].get("deletionTimestamp"):
+        print(p["metadata"]["name"]); break
+')
+[ -n "$pod" ] || die "no Ready SMTP Pod"
+uid=$(kubectl get pod -n "$NS" "$pod" -o jsonpath='{.metadata.uid}')
+restarts=$(kubectl get pod -n "$NS" "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+netns="mcpod-$(tr -dc '[:alnum:]' <<<"$uid" | cut -c1-10)"
+pids=$(ip netns pids "$netns")
+[ -n "$pids" ] || die "no process in $pod's network namespace $netns"
+kill -KILL $pids
+until_true "$pod restarted" sh -c "[ \$(kubectl get pod -n $NS $pod -o jsonpath='{.status.containerStatuses[0].restartCount}') -gt $restarts ]"
+until_true "$pod Ready again" kubectl wait -n "$NS" --for=condition=Ready "pod/$pod" --timeout=5s
+echo "$pod: restartCount $restarts -> $(kubectl get pod -n "$NS" "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')"
+
+step "pod loss under load: $pod deleted at once (grace 0)"
+phase "Pod deleted (grace 0)"
+kubectl delete pod -n "$NS" "$pod" --grace-period=0 --force >/dev/null 2>&1
+replaced() {
+    local names
+    names=$(kubectl get pods -n "$NS" -l "$SMTP_SELECTOR" -o jsonpath='{.items[*].metadata.name}')
+    ! grep -qw "$pod" <<<"$names" && kubectl -n "$NS" rollout status "deployment/$MC-smtp" --timeout=5s
+}
+until_true "the ReplicaSet replaces $pod" replaced
+kubectl get pods -n "$NS" -l "$SMTP_SELECTOR"
+
+finish_load pod-loss
+kill "$WATCH_PID" 2>/dev/null || true
+WATCH_PID=
+
+step "Pods per phase (PDB: at least $((REPLICAS - MAX_UNAVAILABLE)) of $REPLICAS Ready in a rollout, at most one surge Pod)"
+python3 - "$WORK" "$REPLICAS" "$MAX_UNAVAILABLE" <<'PY'
+import sys
+work, replicas, max_unavailable = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+phases = [(float(l.split(" ", 1)[0]), l.split(" ", 1)[1].strip()) for l in open(f"{work}/phases")]
+def phase_at(t):
+    name = phases[0][1]
+    for start, n in phases:
+        if t >= start:
+            name = n
+    return name
+summary = {}
+for l in open(f"{work}/pods.log"):
+    if l.strip():
+        t, live, ready, _ = (float(v) for v in l.split())
+        s = summary.setdefault(phase_at(t), {"ready": [], "live": []})
+        s["ready"].append(int(ready)); s["live"].append(int(live))
+print(f"{'phase':<60} {'ready min':>9} {'live max':>8}")
+failed = []
+for n in dict.fromkeys(n for _, n in phases):
+    if n not in summary:
+        continue
+    rmin, lmax = min(summary[n]["ready"]), max(summary[n]["live"])
+    print(f"{n:<60} {rmin:>9} {lmax:>8}")
+    if n.startswith("rollout") and rmin < replicas - max_unavailable:
+        failed.append(f"{n}: ready fell to {rmin}")
+    if lmax > replicas + 1:
+        failed.append(f"{n}: {lmax} Pods at once, more than one surge Pod")
+assert not failed, failed
+PY
+
+step "replies: no 5xx; during the rollouts no failure but a 4xx reply"
+python3 - "$WORK" <<'PY'
+import json, sys
+failed = []
+for run in ("rollouts", "pod-loss"):
+    d = json.load(open(f"{sys.argv[1]}/report-{run}.json"))["totals"]["deliver"]
+    kinds = d.get("errors_by_kind", {})
+    print(f"{run}: {d['ok']} acknowledged, {d['errors']} failed {kinds}")
+    if d["ok"] == 0:
+        failed.append(f"{run}: nothing was acknowledged")
+    failed += [f"{run}: {n} x {k}" for k, n in kinds.items() if k.startswith("smtp-5")]
+    # A rollout drains its old Pods: a message in transfer is finished, an idle
+    # session is told 421 and the client reconnects to a Pod that stays; a broken
+    # or refused connection would be a failure of the drain.
+    if run == "rollouts":
+        failed += [f"{run}: {n} x {k}" for k, n in kinds.items() if not k.startswith("smtp-4")]
+assert not failed, failed
+PY
+cat "$WORK"/acked-* >"$WORK/acked"
+
+step "every acknowledged message is stored exactly once"
+psql_db >"$WORK/verdict" <<SQL
+CREATE TEMP TABLE acked (id TEXT PRIMARY KEY);
+\\copy acked FROM '$WORK/acked'
+CREATE TEMP TABLE stored AS
+    SELECT trim(both '<>' from m.message_id) AS id, count(*) AS copies
+    FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id
+    WHERE m.message_id LIKE '%@stress.mailcluster.test%' GROUP BY 1;
+SELECT (SELECT count(*) FROM acked) || ' acknowledged; '
+    || (SELECT count(*) FROM acked a LEFT JOIN stored s USING (id) WHERE s.id IS NULL) || ' missing; '
+    || (SELECT count(*) FROM stored WHERE copies > 1) || ' stored more than once; '
+    || (SELECT count(*) FROM stored s LEFT JOIN acked a USING (id) WHERE a.id IS NULL)
+    || ' stored without an acknowledgement (the connection broke before the reply)';
+SQL
+cat "$WORK/verdict"
+grep -q '; 0 missing; 0 stored more than once;' "$WORK/verdict" || die "not exactly once"
+acked=$(wc -l <"$WORK/acked")
+echo "exactly once: $acked acknowledged messages, each stored once"
