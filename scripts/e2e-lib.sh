@@ -43,11 +43,12 @@ mailcluster_host() {
     env -i PATH="$PATH" MAILCLUSTER_DATABASE_URL="$(db_url_for 127.0.0.1 "$DB")" "$MAILCLUSTER_BIN" "$@"
 }
 
+# Run at exit with the exit status, before the cleanup below.
 E2E_CLEANUP_HOOKS=()
 on_exit() {
     local rc=$?
     local hook
-    for hook in "${E2E_CLEANUP_HOOKS[@]}"; do "$hook" || true; done
+    for hook in "${E2E_CLEANUP_HOOKS[@]}"; do "$hook" "$rc" || true; done
     if [ "$rc" -ne 0 ]; then
         echo "---- pods ----" >&2
         kubectl get pods -n "$NS" -o wide >&2 || true

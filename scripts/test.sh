@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl; (pip) kubernetes-validate, helm-python-sdk, lupa;
+#      python3, swaks, curl, and as root iproute2, iptables, prometheus; (pip)
+#      kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
@@ -36,9 +37,11 @@ done
 perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)
 # The test node of the Kubernetes tests (root only): namespaces and veths by
 # iproute2, Service traffic by kube-proxy's iptables rules.
+# Prometheus (Debian's package) scrapes the mail Pods for the HPA test.
 if [ "$(id -u)" = 0 ]; then
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
+    command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 fi
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 
@@ -81,6 +84,13 @@ if ! command -v kubectl >/dev/null 2>&1; then
     PATH="$(./scripts/kube-build.sh | tail -n 1):$PATH"
 fi
 log "control plane up in $((SECONDS - kube_started)) s"
+# prometheus-adapter for the HPA test (cli/tests/e2e_cluster.rs), built once from its
+# Go module like the control plane.
+if [ "$(id -u)" = 0 ]; then
+    adapter_started=$SECONDS
+    ./scripts/monitoring-build.sh >/dev/null
+    log "prometheus-adapter ready in $((SECONDS - adapter_started)) s"
+fi
 if [ "$kube_was_running" -eq 0 ] && [ "${MAILCLUSTER_KEEP_KUBE:-0}" != 1 ]; then
     trap './scripts/kube-down.sh >/dev/null 2>&1 || true' EXIT
 fi
