@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl, and as root iproute2, iptables, prometheus; (pip)
+#      python3, swaks, curl, postfix (for smtp-sink), and as root iproute2,
+#      iptables, prometheus; (pip)
 #      kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
@@ -35,6 +36,13 @@ done
 # swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
 # --no-install-recommends skips).
 perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)
+# Postfix's smtp-sink is the remote that defers and rejects in the relay tests
+# (server/tests/relay.rs). "No configuration": the package installs, no mail
+# system is set up or started.
+if [ ! -x /usr/sbin/smtp-sink ]; then
+    echo "postfix postfix/main_mailer_type select No configuration" | _svc_sudo debconf-set-selections
+    missing+=(postfix)
+fi
 # The test node of the Kubernetes tests (root only): namespaces and veths by
 # iproute2, Service traffic by kube-proxy's iptables rules.
 # Prometheus (Debian's package) scrapes the mail Pods for the HPA test.

@@ -482,3 +482,128 @@ async fn starttls_refused_with_454_goes_on_in_the_clear_unless_tls_is_required()
     assert!(s.remote.received().is_empty());
     s.stop().await;
 }
+
+/// Postfix's own SMTP test server, `smtp-sink` (Debian's postfix package), as the
+/// remote: a real MTA's SMTP engine answering 4xx or 5xx where told to, and writing
+/// each accepted transaction to a file.
+struct PostfixSink {
+    child: std::process::Child,
+    port: u16,
+    dumps: tempfile::TempDir,
+}
+
+impl PostfixSink {
+    /// `refuse`: `Some(("-r", "rcpt"))` answers RCPT with a 4xx, `("-f", …)` with a 5xx.
+    /// `None` when smtp-sink is not installed (outside CI: the test is skipped).
+    async fn start(port: Option<u16>, refuse: Option<(&str, &str)>) -> Option<PostfixSink> {
+        let sink = std::path::Path::new("/usr/sbin/smtp-sink");
+        if !sink.exists() {
+            assert!(std::env::var_os("CI").is_none(), "smtp-sink (Debian's postfix) is not installed");
+            eprintln!("skipped: smtp-sink (Debian's postfix package) is not installed");
+            return None;
+        }
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        });
+        let dumps = tempfile::tempdir().unwrap();
+        // smtp-sink drops its privileges to -u when started as root; that user writes the dumps.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dumps.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut cmd = std::process::Command::new(sink);
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+        if root {
+            cmd.args(["-u", "nobody"]);
+        }
+        if let Some((flag, commands)) = refuse {
+            cmd.args([flag, commands]);
+        }
+        cmd.arg("-d").arg(dumps.path().join("%H%M%S."));
+        cmd.args([&format!("127.0.0.1:{port}"), "16"]);
+        let child = cmd.stderr(std::process::Stdio::null()).spawn().expect("start smtp-sink");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(Instant::now() < deadline, "smtp-sink does not listen on {port}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Some(PostfixSink { child, port, dumps })
+    }
+
+    /// The transactions it accepted, as written by smtp-sink (envelope as X- headers).
+    fn received(&self) -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(self.dumps.path())
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+impl Drop for PostfixSink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn postfix_deferring_then_accepting_gets_the_message_once_after_retry() {
+    let Some(sink) = PostfixSink::start(None, Some(("-r", "rcpt"))).await else { return };
+    let port = sink.port;
+    let s = Setup::start("", |c| c.relay.remote_port = port).await;
+    let id = s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::days(1)).await;
+    let entry = s.deferred(id, Duration::from_secs(10)).await;
+    assert!(entry.last_error.as_deref().unwrap().contains(": 450 4."), "{entry:?}");
+    assert_eq!(entry.outcomes[0].status, RecipientStatus::Deferred);
+    assert!(sink.received().is_empty());
+
+    // The same address now accepts: the retry delivers, once.
+    drop(sink);
+    let sink = PostfixSink::start(Some(port), None).await.unwrap();
+    s.until("delivery after retry", Duration::from_secs(15), async || queue_empty(&s).await).await;
+    let got = sink.received();
+    assert_eq!(got.len(), 1, "delivered exactly once: {got:#?}");
+    assert!(got[0].contains("X-Mail-Args: <alice@local.test>"), "{}", got[0]);
+    assert!(got[0].contains("X-Rcpt-Args: <x@remote.test>"), "{}", got[0]);
+    assert!(got[0].contains("Subject: relay test"), "{}", got[0]);
+    // smtp-sink undoes the dot-stuffing: the line arrived intact.
+    assert!(got[0].contains("\n.leading dot\r\n") || got[0].contains("\n.leading dot\n"), "{}", got[0]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn postfix_rejecting_bounces_to_the_sender_with_the_original_headers() {
+    let Some(sink) = PostfixSink::start(None, Some(("-f", "rcpt"))).await else { return };
+    let port = sink.port;
+    let s = Setup::start("", |c| c.relay.remote_port = port).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.enqueue("alice@local.test", &["nobody@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the DSN", Duration::from_secs(10), async || !s.inbox("alice@local.test").await.is_empty()).await;
+    let dsn = &s.inbox("alice@local.test").await[0];
+    assert!(dsn.contains("Final-Recipient: rfc822; nobody@remote.test"), "{dsn}");
+    assert!(dsn.contains("Action: failed") && dsn.contains("Status: 5."), "{dsn}");
+    assert!(dsn.contains("Diagnostic-Code: smtp; 5"), "Postfix's reply in the DSN: {dsn}");
+    assert!(dsn.contains("Subject: relay test"), "original headers: {dsn}");
+    assert!(queue_empty(&s).await);
+    assert!(sink.received().is_empty());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn postfix_deferring_until_expiry_bounces() {
+    let Some(sink) = PostfixSink::start(None, Some(("-r", "rcpt"))).await else { return };
+    let port = sink.port;
+    let s = Setup::start("", |c| c.relay.remote_port = port).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::seconds(3)).await;
+    s.until("expiry", Duration::from_secs(20), async || queue_empty(&s).await).await;
+    let inbox = s.inbox("alice@local.test").await;
+    let failed: Vec<_> = inbox.iter().filter(|m| m.contains("Action: failed")).collect();
+    assert_eq!(failed.len(), 1, "one failure notice: {inbox:#?}");
+    assert!(failed[0].contains("Status: 4.4.7") && failed[0].contains("450 4.3.0"), "{}", failed[0]);
+    assert!(sink.received().is_empty());
+    s.stop().await;
+}
