@@ -18,6 +18,9 @@ use mail_auth::{
 
 use mailcluster_api::config::DnsConfig;
 
+/// Longest a "no such name / no such record" answer is kept.
+const NEGATIVE_MAX_TTL: Duration = Duration::from_secs(600);
+
 /// Answers of one record type, at most `capacity`, each until its TTL ends.
 pub struct TtlCache<K, V> {
     entries: Mutex<HashMap<K, (V, Instant)>>,
@@ -115,15 +118,20 @@ impl Dns {
         let mut opts = ResolverOpts::default();
         opts.timeout = Duration::from_millis(config.timeout_ms);
         opts.attempts = config.attempts;
-        // The caches here honour TTLs per record type; the resolver's own cache
-        // would only double the memory.
-        opts.cache_size = 0;
+        // mail-auth caches the answers it gets (the caches below) but never a "no
+        // such record": without the resolver's own cache every message from a
+        // domain that publishes no DMARC record, or signs with no key, asks again.
+        // The resolver keeps negative answers for the zone's SOA minimum (RFC 2308),
+        // at most NEGATIVE_MAX_TTL so a record published later is seen soon.
+        opts.cache_size = config.cache_entries as u64;
+        opts.negative_max_ttl = Some(NEGATIVE_MAX_TTL);
         let authenticator = if config.nameservers.is_empty() {
             let (conf, mut sys_opts) = mail_auth::hickory_resolver::system_conf::read_system_conf()
                 .map_err(|e| anyhow::anyhow!("cannot read the system's resolver configuration: {e}"))?;
             sys_opts.timeout = opts.timeout;
             sys_opts.attempts = opts.attempts;
-            sys_opts.cache_size = 0;
+            sys_opts.cache_size = opts.cache_size;
+            sys_opts.negative_max_ttl = opts.negative_max_ttl;
             MessageAuthenticator::new(conf, sys_opts)
         } else {
             let servers = config

@@ -12,7 +12,7 @@ use mailcluster_server::inbound::{Envelope, Verdict, check};
 use mailcluster_testkit::dns::TestDns;
 
 struct World {
-    _dns: TestDns,
+    dns: TestDns,
     resolver: Dns,
     signer: Signer,
     _dir: tempfile::TempDir,
@@ -47,7 +47,7 @@ async fn world_with(dmarc_policy: &str, algorithm: &str) -> World {
     let dns = TestDns::start(&[("org-a.test.", &zone), ("relay.test.", "mx 60 IN A 127.0.0.1\n")]).await;
     let resolver =
         Dns::from_config(&DnsConfig { nameservers: vec![dns.addr()], ..Default::default() }).unwrap();
-    World { _dns: dns, resolver, signer, _dir: dir }
+    World { dns, resolver, signer, _dir: dir }
 }
 
 const MESSAGE: &[u8] = b"From: Alice <alice@org-a.test>\r\nTo: bob@org-b.test\r\nSubject: hi\r\n\
@@ -123,6 +123,33 @@ async fn unknown_domain_has_no_policy_and_passes_as_none() {
     let v = verdict(&w, "127.0.0.9", "x@nowhere.test", msg).await;
     let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
     assert!(header.contains("spf=none") && header.contains("dmarc=none"), "{header}");
+}
+
+/// The second message from a domain is checked from the caches: the SPF and DKIM
+/// records it has, and the DMARC record it does not have (a negative answer, kept
+/// for the zone's SOA minimum), are not asked for again.
+#[tokio::test]
+async fn answers_and_missing_records_are_cached() {
+    let w = world("reject").await;
+    // relay.test publishes no SPF and no DMARC record; its messages carry a DKIM
+    // signature of org-a.test (a mailing-list shape).
+    let msg = String::from_utf8(signed(&w)).unwrap().replace(
+        "From: Alice <alice@org-a.test>\r\n",
+        "From: Alice <alice@org-a.test>\r\nSender: list@relay.test\r\n",
+    );
+    let first = verdict(&w, "127.0.0.9", "list@relay.test", msg.as_bytes()).await;
+    let asked = w.dns.queries();
+    assert!(asked > 0);
+    let second = verdict(&w, "127.0.0.9", "list@relay.test", msg.as_bytes()).await;
+    assert_eq!(format!("{first:?}"), format!("{second:?}"));
+    assert_eq!(w.dns.queries(), asked, "the second check asked DNS again ({second:?})");
+
+    // A name that does not exist at all (NXDOMAIN) is kept too.
+    let nowhere = b"From: x@nowhere.test\r\nSubject: s\r\n\r\nb\r\n";
+    verdict(&w, "127.0.0.9", "x@nowhere.test", nowhere).await;
+    let asked = w.dns.queries();
+    verdict(&w, "127.0.0.9", "x@nowhere.test", nowhere).await;
+    assert_eq!(w.dns.queries(), asked);
 }
 
 #[tokio::test]

@@ -7,18 +7,39 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hickory_proto::rr::{LowerName, Name};
 use hickory_proto::serialize::txt::Parser;
 use hickory_server::Server;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneHandler, ZoneType};
 
 /// A running DNS server; stops when dropped.
 pub struct TestDns {
     addr: SocketAddr,
+    queries: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// The catalog, counting the requests it answers: what a test of a cache looks at.
+struct Counting {
+    catalog: Catalog,
+    queries: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Counting {
+    async fn handle_request<R: ResponseHandler, T: hickory_server::net::runtime::Time>(
+        &self,
+        request: &Request,
+        response_handle: R,
+    ) -> ResponseInfo {
+        self.queries.fetch_add(1, Ordering::SeqCst);
+        self.catalog.handle_request::<R, T>(request, response_handle).await
+    }
 }
 
 impl TestDns {
@@ -58,13 +79,19 @@ impl TestDns {
             }
         };
         let addr = udp.local_addr().expect("UDP address");
-        let mut server = Server::new(catalog);
+        let queries = Arc::new(AtomicUsize::new(0));
+        let mut server = Server::new(Counting { catalog, queries: queries.clone() });
         server.register_socket(udp);
         server.register_listener(tcp, Duration::from_secs(5), 64 * 1024);
         let task = tokio::spawn(async move {
             let _ = server.block_until_done().await;
         });
-        TestDns { addr, task }
+        TestDns { addr, queries, task }
+    }
+
+    /// Requests answered so far (each UDP or TCP query counts once).
+    pub fn queries(&self) -> usize {
+        self.queries.load(Ordering::SeqCst)
     }
 
     /// Where the server answers (UDP and TCP).

@@ -115,7 +115,8 @@ pub struct DnsConfig {
     pub timeout_ms: u64,
     /// Attempts per query.
     pub attempts: usize,
-    /// Answers kept per record type in this pod (bounded by their TTL).
+    /// Answers kept per record type in this pod (bounded by their TTL), and as many
+    /// "no such record" answers (bounded by the zone's SOA minimum, at most 10 min).
     pub cache_entries: usize,
 }
 
