@@ -296,14 +296,17 @@ async fn controller_runs_a_cluster_from_create_to_delete() {
 
     // Before the schema migration: config, Services, the migration Job, the stress
     // CronJob — and no Deployments, which would start pods on an unmigrated schema.
+    // One reconcile applies them one after another: each is waited for, not
+    // expected at the instant the first appears.
     let job = migration_job_name(&mc);
     eventually("the migration Job", || async { get::<Job>(&client, &job).await }).await;
-    assert!(get::<ConfigMap>(&client, "mail-config").await.is_some());
-    assert!(get::<CronJob>(&client, "mail-stress").await.is_some());
-    assert_eq!(
-        names::<Service>(&client).await,
-        ["mail-imap", "mail-metrics", "mail-pop3", "mail-smtp", "mail-submission"]
-    );
+    eventually("the config", || async { get::<ConfigMap>(&client, "mail-config").await }).await;
+    eventually("the stress CronJob", || async { get::<CronJob>(&client, "mail-stress").await }).await;
+    eventually("the Services", || async {
+        let want = ["mail-imap", "mail-metrics", "mail-pop3", "mail-smtp", "mail-submission"];
+        (names::<Service>(&client).await == want).then_some(())
+    })
+    .await;
     let phase = eventually("status Pending", || async {
         let mc = get::<MailCluster>(&client, "mail").await?;
         mc.status?.phase

@@ -11,8 +11,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use mail_auth::common::headers::HeaderWriter;
-use mail_auth::dmarc::Policy;
+use mail_auth::common::verify::DomainKey;
 use mail_auth::dmarc::verify::DmarcParameters;
+use mail_auth::dmarc::{Dmarc, Policy};
+use mail_auth::spf::Spf;
 use mail_auth::spf::verify::SpfParameters;
 use mail_auth::{AuthenticatedMessage, AuthenticationResults, DkimResult, DmarcResult, SpfResult};
 
@@ -64,6 +66,13 @@ async fn evaluate(
 ) -> Verdict {
     let auth = &dns.authenticator;
     let helo = if envelope.helo.is_empty() { "unknown" } else { envelope.helo };
+    // SPF checks the HELO identity, then the MAIL FROM domain (RFC 7208 §2.3).
+    let mail_from_spf = envelope.mail_from.rsplit_once('@').map(|(_, d)| d).filter(|d| *d != helo);
+    tokio::join!(dns.share_txt::<Spf>(helo), async {
+        if let Some(d) = mail_from_spf {
+            dns.share_txt::<Spf>(d).await;
+        }
+    });
     let spf = auth
         .verify_spf(dns.params(SpfParameters::verify(
             envelope.remote_ip,
@@ -90,6 +99,15 @@ async fn evaluate(
         return Verdict::Accept { header: results.to_header(), junk: false };
     };
     let header_from = parsed.from.first().cloned().unwrap_or_default();
+    // The other names known before the checks run: each signature's key and the
+    // From domain's DMARC record.
+    let keys: Vec<String> =
+        parsed.dkim_headers.iter().map(|h| format!("{}._domainkey.{}", h.header.s, h.header.d)).collect();
+    let dmarc_names = header_from.rsplit_once('@').map(|(_, d)| dmarc_tree_walk(d)).unwrap_or_default();
+    tokio::join!(
+        futures::future::join_all(keys.iter().map(|n| dns.share_txt::<DomainKey>(n))),
+        futures::future::join_all(dmarc_names.iter().map(|n| dns.share_txt::<Dmarc>(n))),
+    );
     let dkim = auth.verify_dkim(dns.params(&parsed)).await;
     let arc = auth.verify_arc(dns.params(&parsed)).await;
     let dmarc =
@@ -121,4 +139,43 @@ async fn evaluate(
         }
     }
     Verdict::Accept { header, junk: false }
+}
+
+/// The names the DMARC tree walk (RFC 9989 §4.10) asks, as mail-auth walks it: the
+/// domain itself, then at most seven labels, then one label fewer at a time down to
+/// the top-level domain. Empty below two labels (mail-auth asks nothing then).
+fn dmarc_tree_walk(domain: &str) -> Vec<String> {
+    let labels: Vec<&str> = domain.trim_end_matches('.').split('.').filter(|l| !l.is_empty()).collect();
+    let total = labels.len();
+    let mut names = Vec::new();
+    if total < 2 {
+        return names;
+    }
+    let mut count = total;
+    loop {
+        names.push(format!("_dmarc.{}", labels[total - count..].join(".")));
+        if count == 1 {
+            break;
+        }
+        count = if count >= 8 { 7 } else { count - 1 };
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dmarc_tree_walk;
+
+    #[test]
+    fn dmarc_tree_walk_names() {
+        assert_eq!(dmarc_tree_walk("org-a.test"), ["_dmarc.org-a.test", "_dmarc.test"]);
+        assert_eq!(
+            dmarc_tree_walk("a.b.example.com."),
+            ["_dmarc.a.b.example.com", "_dmarc.b.example.com", "_dmarc.example.com", "_dmarc.com"]
+        );
+        let deep = dmarc_tree_walk("1.2.3.4.5.6.7.8.9.example");
+        assert_eq!(deep.len(), 8, "{deep:?}");
+        assert_eq!(deep[1], "_dmarc.4.5.6.7.8.9.example", "then seven labels");
+        assert!(dmarc_tree_walk("localhost").is_empty());
+    }
 }

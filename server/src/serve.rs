@@ -55,7 +55,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // pod still serves local mail; it only cannot send to other domains or check
     // senders, and says so.
     let dns = match crate::dns::Dns::from_config(&config.dns) {
-        Ok(dns) => Some(Arc::new(dns)),
+        // Answers shared with the other pods through the cache (Redis in a cluster).
+        Ok(dns) => Some(Arc::new(dns.with_shared(cache.clone()))),
         Err(e) if config.dns.nameservers.is_empty() => {
             tracing::warn!(error = %e, "no DNS resolver: outbound relay and sender authentication are off");
             None

@@ -36,15 +36,22 @@ async fn world_with(dmarc_policy: &str, algorithm: &str) -> World {
         }],
     })
     .unwrap();
+    // Negative answers last a minute (SOA minimum 60), here and at the root.
     let zone = format!(
-        "@ 60 IN MX 10 mx.org-a.test.\n\
+        "@ 60 IN SOA ns.test. hostmaster.test. 1 60 60 600 60\n\
+         @ 60 IN MX 10 mx.org-a.test.\n\
          mx 60 IN A 127.0.0.1\n\
          @ 60 IN TXT \"v=spf1 ip4:127.0.0.1 -all\"\n\
          s1._domainkey 60 IN TXT {}\n\
          _dmarc 60 IN TXT \"v=DMARC1; p={dmarc_policy}\"\n",
         key.zone_value()
     );
-    let dns = TestDns::start(&[("org-a.test.", &zone), ("relay.test.", "mx 60 IN A 127.0.0.1\n")]).await;
+    let dns = TestDns::start(&[
+        ("org-a.test.", &zone),
+        ("relay.test.", "@ 60 IN SOA ns.test. hostmaster.test. 1 60 60 600 60\nmx 60 IN A 127.0.0.1\n"),
+        (".", "@ 60 IN SOA ns.test. hostmaster.test. 1 60 60 600 60\n"),
+    ])
+    .await;
     let resolver =
         Dns::from_config(&DnsConfig { nameservers: vec![dns.addr()], ..Default::default() }).unwrap();
     World { dns, resolver, signer, _dir: dir }
@@ -150,6 +157,96 @@ async fn answers_and_missing_records_are_cached() {
     let asked = w.dns.queries();
     verdict(&w, "127.0.0.9", "x@nowhere.test", nowhere).await;
     assert_eq!(w.dns.queries(), asked);
+}
+
+async fn shared_cache() -> std::sync::Arc<dyn mailcluster_server::cache::Cache> {
+    let url = mailcluster_testkit::redis_url();
+    mailcluster_server::cache::open(Some(&url), &mailcluster_testkit::unique("dns"), Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|e| panic!("Redis at REDIS_URL ({url}): {e}"))
+}
+
+fn pod(dns: &TestDns, shared: &std::sync::Arc<dyn mailcluster_server::cache::Cache>) -> Dns {
+    Dns::from_config(&DnsConfig { nameservers: vec![dns.addr()], ..Default::default() })
+        .unwrap()
+        .with_shared(shared.clone())
+}
+
+/// Pods share what they learn through Redis: a second pod checks the same message,
+/// and routes mail to the same domain, without asking DNS.
+#[tokio::test]
+async fn pods_share_answers_through_redis() {
+    let w = world("reject").await;
+    let shared = shared_cache().await;
+    let (a, b) = (pod(&w.dns, &shared), pod(&w.dns, &shared));
+    let env = Envelope {
+        remote_ip: "127.0.0.1".parse().unwrap(),
+        helo: "mx.org-a.test",
+        mail_from: "alice@org-a.test",
+    };
+    let config = InboundAuthConfig::default();
+    let msg = signed(&w);
+    let at_a = check(&a, &config, "mx.org-b.test", &env, &msg).await;
+    let Verdict::Accept { header, .. } = &at_a else { panic!("{at_a:?}") };
+    assert!(
+        header.contains("spf=pass") && header.contains("dkim=pass") && header.contains("dmarc=pass"),
+        "{header}"
+    );
+    let asked = w.dns.queries();
+    let at_b = check(&b, &config, "mx.org-b.test", &env, &msg).await;
+    assert_eq!(format!("{at_a:?}"), format!("{at_b:?}"));
+    assert_eq!(w.dns.queries(), asked, "the second pod asked DNS: {:?}", &w.dns.questions()[asked..]);
+
+    // A forgery from outside the SPF record, to a third pod: the same DMARC reject.
+    let forged = check(
+        &pod(&w.dns, &shared),
+        &config,
+        "mx.org-b.test",
+        &Envelope { remote_ip: "127.0.0.9".parse().unwrap(), ..env },
+        MESSAGE,
+    )
+    .await;
+    assert!(matches!(forged, Verdict::Reject(_)), "{forged:?}");
+    assert_eq!(w.dns.queries(), asked);
+
+    // The relay's MX and address lookups.
+    let route = a.route("org-a.test", 10).await.unwrap();
+    assert_eq!(a.addresses("mx.org-a.test").await.unwrap(), vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
+    let asked = w.dns.queries();
+    assert_eq!(b.route("org-a.test", 10).await.unwrap(), route);
+    assert_eq!(b.addresses("mx.org-a.test").await.unwrap(), vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(w.dns.queries(), asked, "the second pod asked DNS for the route");
+}
+
+/// A shared answer lives no longer than its TTL; so does a shared "no such record".
+#[tokio::test]
+async fn shared_answers_end_with_their_ttl() {
+    let zone = "@ 2 IN SOA ns.test. hostmaster.test. 1 60 60 600 2\n@ 2 IN TXT \"v=spf1 -all\"\n";
+    let dns = TestDns::start(&[
+        ("short.test.", zone),
+        (".", "@ 2 IN SOA ns.test. hostmaster.test. 1 60 60 600 2\n"),
+    ])
+    .await;
+    let shared = shared_cache().await;
+    let env =
+        Envelope { remote_ip: "127.0.0.9".parse().unwrap(), helo: "h.short.test", mail_from: "x@short.test" };
+    let msg = b"From: x@short.test\r\nSubject: s\r\n\r\nb\r\n";
+    let config = InboundAuthConfig::default();
+    let first = check(&pod(&dns, &shared), &config, "mx.test", &env, msg).await;
+    let Verdict::Accept { header, .. } = &first else { panic!("{first:?}") };
+    assert!(header.contains("spf=fail") && header.contains("dmarc=none"), "{header}");
+    let asked = dns.queries();
+    check(&pod(&dns, &shared), &config, "mx.test", &env, msg).await;
+    assert_eq!(
+        dns.queries(),
+        asked,
+        "within the TTL the answers come from Redis: {:?}",
+        &dns.questions()[asked..]
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let later = check(&pod(&dns, &shared), &config, "mx.test", &env, msg).await;
+    assert_eq!(format!("{first:?}"), format!("{later:?}"));
+    assert!(dns.queries() >= asked + 2, "after the TTL DNS is asked again (SPF and DMARC)");
 }
 
 #[tokio::test]

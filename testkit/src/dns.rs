@@ -21,6 +21,7 @@ use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneHandler, ZoneType};
 pub struct TestDns {
     addr: SocketAddr,
     queries: Arc<AtomicUsize>,
+    names: Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -28,6 +29,7 @@ pub struct TestDns {
 struct Counting {
     catalog: Catalog,
     queries: Arc<AtomicUsize>,
+    names: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 #[async_trait::async_trait]
@@ -38,6 +40,10 @@ impl RequestHandler for Counting {
         response_handle: R,
     ) -> ResponseInfo {
         self.queries.fetch_add(1, Ordering::SeqCst);
+        if let Ok(info) = request.request_info() {
+            let q = info.query;
+            self.names.lock().unwrap().push(format!("{} {}", q.name(), q.query_type()));
+        }
         self.catalog.handle_request::<R, T>(request, response_handle).await
     }
 }
@@ -80,18 +86,24 @@ impl TestDns {
         };
         let addr = udp.local_addr().expect("UDP address");
         let queries = Arc::new(AtomicUsize::new(0));
-        let mut server = Server::new(Counting { catalog, queries: queries.clone() });
+        let names = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut server = Server::new(Counting { catalog, queries: queries.clone(), names: names.clone() });
         server.register_socket(udp);
         server.register_listener(tcp, Duration::from_secs(5), 64 * 1024);
         let task = tokio::spawn(async move {
             let _ = server.block_until_done().await;
         });
-        TestDns { addr, queries, task }
+        TestDns { addr, queries, names, task }
     }
 
     /// Requests answered so far (each UDP or TCP query counts once).
     pub fn queries(&self) -> usize {
         self.queries.load(Ordering::SeqCst)
+    }
+
+    /// The questions asked so far, in order (`name TYPE`).
+    pub fn questions(&self) -> Vec<String> {
+        self.names.lock().unwrap().clone()
     }
 
     /// Where the server answers (UDP and TCP).
