@@ -121,28 +121,58 @@ impl SmtpClient {
             }
             self.cmd.extend_from_slice(b"DATA\r\n");
             self.conn.write_all(&self.cmd).await?;
-            // Read every reply before judging, so the stream stays in sync — except
-            // after a 421: the server is closing the channel (RFC 5321 §3.8) and no
-            // further reply will come.
-            let mail = closing(self.reply().await?)?;
+            // Read every reply before judging, so the stream stays in sync — up to a
+            // 421: the server is closing the channel (RFC 5321 §3.8) and no further
+            // reply will come. The transaction's failure is still the first one in
+            // order (a refused sender is a 553 even if the server then hangs up).
+            let mail = self.reply().await?;
+            if mail.code == 421 {
+                return Err(ClientError::Smtp(mail.code, mail.text));
+            }
+            let mut closing = None;
             let mut rcpt_err = None;
             let mut accepted = 0;
             for _ in rcpts {
-                let r = closing(self.reply().await?)?;
+                let r = self.reply().await?;
+                if r.code == 421 {
+                    closing = Some(r);
+                    break;
+                }
                 if r.code / 100 == 2 {
                     accepted += 1;
                 } else if rcpt_err.is_none() {
                     rcpt_err = Some(r);
                 }
             }
-            let data_reply = closing(self.reply().await?)?;
+            let data_reply = match closing {
+                Some(_) => None,
+                None => {
+                    let r = self.reply().await?;
+                    if r.code == 421 {
+                        closing = Some(r);
+                        None
+                    } else {
+                        Some(r)
+                    }
+                }
+            };
+            let data_open = data_reply.as_ref().is_some_and(|r| r.code == 354);
             if mail.code / 100 != 2 {
-                return self.abort(mail, data_reply.code == 354).await;
+                return self.abort(mail, data_open).await;
+            }
+            if accepted == 0
+                && let Some(r) = rcpt_err
+            {
+                return self.abort(r, data_open).await;
+            }
+            if let Some(r) = closing {
+                return Err(ClientError::Smtp(r.code, r.text));
             }
             if accepted == 0 {
-                let r = rcpt_err.unwrap_or(Reply { code: 554, text: "no recipients".into() });
-                return self.abort(r, data_reply.code == 354).await;
+                let r = Reply { code: 554, text: "no recipients".into() };
+                return self.abort(r, data_open).await;
             }
+            let data_reply = data_reply.unwrap_or(Reply { code: 554, text: "no DATA reply".into() });
             if data_reply.code != 354 {
                 return Err(ClientError::Smtp(data_reply.code, data_reply.text));
             }
@@ -205,12 +235,6 @@ impl SmtpClient {
 }
 
 /// `250-text` → (250, false); `250 text` / `250` → (250, true).
-/// A 421 ends the session (the server closes the channel after it): an error at
-/// once, never a reply to go on from.
-fn closing(r: Reply) -> Result<Reply> {
-    if r.code == 421 { Err(ClientError::Smtp(r.code, r.text)) } else { Ok(r) }
-}
-
 fn parse_line(line: &[u8]) -> Result<(u16, bool)> {
     let bad = || ClientError::Protocol(format!("bad SMTP reply line: {}", text(line)));
     if line.len() < 3 || !line[..3].iter().all(u8::is_ascii_digit) {
