@@ -304,12 +304,18 @@ impl Dns {
     }
 
     /// Before a lookup of `name` in one of this pod's record-set caches: the shared
-    /// answer, if any, copied into it.
-    async fn share_in<T: Wire>(&self, kind: &str, name: &str, cache: &TtlCache<Box<str>, RecordSet<T>>) {
-        let Some(shared) = &self.shared else { return };
+    /// answer, if any, copied into it. True when the lookup will find its answer in
+    /// this pod (or nothing is shared): then there is nothing new to share after it.
+    async fn share_in<T: Wire>(
+        &self,
+        kind: &str,
+        name: &str,
+        cache: &TtlCache<Box<str>, RecordSet<T>>,
+    ) -> bool {
+        let Some(shared) = &self.shared else { return true };
         let fqdn = name.to_fqdn();
         if cache.get_until::<str>(&fqdn).is_some() {
-            return;
+            return true;
         }
         if let Ok(Some(raw)) = shared.value_get(&format!("dns:{kind}:{fqdn}")).await
             && let Ok(entry) = serde_json::from_slice::<Shared<Vec<T::Form>>>(&raw)
@@ -318,10 +324,12 @@ impl Dns {
             let rrset: Vec<T> = entry.answer.into_iter().map(T::from_wire).collect();
             let set = RecordSet { rrset: rrset.into(), dnssec_status: DnssecStatus::Indeterminate };
             cache.insert(fqdn.into_owned().into_boxed_str(), set, until);
+            return true;
         }
+        false
     }
 
-    /// After a lookup of `name`: what this pod's cache now holds, shared.
+    /// After a lookup of `name` that asked DNS: what this pod's cache now holds, shared.
     async fn share_out<T: Wire>(&self, kind: &str, name: &str, cache: &TtlCache<Box<str>, RecordSet<T>>) {
         let Some(shared) = &self.shared else { return };
         let fqdn = name.to_fqdn();
@@ -345,9 +353,12 @@ impl Dns {
     /// records by preference; none → the domain itself when it has an address
     /// (the implicit MX); a single "." MX → null MX.
     pub async fn route(&self, domain: &str, max_hosts: usize) -> Result<Route, DnsFailure> {
-        self.share_in("mx", domain, &self.caches.mx).await;
+        // A cached answer is not written back: only one that came from DNS.
+        let known = self.share_in("mx", domain, &self.caches.mx).await;
         let looked_up = self.authenticator.mx_lookup(domain, Some(&self.caches.mx)).await;
-        self.share_out("mx", domain, &self.caches.mx).await;
+        if !known {
+            self.share_out("mx", domain, &self.caches.mx).await;
+        }
         match looked_up {
             Ok(set) => {
                 let mut hosts = Vec::new();
@@ -387,8 +398,8 @@ impl Dns {
         if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
             return Ok(vec![ip]);
         }
-        self.share_in("a", host, &self.caches.ipv4).await;
-        self.share_in("aaaa", host, &self.caches.ipv6).await;
+        let known_v4 = self.share_in("a", host, &self.caches.ipv4).await;
+        let known_v6 = self.share_in("aaaa", host, &self.caches.ipv6).await;
         let looked_up = self
             .authenticator
             .ip_lookup(
@@ -399,8 +410,12 @@ impl Dns {
                 Some(&self.caches.ipv6),
             )
             .await;
-        self.share_out("a", host, &self.caches.ipv4).await;
-        self.share_out("aaaa", host, &self.caches.ipv6).await;
+        if !known_v4 {
+            self.share_out("a", host, &self.caches.ipv4).await;
+        }
+        if !known_v6 {
+            self.share_out("aaaa", host, &self.caches.ipv6).await;
+        }
         match looked_up {
             Ok(addrs) => Ok(addrs),
             Err(e) if is_nxdomain(&e) || is_no_records(&e) => Ok(Vec::new()),
