@@ -162,6 +162,12 @@ pub enum ScenarioKind {
     Seed,
     /// SMTP NOOP round trips on persistent sessions (measures the generator itself).
     SmtpNoop,
+    /// What a mail client's IMAP session does, one command per operation: LOGIN,
+    /// LIST, STATUS, SELECT and a flag sync (`UID FETCH 1:* (FLAGS)`) to open it,
+    /// then `opsPerConnection` commands drawn by `weights` (header lists, message
+    /// bodies, flag changes, deletes with EXPUNGE, APPENDs, NOOP polls, STATUS
+    /// polls), then LOGOUT.
+    ImapMix,
 }
 
 /// A mail protocol.

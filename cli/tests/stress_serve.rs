@@ -4,7 +4,8 @@
 //! does the same load spelled out in flags; a sender the login does not own is
 //! refused with 553 and counted as such. The in-cluster way: the migration adds the
 //! domains, the runner provisions its accounts over PostgreSQL with a password that
-//! lives for one run.
+//! lives for one run. `imap-mix` — a mail client's session, command by command —
+//! runs clean and leaves each mailbox with exactly the messages its commands say.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use common::TestDatabase;
 use common::cluster::{ServeProcess, ephemeral_ports};
-use common::wire::imap_exchange;
+use common::wire::{imap_exchange, imap_transcript};
 use common::{Output, run, run_with};
 
 const USERS: usize = 4;
@@ -187,6 +188,96 @@ fn submission_pop3_profile_runs_clean_against_serve() {
         serde_json::json!({"smtp-553": 8}),
         "{report:#}"
     );
+}
+
+#[test]
+fn imap_mix_runs_clean_and_leaves_the_mailboxes_its_commands_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = ephemeral_ports();
+    // LOGIN on the plain port, as the benchmark does (the runner and the checks).
+    env.push(("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"));
+    run(dir.path(), &["domain", "add", "example.test"], &env).ok();
+    for n in 1..=USERS {
+        let user = format!("user{n:04}@example.test");
+        run_with(dir.path(), &["user", "add", &user], &env, "pass\n", Duration::from_secs(120)).ok();
+    }
+    let server = ServeProcess::start(dir.path(), &env, 7);
+    let (smtp, imap) = (server.addr("smtp"), server.addr("imap"));
+    let (smtp_s, imap_s) = (smtp.to_string(), imap.to_string());
+    let users = USERS.to_string();
+    const SEEDED: u64 = 10;
+    let (out, report) = stress(
+        dir.path(),
+        &["--smtp", &smtp_s, "-s", "seed", "--users-count", &users, "--messages-per-user", "10", "-c", "4"],
+    );
+    assert_no_errors(&report, &out);
+
+    // One worker per user (the runner never puts two sessions on one user while
+    // there are enough users), short sessions so LOGIN…LOGOUT repeat, and a
+    // budget of commands so the run is bounded however fast the server is.
+    let (out, report) = stress(
+        dir.path(),
+        &[
+            "--imap",
+            &imap_s,
+            "-s",
+            "imap-mix",
+            "--users-count",
+            &users,
+            "-c",
+            &users,
+            "--ops-per-connection",
+            "15",
+            "--max-ops",
+            "600",
+            "-d",
+            "60s",
+            "--message-size",
+            "2k",
+        ],
+    );
+    assert_no_errors(&report, &out);
+    for op in [
+        "imap-login",
+        "imap-list",
+        "imap-status",
+        "imap-select",
+        "imap-fetch-flags",
+        "imap-fetch-envelope",
+        "imap-fetch-body",
+        "imap-store",
+        "imap-delete",
+        "imap-expunge",
+        "imap-append",
+        "imap-noop",
+        "imap-logout",
+    ] {
+        assert!(total(&report, op, "ok") > 0, "no {op} in {report:#}");
+    }
+    // Bodies and headers came back as literals.
+    assert!(total(&report, "imap-fetch-body", "bytes") > 0, "{report:#}");
+    // Every session opens with LOGIN … SELECT and ends with LOGOUT; only the last
+    // session of each worker may be cut short by the budget.
+    let logins = total(&report, "imap-login", "ok");
+    for op in ["imap-select", "imap-logout"] {
+        let n = total(&report, op, "ok");
+        assert!(n <= logins && logins - n <= USERS as u64, "{op}: {n} of {logins} sessions\n{report:#}");
+    }
+
+    // What is in the mailboxes now is what the commands did: the seed, plus every
+    // APPEND, less every delete (a delete whose EXPUNGE the budget cut off leaves
+    // its message \Deleted, which UNDELETED leaves out).
+    let expected =
+        SEEDED * USERS as u64 + total(&report, "imap-append", "ok") - total(&report, "imap-delete", "ok");
+    let mut found = 0u64;
+    for n in 1..=USERS {
+        let user = format!("user{n:04}@example.test");
+        let lines =
+            imap_transcript(imap, &user, "pass", &["SELECT INBOX", "SEARCH UNDELETED"]).expect("IMAP");
+        let search = lines.iter().find(|l| l.starts_with("* SEARCH")).unwrap_or_else(|| panic!("{lines:?}"));
+        found += search.split_ascii_whitespace().skip(2).count() as u64;
+    }
+    assert_eq!(found, expected, "{report:#}");
 }
 
 /// `migrate --domain` (the migration Job's spec.domains) then `stress

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::client::Endpoint;
-use crate::engine::{Op, Plan, Targets};
+use crate::engine::{ImapCmd, Op, Plan, Targets};
 use crate::slo::{Threshold, run_thresholds};
 use crate::tls::TlsSettings;
 use crate::workload::{Messages, Users, parse_duration, parse_size};
@@ -47,7 +47,7 @@ pub struct StressArgs {
     #[arg(long)]
     pub print: bool,
     /// Scenarios to run (comma-separated) when no file is given: connect-flood, auth,
-    /// deliver, search, fetch, pop3, mixed, seed, smtp-noop. Default: deliver, auth,
+    /// deliver, search, fetch, pop3, mixed, imap-mix, seed, smtp-noop. Default: deliver, auth,
     /// search, fetch, pop3, connect-flood (those whose targets are given).
     #[arg(short = 's', long, value_delimiter = ',', value_parser = parse_kind)]
     pub scenarios: Vec<ScenarioKind>,
@@ -455,7 +455,7 @@ fn scenario_of(p: &Plan) -> ScenarioSpec {
         || (matches!(p.kind, ScenarioKind::ConnectFlood | ScenarioKind::Auth)
             && !matches!(p.protocol, Some(Protocol::Imap | Protocol::Pop3)));
     let mut weights = BTreeMap::new();
-    if p.kind == ScenarioKind::Mixed {
+    if matches!(p.kind, ScenarioKind::Mixed | ScenarioKind::ImapMix) {
         let mut prev = 0;
         for (op, cum) in &p.mix {
             weights.insert(op_weight_name(*op).to_string(), (*cum - prev) as u32);
@@ -496,6 +496,7 @@ fn op_weight_name(op: Op) -> &'static str {
         Op::Fetch => "fetch",
         Op::Pop3 => "pop3",
         Op::Seed => "seed",
+        Op::Imap(cmd) => cmd.name(),
     }
 }
 
@@ -613,6 +614,7 @@ fn defaults(kind: ScenarioKind) -> Defaults {
         K::Mixed => d(20, Some(100.0), "60s", "10s", 200, A::None),
         K::Seed => d(10, None, "10m", "0s", 0, A::None),
         K::SmtpNoop => d(50, None, "10s", "0s", 0, A::None),
+        K::ImapMix => d(50, None, "60s", "0s", 50, A::Login),
     }
 }
 
@@ -663,16 +665,22 @@ fn plan_for(
             .collect::<anyhow::Result<_>>()?
     } else if !s.weights.is_empty() {
         s.weights.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    } else if s.kind == ScenarioKind::ImapMix {
+        ImapCmd::DEFAULT_WEIGHTS.iter().map(|(k, w)| (k.to_string(), *w)).collect()
     } else {
         vec![("deliver".into(), 60), ("fetch".into(), 25), ("search".into(), 15)]
     };
     let mix = match s.kind {
-        ScenarioKind::Mixed => {
+        ScenarioKind::Mixed | ScenarioKind::ImapMix => {
             let mut acc = 0u64;
             let mut mix = Vec::new();
             for (k, w) in &weights {
                 let op =
                     Op::parse(k).with_context(|| format!("{name}: unknown operation {k:?} in weights"))?;
+                // A client session draws only its own commands.
+                if s.kind == ScenarioKind::ImapMix && !matches!(op, Op::Imap(_)) {
+                    bail!("{name}: imap-mix weights name IMAP client commands (imap-…), not {k:?}");
+                }
                 if *w > 0 {
                     acc += *w as u64;
                     mix.push((op, acc));
@@ -737,6 +745,7 @@ fn default_scenario_slo(kind: ScenarioKind) -> &'static [&'static str] {
             &["deliver.p95 <= 120ms", "fetch.p95 <= 350ms", "search.p95 <= 350ms", "success_rate >= 99.95%"]
         }
         ScenarioKind::SmtpNoop => &[],
+        ScenarioKind::ImapMix => &["success_rate >= 99.95%"],
     }
 }
 
@@ -778,7 +787,7 @@ fn check_targets(plan: &Plan, t: &Targets) -> anyhow::Result<()> {
         match op {
             Op::Deliver(via) => smtp(*via)?,
             Op::Noop | Op::Seed => smtp(None)?,
-            Op::Search | Op::Fetch => need(t.imap.is_some(), "IMAP")?,
+            Op::Search | Op::Fetch | Op::Imap(_) => need(t.imap.is_some(), "IMAP")?,
             Op::Pop3 => need(t.pop3.is_some(), "POP3")?,
             Op::Auth => need(t.imap.is_some() || t.smtp_target(plan.smtp_target).is_some(), "IMAP or SMTP")?,
         }

@@ -67,10 +67,99 @@ pub enum Op {
     Fetch,
     Pop3,
     Seed,
+    /// One command of a mail client's IMAP session (see [`ImapCmd`]).
+    Imap(ImapCmd),
+}
+
+/// The commands of a mail client's IMAP session (`imap-mix`). LOGIN, LIST, STATUS,
+/// SELECT and the flag sync open a session, LOGOUT ends it and EXPUNGE follows a
+/// delete; the others are drawn by weight in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImapCmd {
+    /// Connect and `LOGIN` (or `AUTHENTICATE PLAIN` with `auth: plain`).
+    Login,
+    /// `LIST "" "*"`: the folder tree.
+    List,
+    /// `STATUS INBOX (MESSAGES UNSEEN UIDNEXT)`: the counts a folder pane shows.
+    Status,
+    /// `SELECT INBOX`.
+    Select,
+    /// `UID FETCH 1:* (FLAGS)`: the flag sync of a client without CONDSTORE.
+    FetchFlags,
+    /// `UID FETCH lo:hi (UID FLAGS RFC822.SIZE INTERNALDATE ENVELOPE)` over 25
+    /// messages: a screenful of the message list.
+    FetchEnvelope,
+    /// `UID FETCH n BODY.PEEK[]`: opening a message.
+    FetchBody,
+    /// `UID STORE n ±FLAGS (\Seen)` or `(\Flagged)`: read/unread, flag/unflag.
+    Store,
+    /// `UID STORE n +FLAGS.SILENT (\Deleted)`, followed by an EXPUNGE.
+    Delete,
+    /// `EXPUNGE` (only after a delete).
+    Expunge,
+    /// `APPEND INBOX (\Seen) {n}`: saving a draft or a sent copy.
+    Append,
+    /// `NOOP`: polling for new mail.
+    Noop,
+    /// `LOGOUT` after `opsPerConnection` commands.
+    Logout,
+}
+
+impl ImapCmd {
+    /// Weighted commands and their `weights` keys (the rest follow the session).
+    const WEIGHTED: [(ImapCmd, &'static str); 7] = [
+        (ImapCmd::FetchEnvelope, "imap-fetch-envelope"),
+        (ImapCmd::FetchBody, "imap-fetch-body"),
+        (ImapCmd::Store, "imap-store"),
+        (ImapCmd::Delete, "imap-delete"),
+        (ImapCmd::Append, "imap-append"),
+        (ImapCmd::Noop, "imap-noop"),
+        (ImapCmd::Status, "imap-status"),
+    ];
+
+    /// `imap-mix`'s weights when a scenario gives none. A reading session: mostly
+    /// opening messages and scrolling the list, a flag change for every few
+    /// reads, a poll every few commands; deletes and appends equal, so the
+    /// mailbox keeps its size over a long run.
+    pub const DEFAULT_WEIGHTS: [(&'static str, u32); 7] = [
+        ("imap-fetch-envelope", 20),
+        ("imap-fetch-body", 30),
+        ("imap-store", 20),
+        ("imap-delete", 5),
+        ("imap-append", 5),
+        ("imap-noop", 15),
+        ("imap-status", 5),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ImapCmd::Login => "imap-login",
+            ImapCmd::List => "imap-list",
+            ImapCmd::Status => "imap-status",
+            ImapCmd::Select => "imap-select",
+            ImapCmd::FetchFlags => "imap-fetch-flags",
+            ImapCmd::FetchEnvelope => "imap-fetch-envelope",
+            ImapCmd::FetchBody => "imap-fetch-body",
+            ImapCmd::Store => "imap-store",
+            ImapCmd::Delete => "imap-delete",
+            ImapCmd::Expunge => "imap-expunge",
+            ImapCmd::Append => "imap-append",
+            ImapCmd::Noop => "imap-noop",
+            ImapCmd::Logout => "imap-logout",
+        }
+    }
+
+    /// Does the command name a message of the mailbox?
+    fn needs_message(self) -> bool {
+        matches!(self, ImapCmd::FetchEnvelope | ImapCmd::FetchBody | ImapCmd::Store | ImapCmd::Delete)
+    }
 }
 
 impl Op {
     pub fn parse(s: &str) -> Option<Op> {
+        if let Some((cmd, _)) = ImapCmd::WEIGHTED.iter().find(|(_, k)| *k == s) {
+            return Some(Op::Imap(*cmd));
+        }
         Some(match s {
             "deliver" | "send" => Op::Deliver(None),
             "submission" => Op::Deliver(Some(SmtpTarget::Submission)),
@@ -340,6 +429,7 @@ fn op_family(op: Op) -> &'static str {
         Op::Fetch => "fetch",
         Op::Pop3 => "pop3-session",
         Op::Seed => "seed",
+        Op::Imap(cmd) => cmd.name(),
     }
 }
 
@@ -368,6 +458,7 @@ enum Action {
     FetchBody,
     FetchHeader,
     Pop3,
+    Imap(ImapCmd),
 }
 
 impl Action {
@@ -384,8 +475,23 @@ impl Action {
             Action::FetchBody => "fetch-body",
             Action::FetchHeader => "fetch-header",
             Action::Pop3 => "pop3-session",
+            Action::Imap(cmd) => cmd.name(),
         }
     }
+}
+
+/// A mail client's IMAP session (`imap-mix`).
+struct MuaSession {
+    client: ImapClient,
+    /// Index of the user logged in.
+    user: usize,
+    /// UIDs of INBOX as this session knows them (flag sync, APPENDUID, deletes).
+    uids: Vec<u32>,
+    cursor: usize,
+    /// Commands after LOGIN so far.
+    ops: u32,
+    /// Commands the session does next, before any drawn one.
+    pending: std::collections::VecDeque<ImapCmd>,
 }
 
 struct ImapSession {
@@ -419,6 +525,7 @@ struct Worker {
     /// One session per SMTP target, so a mix over both submission ports keeps both.
     smtp: [Option<SmtpSession>; 3],
     imap: Option<ImapSession>,
+    mua: Option<MuaSession>,
     /// Index of the user this worker acts as; see [`user_after`].
     user: usize,
     counter: u64,
@@ -434,6 +541,7 @@ impl Worker {
             rec: Arc::clone(rec),
             smtp: Default::default(),
             imap: None,
+            mua: None,
             user: id,
             counter: 0,
             rng: mix_seed(id as u64 + 1),
@@ -461,6 +569,7 @@ impl Worker {
             Op::Noop => Action::Noop,
             Op::Search => Action::Search,
             Op::Pop3 => Action::Pop3,
+            Op::Imap(drawn) => Action::Imap(self.next_imap_cmd(drawn)),
             Op::Fetch => {
                 if self.counter.is_multiple_of(2) {
                     Action::FetchHeader
@@ -508,12 +617,14 @@ impl Worker {
                 if !matches!(e, ClientError::Smtp(..) | ClientError::Imap(..)) {
                     self.smtp = Default::default();
                     self.imap = None;
+                    self.mua = None;
                 }
             }
             Err(_) => {
                 self.rec.error(name, "timeout");
                 self.smtp = Default::default();
                 self.imap = None;
+                self.mua = None;
             }
         }
     }
@@ -527,6 +638,144 @@ impl Worker {
         if let Some(s) = self.imap.take() {
             let _ = tokio::time::timeout(Duration::from_secs(1), s.client.logout()).await;
         }
+        if let Some(s) = self.mua.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), s.client.logout()).await;
+        }
+    }
+
+    /// The command a client session does next: opening it, what it queued, LOGOUT
+    /// once it has done `opsPerConnection` commands, else the drawn one (an APPEND
+    /// when the mailbox is empty and the drawn command needs a message).
+    fn next_imap_cmd(&mut self, drawn: ImapCmd) -> ImapCmd {
+        let limit = self.plan.ops_per_connection;
+        let Some(s) = &mut self.mua else { return ImapCmd::Login };
+        if let Some(cmd) = s.pending.pop_front() {
+            return cmd;
+        }
+        if limit > 0 && s.ops >= limit {
+            return ImapCmd::Logout;
+        }
+        if drawn.needs_message() && s.uids.is_empty() { ImapCmd::Append } else { drawn }
+    }
+
+    async fn imap_client_command(&mut self, cmd: ImapCmd) -> Result<u64, ClientError> {
+        match cmd {
+            ImapCmd::Login => self.imap_client_login().await,
+            ImapCmd::Logout => {
+                let s = self.mua.take().ok_or(ClientError::Closed)?;
+                s.client.logout().await?;
+                Ok(0)
+            }
+            cmd => self.imap_client_in_session(cmd).await,
+        }
+    }
+
+    async fn imap_client_login(&mut self) -> Result<u64, ClientError> {
+        let (client, u) = self.imap_connect_login().await?;
+        let cursor = self.random() as usize;
+        let pending = [ImapCmd::List, ImapCmd::Status, ImapCmd::Select, ImapCmd::FetchFlags].into();
+        self.mua = Some(MuaSession { client, user: u, uids: Vec::new(), cursor, ops: 0, pending });
+        Ok(0)
+    }
+
+    /// A new IMAP connection logged in as the next user (LOGIN, or AUTHENTICATE
+    /// PLAIN with `auth: plain`), and that user's index.
+    async fn imap_connect_login(&mut self) -> Result<(ImapClient, usize), ClientError> {
+        let ep = self.endpoint(Protocol::Imap)?;
+        let u = self.next_user();
+        let env = Arc::clone(&self.env);
+        let (user, pass) = env.users.get(u);
+        let mut client = ImapClient::connect(&ep).await?;
+        if self.plan.auth == AuthMechanism::Plain {
+            client.authenticate_plain(user, pass).await?;
+        } else {
+            client.login(user, pass).await?;
+        }
+        Ok((client, u))
+    }
+
+    async fn imap_client_in_session(&mut self, cmd: ImapCmd) -> Result<u64, ClientError> {
+        let r = self.random();
+        let env = Arc::clone(&self.env);
+        let counter = self.counter;
+        let s = self.mua.as_mut().ok_or(ClientError::Closed)?;
+        s.ops += 1;
+        // A message of the session's list: consecutive reads walk it from a random
+        // start, as a reader going down the list does.
+        let at = |s: &mut MuaSession| {
+            s.cursor = s.cursor.wrapping_add(1);
+            s.cursor % s.uids.len().max(1)
+        };
+        if cmd.needs_message() && s.uids.is_empty() {
+            return Err(ClientError::Imap("empty-mailbox".into(), "INBOX has no messages".into()));
+        }
+        let bytes = match cmd {
+            ImapCmd::List => {
+                s.client.command(r#"LIST "" "*""#).await?;
+                0
+            }
+            ImapCmd::Status => {
+                s.client.command("STATUS INBOX (MESSAGES UNSEEN UIDNEXT)").await?;
+                0
+            }
+            ImapCmd::Select => {
+                s.client.select("INBOX", false).await?;
+                0
+            }
+            ImapCmd::FetchFlags => {
+                let resp = s.client.command("UID FETCH 1:* (FLAGS)").await?;
+                s.uids = resp.uids;
+                s.uids.sort_unstable();
+                s.uids.dedup();
+                0
+            }
+            ImapCmd::FetchEnvelope => {
+                let first = at(s);
+                let last = (first + 24).min(s.uids.len() - 1);
+                let (lo, hi) = (s.uids[first], s.uids[last]);
+                let cmd = format!("UID FETCH {lo}:{hi} (UID FLAGS RFC822.SIZE INTERNALDATE ENVELOPE)");
+                s.client.command(&cmd).await?.literal_bytes
+            }
+            ImapCmd::FetchBody => {
+                let i = at(s);
+                s.client.uid_fetch(s.uids[i], "BODY.PEEK[]").await?
+            }
+            ImapCmd::Store => {
+                let uid = s.uids[r as usize % s.uids.len()];
+                let change =
+                    ["+FLAGS (\\Seen)", "-FLAGS (\\Seen)", "+FLAGS (\\Flagged)", "-FLAGS (\\Flagged)"]
+                        [(counter % 4) as usize];
+                s.client.command(&format!("UID STORE {uid} {change}")).await?;
+                0
+            }
+            ImapCmd::Delete => {
+                let uid = s.uids.remove(r as usize % s.uids.len());
+                s.client.command(&format!("UID STORE {uid} +FLAGS.SILENT (\\Deleted)")).await?;
+                s.pending.push_back(ImapCmd::Expunge);
+                0
+            }
+            ImapCmd::Expunge => {
+                s.client.command("EXPUNGE").await?;
+                0
+            }
+            ImapCmd::Append => {
+                let msg = env.messages.pick(r);
+                let from = env.users.get(s.user).0;
+                let header = format!("From: {from}\r\nMessage-ID: <{}>\r\n", env.next_message_id());
+                if let Some(uid) = s.client.append("INBOX", "\\Seen", &[header.as_bytes(), msg]).await? {
+                    s.uids.push(uid);
+                }
+                (header.len() + msg.len()) as u64
+            }
+            ImapCmd::Noop => {
+                s.client.noop().await?;
+                0
+            }
+            ImapCmd::Login | ImapCmd::Logout => {
+                return Err(ClientError::Protocol(format!("{} inside a session", cmd.name())));
+            }
+        };
+        Ok(bytes)
     }
 
     fn endpoint(&self, p: Protocol) -> Result<Endpoint, ClientError> {
@@ -607,6 +856,7 @@ impl Worker {
                 Ok(bytes)
             }
             Action::Pop3 => self.pop3_session().await,
+            Action::Imap(cmd) => self.imap_client_command(cmd).await,
         }
     }
 
@@ -693,17 +943,8 @@ impl Worker {
 
     async fn imap_session(&mut self) -> Result<&mut ImapSession, ClientError> {
         if self.imap.is_none() {
-            let ep = self.endpoint(Protocol::Imap)?;
-            let u = self.next_user();
-            let env = Arc::clone(&self.env);
-            let (user, pass) = env.users.get(u);
             let t0 = Instant::now();
-            let mut client = ImapClient::connect(&ep).await?;
-            if self.plan.auth == AuthMechanism::Plain {
-                client.authenticate_plain(user, pass).await?;
-            } else {
-                client.login(user, pass).await?;
-            }
+            let (mut client, _) = self.imap_connect_login().await?;
             client.select("INBOX", false).await?;
             self.rec.ok_aux("imap-session", t0.elapsed());
             // Start each session at a different message so workers on the same

@@ -196,3 +196,39 @@ fn a_delivery_without_its_target_is_refused_before_running() {
     a.sender = Some("two words@example.test".into());
     assert!(resolve(&a).is_err(), "a sender that would corrupt MAIL FROM is refused");
 }
+
+#[test]
+fn imap_mix_draws_client_commands_by_weight() {
+    use mailcluster_stress::engine::ImapCmd;
+    let a = parse(&["--imap", "127.0.0.1:1143", "-s", "imap-mix"]).expect("parses");
+    let setup = resolve(&a).expect("resolves");
+    let plan = &setup.plans[0];
+    assert_eq!(
+        (plan.kind, plan.concurrency, plan.rate, plan.ops_per_connection),
+        (ScenarioKind::ImapMix, 50, None, 50)
+    );
+    let w = weights(plan);
+    assert_eq!(w.iter().map(|(_, n)| n).sum::<u64>(), 100, "{w:?}");
+    assert!(w.contains(&(Op::Imap(ImapCmd::FetchBody), 30)), "{w:?}");
+    assert!(
+        w.contains(&(Op::Imap(ImapCmd::Delete), 5)) && w.contains(&(Op::Imap(ImapCmd::Append), 5)),
+        "{w:?}"
+    );
+
+    // Weights of its own commands replace the defaults; another scenario's
+    // operation is refused rather than quietly sent to the wrong protocol.
+    let a =
+        parse(&["--imap", "h:143", "-s", "imap-mix", "--weights", "imap-fetch-body=1,imap-store=3"]).unwrap();
+    let w = weights(&resolve(&a).expect("resolves").plans[0]);
+    assert_eq!(w, vec![(Op::Imap(ImapCmd::FetchBody), 1), (Op::Imap(ImapCmd::Store), 3)]);
+    let a = parse(&["--imap", "h:143", "-s", "imap-mix", "--weights", "deliver=1"]).unwrap();
+    assert!(format!("{:#}", resolve(&a).err().expect("refused")).contains("imap-mix"));
+    // It needs an IMAP target.
+    let a = parse(&["--smtp", "h:25", "-s", "imap-mix"]).unwrap();
+    assert!(format!("{:#}", resolve(&a).err().expect("no IMAP")).contains("IMAP"));
+
+    // --print shows the weights it will draw by.
+    let a = parse(&["--imap", "h:143", "-s", "imap-mix"]).unwrap();
+    let text = print(&a).expect("prints");
+    assert!(text.contains("imap-fetch-envelope: 20") && text.contains("kind: imap-mix"), "{text}");
+}

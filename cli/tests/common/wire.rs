@@ -71,6 +71,27 @@ pub fn imap_exchange(
     password: &str,
     commands: &[&str],
 ) -> Result<Vec<String>, String> {
+    Ok(imap_session(addr, user, password, commands)?.0)
+}
+
+/// As [`imap_exchange`], every line the server sent (untagged ones in order
+/// among the tagged ones).
+pub fn imap_transcript(
+    addr: SocketAddr,
+    user: &str,
+    password: &str,
+    commands: &[&str],
+) -> Result<Vec<String>, String> {
+    Ok(imap_session(addr, user, password, commands)?.1)
+}
+
+/// (tagged replies, every line) of one session.
+fn imap_session(
+    addr: SocketAddr,
+    user: &str,
+    password: &str,
+    commands: &[&str],
+) -> Result<(Vec<String>, Vec<String>), String> {
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut w = stream.try_clone().unwrap();
@@ -78,7 +99,7 @@ pub fn imap_exchange(
     let mut greeting = String::new();
     r.read_line(&mut greeting).map_err(|e| e.to_string())?;
     let login = format!("LOGIN {user} {password}");
-    let mut replies = Vec::new();
+    let (mut replies, mut lines) = (Vec::new(), Vec::new());
     for (i, cmd) in std::iter::once(login.as_str()).chain(commands.iter().copied()).enumerate() {
         let tag = char::from(b'a' + i as u8);
         write!(w, "{tag} {cmd}\r\n").map_err(|e| e.to_string())?;
@@ -90,13 +111,15 @@ pub fn imap_exchange(
             if line.starts_with(&format!("{tag} ")) {
                 break line.trim_end().to_string();
             }
+            lines.push(line.trim_end().to_string());
         };
         let ok = reply.starts_with(&format!("{tag} OK"));
+        lines.push(reply.clone());
         replies.push(reply);
         if !ok {
             break;
         }
     }
     let _ = write!(w, "z LOGOUT\r\n");
-    Ok(replies)
+    Ok((replies, lines))
 }

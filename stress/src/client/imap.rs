@@ -1,5 +1,7 @@
 //! IMAP4rev1 client: greeting, STARTTLS, LOGIN, AUTHENTICATE PLAIN (with SASL-IR when
-//! announced), SELECT, UID SEARCH, UID FETCH, NOOP, LOGOUT (RFC 3501, 4959).
+//! announced), SELECT, UID SEARCH, UID FETCH, APPEND (with the UIDPLUS APPENDUID
+//! when the server gives one), NOOP, LOGOUT and any other command as a line
+//! (RFC 3501, 4315, 4959).
 //!
 //! Responses are read line by line; a line ending in `{n}` announces a literal of n
 //! bytes which is skipped without buffering, so fetching a 10 MB message costs the
@@ -32,6 +34,10 @@ pub struct Response {
     pub literal_bytes: u64,
     /// Untagged FETCH responses seen.
     pub fetches: u32,
+    /// `UID n` items of those FETCH responses (when on the response's first line).
+    pub uids: Vec<u32>,
+    /// UID of an appended message from the tagged `OK [APPENDUID validity uid]`.
+    pub append_uid: Option<u32>,
 }
 
 impl ImapClient {
@@ -95,6 +101,31 @@ impl ImapClient {
         Ok(r.literal_bytes)
     }
 
+    /// `APPEND mailbox (flags) {n}` with a synchronizing literal (every server
+    /// speaks it; LITERAL+ is an extension), the message being `parts` in order.
+    /// Returns the new message's UID when the server reports it (UIDPLUS).
+    pub async fn append(&mut self, mailbox: &str, flags: &str, parts: &[&[u8]]) -> Result<Option<u32>> {
+        let size: usize = parts.iter().map(|p| p.len()).sum();
+        self.tag += 1;
+        let tag = self.tag;
+        self.cmd.clear();
+        self.cmd.extend_from_slice(
+            format!("a{tag} APPEND {} ({flags}) {{{size}}}\r\n", quote(mailbox)).as_bytes(),
+        );
+        self.conn.write_all(&self.cmd).await?;
+        let line = self.conn.read_line().await?;
+        if !line.starts_with(b"+") {
+            // The server refused the literal (e.g. too large, over quota): that is
+            // the tagged completion.
+            let status = if contains_ci(line, b" NO ") { "NO" } else { "BAD" };
+            return Err(ClientError::Imap(status.into(), text(line)));
+        }
+        let mut body: Vec<&[u8]> = parts.to_vec();
+        body.push(b"\r\n");
+        self.conn.write_all_parts(&body).await?;
+        Ok(self.finish(tag).await?.append_uid)
+    }
+
     pub async fn noop(&mut self) -> Result<()> {
         self.command("NOOP").await.map(drop)
     }
@@ -123,6 +154,7 @@ impl ImapClient {
             if line.starts_with(prefix.as_bytes()) {
                 let rest = &line[prefix.len()..];
                 if rest.len() >= 2 && rest[..2].eq_ignore_ascii_case(b"OK") {
+                    resp.append_uid = appenduid(rest);
                     return Ok(resp);
                 }
                 let status =
@@ -165,11 +197,34 @@ fn parse_untagged(rest: &[u8], resp: &mut Response) {
                     resp.exists = n.parse().ok();
                 } else if kind.eq_ignore_ascii_case("FETCH") {
                     resp.fetches += 1;
+                    // The items are `(NAME value NAME value …`; a UID value is a number.
+                    let mut items = words.map(|w| w.trim_start_matches('('));
+                    while let Some(item) = items.next() {
+                        if item.eq_ignore_ascii_case("UID") {
+                            let uid = items.next().map(|v| v.trim_end_matches(')'));
+                            if let Some(uid) = uid.and_then(|v| v.parse().ok()) {
+                                resp.uids.push(uid);
+                            }
+                            break;
+                        }
+                    }
                 }
             }
         }
         None => {}
     }
+}
+
+/// `OK [APPENDUID 38505 3955] …` → Some(3955).
+fn appenduid(tagged_rest: &[u8]) -> Option<u32> {
+    let t = std::str::from_utf8(tagged_rest).ok()?;
+    let start = t.find('[')? + 1;
+    let code = &t[start..start + t[start..].find(']')?];
+    let mut words = code.split_ascii_whitespace();
+    if !words.next()?.eq_ignore_ascii_case("APPENDUID") {
+        return None;
+    }
+    words.nth(1)?.parse().ok()
 }
 
 /// `... {123}\r\n` or `{123+}` → Some(123).
@@ -224,6 +279,20 @@ mod tests {
         assert_eq!(r.search, vec![1, 5, 9]);
         assert_eq!(r.exists, Some(12));
         assert_eq!(r.fetches, 1);
+        assert_eq!(r.uids, vec![9]);
+        // UID anywhere in the item list, FLAGS with parentheses before it.
+        parse_untagged(b"4 FETCH (FLAGS (\\Seen \\Flagged) UID 12)\r\n", &mut r);
+        parse_untagged(b"5 FETCH (FLAGS ())\r\n", &mut r);
+        assert_eq!(r.uids, vec![9, 12]);
+        assert_eq!(r.fetches, 3);
+    }
+
+    #[test]
+    fn append_uid() {
+        assert_eq!(appenduid(b"OK [APPENDUID 38505 3955] APPEND completed\r\n"), Some(3955));
+        assert_eq!(appenduid(b"OK [appenduid 1 7] done\r\n"), Some(7));
+        assert_eq!(appenduid(b"OK APPEND completed\r\n"), None);
+        assert_eq!(appenduid(b"OK [READ-WRITE] x\r\n"), None);
     }
 
     #[test]

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The IMAP session mix side by side, in one run: Mailcluster (release `mailcluster
+# serve`, PostgreSQL + Redis) against Dovecot from /work/shared/peers (Maildir).
+# CLIENTS sessions at once, closed loop, each doing what a mail client does (the
+# `imap-mix` scenario, weights in stress/README.md): LOGIN, LIST, STATUS, SELECT,
+# `UID FETCH 1:* (FLAGS)`, then 50 commands drawn by weight — header lists
+# (ENVELOPE), message bodies, STORE ±\Seen/\Flagged, delete + EXPUNGE, APPEND,
+# NOOP and STATUS polls — then LOGOUT, and again. Every command counts once.
+#
+# Both sides get the same mailboxes (same_mailboxes in lib.sh: MSGS messages
+# through each side's SMTP into user0001, 90 % \Seen, cloned into user0002…USERS);
+# a warm-up pass opens every INBOX once on each side. The sides then run ROUNDS
+# times each, alternately, DUR each. CPU per command: the Mailcluster process; all
+# PostgreSQL processes (exited backends through the postmaster's children time);
+# all Dovecot processes (its per-connection imap processes through the master's
+# children time). Run as root (the peer's Maildirs).
+#
+# Usage: bench/imap-mix.sh [OUT_DIR]   (env: USERS=200 MSGS=1000 CLIENTS=50 DUR=30s ROUNDS=2)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+OUT=${1:-bench/results/imap-mix}
+USERS=${USERS:-200}
+MSGS=${MSGS:-1000}
+CLIENTS=${CLIENTS:-50}
+DUR=${DUR:-30s}
+ROUNDS=${ROUNDS:-2}
+mkdir -p "$OUT"
+port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
+
+# Plain IMAP with LOGIN, as Dovecot's 1144 is; the per-session command rate limit
+# (a guard against a runaway client) lifted, since closed-loop sessions exceed
+# what any person's client sends.
+export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000
+mc_start "$USERS" smtp,imap
+machine_line | tee "$OUT/machine.txt"
+{
+  echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus"
+  echo "  MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000"
+  echo "dovecot: $(dovecot --version 2>/dev/null) IMAP on 1144, Maildir (/work/shared/peers)"
+  echo "load: $CLIENTS sessions, closed loop, $DUR per run, $ROUNDS runs per side; $USERS users with $MSGS messages each"
+} | tee -a "$OUT/machine.txt"
+same_mailboxes "$USERS" "$MSGS" "$OUT"
+
+Q=(--no-progress -k)
+side_port() { if [ "$1" = dovecot ]; then echo 1144; else mc_port imap; fi; }
+
+# CPU seconds of every process named NAME, children already reaped included.
+procs_cpu() {
+  local total=0 pid
+  for pid in $(pgrep -x "$1"); do
+    total=$(awk -v tk="$(getconf CLK_TCK)" -v t="$total" '{printf "%.2f", t + ($14+$15+$16+$17)/tk}' "/proc/$pid/stat" 2>/dev/null || echo "$total")
+  done
+  echo "$total"
+}
+side_cpu() { if [ "$1" = dovecot ]; then procs_cpu dovecot; else cpu_secs "$MC_PID"; fi; }
+
+# Warm-up: each side opens every INBOX once (Dovecot builds its index files).
+for side in dovecot mailcluster; do
+  "$STRESS" --imap "127.0.0.1:$(side_port "$side")" -s search -c "$CLIENTS" --users-count "$USERS" -d 15s "${Q[@]}" \
+    >"$OUT/warmup-$side.txt"
+done
+
+echo "side round commands commands_per_s server_cpu_s pg_cpu_s" >"$OUT/cpu.txt"
+for round in $(seq 1 "$ROUNDS"); do
+  for side in dovecot mailcluster; do
+    s0=$(side_cpu "$side") p0=$(procs_cpu postgres)
+    "$STRESS" --imap "127.0.0.1:$(side_port "$side")" -s imap-mix -c "$CLIENTS" --users-count "$USERS" -d "$DUR" \
+      "${Q[@]}" --json "$OUT/mix-$side-$round.json" >"$OUT/mix-$side-$round.txt" 2>&1
+    s1=$(side_cpu "$side") p1=$(procs_cpu postgres)
+    python3 - "$OUT/mix-$side-$round.json" "$side" "$round" "$s0" "$s1" "$p0" "$p1" >>"$OUT/cpu.txt" <<'PY'
+import json, sys
+path, side, rnd, s0, s1, p0, p1 = sys.argv[1:]
+d = json.load(open(path))
+s = d["scenarios"][0]
+ok = sum(o["ok"] for o in s["ops"].values() if o.get("primary", True))
+secs = s["elapsed_s"]
+print(side, rnd, ok, f"{ok / secs:.1f}" if secs else "?", f"{float(s1) - float(s0):.1f}", f"{float(p1) - float(p0):.1f}")
+PY
+    tail -n 1 "$OUT/cpu.txt"
+  done
+done
+bench_table "$OUT"/mix-*.json | tee "$OUT/table.txt"
