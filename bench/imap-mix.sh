@@ -15,7 +15,8 @@
 # all Dovecot processes (its per-connection imap processes through the master's
 # children time). Run as root (the peer's Maildirs).
 #
-# Usage: bench/imap-mix.sh [OUT_DIR]   (env: USERS=200 MSGS=1000 CLIENTS=50 DUR=30s ROUNDS=2)
+# Usage: bench/imap-mix.sh [OUT_DIR]   (env: USERS=200 MSGS=1000 CLIENTS=50 DUR=30s ROUNDS=2,
+#        SIDES="dovecot mailcluster")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -25,6 +26,7 @@ MSGS=${MSGS:-1000}
 CLIENTS=${CLIENTS:-50}
 DUR=${DUR:-30s}
 ROUNDS=${ROUNDS:-2}
+SIDES=${SIDES:-dovecot mailcluster}
 mkdir -p "$OUT"
 port_open 1144 || { echo "Dovecot IMAP is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
 
@@ -56,15 +58,18 @@ procs_cpu() {
 side_cpu() { if [ "$1" = dovecot ]; then procs_cpu dovecot; else cpu_secs "$MC_PID"; fi; }
 
 # Warm-up: each side opens every INBOX once (Dovecot builds its index files).
-for side in dovecot mailcluster; do
+for side in $SIDES; do
   "$STRESS" --imap "127.0.0.1:$(side_port "$side")" -s search -c "$CLIENTS" --users-count "$USERS" -d 15s "${Q[@]}" \
     >"$OUT/warmup-$side.txt"
 done
 
 echo "side round commands commands_per_s server_cpu_s pg_cpu_s" >"$OUT/cpu.txt"
 for round in $(seq 1 "$ROUNDS"); do
-  for side in dovecot mailcluster; do
+  for side in $SIDES; do
+    [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()" >/dev/null
     s0=$(side_cpu "$side") p0=$(procs_cpu postgres)
+    # PERF=1: a whole-machine profile of 10 s in the middle of the run.
+    [ -n "${PERF:-}" ] && (sleep 8; perf record -a -g -o "$OUT/perf-$side-$round.data" -- sleep 10 >/dev/null 2>&1) &
     "$STRESS" --imap "127.0.0.1:$(side_port "$side")" -s imap-mix -c "$CLIENTS" --users-count "$USERS" -d "$DUR" \
       "${Q[@]}" --json "$OUT/mix-$side-$round.json" >"$OUT/mix-$side-$round.txt" 2>&1
     s1=$(side_cpu "$side") p1=$(procs_cpu postgres)
@@ -78,6 +83,8 @@ secs = s["elapsed_s"]
 print(side, rnd, ok, f"{ok / secs:.1f}" if secs else "?", f"{float(s1) - float(s0):.1f}", f"{float(p1) - float(p0):.1f}")
 PY
     tail -n 1 "$OUT/cpu.txt"
+    # PG_STATS=1 (needs pg_stat_statements preloaded): where PostgreSQL's time went.
+    [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -c "SELECT calls, round(total_plan_time) AS plan_ms, round(total_exec_time) AS ms, plans, round((total_exec_time / NULLIF(calls, 0))::numeric, 3) AS ms_per_call, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25" >"$OUT/pg-$side-$round.txt"
   done
 done
 bench_table "$OUT"/mix-*.json | tee "$OUT/table.txt"

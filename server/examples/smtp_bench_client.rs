@@ -6,7 +6,10 @@
 //! or started (unlimited rate) to its 250, so a stalled server shows up as latency
 //! instead of silently lowering the offered rate (coordinated omission).
 //!
-//! Usage: smtp_bench_client ADDR [--sessions 50] [--messages 20000] [--size 4096]
+//! ADDR may list several servers (`a:25,b:25`): sessions are spread over them in
+//! turn, as a Service spreads connections over its pods.
+//!
+//! Usage: smtp_bench_client ADDR[,ADDR…] [--sessions 50] [--messages 20000] [--size 4096]
 //!        [--rate 0] [--rcpt user{n}@example.test] [--rcpt-count 1] [--rcpt-first 1]
 
 use std::sync::Arc;
@@ -94,11 +97,13 @@ async fn main() {
     let body = Arc::new(body(o.size));
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..o.sessions {
+    let addrs: Vec<String> = o.addr.split(',').map(str::to_string).collect();
+    for s in 0..o.sessions {
         let (o, next, ok, failed, hist, body) =
             (o.clone(), next.clone(), ok.clone(), failed.clone(), hist.clone(), body.clone());
+        let addr = addrs[s % addrs.len()].clone();
         tasks.push(tokio::spawn(async move {
-            let tcp = tokio::net::TcpStream::connect(&o.addr).await.expect("connect");
+            let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
             tcp.set_nodelay(true).ok();
             let (r, mut w) = tcp.into_split();
             let mut r = BufReader::new(r);

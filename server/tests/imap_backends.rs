@@ -230,3 +230,59 @@ async fn full_session(app: App) {
     let r = c.cmd("st4", "STATUS Old (MESSAGES)").await;
     assert_eq!(r[0], "* STATUS \"Old\" (MESSAGES 3)");
 }
+
+/// A STORE answers the session's own change once and still reports what other
+/// sessions (here on another pod) changed before it, whether the session could
+/// take its own rows as the whole change (nothing else happened) or had to read
+/// the changes back. FETCH lines of a response, by message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_reports_own_and_other_changes_once_across_pods() {
+    fn fetches(lines: &[String]) -> Vec<&str> {
+        let mut f: Vec<&str> = lines.iter().filter(|l| l.contains(" FETCH ")).map(String::as_str).collect();
+        f.sort_unstable();
+        f
+    }
+    with_pg_database(|url| async move {
+        let (a_pod, b_pod, _dir) = two_pods(&url).await;
+        let bob = account(&a_pod, "bob@example.org", "pw").await;
+        for i in 0..3 {
+            deliver(&a_pod, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+        }
+        let (mut a, _ta) = login(&a_pod, "bob@example.org", "pw").await;
+        let (mut b, _tb) = login(&b_pod, "bob@example.org", "pw").await;
+        a.cmd("s", "SELECT INBOX").await;
+        b.cmd("s", "SELECT INBOX").await;
+
+        // Nothing else changed: the own change, once, and nothing at the next NOOP.
+        let r = a.cmd("1", "UID STORE 1 +FLAGS (\\Seen)").await;
+        assert_eq!(fetches(&r).len(), 1, "{r:?}");
+        assert!(r[0].starts_with("* 1 FETCH (FLAGS (\\Seen") && r[0].ends_with("UID 1)"), "{r:?}");
+        let r = a.cmd("2", "NOOP").await;
+        assert!(fetches(&r).is_empty(), "{r:?}");
+
+        // Another pod's change first: it comes with this STORE's own, each once.
+        b.cmd("3", "UID STORE 2 +FLAGS (\\Flagged)").await;
+        let r = a.cmd("4", "UID STORE 3 +FLAGS (\\Seen)").await;
+        let f = fetches(&r);
+        assert_eq!(f.len(), 2, "{r:?}");
+        assert!(f[0].starts_with("* 2 FETCH (UID 2 FLAGS (\\Flagged"), "{r:?}");
+        assert!(f[1].starts_with("* 3 FETCH (FLAGS (\\Seen"), "{r:?}");
+        let r = a.cmd("5", "NOOP").await;
+        assert!(fetches(&r).is_empty(), "{r:?}");
+
+        // .SILENT: no FETCH for the own change, now or later.
+        let r = a.cmd("6", "UID STORE 1 +FLAGS.SILENT (\\Flagged)").await;
+        assert!(fetches(&r).is_empty(), "{r:?}");
+        let r = a.cmd("7", "NOOP").await;
+        assert!(fetches(&r).is_empty(), "{r:?}");
+
+        // The other session hears all of them.
+        let r = b.cmd("8", "NOOP").await;
+        let f = fetches(&r);
+        assert_eq!(f.len(), 2, "{r:?}");
+        assert!(f[0].starts_with("* 1 FETCH (UID 1 FLAGS (\\Seen \\Flagged"), "{r:?}");
+        assert!(f[1].starts_with("* 3 FETCH (UID 3 FLAGS (\\Seen"), "{r:?}");
+        assert!(r.last().is_some_and(|l| l.starts_with("8 OK")), "{r:?}");
+    })
+    .await;
+}

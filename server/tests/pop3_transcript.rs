@@ -420,3 +420,25 @@ fn config_enforces_rfc_minimums() {
     assert!(err.contains("pop3.max_line_bytes must be at least 255"), "{err}");
     assert!(Config::default().validate().is_ok());
 }
+
+/// RETR and TOP read bodies through the process's body cache, the one IMAP FETCH
+/// uses: a message read once (over either protocol) is served from memory after,
+/// byte for byte the same. Counted by `mail_imap_body_cache_total`.
+#[tokio::test]
+async fn retr_reads_bodies_through_the_shared_body_cache() {
+    let f = fixture(|_| {}).await;
+    let cache = |result: &str| f.app.metrics.imap.body_cache.with_label_values(&[result]).get();
+    let (mut c, _tx, _task) = login(&f.app).await;
+    assert!(cmd(&mut c, "RETR 2").await.starts_with("+OK"));
+    let first = body(&mut c).await;
+    assert_eq!((cache("hit"), cache("miss")), (0, 1));
+    assert!(cmd(&mut c, "RETR 2").await.starts_with("+OK"));
+    assert_eq!(body(&mut c).await, first);
+    assert!(cmd(&mut c, "TOP 2 0").await.starts_with("+OK"));
+    let top = body(&mut c).await;
+    assert_eq!(top[..], first[..top.len()], "TOP 2 0 is the header of RETR 2");
+    assert_eq!((cache("hit"), cache("miss")), (2, 1));
+    // The dot-stuffed line of the stored body, still stuffed on the way out.
+    assert!(first.iter().any(|l| l == "..dot line"), "{first:?}");
+    cmd(&mut c, "QUIT").await;
+}

@@ -739,6 +739,19 @@ async fn store_flags_semantics(ctx: Ctx) {
         Some(FlagRow { uid: uids[3], flags: flagset(Flags::SEEN, &[]), modseq: replaced[0].modseq })
     );
     assert_counts(s, inbox).await;
+    // Keywords stay a set in byte order whatever the database's collation sorts
+    // ("B" before "a"); adding one already there changes nothing, removing one
+    // keeps the rest in order.
+    let one = UidSet::single(uids[3]);
+    s.store_flags(inbox, &one, FlagOp::Add, &flagset(Flags::NONE, &["a", "$Junk"])).await.expect("add");
+    let added =
+        s.store_flags(inbox, &one, FlagOp::Add, &flagset(Flags::NONE, &["B", "a"])).await.expect("add");
+    assert_eq!(added[0].flags, flagset(Flags::SEEN, &["$Junk", "B", "a"]));
+    let same = s.store_flags(inbox, &one, FlagOp::Add, &flagset(Flags::SEEN, &["a"])).await.expect("add");
+    assert!(same.is_empty(), "{same:?}");
+    let removed =
+        s.store_flags(inbox, &one, FlagOp::Remove, &flagset(Flags::NONE, &["B"])).await.expect("rm");
+    assert_eq!(removed[0].flags, flagset(Flags::SEEN, &["$Junk", "a"]));
     assert!(matches!(
         s.store_flags(inbox, &UidSet::all(), FlagOp::Add, &flagset(Flags::NONE, &["bad kw"])).await,
         Err(StoreError::Invalid(_))

@@ -723,8 +723,11 @@ impl Worker {
                 0
             }
             ImapCmd::FetchFlags => {
+                // Messages already \Deleted are left out: the next EXPUNGE (this
+                // session's or another's) takes them, as a client hides them.
                 let resp = s.client.command("UID FETCH 1:* (FLAGS)").await?;
                 s.uids = resp.uids;
+                s.uids.retain(|u| !resp.deleted.contains(u));
                 s.uids.sort_unstable();
                 s.uids.dedup();
                 0

@@ -104,8 +104,9 @@ pub struct ImapConfig {
     /// selected mailboxes, so that SELECT of a large mailbox reads only what
     /// changed since (0 = off). See the server's `imap::index_cache`.
     pub select_cache_messages: usize,
-    /// Bytes of message bodies a process keeps for FETCH (bodies never change once
-    /// stored, so any pod may cache them; 0 = off). See the server's `imap::bodies`.
+    /// Bytes of message bodies a process keeps for IMAP FETCH and POP3 RETR/TOP
+    /// (bodies never change once stored, so any pod may cache them; 0 = off). See
+    /// the server's `imap::bodies`.
     pub body_cache_bytes: usize,
     /// Messages whose SORT/THREAD keys a process keeps (about 250 bytes each; keys
     /// never change once a message is stored; 0 = off). See the server's

@@ -63,15 +63,28 @@ impl Session {
                     Ok(r) => r,
                     Err(e) => return store_error(e),
                 };
-            if let Some(modseq) = rows.iter().map(|r| r.modseq).max() {
+            let modseq = rows.iter().map(|r| r.modseq).max();
+            if let Some(modseq) = modseq {
                 self.notify(mailbox_id, modseq).await;
             }
+            // The store's modseq right after the session's own: nothing else changed
+            // the mailbox in between, so these rows are the whole change and the
+            // session is up to date without reading the changes back.
+            let caught_up = match (modseq, self.selected.as_mut()) {
+                (Some(m), Some(sel)) if sel.modseq.checked_add(1) == Some(m) => {
+                    sel.modseq = m;
+                    true
+                }
+                _ => false,
+            };
             for row in &rows {
                 self.announce_keywords(&row.flags);
                 let Some(sel) = self.selected.as_mut() else { break };
                 sel.set_flags(row.uid, &row.flags);
-                // Our own change comes back from changes_since; it was answered here.
-                sel.own_changes.push((row.uid, row.modseq));
+                if !caught_up {
+                    // Our own change comes back from changes_since; it was answered here.
+                    sel.own_changes.push((row.uid, row.modseq));
+                }
                 if response == StoreResponse::Silent {
                     continue;
                 }
@@ -80,6 +93,16 @@ impl Session {
                 let flags = encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid));
                 let line = format!("* {seq} FETCH (FLAGS {flags}{uid_item})");
                 self.push(&line);
+            }
+            if caught_up {
+                // What `sync` would still do when nothing changed: announce the
+                // expunges held back while a sequence number could not change.
+                if uid && let Some(sel) = self.selected.as_mut() {
+                    for line in sel.take_pending_expunges() {
+                        self.push(&line);
+                    }
+                }
+                return Outcome::ok(if uid { "UID STORE completed" } else { "STORE completed" });
             }
         }
         if let Err(e) = self.sync(uid).await {

@@ -74,6 +74,12 @@ pub(crate) struct Shared {
 pub struct ImapState(Arc<Shared>);
 
 impl ImapState {
+    /// The process's batched, cached body reads: POP3 RETR uses them too, so a
+    /// message read over either protocol is in memory for the other.
+    pub(crate) fn bodies(&self) -> &bodies::BodyReader {
+        &self.0.reads.bodies
+    }
+
     pub fn new(config: &ImapConfig, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> ImapState {
         ImapState(Arc::new(Shared::new(config, store, metrics)))
     }

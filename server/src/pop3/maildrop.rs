@@ -41,6 +41,8 @@ pub struct Entry {
     pub uid: u32,
     pub message_id: i64,
     pub size: u32,
+    /// Checked with the message id by the shared body cache.
+    pub internal_date: chrono::DateTime<chrono::Utc>,
     pub deleted: bool,
     pub retrieved: bool,
 }
@@ -82,6 +84,7 @@ impl Maildrop {
                         uid: e.uid,
                         message_id: e.message_id,
                         size: e.size,
+                        internal_date: e.internal_date,
                         deleted: false,
                         retrieved: false,
                     })

@@ -367,9 +367,12 @@ impl Session {
         let Some(entry) = self.maildrop().get(n).copied() else {
             return self.err("No such message");
         };
-        let body = match self.app.store.message_body(entry.message_id).await {
-            Ok(body) => body,
-            Err(StoreError::NotFound(_)) => return self.err("Message was removed by another session"),
+        let read = self.app.imap.bodies().bodies(&[(entry.message_id, entry.internal_date)]).await;
+        let body = match read.map(|mut b| b.pop().flatten()) {
+            Ok(Some(stored)) => stored.body,
+            Ok(None) | Err(StoreError::NotFound(_)) => {
+                return self.err("Message was removed by another session");
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "pop3: cannot read a message");
                 return self.err("[SYS/TEMP] Message is temporarily unavailable");

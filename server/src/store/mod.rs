@@ -150,14 +150,20 @@ pub trait Store: Send + Sync + 'static {
     /// UIDs, flags, UIDNEXT and HIGHESTMODSEQ of the mailbox from one consistent
     /// snapshot (what SELECT loads). `NotFound` when the mailbox does not exist.
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex>;
-    /// UID, body id and size of every message, ascending: a POP3 maildrop listing.
+    /// UID, body id, size and INTERNALDATE of every message, ascending: a POP3
+    /// maildrop listing.
     /// Backends answer it from the link and body tables without decoding metadata;
     /// this default (for test doubles) goes through [`Store::messages_by_uid`].
     async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
         let rows = self.messages_by_uid(mailbox_id, &UidSet::all()).await?;
         Ok(rows
             .into_iter()
-            .map(|r| MaildropEntry { uid: r.uid, message_id: r.message_id, size: r.meta.size })
+            .map(|r| MaildropEntry {
+                uid: r.uid,
+                message_id: r.message_id,
+                size: r.meta.size,
+                internal_date: r.internal_date,
+            })
             .collect())
     }
     /// Per-message rows (flags, size, dates, metadata) for the given UIDs, ascending.

@@ -339,6 +339,9 @@ pub struct MaildropEntry {
     pub message_id: i64,
     /// Octets of the stored message.
     pub size: u32,
+    /// INTERNALDATE of the link: what a shared body cache checks a message id
+    /// against (see `imap::bodies`).
+    pub internal_date: DateTime<Utc>,
 }
 
 /// A mailbox's message list with every message's flags, read in one snapshot:

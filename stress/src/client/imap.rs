@@ -36,6 +36,8 @@ pub struct Response {
     pub fetches: u32,
     /// `UID n` items of those FETCH responses (when on the response's first line).
     pub uids: Vec<u32>,
+    /// Those of them whose first line shows the `\Deleted` flag.
+    pub deleted: Vec<u32>,
     /// UID of an appended message from the tagged `OK [APPENDUID validity uid]`.
     pub append_uid: Option<u32>,
 }
@@ -204,6 +206,9 @@ fn parse_untagged(rest: &[u8], resp: &mut Response) {
                             let uid = items.next().map(|v| v.trim_end_matches(')'));
                             if let Some(uid) = uid.and_then(|v| v.parse().ok()) {
                                 resp.uids.push(uid);
+                                if contains_ci(rest, b"\\Deleted") {
+                                    resp.deleted.push(uid);
+                                }
                             }
                             break;
                         }
@@ -284,7 +289,9 @@ mod tests {
         parse_untagged(b"4 FETCH (FLAGS (\\Seen \\Flagged) UID 12)\r\n", &mut r);
         parse_untagged(b"5 FETCH (FLAGS ())\r\n", &mut r);
         assert_eq!(r.uids, vec![9, 12]);
-        assert_eq!(r.fetches, 3);
+        parse_untagged(b"6 FETCH (UID 14 FLAGS (\\Seen \\Deleted))\r\n", &mut r);
+        assert_eq!((r.uids.len(), &r.deleted[..]), (3, &[14][..]));
+        assert_eq!(r.fetches, 4);
     }
 
     #[test]

@@ -1055,7 +1055,7 @@ impl Store for SqliteStore {
 
     async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, m.size FROM mailbox_messages mm \
+            "SELECT mm.uid, mm.message_id, m.size, mm.internal_date FROM mailbox_messages mm \
              JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = ? ORDER BY mm.uid",
         )
         .bind(mailbox_id)
@@ -1068,6 +1068,7 @@ impl Store for SqliteStore {
                     uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
                     message_id: row.try_get("message_id").map_err(db_err)?,
                     size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
+                    internal_date: from_us(row.try_get("internal_date").map_err(db_err)?),
                 })
             })
             .collect()
