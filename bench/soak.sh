@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The soak: the shipped `mailcluster serve` (release build, PostgreSQL + Redis)
+# under DUR of mixed load — SMTP deliveries at DELIVER msg/s together with IMAP
+# FETCH/SEARCH sessions and POP3 sessions — from the stress runner's `mixed`
+# scenario, open loop at the sum of the weights, with its default SLO (success
+# >= 99.95 %, deliver P95 <= 120 ms, fetch and search P95 <= 350 ms). Every user
+# starts with SEED messages so IMAP and POP3 have mail from the first second.
+# Every minute the server's RSS and CPU and PostgreSQL's CPU are sampled into
+# minutes.csv; report.py then adds each minute's operations and worst per-second
+# P95 from the runner's JSON. Output: OUT_DIR (JSON, HTML and CSV reports too).
+#
+# Usage: bench/soak.sh [OUT_DIR]   (env: DUR=30m DELIVER=2000 FETCH=150 SEARCH=100
+#        POP3=50 USERS=1000 SEED=5 C=300)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/lib.sh
+OUT=${1:-bench/results/soak}
+DUR=${DUR:-30m}
+DELIVER=${DELIVER:-2000}
+FETCH=${FETCH:-150}
+SEARCH=${SEARCH:-100}
+POP3=${POP3:-50}
+USERS=${USERS:-1000}
+SEED=${SEED:-5}
+C=${C:-300}
+mkdir -p "$OUT"
+
+# LOGIN and USER/PASS on the plain ports (the load comes from 127.0.0.1).
+export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true
+mc_start "$USERS" smtp,imap,pop3
+machine_line | tee "$OUT/machine.txt"
+{
+  echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true"
+  echo "load: mixed, open loop at $((DELIVER + FETCH + SEARCH + POP3))/s (deliver=$DELIVER fetch=$FETCH search=$SEARCH pop3=$POP3), $C workers, $DUR, 4 KB messages, $USERS users seeded with $SEED each"
+} | tee -a "$OUT/machine.txt"
+COMMON=(--users-count "$USERS" --no-progress -k --message-size 4k)
+"$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$SEED" -c 20 "${COMMON[@]}" >"$OUT/seed.txt" || exit 1
+
+pg_ticks() { for p in $(pgrep -u postgres); do awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
+TK=$(getconf CLK_TCK)
+sample() {
+  local minute=0 c0 p0 c1 p1
+  echo "minute,rss_mb,server_cpu_s,postgres_cpu_s" >"$OUT/minutes.csv"
+  c0=$(cpu_secs "$MC_PID") p0=$(pg_ticks)
+  while kill -0 "$MC_PID" 2>/dev/null; do
+    sleep 60
+    minute=$((minute + 1))
+    c1=$(cpu_secs "$MC_PID") p1=$(pg_ticks)
+    echo "$minute,$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$MC_PID/status"),$(echo "$c1 - $c0" | bc),$(echo "scale=1; ($p1 - $p0) / $TK" | bc)" >>"$OUT/minutes.csv"
+    c0=$c1 p0=$p1
+  done
+}
+sample &
+SAMPLER=$!
+trap 'kill "$SAMPLER" 2>/dev/null; mc_cleanup' EXIT
+
+"$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" --imap "127.0.0.1:$(mc_port imap)" --pop3 "127.0.0.1:$(mc_port pop3)" \
+  -s mixed --weights "deliver=$DELIVER,fetch=$FETCH,search=$SEARCH,pop3=$POP3" -r $((DELIVER + FETCH + SEARCH + POP3)) \
+  -c "$C" -d "$DUR" --ramp-up 30s "${COMMON[@]}" \
+  --json "$OUT/soak.json" --html "$OUT/soak.html" --csv "$OUT/soak.csv" >"$OUT/soak.txt" 2>&1
+echo "stress exit $?" | tee -a "$OUT/soak.txt"
+tail -n 30 "$OUT/soak.txt"
+python3 - "$OUT/soak.json" "$OUT/minutes.csv" <<'PY' | tee "$OUT/minutes.txt"
+import csv, json, sys
+d = json.load(open(sys.argv[1]))
+s = d["scenarios"][0]
+per = {}
+for p in s["series"]:
+    m = (p["second"] - 1) // 60 + 1
+    e = per.setdefault(m, {})
+    o = e.setdefault(p["op"], [0, 0, 0.0])
+    o[0] += p["ok"]; o[1] += p["errors"]; o[2] = max(o[2], p["p95_ms"])
+rows = {int(r["minute"]): r for r in csv.DictReader(open(sys.argv[2]))}
+ops = ["deliver", "fetch-body", "fetch-header", "search", "pop3-session"]
+print("minute | RSS MB | server CPU s | PostgreSQL CPU s | " + " | ".join(f"{o} ok/err, worst 1-s P95 ms" for o in ops))
+for m in sorted(per):
+    r = rows.get(m, {})
+    cells = []
+    for o in ops:
+        ok, err, p95 = per[m].get(o, [0, 0, 0.0])
+        cells.append(f"{ok}/{err}, {p95:.1f}")
+    print(f"{m} | {r.get('rss_mb', '-')} | {r.get('server_cpu_s', '-')} | {r.get('postgres_cpu_s', '-')} | " + " | ".join(cells))
+print(f"verdict {d['verdict']}, success {d['success_rate']:.3f} %")
+PY
