@@ -95,12 +95,9 @@ impl Session {
                 self.push(&line);
             }
             if caught_up {
-                // What `sync` would still do when nothing changed: announce the
-                // expunges held back while a sequence number could not change.
-                if uid && let Some(sel) = self.selected.as_mut() {
-                    for line in sel.take_pending_expunges() {
-                        self.push(&line);
-                    }
+                // What `sync` does when nothing changed.
+                if uid {
+                    self.push_pending_expunges();
                 }
                 return Outcome::ok(if uid { "UID STORE completed" } else { "STORE completed" });
             }

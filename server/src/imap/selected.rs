@@ -273,15 +273,21 @@ impl Session {
         // The batched probe first: most commands find nothing changed. (A mailbox
         // that is gone falls through to `changes_since`, which says so.)
         if self.shared.reads.probe.highest_modseq(mailbox_id).await? == Some(since) {
-            if allow_expunge && let Some(sel) = self.selected.as_mut() {
-                let lines = sel.take_pending_expunges();
-                for l in lines {
-                    self.push(&l);
-                }
+            if allow_expunge {
+                self.push_pending_expunges();
             }
             return Ok(());
         }
         self.sync_changes(allow_expunge).await
+    }
+
+    /// What a sync that found nothing new still does where expunges may be
+    /// announced: the ones held back while sequence numbers had to stay.
+    pub(crate) fn push_pending_expunges(&mut self) {
+        let Some(sel) = self.selected.as_mut() else { return };
+        for line in sel.take_pending_expunges() {
+            self.push(&line);
+        }
     }
 
     /// [`Session::sync`] without the probe, for callers that already know the
