@@ -54,7 +54,7 @@ impl App {
         auth: Arc<Authenticator>,
         deliverer: Arc<Deliverer>,
     ) -> App {
-        let imap = ImapState::new(&config.imap, &store, &metrics);
+        let imap = ImapState::new(&config, &store, &metrics);
         App { config, store, cache, metrics, auth, deliverer, imap, mail: Arc::new(MailExchange::disabled()) }
     }
 

@@ -128,7 +128,7 @@ impl Setup {
         let account = store.account_get(email).await.unwrap().unwrap();
         let inbox = store.mailbox_get(account.id, "INBOX").await.unwrap().unwrap();
         let mut out = Vec::new();
-        for e in store.maildrop(inbox.id).await.unwrap() {
+        for e in store.maildrop(inbox.id, 0).await.unwrap() {
             out.push(String::from_utf8_lossy(&store.message_body(e.message_id).await.unwrap()).into_owned());
         }
         out

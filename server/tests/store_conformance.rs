@@ -825,14 +825,14 @@ async fn maildrop_listing(ctx: Ctx) {
     let s = &ctx.store;
     let (acc, inbox) = account(s, "a@example.com").await;
     let other = s.mailbox_create(acc, "Other", None).await.expect("create").id;
-    assert!(s.maildrop(inbox).await.expect("empty maildrop").is_empty());
+    assert!(s.maildrop(inbox, 0).await.expect("empty maildrop").is_empty());
     let mut uids = Vec::new();
     for i in 0..4 {
         uids.push(deliver_one(s, &format!("subject number {i}"), &[inbox]).await[0].uid);
     }
     deliver_one(s, "elsewhere", &[other]).await;
     s.expunge(inbox, Some(&UidSet::single(uids[1]))).await.expect("expunge");
-    let listing = s.maildrop(inbox).await.expect("maildrop");
+    let listing = s.maildrop(inbox, 0).await.expect("maildrop");
     let rows = s.messages_by_uid(inbox, &UidSet::all()).await.expect("rows");
     assert_eq!(listing.iter().map(|e| e.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
     assert_eq!(listing.len(), rows.len());
@@ -841,6 +841,12 @@ async fn maildrop_listing(ctx: Ctx) {
         let body = s.message_body(entry.message_id).await.expect("body");
         assert_eq!(entry.size as usize, body.len(), "size is the stored octet count");
     }
+    // What arrived after a listing: the UIDs above the one given, none at or below.
+    let after = s.maildrop(inbox, uids[2]).await.expect("maildrop after");
+    assert_eq!(after.iter().map(|e| e.uid).collect::<Vec<_>>(), vec![uids[3]]);
+    assert_eq!(after[0], listing[2], "the same entry as in the full listing");
+    assert!(s.maildrop(inbox, uids[3]).await.expect("nothing newer").is_empty());
+    assert!(s.maildrop(inbox, u32::MAX).await.expect("past the last UID").is_empty());
 }
 
 async fn mailbox_index_snapshot(ctx: Ctx) {

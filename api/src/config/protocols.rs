@@ -163,6 +163,10 @@ pub struct Pop3Config {
     /// Mark messages retrieved with RETR as \Seen (applied at QUIT, with the
     /// deletions), so IMAP clients of the same account see them as read.
     pub mark_seen_on_retr: bool,
+    /// Messages (about 32 bytes each) of recently opened maildrops a process
+    /// keeps, so that a login reads only what changed since the last one instead
+    /// of a row per message (0 = off).
+    pub maildrop_cache_messages: usize,
 }
 
 impl Default for Pop3Config {
@@ -173,6 +177,7 @@ impl Default for Pop3Config {
             max_errors: 10,
             lock_ttl_secs: 60,
             mark_seen_on_retr: true,
+            maildrop_cache_messages: 1_000_000,
         }
     }
 }

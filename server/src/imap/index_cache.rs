@@ -17,36 +17,57 @@ use std::sync::{Arc, Mutex};
 
 use crate::store::MailboxIndex;
 
-pub struct IndexCache {
-    max_messages: usize,
-    inner: Mutex<Inner>,
+/// What the cache holds per mailbox: a listing that reflects one modseq.
+pub trait Snapshot {
+    /// The modseq it reflects: what changed after it comes from `changes_since`.
+    fn modseq(&self) -> u64;
+    /// Messages it lists: what the budget counts.
+    fn messages(&self) -> usize;
 }
 
-#[derive(Default)]
-struct Inner {
-    entries: HashMap<(i64, u32), Entry>,
+impl Snapshot for MailboxIndex {
+    fn modseq(&self) -> u64 {
+        self.highest_modseq
+    }
+    fn messages(&self) -> usize {
+        self.uids.len()
+    }
+}
+
+/// Per-mailbox snapshots, least recently used first out. The SELECT cache holds
+/// [`MailboxIndex`]es; POP3 keeps its maildrop listings in another instance.
+pub struct IndexCache<T = MailboxIndex> {
+    max_messages: usize,
+    inner: Mutex<Inner<T>>,
+}
+
+struct Inner<T> {
+    entries: HashMap<(i64, u32), Entry<T>>,
     messages: usize,
     clock: u64,
 }
 
-struct Entry {
-    index: Arc<MailboxIndex>,
+struct Entry<T> {
+    snapshot: Arc<T>,
     used: u64,
 }
 
-impl IndexCache {
+impl<T: Snapshot> IndexCache<T> {
     /// `max_messages` 0 disables the cache.
     pub fn new(max_messages: usize) -> Self {
-        IndexCache { max_messages, inner: Mutex::new(Inner::default()) }
+        IndexCache {
+            max_messages,
+            inner: Mutex::new(Inner { entries: HashMap::new(), messages: 0, clock: 0 }),
+        }
     }
 
-    pub fn get(&self, mailbox_id: i64, uid_validity: u32) -> Option<Arc<MailboxIndex>> {
+    pub fn get(&self, mailbox_id: i64, uid_validity: u32) -> Option<Arc<T>> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.clock += 1;
         let now = inner.clock;
         let entry = inner.entries.get_mut(&(mailbox_id, uid_validity))?;
         entry.used = now;
-        Some(entry.index.clone())
+        Some(entry.snapshot.clone())
     }
 
     /// Forgets every list: the database went back in time (a restore, a failover
@@ -58,9 +79,9 @@ impl IndexCache {
         inner.messages = 0;
     }
 
-    /// Keeps `index` unless a newer one is already held.
-    pub fn put(&self, mailbox_id: i64, uid_validity: u32, index: MailboxIndex) {
-        let size = index.uids.len();
+    /// Keeps `snapshot` unless a newer one is already held.
+    pub fn put(&self, mailbox_id: i64, uid_validity: u32, snapshot: T) {
+        let size = snapshot.messages();
         if size > self.max_messages {
             return;
         }
@@ -69,14 +90,14 @@ impl IndexCache {
         let now = inner.clock;
         let key = (mailbox_id, uid_validity);
         if let Some(old) = inner.entries.get(&key) {
-            if old.index.highest_modseq >= index.highest_modseq {
+            if old.snapshot.modseq() >= snapshot.modseq() {
                 return;
             }
-            let old_size = old.index.uids.len();
+            let old_size = old.snapshot.messages();
             inner.messages -= old_size;
         }
         inner.messages += size;
-        inner.entries.insert(key, Entry { index: Arc::new(index), used: now });
+        inner.entries.insert(key, Entry { snapshot: Arc::new(snapshot), used: now });
         while inner.messages > self.max_messages {
             // Rare (only when over budget), so a scan for the oldest is fine.
             let Some((&oldest, _)) =
@@ -85,7 +106,7 @@ impl IndexCache {
                 break;
             };
             if let Some(gone) = inner.entries.remove(&oldest) {
-                inner.messages -= gone.index.uids.len();
+                inner.messages -= gone.snapshot.messages();
             }
         }
     }
@@ -108,7 +129,7 @@ mod tests {
 
     #[test]
     fn keeps_the_newest_and_stays_within_budget() {
-        let cache = IndexCache::new(100);
+        let cache: IndexCache = IndexCache::new(100);
         cache.put(1, 7, index(5, 40));
         cache.put(1, 7, index(4, 10));
         assert_eq!(cache.get(1, 7).map(|i| i.highest_modseq), Some(5), "an older snapshot does not replace");
@@ -121,7 +142,7 @@ mod tests {
         assert!(cache.get(1, 7).is_some() && cache.get(3, 7).is_some());
         cache.put(4, 7, index(1, 101));
         assert!(cache.get(4, 7).is_none(), "larger than the whole budget");
-        let off = IndexCache::new(0);
+        let off: IndexCache = IndexCache::new(0);
         off.put(1, 1, index(1, 1));
         assert!(off.get(1, 1).is_none());
     }

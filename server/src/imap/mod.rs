@@ -33,6 +33,7 @@ use std::sync::{Arc, Weak};
 pub use session::Session;
 
 use crate::app::App;
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::net::{Protocol, SessionCtx, SessionStream};
 
@@ -52,6 +53,8 @@ pub(crate) struct Reads {
     pub(crate) probe: probe::ModseqProbe,
     pub(crate) bodies: bodies::BodyReader,
     pub(crate) index_cache: index_cache::IndexCache,
+    /// POP3's maildrop listings, brought up to date the same way.
+    pub(crate) maildrops: index_cache::IndexCache<crate::pop3::maildrop::Listing>,
     pub(crate) sort_cache: sort_cache::SortCache,
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
@@ -80,7 +83,12 @@ impl ImapState {
         &self.0.reads.bodies
     }
 
-    pub fn new(config: &ImapConfig, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> ImapState {
+    /// The process's cached POP3 maildrop listings.
+    pub(crate) fn maildrops(&self) -> &index_cache::IndexCache<crate::pop3::maildrop::Listing> {
+        &self.0.reads.maildrops
+    }
+
+    pub fn new(config: &Config, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> ImapState {
         ImapState(Arc::new(Shared::new(config, store, metrics)))
     }
 
@@ -95,7 +103,8 @@ impl ImapState {
 }
 
 impl Shared {
-    fn new(config: &ImapConfig, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> Self {
+    fn new(whole: &Config, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> Self {
+        let config = &whole.imap;
         let m = &metrics.imap;
         let (select_cache, change_checks, body_cache, fetch_reads) =
             (&m.select_cache, &m.change_checks, &m.body_cache, &m.fetch_reads);
@@ -119,6 +128,7 @@ impl Shared {
                 },
             ),
             index_cache: index_cache::IndexCache::new(config.select_cache_messages),
+            maildrops: index_cache::IndexCache::new(whole.pop3.maildrop_cache_messages),
             sort_cache: sort_cache::SortCache::new(config.sort_cache_messages),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
@@ -158,6 +168,7 @@ pub(crate) async fn watch_epoch(
                 Some(k) if *k != epoch => {
                     tracing::warn!(was = %k, now = %epoch, "imap: the database changed (restore or failover); read caches cleared");
                     shared.reads.index_cache.clear();
+                    shared.reads.maildrops.clear();
                     shared.reads.sort_cache.clear();
                     shared.reads.bodies.clear_cache();
                 }

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use crate::app::App;
 use crate::cache::{Cache, LockToken, MailboxEvent};
-use crate::store::{Account, FlagOp, FlagSet, Flags, StoreError, UidSet};
+use crate::imap::index_cache::Snapshot;
+use crate::store::{
+    Account, FlagOp, FlagSet, Flags, Mailbox, MailboxChanges, MaildropEntry, StoreError, UidSet,
+};
 
 /// The cache key of an account's maildrop lock (the cache adds its prefix).
 pub fn lock_key(account_id: i64) -> String {
@@ -70,7 +73,7 @@ impl Maildrop {
                 .mailbox_get(account.id, "INBOX")
                 .await?
                 .ok_or_else(|| StoreError::NotFound("INBOX".into()))?;
-            let entries = app.store.maildrop(inbox.id).await?;
+            let entries = listing(app, &inbox).await?;
             Ok::<_, StoreError>((inbox, entries))
         };
         match snapshot.await {
@@ -79,7 +82,8 @@ impl Maildrop {
                 mailbox_id: inbox.id,
                 uid_validity: inbox.uid_validity,
                 entries: entries
-                    .into_iter()
+                    .entries
+                    .iter()
                     .map(|e| Entry {
                         uid: e.uid,
                         message_id: e.message_id,
@@ -205,6 +209,71 @@ impl Maildrop {
     pub async fn release(self) {
         self.lock.release().await;
     }
+}
+
+/// An INBOX listing as of one modseq: what the process's maildrop cache keeps, so
+/// that a login to a large maildrop reads only what changed since the last one
+/// (a full listing is a row per message, every login).
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub highest_modseq: u64,
+    /// Ascending by UID.
+    pub entries: Vec<MaildropEntry>,
+}
+
+impl Snapshot for Listing {
+    fn modseq(&self) -> u64 {
+        self.highest_modseq
+    }
+    fn messages(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// The INBOX listing now: the cached one brought up to date, or a full read.
+/// `inbox` was read before anything here, so its modseq is no newer than what
+/// follows: a change made meanwhile is both in the listing and reported again by
+/// the next `changes_since`, and applying it twice changes nothing.
+async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError> {
+    let cache = app.imap.maildrops();
+    let Some(cached) = cache.get(inbox.id, inbox.uid_validity) else {
+        let entries = app.store.maildrop(inbox.id, 0).await?;
+        let listing = Listing { highest_modseq: inbox.highest_modseq, entries };
+        cache.put(inbox.id, inbox.uid_validity, listing.clone());
+        return Ok(Arc::new(listing));
+    };
+    if cached.highest_modseq == inbox.highest_modseq {
+        return Ok(cached);
+    }
+    let changes = app.store.changes_since(inbox.id, cached.highest_modseq).await?;
+    let listing = Arc::new(brought_up_to_date(app, inbox.id, &cached, &changes).await?);
+    cache.put(inbox.id, inbox.uid_validity, (*listing).clone());
+    Ok(listing)
+}
+
+/// `cached` with `changes` applied: expunged messages out, and the new ones (UIDs
+/// only grow, so they are those above the cached highest) read from the store.
+/// Flag changes do not matter to a listing.
+async fn brought_up_to_date(
+    app: &App,
+    mailbox_id: i64,
+    cached: &Listing,
+    changes: &MailboxChanges,
+) -> Result<Listing, StoreError> {
+    let mut entries = cached.entries.clone();
+    match &changes.present {
+        // Tombstones pruned past the cached modseq: the full UID list decides.
+        Some(present) => entries.retain(|e| present.binary_search(&e.uid).is_ok()),
+        None if !changes.expunged.is_empty() => {
+            entries.retain(|e| changes.expunged.binary_search(&e.uid).is_err())
+        }
+        None => {}
+    }
+    let highest = cached.entries.last().map_or(0, |e| e.uid);
+    if changes.changed.iter().any(|r| r.uid > highest) {
+        entries.extend(app.store.maildrop(mailbox_id, highest).await?);
+    }
+    Ok(Listing { highest_modseq: changes.highest_modseq, entries })
 }
 
 /// A maildrop lock in the cache, renewed in the background while held.

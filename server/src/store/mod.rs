@@ -117,15 +117,15 @@ pub trait Store: Send + Sync + 'static {
     /// returns the floor before. Concurrent claims, from any process, are
     /// serialised: every UID is given as recent to exactly one caller.
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32>;
+    /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from the
+    /// sizes its listing carries.
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
+        Ok(self.maildrop(mailbox_id, 0).await?.iter().map(|e| u64::from(e.size)).sum())
+    }
     /// Messages no session has been given as `\Recent` yet (STATUS RECENT). Not
     /// part of [`Store::mailbox_status`]: it counts rows, and clients poll STATUS
     /// without asking for it. This default reads the UID list; the backends count in
     /// SQL.
-    /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from the
-    /// sizes its listing carries.
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        Ok(self.maildrop(mailbox_id).await?.iter().map(|e| u64::from(e.size)).sum())
-    }
     async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
         let floor = self
             .mailbox_get_by_id(mailbox_id)
@@ -150,12 +150,14 @@ pub trait Store: Send + Sync + 'static {
     /// UIDs, flags, UIDNEXT and HIGHESTMODSEQ of the mailbox from one consistent
     /// snapshot (what SELECT loads). `NotFound` when the mailbox does not exist.
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex>;
-    /// UID, body id, size and INTERNALDATE of every message, ascending: a POP3
-    /// maildrop listing.
+    /// UID, body id, size and INTERNALDATE of every message with a UID above
+    /// `after_uid`, ascending: a POP3 maildrop listing (`after_uid` 0), or what
+    /// arrived since a cached one.
     /// Backends answer it from the link and body tables without decoding metadata;
     /// this default (for test doubles) goes through [`Store::messages_by_uid`].
-    async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
-        let rows = self.messages_by_uid(mailbox_id, &UidSet::all()).await?;
+    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
+        let Some(first) = after_uid.checked_add(1) else { return Ok(Vec::new()) };
+        let rows = self.messages_by_uid(mailbox_id, &UidSet(vec![(first, u32::MAX)])).await?;
         Ok(rows
             .into_iter()
             .map(|r| MaildropEntry {

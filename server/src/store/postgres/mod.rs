@@ -1232,12 +1232,14 @@ impl Store for PgStore {
         )
     }
 
-    async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
+    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
             "SELECT mm.uid, mm.message_id, m.size, mm.internal_date FROM mailbox_messages mm \
-             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = $1 ORDER BY mm.uid",
+             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = $1 AND mm.uid > $2 \
+             ORDER BY mm.uid",
         )
         .bind(mailbox_id)
+        .bind(i64::from(after_uid))
         .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;

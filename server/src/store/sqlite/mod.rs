@@ -1053,12 +1053,14 @@ impl Store for SqliteStore {
         mailbox_index_from(highest, uid_next, uids, flags, keywords)
     }
 
-    async fn maildrop(&self, mailbox_id: i64) -> StoreResult<Vec<MaildropEntry>> {
+    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
             "SELECT mm.uid, mm.message_id, m.size, mm.internal_date FROM mailbox_messages mm \
-             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = ? ORDER BY mm.uid",
+             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = ? AND mm.uid > ? \
+             ORDER BY mm.uid",
         )
         .bind(mailbox_id)
+        .bind(i64::from(after_uid))
         .fetch_all(&mut *self.read_conn().await?)
         .await
         .map_err(db_err)?;
