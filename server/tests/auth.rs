@@ -118,6 +118,16 @@ impl Store for DownStore {
     async fn store_flags(&self, _: i64, _: &UidSet, _: FlagOp, _: &FlagSet) -> StoreResult<Vec<FlagRow>> {
         down_store()
     }
+    async fn store_flags_unchanged_since(
+        &self,
+        _: i64,
+        _: &UidSet,
+        _: FlagOp,
+        _: &FlagSet,
+        _: u64,
+    ) -> StoreResult<ConditionalStore> {
+        down_store()
+    }
     async fn expunge(&self, _: i64, _: Option<&UidSet>) -> StoreResult<Vec<u32>> {
         down_store()
     }

@@ -163,6 +163,7 @@ conformance!(
     expunge_and_tombstones,
     maildrop_listing,
     mailbox_index_snapshot,
+    conditional_store,
     message_links_and_bodies,
     changes_since_after_store_and_expunge,
     copy_and_move,
@@ -876,6 +877,7 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
     assert_eq!(rows.len(), index.uids.len());
     for (i, row) in rows.iter().enumerate() {
         assert_eq!((index.uids[i], index.flags[i]), (row.uid, row.flags.system));
+        assert_eq!(index.modseqs[i], row.modseq, "modseq of uid {}", row.uid);
         let kw =
             index.keywords.iter().find(|(u, _)| *u == row.uid).map(|(_, k)| k.clone()).unwrap_or_default();
         assert_eq!(kw, row.flags.keywords, "keywords of uid {}", row.uid);
@@ -889,6 +891,53 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
     let mut found = s.highest_modseqs(&[inbox, other.id, inbox + 1000]).await.expect("modseqs");
     found.sort_unstable();
     assert_eq!(found, vec![(inbox, status.highest_modseq), (other.id, other.highest_modseq)]);
+}
+
+/// STORE (UNCHANGEDSINCE n), RFC 7162 §3.1.3: messages whose modseq is above n
+/// are left alone and reported; the others change as with a plain STORE.
+async fn conditional_store(ctx: Ctx) {
+    let s = &ctx.store;
+    let (_, inbox) = account(s, "a@example.com").await;
+    let mut uids = Vec::new();
+    for i in 0..4 {
+        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
+    }
+    let before = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    // Another client changes message 1 after we read `before`.
+    let theirs = s
+        .store_flags(inbox, &UidSet::single(uids[1]), FlagOp::Add, &flagset(Flags::FLAGGED, &[]))
+        .await
+        .expect("store");
+    assert!(theirs[0].modseq > before);
+    let all = UidSet::from_uids(&uids);
+    let out = s
+        .store_flags_unchanged_since(inbox, &all, FlagOp::Add, &flagset(Flags::DELETED, &["$X"]), before)
+        .await
+        .expect("conditional store");
+    assert_eq!(out.modified, vec![uids[1]], "the message changed since `before` is left alone");
+    assert_eq!(out.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
+    let rows = s.messages_by_uid(inbox, &all).await.expect("rows");
+    assert_eq!(rows[1].flags, flagset(Flags::FLAGGED, &[]), "untouched");
+    assert_eq!(rows[0].flags, flagset(Flags::DELETED, &["$X"]));
+    assert!(rows[0].modseq > theirs[0].modseq);
+    // UNCHANGEDSINCE 0 fails for every message (RFC 7162 §3.1.3).
+    let none = s
+        .store_flags_unchanged_since(inbox, &all, FlagOp::Remove, &flagset(Flags::DELETED, &[]), 0)
+        .await
+        .expect("store");
+    assert!(none.changed.is_empty());
+    assert_eq!(none.modified, uids);
+    // A range with `*`, and a test that passes: nothing needs changing, nothing fails.
+    let now = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    let same = s
+        .store_flags_unchanged_since(inbox, &UidSet::all(), FlagOp::Add, &flagset(Flags::FLAGGED, &[]), now)
+        .await
+        .expect("store");
+    assert!(same.modified.is_empty());
+    assert_eq!(same.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![uids[0], uids[2], uids[3]]);
+    assert!(is_not_found(
+        s.store_flags_unchanged_since(inbox + 1000, &all, FlagOp::Add, &flagset(Flags::SEEN, &[]), now).await
+    ));
 }
 
 async fn message_links_and_bodies(ctx: Ctx) {

@@ -110,7 +110,7 @@ impl Session {
                         // Answered in this FETCH; not again at the next sync.
                         sel.own_changes.extend(rows.iter().map(|r| (r.uid, r.modseq)));
                         for r in &rows {
-                            sel.set_flags(r.uid, &r.flags);
+                            sel.set_flags(r);
                         }
                     }
                     self.notify(mailbox_id, modseq).await;

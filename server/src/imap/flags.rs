@@ -80,7 +80,7 @@ impl Session {
             for row in &rows {
                 self.announce_keywords(&row.flags);
                 let Some(sel) = self.selected.as_mut() else { break };
-                sel.set_flags(row.uid, &row.flags);
+                sel.set_flags(row);
                 if !caught_up {
                     // Our own change comes back from changes_since; it was answered here.
                     sel.own_changes.push((row.uid, row.modseq));

@@ -123,6 +123,7 @@ mod tests {
             uid_next: n + 1,
             uids: (1..=n).collect(),
             flags: vec![Flags::NONE; n as usize],
+            modseqs: vec![modseq; n as usize],
             keywords: Vec::new(),
         }
     }

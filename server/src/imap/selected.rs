@@ -29,6 +29,8 @@ pub struct Selected {
     pub flags: Vec<Flags>,
     /// Keywords of the messages that have any.
     pub message_keywords: HashMap<u32, Vec<String>>,
+    /// Each message's modseq, parallel to `uids` (CONDSTORE, RFC 7162).
+    pub modseqs: Vec<u64>,
     /// Highest modseq whose changes this session has seen.
     pub modseq: u64,
     /// Keywords announced with FLAGS so far.
@@ -83,7 +85,10 @@ impl Selected {
     /// The state right after SELECT/EXAMINE: every keyword in use is announced.
     pub fn new(mailbox: Mailbox, read_only: bool, index: MailboxIndex) -> Selected {
         let keywords: BTreeSet<String> = index.keywords.iter().flat_map(|(_, k)| k.iter().cloned()).collect();
+        let mut modseqs = index.modseqs;
+        modseqs.resize(index.uids.len(), 0);
         Selected {
+            modseqs,
             read_only,
             uid_next: index.uid_next.max(index.uids.last().map_or(1, |u| u + 1)),
             modseq: index.highest_modseq,
@@ -113,16 +118,17 @@ impl Selected {
         for row in &changes.changed {
             self.learn_keywords(row.flags.keywords.iter());
             if self.seq_of(row.uid).is_some() {
-                self.set_flags(row.uid, &row.flags);
+                self.set_flags(row);
             } else if row.uid > self.max_uid() {
-                self.append(row.uid, &row.flags);
+                self.append(row);
             } else {
                 // UIDs are allocated in commit order, so an unknown UID below the
                 // highest is not expected; kept in order should it happen.
                 let pos = self.uids.partition_point(|&u| u < row.uid);
                 self.uids.insert(pos, row.uid);
                 self.flags.insert(pos, Flags::NONE);
-                self.set_flags(row.uid, &row.flags);
+                self.modseqs.insert(pos, row.modseq);
+                self.set_flags(row);
             }
         }
         self.modseq = self.modseq.max(changes.highest_modseq);
@@ -150,6 +156,7 @@ impl Selected {
             uid_next: self.uid_next,
             uids: self.uids.clone(),
             flags: self.flags.clone(),
+            modseqs: self.modseqs.clone(),
             keywords,
         }
     }
@@ -164,23 +171,30 @@ impl Selected {
         FlagSet { system: self.flags[pos], keywords: self.keywords_of(self.uids[pos]).to_vec() }
     }
 
-    /// Records the current flags of a known message.
-    pub fn set_flags(&mut self, uid: u32, flags: &FlagSet) {
-        let Ok(pos) = self.uids.binary_search(&uid) else { return };
-        self.flags[pos] = flags.system;
-        if flags.keywords.is_empty() {
-            self.message_keywords.remove(&uid);
+    /// Records the current flags and modseq of a known message.
+    pub fn set_flags(&mut self, row: &FlagRow) {
+        let Ok(pos) = self.uids.binary_search(&row.uid) else { return };
+        self.flags[pos] = row.flags.system;
+        self.modseqs[pos] = row.modseq;
+        if row.flags.keywords.is_empty() {
+            self.message_keywords.remove(&row.uid);
         } else {
-            self.message_keywords.insert(uid, flags.keywords.clone());
+            self.message_keywords.insert(row.uid, row.flags.keywords.clone());
         }
     }
 
     /// Appends a message with a UID above every known one.
-    fn append(&mut self, uid: u32, flags: &FlagSet) {
-        debug_assert!(uid > self.max_uid());
-        self.uids.push(uid);
+    fn append(&mut self, row: &FlagRow) {
+        debug_assert!(row.uid > self.max_uid());
+        self.uids.push(row.uid);
         self.flags.push(Flags::NONE);
-        self.set_flags(uid, flags);
+        self.modseqs.push(row.modseq);
+        self.set_flags(row);
+    }
+
+    /// The modseq of a known message.
+    pub fn modseq_of(&self, uid: u32) -> Option<u64> {
+        self.uids.binary_search(&uid).ok().map(|pos| self.modseqs[pos])
     }
 
     /// Removes a message from the map; its sequence number before removal.
@@ -188,6 +202,7 @@ impl Selected {
         let pos = self.uids.binary_search(&uid).ok()?;
         self.uids.remove(pos);
         self.flags.remove(pos);
+        self.modseqs.remove(pos);
         self.message_keywords.remove(&uid);
         self.pending_expunge.retain(|&u| u != uid);
         Some(pos as u32 + 1)
@@ -321,7 +336,7 @@ impl Session {
                 new_rows.push(row);
                 continue;
             }
-            sel.set_flags(row.uid, &row.flags);
+            sel.set_flags(row);
             if own.binary_search(&(row.uid, row.modseq)).is_err() && sel.seq_of(row.uid).is_some() {
                 flag_updates.push(row);
             }
@@ -342,7 +357,7 @@ impl Session {
             // `changed` is ordered by UID, so appending keeps `uids` ascending.
             for row in new_rows {
                 if row.uid > sel.max_uid() {
-                    sel.append(row.uid, &row.flags);
+                    sel.append(row);
                 }
             }
             let new_max = sel.max_uid();
@@ -391,6 +406,7 @@ mod tests {
             uid_next: 100,
             uids: uids.to_vec(),
             flags: vec![Flags::NONE; uids.len()],
+            modseqs: vec![1; uids.len()],
             keywords: Vec::new(),
         };
         Selected::new(mailbox, false, index)

@@ -391,14 +391,15 @@ pub(crate) fn mailbox_index_from(
     uid_next: i64,
     uids: Vec<i64>,
     flags: Vec<i32>,
+    modseqs: Vec<i64>,
     keywords: Vec<(i64, String)>,
 ) -> StoreResult<MailboxIndex> {
-    if uids.len() != flags.len() {
-        return Err(StoreError::Internal("mailbox index: uid and flag columns differ in length".into()));
+    if uids.len() != flags.len() || uids.len() != modseqs.len() {
+        return Err(StoreError::Internal("mailbox index: its columns differ in length".into()));
     }
-    let mut pairs: Vec<(u32, Flags)> = Vec::with_capacity(uids.len());
-    for (uid, f) in uids.into_iter().zip(flags) {
-        pairs.push((u32_of(uid, "uid")?, Flags(u32::try_from(f).unwrap_or(0))));
+    let mut pairs: Vec<(u32, Flags, u64)> = Vec::with_capacity(uids.len());
+    for ((uid, f), m) in uids.into_iter().zip(flags).zip(modseqs) {
+        pairs.push((u32_of(uid, "uid")?, Flags(u32::try_from(f).unwrap_or(0)), u64_of(m)));
     }
     if !pairs.is_sorted_by_key(|p| p.0) {
         pairs.sort_unstable_by_key(|p| p.0);
@@ -414,6 +415,7 @@ pub(crate) fn mailbox_index_from(
         uid_next: u32_of(uid_next, "uid_next")?,
         uids: pairs.iter().map(|p| p.0).collect(),
         flags: pairs.iter().map(|p| p.1).collect(),
+        modseqs: pairs.iter().map(|p| p.2).collect(),
         keywords,
     })
 }
@@ -452,14 +454,17 @@ mod tests {
             12,
             vec![5, 2, 9],
             vec![1, 0, 8],
+            vec![7, 3, 9],
             vec![(9, "$b $a".into()), (2, "$x".into())],
         )
         .expect("index");
         assert_eq!(index.uids, vec![2, 5, 9]);
         assert_eq!(index.flags, vec![Flags::NONE, Flags::SEEN, Flags::DELETED]);
+        assert_eq!(index.modseqs, vec![3, 7, 9]);
         assert_eq!(index.keywords, vec![(2, vec!["$x".to_string()]), (9, vec!["$b".into(), "$a".into()])]);
         assert_eq!((index.highest_modseq, index.uid_next), (9, 12));
-        assert!(mailbox_index_from(1, 1, vec![1, 2], vec![0], vec![]).is_err());
+        assert!(mailbox_index_from(1, 1, vec![1, 2], vec![0], vec![1, 1], vec![]).is_err());
+        assert!(mailbox_index_from(1, 1, vec![1, 2], vec![0, 0], vec![1], vec![]).is_err());
     }
 
     #[test]

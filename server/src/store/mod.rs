@@ -233,6 +233,19 @@ pub trait Store: Send + Sync + 'static {
         op: FlagOp,
         flags: &FlagSet,
     ) -> StoreResult<Vec<FlagRow>>;
+    /// A conditional STORE (`UNCHANGEDSINCE`, RFC 7162 §3.1.3): like
+    /// [`Store::store_flags`] for the messages whose modseq is at most
+    /// `unchanged_since`; the others are left alone and reported as `modified`.
+    /// The test and the change are one atomic step, so two clients changing the
+    /// same message never both succeed against the same modseq.
+    async fn store_flags_unchanged_since(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+        unchanged_since: u64,
+    ) -> StoreResult<ConditionalStore>;
     /// Removes the given messages (or, with `None`, every message flagged \Deleted)
     /// and leaves tombstones. Returns the UIDs removed, ascending.
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>>;

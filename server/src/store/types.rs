@@ -357,8 +357,22 @@ pub struct MailboxIndex {
     pub uids: Vec<u32>,
     /// System flags, parallel to `uids`.
     pub flags: Vec<Flags>,
+    /// Each message's modseq (its last flag change, or its arrival), parallel to
+    /// `uids`: what CONDSTORE's FETCH MODSEQ, CHANGEDSINCE and SEARCH MODSEQ
+    /// answer from.
+    pub modseqs: Vec<u64>,
     /// Keywords of the messages that have any, by UID (ascending).
     pub keywords: Vec<(u32, Vec<String>)>,
+}
+
+/// What a conditional STORE (`UNCHANGEDSINCE`, RFC 7162 §3.1.3) did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConditionalStore {
+    /// The rows changed, with their new modseq.
+    pub changed: Vec<FlagRow>,
+    /// The UIDs left alone because their modseq was above the one given,
+    /// ascending.
+    pub modified: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

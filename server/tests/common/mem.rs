@@ -276,6 +276,7 @@ impl Store for MemStore {
         for (&uid, m) in g.msgs.get(&id).into_iter().flatten() {
             index.uids.push(uid);
             index.flags.push(m.flags.system);
+            index.modseqs.push(m.modseq);
             if !m.flags.keywords.is_empty() {
                 index.keywords.push((uid, m.flags.keywords.clone()));
             }
@@ -330,6 +331,37 @@ impl Store for MemStore {
             }
         }
         Ok(out)
+    }
+    async fn store_flags_unchanged_since(
+        &self,
+        id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+        unchanged_since: u64,
+    ) -> StoreResult<ConditionalStore> {
+        let (passed, modified): (Vec<u32>, Vec<u32>) = {
+            let g = self.inner.lock().expect("lock");
+            let msgs = g.msgs.get(&id).ok_or_else(|| StoreError::NotFound(format!("mailbox {id}")))?;
+            msgs.iter().filter(|(u, _)| uids.contains(**u)).map(|(u, m)| (*u, m.modseq)).fold(
+                (Vec::new(), Vec::new()),
+                |(mut p, mut f), (u, m)| {
+                    if m > unchanged_since {
+                        f.push(u)
+                    } else {
+                        p.push(u)
+                    }
+                    (p, f)
+                },
+            )
+        };
+        // Test and change are two steps here (a test double, not for races).
+        let changed = if passed.is_empty() {
+            Vec::new()
+        } else {
+            self.store_flags(id, &UidSet::from_uids(&passed), op, flags).await?
+        };
+        Ok(ConditionalStore { changed, modified })
     }
     async fn expunge(&self, id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
         let mut g = self.inner.lock().expect("lock");

@@ -158,6 +158,16 @@ impl Store for FaultyStore {
     ) -> StoreResult<Vec<FlagRow>> {
         self.inner.store_flags(mailbox_id, uids, op, flags).await
     }
+    async fn store_flags_unchanged_since(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+        unchanged_since: u64,
+    ) -> StoreResult<ConditionalStore> {
+        self.inner.store_flags_unchanged_since(mailbox_id, uids, op, flags, unchanged_since).await
+    }
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
         self.inner.expunge(mailbox_id, uids).await
     }

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, Postgres, Row, Transaction};
+use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
@@ -172,6 +172,64 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
 /// `host:port/database`, the part of a connection target that is safe to show.
 fn describe(options: &PgConnectOptions) -> String {
     format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
+}
+
+/// STORE as one statement, on `conn` (a pooled connection or a transaction).
+async fn store_flags_on(
+    conn: &mut PgConnection,
+    mailbox_id: i64,
+    uids: &UidSet,
+    op: FlagOp,
+    flags: &FlagSet,
+) -> StoreResult<Vec<FlagRow>> {
+    let flags = normalize_flagset(flags)?;
+    let (los, his) = range_arrays(uids);
+    let op_code: i32 = match op {
+        FlagOp::Add => 0,
+        FlagOp::Remove => 1,
+        FlagOp::Replace => 2,
+    };
+    // One statement, one round trip, its own transaction: STORE is the most
+    // frequent write of a mail client, and as six statements in a transaction
+    // (bump, read, update, unseen, BEGIN, COMMIT) its round trips were most of
+    // PostgreSQL's CPU in the imap-mix benchmark. The rules are those of
+    // `apply_flags`: keywords kept sorted bytewise (COLLATE "C", as Rust sorts)
+    // and unique. Lock order as everywhere: the mailbox row first (the InitPlan
+    // `(SELECT id FROM mb)` runs before any message row is read), then the
+    // rows, each re-read at its newest version once locked (READ COMMITTED).
+    // The modseq moves only when a row changes; no row from `mb` means no
+    // mailbox.
+    // One UID (what a client's flag change usually names) as a scalar: with
+    // UID arrays PostgreSQL plans the statement anew on every execution (the
+    // planning cost more than the execution), with a scalar it keeps one plan.
+    let single = matches!(uids.0.as_slice(), [(lo, hi)] if lo == hi);
+    let sql = if single { STORE_FLAGS_ONE } else { STORE_FLAGS_RANGES };
+    let rows = sqlx::query(sql)
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .bind(op_code)
+        .bind(flags.system.0 as i32)
+        .bind(&flags.keywords)
+        .fetch_all(conn)
+        .await
+        .map_err(db_err)?;
+    if rows.is_empty() {
+        return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
+    }
+    let mut changed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(uid) = row.try_get::<Option<i64>, _>("uid").map_err(db_err)? else { continue };
+        let system: i32 = row.try_get("flags").map_err(db_err)?;
+        let keywords: String = row.try_get("keywords").map_err(db_err)?;
+        let modseq: i64 = row.try_get("modseq").map_err(db_err)?;
+        changed.push(FlagRow {
+            uid: u32_of(uid, "uid")?,
+            flags: flagset_from_row(i64::from(system), &keywords),
+            modseq: u64_of(modseq),
+        });
+    }
+    Ok(changed)
 }
 
 impl PgStore {
@@ -1207,12 +1265,14 @@ impl Store for PgStore {
         // an ORDER BY per aggregate would sort each one again (+40 % per SELECT).
         // `mailbox_index_from` sorts should the order ever differ.
         let row = sqlx::query(
-            "SELECT mb.highest_modseq, mb.uid_next, l.uids, l.flags, l.kw_uids, l.kws FROM mailboxes mb \
+            "SELECT mb.highest_modseq, mb.uid_next, l.uids, l.flags, l.modseqs, l.kw_uids, l.kws \
+             FROM mailboxes mb \
              CROSS JOIN LATERAL (SELECT COALESCE(array_agg(uid), '{}') AS uids, \
                COALESCE(array_agg(flags), '{}') AS flags, \
+               COALESCE(array_agg(modseq), '{}') AS modseqs, \
                COALESCE(array_agg(uid) FILTER (WHERE keywords <> ''), '{}') AS kw_uids, \
                COALESCE(array_agg(keywords) FILTER (WHERE keywords <> ''), '{}') AS kws \
-               FROM (SELECT uid, flags, keywords FROM mailbox_messages WHERE mailbox_id = mb.id \
+               FROM (SELECT uid, flags, modseq, keywords FROM mailbox_messages WHERE mailbox_id = mb.id \
                      ORDER BY uid) o) l \
              WHERE mb.id = $1",
         )
@@ -1228,6 +1288,7 @@ impl Store for PgStore {
             row.try_get("uid_next").map_err(db_err)?,
             row.try_get("uids").map_err(db_err)?,
             row.try_get("flags").map_err(db_err)?,
+            row.try_get("modseqs").map_err(db_err)?,
             kw_uids.into_iter().zip(kws).collect(),
         )
     }
@@ -1406,54 +1467,45 @@ impl Store for PgStore {
         op: FlagOp,
         flags: &FlagSet,
     ) -> StoreResult<Vec<FlagRow>> {
-        let flags = normalize_flagset(flags)?;
+        store_flags_on(&mut *self.conn().await?, mailbox_id, uids, op, flags).await
+    }
+
+    async fn store_flags_unchanged_since(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+        unchanged_since: u64,
+    ) -> StoreResult<ConditionalStore> {
+        // The test and the change under one lock of the mailbox row, which every
+        // flag change takes first: no change can land between them.
+        let mut tx = self.tx().await?;
+        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
         let (los, his) = range_arrays(uids);
-        let op_code: i32 = match op {
-            FlagOp::Add => 0,
-            FlagOp::Remove => 1,
-            FlagOp::Replace => 2,
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        let (mut passed, mut modified) = (Vec::new(), Vec::new());
+        for (uid, modseq) in rows {
+            let uid = u32_of(uid, "uid")?;
+            if u64_of(modseq) > unchanged_since { modified.push(uid) } else { passed.push(uid) }
+        }
+        let changed = if passed.is_empty() {
+            Vec::new()
+        } else {
+            store_flags_on(&mut *tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
         };
-        // One statement, one round trip, its own transaction: STORE is the most
-        // frequent write of a mail client, and as six statements in a transaction
-        // (bump, read, update, unseen, BEGIN, COMMIT) its round trips were most of
-        // PostgreSQL's CPU in the imap-mix benchmark. The rules are those of
-        // `apply_flags`: keywords kept sorted bytewise (COLLATE "C", as Rust sorts)
-        // and unique. Lock order as everywhere: the mailbox row first (the InitPlan
-        // `(SELECT id FROM mb)` runs before any message row is read), then the
-        // rows, each re-read at its newest version once locked (READ COMMITTED).
-        // The modseq moves only when a row changes; no row from `mb` means no
-        // mailbox.
-        // One UID (what a client's flag change usually names) as a scalar: with
-        // UID arrays PostgreSQL plans the statement anew on every execution (the
-        // planning cost more than the execution), with a scalar it keeps one plan.
-        let single = matches!(uids.0.as_slice(), [(lo, hi)] if lo == hi);
-        let sql = if single { STORE_FLAGS_ONE } else { STORE_FLAGS_RANGES };
-        let rows = sqlx::query(sql)
-            .bind(mailbox_id)
-            .bind(&los)
-            .bind(&his)
-            .bind(op_code)
-            .bind(flags.system.0 as i32)
-            .bind(&flags.keywords)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(db_err)?;
-        if rows.is_empty() {
-            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
-        }
-        let mut changed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let Some(uid) = row.try_get::<Option<i64>, _>("uid").map_err(db_err)? else { continue };
-            let system: i32 = row.try_get("flags").map_err(db_err)?;
-            let keywords: String = row.try_get("keywords").map_err(db_err)?;
-            let modseq: i64 = row.try_get("modseq").map_err(db_err)?;
-            changed.push(FlagRow {
-                uid: u32_of(uid, "uid")?,
-                flags: flagset_from_row(i64::from(system), &keywords),
-                modseq: u64_of(modseq),
-            });
-        }
-        Ok(changed)
+        tx.commit().await.map_err(db_err)?;
+        Ok(ConditionalStore { changed, modified })
     }
 
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {

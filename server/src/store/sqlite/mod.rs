@@ -273,6 +273,56 @@ impl SqliteStore {
         .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))
     }
 
+    /// The flag change inside `tx`; the caller commits when rows changed (with
+    /// none, dropping `tx` also takes back the modseq bump).
+    async fn store_flags_in(
+        tx: &mut Tx,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        let flags = normalize_flagset(flags)?;
+        let modseq = Self::bump_modseq(tx, mailbox_id).await?;
+        let links = Self::links_in(tx, mailbox_id, uids).await?;
+        let mut changed = Vec::new();
+        let mut unseen_delta = 0i64;
+        for l in &links {
+            let old = flagset_from_row(l.flags, &l.keywords);
+            let new = apply_flags(&old, op, &flags);
+            if new == old {
+                continue;
+            }
+            let was_seen = old.system.contains(Flags::SEEN);
+            let is_seen = new.system.contains(Flags::SEEN);
+            unseen_delta += i64::from(was_seen) - i64::from(is_seen);
+            sqlx::query(
+                "UPDATE mailbox_messages SET flags = ?, keywords = ?, modseq = ? WHERE mailbox_id = ? AND uid = ?",
+            )
+            .bind(i64::from(new.system.0))
+            .bind(encode_keywords(&new.keywords))
+            .bind(modseq)
+            .bind(mailbox_id)
+            .bind(l.uid)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+            changed.push(FlagRow { uid: u32_of(l.uid, "uid")?, flags: new, modseq: u64_of(modseq) });
+        }
+        if changed.is_empty() {
+            return Ok(changed);
+        }
+        if unseen_delta != 0 {
+            sqlx::query("UPDATE mailboxes SET unseen = unseen + ? WHERE id = ?")
+                .bind(unseen_delta)
+                .bind(mailbox_id)
+                .execute(&mut **tx)
+                .await
+                .map_err(db_err)?;
+        }
+        Ok(changed)
+    }
+
     async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
@@ -1033,8 +1083,8 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db_err)?
                 .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        let rows: Vec<(i64, i32, String)> = sqlx::query_as(
-            "SELECT uid, flags, keywords FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid",
+        let rows: Vec<(i64, i32, i64, String)> = sqlx::query_as(
+            "SELECT uid, flags, modseq, keywords FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid",
         )
         .bind(mailbox_id)
         .fetch_all(&mut *tx)
@@ -1042,15 +1092,17 @@ impl Store for SqliteStore {
         .map_err(db_err)?;
         let mut uids = Vec::with_capacity(rows.len());
         let mut flags = Vec::with_capacity(rows.len());
+        let mut modseqs = Vec::with_capacity(rows.len());
         let mut keywords = Vec::new();
-        for (uid, f, k) in rows {
+        for (uid, f, m, k) in rows {
             uids.push(uid);
             flags.push(f);
+            modseqs.push(m);
             if !k.is_empty() {
                 keywords.push((uid, k));
             }
         }
-        mailbox_index_from(highest, uid_next, uids, flags, keywords)
+        mailbox_index_from(highest, uid_next, uids, flags, modseqs, keywords)
     }
 
     async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
@@ -1237,48 +1289,60 @@ impl Store for SqliteStore {
         op: FlagOp,
         flags: &FlagSet,
     ) -> StoreResult<Vec<FlagRow>> {
-        let flags = normalize_flagset(flags)?;
         let mut tx = self.write_tx().await?;
-        let modseq = Self::bump_modseq(&mut tx, mailbox_id).await?;
-        let links = Self::links_in(&mut tx, mailbox_id, uids).await?;
-        let mut changed = Vec::new();
-        let mut unseen_delta = 0i64;
-        for l in &links {
-            let old = flagset_from_row(l.flags, &l.keywords);
-            let new = apply_flags(&old, op, &flags);
-            if new == old {
-                continue;
-            }
-            let was_seen = old.system.contains(Flags::SEEN);
-            let is_seen = new.system.contains(Flags::SEEN);
-            unseen_delta += i64::from(was_seen) - i64::from(is_seen);
-            sqlx::query(
-                "UPDATE mailbox_messages SET flags = ?, keywords = ?, modseq = ? WHERE mailbox_id = ? AND uid = ?",
-            )
-            .bind(i64::from(new.system.0))
-            .bind(encode_keywords(&new.keywords))
-            .bind(modseq)
+        let changed = Self::store_flags_in(&mut tx, mailbox_id, uids, op, flags).await?;
+        if !changed.is_empty() {
+            tx.commit().await.map_err(db_err)?;
+        }
+        Ok(changed)
+    }
+
+    async fn store_flags_unchanged_since(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+        unchanged_since: u64,
+    ) -> StoreResult<ConditionalStore> {
+        // One write transaction (SQLite has one writer): nothing changes between
+        // the test and the change.
+        let mut tx = self.write_tx().await?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
             .bind(mailbox_id)
-            .bind(l.uid)
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(db_err)?;
-            changed.push(FlagRow { uid: u32_of(l.uid, "uid")?, flags: new, modseq: u64_of(modseq) });
+        if exists.is_none() {
+            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
         }
-        if changed.is_empty() {
-            // nothing changed: roll back the modseq bump too
-            return Ok(changed);
+        let (mut passed, mut modified) = (Vec::new(), Vec::new());
+        for (lo, hi) in uid_ranges(uids) {
+            let rows: Vec<(i64, i64)> = sqlx::query_as(
+                "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
+            )
+            .bind(mailbox_id)
+            .bind(lo)
+            .bind(hi)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db_err)?;
+            for (uid, modseq) in rows {
+                let uid = u32_of(uid, "uid")?;
+                if u64_of(modseq) > unchanged_since { modified.push(uid) } else { passed.push(uid) }
+            }
         }
-        if unseen_delta != 0 {
-            sqlx::query("UPDATE mailboxes SET unseen = unseen + ? WHERE id = ?")
-                .bind(unseen_delta)
-                .bind(mailbox_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
+        modified.sort_unstable();
+        modified.dedup();
+        let changed = if passed.is_empty() {
+            Vec::new()
+        } else {
+            Self::store_flags_in(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
+        };
+        if !changed.is_empty() {
+            tx.commit().await.map_err(db_err)?;
         }
-        tx.commit().await.map_err(db_err)?;
-        Ok(changed)
+        Ok(ConditionalStore { changed, modified })
     }
 
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
