@@ -11,12 +11,11 @@ use std::time::Duration;
 use common::*;
 use mailcluster_server::app::App;
 use mailcluster_server::cache::local::LocalCache;
-use mailcluster_server::cache::redis::RedisCache;
 use mailcluster_server::store::{self, FlagSet, Flags};
 
 const CONNECT: Duration = Duration::from_secs(10);
 
-use mailcluster_testkit::{TestDatabase, redis_url};
+use mailcluster_testkit::TestDatabase;
 
 #[tokio::test]
 async fn sqlite_store_and_local_cache() {
@@ -39,20 +38,12 @@ where
     result.expect("test within 120 s").expect("test passed");
 }
 
-/// One pod's App: its own store pool and its own Redis connection.
-async fn pod(url: &str, prefix: &str, dir: &std::path::Path) -> App {
-    let store = store::open(Some(url), dir, 4, CONNECT).await.expect("open pg");
-    store.migrate().await.expect("migrate");
-    let cache = RedisCache::connect(&redis_url(), prefix, CONNECT).await.expect("Redis is reachable");
-    app_with(store, Arc::new(cache), true)
-}
-
 /// Two pods of one database and one Redis key prefix, with domain example.org.
 async fn two_pods(url: &str) -> (App, App, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
-    let a = pod(url, &prefix, dir.path()).await;
-    let b = pod(url, &prefix, dir.path()).await;
+    let a = pg_pod(url, &prefix, dir.path()).await;
+    let b = pg_pod(url, &prefix, dir.path()).await;
     a.store.domain_add("example.org").await.expect("domain");
     (a, b, dir)
 }
@@ -62,7 +53,7 @@ async fn postgres_store_and_redis_cache() {
     with_pg_database(|url| async move {
         let dir = tempfile::tempdir().expect("tempdir");
         let prefix = format!("mc_imap_test_{:08x}:", rand::random::<u32>());
-        full_session(pod(&url, &prefix, dir.path()).await).await;
+        full_session(pg_pod(&url, &prefix, dir.path()).await).await;
     })
     .await;
 }

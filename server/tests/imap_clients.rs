@@ -60,6 +60,17 @@ async fn python_compress_deflate() {
     assert!(ok, "compressed session failed:\n{out}");
 }
 
+/// CONDSTORE/QRESYNC (RFC 7162) through imaplib, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_imaplib_condstore_qresync() {
+    let (_app, imaps, _imap, _dir) = setup().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/imaplib_condstore.py");
+    let (ok, out) =
+        run_client(tokio::process::Command::new("python3").args([script, &imaps.port().to_string()])).await;
+    println!("{out}");
+    assert!(ok, "imaplib CONDSTORE/QRESYNC session failed:\n{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_imaps() {
     let (_app, imaps, imap, _dir) = setup().await;

@@ -10,19 +10,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
-use mailcluster_server::cache::redis::RedisCache;
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
 use mailcluster_server::pop3::Pop3Protocol;
-use mailcluster_server::store::{self, Account, FlagOp, FlagSet, Flags, UidSet};
-use mailcluster_testkit::{TestDatabase, redis_url};
+use mailcluster_server::store::{Account, FlagOp, FlagSet, Flags, UidSet};
+use mailcluster_testkit::TestDatabase;
 use tokio::io::DuplexStream;
-
-const CONNECT: Duration = Duration::from_secs(10);
 
 struct Pop3 {
     client: Client<DuplexStream>,
@@ -156,14 +152,6 @@ async fn embedded_store_without_the_listing_cache_answers_the_same() {
     listing_follows_every_change(&app, &app).await;
 }
 
-/// One pod of the database with its own pool and Redis connection.
-async fn pod(url: &str, prefix: &str, dir: &std::path::Path) -> App {
-    let store = store::open(Some(url), dir, 4, CONNECT).await.expect("open pg");
-    store.migrate().await.expect("migrate");
-    let cache = RedisCache::connect(&redis_url(), prefix, CONNECT).await.expect("Redis is reachable");
-    app_with(store, Arc::new(cache), true)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pod_lists_what_another_pod_changed() {
     let db = TestDatabase::create("mc_pop3_listing").await;
@@ -171,8 +159,8 @@ async fn postgres_pod_lists_what_another_pod_changed() {
     let test = tokio::spawn(async move {
         let dir = tempfile::tempdir().expect("tempdir");
         let prefix = format!("mc_pop3_listing_{:08x}:", rand::random::<u32>());
-        let reader = pod(&url, &prefix, dir.path()).await;
-        let writer = pod(&url, &prefix, dir.path()).await;
+        let reader = pg_pod(&url, &prefix, dir.path()).await;
+        let writer = pg_pod(&url, &prefix, dir.path()).await;
         writer.store.domain_add("example.org").await.expect("domain");
         listing_follows_every_change(&reader, &writer).await;
     });

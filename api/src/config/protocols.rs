@@ -100,7 +100,7 @@ pub struct ImapConfig {
     pub max_commands_per_second: u32,
     /// While IDLE without a working notification stream, poll the store this often.
     pub idle_poll_secs: u64,
-    /// Messages (UID and flags, about 9 bytes each) a process keeps of recently
+    /// Messages (UID, flags and modseq, about 16 bytes each) a process keeps of recently
     /// selected mailboxes, so that SELECT of a large mailbox reads only what
     /// changed since (0 = off). See the server's `imap::index_cache`.
     pub select_cache_messages: usize,

@@ -20,7 +20,7 @@ impl Session {
 
     pub(crate) fn capabilities(&self) -> String {
         let mut caps = String::from(
-            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE",
+            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE CONDSTORE QRESYNC",
         );
         if self.account().is_some() && !self.stream.is_compressed() {
             caps.push_str(" COMPRESS=DEFLATE");
@@ -188,10 +188,24 @@ impl Session {
     }
 
     pub(crate) fn cmd_enable(&mut self, caps: &[CapabilityEnable<'_>]) -> Outcome {
-        // No extension we implement changes behaviour when enabled, so none is
-        // reported as enabled (RFC 5161 allows an empty ENABLED response).
-        let _ = caps;
-        self.push("* ENABLED");
+        // RFC 5161: only what this command newly enabled is listed; unknown names
+        // are ignored. QRESYNC implies CONDSTORE (RFC 7162 §3.2.3).
+        let mut enabled = Vec::new();
+        for cap in caps {
+            match cap.to_string().to_ascii_uppercase().as_str() {
+                "CONDSTORE" if !self.condstore => {
+                    self.condstore = true;
+                    enabled.push("CONDSTORE");
+                }
+                "QRESYNC" if !self.qresync => {
+                    self.qresync = true;
+                    self.condstore = true;
+                    enabled.push("QRESYNC");
+                }
+                _ => {}
+            }
+        }
+        self.push(&format!("* ENABLED{}", enabled.iter().map(|c| format!(" {c}")).collect::<String>()));
         Outcome::ok("ENABLE completed")
     }
 }

@@ -19,7 +19,7 @@ use imap_codec::imap_types::sequence::SequenceSet;
 use super::session::{Outcome, Session, store_error};
 use crate::message::find_header_end;
 use crate::proto::imap::encode;
-use crate::proto::imap::parse::SeqSet;
+use crate::proto::imap::parse::{FetchModseq, SeqSet};
 use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 
 /// Output is flushed to the client whenever this much is queued, so a large FETCH
@@ -36,6 +36,7 @@ impl Session {
         set: &SequenceSet,
         items: MacroOrMessageDataItemNames<'_>,
         uid: bool,
+        modseq: FetchModseq,
     ) -> Outcome {
         let mut items: Vec<MessageDataItemName<'_>> = match items {
             MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(static_item).collect(),
@@ -73,17 +74,37 @@ impl Session {
         // empty or different value would be cached by the client as that UID's
         // content for ever. It gets no FETCH line and the command says why.
         let mut expunge_issued = false;
-        if !from_bodies || sets_seen {
+        // MODSEQ and CHANGEDSINCE are answered from the session's map: current first.
+        if !from_bodies || sets_seen || modseq.item {
             if let Err(e) = self.sync(false).await {
                 return store_error(e);
             }
             synced = true;
         }
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
+        let Some(mut uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
             return Outcome::bad("Invalid sequence number");
         };
         let mailbox_id = sel.mailbox.id;
+        if let Some(since) = modseq.changed_since {
+            // CHANGEDSINCE (RFC 7162 §3.1.4.1): only what changed after `since`;
+            // VANISHED (§3.2.6) first tells which UIDs of the set were expunged.
+            if modseq.vanished {
+                let changes = match self.app.store.changes_since(mailbox_id, since).await {
+                    Ok(c) => c,
+                    Err(e) => return store_error(e),
+                };
+                let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+                let gone = sel.vanished_in(&changes, Some(&SeqSet::from_codec(set)));
+                let gone: Vec<(u32, u32)> =
+                    gone.into_iter().flat_map(|(lo, hi)| split_around(lo, hi, &sel.uids)).collect();
+                if !gone.is_empty() {
+                    self.push(&format!("* VANISHED (EARLIER) {}", encode::uid_ranges(&gone)));
+                }
+            }
+            let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
+            uids.retain(|&u| sel.modseq_of(u).is_some_and(|m| m > since));
+        }
         if uids.is_empty()
             && !synced
             && let Err(e) = self.sync(false).await
@@ -157,6 +178,7 @@ impl Session {
                         };
                         let message = Message {
                             uid: link.uid,
+                            modseq: self.modseq_item(link.uid, modseq.item),
                             flags: &link.flags,
                             recent: self.is_recent(link.uid),
                             internal_date: &link.internal_date,
@@ -199,6 +221,7 @@ impl Session {
                         };
                         let message = Message {
                             uid: row.uid,
+                            modseq: self.modseq_item(row.uid, modseq.item),
                             flags: &row.flags,
                             recent: self.is_recent(row.uid),
                             internal_date: &row.internal_date,
@@ -242,6 +265,9 @@ impl Session {
                                 _ => {}
                             }
                         }
+                        if modseq.item {
+                            let _ = write!(lines, " MODSEQ ({})", sel.modseqs[pos]);
+                        }
                         lines.push_str(")\r\n");
                     }
                     self.out.extend_from_slice(lines.as_bytes());
@@ -253,7 +279,8 @@ impl Session {
         }
         if uid {
             // UID FETCH may announce EXPUNGE (RFC 3501 §7.4.1); no second round trip.
-            let lines = self.selected.as_mut().map(|s| s.take_pending_expunges()).unwrap_or_default();
+            let vanished = self.qresync;
+            let lines = self.selected.as_mut().map(|s| s.take_pending_expunges(vanished)).unwrap_or_default();
             for l in lines {
                 self.push(&l);
             }
@@ -265,8 +292,14 @@ impl Session {
         Outcome::ok(if uid { "UID FETCH completed" } else { "FETCH completed" })
     }
 
-    /// Sends FLAGS/PERMANENTFLAGS before the first response that uses a keyword
-    /// the client has not been told about.
+    /// The MODSEQ a FETCH line carries: when asked for, from the session's map.
+    fn modseq_item(&self, uid: u32, asked: bool) -> Option<u64> {
+        if !asked {
+            return None;
+        }
+        self.selected.as_ref().and_then(|s| s.modseq_of(uid))
+    }
+
     /// `\Recent` for this session.
     fn is_recent(&self, uid: u32) -> bool {
         self.selected.as_ref().is_some_and(|s| s.recent.contains(uid))
@@ -286,6 +319,8 @@ impl Session {
 /// One message as a FETCH response sees it.
 struct Message<'a> {
     uid: u32,
+    /// MODSEQ, when asked for (CONDSTORE).
+    modseq: Option<u64>,
     flags: &'a FlagSet,
     /// `\Recent` for this session.
     recent: bool,
@@ -364,7 +399,29 @@ fn fetch_line(
     if !flags_sent && seen_set {
         let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
     }
+    if let Some(modseq) = m.modseq {
+        let _ = write!(Bytes(out), " MODSEQ ({modseq})");
+    }
     out.extend_from_slice(b")\r\n");
+}
+
+/// `lo..=hi` without the UIDs still in the session's view (ascending): a message
+/// expunged elsewhere but not yet announced is still the client's, so it is not
+/// reported as vanished before its own VANISHED.
+fn split_around(lo: u32, hi: u32, known: &[u32]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut next = lo;
+    let start = known.partition_point(|&u| u < lo);
+    for &uid in known[start..].iter().take_while(|&&u| u <= hi) {
+        if uid > next {
+            out.push((next, uid - 1));
+        }
+        next = uid + 1;
+    }
+    if next <= hi {
+        out.push((next, hi));
+    }
+    out
 }
 
 /// Macro expansions only contain plain items; rebuilt so they outlive the macro.

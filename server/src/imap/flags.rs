@@ -42,11 +42,13 @@ impl Session {
         response: StoreResponse,
         flags: &[Flag<'_>],
         uid: bool,
+        unchanged_since: Option<u64>,
     ) -> Outcome {
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
         if sel.read_only {
             return Outcome::no("[READ-ONLY] Mailbox is read-only");
         }
+        let done = if uid { "UID STORE completed" } else { "STORE completed" };
         let Some(uids) = sel.resolve(&SeqSet::from_codec(set), uid) else {
             return Outcome::bad("Invalid sequence number");
         };
@@ -57,12 +59,25 @@ impl Session {
             StoreType::Remove => FlagOp::Remove,
             StoreType::Replace => FlagOp::Replace,
         };
+        // UIDs (ascending) a conditional STORE left alone: `[MODIFIED …]`.
+        let mut modified: Vec<u32> = Vec::new();
         if !uids.is_empty() {
-            let rows =
-                match self.app.store.store_flags(mailbox_id, &UidSet::from_uids(&uids), op, &flags).await {
-                    Ok(r) => r,
-                    Err(e) => return store_error(e),
-                };
+            let set = UidSet::from_uids(&uids);
+            let stored = match unchanged_since {
+                None => self.app.store.store_flags(mailbox_id, &set, op, &flags).await,
+                Some(n) => {
+                    self.app.store.store_flags_unchanged_since(mailbox_id, &set, op, &flags, n).await.map(
+                        |c| {
+                            modified = c.modified;
+                            c.changed
+                        },
+                    )
+                }
+            };
+            let rows = match stored {
+                Ok(r) => r,
+                Err(e) => return store_error(e),
+            };
             let modseq = rows.iter().map(|r| r.modseq).max();
             if let Some(modseq) = modseq {
                 self.notify(mailbox_id, modseq).await;
@@ -85,13 +100,21 @@ impl Session {
                     // Our own change comes back from changes_since; it was answered here.
                     sel.own_changes.push((row.uid, row.modseq));
                 }
-                if response == StoreResponse::Silent {
+                // With CONDSTORE on, even .SILENT tells the new modseq (RFC 7162
+                // §3.1.3); the client needs it for its next UNCHANGEDSINCE.
+                let modseq_item =
+                    if self.condstore { format!(" MODSEQ ({})", row.modseq) } else { String::new() };
+                if response == StoreResponse::Silent && !self.condstore {
                     continue;
                 }
                 let Some(seq) = sel.seq_of(row.uid) else { continue };
                 let uid_item = if uid { format!(" UID {}", row.uid) } else { String::new() };
-                let flags = encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid));
-                let line = format!("* {seq} FETCH (FLAGS {flags}{uid_item})");
+                let line = if response == StoreResponse::Silent {
+                    format!("* {seq} FETCH (MODSEQ ({}){uid_item})", row.modseq)
+                } else {
+                    let flags = encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid));
+                    format!("* {seq} FETCH (FLAGS {flags}{uid_item}{modseq_item})")
+                };
                 self.push(&line);
             }
             if caught_up {
@@ -99,13 +122,31 @@ impl Session {
                 if uid {
                     self.push_pending_expunges();
                 }
-                return Outcome::ok(if uid { "UID STORE completed" } else { "STORE completed" });
+                return self.store_outcome(&modified, uid, done);
             }
         }
         if let Err(e) = self.sync(uid).await {
             return store_error(e);
         }
-        Outcome::ok(if uid { "UID STORE completed" } else { "STORE completed" })
+        self.store_outcome(&modified, uid, done)
+    }
+
+    /// The tagged answer of STORE: `[MODIFIED set]` (RFC 7162 §3.1.3) names the
+    /// messages a conditional STORE left alone, as UIDs for UID STORE and as
+    /// sequence numbers otherwise.
+    fn store_outcome(&self, modified: &[u32], uid: bool, done: &str) -> Outcome {
+        if modified.is_empty() {
+            return Outcome::ok(done);
+        }
+        let names: Vec<u32> = if uid {
+            modified.to_vec()
+        } else {
+            let Some(sel) = self.selected.as_ref() else { return Outcome::ok(done) };
+            let mut seqs: Vec<u32> = modified.iter().filter_map(|&u| sel.seq_of(u)).collect();
+            seqs.sort_unstable();
+            seqs
+        };
+        Outcome::ok(format!("[MODIFIED {}] Conditional STORE failed", encode::sequence_set(&names)))
     }
 
     pub(crate) async fn cmd_copy(
@@ -181,14 +222,23 @@ impl Session {
     }
 
     /// Removes UIDs from the map, sending EXPUNGE for each (ascending UIDs: each
-    /// number is computed after the previous removal, as the client will).
+    /// number is computed after the previous removal, as the client will), or one
+    /// VANISHED once QRESYNC is enabled (RFC 7162 §3.2.10).
     fn announce_expunged(&mut self, uids: &[u32]) {
         let mut lines = Vec::with_capacity(uids.len());
+        let vanished = self.qresync;
         if let Some(sel) = self.selected.as_mut() {
+            let mut gone = Vec::new();
             for &uid in uids {
                 if let Some(seq) = sel.remove(uid) {
-                    lines.push(format!("* {seq} EXPUNGE"));
+                    gone.push(uid);
+                    if !vanished {
+                        lines.push(format!("* {seq} EXPUNGE"));
+                    }
                 }
+            }
+            if vanished && !gone.is_empty() {
+                lines.push(format!("* VANISHED {}", encode::sequence_set(&gone)));
             }
         }
         for l in lines {

@@ -14,7 +14,7 @@ use imap_codec::imap_types::mailbox::{ListMailbox, Mailbox as WireMailbox};
 use super::selected::Selected;
 use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
-use crate::proto::imap::parse::{ListExtended, StatusItem};
+use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
 use crate::store::{Flags, StoreError};
 
@@ -105,9 +105,18 @@ impl Session {
         }
     }
 
-    pub(crate) async fn cmd_select(&mut self, mailbox: &WireMailbox<'_>, read_only: bool) -> Outcome {
-        // Selecting deselects first, even when the new SELECT fails (RFC 3501 §6.3.1).
-        self.selected = None;
+    pub(crate) async fn cmd_select(
+        &mut self,
+        mailbox: &WireMailbox<'_>,
+        read_only: bool,
+        qresync: Option<&Qresync>,
+    ) -> Outcome {
+        // Selecting deselects first, even when the new SELECT fails (RFC 3501 §6.3.1);
+        // a QRESYNC client is told where the old mailbox's responses end (RFC 7162
+        // §3.2.11).
+        if self.selected.take().is_some() {
+            self.push("* OK [CLOSED] Previous mailbox closed");
+        }
         let name = match mailbox_name(mailbox) {
             Ok(n) => n,
             Err(o) => return o,
@@ -174,6 +183,24 @@ impl Session {
         self.push(&format!("* OK [UIDVALIDITY {}] UIDs valid", sel.mailbox.uid_validity));
         self.push(&format!("* OK [UIDNEXT {}] Predicted next UID", sel.uid_next));
         self.push(&format!("* OK [HIGHESTMODSEQ {}] Highest", sel.modseq.max(1)));
+        // QRESYNC (RFC 7162 §3.2.5): what changed since the client's modseq, for a
+        // client whose UIDVALIDITY still holds; otherwise it resynchronises fully.
+        if let Some(q) = qresync.filter(|q| q.uid_validity == sel.mailbox.uid_validity) {
+            let changes = match store.changes_since(mailbox_id, q.modseq).await {
+                Ok(c) => c,
+                Err(e) => return store_error(e),
+            };
+            let vanished = sel.vanished_in(&changes, q.known_uids.as_ref());
+            if !vanished.is_empty() {
+                self.push(&format!("* VANISHED (EARLIER) {}", encode::uid_ranges(&vanished)));
+            }
+            for (pos, (&uid, &modseq)) in sel.uids.iter().zip(&sel.modseqs).enumerate() {
+                if modseq > q.modseq {
+                    let flags = encode::flag_list_recent(&sel.flag_set_at(pos), sel.recent.contains(uid));
+                    self.push(&format!("* {} FETCH (UID {uid} FLAGS {flags} MODSEQ ({modseq}))", pos + 1));
+                }
+            }
+        }
         self.selected = Some(sel);
         if read_only {
             Outcome::ok("[READ-ONLY] EXAMINE completed")
@@ -501,6 +528,8 @@ impl Session {
             Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
             Err(e) => return store_error(e),
         };
+        // A CONDSTORE-enabling command (RFC 7162 §3.1).
+        self.condstore |= items.contains(&StatusItem::HighestModseq);
         match self.status_line(&mb.name, mb.id, items).await {
             Ok(line) => {
                 self.push(&line);
@@ -527,6 +556,7 @@ impl Session {
                 StatusItem::UidValidity => format!("UIDVALIDITY {}", st.uid_validity),
                 StatusItem::Unseen => format!("UNSEEN {}", st.unseen),
                 StatusItem::Size => format!("SIZE {}", self.app.store.mailbox_size(mailbox_id).await?),
+                StatusItem::HighestModseq => format!("HIGHESTMODSEQ {}", st.highest_modseq.max(1)),
             });
         }
         Ok(format!("* STATUS {} ({})", encode::mailbox(name), parts.join(" ")))

@@ -225,12 +225,20 @@ impl Session {
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
+        modseq: Option<u64>,
     ) -> Outcome {
-        let hits = match self.search_hits(charset, criteria, uid).await {
+        let mut hits = match self.search_hits(charset, criteria, uid).await {
             Ok(hits) => hits,
             Err(o) => return o,
         };
         let Some(sel) = self.selected.as_mut() else { return Outcome::bad("No mailbox selected") };
+        // MODSEQ n (RFC 7162 §3.1.5): messages changed at or after n; the answer
+        // names the highest modseq among them.
+        let mut highest = None;
+        if let Some(n) = modseq {
+            hits.retain(|&u| sel.modseq_of(u).is_some_and(|m| m >= n));
+            highest = hits.iter().filter_map(|&u| sel.modseq_of(u)).max();
+        }
         let numbers: Vec<u32> =
             if uid { hits.clone() } else { hits.iter().filter_map(|&u| sel.seq_of(u)).collect() };
         if let Some((_, options)) = esearch
@@ -241,8 +249,18 @@ impl Session {
         let line = match esearch {
             // SAVE alone answers nothing but the tagged OK (RFC 5182 §2.4).
             Some((_, [ReturnOption::Save])) => None,
-            Some((tag, options)) => Some(esearch_line(tag, options, uid, &numbers)),
-            None => Some(search_line(&numbers)),
+            Some((tag, options)) => Some(esearch_line(tag, options, uid, &numbers)).map(|mut line| {
+                if let Some(m) = highest {
+                    line.push_str(&format!(" MODSEQ {m}"));
+                }
+                line
+            }),
+            None => Some(search_line(&numbers)).map(|mut line| {
+                if let Some(m) = highest {
+                    line.push_str(&format!(" (MODSEQ {m})"));
+                }
+                line
+            }),
         };
         if let Some(line) = line {
             self.push(&line);

@@ -146,6 +146,62 @@ impl Selected {
         }
     }
 
+    /// The UIDs `changes` says were expunged, within `within` (a UID set from the
+    /// client; `*` is the highest UID handed out) or all of them, as ascending
+    /// inclusive ranges (VANISHED (EARLIER), RFC 7162 §3.2.5.1, §3.2.6). When the
+    /// tombstones were pruned past the asked modseq, every UID below UIDNEXT that
+    /// is not present any more is reported: never too few, which would leave a
+    /// deleted message in the client's cache.
+    pub fn vanished_in(&self, changes: &MailboxChanges, within: Option<&SeqSet>) -> Vec<(u32, u32)> {
+        let max = self.uid_next.saturating_sub(1).max(self.max_uid());
+        let mut bounds: Vec<(u32, u32)> = match within {
+            Some(set) => {
+                set.ranges(max).map(|(lo, hi)| (lo.max(1), hi.min(max))).filter(|(lo, hi)| lo <= hi).collect()
+            }
+            None if max > 0 => vec![(1, max)],
+            None => Vec::new(),
+        };
+        bounds.sort_unstable();
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(bounds.len());
+        for (lo, hi) in bounds {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        let mut out: Vec<(u32, u32)> = Vec::new();
+        let mut push = |lo: u32, hi: u32| match out.last_mut() {
+            Some(last) if lo == last.1.saturating_add(1) => last.1 = hi,
+            _ => out.push((lo, hi)),
+        };
+        match &changes.present {
+            None => {
+                for &uid in &changes.expunged {
+                    let i = merged.partition_point(|&(_, hi)| hi < uid);
+                    if merged.get(i).is_some_and(|&(lo, _)| lo <= uid) {
+                        push(uid, uid);
+                    }
+                }
+            }
+            Some(present) => {
+                for (lo, hi) in merged {
+                    let mut next = lo;
+                    let start = present.partition_point(|&u| u < lo);
+                    for &uid in present[start..].iter().take_while(|&&u| u <= hi) {
+                        if uid > next {
+                            push(next, uid - 1);
+                        }
+                        next = uid.saturating_add(1);
+                    }
+                    if next <= hi && next >= lo {
+                        push(next, hi);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The map as a [`MailboxIndex`] (for the SELECT cache).
     pub fn snapshot(&self) -> MailboxIndex {
         let mut keywords: Vec<(u32, Vec<String>)> =
@@ -259,9 +315,18 @@ impl Selected {
     }
 
     /// Removes the messages expunged elsewhere and returns their EXPUNGE lines,
-    /// highest first so each announced number is still valid when sent.
-    pub fn take_pending_expunges(&mut self) -> Vec<String> {
+    /// highest first so each announced number is still valid when sent; or, for a
+    /// QRESYNC session (`vanished`), one `VANISHED` line of their UIDs.
+    pub fn take_pending_expunges(&mut self, vanished: bool) -> Vec<String> {
         let mut pending = std::mem::take(&mut self.pending_expunge);
+        if vanished {
+            pending.retain(|&uid| self.remove(uid).is_some());
+            pending.sort_unstable();
+            if pending.is_empty() {
+                return Vec::new();
+            }
+            return vec![format!("* VANISHED {}", encode::sequence_set(&pending))];
+        }
         pending.sort_unstable_by(|a, b| b.cmp(a));
         pending.into_iter().filter_map(|uid| self.remove(uid)).map(|seq| format!("* {seq} EXPUNGE")).collect()
     }
@@ -299,8 +364,9 @@ impl Session {
     /// What a sync that found nothing new still does where expunges may be
     /// announced: the ones held back while sequence numbers had to stay.
     pub(crate) fn push_pending_expunges(&mut self) {
+        let vanished = self.qresync;
         let Some(sel) = self.selected.as_mut() else { return };
-        for line in sel.take_pending_expunges() {
+        for line in sel.take_pending_expunges(vanished) {
             self.push(&line);
         }
     }
@@ -321,7 +387,7 @@ impl Session {
             }
         }
         if allow_expunge {
-            lines.extend(sel.take_pending_expunges());
+            lines.extend(sel.take_pending_expunges(self.qresync));
         }
 
         let max = sel.max_uid();
@@ -346,8 +412,10 @@ impl Session {
         }
         for row in flag_updates {
             if let Some(seq) = sel.seq_of(row.uid) {
+                // With CONDSTORE on, unsolicited FETCH carries MODSEQ (RFC 7162 §3.1.4).
+                let modseq = if self.condstore { format!(" MODSEQ ({})", row.modseq) } else { String::new() };
                 lines.push(format!(
-                    "* {seq} FETCH (UID {} FLAGS {})",
+                    "* {seq} FETCH (UID {} FLAGS {}{modseq})",
                     row.uid,
                     encode::flag_list_recent(&row.flags, sel.recent.contains(row.uid))
                 ));

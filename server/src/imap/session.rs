@@ -15,7 +15,7 @@ use super::{ImapConfig, Shared};
 use crate::app::App;
 use crate::net::{SessionCtx, SessionStream};
 use crate::proto::imap::encode;
-use crate::proto::imap::parse::{self, Request, SearchKind, StatusItem};
+use crate::proto::imap::parse::{self, FetchModseq, Request, SearchKind, StatusItem};
 use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
 use crate::store::{Account, StoreError};
 
@@ -74,6 +74,10 @@ pub struct Session {
     pub(crate) state: State,
     pub(crate) selected: Option<Selected>,
     pub(crate) user_slot: Option<super::limit::UserSlot>,
+    /// CONDSTORE is on (RFC 7162 §3.1): FETCH responses carry MODSEQ.
+    pub(crate) condstore: bool,
+    /// QRESYNC is enabled (RFC 7162 §3.2): expunges are told as VANISHED.
+    pub(crate) qresync: bool,
     rate_window: Instant,
     rate_count: u32,
 }
@@ -101,6 +105,8 @@ impl Session {
             state: State::NotAuthenticated,
             selected: None,
             user_slot: None,
+            condstore: false,
+            qresync: false,
             rate_window: Instant::now(),
             rate_count: 0,
         }
@@ -269,28 +275,86 @@ impl Session {
                     _ => Outcome::bad("Invalid STATUS arguments"),
                 },
             },
-            Request::Searching { kind, search, .. } => match (self.require_selected(), search_of(&search)) {
-                (Some(o), _) => o,
-                (None, None) => Outcome::bad("Invalid search criteria"),
-                (None, Some((charset, criteria, uid))) => {
-                    let charset = charset.as_ref();
-                    match &kind {
-                        SearchKind::ESearch(options) => {
-                            self.cmd_search(Some((&tag, options)), charset, &criteria, uid).await
-                        }
-                        SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await {
-                            Ok(rows) => self.cmd_sort(keys, rows, uid),
-                            Err(o) => o,
+            Request::Select { read_only, params, select } => match self.require_auth() {
+                Some(o) => o,
+                None if params.qresync.is_some() && !self.qresync => {
+                    Outcome::bad("QRESYNC parameter without ENABLE QRESYNC")
+                }
+                None => match imap_codec::CommandCodec::default().decode(&select) {
+                    Ok((
+                        b"",
+                        Command {
+                            body: CommandBody::Select { mailbox } | CommandBody::Examine { mailbox },
+                            ..
                         },
-                        SearchKind::Thread(algorithm) => {
-                            match self.matching_rows(charset, &criteria, uid).await {
-                                Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
+                    )) => {
+                        self.condstore = true;
+                        self.cmd_select(&mailbox, read_only, params.qresync.as_ref()).await
+                    }
+                    _ => Outcome::bad("Invalid SELECT arguments"),
+                },
+            },
+            Request::Fetch { modseq, fetch } => match self.require_selected() {
+                Some(o) => o,
+                None if modseq.vanished && !self.qresync => Outcome::bad("VANISHED without ENABLE QRESYNC"),
+                None => match imap_codec::CommandCodec::default().decode(&fetch) {
+                    Ok((
+                        b"",
+                        Command {
+                            body: CommandBody::Fetch { sequence_set, macro_or_item_names, uid }, ..
+                        },
+                    )) => {
+                        self.condstore = true;
+                        self.cmd_fetch(&sequence_set, macro_or_item_names, uid, modseq).await
+                    }
+                    _ => Outcome::bad("Invalid FETCH arguments"),
+                },
+            },
+            Request::Store { unchanged_since, store } => match self.require_selected() {
+                Some(o) => o,
+                None => match imap_codec::CommandCodec::default().decode(&store) {
+                    Ok((
+                        b"",
+                        Command {
+                            body: CommandBody::Store { sequence_set, kind, response, flags, uid }, ..
+                        },
+                    )) => {
+                        self.condstore = true;
+                        self.cmd_store(&sequence_set, kind, response, &flags, uid, Some(unchanged_since))
+                            .await
+                    }
+                    _ => Outcome::bad("Invalid STORE arguments"),
+                },
+            },
+            Request::Searching { kind, search, modseq, .. } => {
+                match (self.require_selected(), search_of(&search)) {
+                    (Some(o), _) => o,
+                    (None, None) => Outcome::bad("Invalid search criteria"),
+                    (None, Some((charset, criteria, uid))) => {
+                        let charset = charset.as_ref();
+                        if modseq.is_some() {
+                            self.condstore = true;
+                        }
+                        match &kind {
+                            SearchKind::Plain => self.cmd_search(None, charset, &criteria, uid, modseq).await,
+                            SearchKind::ESearch(options) => {
+                                self.cmd_search(Some((&tag, options)), charset, &criteria, uid, modseq).await
+                            }
+                            SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await
+                            {
+                                Ok(rows) => self.cmd_sort(keys, rows, uid),
                                 Err(o) => o,
+                            },
+                            SearchKind::Thread(algorithm) => {
+                                match self.matching_rows(charset, &criteria, uid).await {
+                                    Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
+                                    Err(o) => o,
+                                }
                             }
                         }
                     }
                 }
-            },
+            }
         };
         let (result, keep) = match outcome {
             Outcome::Ok(text) => {
@@ -429,8 +493,8 @@ impl Session {
                 return self.cmd_authenticate(&mechanism, ir).await;
             }
             C::Enable { capabilities } => self.cmd_enable(capabilities.as_ref()),
-            C::Select { mailbox } => self.cmd_select(&mailbox, false).await,
-            C::Examine { mailbox } => self.cmd_select(&mailbox, true).await,
+            C::Select { mailbox } => self.cmd_select(&mailbox, false, None).await,
+            C::Examine { mailbox } => self.cmd_select(&mailbox, true, None).await,
             C::Create { mailbox } => self.cmd_create(&mailbox).await,
             C::Delete { mailbox } => self.cmd_delete(&mailbox).await,
             C::Rename { from, to } => self.cmd_rename(&from, &to).await,
@@ -465,13 +529,13 @@ impl Session {
             C::Close => self.cmd_close(true).await,
             C::Expunge => self.cmd_expunge(None).await,
             C::Search { charset, criteria, uid } => {
-                self.cmd_search(None, charset.as_ref(), &criteria, uid).await
+                self.cmd_search(None, charset.as_ref(), &criteria, uid, None).await
             }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
-                self.cmd_fetch(&sequence_set, macro_or_item_names, uid).await
+                self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default()).await
             }
             C::Store { sequence_set, kind, response, flags, uid } => {
-                self.cmd_store(&sequence_set, kind, response, &flags, uid).await
+                self.cmd_store(&sequence_set, kind, response, &flags, uid, None).await
             }
             C::Copy { sequence_set, mailbox, uid } => {
                 self.cmd_copy(&sequence_set, &mailbox, uid, false).await
@@ -508,7 +572,15 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::Compress(_) => "COMPRESS",
         Request::ListExtended(_) => "LIST",
         Request::Status { .. } => "STATUS",
+        Request::Select { read_only: false, .. } => "SELECT",
+        Request::Select { read_only: true, .. } => "EXAMINE",
+        Request::Fetch { fetch, .. } if fetch_is_uid(fetch) => "UID FETCH",
+        Request::Fetch { .. } => "FETCH",
+        Request::Store { store, .. } if fetch_is_uid(store) => "UID STORE",
+        Request::Store { .. } => "STORE",
         Request::Searching { uid, kind, .. } => match (kind, uid) {
+            (SearchKind::Plain, true) => "UID SEARCH",
+            (SearchKind::Plain, false) => "SEARCH",
             (SearchKind::ESearch(_), true) => "UID SEARCH",
             (SearchKind::ESearch(_), false) => "SEARCH",
             (SearchKind::Sort(_), true) => "UID SORT",
@@ -517,6 +589,11 @@ fn request_name(r: &Request<'_>) -> &'static str {
             (SearchKind::Thread(_), false) => "THREAD",
         },
     }
+}
+
+/// Whether a rewritten command is a UID command (its second word).
+fn fetch_is_uid(cmd: &[u8]) -> bool {
+    cmd.split(|&b| b == b' ').nth(1).is_some_and(|w| w.eq_ignore_ascii_case(b"UID"))
 }
 
 /// The SEARCH a search extension's command was rewritten into: its charset,

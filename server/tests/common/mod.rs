@@ -229,6 +229,23 @@ pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::Te
     (app_configured(store, cache, tweak), dir)
 }
 
+/// One pod of a PostgreSQL database (`url`): its own store pool and its own Redis
+/// connection under `prefix` (plaintext logins allowed).
+#[allow(dead_code)] // not every test binary runs over PostgreSQL
+pub async fn pg_pod(url: &str, prefix: &str, dir: &std::path::Path) -> App {
+    let connect = Duration::from_secs(10);
+    let store = mailcluster_server::store::open(Some(url), dir, 4, connect).await.expect("open pg");
+    store.migrate().await.expect("migrate");
+    let cache = mailcluster_server::cache::redis::RedisCache::connect(
+        &mailcluster_testkit::redis_url(),
+        prefix,
+        connect,
+    )
+    .await
+    .expect("Redis is reachable");
+    app_with(store, Arc::new(cache), true)
+}
+
 /// bob@example.org (password "pw") with "first" and "second" in his INBOX, as the
 /// real-client scripts expect.
 pub async fn bob_with_two_messages(app: &App) -> Account {

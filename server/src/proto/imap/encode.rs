@@ -39,28 +39,32 @@ pub fn flag_list_recent(flags: &FlagSet, recent: bool) -> String {
 /// The system flags every mailbox supports.
 pub const SYSTEM_FLAGS: &str = "\\Answered \\Flagged \\Deleted \\Seen \\Draft";
 
-/// `1:3,5` from ascending numbers.
-pub fn sequence_set(nums: &[u32]) -> String {
+/// Ascending inclusive ranges as a sequence set (`1:3,7`).
+pub fn uid_ranges(ranges: &[(u32, u32)]) -> String {
     let mut out = String::new();
-    let mut i = 0;
-    while i < nums.len() {
-        let start = nums[i];
-        let mut end = start;
-        while i + 1 < nums.len() && nums[i + 1] == end.wrapping_add(1) {
-            i += 1;
-            end = nums[i];
-        }
+    for &(lo, hi) in ranges {
         if !out.is_empty() {
             out.push(',');
         }
-        if start == end {
-            out.push_str(&start.to_string());
+        if lo == hi {
+            out.push_str(&lo.to_string());
         } else {
-            out.push_str(&format!("{start}:{end}"));
+            out.push_str(&format!("{lo}:{hi}"));
         }
-        i += 1;
     }
     out
+}
+
+/// `1:3,5` from ascending numbers.
+pub fn sequence_set(nums: &[u32]) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for &n in nums {
+        match ranges.last_mut() {
+            Some(last) if n == last.1.wrapping_add(1) => last.1 = n,
+            _ => ranges.push((n, n)),
+        }
+    }
+    uid_ranges(&ranges)
 }
 
 /// `dd-Mon-yyyy hh:mm:ss +zzzz` (INTERNALDATE), always in UTC.

@@ -7,7 +7,7 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
-/// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438).
+/// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438; HIGHESTMODSEQ: RFC 7162).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusItem {
     Messages,
@@ -16,6 +16,33 @@ pub enum StatusItem {
     UidValidity,
     Unseen,
     Size,
+    HighestModseq,
+}
+
+/// The parameters of `SELECT`/`EXAMINE mailbox (…)` (RFC 7162 §3.1.8, §3.2.5).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SelectParams {
+    pub condstore: bool,
+    pub qresync: Option<Qresync>,
+}
+
+/// `QRESYNC (uidvalidity modseq [known-uids [(seqs uids)]])`. The sequence match
+/// data is accepted and not used: expunge tombstones answer exactly without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qresync {
+    pub uid_validity: u32,
+    pub modseq: u64,
+    pub known_uids: Option<SeqSet>,
+}
+
+/// What CONDSTORE/QRESYNC add to FETCH (RFC 7162 §3.1.4, §3.2.6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FetchModseq {
+    /// The MODSEQ data item was asked for (CHANGEDSINCE implies it).
+    pub item: bool,
+    pub changed_since: Option<u64>,
+    /// `VANISHED`: expunged UIDs of the set as `VANISHED (EARLIER)` first.
+    pub vanished: bool,
 }
 
 /// A LIST with RFC 5258 options.
@@ -38,6 +65,8 @@ pub struct ListExtended {
 /// What a search extension does with the matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SearchKind {
+    /// A plain SEARCH, here because of its MODSEQ criterion.
+    Plain,
     ESearch(Vec<ReturnOption>),
     Sort(Vec<SortKey>),
     Thread(ThreadAlgorithm),
@@ -98,6 +127,28 @@ pub enum Request<'a> {
         uid: bool,
         kind: SearchKind,
         search: Vec<u8>,
+        /// A top-level `MODSEQ n` criterion (RFC 7162 §3.1.5), replaced by `ALL`
+        /// in `search`: only messages whose modseq is at least n match.
+        modseq: Option<u64>,
+    },
+    /// SELECT/EXAMINE with CONDSTORE or QRESYNC parameters; `select` is the
+    /// command without them.
+    Select {
+        read_only: bool,
+        params: SelectParams,
+        select: Vec<u8>,
+    },
+    /// FETCH with the MODSEQ item or modifiers; `fetch` is the command without
+    /// them (an item list left empty holds `UID`).
+    Fetch {
+        modseq: FetchModseq,
+        fetch: Vec<u8>,
+    },
+    /// `STORE set (UNCHANGEDSINCE n) …`; `store` is the command without the
+    /// modifier.
+    Store {
+        unchanged_since: u64,
+        store: Vec<u8>,
     },
     /// LIST with selection or return options or several patterns (LIST-EXTENDED,
     /// RFC 5258; LIST-STATUS, RFC 5819).
@@ -198,6 +249,9 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         return Err(bad("Missing command"));
     }
     let name = tok.atom().to_ascii_uppercase();
+    if let Some(request) = parse_search_modseq(cmd, &tag) {
+        return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid SEARCH arguments"));
+    }
     match name.as_slice() {
         b"ID" => return Ok((tag, Request::Id)),
         b"NAMESPACE" => {
@@ -252,6 +306,24 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
             return parse_append(&mut tok).map(|r| (tag.clone(), r)).ok_or(bad("Invalid APPEND arguments"));
         }
         _ => {}
+    }
+    match name.as_slice() {
+        b"SELECT" | b"EXAMINE" => {
+            if let Some(request) = parse_select_params(cmd, &tag, name == b"EXAMINE") {
+                return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid SELECT parameters"));
+            }
+        }
+        b"FETCH" | b"UID" if contains_ci(cmd, b"MODSEQ") || contains_ci(cmd, b"CHANGEDSINCE") => {
+            if let Some(request) = parse_fetch_modseq(cmd, &tag) {
+                return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid FETCH modifiers"));
+            }
+        }
+        _ => {}
+    }
+    if matches!(name.as_slice(), b"STORE" | b"UID")
+        && let Some(request) = parse_store_unchanged_since(cmd, &tag)
+    {
+        return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid STORE modifiers"));
     }
     match CommandCodec::default().decode(cmd) {
         Ok((b"", command)) => Ok((tag, Request::Codec(command))),
@@ -393,17 +465,20 @@ fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
             b"UIDVALIDITY" => Some(StatusItem::UidValidity),
             b"UNSEEN" => Some(StatusItem::Unseen),
             b"SIZE" => Some(StatusItem::Size),
+            b"HIGHESTMODSEQ" => Some(StatusItem::HighestModseq),
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
     (!items.is_empty()).then_some(items)
 }
 
-/// `STATUS mailbox (… SIZE …)`: `None` without SIZE (`imap-codec` parses it).
+/// `STATUS mailbox (… SIZE …)` or with HIGHESTMODSEQ: `None` without either
+/// (`imap-codec` parses it).
 fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
     let open = cmd.iter().rposition(|&b| b == b'(')?;
     let mut tok = Tok { s: cmd, pos: open };
-    let items = status_items(&mut tok).filter(|i| i.contains(&StatusItem::Size))?;
+    let items = status_items(&mut tok)
+        .filter(|i| i.contains(&StatusItem::Size) || i.contains(&StatusItem::HighestModseq))?;
     if !tok.end() || after_name >= open {
         return Some(None);
     }
@@ -418,15 +493,7 @@ fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Opt
 /// criteria`: `None` when the command is neither, `Some(None)` when its arguments
 /// are malformed.
 fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
-    let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
-    let mut verb = tok.atom().to_ascii_uppercase();
-    let uid = verb == b"UID";
-    if uid {
-        if !tok.sp() {
-            return None;
-        }
-        verb = tok.atom().to_ascii_uppercase();
-    }
+    let (uid, verb, mut tok) = uid_verb(cmd, tag)?;
     debug_assert!(uid || tok.pos == after_name);
     enum Head {
         Sort(Vec<SortKey>),
@@ -466,7 +533,7 @@ fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Optio
         Head::Sort(keys) => SearchKind::Sort(keys),
         Head::Thread(algorithm) => SearchKind::Thread(algorithm),
     };
-    Some(Some(Request::Searching { uid, kind, search }))
+    Some(Some(Request::Searching { uid, kind, search, modseq: None }))
 }
 
 /// ` (REVERSE SUBJECT DATE)`: the SORT keys.
@@ -562,7 +629,306 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
     let mut search = cmd[..name_end].to_vec();
     search.push(b' ');
     search.extend_from_slice(&cmd[look.pos..]);
-    Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search }))
+    Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search, modseq: None }))
+}
+
+/// ASCII case-insensitive substring test (the fast check before the CONDSTORE
+/// rewrites, which most commands skip).
+fn contains_ci(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// Parses `n` (a mod-sequence value, RFC 7162: 1 to 2^63-1; `zero` allows 0).
+fn modseq_value(tok: &mut Tok<'_>, zero: bool) -> Option<u64> {
+    let a = tok.atom();
+    if a.is_empty() || !a.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(a).ok()?.parse().ok()?;
+    (n <= i64::MAX as u64 && (zero || n > 0)).then_some(n)
+}
+
+/// `SELECT mailbox (CONDSTORE)` / `(QRESYNC (…))`: `None` without parameters
+/// (`imap-codec` parses it), `Some(None)` when they are malformed.
+fn parse_select_params<'a>(cmd: &[u8], tag: &str, read_only: bool) -> Option<Option<Request<'a>>> {
+    let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
+    tok.atom();
+    if !tok.sp() {
+        return None;
+    }
+    tok.astring()?;
+    let mailbox_end = tok.pos;
+    if !tok.sp() || tok.peek() != Some(b'(') {
+        return None;
+    }
+    let mut params = SelectParams::default();
+    let parsed = paren_list(&mut tok, |t| {
+        match t.atom().to_ascii_uppercase().as_slice() {
+            b"CONDSTORE" if !params.condstore => params.condstore = true,
+            b"QRESYNC" if params.qresync.is_none() && t.sp() && t.peek() == Some(b'(') => {
+                t.pos += 1;
+                let uid_validity = u32::try_from(modseq_value(t, false)?).ok()?;
+                if !t.sp() {
+                    return None;
+                }
+                let modseq = modseq_value(t, false)?;
+                let mut known_uids = None;
+                if t.sp() {
+                    if t.peek() != Some(b'(') {
+                        known_uids = Some(SeqSet::parse(t.atom())?);
+                        t.sp();
+                    }
+                    // (known-sequence-set known-uid-set): checked, not used.
+                    if t.peek() == Some(b'(') {
+                        t.pos += 1;
+                        SeqSet::parse(t.atom())?;
+                        if !t.sp() {
+                            return None;
+                        }
+                        SeqSet::parse(t.atom())?;
+                        (t.peek() == Some(b')')).then_some(())?;
+                        t.pos += 1;
+                    }
+                }
+                (t.peek() == Some(b')')).then_some(())?;
+                t.pos += 1;
+                params.qresync = Some(Qresync { uid_validity, modseq, known_uids });
+            }
+            _ => return None,
+        }
+        Some(())
+    });
+    if parsed.is_none_or(|p| p.is_empty()) || !tok.end() {
+        return Some(None);
+    }
+    let mut select = cmd[..mailbox_end].to_vec();
+    select.extend_from_slice(b"\r\n");
+    Some(Some(Request::Select { read_only, params, select }))
+}
+
+/// Where the quoted string opening at `open` ends (its closing quote, or the end
+/// of `s`), escapes skipped.
+fn closing_quote(s: &[u8], open: usize) -> usize {
+    let mut pos = open + 1;
+    while pos < s.len() && s[pos] != b'"' {
+        pos += if s[pos] == b'\\' { 2 } else { 1 };
+    }
+    pos
+}
+
+/// The end of a FETCH item (or macro) starting at `pos`: brackets and
+/// parentheses nest (`BODY[HEADER.FIELDS (A B)]`), quoted strings are skipped.
+fn item_end(s: &[u8], mut pos: usize) -> usize {
+    let mut depth = 0i32;
+    while pos < s.len() {
+        match s[pos] {
+            b'"' => pos = closing_quote(s, pos),
+            b'[' | b'(' => depth += 1,
+            b']' | b')' if depth > 0 => depth -= 1,
+            b' ' | b'\r' | b'\n' | b')' if depth == 0 => return pos,
+            _ => {}
+        }
+        pos += 1;
+    }
+    pos
+}
+
+/// `[UID] VERB set`: whether it is a UID command, and a cursor right after the
+/// set. `None` for another verb.
+fn after_set<'a>(cmd: &'a [u8], tag: &str, verb: &[u8]) -> Option<(bool, Tok<'a>)> {
+    let (uid, word, mut tok) = uid_verb(cmd, tag)?;
+    if word != verb || !tok.sp() {
+        return None;
+    }
+    tok.atom();
+    Some((uid, tok))
+}
+
+/// `[UID] VERB`: whether it is a UID command, the verb upper-cased, and a cursor
+/// right after it. `None` for a lone `UID`.
+fn uid_verb<'a>(cmd: &'a [u8], tag: &str) -> Option<(bool, Vec<u8>, Tok<'a>)> {
+    let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
+    let mut verb = tok.atom().to_ascii_uppercase();
+    let uid = verb == b"UID";
+    if uid {
+        if !tok.sp() {
+            return None;
+        }
+        verb = tok.atom().to_ascii_uppercase();
+    }
+    Some((uid, verb, tok))
+}
+
+/// `[UID] FETCH set items [(CHANGEDSINCE n [VANISHED])]` with the MODSEQ item or
+/// modifiers: `None` when it has neither, `Some(None)` when malformed.
+fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
+    let (uid, mut tok) = after_set(cmd, tag, b"FETCH")?;
+    let set_end = tok.pos;
+    if !tok.sp() {
+        return None;
+    }
+    // The items: kept, except MODSEQ.
+    let mut modseq = FetchModseq::default();
+    let mut items: Vec<&[u8]> = Vec::new();
+    let list = tok.peek() == Some(b'(');
+    let mut p = tok.pos + usize::from(list);
+    loop {
+        let end = item_end(cmd, p);
+        if end == p {
+            return Some(None);
+        }
+        let item = &cmd[p..end];
+        if item.eq_ignore_ascii_case(b"MODSEQ") {
+            modseq.item = true;
+        } else {
+            items.push(item);
+        }
+        p = end;
+        match cmd.get(p) {
+            Some(b' ') if list => p += 1,
+            Some(b')') if list => {
+                p += 1;
+                break;
+            }
+            _ if !list => break,
+            _ => return Some(None),
+        }
+    }
+    let mut tok = Tok { s: cmd, pos: p };
+    if tok.sp() {
+        let parsed = paren_list(&mut tok, |t| {
+            match t.atom().to_ascii_uppercase().as_slice() {
+                b"CHANGEDSINCE" if modseq.changed_since.is_none() && t.sp() => {
+                    modseq.changed_since = Some(modseq_value(t, true)?)
+                }
+                b"VANISHED" if !modseq.vanished => modseq.vanished = true,
+                _ => return None,
+            }
+            Some(())
+        });
+        if parsed.is_none_or(|p| p.is_empty()) {
+            return Some(None);
+        }
+    }
+    if !tok.end() {
+        return Some(None);
+    }
+    if !modseq.item && modseq.changed_since.is_none() && !modseq.vanished {
+        return None;
+    }
+    // VANISHED: UID FETCH with CHANGEDSINCE only (RFC 7162 §3.2.6).
+    if modseq.vanished && (!uid || modseq.changed_since.is_none()) {
+        return Some(None);
+    }
+    modseq.item |= modseq.changed_since.is_some();
+    let mut fetch = cmd[..set_end].to_vec();
+    fetch.push(b' ');
+    if items.is_empty() {
+        fetch.extend_from_slice(b"UID");
+    } else {
+        fetch.push(b'(');
+        fetch.extend_from_slice(&items.join(&b' '));
+        fetch.push(b')');
+    }
+    fetch.extend_from_slice(b"\r\n");
+    Some(Some(Request::Fetch { modseq, fetch }))
+}
+
+/// `[UID] STORE set (UNCHANGEDSINCE n) …`: `None` without modifiers,
+/// `Some(None)` when they are malformed.
+fn parse_store_unchanged_since<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
+    let (_, mut tok) = after_set(cmd, tag, b"STORE")?;
+    let set_end = tok.pos;
+    if !tok.sp() || tok.peek() != Some(b'(') {
+        return None;
+    }
+    let mut unchanged_since = None;
+    let parsed = paren_list(&mut tok, |t| {
+        match t.atom().to_ascii_uppercase().as_slice() {
+            b"UNCHANGEDSINCE" if unchanged_since.is_none() && t.sp() => {
+                unchanged_since = Some(modseq_value(t, true)?)
+            }
+            _ => return None,
+        }
+        Some(())
+    });
+    let (Some(_), Some(unchanged_since)) = (parsed, unchanged_since) else { return Some(None) };
+    if tok.peek() != Some(b' ') {
+        return Some(None);
+    }
+    let mut store = cmd[..set_end].to_vec();
+    store.extend_from_slice(&cmd[tok.pos..]);
+    Some(Some(Request::Store { unchanged_since, store }))
+}
+
+/// `[UID] SEARCH …` with a top-level MODSEQ criterion (ESEARCH's RETURN clause
+/// included): `None` when it has none.
+fn parse_search_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
+    let (uid, verb, _) = uid_verb(cmd, tag)?;
+    if verb != b"SEARCH" || !contains_ci(cmd, b"MODSEQ") {
+        return None;
+    }
+    let (modseq, search) = take_modseq_criterion(cmd, tag)?;
+    let after_name = tag.len() + 1 + if uid { 3 } else { 6 };
+    Some(match parse_esearch(&search, tag, after_name) {
+        Some(Some(Request::Searching { uid, kind, search, .. })) => {
+            Some(Request::Searching { uid, kind, search, modseq: Some(modseq) })
+        }
+        Some(_) => None,
+        None => Some(Request::Searching { uid, kind: SearchKind::Plain, search, modseq: Some(modseq) }),
+    })
+}
+
+/// A top-level `MODSEQ [entry-name entry-type] n` search criterion (RFC 7162
+/// §3.1.5), replaced by `ALL`: the value and the command without it. One
+/// modseq is kept per message, so the entry (a flag's own modseq) is accepted
+/// and answered with the message's. Inside OR, NOT or parentheses it is not
+/// recognised (the command is then refused as invalid).
+fn take_modseq_criterion(cmd: &[u8], tag: &str) -> Option<(u64, Vec<u8>)> {
+    let mut depth = 0i32;
+    let mut i = tag.len() + 1;
+    while i < cmd.len() {
+        match cmd[i] {
+            b'"' => i = closing_quote(cmd, i),
+            b'{' => {
+                let mut t = Tok { s: cmd, pos: i };
+                match t.literal() {
+                    Some(_) => {
+                        i = t.pos;
+                        continue;
+                    }
+                    None => return None,
+                }
+            }
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b' ' if depth == 0
+                && cmd[i + 1..].len() > 7
+                && cmd[i + 1..i + 7].eq_ignore_ascii_case(b"MODSEQ")
+                && cmd[i + 7] == b' ' =>
+            {
+                let mut t = Tok { s: cmd, pos: i + 8 };
+                if t.peek() == Some(b'"') {
+                    t.quoted()?;
+                    if !t.sp() {
+                        return None;
+                    }
+                    let kind = t.atom().to_ascii_uppercase();
+                    if !matches!(kind.as_slice(), b"PRIV" | b"SHARED" | b"ALL") || !t.sp() {
+                        return None;
+                    }
+                }
+                let n = modseq_value(&mut t, true)?;
+                let mut out = cmd[..i + 1].to_vec();
+                out.extend_from_slice(b"ALL");
+                out.extend_from_slice(&cmd[t.pos..]);
+                return Some((n, out));
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
@@ -799,6 +1165,86 @@ mod tests {
             Some(ParseError { tag: "a3".into(), text: "Unknown command or invalid arguments" })
         );
         assert_eq!(parse(b"\r\n").err().map(|e| e.tag), Some("*".into()));
+    }
+
+    #[test]
+    fn condstore_and_qresync_syntax() {
+        let select = |cmd: &[u8]| match parse(cmd) {
+            Ok((_, Request::Select { read_only, params, select })) => Some((read_only, params, select)),
+            _ => None,
+        };
+        assert!(matches!(parse(b"a SELECT INBOX\r\n"), Ok((_, Request::Codec(_)))));
+        let (ro, p, rest) = select(b"a EXAMINE \"My Box\" (CONDSTORE)\r\n").expect("condstore");
+        assert!(ro && p.condstore && p.qresync.is_none());
+        assert_eq!(rest, b"a EXAMINE \"My Box\"\r\n");
+        let (_, p, _) = select(b"a SELECT INBOX (QRESYNC (67890007 90060115194045000 41:211,214:541))\r\n")
+            .expect("qresync");
+        let q = p.qresync.expect("qresync");
+        assert_eq!((q.uid_validity, q.modseq), (67890007, 90060115194045000));
+        assert_eq!(q.known_uids, Some(SeqSet(vec![(41, 211), (214, 541)])));
+        let (_, p, _) =
+            select(b"a SELECT INBOX (QRESYNC (1 2 1:9 (1:3 4:6)))\r\n").expect("with a sequence match");
+        assert_eq!(p.qresync.map(|q| q.modseq), Some(2));
+        for bad in [
+            &b"a SELECT INBOX (QRESYNC (0 5))\r\n"[..],
+            b"a SELECT INBOX (QRESYNC (1))\r\n",
+            b"a SELECT INBOX (FROB)\r\n",
+            b"a SELECT INBOX ()\r\n",
+            b"a SELECT INBOX (CONDSTORE) x\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+
+        let fetch = |cmd: &[u8]| match parse(cmd) {
+            Ok((_, Request::Fetch { modseq, fetch })) => Some((modseq, String::from_utf8(fetch).unwrap())),
+            _ => None,
+        };
+        let (m, f) = fetch(b"a UID FETCH 1:* (FLAGS MODSEQ BODY.PEEK[HEADER.FIELDS (MODSEQ)])\r\n").unwrap();
+        assert!(m.item && m.changed_since.is_none());
+        assert_eq!(f, "a UID FETCH 1:* (FLAGS BODY.PEEK[HEADER.FIELDS (MODSEQ)])\r\n");
+        let (m, f) = fetch(b"a UID FETCH 300:500 (FLAGS) (CHANGEDSINCE 12345 VANISHED)\r\n").unwrap();
+        assert_eq!((m.item, m.changed_since, m.vanished), (true, Some(12345), true));
+        assert_eq!(f, "a UID FETCH 300:500 (FLAGS)\r\n");
+        let (_, f) = fetch(b"a FETCH 2 MODSEQ\r\n").unwrap();
+        assert_eq!(f, "a FETCH 2 UID\r\n");
+        assert!(matches!(parse(b"a FETCH 1 BODY[HEADER.FIELDS (X-MODSEQ)]\r\n"), Ok((_, Request::Codec(_)))));
+        assert!(
+            parse(b"a FETCH 1 (FLAGS) (CHANGEDSINCE 5 VANISHED)\r\n").is_err(),
+            "VANISHED is UID FETCH only"
+        );
+        assert!(parse(b"a UID FETCH 1 (FLAGS) (VANISHED)\r\n").is_err(), "VANISHED needs CHANGEDSINCE");
+        assert!(parse(b"a FETCH 1 (FLAGS) (CHANGEDSINCE 99999999999999999999)\r\n").is_err());
+
+        match parse(b"a UID STORE 7,5,9 (UNCHANGEDSINCE 320162338) +FLAGS.SILENT (\\Deleted)\r\n") {
+            Ok((_, Request::Store { unchanged_since, store })) => {
+                assert_eq!(unchanged_since, 320162338);
+                assert_eq!(store, b"a UID STORE 7,5,9 +FLAGS.SILENT (\\Deleted)\r\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse(b"a STORE 1 +FLAGS (\\Seen)\r\n"), Ok((_, Request::Codec(_)))));
+        assert!(parse(b"a STORE 1 (UNCHANGEDSINCE x) +FLAGS (\\Seen)\r\n").is_err());
+
+        match parse(b"a UID SEARCH MODSEQ \"/flags/\\\\draft\" all 620162338 UNSEEN\r\n") {
+            Ok((
+                _,
+                Request::Searching { uid: true, kind: SearchKind::Plain, search, modseq: Some(620162338) },
+            )) => {
+                assert_eq!(search, b"a UID SEARCH ALL UNSEEN\r\n")
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(b"a SEARCH RETURN (MIN) MODSEQ 5\r\n") {
+            Ok((_, Request::Searching { kind: SearchKind::ESearch(o), modseq: Some(5), .. })) => {
+                assert_eq!(o, vec![ReturnOption::Min])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
+        let (_, status) = parse(b"a STATUS INBOX (HIGHESTMODSEQ UIDNEXT)\r\n").expect("status");
+        assert!(
+            matches!(status, Request::Status { items, .. } if items == [StatusItem::HighestModseq, StatusItem::UidNext])
+        );
     }
 
     #[test]

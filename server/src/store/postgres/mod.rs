@@ -1502,7 +1502,7 @@ impl Store for PgStore {
         let changed = if passed.is_empty() {
             Vec::new()
         } else {
-            store_flags_on(&mut *tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
+            store_flags_on(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
         };
         tx.commit().await.map_err(db_err)?;
         Ok(ConditionalStore { changed, modified })
