@@ -713,7 +713,7 @@ fn closing_quote(s: &[u8], open: usize) -> usize {
     while pos < s.len() && s[pos] != b'"' {
         pos += if s[pos] == b'\\' { 2 } else { 1 };
     }
-    pos
+    pos.min(s.len())
 }
 
 /// The end of a FETCH item (or macro) starting at `pos`: brackets and
@@ -730,7 +730,8 @@ fn item_end(s: &[u8], mut pos: usize) -> usize {
         }
         pos += 1;
     }
-    pos
+    // An unterminated quoted string runs to the end, not past it.
+    pos.min(s.len())
 }
 
 /// `[UID] VERB set`: whether it is a UID command, and a cursor right after the
@@ -1214,6 +1215,8 @@ mod tests {
         );
         assert!(parse(b"a UID FETCH 1 (FLAGS) (VANISHED)\r\n").is_err(), "VANISHED needs CHANGEDSINCE");
         assert!(parse(b"a FETCH 1 (FLAGS) (CHANGEDSINCE 99999999999999999999)\r\n").is_err());
+        // Found by the fuzzer: an unterminated quoted string in the item list.
+        assert!(parse(b"a UID FETCH 1 (FLAGS MODSEQ\"BODY.PEEK[HEADER])\r\n").is_err());
 
         match parse(b"a UID STORE 7,5,9 (UNCHANGEDSINCE 320162338) +FLAGS.SILENT (\\Deleted)\r\n") {
             Ok((_, Request::Store { unchanged_since, store })) => {
