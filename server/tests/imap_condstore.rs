@@ -95,6 +95,13 @@ async fn condstore_fetch_store_and_search() {
     assert_eq!(r[0], "* SEARCH");
     let r = c.cmd("a10", &format!("SEARCH RETURN (COUNT) MODSEQ {x}")).await;
     assert_eq!(r[0], format!("* ESEARCH (TAG \"a10\") COUNT 1 MODSEQ {x}"));
+    // Nested, as in the RFC's example (`OR NOT MODSEQ n LARGER 50000`): messages
+    // 1, 3 and 4 were not changed at or after x, none is larger than 50,000.
+    let r = c.cmd("a11", &format!("SEARCH OR NOT MODSEQ {x} LARGER 50000")).await;
+    assert_eq!(r[0], format!("* SEARCH 1 3 4 (MODSEQ {})", number_after(&r, "MODSEQ").unwrap_or(0)));
+    assert!(number_after(&r, "MODSEQ").is_some_and(|m| m < x), "{r:?}");
+    let r = c.cmd("a13", &format!("SEARCH (MODSEQ {} SEEN)", x + 100)).await;
+    assert_eq!(r[0], "* SEARCH", "no message changed after x: {r:?}");
 
     // Conditional STORE, the RFC's example: message 2 changed after h, so it is
     // left alone and named in MODIFIED; the others change and tell their modseq.
@@ -125,7 +132,9 @@ async fn condstore_fetch_store_and_search() {
     let r = c.cmd("c2", "STATUS INBOX (HIGHESTMODSEQ MESSAGES)").await;
     assert_eq!(r[0], format!("* STATUS \"INBOX\" (HIGHESTMODSEQ {newest} MESSAGES 4)"));
     let r = c.cmd("c3", "FETCH 4 MODSEQ").await;
-    assert!(r[0].starts_with("* 4 FETCH (") && r[0].ends_with(&format!("MODSEQ ({newest}))")), "{r:?}");
+    assert_eq!(r[0], format!("* 4 FETCH (MODSEQ ({newest}))"));
+    let r = c.cmd("c3u", "UID FETCH 1:* (MODSEQ)").await;
+    assert!(r[3].starts_with("* 4 FETCH (UID ") && r[3].ends_with(&format!(" MODSEQ ({newest}))")), "{r:?}");
     let r = c.cmd("c4", "UID FETCH 1:* (UID BODY.PEEK[HEADER.FIELDS (SUBJECT)] MODSEQ)").await;
     assert_eq!(fetches(&r).len(), 4, "{r:?}");
     assert!(r.iter().any(|l| l.contains("MODSEQ (")), "{r:?}");

@@ -42,6 +42,9 @@ impl Session {
             MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(static_item).collect(),
             MacroOrMessageDataItemNames::MessageDataItemNames(v) => v,
         };
+        if modseq.only_modseq && !uid {
+            items.clear();
+        }
         if uid && !items.contains(&MessageDataItemName::Uid) {
             items.insert(0, MessageDataItemName::Uid);
         }
@@ -266,7 +269,8 @@ impl Session {
                             }
                         }
                         if modseq.item {
-                            let _ = write!(lines, " MODSEQ ({})", sel.modseqs[pos]);
+                            let sep = if items.is_empty() { "" } else { " " };
+                            let _ = write!(lines, "{sep}MODSEQ ({})", sel.modseqs[pos]);
                         }
                         lines.push_str(")\r\n");
                     }
@@ -400,7 +404,8 @@ fn fetch_line(
         let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
     }
     if let Some(modseq) = m.modseq {
-        let _ = write!(Bytes(out), " MODSEQ ({modseq})");
+        let sep = if items.is_empty() && !flags_sent && !seen_set { "" } else { " " };
+        let _ = write!(Bytes(out), "{sep}MODSEQ ({modseq})");
     }
     out.extend_from_slice(b")\r\n");
 }

@@ -225,20 +225,16 @@ impl Session {
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         uid: bool,
-        modseq: Option<u64>,
     ) -> Outcome {
-        let mut hits = match self.search_hits(charset, criteria, uid).await {
+        let hits = match self.search_hits(charset, criteria, uid).await {
             Ok(hits) => hits,
             Err(o) => return o,
         };
+        let search_modseq = self.search_modseq;
         let Some(sel) = self.selected.as_mut() else { return Outcome::bad("No mailbox selected") };
-        // MODSEQ n (RFC 7162 §3.1.5): messages changed at or after n; the answer
-        // names the highest modseq among them.
-        let mut highest = None;
-        if let Some(n) = modseq {
-            hits.retain(|&u| sel.modseq_of(u).is_some_and(|m| m >= n));
-            highest = hits.iter().filter_map(|&u| sel.modseq_of(u)).max();
-        }
+        // With MODSEQ criteria (RFC 7162 §3.1.5) the answer names the highest
+        // modseq among the matches.
+        let highest = if search_modseq { hits.iter().filter_map(|&u| sel.modseq_of(u)).max() } else { None };
         let numbers: Vec<u32> =
             if uid { hits.clone() } else { hits.iter().filter_map(|&u| sel.seq_of(u)).collect() };
         if let Some((_, options)) = esearch

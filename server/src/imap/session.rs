@@ -78,6 +78,9 @@ pub struct Session {
     pub(crate) condstore: bool,
     /// QRESYNC is enabled (RFC 7162 §3.2): expunges are told as VANISHED.
     pub(crate) qresync: bool,
+    /// The command being run had MODSEQ search criteria: its SEARCH answer names
+    /// the highest modseq found (RFC 7162 §3.1.5).
+    pub(crate) search_modseq: bool,
     rate_window: Instant,
     rate_count: u32,
 }
@@ -107,6 +110,7 @@ impl Session {
             user_slot: None,
             condstore: false,
             qresync: false,
+            search_modseq: false,
             rate_window: Instant::now(),
             rate_count: 0,
         }
@@ -236,6 +240,15 @@ impl Session {
                 return Ok(true);
             }
         };
+        let with_modseqs;
+        let cmd = match self.with_modseq_criteria(cmd).await {
+            Some(c) => {
+                with_modseqs = c;
+                self.search_modseq = true;
+                with_modseqs.as_slice()
+            }
+            None => cmd,
+        };
         let (tag, request) = match parse::parse(cmd) {
             Ok(v) => v,
             Err(e) => {
@@ -326,36 +339,30 @@ impl Session {
                     _ => Outcome::bad("Invalid STORE arguments"),
                 },
             },
-            Request::Searching { kind, search, modseq, .. } => {
-                match (self.require_selected(), search_of(&search)) {
-                    (Some(o), _) => o,
-                    (None, None) => Outcome::bad("Invalid search criteria"),
-                    (None, Some((charset, criteria, uid))) => {
-                        let charset = charset.as_ref();
-                        if modseq.is_some() {
-                            self.condstore = true;
+            Request::Searching { kind, search, .. } => match (self.require_selected(), search_of(&search)) {
+                (Some(o), _) => o,
+                (None, None) => Outcome::bad("Invalid search criteria"),
+                (None, Some((charset, criteria, uid))) => {
+                    let charset = charset.as_ref();
+                    match &kind {
+                        SearchKind::ESearch(options) => {
+                            self.cmd_search(Some((&tag, options)), charset, &criteria, uid).await
                         }
-                        match &kind {
-                            SearchKind::Plain => self.cmd_search(None, charset, &criteria, uid, modseq).await,
-                            SearchKind::ESearch(options) => {
-                                self.cmd_search(Some((&tag, options)), charset, &criteria, uid, modseq).await
-                            }
-                            SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await
-                            {
-                                Ok(rows) => self.cmd_sort(keys, rows, uid),
+                        SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await {
+                            Ok(rows) => self.cmd_sort(keys, rows, uid),
+                            Err(o) => o,
+                        },
+                        SearchKind::Thread(algorithm) => {
+                            match self.matching_rows(charset, &criteria, uid).await {
+                                Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
                                 Err(o) => o,
-                            },
-                            SearchKind::Thread(algorithm) => {
-                                match self.matching_rows(charset, &criteria, uid).await {
-                                    Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
-                                    Err(o) => o,
-                                }
                             }
                         }
                     }
                 }
-            }
+            },
         };
+        self.search_modseq = false;
         let (result, keep) = match outcome {
             Outcome::Ok(text) => {
                 self.push(&format!("{tag} OK {text}"));
@@ -423,6 +430,43 @@ impl Session {
         }
         out.extend_from_slice(&cmd[last..]);
         Ok(Some(out))
+    }
+
+    /// MODSEQ search criteria (RFC 7162 §3.1.5) replaced by the UIDs they match,
+    /// from each message's modseq in the session's map: nested in OR or NOT
+    /// (`OR NOT MODSEQ n LARGER 5`) as well as alone, with one search grammar.
+    /// `None`: no MODSEQ criterion, or nothing selected (the command then fails
+    /// as usual).
+    async fn with_modseq_criteria(&mut self, cmd: &[u8]) -> Option<Vec<u8>> {
+        let criteria = parse::modseq_criteria(cmd);
+        if criteria.is_empty() || self.selected.is_none() {
+            return None;
+        }
+        // Current first, without announcing EXPUNGE (the search syncs again and
+        // reports a store error if there is one).
+        let _ = self.sync(false).await;
+        self.condstore = true;
+        let sel = self.selected.as_ref()?;
+        let mut out = Vec::with_capacity(cmd.len());
+        let mut last = 0;
+        for (range, n) in criteria {
+            let uids: Vec<u32> = sel
+                .uids
+                .iter()
+                .zip(&sel.modseqs)
+                .filter(|&(u, &m)| m >= n && !sel.pending_expunge.contains(u))
+                .map(|(&u, _)| u)
+                .collect();
+            out.extend_from_slice(&cmd[last..range.start]);
+            if uids.is_empty() {
+                out.extend_from_slice(b"NOT ALL");
+            } else {
+                out.extend_from_slice(format!("UID {}", encode::sequence_set(&uids)).as_bytes());
+            }
+            last = range.end;
+        }
+        out.extend_from_slice(&cmd[last..]);
+        Some(out)
     }
 
     fn count(&self, command: &str, result: &str, took: Duration) {
@@ -529,7 +573,7 @@ impl Session {
             C::Close => self.cmd_close(true).await,
             C::Expunge => self.cmd_expunge(None).await,
             C::Search { charset, criteria, uid } => {
-                self.cmd_search(None, charset.as_ref(), &criteria, uid, None).await
+                self.cmd_search(None, charset.as_ref(), &criteria, uid).await
             }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
                 self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default()).await
@@ -579,8 +623,6 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::Store { store, .. } if fetch_is_uid(store) => "UID STORE",
         Request::Store { .. } => "STORE",
         Request::Searching { uid, kind, .. } => match (kind, uid) {
-            (SearchKind::Plain, true) => "UID SEARCH",
-            (SearchKind::Plain, false) => "SEARCH",
             (SearchKind::ESearch(_), true) => "UID SEARCH",
             (SearchKind::ESearch(_), false) => "SEARCH",
             (SearchKind::Sort(_), true) => "UID SORT",

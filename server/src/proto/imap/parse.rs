@@ -43,6 +43,9 @@ pub struct FetchModseq {
     pub changed_since: Option<u64>,
     /// `VANISHED`: expunged UIDs of the set as `VANISHED (EARLIER)` first.
     pub vanished: bool,
+    /// MODSEQ was the only item: the `UID` standing in for it in the rewritten
+    /// command is not part of the answer (UID FETCH sends UID anyway).
+    pub only_modseq: bool,
 }
 
 /// A LIST with RFC 5258 options.
@@ -65,8 +68,6 @@ pub struct ListExtended {
 /// What a search extension does with the matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SearchKind {
-    /// A plain SEARCH, here because of its MODSEQ criterion.
-    Plain,
     ESearch(Vec<ReturnOption>),
     Sort(Vec<SortKey>),
     Thread(ThreadAlgorithm),
@@ -127,9 +128,6 @@ pub enum Request<'a> {
         uid: bool,
         kind: SearchKind,
         search: Vec<u8>,
-        /// A top-level `MODSEQ n` criterion (RFC 7162 §3.1.5), replaced by `ALL`
-        /// in `search`: only messages whose modseq is at least n match.
-        modseq: Option<u64>,
     },
     /// SELECT/EXAMINE with CONDSTORE or QRESYNC parameters; `select` is the
     /// command without them.
@@ -249,9 +247,6 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         return Err(bad("Missing command"));
     }
     let name = tok.atom().to_ascii_uppercase();
-    if let Some(request) = parse_search_modseq(cmd, &tag) {
-        return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid SEARCH arguments"));
-    }
     match name.as_slice() {
         b"ID" => return Ok((tag, Request::Id)),
         b"NAMESPACE" => {
@@ -533,7 +528,7 @@ fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Optio
         Head::Sort(keys) => SearchKind::Sort(keys),
         Head::Thread(algorithm) => SearchKind::Thread(algorithm),
     };
-    Some(Some(Request::Searching { uid, kind, search, modseq: None }))
+    Some(Some(Request::Searching { uid, kind, search }))
 }
 
 /// ` (REVERSE SUBJECT DATE)`: the SORT keys.
@@ -629,7 +624,7 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
     let mut search = cmd[..name_end].to_vec();
     search.push(b' ');
     search.extend_from_slice(&cmd[look.pos..]);
-    Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search, modseq: None }))
+    Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search }))
 }
 
 /// ASCII case-insensitive substring test (the fast check before the CONDSTORE
@@ -825,6 +820,7 @@ fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> 
     let mut fetch = cmd[..set_end].to_vec();
     fetch.push(b' ');
     if items.is_empty() {
+        modseq.only_modseq = true;
         fetch.extend_from_slice(b"UID");
     } else {
         fetch.push(b'(');
@@ -862,74 +858,60 @@ fn parse_store_unchanged_since<'a>(cmd: &[u8], tag: &str) -> Option<Option<Reque
     Some(Some(Request::Store { unchanged_since, store }))
 }
 
-/// `[UID] SEARCH …` with a top-level MODSEQ criterion (ESEARCH's RETURN clause
-/// included): `None` when it has none.
-fn parse_search_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
-    let (uid, verb, _) = uid_verb(cmd, tag)?;
-    if verb != b"SEARCH" || !contains_ci(cmd, b"MODSEQ") {
-        return None;
+/// Every `MODSEQ [entry-name entry-type] n` search criterion (RFC 7162 §3.1.5) of
+/// a `[UID] SEARCH`, `SORT` or `THREAD` command, at any depth (`OR NOT MODSEQ n
+/// LARGER 5`): the byte range of each and its value. The session replaces each
+/// with the UIDs it matches (it keeps every message's modseq), so the criteria
+/// keep one grammar. One modseq is kept per message, so an entry (a flag's own
+/// modseq) is accepted and answered with the message's. Empty for other
+/// commands, and when a MODSEQ is malformed (the command then fails to parse).
+pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
+    let mut out = Vec::new();
+    if !contains_ci(cmd, b"MODSEQ") {
+        return out;
     }
-    let (modseq, search) = take_modseq_criterion(cmd, tag)?;
-    let after_name = tag.len() + 1 + if uid { 3 } else { 6 };
-    Some(match parse_esearch(&search, tag, after_name) {
-        Some(Some(Request::Searching { uid, kind, search, .. })) => {
-            Some(Request::Searching { uid, kind, search, modseq: Some(modseq) })
-        }
-        Some(_) => None,
-        None => Some(Request::Searching { uid, kind: SearchKind::Plain, search, modseq: Some(modseq) }),
-    })
-}
-
-/// A top-level `MODSEQ [entry-name entry-type] n` search criterion (RFC 7162
-/// §3.1.5), replaced by `ALL`: the value and the command without it. One
-/// modseq is kept per message, so the entry (a flag's own modseq) is accepted
-/// and answered with the message's. Inside OR, NOT or parentheses it is not
-/// recognised (the command is then refused as invalid).
-fn take_modseq_criterion(cmd: &[u8], tag: &str) -> Option<(u64, Vec<u8>)> {
-    let mut depth = 0i32;
+    let tag = super::reader::tag_of(cmd);
+    let Some((_, verb, _)) = uid_verb(cmd, &tag) else { return out };
+    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") {
+        return out;
+    }
     let mut i = tag.len() + 1;
     while i < cmd.len() {
         match cmd[i] {
             b'"' => i = closing_quote(cmd, i),
             b'{' => {
                 let mut t = Tok { s: cmd, pos: i };
-                match t.literal() {
-                    Some(_) => {
-                        i = t.pos;
-                        continue;
-                    }
-                    None => return None,
+                if t.literal().is_none() {
+                    return Vec::new();
                 }
+                i = t.pos;
+                continue;
             }
-            b'(' => depth += 1,
-            b')' => depth -= 1,
-            b' ' if depth == 0
-                && cmd[i + 1..].len() > 7
-                && cmd[i + 1..i + 7].eq_ignore_ascii_case(b"MODSEQ")
-                && cmd[i + 7] == b' ' =>
+            b' ' | b'('
+                if cmd
+                    .get(i + 1..i + 8)
+                    .is_some_and(|w| w[..6].eq_ignore_ascii_case(b"MODSEQ") && w[6] == b' ') =>
             {
                 let mut t = Tok { s: cmd, pos: i + 8 };
                 if t.peek() == Some(b'"') {
-                    t.quoted()?;
-                    if !t.sp() {
-                        return None;
+                    if t.quoted().is_none() || !t.sp() {
+                        return Vec::new();
                     }
                     let kind = t.atom().to_ascii_uppercase();
                     if !matches!(kind.as_slice(), b"PRIV" | b"SHARED" | b"ALL") || !t.sp() {
-                        return None;
+                        return Vec::new();
                     }
                 }
-                let n = modseq_value(&mut t, true)?;
-                let mut out = cmd[..i + 1].to_vec();
-                out.extend_from_slice(b"ALL");
-                out.extend_from_slice(&cmd[t.pos..]);
-                return Some((n, out));
+                let Some(n) = modseq_value(&mut t, true) else { return Vec::new() };
+                out.push((i + 1..t.pos, n));
+                i = t.pos;
+                continue;
             }
             _ => {}
         }
         i += 1;
     }
-    None
+    out
 }
 
 fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
@@ -1228,21 +1210,25 @@ mod tests {
         assert!(matches!(parse(b"a STORE 1 +FLAGS (\\Seen)\r\n"), Ok((_, Request::Codec(_)))));
         assert!(parse(b"a STORE 1 (UNCHANGEDSINCE x) +FLAGS (\\Seen)\r\n").is_err());
 
-        match parse(b"a UID SEARCH MODSEQ \"/flags/\\\\draft\" all 620162338 UNSEEN\r\n") {
-            Ok((
-                _,
-                Request::Searching { uid: true, kind: SearchKind::Plain, search, modseq: Some(620162338) },
-            )) => {
-                assert_eq!(search, b"a UID SEARCH ALL UNSEEN\r\n")
-            }
-            other => panic!("{other:?}"),
-        }
-        match parse(b"a SEARCH RETURN (MIN) MODSEQ 5\r\n") {
-            Ok((_, Request::Searching { kind: SearchKind::ESearch(o), modseq: Some(5), .. })) => {
-                assert_eq!(o, vec![ReturnOption::Min])
-            }
-            other => panic!("{other:?}"),
-        }
+        let found = |cmd: &[u8]| {
+            modseq_criteria(cmd)
+                .into_iter()
+                .map(|(r, n)| (String::from_utf8_lossy(&cmd[r]).into_owned(), n))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            found(b"a UID SEARCH MODSEQ \"/flags/\\\\draft\" all 620162338 UNSEEN\r\n"),
+            [("MODSEQ \"/flags/\\\\draft\" all 620162338".to_string(), 620162338)]
+        );
+        assert_eq!(
+            found(b"t SEARCH OR NOT MODSEQ 720162338 LARGER 50000 (MODSEQ 5)\r\n"),
+            [("MODSEQ 720162338".to_string(), 720162338), ("MODSEQ 5".to_string(), 5)]
+        );
+        assert_eq!(found(b"a SEARCH RETURN (MIN) MODSEQ 5\r\n").len(), 1);
+        assert!(found(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n").is_empty());
+        assert!(found(b"a SEARCH BODY {8}\r\nMODSEQ 5\r\n").is_empty());
+        assert!(found(b"a FETCH 1 (MODSEQ)\r\n").is_empty());
+        assert!(found(b"a SEARCH MODSEQ x\r\n").is_empty());
         assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
         let (_, status) = parse(b"a STATUS INBOX (HIGHESTMODSEQ UIDNEXT)\r\n").expect("status");
         assert!(
