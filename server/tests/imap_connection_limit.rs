@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Client, account, app_configured, connect, login};
+use common::{Client, account, app_configured, connect, login, sqlite_store};
 use mailcluster_server::app::App;
 use mailcluster_server::cache::{self, Cache};
 use mailcluster_server::imap::limit::lease_key;
@@ -114,21 +114,21 @@ async fn limit_holds_across(a: App, b: App) {
 #[tokio::test]
 async fn two_pods_sharing_redis_enforce_one_limit() {
     let (ca, cb, _cleanup) = redis_pods().await;
-    let store: Arc<dyn Store> = Arc::new(common::mem::MemStore::default());
+    let (store, _dir) = sqlite_store().await;
     limit_holds_across(pod(&store, ca, 2, 300), pod(&store, cb, 2, 300)).await;
 }
 
 #[tokio::test]
 async fn two_apps_sharing_the_in_process_cache_enforce_one_limit() {
     let local = cache::open(None, "x:", Duration::from_secs(1)).await.expect("local cache");
-    let store: Arc<dyn Store> = Arc::new(common::mem::MemStore::default());
+    let (store, _dir) = sqlite_store().await;
     limit_holds_across(pod(&store, local.clone(), 2, 300), pod(&store, local, 2, 300)).await;
 }
 
 #[tokio::test]
 async fn a_crashed_pods_sessions_lapse_and_a_live_pods_are_renewed() {
     let (ca, cb, _cleanup) = redis_pods().await;
-    let store: Arc<dyn Store> = Arc::new(common::mem::MemStore::default());
+    let (store, _dir) = sqlite_store().await;
     // Leases of one second, renewed every third of it.
     let live = pod(&store, ca.clone(), 2, 1);
     let bob = account(&live, USER, "pw").await;
@@ -233,7 +233,7 @@ impl Cache for LeasesDown {
 #[tokio::test]
 async fn without_the_lease_set_each_pod_still_holds_the_limit() {
     let local = cache::open(None, "x:", Duration::from_secs(1)).await.expect("local cache");
-    let store: Arc<dyn Store> = Arc::new(common::mem::MemStore::default());
+    let (store, _dir) = sqlite_store().await;
     let app = pod(&store, Arc::new(LeasesDown(local)), 2, 300);
     account(&app, USER, "pw").await;
     let (mut first, _t1) = login(&app, USER, "pw").await;

@@ -16,7 +16,7 @@ fn has(lines: &[String], needle: &str) -> bool {
 
 #[tokio::test]
 async fn plaintext_login_is_disabled_without_tls() {
-    let app = mem_app(false);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = false).await;
     account(&app, "bob@example.org", "pw").await;
     let (mut c, _tx) = connect(&app);
     let greeting = c.line().await;
@@ -35,7 +35,7 @@ async fn plaintext_login_is_disabled_without_tls() {
 
 #[tokio::test]
 async fn capability_login_and_authenticate() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     account(&app, "bob@example.org", "secret").await;
     let (mut c, _tx) = connect(&app);
     c.line().await;
@@ -74,7 +74,7 @@ async fn capability_login_and_authenticate() {
 
 #[tokio::test]
 async fn mailbox_commands() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     account(&app, "bob@example.org", "pw").await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     let r = c.cmd("m1", "LIST \"\" \"\"").await;
@@ -99,8 +99,8 @@ async fn mailbox_commands() {
     assert_eq!(r.len(), 4, "{r:?}");
     let r = c.cmd("m9", "SUBSCRIBE Job").await;
     assert_eq!(tagged(&r), "m9 OK SUBSCRIBE completed");
-    let r = c.cmd("m10", "LSUB \"\" *").await;
-    assert_eq!(r[0], "* LSUB () \"/\" \"Job\"");
+    let r = c.cmd("m10", "LSUB \"\" Jo*").await;
+    assert_eq!(r, ["* LSUB () \"/\" \"Job\"", "m10 OK LSUB completed"]);
     let r = c.cmd("m11", "DELETE Job/Projects/Entw&APw-rfe").await;
     assert_eq!(tagged(&r), "m11 OK DELETE completed");
     let r = c.cmd("m12", "DELETE INBOX").await;
@@ -115,7 +115,7 @@ async fn mailbox_commands() {
 
 #[tokio::test]
 async fn select_fetch_store_search_expunge() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
     deliver(&app, &bob, "INBOX", &sample("one", "first body"), seen.clone()).await;
@@ -196,7 +196,7 @@ async fn select_fetch_store_search_expunge() {
 
 #[tokio::test]
 async fn body_sections_of_a_multipart_message() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     let inner = "From: Inner <inner@example.com>\r\nSubject: Inner\r\n\r\ninner text\r\n";
     let raw = format!(
@@ -224,7 +224,7 @@ async fn body_sections_of_a_multipart_message() {
 
 #[tokio::test]
 async fn append_literals_and_limits() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     account(&app, "bob@example.org", "pw").await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     let msg = String::from_utf8(sample("appended", "hello")).expect("utf8");
@@ -265,7 +265,7 @@ async fn append_literals_and_limits() {
 
 #[tokio::test]
 async fn copy_move_and_uid_expunge() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     for i in 0..4 {
         deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
@@ -293,7 +293,7 @@ async fn copy_move_and_uid_expunge() {
 
 #[tokio::test]
 async fn other_sessions_changes_respect_sequence_rules() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     for i in 0..3 {
         deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
@@ -327,7 +327,7 @@ async fn other_sessions_changes_respect_sequence_rules() {
 
 #[tokio::test]
 async fn idle_wakes_on_changes_from_another_session() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
     a.cmd("s", "SELECT INBOX").await;
@@ -348,7 +348,7 @@ async fn idle_wakes_on_changes_from_another_session() {
 
 #[tokio::test]
 async fn shutdown_says_bye() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     account(&app, "bob@example.org", "pw").await;
     let (mut c, tx) = login(&app, "bob@example.org", "pw").await;
     tx.send(true).expect("signal");
@@ -358,7 +358,7 @@ async fn shutdown_says_bye() {
 
 #[tokio::test]
 async fn tenant_isolation() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let alice = account(&app, "alice@example.com", "pw").await;
     account(&app, "bob@example.org", "pw").await;
     deliver(&app, &alice, "INBOX", &sample("secret", "alice only"), FlagSet::default()).await;
@@ -396,14 +396,11 @@ async fn tenant_isolation() {
 #[tokio::test]
 async fn idle_falls_back_to_polling_when_notifications_end() {
     let cache = common::mem::MemCache { broken_notifications: true, ..Default::default() };
-    let app = app_configured(
-        std::sync::Arc::new(common::mem::MemStore::default()),
-        std::sync::Arc::new(cache),
-        |c| {
-            c.tls.allow_plaintext_auth = true;
-            c.imap.idle_poll_secs = 1;
-        },
-    );
+    let (store, _dir) = sqlite_store().await;
+    let app = app_configured(store, std::sync::Arc::new(cache), |c| {
+        c.tls.allow_plaintext_auth = true;
+        c.imap.idle_poll_secs = 1;
+    });
     let bob = account(&app, "bob@example.org", "pw").await;
     let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
     a.cmd("s", "SELECT INBOX").await;
@@ -421,11 +418,10 @@ async fn idle_falls_back_to_polling_when_notifications_end() {
 
 #[tokio::test]
 async fn autologout_before_authentication() {
-    let app = app_configured(
-        std::sync::Arc::new(common::mem::MemStore::default()),
-        std::sync::Arc::new(common::mem::MemCache::default()),
-        |c| c.imap.preauth_timeout_secs = 1,
-    );
+    let (store, _dir) = sqlite_store().await;
+    let app = app_configured(store, std::sync::Arc::new(common::mem::MemCache::default()), |c| {
+        c.imap.preauth_timeout_secs = 1
+    });
     let (mut c, _tx) = connect(&app);
     c.line().await;
     assert_eq!(c.line().await, "* BYE Autologout; idle for too long");
@@ -434,14 +430,11 @@ async fn autologout_before_authentication() {
 
 #[tokio::test]
 async fn connections_per_user_are_limited() {
-    let app = app_configured(
-        std::sync::Arc::new(common::mem::MemStore::default()),
-        std::sync::Arc::new(common::mem::MemCache::default()),
-        |c| {
-            c.tls.allow_plaintext_auth = true;
-            c.imap.max_connections_per_user = 2;
-        },
-    );
+    let (store, _dir) = sqlite_store().await;
+    let app = app_configured(store, std::sync::Arc::new(common::mem::MemCache::default()), |c| {
+        c.tls.allow_plaintext_auth = true;
+        c.imap.max_connections_per_user = 2;
+    });
     account(&app, "bob@example.org", "pw").await;
     let (_a, _ta) = login(&app, "bob@example.org", "pw").await;
     let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
@@ -458,7 +451,7 @@ async fn connections_per_user_are_limited() {
 
 #[tokio::test]
 async fn metrics_count_imap_commands_and_idle_sessions() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     let uid = deliver(&app, &bob, "INBOX", b"Subject: hi\r\n\r\nhello\r\n", FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
@@ -514,7 +507,7 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
 /// is written in; LIST patterns may hold any list-char, `&` included.
 #[tokio::test]
 async fn search_header_presence_sent_dates_and_list_patterns() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     let late = b"From: Alice <alice@example.com>\r\nSubject: late\r\nDate: Mon, 30 Nov 2026 23:30:00 -0800\r\n\r\nlate evening in California\r\n";
     let early =
@@ -557,7 +550,7 @@ async fn search_header_presence_sent_dates_and_list_patterns() {
 /// announces the new ones; COPY adds them beside the originals.
 #[tokio::test]
 async fn move_and_copy_into_the_selected_mailbox() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     let bob = account(&app, "bob@example.org", "pw").await;
     deliver(&app, &bob, "INBOX", &sample("one", "first"), FlagSet::default()).await;
     deliver(&app, &bob, "INBOX", &sample("two", "second"), FlagSet::default()).await;
@@ -594,16 +587,18 @@ async fn move_and_copy_into_the_selected_mailbox() {
 /// with \Noselect, not foo/bar; LSUB "" * returns foo/bar itself.
 #[tokio::test]
 async fn lsub_lists_an_unsubscribed_parent_as_noselect() {
-    let app = mem_app(true);
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     account(&app, "bob@example.org", "pw").await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     for cmd in ["CREATE foo/bar", "SUBSCRIBE foo/bar", "UNSUBSCRIBE foo"] {
         let r = c.cmd("p", cmd).await;
         assert!(tagged(&r).starts_with("p OK") || cmd.starts_with("UNSUBSCRIBE"), "{cmd}: {r:?}");
     }
-    let r = c.cmd("l1", "LSUB \"\" %").await;
+    // A new account is subscribed to its INBOX and special-use mailboxes: only
+    // the foo hierarchy is looked at here.
+    let r = c.cmd("l1", "LSUB \"\" f%").await;
     assert_eq!(r, ["* LSUB (\\Noselect) \"/\" \"foo\"", "l1 OK LSUB completed"], "{r:?}");
-    let r = c.cmd("l2", "LSUB \"\" *").await;
+    let r = c.cmd("l2", "LSUB \"\" f*").await;
     assert_eq!(r, ["* LSUB () \"/\" \"foo/bar\"", "l2 OK LSUB completed"], "{r:?}");
 }
 

@@ -45,10 +45,6 @@ pub fn app_configured(store: Arc<dyn Store>, cache: Arc<dyn Cache>, tweak: impl 
     App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer)
 }
 
-pub fn mem_app(plaintext_auth: bool) -> App {
-    app_with(Arc::new(mem::MemStore::default()), Arc::new(mem::MemCache::default()), plaintext_auth)
-}
-
 pub async fn account(app: &App, email: &str, password: &str) -> Account {
     app.store.account_create(email, &cheap_hash(password)).await.expect("account")
 }
@@ -216,15 +212,23 @@ pub async fn run_client(cmd: &mut tokio::process::Command) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// The embedded default: SQLite in a temporary directory (kept alive by the returned
-/// guard), the in-process cache, domain example.org.
-pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::TempDir) {
+/// The embedded store: SQLite in a temporary directory (kept alive by the returned
+/// guard), migrated, with the domains example.org and example.com.
+pub async fn sqlite_store() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = mailcluster_server::store::open(None, dir.path(), 4, Duration::from_secs(5))
         .await
         .expect("open store");
     store.migrate().await.expect("migrate");
-    store.domain_add("example.org").await.expect("domain");
+    for domain in ["example.org", "example.com"] {
+        store.domain_add(domain).await.expect("domain");
+    }
+    (store, dir)
+}
+
+/// The embedded default: [`sqlite_store`] and the in-process cache.
+pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::TempDir) {
+    let (store, dir) = sqlite_store().await;
     let cache = Arc::new(mailcluster_server::cache::local::LocalCache::new());
     (app_configured(store, cache, tweak), dir)
 }
