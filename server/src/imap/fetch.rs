@@ -48,24 +48,12 @@ impl Session {
         if uid && !items.contains(&MessageDataItemName::Uid) {
             items.insert(0, MessageDataItemName::Uid);
         }
-        use MessageDataItemName as I;
         let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
             return Outcome::bad("No mailbox selected");
         };
-        let needs_meta = items.iter().any(|i| !matches!(i, I::Flags | I::Uid));
-        let needs_body = items
-            .iter()
-            .any(|i| matches!(i, I::BodyExt { .. } | I::Rfc822 | I::Rfc822Header | I::Rfc822Text));
-        // ENVELOPE, BODY[STRUCTURE] and sections inside MIME parts need the stored
-        // metadata; everything else is served from the body row alone.
-        let needs_parts = items.iter().any(|i| match i {
-            I::Envelope | I::Body | I::BodyStructure => true,
-            I::BodyExt { section: Some(section), .. } => section_in_part(section),
-            _ => false,
-        });
-        let sets_seen = !read_only
-            && items.iter().any(|i| matches!(i, I::BodyExt { peek: false, .. } | I::Rfc822 | I::Rfc822Text));
-        let from_bodies = needs_body && !needs_parts;
+        use MessageDataItemName as I;
+        let FetchPlan { source, needs_body, sets_seen } = FetchPlan::of(&items, read_only);
+        let from_bodies = source == FetchSource::Bodies;
         // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
         // answered from the session's flag map. The body query reports the
         // mailbox's modseq from its own snapshot, so when it is used the sync waits
@@ -195,7 +183,7 @@ impl Session {
                         }
                     }
                 }
-            } else if needs_meta {
+            } else if source == FetchSource::Metadata {
                 let rows = match store.messages_by_uid(mailbox_id, &UidSet::from_uids(&uids)).await {
                     Ok(r) => r,
                     Err(e) => return store_error(e),
@@ -317,6 +305,54 @@ impl Session {
         for line in sel.flags_lines() {
             self.push(&line);
         }
+    }
+}
+
+/// Where a FETCH reads its data from, cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FetchSource {
+    /// FLAGS and UID only: the session's flag map, no query.
+    FlagMap,
+    /// Whole messages and top-level sections (`BODY[]`, `BODY[HEADER]`,
+    /// `RFC822*`), sizes and dates: the links and the bodies, batched and cached.
+    Bodies,
+    /// ENVELOPE, BODYSTRUCTURE and sections inside MIME parts: the stored
+    /// metadata (and the bodies when a section is asked for).
+    Metadata,
+}
+
+/// What a FETCH reads, decided from its items alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FetchPlan {
+    source: FetchSource,
+    /// Message bytes are part of the answer.
+    needs_body: bool,
+    /// A body section without PEEK on a read-write mailbox: \Seen is set first.
+    sets_seen: bool,
+}
+
+impl FetchPlan {
+    fn of(items: &[MessageDataItemName<'_>], read_only: bool) -> FetchPlan {
+        use MessageDataItemName as I;
+        let needs_meta = items.iter().any(|i| !matches!(i, I::Flags | I::Uid));
+        let needs_body = items
+            .iter()
+            .any(|i| matches!(i, I::BodyExt { .. } | I::Rfc822 | I::Rfc822Header | I::Rfc822Text));
+        let needs_parts = items.iter().any(|i| match i {
+            I::Envelope | I::Body | I::BodyStructure => true,
+            I::BodyExt { section: Some(section), .. } => section_in_part(section),
+            _ => false,
+        });
+        let sets_seen = !read_only
+            && items.iter().any(|i| matches!(i, I::BodyExt { peek: false, .. } | I::Rfc822 | I::Rfc822Text));
+        let source = if needs_body && !needs_parts {
+            FetchSource::Bodies
+        } else if needs_meta {
+            FetchSource::Metadata
+        } else {
+            FetchSource::FlagMap
+        };
+        FetchPlan { source, needs_body, sets_seen }
     }
 }
 

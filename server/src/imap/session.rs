@@ -493,8 +493,8 @@ impl Session {
         use CommandBody as C;
         // State checks first: RFC 3501 §3 says which commands are valid where.
         let needs = match &body {
-            C::Capability | C::Noop | C::Logout => 0,
-            C::StartTLS | C::Authenticate { .. } | C::Login { .. } => 0,
+            C::Capability | C::Noop | C::Logout => Needs::Any,
+            C::StartTLS | C::Authenticate { .. } | C::Login { .. } => Needs::Any,
             C::Select { .. }
             | C::Examine { .. }
             | C::Create { .. }
@@ -507,13 +507,13 @@ impl Session {
             | C::Status { .. }
             | C::Append { .. }
             | C::Idle
-            | C::Enable { .. } => 1,
-            _ => 2,
+            | C::Enable { .. } => Needs::Authenticated,
+            _ => Needs::Selected,
         };
         let refused = match needs {
-            1 => self.require_auth(),
-            2 => self.require_selected(),
-            _ => None,
+            Needs::Authenticated => self.require_auth(),
+            Needs::Selected => self.require_selected(),
+            Needs::Any => None,
         };
         if let Some(o) = refused {
             return Ok(o);
@@ -597,6 +597,14 @@ impl Session {
         }
         Outcome::ok("NOOP completed")
     }
+}
+
+/// The session state a command is valid in (RFC 3501 §3): any, authenticated
+/// (selected included), or selected.
+enum Needs {
+    Any,
+    Authenticated,
+    Selected,
 }
 
 fn request_name(r: &Request<'_>) -> &'static str {
