@@ -51,7 +51,6 @@ impl Session {
         let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
             return Outcome::bad("No mailbox selected");
         };
-        use MessageDataItemName as I;
         let FetchPlan { source, needs_body, sets_seen } = FetchPlan::of(&items, read_only);
         let from_bodies = source == FetchSource::Bodies;
         // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
@@ -128,146 +127,24 @@ impl Session {
                     self.notify(mailbox_id, modseq).await;
                 }
             }
-            if from_bodies {
-                // Links of a few messages at a time, read together with other
-                // sessions' (see `bodies`); memory stays bounded by FETCH_BATCH bodies.
-                let shared = self.shared.clone();
-                for chunk in uids.chunks(FETCH_BATCH) {
-                    let found = match shared.reads.bodies.links(mailbox_id, chunk).await {
-                        Ok(r) => r,
-                        Err(e) => return store_error(e),
-                    };
-                    if !synced {
-                        synced = true;
-                        let known = self.selected.as_ref().map(|s| s.modseq);
-                        if (found.highest_modseq.is_none() || found.highest_modseq != known)
-                            && let Err(e) = self.sync_changes(false).await
-                        {
-                            return store_error(e);
-                        }
-                    }
-                    let ids: Vec<_> = found.links.iter().map(|l| (l.message_id, l.internal_date)).collect();
-                    let bodies = match shared.reads.bodies.bodies(&ids).await {
-                        Ok(b) => b,
-                        Err(e) => return store_error(e),
-                    };
-                    for (link, stored) in found.links.iter().zip(bodies) {
-                        self.announce_keywords(&link.flags);
-                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(link.uid)) else {
-                            continue;
-                        };
-                        // Linked when the links were read; gone since (expunged and
-                        // its body removed by another session in between).
-                        let Some(stored) = stored else {
-                            expunge_issued = true;
-                            continue;
-                        };
-                        let meta = MessageMeta {
-                            size: stored.body.len() as u32,
-                            header_size: stored.header_size,
-                            ..MessageMeta::default()
-                        };
-                        let message = Message {
-                            uid: link.uid,
-                            modseq: self.modseq_item(link.uid, modseq.item),
-                            flags: &link.flags,
-                            recent: self.is_recent(link.uid),
-                            internal_date: &link.internal_date,
-                            meta: &meta,
-                            body: Some(&stored.body),
-                        };
-                        let seen = seen_changed.binary_search(&link.uid).is_ok();
-                        fetch_line(&mut self.out, seq, &items, &message, seen);
-                        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-                            return Outcome::no("[UNAVAILABLE] Connection lost");
-                        }
-                    }
-                }
-            } else if source == FetchSource::Metadata {
-                let rows = match store.messages_by_uid(mailbox_id, &UidSet::from_uids(&uids)).await {
-                    Ok(r) => r,
-                    Err(e) => return store_error(e),
-                };
-                // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
-                for rows in rows.chunks(FETCH_BATCH) {
-                    let bodies = if needs_body {
-                        let ids: Vec<_> = rows.iter().map(|r| (r.message_id, r.internal_date)).collect();
-                        match self.shared.reads.bodies.bodies(&ids).await {
-                            Ok(b) => b,
-                            Err(e) => return store_error(e),
-                        }
-                    } else {
-                        Vec::new()
-                    };
-                    let mut bodies = bodies.into_iter();
-                    for row in rows {
-                        let body = bodies.next().flatten().map(|b| b.body);
-                        if needs_body && body.is_none() {
-                            expunge_issued = true;
-                            continue;
-                        }
-                        self.announce_keywords(&row.flags);
-                        let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
-                            continue;
-                        };
-                        let message = Message {
-                            uid: row.uid,
-                            modseq: self.modseq_item(row.uid, modseq.item),
-                            flags: &row.flags,
-                            recent: self.is_recent(row.uid),
-                            internal_date: &row.internal_date,
-                            meta: &row.meta,
-                            body: body.as_deref(),
-                        };
-                        let seen = seen_changed.binary_search(&row.uid).is_ok();
-                        fetch_line(&mut self.out, seq, &items, &message, seen);
-                        if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-                            return Outcome::no("[UNAVAILABLE] Connection lost");
-                        }
-                    }
-                }
-            } else {
-                // FLAGS and UID only: from the flag map, no query.
-                for chunk in uids.chunks(1024) {
-                    let Some(sel) = self.selected.as_ref() else { break };
-                    let mut lines = String::new();
-                    for &u in chunk {
-                        // Expunged elsewhere and not yet announced: nothing to report.
-                        let Ok(pos) = sel.uids.binary_search(&u) else { continue };
-                        if sel.pending_expunge.contains(&u) {
-                            continue;
-                        }
-                        let _ = write!(lines, "* {} FETCH (", pos + 1);
-                        for (n, item) in items.iter().enumerate() {
-                            if n > 0 {
-                                lines.push(' ');
-                            }
-                            match item {
-                                I::Uid => {
-                                    let _ = write!(lines, "UID {u}");
-                                }
-                                I::Flags => {
-                                    let flags = encode::flag_list_recent(
-                                        &sel.flag_set_at(pos),
-                                        sel.recent.contains(u),
-                                    );
-                                    let _ = write!(lines, "FLAGS {flags}");
-                                }
-                                _ => {}
-                            }
-                        }
-                        if modseq.item {
-                            let sep = if items.is_empty() { "" } else { " " };
-                            let _ = write!(lines, "{sep}MODSEQ ({})", sel.modseqs[pos]);
-                        }
-                        lines.push_str(")\r\n");
-                    }
-                    self.out.extend_from_slice(lines.as_bytes());
-                    if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
-                        return Outcome::no("[UNAVAILABLE] Connection lost");
-                    }
-                }
+            let mut run = FetchRun {
+                mailbox_id,
+                items: &items,
+                needs_body,
+                modseq: modseq.item,
+                seen_changed,
+                synced,
+                expunge_issued: false,
+            };
+            let written = match source {
+                FetchSource::Bodies => self.fetch_from_bodies(&mut run, &uids).await,
+                FetchSource::Metadata => self.fetch_from_metadata(&mut run, &uids).await,
+                FetchSource::FlagMap => self.fetch_from_flag_map(&run, &uids).await,
+            };
+            if let Err(o) = written {
+                return o;
             }
+            expunge_issued = run.expunge_issued;
         }
         if uid {
             // UID FETCH may announce EXPUNGE (RFC 3501 §7.4.1); no second round trip.
@@ -282,6 +159,160 @@ impl Session {
             return Outcome::no("[EXPUNGEISSUED] Some of the requested messages no longer exist");
         }
         Outcome::ok(if uid { "UID FETCH completed" } else { "FETCH completed" })
+    }
+
+    /// Whole messages and top-level sections: links a few messages at a time,
+    /// read together with other sessions' (see `bodies`), and their bodies; memory
+    /// stays bounded by FETCH_BATCH bodies.
+    async fn fetch_from_bodies(&mut self, run: &mut FetchRun<'_, '_>, uids: &[u32]) -> Result<(), Outcome> {
+        // Links of a few messages at a time, read together with other
+        // sessions' (see `bodies`); memory stays bounded by FETCH_BATCH bodies.
+        let shared = self.shared.clone();
+        for chunk in uids.chunks(FETCH_BATCH) {
+            let found = match shared.reads.bodies.links(run.mailbox_id, chunk).await {
+                Ok(r) => r,
+                Err(e) => return Err(store_error(e)),
+            };
+            if !run.synced {
+                run.synced = true;
+                let known = self.selected.as_ref().map(|s| s.modseq);
+                if (found.highest_modseq.is_none() || found.highest_modseq != known)
+                    && let Err(e) = self.sync_changes(false).await
+                {
+                    return Err(store_error(e));
+                }
+            }
+            let ids: Vec<_> = found.links.iter().map(|l| (l.message_id, l.internal_date)).collect();
+            let bodies = match shared.reads.bodies.bodies(&ids).await {
+                Ok(b) => b,
+                Err(e) => return Err(store_error(e)),
+            };
+            for (link, stored) in found.links.iter().zip(bodies) {
+                self.announce_keywords(&link.flags);
+                let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(link.uid)) else {
+                    continue;
+                };
+                // Linked when the links were read; gone since (expunged and
+                // its body removed by another session in between).
+                let Some(stored) = stored else {
+                    run.expunge_issued = true;
+                    continue;
+                };
+                let meta = MessageMeta {
+                    size: stored.body.len() as u32,
+                    header_size: stored.header_size,
+                    ..MessageMeta::default()
+                };
+                let message = Message {
+                    uid: link.uid,
+                    modseq: self.modseq_item(link.uid, run.modseq),
+                    flags: &link.flags,
+                    recent: self.is_recent(link.uid),
+                    internal_date: &link.internal_date,
+                    meta: &meta,
+                    body: Some(&stored.body),
+                };
+                let seen = run.seen_changed.binary_search(&link.uid).is_ok();
+                fetch_line(&mut self.out, seq, run.items, &message, seen);
+                if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                    return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// ENVELOPE, BODYSTRUCTURE, sections inside parts: the stored metadata, and
+    /// bodies a FETCH_BATCH at a time when asked for.
+    async fn fetch_from_metadata(&mut self, run: &mut FetchRun<'_, '_>, uids: &[u32]) -> Result<(), Outcome> {
+        let store = self.app.store.clone();
+        let rows = match store.messages_by_uid(run.mailbox_id, &UidSet::from_uids(uids)).await {
+            Ok(r) => r,
+            Err(e) => return Err(store_error(e)),
+        };
+        // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
+        for rows in rows.chunks(FETCH_BATCH) {
+            let bodies = if run.needs_body {
+                let ids: Vec<_> = rows.iter().map(|r| (r.message_id, r.internal_date)).collect();
+                match self.shared.reads.bodies.bodies(&ids).await {
+                    Ok(b) => b,
+                    Err(e) => return Err(store_error(e)),
+                }
+            } else {
+                Vec::new()
+            };
+            let mut bodies = bodies.into_iter();
+            for row in rows {
+                let body = bodies.next().flatten().map(|b| b.body);
+                if run.needs_body && body.is_none() {
+                    run.expunge_issued = true;
+                    continue;
+                }
+                self.announce_keywords(&row.flags);
+                let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
+                    continue;
+                };
+                let message = Message {
+                    uid: row.uid,
+                    modseq: self.modseq_item(row.uid, run.modseq),
+                    flags: &row.flags,
+                    recent: self.is_recent(row.uid),
+                    internal_date: &row.internal_date,
+                    meta: &row.meta,
+                    body: body.as_deref(),
+                };
+                let seen = run.seen_changed.binary_search(&row.uid).is_ok();
+                fetch_line(&mut self.out, seq, run.items, &message, seen);
+                if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                    return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// FLAGS, UID and MODSEQ: from the session's map, no query.
+    async fn fetch_from_flag_map(&mut self, run: &FetchRun<'_, '_>, uids: &[u32]) -> Result<(), Outcome> {
+        use MessageDataItemName as I;
+        // FLAGS and UID only: from the flag map, no query.
+        for chunk in uids.chunks(1024) {
+            let Some(sel) = self.selected.as_ref() else { break };
+            let mut lines = String::new();
+            for &u in chunk {
+                // Expunged elsewhere and not yet announced: nothing to report.
+                let Ok(pos) = sel.uids.binary_search(&u) else { continue };
+                if sel.pending_expunge.contains(&u) {
+                    continue;
+                }
+                let _ = write!(lines, "* {} FETCH (", pos + 1);
+                for (n, item) in run.items.iter().enumerate() {
+                    if n > 0 {
+                        lines.push(' ');
+                    }
+                    match item {
+                        I::Uid => {
+                            let _ = write!(lines, "UID {u}");
+                        }
+                        I::Flags => {
+                            let flags =
+                                encode::flag_list_recent(&sel.flag_set_at(pos), sel.recent.contains(u));
+                            let _ = write!(lines, "FLAGS {flags}");
+                        }
+                        _ => {}
+                    }
+                }
+                if run.modseq {
+                    let sep = if run.items.is_empty() { "" } else { " " };
+                    let _ = write!(lines, "{sep}MODSEQ ({})", sel.modseqs[pos]);
+                }
+                lines.push_str(")\r\n");
+            }
+            self.out.extend_from_slice(lines.as_bytes());
+            if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
+                return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
+            }
+        }
+        Ok(())
     }
 
     /// The MODSEQ a FETCH line carries: when asked for, from the session's map.
@@ -306,6 +337,21 @@ impl Session {
             self.push(&line);
         }
     }
+}
+
+/// What the functions writing one FETCH's lines share.
+struct FetchRun<'a, 'i> {
+    mailbox_id: i64,
+    items: &'a [MessageDataItemName<'i>],
+    needs_body: bool,
+    /// MODSEQ goes in every line.
+    modseq: bool,
+    /// Messages whose \Seen this FETCH set: FLAGS go in their lines.
+    seen_changed: Vec<u32>,
+    /// The session is up to date (else the first link query tells whether it is).
+    synced: bool,
+    /// A message's body was gone by the time it was read (see `cmd_fetch`).
+    expunge_issued: bool,
 }
 
 /// Where a FETCH reads its data from, cheapest first.
