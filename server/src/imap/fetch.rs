@@ -86,8 +86,6 @@ impl Session {
                 };
                 let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
                 let gone = sel.vanished_in(&changes, Some(&SeqSet::from_codec(set)));
-                let gone: Vec<(u32, u32)> =
-                    gone.into_iter().flat_map(|(lo, hi)| split_around(lo, hi, &sel.uids)).collect();
                 if !gone.is_empty() {
                     self.push(&format!("* VANISHED (EARLIER) {}", encode::uid_ranges(&gone)));
                 }
@@ -490,25 +488,6 @@ fn fetch_line(
         let _ = write!(Bytes(out), "{sep}MODSEQ ({modseq})");
     }
     out.extend_from_slice(b")\r\n");
-}
-
-/// `lo..=hi` without the UIDs still in the session's view (ascending): a message
-/// expunged elsewhere but not yet announced is still the client's, so it is not
-/// reported as vanished before its own VANISHED.
-fn split_around(lo: u32, hi: u32, known: &[u32]) -> Vec<(u32, u32)> {
-    let mut out = Vec::new();
-    let mut next = lo;
-    let start = known.partition_point(|&u| u < lo);
-    for &uid in known[start..].iter().take_while(|&&u| u <= hi) {
-        if uid > next {
-            out.push((next, uid - 1));
-        }
-        next = uid + 1;
-    }
-    if next <= hi {
-        out.push((next, hi));
-    }
-    out
 }
 
 /// Macro expansions only contain plain items; rebuilt so they outlive the macro.

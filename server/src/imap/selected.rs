@@ -151,7 +151,8 @@ impl Selected {
     /// inclusive ranges (VANISHED (EARLIER), RFC 7162 §3.2.5.1, §3.2.6). When the
     /// tombstones were pruned past the asked modseq, every UID below UIDNEXT that
     /// is not present any more is reported: never too few, which would leave a
-    /// deleted message in the client's cache.
+    /// deleted message in the client's cache. A UID still in the session's view
+    /// (expunged elsewhere, not yet announced) is left for its own VANISHED.
     pub fn vanished_in(&self, changes: &MailboxChanges, within: Option<&SeqSet>) -> Vec<(u32, u32)> {
         let max = self.uid_next.saturating_sub(1).max(self.max_uid());
         let mut bounds: Vec<(u32, u32)> = match within {
@@ -178,12 +179,16 @@ impl Selected {
             None => {
                 for &uid in &changes.expunged {
                     let i = merged.partition_point(|&(_, hi)| hi < uid);
-                    if merged.get(i).is_some_and(|&(lo, _)| lo <= uid) {
+                    if merged.get(i).is_some_and(|&(lo, _)| lo <= uid) && self.seq_of(uid).is_none() {
                         push(uid, uid);
                     }
                 }
             }
             Some(present) => {
+                let mut present = present.clone();
+                present.extend_from_slice(&self.uids);
+                present.sort_unstable();
+                present.dedup();
                 for (lo, hi) in merged {
                     let mut next = lo;
                     let start = present.partition_point(|&u| u < lo);

@@ -386,6 +386,25 @@ pub(crate) fn meta_from_json(s: &str) -> StoreResult<super::MessageMeta> {
 
 /// Builds a [`MailboxIndex`] from parallel `uids`/`flags` columns and the
 /// (uid, keywords) pairs of the messages that have keywords.
+/// A conditional STORE's test (RFC 7162 §3.1.3): the `(uid, modseq)` rows split
+/// into those at most `unchanged_since` (to change) and the others (`MODIFIED`),
+/// each ascending and without repeats.
+pub(crate) fn split_unchanged_since(
+    rows: Vec<(i64, i64)>,
+    unchanged_since: u64,
+) -> StoreResult<(Vec<u32>, Vec<u32>)> {
+    let (mut passed, mut modified) = (Vec::new(), Vec::new());
+    for (uid, modseq) in rows {
+        let uid = u32_of(uid, "uid")?;
+        if u64_of(modseq) > unchanged_since { modified.push(uid) } else { passed.push(uid) }
+    }
+    for v in [&mut passed, &mut modified] {
+        v.sort_unstable();
+        v.dedup();
+    }
+    Ok((passed, modified))
+}
+
 pub(crate) fn mailbox_index_from(
     highest_modseq: i64,
     uid_next: i64,

@@ -867,12 +867,11 @@ fn parse_store_unchanged_since<'a>(cmd: &[u8], tag: &str) -> Option<Option<Reque
 /// commands, and when a MODSEQ is malformed (the command then fails to parse).
 pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
     let mut out = Vec::new();
-    if !contains_ci(cmd, b"MODSEQ") {
-        return out;
-    }
+    // Every command passes through here: the verb first, so an APPEND's literal is
+    // never scanned.
     let tag = super::reader::tag_of(cmd);
     let Some((_, verb, _)) = uid_verb(cmd, &tag) else { return out };
-    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") {
+    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") || !contains_ci(cmd, b"MODSEQ") {
         return out;
     }
     let mut i = tag.len() + 1;

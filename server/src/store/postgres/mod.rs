@@ -33,7 +33,7 @@ use super::common::{
     AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
     flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox, is_unique_violation, json_of,
     mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
-    normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of, uid_ranges,
+    normalize_mailbox_name, now_secs, parent_names, split_unchanged_since, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
@@ -1494,11 +1494,7 @@ impl Store for PgStore {
         .fetch_all(&mut *tx)
         .await
         .map_err(db_err)?;
-        let (mut passed, mut modified) = (Vec::new(), Vec::new());
-        for (uid, modseq) in rows {
-            let uid = u32_of(uid, "uid")?;
-            if u64_of(modseq) > unchanged_since { modified.push(uid) } else { passed.push(uid) }
-        }
+        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
         let changed = if passed.is_empty() {
             Vec::new()
         } else {

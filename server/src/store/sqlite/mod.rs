@@ -36,8 +36,8 @@ use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
     flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
     is_unique_violation, json_of, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
-    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names, u32_of, u64_of,
-    uid_ranges,
+    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
+    split_unchanged_since, u32_of, u64_of, uid_ranges,
 };
 use super::*;
 
@@ -1316,24 +1316,21 @@ impl Store for SqliteStore {
         if exists.is_none() {
             return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
         }
-        let (mut passed, mut modified) = (Vec::new(), Vec::new());
+        let mut rows: Vec<(i64, i64)> = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
-            let rows: Vec<(i64, i64)> = sqlx::query_as(
-                "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-            )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            for (uid, modseq) in rows {
-                let uid = u32_of(uid, "uid")?;
-                if u64_of(modseq) > unchanged_since { modified.push(uid) } else { passed.push(uid) }
-            }
+            rows.extend(
+                sqlx::query_as::<_, (i64, i64)>(
+                    "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
+                )
+                .bind(mailbox_id)
+                .bind(lo)
+                .bind(hi)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_err)?,
+            );
         }
-        modified.sort_unstable();
-        modified.dedup();
+        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
         let changed = if passed.is_empty() {
             Vec::new()
         } else {
