@@ -131,6 +131,46 @@ pub enum UserCommand {
         #[command(flatten)]
         password: PasswordArgs,
     },
+    /// Show an account's storage use and limit, or set its limit: a size such as
+    /// 500M or 2G (units of 1024), `default` for its domain's default, or `none`.
+    Quota {
+        email: String,
+        #[arg(value_parser = parse_quota)]
+        size: Option<QuotaSetting>,
+    },
+}
+
+/// A quota limit as given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaSetting {
+    /// Octets.
+    Limit(u64),
+    /// No limit of its own: the domain's default applies (for a domain: none).
+    Default,
+    /// No limit at all.
+    Unlimited,
+}
+
+/// `2G`, `500M`, `1024K`, `4096` (octets), `none`, `default`. Units are powers of
+/// 1024, as IMAP reports quotas (RFC 9208's STORAGE unit is 1024 octets); a `B`
+/// or `iB` after the unit is accepted.
+pub fn parse_quota(s: &str) -> Result<QuotaSetting, String> {
+    let t = s.trim().to_ascii_uppercase();
+    match t.as_str() {
+        "NONE" | "UNLIMITED" => return Ok(QuotaSetting::Unlimited),
+        "DEFAULT" => return Ok(QuotaSetting::Default),
+        _ => {}
+    }
+    let t = t.strip_suffix("IB").or_else(|| t.strip_suffix('B')).unwrap_or(&t);
+    let (digits, shift) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| format!("{s:?} is not a size (e.g. 500M, 2G, none)"))?;
+    n.checked_mul(1u64 << shift).map(QuotaSetting::Limit).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[derive(Debug, Args)]
@@ -152,6 +192,13 @@ pub enum DomainCommand {
     Del { domain: String },
     /// List domains, one per line.
     List,
+    /// Show or set the default storage limit of the domain's accounts (those
+    /// without one of their own): a size such as 1G, or `none`.
+    Quota {
+        domain: String,
+        #[arg(value_parser = parse_quota)]
+        size: Option<QuotaSetting>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -220,6 +267,25 @@ mod tests {
             "f",
         ]);
         assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn quota_sizes() {
+        assert_eq!(parse_quota("2G"), Ok(QuotaSetting::Limit(2 << 30)));
+        assert_eq!(parse_quota("500m"), Ok(QuotaSetting::Limit(500 << 20)));
+        assert_eq!(parse_quota("500MiB"), Ok(QuotaSetting::Limit(500 << 20)));
+        assert_eq!(parse_quota("64KB"), Ok(QuotaSetting::Limit(64 << 10)));
+        assert_eq!(parse_quota("4096"), Ok(QuotaSetting::Limit(4096)));
+        assert_eq!(parse_quota("none"), Ok(QuotaSetting::Unlimited));
+        assert_eq!(parse_quota("Default"), Ok(QuotaSetting::Default));
+        for bad in ["", "G", "-1M", "1.5G", "lots", "99999999999T"] {
+            assert!(parse_quota(bad).is_err(), "{bad:?}");
+        }
+        let cli = Cli::try_parse_from(["mailcluster", "user", "quota", "a@example.com", "1G"]).unwrap();
+        let Command::User { command: UserCommand::Quota { size, .. }, .. } = cli.command else {
+            panic!("quota")
+        };
+        assert_eq!(size, Some(QuotaSetting::Limit(1 << 30)));
     }
 
     #[test]

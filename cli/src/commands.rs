@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use mailcluster_server::config::Config;
-use mailcluster_server::store::{Store, StoreError};
+use mailcluster_server::store::{Quota, Store, StoreError};
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
-    ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, ServeArgs, UserCommand,
+    ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting, ServeArgs, UserCommand,
 };
 use crate::failure::Failure;
 
@@ -142,6 +142,22 @@ pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Fail
                 writeln!(out, "{domain}")?;
             }
         }
+        DomainCommand::Quota { domain, size: None } => {
+            let limit =
+                store.domain_quota(domain).await.with_context(|| format!("cannot look up {domain}"))?;
+            println!("{domain}: default limit {}", describe_limit(limit));
+        }
+        DomainCommand::Quota { domain, size: Some(setting) } => {
+            let limit = match setting {
+                QuotaSetting::Limit(n) => Some(*n),
+                QuotaSetting::Default | QuotaSetting::Unlimited => None,
+            };
+            store
+                .domain_set_quota(domain, limit)
+                .await
+                .with_context(|| format!("cannot set the quota of {domain}"))?;
+            eprintln!("default quota of {domain}: {}", describe_limit(limit));
+        }
     }
     Ok(())
 }
@@ -189,6 +205,39 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 writeln!(out, "{}", account.email)?;
             }
         }
+        (UserCommand::Quota { email, size: None }, _) => {
+            let account = existing_account(&*store, email).await?;
+            let quota =
+                store.quota(account.id).await.with_context(|| format!("cannot read the quota of {email}"))?;
+            let source = match (quota.account_limit, quota.domain_limit) {
+                (Some(_), _) => "",
+                (None, Some(_)) => " (domain default)",
+                (None, None) => "",
+            };
+            println!(
+                "{}: used {} of {}{source}",
+                account.email,
+                describe_octets(quota.used),
+                describe_limit(quota.limit())
+            );
+        }
+        (UserCommand::Quota { email, size: Some(setting) }, _) => {
+            let account = existing_account(&*store, email).await?;
+            let limit = match setting {
+                QuotaSetting::Limit(n) => Some(*n),
+                QuotaSetting::Default => None,
+                // "No limit" even where the domain has one.
+                QuotaSetting::Unlimited => Some(Quota::UNLIMITED),
+            };
+            store
+                .account_set_quota(email, limit)
+                .await
+                .with_context(|| format!("cannot set the quota of {email}"))?;
+            forget_recipient(config, &account.email).await;
+            let quota =
+                store.quota(account.id).await.with_context(|| format!("cannot read the quota of {email}"))?;
+            eprintln!("quota of {}: {}", account.email, describe_limit(quota.limit()));
+        }
         (UserCommand::Add { .. } | UserCommand::Passwd { .. }, None) => {
             unreachable!("the password is read above for add and passwd")
         }
@@ -223,6 +272,41 @@ async fn forget_credentials(config: &Config, account_ids: &[i64]) {
     };
     if let Err(e) = purge.await {
         tracing::warn!(error = %format!("{e:#}"), "cannot clear cached credentials; they expire by themselves");
+    }
+}
+
+/// Drops the SMTP recipient cache's entry for `email`, which says whether the
+/// account has a quota to check (else it expires after `smtp.recipient_cache_ttl_secs`).
+async fn forget_recipient(config: &Config, email: &str) {
+    if config.redis.url.is_none() {
+        return;
+    }
+    let forget = async {
+        let cache = mailcluster_server::serve::open_cache(config).await?;
+        cache.value_del(&format!("smtp:rcpt:{}", email.to_lowercase())).await?;
+        anyhow::Ok(())
+    };
+    if let Err(e) = forget.await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear the cached recipient; it expires by itself");
+    }
+}
+
+/// `1.5 GiB`, `512 KiB`, `700 B`.
+fn describe_octets(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+fn describe_limit(limit: Option<u64>) -> String {
+    match limit {
+        Some(n) if n < Quota::UNLIMITED => describe_octets(n),
+        _ => "no limit".into(),
     }
 }
 

@@ -51,6 +51,31 @@ fn administer(cwd: &Path, env: &[(&str, &str)]) {
     assert_eq!(out.code, Some(1), "a domain with accounts is kept: {}", out.stderr);
     out.assert_no_panic();
 
+    // Quotas: a domain default, an account's own limit over it, and back.
+    let out = run(cwd, &["user", "quota", "alice@example.com"], env);
+    out.ok();
+    assert_eq!(out.stdout, "alice@example.com: used 0 B of no limit\n");
+    run(cwd, &["domain", "quota", "example.com", "1G"], env).ok();
+    let out = run(cwd, &["domain", "quota", "example.com"], env);
+    assert_eq!(out.stdout, "example.com: default limit 1.0 GiB\n");
+    let out = run(cwd, &["user", "quota", "alice@example.com"], env);
+    assert_eq!(out.stdout, "alice@example.com: used 0 B of 1.0 GiB (domain default)\n");
+    let out = run(cwd, &["user", "quota", "alice@example.com", "500M"], env);
+    out.ok();
+    assert_eq!(out.stderr, "quota of alice@example.com: 500.0 MiB\n");
+    let out = run(cwd, &["user", "quota", "alice@example.com", "none"], env);
+    assert_eq!(out.stderr, "quota of alice@example.com: no limit\n", "none beats the domain default");
+    let out = run(cwd, &["user", "quota", "alice@example.com", "default"], env);
+    assert_eq!(out.stderr, "quota of alice@example.com: 1.0 GiB\n");
+    run(cwd, &["domain", "quota", "example.com", "none"], env).ok();
+    let out = run(cwd, &["user", "quota", "alice@example.com"], env);
+    assert_eq!(out.stdout, "alice@example.com: used 0 B of no limit\n");
+    let out = run(cwd, &["user", "quota", "alice@example.com", "lots"], env);
+    assert_eq!(out.code, Some(2), "a bad size is a usage error: {}", out.stderr);
+    let out = run(cwd, &["user", "quota", "nobody@example.com", "1G"], env);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.error_line().contains("nobody@example.com"), "{}", out.stderr);
+
     with_password(cwd, &["user", "passwd", "alice@example.com"], env, "new password").ok();
     run(cwd, &["user", "del", "bob@example.org"], env).ok();
     run(cwd, &["user", "del", "carol@example.org"], env).ok();

@@ -61,6 +61,18 @@ impl Store for DownStore {
     async fn account_set_password(&self, _: &str, _: &str) -> StoreResult<()> {
         down_store()
     }
+    async fn account_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_quota(&self, _: &str) -> StoreResult<Option<u64>> {
+        down_store()
+    }
+    async fn quota(&self, _: i64) -> StoreResult<Quota> {
+        down_store()
+    }
     async fn account_get(&self, _: &str) -> StoreResult<Option<Account>> {
         down_store()
     }
@@ -89,6 +101,12 @@ impl Store for DownStore {
         down_store()
     }
     async fn subscriptions(&self, _: i64) -> StoreResult<Vec<String>> {
+        down_store()
+    }
+    async fn mailbox_size(&self, _: i64) -> StoreResult<u64> {
+        down_store()
+    }
+    async fn mailbox_deleted(&self, _: i64) -> StoreResult<(u32, u64)> {
         down_store()
     }
     async fn mailbox_status(&self, _: i64) -> StoreResult<MailboxStatus> {

@@ -71,6 +71,23 @@ async fn python_imaplib_condstore_qresync() {
     assert!(ok, "imaplib CONDSTORE/QRESYNC session failed:\n{out}");
 }
 
+/// QUOTA (RFC 9208) through imaplib, over TLS, with a limit of 64 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_imaplib_quota() {
+    let (app, imaps, _imap, _dir) = setup().await;
+    let limit = 64 * 1024;
+    app.store.account_set_quota("bob@example.org", Some(limit)).await.expect("set quota");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/imaplib_quota.py");
+    let (ok, out) = run_client(tokio::process::Command::new("python3").args([
+        script,
+        &imaps.port().to_string(),
+        &limit.to_string(),
+    ]))
+    .await;
+    println!("{out}");
+    assert!(ok, "imaplib QUOTA session failed:\n{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_imaps() {
     let (_app, imaps, imap, _dir) = setup().await;

@@ -126,6 +126,37 @@ async fn python_smtplib_starttls_smtputf8_attachment(b: Backend) {
     assert!(text.contains("Hallo J") && text.contains("\r\n.\r\nhier ist"), "dot line preserved");
 }
 
+const SMTPLIB_QUOTA: &str = r#"
+import smtplib, sys
+port = int(sys.argv[1])
+body = "Subject: big\r\n\r\n" + "x" * 6000 + "\r\n"
+with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
+    s.ehlo("py.test")
+    assert s.has_extn("size"), s.esmtp_features
+    # smtplib declares SIZE= itself: alice's 4 KiB can never take 6 KB.
+    refused = s.sendmail("sender@remote.test", ["alice@example.test", "bob@example.test"], body)
+    assert refused == {"alice@example.test": (552, b"5.2.2 Message too large for the mailbox's quota")}, refused
+    try:
+        s.sendmail("sender@remote.test", ["alice@example.test"], body)
+        raise AssertionError("alice alone must be refused")
+    except smtplib.SMTPRecipientsRefused as e:
+        assert e.recipients["alice@example.test"][0] == 552, e.recipients
+print("OK")
+"#;
+
+/// RFC 9208 at delivery through smtplib, which declares SIZE= on its own.
+async fn python_smtplib_over_quota(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    h.store.account_set_quota("alice@example.test", Some(4096)).await.expect("quota");
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(SMTPLIB_QUOTA).arg(addr.port().to_string());
+    let out = run(cmd).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    assert_eq!(h.messages("alice@example.test").await.len(), 0);
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+}
+
 async fn swaks_pipelining_over_starttls(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
@@ -442,6 +473,7 @@ async fn swaks_auth_login_submission(b: Backend) {
 }
 
 both_backends!(
+    python_smtplib_over_quota,
     python_smtplib_starttls_smtputf8_attachment,
     swaks_pipelining_over_starttls,
     swaks_relay_and_unknown_user_refused,

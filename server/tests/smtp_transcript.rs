@@ -590,7 +590,73 @@ async fn concurrent_deliveries_share_commits(b: Backend) {
     assert_eq!(h.messages("alice@example.test").await.len(), 40);
 }
 
+/// A body of `octets` octets, dot-stuffing free, ending the DATA.
+fn data_of(octets: usize) -> String {
+    let head = "Subject: sized\r\n\r\n";
+    format!("{head}{}\r\n.\r\n", "x".repeat(octets - head.len() - 2))
+}
+
+/// RFC 9208 at delivery: a full account is refused at RCPT for now (452 4.2.2), a
+/// declared SIZE that cannot fit for good (552 5.2.2); a message that does not
+/// fit is refused after DATA when it was for that account alone, and otherwise
+/// delivered to the others with a DSN to the sender for the account without room.
+async fn quota_at_delivery(b: Backend) {
+    let h = harness(b).await;
+    h.store.account_set_quota("alice@example.test", Some(4096)).await.expect("quota");
+    let (alice, _) = h.inbox_of("alice@example.test").await;
+    let mut c = h.connect(&h.mx);
+    c.ehlo().await;
+    c.cmd("MAIL FROM:<sender@remote.test> SIZE=5000", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "552 5.2.2").await;
+    c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
+    c.cmd("RSET", "250").await;
+
+    // Fits: stored, trace headers included in the usage.
+    c.cmd("MAIL FROM:<sender@remote.test> SIZE=2000", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("DATA", "354").await;
+    c.send(&data_of(2000)).await;
+    c.expect("250 2.0.0").await;
+    let used = h.store.quota(alice).await.expect("quota").used;
+    assert!(used > 2000, "the stored message is the one counted: {used}");
+
+    // Does not fit, alice alone: refused, nothing stored, nothing queued.
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("DATA", "354").await;
+    c.send(&data_of(3000)).await;
+    c.expect("552 5.2.2").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1);
+    assert!(h.store.queue_list(10).await.expect("queue").is_empty());
+
+    // Alice and Bob: Bob gets it, the sender gets a DSN naming Alice.
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
+    c.cmd("DATA", "354").await;
+    c.send(&data_of(3000)).await;
+    c.expect("250 2.0.0").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1, "no room for alice");
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+    let queued = h.store.queue_list(10).await.expect("queue");
+    assert_eq!(queued.len(), 1, "one DSN: {queued:?}");
+    assert_eq!(queued[0].sender, "", "a DSN has the null sender");
+    assert_eq!(queued[0].recipients, ["sender@remote.test"]);
+    let (_, dsn) = h.store.queue_get(queued[0].id).await.expect("queue entry").expect("queued");
+    let dsn = String::from_utf8_lossy(&dsn);
+    assert!(dsn.contains("Final-Recipient: rfc822; alice@example.test"), "{dsn}");
+    assert!(dsn.contains("Status: 5.2.2"), "{dsn}");
+    assert!(!dsn.contains("bob@example.test"), "bob got it: {dsn}");
+
+    // Full to the octet: refused at RCPT, temporarily.
+    h.store.account_set_quota("alice@example.test", Some(used)).await.expect("quota");
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test>", "452 4.2.2").await;
+    c.cmd("QUIT", "221").await;
+}
+
 both_backends!(
+    quota_at_delivery,
     submission_login_and_send,
     submission_initial_response,
     failed_local_delivery_withdraws_the_queued_copy,

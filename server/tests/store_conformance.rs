@@ -175,6 +175,7 @@ conformance!(
     recent_is_claimed_once,
     tombstones_pruned_past_a_floor,
     sort_rows_match_the_stored_metadata,
+    quota_limits_and_usage,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -252,6 +253,17 @@ async fn assert_counts(s: &Arc<dyn Store>, mailbox: i64) {
     let unseen = s.uids_by_flags(mailbox, Flags::NONE, Flags::SEEN).await.expect("unseen");
     assert_eq!(status.messages as usize, uids.len(), "messages counter of mailbox {mailbox}");
     assert_eq!(status.unseen as usize, unseen.len(), "unseen counter of mailbox {mailbox}");
+    let listing = s.maildrop(mailbox, 0).await.expect("listing");
+    let octets: u64 = listing.iter().map(|e| u64::from(e.size)).sum();
+    assert_eq!(s.mailbox_size(mailbox).await.expect("size"), octets, "bytes counter of mailbox {mailbox}");
+    let deleted = s.uids_by_flags(mailbox, Flags::DELETED, Flags::NONE).await.expect("deleted");
+    let deleted_octets: u64 =
+        listing.iter().filter(|e| deleted.contains(&e.uid)).map(|e| u64::from(e.size)).sum();
+    assert_eq!(
+        s.mailbox_deleted(mailbox).await.expect("deleted"),
+        (deleted.len() as u32, deleted_octets),
+        "\\Deleted messages of mailbox {mailbox}"
+    );
     if let Some(max) = uids.last() {
         assert!(status.uid_next > *max, "uid_next {} must exceed max uid {max}", status.uid_next);
     }
@@ -1640,4 +1652,62 @@ async fn postgres_epoch_with_and_without_pg_monitor() {
 
     let sqlite = store::open(None, dir.path(), 2, CONNECT_TIMEOUT).await.expect("sqlite");
     assert_eq!(sqlite.epoch().await.expect("epoch"), None);
+}
+
+/// RFC 9208 STORAGE: an account's usage is the octets of every message in every
+/// one of its mailboxes (a copy counts again, a move does not), kept by each
+/// write; its limit is its own, else its domain's default.
+async fn quota_limits_and_usage(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "q@example.com").await;
+    let (other, other_inbox) = account(s, "other@example.com").await;
+    let archive = s.mailbox_get(acc, "Archive").await.expect("get").expect("Archive").id;
+    let empty = s.quota(acc).await.expect("quota");
+    assert_eq!((empty.account_limit, empty.domain_limit, empty.used, empty.limit()), (None, None, 0, None));
+
+    let d = delivery("one", &[inbox]);
+    let size = d.raw.len() as u64;
+    s.deliver_batch(&[d, delivery("two", &[inbox, archive])]).await.expect("deliver");
+    deliver_one(s, "six", &[other_inbox]).await;
+    assert_eq!(s.quota(acc).await.expect("quota").used, 3 * size, "a message in two mailboxes counts twice");
+    assert_eq!(s.quota(other).await.expect("quota").used, size, "accounts do not share usage");
+
+    s.copy(inbox, &UidSet::single(1), archive).await.expect("copy");
+    assert_eq!(s.quota(acc).await.expect("quota").used, 4 * size);
+    s.move_messages(archive, &UidSet::all(), inbox).await.expect("move");
+    assert_eq!(s.quota(acc).await.expect("quota").used, 4 * size, "a move changes nothing");
+    s.store_flags(inbox, &UidSet::single(1), FlagOp::Add, &flagset(Flags::DELETED, &[])).await.expect("flag");
+    assert_eq!(s.mailbox_deleted(inbox).await.expect("deleted"), (1, size));
+    assert_eq!(s.quota(acc).await.expect("quota").used, 4 * size, "\\Deleted still counts");
+    s.expunge(inbox, None).await.expect("expunge");
+    assert_eq!(s.quota(acc).await.expect("quota").used, 3 * size);
+    assert_counts(s, inbox).await;
+    s.mailbox_rename(acc, "INBOX", "Old").await.expect("rename INBOX");
+    assert_eq!(s.mailbox_size(inbox).await.expect("size"), 0, "INBOX left empty");
+    assert_eq!(s.quota(acc).await.expect("quota").used, 3 * size, "renaming INBOX moves the usage");
+    s.mailbox_delete(acc, "Old").await.expect("delete");
+    assert_eq!(s.quota(acc).await.expect("quota").used, 0, "a deleted mailbox frees its octets");
+
+    // Limits: the domain's default applies until the account has its own.
+    s.domain_set_quota("example.com", Some(10_000)).await.expect("domain quota");
+    assert_eq!(s.domain_quota("example.com").await.expect("domain quota"), Some(10_000));
+    let q = s.quota(acc).await.expect("quota");
+    assert_eq!((q.account_limit, q.domain_limit, q.limit()), (None, Some(10_000), Some(10_000)));
+    s.account_set_quota("Q@Example.com", Some(2_000)).await.expect("account quota");
+    assert_eq!(s.quota(acc).await.expect("quota").limit(), Some(2_000), "the account's own limit wins");
+    assert_eq!(s.quota(other).await.expect("quota").limit(), Some(10_000), "others keep the default");
+    s.account_set_quota("q@example.com", Some(store::Quota::UNLIMITED)).await.expect("unlimited");
+    assert_eq!(s.quota(acc).await.expect("quota").limit(), None, "unlimited despite the default");
+    s.account_set_quota("q@example.com", None).await.expect("back to default");
+    assert_eq!(s.quota(acc).await.expect("quota").limit(), Some(10_000));
+    s.domain_set_quota("example.com", None).await.expect("no default");
+    assert_eq!(s.quota(acc).await.expect("quota").limit(), None);
+    s.account_set_quota("q@example.com", Some(u64::MAX)).await.expect("huge limit");
+    assert_eq!(s.quota(acc).await.expect("quota").limit(), None, "past the column: no limit");
+
+    assert!(is_not_found(s.account_set_quota("nobody@example.com", Some(1)).await));
+    assert!(is_not_found(s.domain_set_quota("nowhere.example", Some(1)).await));
+    assert!(is_not_found(s.domain_quota("nowhere.example").await));
+    assert!(is_not_found(s.quota(i64::MAX).await));
+    assert!(is_not_found(s.mailbox_size(i64::MAX).await));
 }

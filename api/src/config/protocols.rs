@@ -85,7 +85,10 @@ pub struct ImapConfig {
     /// Idle time after which an authenticated session is logged out (RFC 3501
     /// §5.4 asks for at least 30 minutes).
     pub autologout_secs: u64,
-    /// Idle time allowed before authentication.
+    /// Idle time allowed before authentication. Three minutes, as Dovecot's login
+    /// timeout: clients that open connections ahead of need (and pools that hold
+    /// them) log in within it; a flood of idle sockets is bounded by the
+    /// connection limits, not by this.
     pub preauth_timeout_secs: u64,
     /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
     /// keeps NAT boxes and the autologout timer happy, RFC 2177).
@@ -126,7 +129,7 @@ impl Default for ImapConfig {
             max_line_bytes: 64 * 1024,
             max_literal_bytes: 50 * 1024 * 1024,
             autologout_secs: 30 * 60,
-            preauth_timeout_secs: 60,
+            preauth_timeout_secs: 180,
             idle_timeout_secs: 29 * 60,
             max_connections_per_user: 50,
             connection_lease_secs: 300,

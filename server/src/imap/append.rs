@@ -20,6 +20,12 @@ impl Session {
             Ok(None) => return Outcome::no("[TRYCREATE] No such mailbox"),
             Err(e) => return store_error(e),
         };
+        // RFC 9208 §5.2: the whole APPEND (every message of a MULTIAPPEND) fits, or
+        // none of it is stored.
+        let octets: u64 = messages.iter().map(|m| m.data.len() as u64).sum();
+        if let Some(refusal) = self.quota_refusal(octets).await {
+            return refusal;
+        }
         let now = chrono::Utc::now();
         let deliveries: Vec<NewDelivery> = messages
             .into_iter()

@@ -184,6 +184,10 @@ impl Session {
             return Outcome::ok(format!("{verb} completed (no messages)"));
         }
         let uid_set = UidSet::from_uids(&uids);
+        // A copy adds to the account's usage (a MOVE within the account does not).
+        if !moving && let Some(refusal) = self.copy_quota_refusal(src, &uid_set).await {
+            return refusal;
+        }
         let pairs = if moving {
             self.app.store.move_messages(src, &uid_set, dest.id).await
         } else {

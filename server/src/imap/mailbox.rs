@@ -557,6 +557,12 @@ impl Session {
                 StatusItem::Unseen => format!("UNSEEN {}", st.unseen),
                 StatusItem::Size => format!("SIZE {}", self.app.store.mailbox_size(mailbox_id).await?),
                 StatusItem::HighestModseq => format!("HIGHESTMODSEQ {}", st.highest_modseq.max(1)),
+                StatusItem::Deleted => {
+                    format!("DELETED {}", self.app.store.mailbox_deleted(mailbox_id).await?.0)
+                }
+                StatusItem::DeletedStorage => {
+                    format!("DELETED-STORAGE {}", self.app.store.mailbox_deleted(mailbox_id).await?.1)
+                }
             });
         }
         Ok(format!("* STATUS {} ({})", encode::mailbox(name), parts.join(" ")))

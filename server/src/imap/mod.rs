@@ -7,7 +7,8 @@
 //!
 //! One file per command family: [`auth`] (CAPABILITY, LOGIN, AUTHENTICATE,
 //! STARTTLS, LOGOUT, ID, ENABLE), [`mailbox`] (SELECT … STATUS), [`fetch`],
-//! [`flags`] (STORE, COPY, MOVE, EXPUNGE), [`search`], [`append`], [`idle`].
+//! [`flags`] (STORE, COPY, MOVE, EXPUNGE), [`search`], [`append`], [`idle`],
+//! [`quota`] (GETQUOTA, GETQUOTAROOT, SETQUOTA).
 //! The grammar lives in [`crate::proto::imap`].
 
 pub mod append;
@@ -21,6 +22,7 @@ pub mod index_cache;
 pub mod limit;
 pub mod mailbox;
 pub mod probe;
+pub mod quota;
 pub mod search;
 pub mod selected;
 mod session;

@@ -271,6 +271,18 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_append(&mailbox, messages).await,
             },
+            Request::GetQuota(root) => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_getquota(&root).await,
+            },
+            Request::GetQuotaRoot(mailbox) => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_getquotaroot(&mailbox).await,
+            },
+            Request::SetQuota => match self.require_auth() {
+                Some(o) => o,
+                None => self.cmd_setquota(),
+            },
             Request::Compress(mechanism) => match self.require_auth() {
                 Some(o) => o,
                 None => self.cmd_compress(&tag, &mechanism).await?,
@@ -619,6 +631,9 @@ fn request_name(r: &Request<'_>) -> &'static str {
         },
         Request::Id => "ID",
         Request::Namespace => "NAMESPACE",
+        Request::GetQuota(_) => "GETQUOTA",
+        Request::GetQuotaRoot(_) => "GETQUOTAROOT",
+        Request::SetQuota => "SETQUOTA",
         Request::UidExpunge(_) => "UID EXPUNGE",
         Request::Append { .. } => "APPEND",
         Request::Compress(_) => "COMPRESS",

@@ -636,50 +636,52 @@ impl Relay {
             recipients,
             original: &item.raw,
         });
-        let result = self.deliver_dsn(&item.sender, message).await;
+        let result = deliver_dsn(&self.app, &self.wake, &item.sender, message).await;
         match result {
             Ok(()) => self.metrics.dsns.with_label_values(&[action.name()]).inc(),
             Err(e) => tracing::error!(queue_id = item.id, error = %e, "DSN to {} not sent", item.sender),
         }
     }
+}
 
-    async fn deliver_dsn(&self, to: &str, message: Vec<u8>) -> anyhow::Result<()> {
-        let store = &self.app.store;
-        if let Some(account) = store.account_get(to).await? {
-            let inbox = store
-                .mailbox_get(account.id, "INBOX")
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("{to} has no INBOX"))?;
-            let mut raw = b"Return-Path: <>\r\n".to_vec();
-            raw.extend_from_slice(&message);
-            let meta = crate::message::parse_meta(&raw);
-            let delivery = NewDelivery {
-                raw: Bytes::from(raw),
-                meta,
-                internal_date: Utc::now(),
-                targets: vec![inbox.id],
-                flags: FlagSet::default(),
-            };
-            self.app.deliverer.deliver(delivery).await?;
-            let event = MailboxEvent { account_id: account.id, mailbox_id: inbox.id, modseq: 0 };
-            let _ = self.app.cache.publish(event).await;
-            return Ok(());
-        }
-        let now = Utc::now();
-        let expiry = chrono::Duration::seconds(
-            i64::try_from(self.app.config.smtp.queue_expiry_secs).unwrap_or(i64::MAX / 2),
-        );
-        store
-            .queue_enqueue(&NewQueueItem {
-                sender: String::new(),
-                recipients: vec![to.to_string()],
-                raw: Bytes::from(message),
-                account_id: None,
-                not_before: now,
-                expires_at: now + expiry,
-            })
-            .await?;
-        self.wake.notify_one();
-        Ok(())
+/// Stores a DSN for `to`: into its INBOX when it is a local account (quota or
+/// not: a report must reach its sender), else into the outbound queue with the
+/// null sender, so it is never bounced in turn.
+pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec<u8>) -> anyhow::Result<()> {
+    let store = &app.store;
+    if let Some(account) = store.account_get(to).await? {
+        let inbox = store
+            .mailbox_get(account.id, "INBOX")
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("{to} has no INBOX"))?;
+        let mut raw = b"Return-Path: <>\r\n".to_vec();
+        raw.extend_from_slice(&message);
+        let meta = crate::message::parse_meta(&raw);
+        let delivery = NewDelivery {
+            raw: Bytes::from(raw),
+            meta,
+            internal_date: Utc::now(),
+            targets: vec![inbox.id],
+            flags: FlagSet::default(),
+        };
+        app.deliverer.deliver(delivery).await?;
+        let event = MailboxEvent { account_id: account.id, mailbox_id: inbox.id, modseq: 0 };
+        let _ = app.cache.publish(event).await;
+        return Ok(());
     }
+    let now = Utc::now();
+    let expiry =
+        chrono::Duration::seconds(i64::try_from(app.config.smtp.queue_expiry_secs).unwrap_or(i64::MAX / 2));
+    store
+        .queue_enqueue(&NewQueueItem {
+            sender: String::new(),
+            recipients: vec![to.to_string()],
+            raw: Bytes::from(message),
+            account_id: None,
+            not_before: now,
+            expires_at: now + expiry,
+        })
+        .await?;
+    wake.notify_one();
+    Ok(())
 }

@@ -20,6 +20,8 @@ use super::envelope::{Envelope, Target};
 use super::session::{Session, Step};
 use crate::cache::MailboxEvent;
 use crate::proto::smtp::{DataDecoder, Reply, replies, sanitize};
+use crate::relay::deliver_dsn;
+use crate::relay::dsn::{self, Action, RecipientReport};
 use crate::store::{FlagSet, NewDelivery, NewQueueItem};
 
 /// Messages larger than this are parsed on the blocking pool, so a big attachment
@@ -225,9 +227,24 @@ impl Session {
         let raw = Bytes::from(raw);
         let mut locals: Vec<(i64, i64)> = Vec::new();
         let mut remotes: Vec<String> = Vec::new();
+        let mut over_quota: Vec<String> = Vec::new();
         for r in &envelope.rcpts {
             match r.target {
-                Target::Local { account_id, mailbox_id } => {
+                Target::Local { account_id, mailbox_id, limited } => {
+                    if limited {
+                        match self.app.store.quota(account_id).await {
+                            Ok(q) if q.fits(raw.len() as u64) => {}
+                            Ok(_) => {
+                                over_quota.push(r.address.clone());
+                                continue;
+                            }
+                            Err(err) => {
+                                tracing::warn!(error = %err, id = %envelope.id, "quota lookup failed");
+                                self.count_delivery("tempfail");
+                                return replies::temp_failure();
+                            }
+                        }
+                    }
                     let mailbox_id =
                         if junk { self.junk_of(account_id).await.unwrap_or(mailbox_id) } else { mailbox_id };
                     if !locals.iter().any(|(_, m)| *m == mailbox_id) {
@@ -236,6 +253,14 @@ impl Session {
                 }
                 Target::Remote => remotes.push(r.address.clone()),
             }
+        }
+        // The header section a DSN quotes (a reference, not a copy).
+        let original = (!over_quota.is_empty()).then(|| raw.clone());
+        if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
+            // Every recipient is over quota: one answer says it all (RFC 9208 at
+            // delivery; RFC 5321 §4.2.2's "exceeded storage allocation").
+            self.count_delivery("rejected");
+            return Reply::new(552, "5.2.2", "Quota exceeded");
         }
         // The queue goes first: if it fails, nothing was stored anywhere and the
         // client's retry duplicates nothing. If the local delivery then fails, the
@@ -310,11 +335,45 @@ impl Session {
                 }
             }
         }
+        if let Some(original) = original {
+            self.report_over_quota(&envelope, &original, &over_quota).await;
+        }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();
         self.metrics.bytes_total.inc_by(content_octets as u64);
         self.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
         Reply::new(250, "2.0.0", format!("OK: queued as {}", envelope.id))
+    }
+
+    /// Some recipients of an accepted message had no room for it: the others got
+    /// it, so the transaction's one reply is 250 and these are told to the sender
+    /// by a DSN, as any MTA does for a recipient that fails after acceptance.
+    async fn report_over_quota(&self, envelope: &Envelope, raw: &Bytes, recipients: &[String]) {
+        if envelope.from.is_empty() {
+            return;
+        }
+        let now = Utc::now();
+        let reports: Vec<RecipientReport> = recipients
+            .iter()
+            .map(|r| RecipientReport {
+                recipient: r.clone(),
+                status: "5.2.2".into(),
+                remote_mta: None,
+                diagnostic: "smtp; 552 5.2.2 Quota exceeded".into(),
+            })
+            .collect();
+        let message = dsn::build(&dsn::Report {
+            action: Action::Failed,
+            reporting_mta: &self.app.config.hostname,
+            sender: &envelope.from,
+            arrival: now,
+            expires: now,
+            recipients: &reports,
+            original: raw,
+        });
+        if let Err(err) = deliver_dsn(&self.app, &self.app.mail.relay_wake, &envelope.from, message).await {
+            tracing::error!(error = %err, id = %envelope.id, "over-quota DSN to {} not sent", envelope.from);
+        }
     }
 
     /// SPF, DKIM, ARC and DMARC of mail arriving on the MX from outside

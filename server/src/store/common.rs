@@ -108,10 +108,12 @@ pub(crate) async fn compress_batch(batch: &[NewDelivery]) -> StoreResult<Vec<Sto
 }
 
 /// How a batch lands in one mailbox: the deliveries (indexes into the batch) in
-/// batch order, and how many of them arrive unseen.
+/// batch order, how many of them arrive unseen, and their octets (the mailbox's
+/// `bytes` counter, which quotas and STATUS SIZE read).
 pub(crate) struct MailboxShare {
     pub deliveries: Vec<usize>,
     pub unseen: i64,
+    pub bytes: i64,
 }
 
 /// Groups a batch by target mailbox, ascending by id (the lock order), with each
@@ -123,8 +125,10 @@ pub(crate) fn group_by_mailbox(batch: &[NewDelivery]) -> BTreeMap<i64, MailboxSh
             if d.targets[..pos].contains(&mb) {
                 continue;
             }
-            let share = out.entry(mb).or_insert_with(|| MailboxShare { deliveries: Vec::new(), unseen: 0 });
+            let share =
+                out.entry(mb).or_insert_with(|| MailboxShare { deliveries: Vec::new(), unseen: 0, bytes: 0 });
             share.deliveries.push(i);
+            share.bytes += d.raw.len() as i64;
             if !d.flags.system.contains(Flags::SEEN) {
                 share.unseen += 1;
             }
@@ -441,6 +445,12 @@ pub(crate) fn mailbox_index_from(
 
 pub(crate) fn u32_of(v: i64, what: &str) -> StoreResult<u32> {
     u32::try_from(v).map_err(|_| StoreError::Internal(format!("{what} {v} out of range")))
+}
+
+/// A quota limit as stored (octets; NULL for none). Limits above `i64::MAX`
+/// octets are stored as that: no mailbox gets near it.
+pub(crate) fn limit_column(limit: Option<u64>) -> Option<i64> {
+    limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX))
 }
 
 pub(crate) fn u64_of(v: i64) -> u64 {

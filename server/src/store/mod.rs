@@ -87,6 +87,14 @@ pub trait Store: Send + Sync + 'static {
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()>;
     /// Case-insensitive lookup by full address.
     async fn account_get(&self, email: &str) -> StoreResult<Option<Account>>;
+    /// Sets (or with `None` removes) the account's own storage limit in octets.
+    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()>;
+    /// Sets (or removes) the default storage limit of the domain's accounts.
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()>;
+    /// The domain's default storage limit; `NotFound` for an unknown domain.
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>>;
+    /// The account's limits and usage, from its mailboxes' counters.
+    async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
 
     // ---- mailboxes ----
@@ -117,11 +125,12 @@ pub trait Store: Send + Sync + 'static {
     /// returns the floor before. Concurrent claims, from any process, are
     /// serialised: every UID is given as recent to exactly one caller.
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32>;
-    /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from the
-    /// sizes its listing carries.
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        Ok(self.maildrop(mailbox_id, 0).await?.iter().map(|e| u64::from(e.size)).sum())
-    }
+    /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from its
+    /// counter.
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64>;
+    /// Messages flagged `\Deleted` and their octets (STATUS DELETED and
+    /// DELETED-STORAGE, RFC 9208 §4.2).
+    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)>;
     /// Messages no session has been given as `\Recent` yet (STATUS RECENT). Not
     /// part of [`Store::mailbox_status`]: it counts rows, and clients poll STATUS
     /// without asking for it. This default reads the UID list; the backends count in

@@ -73,6 +73,34 @@ pub struct Mailbox {
     pub recent_floor: u32,
 }
 
+/// An account's storage quota (RFC 9208, resource STORAGE), in octets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quota {
+    /// The account's own limit, if one is set.
+    pub account_limit: Option<u64>,
+    /// Its domain's default limit, if one is set.
+    pub domain_limit: Option<u64>,
+    /// Octets of the messages in all its mailboxes (a message in two mailboxes
+    /// counts twice).
+    pub used: u64,
+}
+
+impl Quota {
+    /// An account's own limit that means "none", whatever its domain's default
+    /// (the largest a limit column holds).
+    pub const UNLIMITED: u64 = i64::MAX as u64;
+
+    /// The limit that applies: the account's own, else its domain's default.
+    pub fn limit(&self) -> Option<u64> {
+        self.account_limit.or(self.domain_limit).filter(|&l| l < Self::UNLIMITED)
+    }
+
+    /// Whether `more` octets still fit under the limit.
+    pub fn fits(&self, more: u64) -> bool {
+        self.limit().is_none_or(|limit| self.used.saturating_add(more) <= limit)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MailboxStatus {
     pub messages: u32,

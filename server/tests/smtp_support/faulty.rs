@@ -81,6 +81,18 @@ impl Store for FaultyStore {
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
         self.inner.account_set_password(email, password_hash).await
     }
+    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
+        self.inner.account_set_quota(email, limit).await
+    }
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
+        self.inner.domain_set_quota(domain, limit).await
+    }
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
+        self.inner.domain_quota(domain).await
+    }
+    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
+        self.inner.quota(account_id).await
+    }
     async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
         self.inner.account_get(email).await
     }
@@ -115,6 +127,12 @@ impl Store for FaultyStore {
     }
     async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
         self.inner.subscriptions(account_id).await
+    }
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
+        self.inner.mailbox_size(mailbox_id).await
+    }
+    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
+        self.inner.mailbox_deleted(mailbox_id).await
     }
     async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
         self.inner.mailbox_status(mailbox_id).await

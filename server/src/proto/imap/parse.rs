@@ -7,7 +7,8 @@ use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
 use crate::store::{FlagSet, Flags};
 
-/// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438; HIGHESTMODSEQ: RFC 7162).
+/// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438; HIGHESTMODSEQ: RFC 7162;
+/// DELETED and DELETED-STORAGE: RFC 9208).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusItem {
     Messages,
@@ -17,6 +18,18 @@ pub enum StatusItem {
     Unseen,
     Size,
     HighestModseq,
+    Deleted,
+    DeletedStorage,
+}
+
+impl StatusItem {
+    /// Items `imap-codec` does not know: a STATUS naming one is parsed here.
+    fn is_extension(self) -> bool {
+        matches!(
+            self,
+            StatusItem::Size | StatusItem::HighestModseq | StatusItem::Deleted | StatusItem::DeletedStorage
+        )
+    }
 }
 
 /// The parameters of `SELECT`/`EXAMINE mailbox (…)` (RFC 7162 §3.1.8, §3.2.5).
@@ -157,6 +170,12 @@ pub enum Request<'a> {
         items: Vec<StatusItem>,
         status: Vec<u8>,
     },
+    /// `GETQUOTA root` (RFC 9208 §4.1.1): the root's name as sent.
+    GetQuota(Vec<u8>),
+    /// `GETQUOTAROOT mailbox` (RFC 9208 §4.1.2): the mailbox name as sent.
+    GetQuotaRoot(Vec<u8>),
+    /// `SETQUOTA root (resource limit …)` (RFC 9208 §4.1.3).
+    SetQuota,
     /// APPEND with one or more messages (MULTIAPPEND).
     Append {
         mailbox: Vec<u8>,
@@ -270,6 +289,21 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
             return (!mechanism.is_empty() && tok.end())
                 .then_some((tag.clone(), Request::Compress(mechanism)))
                 .ok_or(bad("Invalid COMPRESS arguments"));
+        }
+        b"GETQUOTA" | b"GETQUOTAROOT" => {
+            let arg = if tok.sp() { tok.astring() } else { None };
+            return match arg {
+                Some(arg) if tok.end() => Ok((
+                    tag.clone(),
+                    if name == b"GETQUOTA" { Request::GetQuota(arg) } else { Request::GetQuotaRoot(arg) },
+                )),
+                _ => Err(bad("Invalid quota arguments")),
+            };
+        }
+        b"SETQUOTA" => {
+            return parse_setquota(&mut tok)
+                .then_some((tag.clone(), Request::SetQuota))
+                .ok_or(bad("Invalid SETQUOTA"));
         }
         b"LIST" => {
             if let Some(request) = parse_list_extended(&mut tok) {
@@ -461,6 +495,8 @@ fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
             b"UNSEEN" => Some(StatusItem::Unseen),
             b"SIZE" => Some(StatusItem::Size),
             b"HIGHESTMODSEQ" => Some(StatusItem::HighestModseq),
+            b"DELETED" => Some(StatusItem::Deleted),
+            b"DELETED-STORAGE" => Some(StatusItem::DeletedStorage),
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
@@ -472,8 +508,7 @@ fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
 fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
     let open = cmd.iter().rposition(|&b| b == b'(')?;
     let mut tok = Tok { s: cmd, pos: open };
-    let items = status_items(&mut tok)
-        .filter(|i| i.contains(&StatusItem::Size) || i.contains(&StatusItem::HighestModseq))?;
+    let items = status_items(&mut tok).filter(|i| i.iter().any(|i| i.is_extension()))?;
     if !tok.end() || after_name >= open {
         return Some(None);
     }
@@ -482,6 +517,21 @@ fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Opt
     status.extend_from_slice(&cmd[after_name..open]);
     status.extend_from_slice(b"(MESSAGES)\r\n");
     Some(Some(Request::Status { items, status }))
+}
+
+/// `SP root SP (resource limit …)`: the resources are atoms and the limits
+/// numbers (RFC 9208 §4.1.3), the list may be empty.
+fn parse_setquota(tok: &mut Tok<'_>) -> bool {
+    let mut syntax = || -> Option<()> {
+        (tok.sp() && tok.astring().is_some() && tok.sp()).then_some(())?;
+        paren_list(tok, |t| {
+            let resource = t.atom();
+            let limit = if t.sp() { t.atom() } else { b"" };
+            (!resource.is_empty() && !limit.is_empty() && limit.iter().all(u8::is_ascii_digit)).then_some(())
+        })?;
+        Some(())
+    };
+    syntax().is_some() && tok.end()
 }
 
 /// `[UID] SORT (keys) charset criteria` and `[UID] THREAD algorithm charset

@@ -32,8 +32,9 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 use super::common::{
     AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
     flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox, is_unique_violation, json_of,
-    mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email, normalize_flagset,
-    normalize_mailbox_name, now_secs, parent_names, split_unchanged_since, u32_of, u64_of, uid_ranges,
+    limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email,
+    normalize_flagset, normalize_mailbox_name, now_secs, parent_names, split_unchanged_since, u32_of, u64_of,
+    uid_ranges,
 };
 use super::*;
 
@@ -100,6 +101,8 @@ struct LinkRow {
     flags: i32,
     keywords: String,
     internal_date: DateTime<Utc>,
+    /// The message's octets, for the mailboxes' `bytes` counters.
+    size: i64,
 }
 
 fn link_row(r: &PgRow) -> StoreResult<LinkRow> {
@@ -109,6 +112,7 @@ fn link_row(r: &PgRow) -> StoreResult<LinkRow> {
         flags: r.try_get("flags").map_err(db_err)?,
         keywords: r.try_get("keywords").map_err(db_err)?,
         internal_date: r.try_get("internal_date").map_err(db_err)?,
+        size: r.try_get("size").map_err(db_err)?,
     })
 }
 
@@ -446,15 +450,29 @@ impl PgStore {
         Ok(())
     }
 
+    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
+    async fn update_one(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        what: String,
+    ) -> StoreResult<()> {
+        let res = query.execute(&mut *self.conn().await?).await.map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(what));
+        }
+        Ok(())
+    }
+
     async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
         let (los, his) = range_arrays(uids);
         if los.is_empty() {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date \
+            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
              FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
              JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             JOIN messages m ON m.id = mm.message_id \
              ORDER BY mm.uid",
         )
         .bind(mailbox_id)
@@ -471,13 +489,15 @@ impl PgStore {
             return Ok(());
         }
         let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
+        let bytes: i64 = links.iter().map(|l| l.size).sum();
         let modseq: i64 = sqlx::query_scalar(
             "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = messages - $2, \
-             unseen = unseen - $3 WHERE id = $1 RETURNING highest_modseq",
+             unseen = unseen - $3, bytes = bytes - $4 WHERE id = $1 RETURNING highest_modseq",
         )
         .bind(mailbox_id)
         .bind(links.len() as i64)
         .bind(unseen)
+        .bind(bytes)
         .fetch_optional(&mut **tx)
         .await
         .map_err(db_err)?
@@ -511,14 +531,16 @@ impl PgStore {
         }
         let n = links.len() as i64;
         let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
+        let bytes: i64 = links.iter().map(|l| l.size).sum();
         let row = sqlx::query(
             "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
-             messages = messages + $1, unseen = unseen + $2 WHERE id = $3 \
+             messages = messages + $1, unseen = unseen + $2, bytes = bytes + $4 WHERE id = $3 \
              RETURNING uid_next - $1 AS first_uid, highest_modseq",
         )
         .bind(n)
         .bind(unseen)
         .bind(dest)
+        .bind(bytes)
         .fetch_optional(&mut **tx)
         .await
         .map_err(db_err)?
@@ -780,16 +802,10 @@ impl Store for PgStore {
 
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
         let (email, _) = normalize_email(email)?;
-        let res = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
+        let query = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
             .bind(password_hash)
-            .bind(&email)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("account {email}")));
-        }
-        Ok(())
+            .bind(&email);
+        self.update_one(query, format!("account {email}")).await
     }
 
     async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
@@ -801,6 +817,51 @@ impl Store for PgStore {
             .await
             .map_err(db_err)?;
         row.as_ref().map(account_from_row).transpose()
+    }
+
+    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let query = sqlx::query("UPDATE accounts SET quota_bytes = $1 WHERE email = $2")
+            .bind(limit_column(limit))
+            .bind(&email);
+        self.update_one(query, format!("account {email}")).await
+    }
+
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let query = sqlx::query("UPDATE domains SET default_quota_bytes = $1 WHERE name = $2")
+            .bind(limit_column(limit))
+            .bind(&d);
+        self.update_one(query, format!("domain {d}")).await
+    }
+
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
+        let d = normalize_domain(domain)?;
+        let row: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = $1")
+                .bind(&d)
+                .fetch_optional(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
+        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
+    }
+
+    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
+        let row = sqlx::query(
+            "SELECT a.quota_bytes, d.default_quota_bytes, \
+             (SELECT coalesce(sum(bytes), 0)::bigint FROM mailboxes WHERE account_id = a.id) AS used \
+             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = $1",
+        )
+        .bind(account_id)
+        .fetch_optional(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+        Ok(Quota {
+            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
+            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
+            used: u64_of(row.try_get("used").map_err(db_err)?),
+        })
     }
 
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
@@ -960,8 +1021,9 @@ impl Store for PgStore {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
             let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen) \
-                 SELECT account_id, $1, $2, uid_next, highest_modseq, messages, unseen FROM mailboxes WHERE id = $3 \
+                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
+                 SELECT account_id, $1, $2, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
+                 WHERE id = $3 \
                  RETURNING id",
             )
             .bind(&to)
@@ -971,7 +1033,7 @@ impl Store for PgStore {
             .await
             .map_err(db_err)?;
             let modseq: i64 = sqlx::query_scalar(
-                "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = 0, unseen = 0 \
+                "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = 0, unseen = 0, bytes = 0 \
                  WHERE id = $1 RETURNING highest_modseq",
             )
             .bind(inbox)
@@ -1079,6 +1141,30 @@ impl Store for PgStore {
         })
     }
 
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
+        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = $1")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *self.conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
+    }
+
+    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
+        // literal predicate: served by the partial index on \Deleted rows
+        let row = sqlx::query(
+            "SELECT count(*) AS n, coalesce(sum(m.size), 0)::bigint AS bytes \
+             FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+             WHERE mm.mailbox_id = $1 AND mm.flags & 8 <> 0",
+        )
+        .bind(mailbox_id)
+        .fetch_one(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
+        let n: i64 = row.try_get("n").map_err(db_err)?;
+        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
+    }
+
     async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
         let n: Option<i64> = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
@@ -1144,15 +1230,18 @@ impl Store for PgStore {
         Self::lock_mailboxes(&mut tx, &mb_ids).await?;
         let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
         let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
+        let bytes: Vec<i64> = groups.values().map(|s| s.bytes).collect();
         let rows = sqlx::query(
             "UPDATE mailboxes m SET uid_next = m.uid_next + t.n, highest_modseq = m.highest_modseq + 1, \
-             messages = m.messages + t.n, unseen = m.unseen + t.u \
-             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS t(id, n, u) WHERE m.id = t.id \
+             messages = m.messages + t.n, unseen = m.unseen + t.u, bytes = m.bytes + t.b \
+             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, n, u, b) \
+             WHERE m.id = t.id \
              RETURNING m.id, m.uid_next - t.n AS first_uid, m.highest_modseq",
         )
         .bind(&mb_ids)
         .bind(&counts)
         .bind(&unseen)
+        .bind(&bytes)
         .fetch_all(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -1512,8 +1601,9 @@ impl Store for PgStore {
             None => {
                 // literal predicate: served by the partial index on \Deleted rows
                 let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
-                     WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid",
+                    "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
+                     FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+                     WHERE mm.mailbox_id = $1 AND mm.flags & 8 <> 0 ORDER BY mm.uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)

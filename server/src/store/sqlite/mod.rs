@@ -35,8 +35,8 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
     flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
-    is_unique_violation, json_of, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
-    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
+    is_unique_violation, json_of, limit_column, mailbox_index_from, meta_from_json, meta_to_json,
+    normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
     split_unchanged_since, u32_of, u64_of, uid_ranges,
 };
 use super::*;
@@ -109,6 +109,21 @@ struct LinkRow {
     flags: i64,
     keywords: String,
     internal_date: i64,
+    /// The message's octets, for the mailboxes' `bytes` counters.
+    size: i64,
+}
+
+impl LinkRow {
+    fn of(r: &SqliteRow) -> StoreResult<LinkRow> {
+        Ok(LinkRow {
+            uid: r.try_get("uid").map_err(db_err)?,
+            message_id: r.try_get("message_id").map_err(db_err)?,
+            flags: r.try_get("flags").map_err(db_err)?,
+            keywords: r.try_get("keywords").map_err(db_err)?,
+            internal_date: r.try_get("internal_date").map_err(db_err)?,
+            size: r.try_get("size").map_err(db_err)?,
+        })
+    }
 }
 
 impl SqliteStore {
@@ -323,12 +338,26 @@ impl SqliteStore {
         Ok(changed)
     }
 
+    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
+    async fn update_one(
+        &self,
+        query: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
+        what: String,
+    ) -> StoreResult<()> {
+        let res = query.execute(&mut *self.write_conn().await?).await.map_err(db_err)?;
+        if res.rows_affected() == 0 {
+            return Err(StoreError::NotFound(what));
+        }
+        Ok(())
+    }
+
     async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
             let rows = sqlx::query(
-                "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
-                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
+                "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
+                 FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
+                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
             )
             .bind(mailbox_id)
             .bind(lo)
@@ -337,13 +366,7 @@ impl SqliteStore {
             .await
             .map_err(db_err)?;
             for r in rows {
-                out.push(LinkRow {
-                    uid: r.try_get("uid").map_err(db_err)?,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    flags: r.try_get("flags").map_err(db_err)?,
-                    keywords: r.try_get("keywords").map_err(db_err)?,
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                });
+                out.push(LinkRow::of(&r)?);
             }
         }
         Ok(out)
@@ -378,10 +401,14 @@ impl SqliteStore {
                 unseen += 1;
             }
         }
-        sqlx::query("UPDATE mailboxes SET messages = messages - ?, unseen = unseen - ? WHERE id = ?")
-            .bind(links.len() as i64)
-            .bind(unseen)
-            .bind(mailbox_id)
+        let bytes: i64 = links.iter().map(|l| l.size).sum();
+        sqlx::query(
+            "UPDATE mailboxes SET messages = messages - ?, unseen = unseen - ?, bytes = bytes - ? WHERE id = ?",
+        )
+        .bind(links.len() as i64)
+        .bind(unseen)
+        .bind(bytes)
+        .bind(mailbox_id)
             .execute(&mut **tx)
             .await
             .map_err(db_err)?;
@@ -398,14 +425,16 @@ impl SqliteStore {
         }
         let n = links.len() as i64;
         let unseen = links.iter().filter(|l| l.flags & i64::from(Flags::SEEN.0) == 0).count() as i64;
+        let bytes: i64 = links.iter().map(|l| l.size).sum();
         let row = sqlx::query(
             "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-             messages = messages + ?1, unseen = unseen + ?2 WHERE id = ?3 \
+             messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
              RETURNING uid_next - ?1 AS first_uid, highest_modseq",
         )
         .bind(n)
         .bind(unseen)
         .bind(dest)
+        .bind(bytes)
         .fetch_optional(&mut **tx)
         .await
         .map_err(db_err)?
@@ -672,16 +701,55 @@ impl Store for SqliteStore {
 
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
         let (email, _) = normalize_email(email)?;
-        let res = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
+        let query = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
             .bind(password_hash)
-            .bind(&email)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("account {email}")));
-        }
-        Ok(())
+            .bind(&email);
+        self.update_one(query, format!("account {email}")).await
+    }
+
+    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let query = sqlx::query("UPDATE accounts SET quota_bytes = ? WHERE email = ?")
+            .bind(limit_column(limit))
+            .bind(&email);
+        self.update_one(query, format!("account {email}")).await
+    }
+
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let query = sqlx::query("UPDATE domains SET default_quota_bytes = ? WHERE name = ?")
+            .bind(limit_column(limit))
+            .bind(&d);
+        self.update_one(query, format!("domain {d}")).await
+    }
+
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
+        let d = normalize_domain(domain)?;
+        let row: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = ?")
+                .bind(&d)
+                .fetch_optional(&mut *self.read_conn().await?)
+                .await
+                .map_err(db_err)?;
+        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
+    }
+
+    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
+        let row = sqlx::query(
+            "SELECT a.quota_bytes, d.default_quota_bytes, \
+             (SELECT coalesce(sum(bytes), 0) FROM mailboxes WHERE account_id = a.id) AS used \
+             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = ?",
+        )
+        .bind(account_id)
+        .fetch_optional(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
+        Ok(Quota {
+            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
+            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
+            used: u64_of(row.try_get("used").map_err(db_err)?),
+        })
     }
 
     async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
@@ -827,8 +895,9 @@ impl Store for SqliteStore {
                 .await?
                 .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
             let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen) \
-                 SELECT account_id, ?, ?, uid_next, highest_modseq, messages, unseen FROM mailboxes WHERE id = ? \
+                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
+                 SELECT account_id, ?, ?, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
+                 WHERE id = ? \
                  RETURNING id",
             )
             .bind(&to)
@@ -854,7 +923,7 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
-            sqlx::query("UPDATE mailboxes SET messages = 0, unseen = 0 WHERE id = ?")
+            sqlx::query("UPDATE mailboxes SET messages = 0, unseen = 0, bytes = 0 WHERE id = ?")
                 .bind(src.id)
                 .execute(&mut *tx)
                 .await
@@ -940,6 +1009,30 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
+        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = ?")
+            .bind(mailbox_id)
+            .fetch_optional(&mut *self.read_conn().await?)
+            .await
+            .map_err(db_err)?;
+        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
+    }
+
+    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
+        let row = sqlx::query(
+            "SELECT count(*) AS n, coalesce(sum(m.size), 0) AS bytes \
+             FROM mailbox_messages mm INDEXED BY mailbox_messages_deleted \
+             JOIN messages m ON m.id = mm.message_id \
+             WHERE mm.mailbox_id = ? AND mm.flags & 8 <> 0",
+        )
+        .bind(mailbox_id)
+        .fetch_one(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?;
+        let n: i64 = row.try_get("n").map_err(db_err)?;
+        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
+    }
+
     async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
         let n: Option<i64> = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
@@ -1001,12 +1094,13 @@ impl Store for SqliteStore {
             let n = share.deliveries.len() as i64;
             let row = sqlx::query(
                 "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-                 messages = messages + ?1, unseen = unseen + ?2 WHERE id = ?3 \
+                 messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
                  RETURNING uid_next - ?1 AS first_uid, highest_modseq",
             )
             .bind(n)
             .bind(share.unseen)
             .bind(mb)
+            .bind(share.bytes)
             .fetch_optional(&mut *tx)
             .await
             .map_err(db_err)?
@@ -1356,24 +1450,16 @@ impl Store for SqliteStore {
             Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
             None => {
                 let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date FROM mailbox_messages \
-                     INDEXED BY mailbox_messages_deleted WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
+                    "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
+                     FROM mailbox_messages mm INDEXED BY mailbox_messages_deleted \
+                     JOIN messages m ON m.id = mm.message_id \
+                     WHERE mm.mailbox_id = ? AND mm.flags & 8 <> 0 ORDER BY mm.uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db_err)?;
-                rows.iter()
-                    .map(|r| {
-                        Ok(LinkRow {
-                            uid: r.try_get("uid").map_err(db_err)?,
-                            message_id: r.try_get("message_id").map_err(db_err)?,
-                            flags: r.try_get("flags").map_err(db_err)?,
-                            keywords: r.try_get("keywords").map_err(db_err)?,
-                            internal_date: r.try_get("internal_date").map_err(db_err)?,
-                        })
-                    })
-                    .collect::<StoreResult<Vec<_>>>()?
+                rows.iter().map(LinkRow::of).collect::<StoreResult<Vec<_>>>()?
             }
         };
         if links.is_empty() {
