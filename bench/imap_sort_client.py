@@ -3,7 +3,13 @@ logs in as its own user, selects INBOX, then alternates `UID SORT (DATE) UTF-8 A
 and `UID SORT (SUBJECT) UTF-8 ALL` for a fixed time. Prints one line per sort key
 (count, commands/s, P50/P95/P99 in ms) and writes them as JSON.
 
-Usage: imap_sort_client.py PORT USERS SECONDS JSON_OUT [LABEL]"""
+With RATE 0 (the default) each session sends its next sort as soon as the last one
+is answered (closed loop: the latency is mostly queueing behind the other 49).
+With RATE r > 0 each session sorts r times a second on a fixed schedule, the
+sessions' schedules spread over the first interval, and a sort's latency counts
+from its scheduled time, so a server that falls behind is charged for the wait.
+
+Usage: imap_sort_client.py PORT USERS SECONDS JSON_OUT [LABEL] [RATE]"""
 
 import asyncio
 import json
@@ -12,6 +18,7 @@ import time
 
 port, users, seconds, out = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 label = sys.argv[5] if len(sys.argv) > 5 else str(port)
+rate = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
 KEYS = ("DATE", "SUBJECT")
 
 
@@ -41,9 +48,16 @@ async def session(n, stop_at, latencies, counts, errors, warm):
     if warm:
         for key in KEYS:
             await cmd(f"UID SORT ({key}) UTF-8 ALL")
+    interval = 1 / rate if rate > 0 else 0.0
+    due = time.perf_counter() + interval * (n % users) / users
     while time.monotonic() < stop_at:
         for key in KEYS:
-            t = time.perf_counter()
+            if interval:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                t = due
+                due += interval
+            else:
+                t = time.perf_counter()
             line, numbers = await cmd(f"UID SORT ({key}) UTF-8 ALL")
             latencies[key].append(time.perf_counter() - t)
             if b" OK" not in line or numbers == 0:
@@ -76,7 +90,8 @@ async def main():
             "p95_ms": pct(v, 95),
             "p99_ms": pct(v, 99),
         }
-        print(f"{label:<12} SORT ({key:<7}) {users} sessions: {len(v):>6} sorts of {counts[key]} messages, "
+        result[key]["rate_per_session"] = rate
+        print(f"{label:<12} SORT ({key:<7}) {users} sessions{f' at {rate:g}/s each' if rate else ''}: {len(v):>6} sorts of {counts[key]} messages, "
               f"{len(v) / seconds:7.1f}/s  p50 {result[key]['p50_ms']:7.2f}  p95 {result[key]['p95_ms']:7.2f}  "
               f"p99 {result[key]['p99_ms']:7.2f} ms")
     result["errors"] = errors[:20]

@@ -254,6 +254,10 @@ async fn assert_counts(s: &Arc<dyn Store>, mailbox: i64) {
     assert_eq!(status.messages as usize, uids.len(), "messages counter of mailbox {mailbox}");
     assert_eq!(status.unseen as usize, unseen.len(), "unseen counter of mailbox {mailbox}");
     let listing = s.maildrop(mailbox, 0).await.expect("listing");
+    for e in &listing {
+        let body = s.message_body(e.message_id).await.expect("body");
+        assert_eq!(body.len(), e.size as usize, "size of uid {} in mailbox {mailbox}", e.uid);
+    }
     let octets: u64 = listing.iter().map(|e| u64::from(e.size)).sum();
     assert_eq!(s.mailbox_size(mailbox).await.expect("size"), octets, "bytes counter of mailbox {mailbox}");
     let deleted = s.uids_by_flags(mailbox, Flags::DELETED, Flags::NONE).await.expect("deleted");

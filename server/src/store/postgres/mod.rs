@@ -469,10 +469,9 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
+            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, mm.size \
              FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
              JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             JOIN messages m ON m.id = mm.message_id \
              ORDER BY mm.uid",
         )
         .bind(mailbox_id)
@@ -555,10 +554,13 @@ impl PgStore {
         let flags: Vec<i32> = links.iter().map(|l| l.flags).collect();
         let keywords: Vec<&str> = links.iter().map(|l| l.keywords.as_str()).collect();
         let dates: Vec<DateTime<Utc>> = links.iter().map(|l| l.internal_date).collect();
+        let sizes: Vec<i64> = links.iter().map(|l| l.size).collect();
         sqlx::query(
-            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date) \
-             SELECT $1, u, m, f, k, $2, d \
-             FROM UNNEST($3::bigint[], $4::bigint[], $5::int[], $6::text[], $7::timestamptz[]) AS t(u, m, f, k, d)",
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, \
+             size) \
+             SELECT $1, u, m, f, k, $2, d, s \
+             FROM UNNEST($3::bigint[], $4::bigint[], $5::int[], $6::text[], $7::timestamptz[], $8::bigint[]) \
+             AS t(u, m, f, k, d, s)",
         )
         .bind(dest)
         .bind(modseq)
@@ -567,6 +569,7 @@ impl PgStore {
         .bind(&flags)
         .bind(&keywords)
         .bind(&dates)
+        .bind(&sizes)
         .execute(&mut **tx)
         .await
         .map_err(db_err)?;
@@ -1153,9 +1156,8 @@ impl Store for PgStore {
     async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
         // literal predicate: served by the partial index on \Deleted rows
         let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(m.size), 0)::bigint AS bytes \
-             FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
-             WHERE mm.mailbox_id = $1 AND mm.flags & 8 <> 0",
+            "SELECT count(*) AS n, coalesce(sum(size), 0)::bigint AS bytes \
+             FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0",
         )
         .bind(mailbox_id)
         .fetch_one(&mut *self.conn().await?)
@@ -1310,6 +1312,7 @@ impl Store for PgStore {
         let mut l_kw: Vec<&str> = Vec::new();
         let mut l_modseq = Vec::new();
         let mut l_date = Vec::new();
+        let mut l_size = Vec::new();
         let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
         for (&mb, share) in &groups {
             let (first, modseq) =
@@ -1323,13 +1326,15 @@ impl Store for PgStore {
                 l_kw.push(keywords[i].as_str());
                 l_modseq.push(modseq);
                 l_date.push(batch[i].internal_date);
+                l_size.push(batch[i].raw.len() as i64);
                 assigned.insert((i, mb), u32_of(uid, "uid")?);
             }
         }
         sqlx::query(
-            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date) \
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, \
+             size) \
              SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], \
-             $7::timestamptz[])",
+             $7::timestamptz[], $8::bigint[])",
         )
         .bind(&l_mb)
         .bind(&l_uid)
@@ -1338,6 +1343,7 @@ impl Store for PgStore {
         .bind(&l_kw)
         .bind(&l_modseq)
         .bind(&l_date)
+        .bind(&l_size)
         .execute(&mut *tx)
         .await
         .map_err(db_err)?;
@@ -1384,9 +1390,8 @@ impl Store for PgStore {
 
     async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, m.size, mm.internal_date FROM mailbox_messages mm \
-             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = $1 AND mm.uid > $2 \
-             ORDER BY mm.uid",
+            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
+             WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid",
         )
         .bind(mailbox_id)
         .bind(i64::from(after_uid))
@@ -1601,9 +1606,8 @@ impl Store for PgStore {
             None => {
                 // literal predicate: served by the partial index on \Deleted rows
                 let rows = sqlx::query(
-                    "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
-                     FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
-                     WHERE mm.mailbox_id = $1 AND mm.flags & 8 <> 0 ORDER BY mm.uid",
+                    "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
+                     WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)

@@ -355,9 +355,8 @@ impl SqliteStore {
         let mut out = Vec::new();
         for (lo, hi) in uid_ranges(uids) {
             let rows = sqlx::query(
-                "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
-                 FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id \
-                 WHERE mm.mailbox_id = ? AND mm.uid BETWEEN ? AND ? ORDER BY mm.uid",
+                "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
+                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
             )
             .bind(mailbox_id)
             .bind(lo)
@@ -449,7 +448,7 @@ impl SqliteStore {
             let uid = first + k as i64;
             sqlx::query(
                 "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
-                 internal_date) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             )
             .bind(dest)
             .bind(uid)
@@ -458,6 +457,7 @@ impl SqliteStore {
             .bind(&l.keywords)
             .bind(modseq)
             .bind(l.internal_date)
+            .bind(l.size)
             .execute(&mut **tx)
             .await
             .map_err(db_err)?;
@@ -1020,10 +1020,9 @@ impl Store for SqliteStore {
 
     async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
         let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(m.size), 0) AS bytes \
-             FROM mailbox_messages mm INDEXED BY mailbox_messages_deleted \
-             JOIN messages m ON m.id = mm.message_id \
-             WHERE mm.mailbox_id = ? AND mm.flags & 8 <> 0",
+            "SELECT count(*) AS n, coalesce(sum(size), 0) AS bytes \
+             FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
+             WHERE mailbox_id = ? AND flags & 8 <> 0",
         )
         .bind(mailbox_id)
         .fetch_one(&mut *self.read_conn().await?)
@@ -1148,7 +1147,7 @@ impl Store for SqliteStore {
                     message_ids[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?;
                 sqlx::query(
                     "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
-                     internal_date) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 )
                 .bind(mb)
                 .bind(uid)
@@ -1157,6 +1156,7 @@ impl Store for SqliteStore {
                 .bind(encode_keywords(&flags[i].keywords))
                 .bind(modseq)
                 .bind(to_us(batch[i].internal_date))
+                .bind(batch[i].raw.len() as i64)
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
@@ -1201,9 +1201,8 @@ impl Store for SqliteStore {
 
     async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
         let rows = sqlx::query(
-            "SELECT mm.uid, mm.message_id, m.size, mm.internal_date FROM mailbox_messages mm \
-             JOIN messages m ON m.id = mm.message_id WHERE mm.mailbox_id = ? AND mm.uid > ? \
-             ORDER BY mm.uid",
+            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
+             WHERE mailbox_id = ? AND uid > ? ORDER BY uid",
         )
         .bind(mailbox_id)
         .bind(i64::from(after_uid))
@@ -1450,10 +1449,9 @@ impl Store for SqliteStore {
             Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
             None => {
                 let rows = sqlx::query(
-                    "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, m.size \
-                     FROM mailbox_messages mm INDEXED BY mailbox_messages_deleted \
-                     JOIN messages m ON m.id = mm.message_id \
-                     WHERE mm.mailbox_id = ? AND mm.flags & 8 <> 0 ORDER BY mm.uid",
+                    "SELECT uid, message_id, flags, keywords, internal_date, size \
+                     FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
+                     WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
                 )
                 .bind(mailbox_id)
                 .fetch_all(&mut *tx)
