@@ -78,10 +78,11 @@ UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailb
 CREATE TEMP TABLE targets AS
   SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
   WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test' AND a.email <= 'user$(printf %04d "$1")@example.test';
-INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
-  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size)
+  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, mm.size
   FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = :src;
-UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen
+UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen,
+  bytes = s.bytes
   FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
 ANALYZE;
 SQL

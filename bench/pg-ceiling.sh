@@ -30,14 +30,14 @@ cat >"$dir/one.sql" <<EOF
 BEGIN;
 SELECT id FROM mailboxes WHERE id = :mb FOR UPDATE;
 UPDATE mailboxes SET uid_next = uid_next + 1, highest_modseq = highest_modseq + 1,
-  messages = messages + 1, unseen = unseen + 1 WHERE id = :mb
+  messages = messages + 1, unseen = unseen + 1, bytes = bytes + $SIZE WHERE id = :mb
   RETURNING uid_next - 1 AS uid, highest_modseq AS modseq \gset
 INSERT INTO messages (body, compressed, size, meta, subject, from_addr, to_addr, message_id, header_size)
   VALUES (convert_to(repeat(md5(random()::text), $SIZE / 32), 'UTF8'), false, $SIZE, '{}',
           'bench', 'a@example.test', 'b@example.test', '<x@example.test>', 300)
   RETURNING id \gset
-INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
-  VALUES (:mb, :uid, :id, 0, '', :modseq, now());
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size)
+  VALUES (:mb, :uid, :id, 0, '', :modseq, now(), $SIZE);
 COMMIT;
 EOF
 
@@ -49,7 +49,7 @@ BEGIN;
 SELECT id FROM mailboxes WHERE id BETWEEN :first AND :first + $BATCH - 1 ORDER BY id FOR UPDATE;
 WITH m AS (
   UPDATE mailboxes SET uid_next = uid_next + 1, highest_modseq = highest_modseq + 1,
-    messages = messages + 1, unseen = unseen + 1
+    messages = messages + 1, unseen = unseen + 1, bytes = bytes + $SIZE
   WHERE id BETWEEN :first AND :first + $BATCH - 1
   RETURNING id, uid_next - 1 AS uid, highest_modseq AS modseq
 ), b AS (
@@ -60,8 +60,8 @@ WITH m AS (
   RETURNING id
 ), bn AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM b),
    mn AS (SELECT id, uid, modseq, row_number() OVER (ORDER BY id) AS n FROM m)
-INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date)
-  SELECT mn.id, mn.uid, bn.id, 0, '', mn.modseq, now() FROM mn JOIN bn USING (n);
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size)
+  SELECT mn.id, mn.uid, bn.id, 0, '', mn.modseq, now(), $SIZE FROM mn JOIN bn USING (n);
 COMMIT;
 EOF
 
