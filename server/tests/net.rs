@@ -686,6 +686,29 @@ async fn drain_signals_sessions_and_stops_accepting() {
     assert!(TcpStream::connect(addr).await.is_err(), "listening socket closed");
 }
 
+/// Connections the kernel completed before the drain but the server had not yet
+/// accepted are answered with the protocol's goodbye, not reset when the
+/// listening socket closes. The test runtime has one thread: the accept loop
+/// cannot run between these blocking connects and the trigger, so all of them
+/// are still in the backlog when the drain starts.
+#[tokio::test]
+async fn connections_in_the_backlog_at_the_drain_get_the_goodbye() {
+    let (proto, _events) = echo(false);
+    let server = start(spec("smtp", TlsMode::Plain), proto, None, Duration::from_secs(5));
+    let queued: Vec<std::net::TcpStream> =
+        (0..5).map(|_| std::net::TcpStream::connect(server.addr).expect("connect")).collect();
+    server.shutdown.trigger();
+    for tcp in queued {
+        tcp.set_nonblocking(true).expect("nonblocking");
+        let mut c = BufReader::new(TcpStream::from_std(tcp).expect("tokio stream"));
+        assert!(read_line(&mut c).await.starts_with("HELLO"));
+        assert_eq!(read_line(&mut c).await, "BYE shutting down\r\n");
+        assert_closed(&mut c).await;
+    }
+    tokio::time::timeout(STEP, server.task).await.expect("serve returns").expect("task");
+    assert!(TcpStream::connect(server.addr).await.is_err(), "listening socket closed");
+}
+
 #[tokio::test]
 async fn session_ignoring_the_signal_is_aborted_after_grace() {
     let (proto, mut events) = echo(true);

@@ -228,12 +228,16 @@ async fn accept_loop(listener: Listener, shared: Shared) {
             },
         }
     }
-    // Closing the listening socket first: from here on the kernel refuses new
-    // connections to this pod instead of queueing them in a backlog nobody reads.
-    drop(socket);
+    // Connections the kernel has already completed sit in the backlog; closing the
+    // socket would reset them (a client that saw its connect succeed, then a RST).
+    // They are taken now and, the drain being signalled, their sessions open with
+    // the protocol's goodbye (SMTP 421, IMAP BYE, POP3 -ERR): a client retries.
+    let queued = take_backlog(socket, &shared, &mut sessions);
+    // From here on the kernel refuses new connections to this pod instead of
+    // queueing them in a backlog nobody reads.
     let open = sessions.len();
-    if open > 0 {
-        tracing::info!(listener = name, sessions = open, "draining");
+    if open > 0 || queued > 0 {
+        tracing::info!(listener = name, sessions = open, queued, "draining");
     }
     let deadline = tokio::time::Instant::now() + shared.shutdown.grace();
     while !sessions.is_empty() {
@@ -251,6 +255,26 @@ async fn accept_loop(listener: Listener, shared: Shared) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Accepts every connection waiting in the backlog without waiting for more, then
+/// closes the listening socket. Returns how many were taken.
+fn take_backlog(socket: tokio::net::TcpListener, shared: &Shared, sessions: &mut JoinSet<()>) -> usize {
+    let Ok(socket) = socket.into_std() else { return 0 };
+    let mut taken = 0;
+    // `into_std` leaves the socket non-blocking: `WouldBlock` means the backlog is empty.
+    loop {
+        match socket.accept() {
+            Ok((tcp, peer)) => {
+                if let Ok(tcp) = tcp.set_nonblocking(true).and_then(|()| TcpStream::from_std(tcp)) {
+                    admit(shared, sessions, tcp, peer);
+                    taken += 1;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
+            Err(_) => return taken,
         }
     }
 }

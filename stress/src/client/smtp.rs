@@ -26,13 +26,17 @@ pub struct SmtpClient {
     conn: Conn,
     pub ext: Extensions,
     cmd: Vec<u8>,
+    /// Out of step with the server (a transaction it opened could not be ended
+    /// cleanly): the session must not be reused.
+    broken: bool,
 }
 
 impl SmtpClient {
     /// Connect, read the greeting, EHLO, and STARTTLS + EHLO again when asked to.
     pub async fn connect(ep: &Endpoint, helo: &str) -> Result<SmtpClient> {
         let conn = Conn::connect(ep).await?;
-        let mut c = SmtpClient { conn, ext: Extensions::default(), cmd: Vec::with_capacity(512) };
+        let mut c =
+            SmtpClient { conn, ext: Extensions::default(), cmd: Vec::with_capacity(512), broken: false };
         c.expect(220).await?;
         c.ehlo(helo).await?;
         if ep.tls_mode == TlsMode::Starttls {
@@ -48,14 +52,15 @@ impl SmtpClient {
     }
 
     /// See [`Conn::server_hung_up`]: checked before a cached session is reused.
+    /// A session left out of step by a failed transaction counts as closed too.
     pub fn server_hung_up(&mut self) -> bool {
-        self.conn.server_hung_up()
+        self.broken || self.conn.server_hung_up()
     }
 
     /// Read the greeting only (connect-flood holds connections without a session).
     pub async fn connect_greeting(ep: &Endpoint) -> Result<SmtpClient> {
         let conn = Conn::connect(ep).await?;
-        let mut c = SmtpClient { conn, ext: Extensions::default(), cmd: Vec::new() };
+        let mut c = SmtpClient { conn, ext: Extensions::default(), cmd: Vec::new(), broken: false };
         c.expect(220).await?;
         Ok(c)
     }
@@ -157,45 +162,65 @@ impl SmtpClient {
                 }
             };
             let data_open = data_reply.as_ref().is_some_and(|r| r.code == 354);
-            if mail.code / 100 != 2 {
-                return self.abort(mail, data_open).await;
+            let mail_open = mail.code / 100 == 2;
+            if !mail_open {
+                return self.abort(mail, false, data_open).await;
             }
             if accepted == 0
                 && let Some(r) = rcpt_err
             {
-                return self.abort(r, data_open).await;
+                return match closing {
+                    Some(_) => Err(ClientError::Smtp(r.code, r.text)),
+                    None => self.abort(r, true, data_open).await,
+                };
             }
             if let Some(r) = closing {
                 return Err(ClientError::Smtp(r.code, r.text));
             }
             if accepted == 0 {
                 let r = Reply { code: 554, text: "no recipients".into() };
-                return self.abort(r, data_open).await;
+                return self.abort(r, true, data_open).await;
             }
             let data_reply = data_reply.unwrap_or(Reply { code: 554, text: "no DATA reply".into() });
             if data_reply.code != 354 {
-                return Err(ClientError::Smtp(data_reply.code, data_reply.text));
+                return self.abort(data_reply, true, false).await;
             }
         } else {
             self.conn.write_all(&self.cmd).await?;
             self.expect(250).await?;
             for r in rcpts {
                 self.conn.write_all(format!("RCPT TO:<{r}>\r\n").as_bytes()).await?;
-                self.expect(250).await?;
+                let reply = self.reply().await?;
+                if reply.code != 250 {
+                    return self.abort(reply, true, false).await;
+                }
             }
             self.conn.write_all(b"DATA\r\n").await?;
-            self.expect(354).await?;
+            let reply = self.reply().await?;
+            if reply.code != 354 {
+                return self.abort(reply, true, false).await;
+            }
         }
         self.conn.write_all_parts(data).await?;
         self.expect(250).await.map(drop)
     }
 
-    /// A pipelined transaction failed; if the server nevertheless accepted DATA, end
-    /// the empty message so the session stays usable, then report the first error.
-    async fn abort(&mut self, first: Reply, data_open: bool) -> Result<()> {
+    /// A transaction failed before its content: report the first error, and leave
+    /// the session ready for the next one. A server keeps the sender of a
+    /// transaction whose recipients all failed (RFC 5321 §4.1.1.9: only RSET, or
+    /// the end of the content, clears it), so the transaction is reset — without it
+    /// the next MAIL would meet `503 sender already specified`. If the server
+    /// nevertheless opened DATA, the only ways out are sending content (which it
+    /// would deliver) or hanging up: the session is given up instead.
+    async fn abort(&mut self, first: Reply, mail_open: bool, data_open: bool) -> Result<()> {
         if data_open {
-            self.conn.write_all(b".\r\n").await?;
-            let _ = self.reply().await?;
+            self.broken = true;
+            self.conn.shutdown().await;
+        } else if mail_open {
+            self.conn.write_all(b"RSET\r\n").await?;
+            if self.reply().await?.code != 250 {
+                self.broken = true;
+            }
         }
         Err(ClientError::Smtp(first.code, first.text))
     }

@@ -81,11 +81,23 @@ pub async fn smtp_server(rcpt: fn(u64) -> &'static str) -> SocketAddr {
         async move {
             let mut c = Lines::new(s);
             c.send("220 test ESMTP\r\n").await;
+            // A transaction opened by MAIL ends only with RSET or the end of its
+            // content (RFC 5321 §4.1.1): a second MAIL before that is out of sequence.
+            let mut mail_open = false;
             let mut rcpt_ok = false;
             while let Some(l) = c.line().await {
                 let up = l.to_ascii_uppercase();
                 let reply = if up.starts_with("EHLO") {
                     "250-test\r\n250 PIPELINING\r\n".to_string()
+                } else if up.starts_with("MAIL") {
+                    if std::mem::replace(&mut mail_open, true) {
+                        "503 5.5.1 nested MAIL command\r\n".into()
+                    } else {
+                        "250 ok\r\n".into()
+                    }
+                } else if up.starts_with("RSET") {
+                    (mail_open, rcpt_ok) = (false, false);
+                    "250 ok\r\n".into()
                 } else if up.starts_with("RCPT") {
                     let r = rcpt(counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
                     rcpt_ok = r.starts_with('2');
@@ -96,6 +108,7 @@ pub async fn smtp_server(rcpt: fn(u64) -> &'static str) -> SocketAddr {
                         if c.data().await.is_none() {
                             return;
                         }
+                        (mail_open, rcpt_ok) = (false, false);
                         "250 ok\r\n".into()
                     } else {
                         "554 no valid recipients\r\n".into()
