@@ -98,6 +98,52 @@ async fn a_421_to_pipelined_commands_is_counted_as_421() {
     assert_eq!(d.errors_by_kind.get("smtp-421").copied(), Some(5), "{:?}", d.errors_by_kind);
 }
 
+/// A draining server sends its 421 between transactions, unasked, and closes
+/// (RFC 5321 §3.8). Whichever transaction reads that 421, the session is not used
+/// again: the next transaction opens a new connection instead of being written
+/// into one whose end of stream is still on its way (a broken connection, never
+/// told to come back later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_421_between_transactions_ends_the_session() {
+    let addr = serve(|s| async move {
+        let mut c = Lines::new(s);
+        c.send("220 test ESMTP\r\n").await;
+        while let Some(l) = c.line().await {
+            let up = l.to_ascii_uppercase();
+            if up.starts_with("EHLO") {
+                c.send("250-test\r\n250 PIPELINING\r\n").await;
+            } else if up.starts_with("DATA") {
+                c.send("354 go\r\n").await;
+                if c.data().await.is_none() {
+                    return;
+                }
+                c.send("250 ok\r\n").await;
+                // The drain starts just after the message: the client may already
+                // be writing its next transaction.
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                c.send("421 4.3.2 shutting down\r\n").await;
+                let _ = c.w.shutdown().await;
+                while c.line().await.is_some() {}
+                return;
+            } else {
+                c.send("250 ok\r\n").await;
+            }
+        }
+    })
+    .await;
+    let mut a = args(&[ScenarioKind::Deliver]);
+    a.smtp = Some(addr.to_string());
+    a.closed_loop = true;
+    a.concurrency = Some(8);
+    a.max_ops = Some(600);
+    a.duration = Some("20s".into());
+    let r = run(a).await;
+    let d = op(&r, "deliver");
+    let kinds: Vec<&String> = d.errors_by_kind.keys().filter(|k| *k != "smtp-421").collect();
+    assert!(kinds.is_empty(), "only 421s may fail: {:?}", d.errors_by_kind);
+    assert!(d.ok >= 250, "{d:?}");
+}
+
 #[tokio::test]
 async fn imap_no_replies_are_counted() {
     let addr = serve(|s| async move {

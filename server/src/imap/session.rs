@@ -147,7 +147,7 @@ impl Session {
         if let Some(slot) = self.user_slot.take() {
             slot.release().await;
         }
-        let _ = self.stream.shutdown().await;
+        self.stream.close().await;
     }
 
     async fn serve(&mut self) -> std::io::Result<()> {

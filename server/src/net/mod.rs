@@ -65,7 +65,37 @@ impl SessionStream {
     pub fn compress(self) -> SessionStream {
         SessionStream::Deflate(Box::new(deflate::Deflate::new(self)))
     }
+
+    /// Ends a session: half-closes, then reads and drops what the client still
+    /// sends until it closes too, for at most [`CLOSE_LINGER`] and
+    /// [`CLOSE_LINGER_BYTES`]. Closing a socket with unread input makes the kernel
+    /// send a RST, and a RST destroys the last reply — the drain's 421, the BYE —
+    /// when it reaches the client before the client has read it: a client that
+    /// pipelined commands behind that reply would see the connection vanish
+    /// instead of being told to come back later.
+    pub async fn close(&mut self) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _ = tokio::time::timeout(CLOSE_LINGER, async {
+            self.shutdown().await?;
+            let mut sink = [0u8; 1024];
+            let mut left = CLOSE_LINGER_BYTES;
+            while left > 0 {
+                let n = self.read(&mut sink).await?;
+                if n == 0 {
+                    break;
+                }
+                left = left.saturating_sub(n);
+            }
+            std::io::Result::Ok(())
+        })
+        .await;
+    }
 }
+
+/// How long [`SessionStream::close`] waits for the client to close its side.
+pub const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+/// How much late input [`SessionStream::close`] reads and drops before giving up.
+pub const CLOSE_LINGER_BYTES: usize = 256 * 1024;
 
 macro_rules! delegate {
     ($self:ident, $s:ident => $e:expr) => {

@@ -67,7 +67,7 @@ impl Session {
         if let Some(maildrop) = self.maildrop.take() {
             maildrop.release().await;
         }
-        let _ = self.stream.shutdown().await;
+        self.stream.close().await;
     }
 
     fn ok(&mut self, text: &str) -> Step {

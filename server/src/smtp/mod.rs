@@ -124,7 +124,7 @@ impl Protocol for SmtpProtocol {
         let limit = self.app.config.smtp.max_connections_per_ip;
         let Some(_slot) = IpSlot::take(&self.per_ip, ctx.conn.remote.ip(), limit) else {
             let _ = stream.write_all(b"421 4.7.0 Too many connections from your address\r\n").await;
-            let _ = stream.shutdown().await;
+            stream.close().await;
             return;
         };
         // Implicit TLS: the listener normally hands over a TLS stream already; if it

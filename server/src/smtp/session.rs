@@ -132,7 +132,7 @@ impl Session {
             }
         }
         let _ = self.flush(&mut stream).await;
-        let _ = stream.shutdown().await;
+        stream.close().await;
     }
 
     /// RFC 3207 §4.2: after TLS starts, forget everything learnt before it.

@@ -26,8 +26,8 @@ pub struct SmtpClient {
     conn: Conn,
     pub ext: Extensions,
     cmd: Vec<u8>,
-    /// Out of step with the server (a transaction it opened could not be ended
-    /// cleanly): the session must not be reused.
+    /// Closing (the server said 421) or out of step with the server (a transaction
+    /// it opened could not be ended cleanly): the session must not be reused.
     broken: bool,
 }
 
@@ -52,7 +52,8 @@ impl SmtpClient {
     }
 
     /// See [`Conn::server_hung_up`]: checked before a cached session is reused.
-    /// A session left out of step by a failed transaction counts as closed too.
+    /// A session the server announced it closes (421), or one left out of step by
+    /// a failed transaction, counts as closed too.
     pub fn server_hung_up(&mut self) -> bool {
         self.broken || self.conn.server_hung_up()
     }
@@ -242,12 +243,17 @@ impl SmtpClient {
         r.map(drop)
     }
 
-    /// Read one (possibly multi-line) reply.
+    /// Read one (possibly multi-line) reply. A 421 is the server closing the
+    /// channel (RFC 5321 §3.8): its end of stream may still be on the way, so the
+    /// session is marked for closing here rather than left for
+    /// [`SmtpClient::server_hung_up`] to notice — a next transaction written in
+    /// between would meet a closed connection instead of a reply.
     pub async fn reply(&mut self) -> Result<Reply> {
         loop {
             let line = self.conn.read_line().await?;
             let (code, last) = parse_line(line)?;
             if last {
+                self.broken |= code == 421;
                 return Ok(Reply { code, text: text(line) });
             }
         }
