@@ -2,6 +2,7 @@
 //! headers and metadata, ties in mailbox order.
 
 use std::cmp::Ordering;
+use std::fmt::Write as _;
 
 use imap_codec::imap_types::core::Charset;
 use imap_codec::imap_types::search::SearchKey;
@@ -15,26 +16,27 @@ use crate::store::UidSet;
 
 impl Session {
     /// `rows`: what the search matched ([`Session::matching_rows`]).
-    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], rows: Vec<Arc<SortKeys>>, uid: bool) -> Outcome {
-        let mut sorted: Vec<(Vec<SortValue>, u32)> = rows
-            .iter()
-            .map(|row| (keys.iter().map(|k| SortValue::of(k.kind, row)).collect(), row.uid))
-            .collect();
-        sorted.sort_by(|(a, ua), (b, ub)| {
+    pub(crate) fn cmd_sort(&mut self, keys: &[SortKey], mut rows: Vec<Arc<SortKeys>>, uid: bool) -> Outcome {
+        // Compared in place, field by field: no key is copied out of the cache, so a
+        // sort of n messages allocates nothing per message.
+        rows.sort_by(|a, b| {
             keys.iter()
-                .zip(a.iter().zip(b))
-                .map(|(k, (x, y))| if k.reverse { y.cmp(x) } else { x.cmp(y) })
-                .find(|o| *o != Ordering::Equal)
+                .map(|k| {
+                    let o = compare(k.kind, a, b);
+                    if k.reverse { o.reverse() } else { o }
+                })
+                .find(|o| o.is_ne())
                 // Equal by every key: mailbox order (UIDs ascend with it).
-                .unwrap_or_else(|| ua.cmp(ub))
+                .unwrap_or_else(|| a.uid.cmp(&b.uid))
         });
         let Some(sel) = self.selected.as_ref() else { return Outcome::bad("No mailbox selected") };
-        let mut line = String::from("* SORT");
-        for (_, u) in sorted {
+        let mut line = String::with_capacity(8 + rows.len() * 7);
+        line.push_str("* SORT");
+        for row in &rows {
             // Expunged here meanwhile: not in this session's view any more.
+            let u = row.uid;
             let Some(n) = (if uid { sel.seq_of(u).map(|_| u) } else { sel.seq_of(u) }) else { continue };
-            line.push(' ');
-            line.push_str(&n.to_string());
+            let _ = write!(line, " {n}");
         }
         self.push(&line);
         Outcome::ok(if uid { "UID SORT completed" } else { "SORT completed" })
@@ -80,27 +82,18 @@ impl Session {
     }
 }
 
-/// One sort key of one message, comparable with the same key of another.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum SortValue {
-    Time(i64),
-    Number(u32),
-    /// Compared as i;ascii-casemap: ASCII letters upper-cased.
-    Text(Vec<u8>),
-}
-
-impl SortValue {
-    fn of(kind: SortKind, k: &SortKeys) -> SortValue {
-        let text = |s: &str| SortValue::Text(s.as_bytes().to_vec());
-        match kind {
-            SortKind::Arrival => SortValue::Time(k.arrival),
-            SortKind::Date => SortValue::Time(k.sent),
-            SortKind::Size => SortValue::Number(k.size),
-            SortKind::Subject => text(&k.subject),
-            SortKind::From => text(&k.from),
-            SortKind::To => text(&k.to),
-            SortKind::Cc => text(&k.cc),
-        }
+/// One sort key of two messages, in ascending order. Times and numbers compare
+/// as such; text keys are stored ASCII upper-cased, so byte order is
+/// i;ascii-casemap (RFC 5256 §2.2).
+fn compare(kind: SortKind, a: &SortKeys, b: &SortKeys) -> Ordering {
+    match kind {
+        SortKind::Arrival => a.arrival.cmp(&b.arrival),
+        SortKind::Date => a.sent.cmp(&b.sent),
+        SortKind::Size => a.size.cmp(&b.size),
+        SortKind::Subject => a.subject.as_bytes().cmp(b.subject.as_bytes()),
+        SortKind::From => a.from.as_bytes().cmp(b.from.as_bytes()),
+        SortKind::To => a.to.as_bytes().cmp(b.to.as_bytes()),
+        SortKind::Cc => a.cc.as_bytes().cmp(b.cc.as_bytes()),
     }
 }
 
