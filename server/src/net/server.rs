@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -189,8 +189,6 @@ struct Shared {
 /// Longest pause after failed accepts (EMFILE and friends); retrying at once would
 /// spin a core while descriptors are exhausted.
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-/// How long a refused client gets to read the busy reply before the socket closes.
-const REFUSE_LINGER: Duration = Duration::from_secs(2);
 /// Refused connections lingering at once per listener. Past this (a flood), refusals
 /// are written and closed at once: lingering would pile up descriptors exactly when
 /// the listener is already full.
@@ -321,24 +319,19 @@ fn refused(shared: &Shared, reason: &str) {
     shared.metrics.connections_refused_total.with_label_values(&[shared.spec.name, reason]).inc();
 }
 
-/// Writes the protocol's busy reply and closes. After the reply the socket is half
-/// closed and the client's bytes are read and dropped for a moment: closing a socket
-/// with unread input sends a RST, which can destroy the reply before the client
-/// reads it. Implicit-TLS clients cannot read a plaintext line, and completing a
+/// Writes the protocol's busy reply and closes the way sessions do
+/// ([`SessionStream::close`]: no RST to destroy the reply). Implicit-TLS clients cannot read a plaintext line, and completing a
 /// handshake just to refuse would spend the CPU the cap protects, so they are only
 /// closed.
-async fn refuse(mut tcp: TcpStream, mode: TlsMode, reply: &'static [u8]) {
+async fn refuse(tcp: TcpStream, mode: TlsMode, reply: &'static [u8]) {
     if mode == TlsMode::Implicit {
         return;
     }
-    let _ = tokio::time::timeout(REFUSE_LINGER, async {
-        tcp.write_all(reply).await?;
-        tcp.shutdown().await?;
-        let mut sink = [0u8; 512];
-        while tcp.read(&mut sink).await? > 0 {}
-        std::io::Result::Ok(())
-    })
-    .await;
+    let mut stream = SessionStream::Plain(tcp);
+    // A fresh socket's send buffer is empty: the one-line reply never waits.
+    if stream.write_all(reply).await.is_ok() {
+        stream.close().await;
+    }
 }
 
 async fn session(shared: Shared, mut tcp: TcpStream, peer: SocketAddr) {
