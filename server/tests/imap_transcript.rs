@@ -773,8 +773,23 @@ async fn sort_orders_by_the_rfc_keys() {
     assert_eq!(sort(&mut c, "h", "(TO SUBJECT) UTF-8 ALL").await, "* SORT 2 3 1 4");
     let r = c.cmd("u", "UID SORT (REVERSE DATE) UTF-8 ALL").await;
     assert_eq!(r, ["* SORT 5 3 2 4", "u OK UID SORT completed"].map(String::from));
+    // The mailbox changes after a sort by the same keys (and a narrow one between):
+    // arrivals take their place in the order, the expunged leave it.
+    let r = c.cmd("u1", "UID SORT (SUBJECT) UTF-8 ALL").await;
+    assert_eq!(r[0], "* SORT 3 4 2 5");
     let r = c.cmd("n", "SORT (SUBJECT) UTF-8 SUBJECT nothing").await;
     assert_eq!(r[0], "* SORT");
+    deliver(&app, &bob, "INBOX", &message("dan@example.com", "Re: aardvark", None, "x"), FlagSet::default())
+        .await;
+    deliver(&app, &bob, "INBOX", &message("eve@example.com", "delta", None, "x"), FlagSet::default()).await;
+    c.cmd("d3", "UID STORE 3 +FLAGS.SILENT (\\Deleted)").await;
+    c.cmd("x3", "EXPUNGE").await;
+    let r = c.cmd("u2", "UID SORT (SUBJECT) UTF-8 ALL").await;
+    assert!(r.contains(&"* SORT 6 4 2 7 5".to_string()), "{r:?}");
+    let r = c.cmd("u3", "UID SORT (REVERSE SUBJECT) UTF-8 NOT FROM eve").await;
+    assert!(r.contains(&"* SORT 5 2 4 6".to_string()), "{r:?}");
+    let r = c.cmd("u4", "UID SORT (SUBJECT) UTF-8 ALL").await;
+    assert!(r.contains(&"* SORT 6 4 2 7 5".to_string()), "{r:?}");
     let r = c.cmd("cs", "SORT (SUBJECT) KOI8-R ALL").await;
     assert!(r.last().unwrap().starts_with("cs NO [BADCHARSET"), "{r:?}");
     for (tag, bad) in

@@ -360,10 +360,7 @@ impl Session {
                         SearchKind::ESearch(options) => {
                             self.cmd_search(Some((&tag, options)), charset, &criteria, uid).await
                         }
-                        SearchKind::Sort(keys) => match self.matching_rows(charset, &criteria, uid).await {
-                            Ok(rows) => self.cmd_sort(keys, rows, uid),
-                            Err(o) => o,
-                        },
+                        SearchKind::Sort(keys) => self.cmd_sort(charset, &criteria, keys, uid).await,
                         SearchKind::Thread(algorithm) => {
                             match self.matching_rows(charset, &criteria, uid).await {
                                 Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
