@@ -147,10 +147,8 @@ impl<E: std::fmt::Display> From<E> for Trouble {
 
 impl Authenticator {
     pub fn new(store: Arc<dyn Store>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
-        let permits = match config.max_concurrent_hashes {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-            n => n,
-        };
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let permits = hash_permits(config.max_concurrent_hashes, cpus);
         let auth_total = prometheus::IntCounterVec::new(
             prometheus::Opts::new("mail_auth_total", "Login attempts by outcome"),
             &["result"],
@@ -365,6 +363,18 @@ impl Authenticator {
     }
 }
 
+/// argon2 runs allowed at once: `configured`, or with 0 half the CPUs (at least
+/// one). A burst of first logins (every user's first after a rollout hashes) once
+/// held both cores of a two-core pod for seconds, starving the sessions already
+/// logged in (bench/RESULTS.md, soak run 2); half the cores keeps the others for
+/// them while the burst is worked off.
+fn hash_permits(configured: usize, cpus: usize) -> usize {
+    match configured {
+        0 => (cpus / 2).max(1),
+        n => n,
+    }
+}
+
 /// The stored hash could not be used (as opposed to a runtime failure).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -389,6 +399,15 @@ fn network_of(ip: IpAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hashing_leaves_cores_to_the_sessions_unless_configured() {
+        assert_eq!(hash_permits(0, 1), 1);
+        assert_eq!(hash_permits(0, 2), 1);
+        assert_eq!(hash_permits(0, 3), 1);
+        assert_eq!(hash_permits(0, 8), 4);
+        assert_eq!(hash_permits(6, 2), 6);
+    }
 
     #[test]
     fn hashes_are_argon2id_with_owasp_parameters_and_salted() {

@@ -203,7 +203,8 @@ pub struct AuthConfig {
     pub credential_cache_secs: u64,
     /// How long the domain list (for bare local-part logins) is kept in memory.
     pub domain_cache_secs: u64,
-    /// argon2 runs at once on this pod (each holds 19 MiB); 0 = number of CPUs.
+    /// argon2 runs at once on this pod (each holds 19 MiB); 0 = half the CPUs, at
+    /// least one, so a burst of first logins leaves cores to the open sessions.
     pub max_concurrent_hashes: usize,
 }
 
