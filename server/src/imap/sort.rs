@@ -115,16 +115,7 @@ impl Session {
 /// ones it holds that are still asked for; the result is the same as sorting all.
 fn order_of(keys: &[SortKey], rows: Vec<Arc<SortKeys>>, previous: Option<&Order>) -> Order {
     let members: Vec<u32> = rows.iter().map(|r| r.uid).collect();
-    let ordering = |a: &SortKeys, b: &SortKeys| {
-        keys.iter()
-            .map(|k| {
-                let o = compare(k.kind, a, b);
-                if k.reverse { o.reverse() } else { o }
-            })
-            .find(|o| o.is_ne())
-            // Equal by every key: mailbox order (UIDs ascend with it).
-            .unwrap_or_else(|| a.uid.cmp(&b.uid))
-    };
+    let ordering = |a: &SortKeys, b: &SortKeys| ordering(keys, a, b);
     let mut fresh = match previous {
         Some(p) => rows.into_iter().filter(|r| p.members.binary_search(&r.uid).is_err()).collect(),
         None => rows,
@@ -145,6 +136,18 @@ fn order_of(keys: &[SortKey], rows: Vec<Arc<SortKeys>>, previous: Option<&Order>
         sorted.extend(next);
     }
     Order::new(members, sorted)
+}
+
+/// Two messages in the order of `keys`; equal by every key, in mailbox order (UIDs
+/// ascend with it), so no two messages are ever equal.
+fn ordering(keys: &[SortKey], a: &SortKeys, b: &SortKeys) -> Ordering {
+    keys.iter()
+        .map(|k| {
+            let o = compare(k.kind, a, b);
+            if k.reverse { o.reverse() } else { o }
+        })
+        .find(|o| o.is_ne())
+        .unwrap_or_else(|| a.uid.cmp(&b.uid))
 }
 
 /// One sort key of two messages, in ascending order. Times and numbers compare
@@ -318,15 +321,12 @@ mod tests {
             assert_eq!(merged.members, now.iter().map(|k| k.uid).collect::<Vec<_>>());
             // And the afresh order is sorted: each neighbour pair in order by the keys.
             for pair in afresh.sorted.windows(2) {
-                let o = keys_list
-                    .iter()
-                    .map(|k| {
-                        let o = compare(k.kind, &pair[0], &pair[1]);
-                        if k.reverse { o.reverse() } else { o }
-                    })
-                    .find(|o| o.is_ne())
-                    .unwrap_or_else(|| pair[0].uid.cmp(&pair[1].uid));
-                assert!(o.is_lt(), "{keys_list:?}: {} before {}", pair[0].uid, pair[1].uid);
+                assert!(
+                    ordering(keys_list, &pair[0], &pair[1]).is_lt(),
+                    "{keys_list:?}: {} before {}",
+                    pair[0].uid,
+                    pair[1].uid
+                );
             }
         }
     }

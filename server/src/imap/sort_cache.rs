@@ -13,8 +13,9 @@
 //! date by dropping the ones gone and merging in the new ones.
 //!
 //! Bounded by the number of messages held over all mailboxes (an order adds two
-//! words per message it holds); the least recently used mailbox goes first. Keyed by mailbox id and UIDVALIDITY. Cleared with the
-//! other read caches when the database's epoch changes.
+//! words per message it holds); the least recently used mailbox goes first. Keyed
+//! by mailbox id and UIDVALIDITY. Cleared with the other read caches when the
+//! database's epoch changes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
