@@ -7,66 +7,114 @@
 // Each fuzz target uses one of these functions.
 #![allow(dead_code)]
 
+use bytes::BytesMut;
 use mailcluster_server::message::parse_meta;
+use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
 use mailcluster_server::proto::imap::parse::parse;
-use mailcluster_server::proto::imap::reader::{CommandReader, Limits, LineOutcome, ReadOutcome};
 use mailcluster_server::proto::smtp::{DataDecoder, parse_command};
-use tokio::io::AsyncWriteExt;
 
 /// Limits small enough that short inputs reach them.
 pub const IMAP_LIMITS: Limits = Limits { max_line: 1024, max_literal: 4096 };
+/// The line limit of the line-framing check.
+const MAX_LINE: usize = 512;
 
-/// The IMAP command reader and parser on a client stream of arbitrary bytes: no
-/// panic, no command beyond the limits, every `Command` ends with LF, and the
-/// parser accepts or rejects it without panicking.
-pub fn imap_command(data: &[u8]) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-    rt.block_on(async {
-        let limits = IMAP_LIMITS;
-        let (mut client, mut server) = tokio::io::duplex(1 << 16);
-        // The whole input fits the duplex buffer only when small; write it from a
-        // task so large inputs are not a deadlock.
-        let input = data.to_vec();
-        let writer = tokio::spawn(async move {
-            let _ = client.write_all(&input).await;
-            // Keep reading our "+" continuations so the server side never blocks.
-            let _ = client.shutdown().await;
-            let mut sink = Vec::new();
-            let _ = tokio::io::AsyncReadExt::read_to_end(&mut client, &mut sink).await;
-        });
-        let mut reader = CommandReader::new(limits);
-        for _ in 0..256 {
-            match reader.read_command(&mut server).await {
-                Ok(ReadOutcome::Command(cmd)) => {
-                    // A literal is admitted only while the command stays within
-                    // max_literal + max_line; the line after it adds one more line.
-                    assert!(cmd.len() <= limits.max_literal + 2 * limits.max_line, "{} bytes", cmd.len());
-                    assert_eq!(cmd.last(), Some(&b'\n'));
-                    let _ = parse(&cmd);
-                }
-                Ok(ReadOutcome::LiteralTooLarge { sync: true, .. }) => continue,
-                _ => break,
-            }
-        }
-        // IDLE's line reader on what is left.
-        for _ in 0..16 {
-            match reader.read_line(&mut server).await {
-                Ok(LineOutcome::Line(l)) => assert!(l.len() <= limits.max_line + 4096 && l.ends_with(b"\n")),
-                _ => break,
-            }
-        }
-        drop(server);
-        let _ = writer.await;
-    });
+/// Read sizes for feeding `data` in pieces: taken from the input's own bytes, so
+/// that the fuzzer steers where the read boundaries fall.
+fn piece_sizes(data: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    (0..).map(move |i| 1 + usize::from(data.get(i % data.len().max(1)).copied().unwrap_or(0)) % 61)
 }
 
-/// SMTP: every line through the command parser, and the input (split at a point
+/// What a framer makes of `data` arriving in pieces of the given sizes: `next`
+/// gives the framer's next finding, `None` when it needs more input. Checks on the
+/// way that the buffer never holds more than a partial line and one read.
+fn frame<E>(
+    data: &[u8],
+    mut sizes: impl Iterator<Item = usize>,
+    max_line: usize,
+    mut next: impl FnMut(&mut BytesMut) -> Option<E>,
+) -> Vec<E> {
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = sizes.next().unwrap_or(rest.len()).min(rest.len());
+        buf.extend_from_slice(&rest[..n]);
+        rest = &rest[n..];
+        while let Some(found) = next(&mut buf) {
+            out.push(found);
+        }
+        assert!(buf.len() < max_line + n, "{} octets held between reads", buf.len());
+    }
+    out
+}
+
+/// The command framer's findings; continuation requests are answered at once.
+fn frame_commands(data: &[u8], sizes: impl Iterator<Item = usize>) -> Vec<Command> {
+    let mut framer = CommandFramer::new(IMAP_LIMITS);
+    frame(data, sizes, IMAP_LIMITS.max_line, |buf| match framer.next_command(buf) {
+        Command::NeedMore => None,
+        other => Some(other),
+    })
+}
+
+/// The line framer's findings.
+fn frame_lines(data: &[u8], sizes: impl Iterator<Item = usize>) -> Vec<Line> {
+    let mut framer = LineFramer::new(MAX_LINE);
+    frame(data, sizes, MAX_LINE, |buf| match framer.next_line(buf) {
+        Line::NeedMore => None,
+        other => Some(other),
+    })
+}
+
+/// The IMAP command framer and parser on arbitrary client bytes: no panic, no
+/// command beyond the limits, every command ends with LF, the same commands
+/// whether the bytes came in one read or in many, and the parser accepts or
+/// rejects each without panicking.
+pub fn imap_command(data: &[u8]) {
+    let whole = frame_commands(data, std::iter::once(data.len()));
+    let pieces = frame_commands(data, piece_sizes(data));
+    assert_eq!(whole, pieces, "read boundaries changed the framing");
+    let limits = IMAP_LIMITS;
+    for event in &whole {
+        if let Command::Complete(cmd) = event {
+            // A literal is admitted only while the command stays within
+            // max_literal + max_line; the line after it adds one more line.
+            assert!(cmd.len() <= limits.max_literal + 2 * limits.max_line, "{} bytes", cmd.len());
+            assert_eq!(cmd.last(), Some(&b'\n'));
+            let _ = parse(cmd);
+        }
+    }
+}
+
+/// The line framer of the SMTP and POP3 sessions: every line within the limit and
+/// ending with LF; the same lines whatever the read boundaries; and where no line
+/// was too long, the lines are the input itself, in order, nothing lost.
+pub fn lines(data: &[u8]) {
+    let whole = frame_lines(data, std::iter::once(data.len()));
+    let pieces = frame_lines(data, piece_sizes(data));
+    assert_eq!(whole, pieces, "read boundaries changed the framing");
+    let mut joined = Vec::new();
+    for line in &whole {
+        if let Line::Complete(l) = line {
+            assert!(l.len() <= MAX_LINE && l.ends_with(b"\n"), "a line of {} octets", l.len());
+            joined.extend_from_slice(l);
+        }
+    }
+    if !whole.contains(&Line::TooLong) {
+        assert!(data.starts_with(&joined), "the lines are not the input");
+        assert!(!data[joined.len()..].contains(&b'\n'), "a complete line was held back");
+    }
+}
+
+/// SMTP: every line (as the session frames it) through the command parser, and the input (split at a point
 /// the input chooses) through the DATA decoder: no panic, the decoder never
 /// consumes more than it was given, keeps at most its limit, and stops only right
 /// after `CRLF . CRLF` (or `. CRLF` at the very start).
 pub fn smtp(data: &[u8]) {
-    for line in data.split_inclusive(|&b| b == b'\n') {
-        let _ = parse_command(line);
+    for line in frame_lines(data, std::iter::once(data.len())) {
+        if let Line::Complete(line) = line {
+            let _ = parse_command(&line);
+        }
     }
     let limit = 512;
     let split = data.first().map_or(0, |&b| usize::from(b)).min(data.len());

@@ -1,4 +1,4 @@
-//! The IMAP command reader (limits, literals) and parser on arbitrary client
+//! The IMAP command framer (limits, literals) and parser on arbitrary client
 //! bytes; the properties are in `../checks.rs`.
 #![no_main]
 

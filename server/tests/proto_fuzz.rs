@@ -205,8 +205,15 @@ fn run(name: &str, corpus: &[&[u8]], check: fn(&[u8])) {
 }
 
 #[test]
-fn imap_reader_and_parser() {
+fn imap_framer_and_parser() {
     run("imap", IMAP_CORPUS, checks::imap_command);
+}
+
+/// The SMTP and POP3 sessions' line framing, on both corpora.
+#[test]
+fn line_framing() {
+    let corpus: Vec<&[u8]> = SMTP_CORPUS.iter().chain(IMAP_CORPUS).copied().collect();
+    run("lines", &corpus, checks::lines);
 }
 
 #[test]

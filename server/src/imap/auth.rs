@@ -7,10 +7,10 @@ use base64::Engine as _;
 use imap_codec::imap_types::auth::AuthMechanism;
 use imap_codec::imap_types::extensions::enable::CapabilityEnable;
 
+use super::input::LineOutcome;
 use super::session::{Outcome, Session, State};
 use crate::auth::AuthOutcome;
 use crate::net::SessionStream;
-use crate::proto::imap::reader::LineOutcome;
 
 impl Session {
     /// Plaintext credentials are accepted only over TLS unless configured otherwise.
@@ -57,7 +57,7 @@ impl Session {
         self.push(&format!("{tag} OK Begin TLS negotiation now"));
         self.flush().await?;
         // Anything pipelined after STARTTLS arrived in plaintext: drop it.
-        self.reader.discard_buffered();
+        self.input.discard_buffered();
         let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
         self.stream = plain.upgrade(&tls).await?;
         self.tls = true;
@@ -78,7 +78,7 @@ impl Session {
         self.flush().await?;
         // The client waits for the OK before compressing: anything buffered was
         // sent uncompressed against the protocol, and is not executed.
-        self.reader.discard_buffered();
+        self.input.discard_buffered();
         let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
         self.stream = plain.compress();
         Ok(Outcome::Sent)
@@ -141,7 +141,7 @@ impl Session {
             None => {
                 self.push("+ ");
                 self.flush().await?;
-                let line = match self.reader.read_line(&mut self.stream).await? {
+                let line = match self.input.read_line(&mut self.stream).await? {
                     LineOutcome::Line(l) => l,
                     LineOutcome::TooLong => return Ok(Outcome::bad("Response too long")),
                     LineOutcome::Eof => return Err(std::io::ErrorKind::UnexpectedEof.into()),

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use super::input::LineOutcome;
 use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
-use crate::proto::imap::reader::LineOutcome;
 
 enum Wake {
     Line(std::io::Result<LineOutcome>),
@@ -56,7 +56,7 @@ impl Session {
         let mut shutdown = self.ctx.shutdown.clone();
         loop {
             let wake = tokio::select! {
-                line = self.reader.read_line(&mut self.stream) => Wake::Line(line),
+                line = self.input.read_line(&mut self.stream) => Wake::Line(line),
                 ev = async { match events.as_mut() { Some(s) => s.next().await, None => std::future::pending().await } } => Wake::Event(ev),
                 _ = tokio::time::sleep(poll), if events.is_none() => Wake::Poll,
                 _ = tokio::time::sleep_until(deadline) => Wake::Timeout,

@@ -19,6 +19,7 @@ pub mod fetch;
 pub mod flags;
 pub mod idle;
 pub mod index_cache;
+pub(crate) mod input;
 pub mod limit;
 pub mod mailbox;
 pub mod probe;

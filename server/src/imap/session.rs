@@ -10,13 +10,14 @@ use imap_codec::imap_types::core::Charset;
 use imap_codec::imap_types::search::SearchKey;
 use tokio::io::AsyncWriteExt;
 
+use super::input::{Input, ReadOutcome};
 use super::selected::Selected;
 use super::{ImapConfig, Shared};
 use crate::app::App;
 use crate::net::{SessionCtx, SessionStream};
+use crate::proto::frame::Limits;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{self, FetchModseq, Request, SearchKind, StatusItem};
-use crate::proto::imap::reader::{CommandReader, Limits, ReadOutcome};
 use crate::store::{Account, StoreError};
 
 /// The tagged result of a command; untagged data has already been queued.
@@ -67,7 +68,7 @@ pub struct Session {
     pub(crate) cfg: ImapConfig,
     pub(crate) shared: Arc<Shared>,
     pub(crate) stream: SessionStream,
-    pub(crate) reader: CommandReader,
+    pub(crate) input: Input,
     pub(crate) out: Vec<u8>,
     pub(crate) ctx: SessionCtx,
     pub(crate) tls: bool,
@@ -94,14 +95,13 @@ impl Session {
         tls: bool,
     ) -> Self {
         let cfg = app.config.imap.clone();
-        let reader =
-            CommandReader::new(Limits { max_line: cfg.max_line_bytes, max_literal: cfg.max_literal_bytes });
+        let input = Input::new(Limits { max_line: cfg.max_line_bytes, max_literal: cfg.max_literal_bytes });
         Session {
             app,
             cfg,
             shared,
             stream,
-            reader,
+            input,
             out: Vec::with_capacity(4096),
             ctx,
             tls,
@@ -165,7 +165,7 @@ impl Session {
             });
             let mut shutdown = self.ctx.shutdown.clone();
             let read = tokio::select! {
-                r = tokio::time::timeout(timeout, self.reader.read_command(&mut self.stream)) => r,
+                r = tokio::time::timeout(timeout, self.input.read_command(&mut self.stream)) => r,
                 _ = shutdown.signalled() => {
                     self.push("* BYE Server shutting down");
                     return self.flush().await;
@@ -404,7 +404,7 @@ impl Session {
         if refs.is_empty() {
             return Ok(None);
         }
-        let tag = crate::proto::imap::reader::tag_of(cmd);
+        let tag = crate::proto::imap::tag_of(cmd);
         let Some(sel) = self.selected.as_ref() else { return Err(format!("{tag} BAD No mailbox selected")) };
         let words: Vec<String> = cmd
             .split(|&b| b == b' ')

@@ -156,6 +156,7 @@ pub struct ConnInfo {
 }
 
 pub mod deflate;
+pub mod input;
 pub mod listener;
 pub mod proxy;
 pub mod server;

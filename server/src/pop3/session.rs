@@ -3,14 +3,17 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 
 use super::Pop3Config;
 use super::maildrop::{CommitError, Maildrop, OpenError};
 use crate::app::App;
 use crate::auth::AuthOutcome;
+use crate::net::input::{LineOutcome, read_line};
 use crate::net::{SessionCtx, SessionStream};
-use crate::proto::pop3::{Command, LineOutcome, LineReader, ParseError, encode_message, parse_command};
+use crate::proto::frame::LineFramer;
+use crate::proto::pop3::{Command, ParseError, encode_message, parse_command};
 use crate::proto::smtp::{sasl_decode, sasl_plain};
 use crate::store::StoreError;
 
@@ -31,7 +34,10 @@ pub(super) struct Session {
     app: App,
     cfg: Pop3Config,
     stream: SessionStream,
-    reader: LineReader,
+    /// Received and not yet framed; kept between commands so that pipelined
+    /// ones are answered with one write.
+    input: BytesMut,
+    lines: LineFramer,
     out: Vec<u8>,
     ctx: SessionCtx,
     tls: bool,
@@ -46,7 +52,10 @@ impl Session {
     pub(super) fn new(app: App, stream: SessionStream, ctx: SessionCtx, tls: bool) -> Self {
         let cfg = app.config.pop3.clone();
         Session {
-            reader: LineReader::new(cfg.max_line_bytes),
+            input: BytesMut::with_capacity(512),
+            // The configured limit counts the command's text; the framer's counts
+            // the CRLF too.
+            lines: LineFramer::new(cfg.max_line_bytes.saturating_add(2)),
             app,
             cfg,
             stream,
@@ -112,12 +121,12 @@ impl Session {
         self.ok("Mailcluster POP3 server ready");
         let autologout = Duration::from_secs(self.cfg.autologout_secs);
         loop {
-            if !self.reader.has_line() || self.out.len() >= FLUSH_AT {
+            if !self.lines.has_line(&self.input) || self.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
             let mut shutdown = self.ctx.shutdown.clone();
             let read = tokio::select! {
-                r = tokio::time::timeout(autologout, self.reader.read_line(&mut self.stream)) => r,
+                r = tokio::time::timeout(autologout, read_line(&mut self.stream, &mut self.input, &mut self.lines)) => r,
                 _ = shutdown.signalled() => {
                     self.err("[SYS/TEMP] Server shutting down");
                     return self.flush().await;
@@ -251,7 +260,8 @@ impl Session {
         self.ok("Begin TLS negotiation");
         self.flush().await?;
         // Anything pipelined after STLS arrived in plaintext: drop it (RFC 2595 §4).
-        self.reader.discard_buffered();
+        self.input.clear();
+        self.lines.reset();
         self.user = None;
         let plain = std::mem::replace(&mut self.stream, SessionStream::Memory(tokio::io::duplex(1).0));
         self.stream = plain.upgrade(&tls).await?;
@@ -290,8 +300,8 @@ impl Session {
             None => {
                 self.line("+ ");
                 self.flush().await?;
-                match self.reader.read_line(&mut self.stream).await? {
-                    LineOutcome::Line(l) => String::from_utf8_lossy(&l).into_owned(),
+                match read_line(&mut self.stream, &mut self.input, &mut self.lines).await? {
+                    LineOutcome::Line(l) => String::from_utf8_lossy(l.trim_ascii_end()).into_owned(),
                     LineOutcome::TooLong => return Ok(self.err("SASL response too long")),
                     LineOutcome::Eof => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 }

@@ -1,8 +1,7 @@
 //! POP3 grammar (RFC 1939, RFC 2449, RFC 2595, RFC 5034): command lines, the
-//! multi-line message encoding (dot-stuffing, TOP) and a bounded line reader.
+//! multi-line message encoding (dot-stuffing, TOP). Lines come from
+//! [`super::frame::LineFramer`].
 //! No store, no sessions.
-
-use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// A message number as the client names it: 1-based, within the session's
 /// snapshot (checked by the session).
@@ -181,72 +180,6 @@ pub fn encode_message(message: &[u8], body_lines: Option<u32>, out: &mut Vec<u8>
     out.extend_from_slice(b".\r\n");
 }
 
-/// What [`LineReader::read_line`] produced.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LineOutcome {
-    /// A line without its line ending.
-    Line(Vec<u8>),
-    /// The line exceeded the limit; it was read and dropped (memory stays bounded).
-    TooLong,
-    Eof,
-}
-
-/// Reads CRLF- (or LF-) terminated lines with a hard limit on their length.
-/// Keeps what the client pipelined so the session can answer a whole batch with
-/// one write.
-pub struct LineReader {
-    buf: Vec<u8>,
-    max_line: usize,
-}
-
-impl LineReader {
-    pub fn new(max_line: usize) -> Self {
-        LineReader { buf: Vec::with_capacity(512), max_line }
-    }
-
-    /// True when a complete line is already buffered (the client pipelined it).
-    pub fn has_line(&self) -> bool {
-        memchr::memchr(b'\n', &self.buf).is_some()
-    }
-
-    /// Drops everything buffered: after STLS, plaintext sent before the handshake
-    /// must not be executed inside TLS (RFC 2595 §4).
-    pub fn discard_buffered(&mut self) {
-        self.buf.clear();
-    }
-
-    pub async fn read_line<S: AsyncRead + Unpin>(&mut self, stream: &mut S) -> std::io::Result<LineOutcome> {
-        let mut discarding = false;
-        let mut scanned = 0;
-        loop {
-            if let Some(i) = memchr::memchr(b'\n', &self.buf[scanned..]) {
-                let end = scanned + i;
-                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                if discarding || line.len() > self.max_line {
-                    return Ok(LineOutcome::TooLong);
-                }
-                return Ok(LineOutcome::Line(line));
-            }
-            if self.buf.len() > self.max_line {
-                // Keep reading to the end of the line, but not keeping it.
-                discarding = true;
-                self.buf.clear();
-            }
-            scanned = self.buf.len();
-            let mut chunk = [0u8; 4096];
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(LineOutcome::Eof);
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,24 +245,5 @@ mod tests {
         let mut out = Vec::new();
         encode_message(b"Only: header\r\n", Some(5), &mut out);
         assert_eq!(out, b"Only: header\r\n.\r\n");
-    }
-
-    #[tokio::test]
-    async fn line_reader_bounds_memory_and_resynchronises() {
-        let mut input: &[u8] = b"STAT\r\nNOOP\r\n";
-        let mut r = LineReader::new(16);
-        assert_eq!(r.read_line(&mut input).await.unwrap(), LineOutcome::Line(b"STAT".to_vec()));
-        assert!(r.has_line(), "the pipelined NOOP is buffered");
-        assert_eq!(r.read_line(&mut input).await.unwrap(), LineOutcome::Line(b"NOOP".to_vec()));
-        assert_eq!(r.read_line(&mut input).await.unwrap(), LineOutcome::Eof);
-
-        let long = [b'A'; 100_000];
-        let mut input = Vec::from(&long[..]);
-        input.extend_from_slice(b"\r\nQUIT\r\n");
-        let mut input = &input[..];
-        let mut r = LineReader::new(16);
-        assert_eq!(r.read_line(&mut input).await.unwrap(), LineOutcome::TooLong);
-        assert!(r.buf.capacity() < 16 * 1024, "the long line was never held whole");
-        assert_eq!(r.read_line(&mut input).await.unwrap(), LineOutcome::Line(b"QUIT".to_vec()));
     }
 }

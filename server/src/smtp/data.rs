@@ -19,6 +19,7 @@ use chrono::Utc;
 use super::envelope::{Envelope, Target};
 use super::session::{Session, Step};
 use crate::cache::MailboxEvent;
+use crate::proto::frame::take_octets;
 use crate::proto::smtp::{DataDecoder, Reply, replies, sanitize};
 use crate::relay::deliver_dsn;
 use crate::relay::dsn::{self, Action, RecipientReport};
@@ -148,12 +149,10 @@ impl Session {
                 self.envelope = None;
                 return step;
             }
-            let n = left.min(self.rbuf.len());
+            let chunk = take_octets(&mut self.rbuf, &mut left);
             if !body.too_big {
-                body.buf.extend_from_slice(&self.rbuf[..n]);
+                body.buf.extend_from_slice(&chunk);
             }
-            self.rbuf.advance(n);
-            left -= n;
         }
         body.seen += size;
         self.cmd_started = Instant::now();

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::auth::AuthExchange;
@@ -20,6 +20,7 @@ use super::envelope::Envelope;
 use super::{SmtpKind, SmtpMetrics};
 use crate::app::App;
 use crate::net::{ConnInfo, SessionCtx, SessionStream, Shutdown, TlsProvider};
+use crate::proto::frame::{Line, LineFramer, take_octets};
 use crate::proto::smtp::{self as proto, Reply, Request, replies};
 use crate::store::Account;
 
@@ -45,6 +46,8 @@ pub(super) struct Session {
     shutdown: Shutdown,
     pub(super) is_tls: bool,
     pub(super) rbuf: BytesMut,
+    /// Finds command lines in `rbuf`; DATA and BDAT read content from it directly.
+    pub(super) lines: LineFramer,
     wbuf: Vec<u8>,
     /// The EHLO/HELO argument, once given.
     pub(super) helo: Option<String>,
@@ -63,8 +66,6 @@ pub(super) struct Session {
     /// the content so the duration metric measures the server, not the upload.
     pub(super) cmd_started: Instant,
     last_class: &'static str,
-    /// Dropping the rest of an over-long line.
-    discarding_line: bool,
 }
 
 impl Session {
@@ -75,6 +76,9 @@ impl Session {
         ctx: SessionCtx,
         is_tls: bool,
     ) -> Session {
+        // RFC 5321 §4.5.3.1.4: 512 octets, CRLF included, is the least a server
+        // must accept.
+        let max_line = app.config.smtp.max_line_length.max(512);
         Session {
             app,
             kind,
@@ -84,6 +88,7 @@ impl Session {
             shutdown: ctx.shutdown,
             is_tls,
             rbuf: BytesMut::with_capacity(COMMAND_READ),
+            lines: LineFramer::new(max_line),
             wbuf: Vec::with_capacity(1024),
             helo: None,
             esmtp: false,
@@ -95,7 +100,6 @@ impl Session {
             junk: 0,
             cmd_started: Instant::now(),
             last_class: "2xx",
-            discarding_line: false,
         }
     }
 
@@ -145,44 +149,34 @@ impl Session {
         self.bdat = None;
         self.auth_exchange = None;
         self.rbuf.clear();
+        self.lines.reset();
     }
 
     /// Reads and answers commands until the session ends or TLS must start.
     async fn command_loop(&mut self, stream: &mut SessionStream) -> Step {
-        let max_line = self.config().max_line_length.max(512);
         loop {
             if self.errors >= self.config().max_errors {
                 self.reply(replies::too_many_errors());
                 return Step::Close;
             }
-            let Some(pos) = memchr::memchr(b'\n', &self.rbuf) else {
-                if self.rbuf.len() > max_line {
-                    // Answer once, then drop input up to the next LF: memory stays
-                    // bounded by one read whatever the client sends.
-                    if !self.discarding_line {
-                        self.reply(replies::line_too_long());
-                        self.record("UNKNOWN");
-                        self.discarding_line = true;
+            match self.lines.next_line(&mut self.rbuf) {
+                Line::NeedMore => {
+                    if let Err(step) = self.fill(stream, false).await {
+                        return step;
                     }
-                    self.rbuf.clear();
                 }
-                if let Err(step) = self.fill(stream, false).await {
-                    return step;
+                // Answered once; the framer drops the rest of the line as it
+                // arrives, so memory stays bounded whatever the client sends.
+                Line::TooLong => {
+                    self.reply(replies::line_too_long());
+                    self.record("UNKNOWN");
                 }
-                continue;
-            };
-            let line = self.rbuf.split_to(pos + 1);
-            if std::mem::take(&mut self.discarding_line) {
-                continue;
-            }
-            if line.len() > max_line {
-                self.reply(replies::line_too_long());
-                self.record("UNKNOWN");
-                continue;
-            }
-            let step = self.dispatch(&line, stream).await;
-            if !matches!(step, Step::Continue) {
-                return step;
+                Line::Complete(line) => {
+                    let step = self.dispatch(&line, stream).await;
+                    if !matches!(step, Step::Continue) {
+                        return step;
+                    }
+                }
             }
         }
     }
@@ -313,9 +307,7 @@ impl Session {
             if self.rbuf.is_empty() {
                 self.fill(stream, true).await?;
             }
-            let k = n.min(self.rbuf.len());
-            self.rbuf.advance(k);
-            n -= k;
+            take_octets(&mut self.rbuf, &mut n);
         }
         Ok(())
     }

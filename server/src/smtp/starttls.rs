@@ -17,6 +17,7 @@ impl Session {
         // have been injected by a man in the middle (CVE-2011-0411): it must not be
         // executed inside the TLS session.
         self.rbuf.clear();
+        self.lines.reset();
         self.reply(Reply::new(220, "2.0.0", "Ready to start TLS"));
         Step::StartTls
     }

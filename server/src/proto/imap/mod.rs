@@ -1,8 +1,8 @@
 //! IMAP4rev1 grammar (RFC 3501 and the extensions we announce), without sockets.
 //!
-//! - [`reader`]: splits the byte stream into complete commands (lines plus the
-//!   literals they announce) and enforces the line and literal limits *before* any
-//!   parsing, so hostile input costs bounded memory.
+//! Complete commands (lines plus the literals they announce, within their limits)
+//! come from [`super::frame::CommandFramer`].
+//!
 //! - [`parse`]: turns one complete command into a [`parse::Request`]. Most commands
 //!   are parsed by `imap-codec`; the few its 1.0 release does not know (ID,
 //!   NAMESPACE, UID EXPUNGE, and MULTIAPPEND's several messages per APPEND) by a
@@ -17,5 +17,14 @@
 
 pub mod encode;
 pub mod parse;
-pub mod reader;
 pub mod utf7;
+
+/// The tag of a command (its first word), or `*` when there is none.
+pub fn tag_of(cmd: &[u8]) -> String {
+    let end = cmd.iter().position(|&b| b == b' ' || b == b'\r' || b == b'\n').unwrap_or(cmd.len());
+    let tag = &cmd[..end.min(64)];
+    if tag.is_empty() || !tag.iter().all(|b| b.is_ascii_graphic() && !b"(){%*\"\\+".contains(b)) {
+        return "*".into();
+    }
+    String::from_utf8_lossy(tag).into_owned()
+}

@@ -256,7 +256,7 @@ impl SeqSet {
 
 /// Parses one complete command (CRLF included).
 pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
-    let tag = super::reader::tag_of(cmd);
+    let tag = super::tag_of(cmd);
     let bad = |text| ParseError { tag: tag.clone(), text };
     if tag == "*" {
         return Err(bad("Missing or invalid tag"));
@@ -919,7 +919,7 @@ pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
     let mut out = Vec::new();
     // Every command passes through here: the verb first, so an APPEND's literal is
     // never scanned.
-    let tag = super::reader::tag_of(cmd);
+    let tag = super::tag_of(cmd);
     let Some((_, verb, _)) = uid_verb(cmd, &tag) else { return out };
     if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") || !contains_ci(cmd, b"MODSEQ") {
         return out;
