@@ -1715,3 +1715,38 @@ async fn quota_limits_and_usage(ctx: Ctx) {
     assert!(is_not_found(s.quota(i64::MAX).await));
     assert!(is_not_found(s.mailbox_size(i64::MAX).await));
 }
+
+/// Whether the store's connections to the test database use TLS.
+async fn store_uses_tls(url: &str) -> bool {
+    let pg = store::postgres::PgStore::connect(url, 1, CONNECT_TIMEOUT).await.expect("connect");
+    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(pg.pool())
+        .await
+        .expect("pg_stat_ssl")
+}
+
+/// Over loopback the store speaks plain TCP unless the URL asks for TLS: the
+/// driver's default (`prefer`) would take the TLS the server offers, at a cost
+/// and for no protection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_connections_skip_tls_unless_the_url_asks() {
+    let db = TestDatabase::create("mc_loopback_tls").await;
+    let host = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url").get_host().to_string();
+    assert!(
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+        "the test database is on this host ({host})"
+    );
+    assert!(!store_uses_tls(&db.url).await, "no TLS over loopback by default");
+    let raw = sqlx::PgConnection::connect(&db.url).await.expect("plain sqlx connection");
+    let mut raw = raw;
+    let offered: String = sqlx::query_scalar("SHOW ssl").fetch_one(&mut raw).await.expect("SHOW ssl");
+    if offered == "on" {
+        let sep = if db.url.contains('?') { '&' } else { '?' };
+        assert!(
+            store_uses_tls(&format!("{}{sep}sslmode=require", db.url)).await,
+            "an explicit sslmode is kept"
+        );
+    } else {
+        eprintln!("the server offers no TLS: the explicit-sslmode half is not checked here");
+    }
+}

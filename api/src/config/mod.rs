@@ -138,7 +138,8 @@ impl Serialize for Secret {
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
     /// `MAILCLUSTER_DATABASE_URL`: postgres:// or sqlite://; unset → SQLite file in
-    /// the data dir.
+    /// the data dir. PostgreSQL TLS follows the URL's `sslmode` (`prefer` when
+    /// unset, except plain TCP to a server on loopback).
     pub url: Option<Secret>,
     /// Maximum pool connections per process.
     pub pool_size: u32,

@@ -173,6 +173,27 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
      AND $3::bigint[] IS NOT NULL"
 );
 
+/// TLS off for a server on this host unless the URL (or `PGSSLMODE`) asks for it.
+/// The driver's default, `prefer`, takes TLS whenever the server offers it, as
+/// Debian's does with its snakeoil certificate; over loopback that protects
+/// nothing and cost 4 % of the machine in the IMAP session mix (bench/RESULTS.md).
+fn plain_on_loopback(url: &str, options: PgConnectOptions) -> PgConnectOptions {
+    let asked = std::env::var_os("PGSSLMODE").is_some()
+        || url.split_once('?').is_some_and(|(_, query)| {
+            query.split('&').any(|pair| {
+                let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                key.eq_ignore_ascii_case("sslmode") || key.eq_ignore_ascii_case("ssl-mode")
+            })
+        });
+    let host = options.get_host();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if asked || !loopback || !matches!(options.get_ssl_mode(), sqlx::postgres::PgSslMode::Prefer) {
+        return options;
+    }
+    options.ssl_mode(sqlx::postgres::PgSslMode::Disable)
+}
+
 /// `host:port/database`, the part of a connection target that is safe to show.
 fn describe(options: &PgConnectOptions) -> String {
     format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
@@ -243,6 +264,7 @@ impl PgStore {
         let options = PgConnectOptions::from_str(url).map_err(|e| {
             StoreError::Invalid(format!("bad PostgreSQL URL {}: {}", redact_url(url), redact_error(&e, url)))
         })?;
+        let options = plain_on_loopback(url, options);
         let target = describe(&options);
         let port = options.get_port();
         let pool = PgPoolOptions::new()
