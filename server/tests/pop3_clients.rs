@@ -1,6 +1,7 @@
 //! Real clients against the real POP3 listeners (net layer, SQLite store,
 //! in-process cache) over TCP and TLS on 127.0.0.1:0: Python's poplib (STLS and
-//! implicit TLS) and curl's pop3(s)://.
+//! implicit TLS) and curl's pop3(s)://; and large messages through POP3 and
+//! IMAP alike, which leave the server without being copied into the session.
 
 mod common;
 
@@ -9,10 +10,11 @@ use std::sync::Arc;
 
 use common::*;
 use mailcluster_server::app::App;
+use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
 use mailcluster_server::pop3::Pop3Protocol;
-use mailcluster_server::store::{Flags, UidSet};
+use mailcluster_server::store::{FlagSet, Flags, UidSet};
 
 /// Serves `pop3s` (implicit TLS) and `pop3` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.
@@ -96,4 +98,59 @@ async fn curl_pop3() {
     // Without TLS, curl cannot log in: the server offers no plaintext login.
     let (ok, out) = run_client(&mut curl(format!("pop3://127.0.0.1:{}/", s.pop3.port()), &[])).await;
     assert!(!ok, "plaintext login must fail: {out}");
+}
+
+/// A message of about `size` octets whose lines are as `line` makes them.
+fn large_message(subject: &str, size: usize, line: impl Fn(usize) -> String) -> Vec<u8> {
+    let mut raw =
+        format!("From: a@example.org\r\nTo: bob@example.org\r\nSubject: {subject}\r\n\r\n").into_bytes();
+    let mut n = 0;
+    while raw.len() < size {
+        raw.extend_from_slice(line(n).as_bytes());
+        n += 1;
+    }
+    raw
+}
+
+/// Messages far above the size that is copied into the session's output (those
+/// are written from the shared body, net/output.rs) reach real clients whole and
+/// in order: one as SMTP stores mail (CRLF, no leading dots), which POP3 sends as
+/// stored; and one with leading dots, a bare LF and no final line end, which POP3
+/// must dot-stuff and complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_reach_imaplib_and_poplib_whole() {
+    let (app, dir) = embedded_app(|_| {}).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    let clean = large_message("clean", 300_000, |n| format!("line {n} of a message as SMTP stores it\r\n"));
+    let mut awkward = large_message("awkward", 200_000, |n| match n % 50 {
+        0 => format!(".{n} starts with a dot\r\n"),
+        1 => ".\r\n".to_string(),
+        _ => format!("line {n}\r\n"),
+    });
+    awkward.extend_from_slice(b"a bare LF\nand no final line end");
+    let small = b"From: a@example.org\r\nSubject: small\r\n\r\nbody\r\n".to_vec();
+    let messages = [clean, awkward, small];
+    let mut files = Vec::new();
+    for (i, raw) in messages.iter().enumerate() {
+        deliver(&app, &bob, "INBOX", raw, FlagSet::default()).await;
+        let path = dir.path().join(format!("message-{i}.eml"));
+        std::fs::write(&path, raw).expect("write message file");
+        files.push(path);
+    }
+    let addrs = serve_loopback(
+        &app,
+        tls_provider(),
+        vec![
+            ("imaps", TlsMode::Implicit, Arc::new(ImapProtocol::new(app.clone(), true))),
+            ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
+            ("pop3s", TlsMode::Implicit, Arc::new(Pop3Protocol::new(app.clone(), true))),
+            ("pop3", TlsMode::Plain, Arc::new(Pop3Protocol::new(app.clone(), false))),
+        ],
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/large_bodies.py");
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.arg(script).args(addrs.iter().map(|a| a.port().to_string())).args(&files);
+    let (ok, out) = run_client(&mut cmd).await;
+    println!("{out}");
+    assert!(ok && out.contains("large bodies: ok"), "large-message session failed:\n{out}");
 }

@@ -18,6 +18,7 @@ use imap_codec::imap_types::sequence::SequenceSet;
 
 use super::session::{Outcome, Session, store_error};
 use crate::message::find_header_end;
+use crate::net::output::Output;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{FetchModseq, SeqSet};
 use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
@@ -257,7 +258,7 @@ impl Session {
                     recent: self.is_recent(row.uid),
                     internal_date: &row.internal_date,
                     meta: &row.meta,
-                    body: body.as_deref(),
+                    body: body.as_ref(),
                 };
                 let seen = run.seen_changed.binary_search(&row.uid).is_ok();
                 fetch_line(&mut self.out, seq, run.items, &message, seen);
@@ -410,20 +411,21 @@ struct Message<'a> {
     recent: bool,
     internal_date: &'a chrono::DateTime<chrono::Utc>,
     meta: &'a MessageMeta,
-    body: Option<&'a [u8]>,
+    /// Shared, so that large sections are written from it without a copy.
+    body: Option<&'a bytes::Bytes>,
 }
 
 /// Appends `* seq FETCH (...)` for the requested items. `seen_set`: \Seen was
 /// just set by this FETCH, so FLAGS are reported even when not asked for.
 fn fetch_line(
-    out: &mut Vec<u8>,
+    out: &mut Output,
     seq: u32,
     items: &[MessageDataItemName<'_>],
     m: &Message<'_>,
     seen_set: bool,
 ) {
     use MessageDataItemName as I;
-    let _ = write!(Bytes(out), "* {seq} FETCH (");
+    let _ = write!(out, "* {seq} FETCH (");
     let mut flags_sent = false;
     for (n, item) in items.iter().enumerate() {
         if n > 0 {
@@ -431,29 +433,31 @@ fn fetch_line(
         }
         match item {
             I::Uid => {
-                let _ = write!(Bytes(out), "UID {}", m.uid);
+                let _ = write!(out, "UID {}", m.uid);
             }
             I::Flags => {
                 flags_sent = true;
-                let _ = write!(Bytes(out), "FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
+                let _ = write!(out, "FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
             }
             I::InternalDate => {
-                let _ = write!(Bytes(out), "INTERNALDATE {}", encode::internal_date(m.internal_date));
+                let _ = write!(out, "INTERNALDATE {}", encode::internal_date(m.internal_date));
             }
             I::Rfc822Size => {
-                let _ = write!(Bytes(out), "RFC822.SIZE {}", m.meta.size);
+                let _ = write!(out, "RFC822.SIZE {}", m.meta.size);
             }
             I::Envelope => {
-                let _ = write!(Bytes(out), "ENVELOPE {}", m.meta.envelope);
+                let _ = write!(out, "ENVELOPE {}", m.meta.envelope);
             }
             I::Body => {
-                let _ = write!(Bytes(out), "BODY {}", m.meta.body);
+                let _ = write!(out, "BODY {}", m.meta.body);
             }
             I::BodyStructure => {
-                let _ = write!(Bytes(out), "BODYSTRUCTURE {}", m.meta.body_structure);
+                let _ = write!(out, "BODYSTRUCTURE {}", m.meta.body_structure);
             }
             I::Rfc822 | I::Rfc822Header | I::Rfc822Text | I::BodyExt { .. } => {
-                let raw = m.body.unwrap_or_default();
+                let empty = bytes::Bytes::new();
+                let shared = m.body.unwrap_or(&empty);
+                let raw: &[u8] = shared;
                 let (label, data) = match item {
                     I::Rfc822 => ("RFC822".to_string(), Cow::Borrowed(raw)),
                     I::Rfc822Header => ("RFC822.HEADER".to_string(), Cow::Borrowed(header(raw, m.meta))),
@@ -475,17 +479,20 @@ fn fetch_line(
                     }
                     _ => continue,
                 };
-                let _ = write!(Bytes(out), "{label} {{{}}}\r\n", data.len());
-                out.extend_from_slice(&data);
+                let _ = write!(out, "{label} {{{}}}\r\n", data.len());
+                match data {
+                    Cow::Borrowed(d) => out.put_slice_of(shared, d),
+                    Cow::Owned(d) => out.extend_from_slice(&d),
+                }
             }
         }
     }
     if !flags_sent && seen_set {
-        let _ = write!(Bytes(out), " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
+        let _ = write!(out, " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
     }
     if let Some(modseq) = m.modseq {
         let sep = if items.is_empty() && !flags_sent && !seen_set { "" } else { " " };
-        let _ = write!(Bytes(out), "{sep}MODSEQ ({modseq})");
+        let _ = write!(out, "{sep}MODSEQ ({modseq})");
     }
     out.extend_from_slice(b")\r\n");
 }
@@ -500,16 +507,6 @@ fn static_item(item: MessageDataItemName<'_>) -> MessageDataItemName<'static> {
         I::Envelope => I::Envelope,
         I::Body => I::Body,
         _ => I::Uid,
-    }
-}
-
-/// `write!` into a byte buffer.
-struct Bytes<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for Bytes<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
     }
 }
 

@@ -14,6 +14,7 @@ use super::input::{Input, ReadOutcome};
 use super::selected::Selected;
 use super::{ImapConfig, Shared};
 use crate::app::App;
+use crate::net::output::Output;
 use crate::net::{SessionCtx, SessionStream};
 use crate::proto::frame::Limits;
 use crate::proto::imap::encode;
@@ -69,7 +70,7 @@ pub struct Session {
     pub(crate) shared: Arc<Shared>,
     pub(crate) stream: SessionStream,
     pub(crate) input: Input,
-    pub(crate) out: Vec<u8>,
+    pub(crate) out: Output,
     pub(crate) ctx: SessionCtx,
     pub(crate) tls: bool,
     pub(crate) state: State,
@@ -102,7 +103,7 @@ impl Session {
             shared,
             stream,
             input,
-            out: Vec::with_capacity(4096),
+            out: Output::with_capacity(4096),
             ctx,
             tls,
             state: State::NotAuthenticated,
@@ -130,8 +131,7 @@ impl Session {
 
     pub(crate) async fn flush(&mut self) -> std::io::Result<()> {
         if !self.out.is_empty() {
-            self.stream.write_all(&self.out).await?;
-            self.out.clear();
+            self.out.write_to(&mut self.stream).await?;
         }
         self.stream.flush().await
     }

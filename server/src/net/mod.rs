@@ -158,6 +158,7 @@ pub struct ConnInfo {
 pub mod deflate;
 pub mod input;
 pub mod listener;
+pub mod output;
 pub mod proxy;
 pub mod server;
 pub mod tls;

@@ -11,9 +11,12 @@ use super::maildrop::{CommitError, Maildrop, OpenError};
 use crate::app::App;
 use crate::auth::AuthOutcome;
 use crate::net::input::{LineOutcome, read_line};
+use crate::net::output::Output;
 use crate::net::{SessionCtx, SessionStream};
 use crate::proto::frame::LineFramer;
-use crate::proto::pop3::{Command, ParseError, encode_message, parse_command};
+use crate::proto::pop3::{
+    Command, ParseError, encode_message, parse_command, sent_as_stored, stored_terminator,
+};
 use crate::proto::smtp::{sasl_decode, sasl_plain};
 use crate::store::StoreError;
 
@@ -38,7 +41,7 @@ pub(super) struct Session {
     /// ones are answered with one write.
     input: BytesMut,
     lines: LineFramer,
-    out: Vec<u8>,
+    out: Output,
     ctx: SessionCtx,
     tls: bool,
     /// The name given by USER, waiting for PASS.
@@ -59,7 +62,7 @@ impl Session {
             app,
             cfg,
             stream,
-            out: Vec::with_capacity(1024),
+            out: Output::with_capacity(1024),
             ctx,
             tls,
             user: None,
@@ -104,11 +107,7 @@ impl Session {
 
     async fn flush(&mut self) -> std::io::Result<()> {
         if !self.out.is_empty() {
-            self.stream.write_all(&self.out).await?;
-            self.out.clear();
-            if self.out.capacity() > FLUSH_AT {
-                self.out.shrink_to(1024);
-            }
+            self.out.write_to(&mut self.stream).await?;
         }
         self.stream.flush().await
     }
@@ -397,7 +396,13 @@ impl Session {
                 self.ok("Top of message follows");
             }
         }
-        encode_message(&body, top, &mut self.out);
+        if top.is_none() && sent_as_stored(&body) {
+            let end = stored_terminator(&body);
+            self.out.put_shared(body);
+            self.out.extend_from_slice(end);
+        } else {
+            encode_message(&body, top, self.out.text());
+        }
         Step::Ok
     }
 

@@ -149,6 +149,22 @@ fn count(arg: &str) -> Result<u32, ParseError> {
 /// CRLF (a bare LF stored by an older APPEND is sent as CRLF), lines starting with
 /// "." get one more, and the response ends with ".\r\n". With `body_lines`, only
 /// the header block, the blank line and that many body lines are sent (TOP).
+/// True when [`encode_message`] of the whole message would be the message itself
+/// and its terminator: every line ends with CRLF (a last line without one is
+/// completed) and none starts with a dot. Most stored mail is so (SMTP's DATA
+/// requires CRLF), and then RETR writes the stored bytes without a copy.
+pub fn sent_as_stored(message: &[u8]) -> bool {
+    message.first() != Some(&b'.')
+        && memchr::memchr_iter(b'\n', message)
+            .all(|i| i > 0 && message[i - 1] == b'\r' && message.get(i + 1) != Some(&b'.'))
+}
+
+/// What follows a message sent as stored ([`sent_as_stored`]) to end the
+/// multi-line response.
+pub fn stored_terminator(message: &[u8]) -> &'static [u8] {
+    if message.is_empty() || message.ends_with(b"\n") { b".\r\n" } else { b"\r\n.\r\n" }
+}
+
 pub fn encode_message(message: &[u8], body_lines: Option<u32>, out: &mut Vec<u8>) {
     out.reserve(message.len() + message.len() / 64 + 8);
     let mut in_body = false;
@@ -245,5 +261,35 @@ mod tests {
         let mut out = Vec::new();
         encode_message(b"Only: header\r\n", Some(5), &mut out);
         assert_eq!(out, b"Only: header\r\n.\r\n");
+    }
+
+    #[test]
+    fn a_message_sent_as_stored_is_exactly_its_encoding() {
+        let cases: [&[u8]; 12] = [
+            b"",
+            b"A: 1\r\n\r\nbody\r\n",
+            b"A: 1\r\n\r\nno final line end",
+            b"A: 1\r\n\r\n.dot\r\n",
+            b".first\r\n",
+            b"A: 1\n\nbare\n",
+            b"A: 1\r\n\r\nbare\nlf\r\n",
+            b"\n",
+            b"\r\n",
+            b"x\r\n.",
+            b"lone\rcr\r\n",
+            b"A: 1\r\n\r\n..\r\n",
+        ];
+        for message in cases {
+            let mut encoded = Vec::new();
+            encode_message(message, None, &mut encoded);
+            let mut as_stored = message.to_vec();
+            as_stored.extend_from_slice(stored_terminator(message));
+            assert_eq!(
+                sent_as_stored(message),
+                encoded == as_stored,
+                "{:?}",
+                String::from_utf8_lossy(message)
+            );
+        }
     }
 }
