@@ -54,6 +54,7 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
         "mail_group_commit_batch_size",
         "mail_imap_idle_sessions",
         "mail_imap_body_cache_bytes",
+        "mail_imap_meta_cache_bytes",
         "mail_queue_depth",
         "mail_queue_oldest_age_seconds",
     ] {

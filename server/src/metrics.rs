@@ -68,6 +68,10 @@ pub struct ImapMetrics {
     pub body_cache_bytes: IntGauge,
     /// `mail_imap_fetch_reads_total{read,kind}` (link|body, question|query)
     pub fetch_reads: IntCounterVec,
+    /// `mail_imap_meta_cache_total{result}` (hit|miss)
+    pub meta_cache: IntCounterVec,
+    /// `mail_imap_meta_cache_bytes`
+    pub meta_cache_bytes: IntGauge,
 }
 
 /// Latency buckets from 0.5 ms to 10 s: mail commands span both ends.
@@ -180,6 +184,15 @@ impl Metrics {
                 "FETCH reads of message links and bodies (questions), and the store queries that answered them",
                 &["read", "kind"],
             ),
+            meta_cache: counters(
+                "mail_imap_meta_cache_total",
+                "Messages whose metadata (ENVELOPE, BODYSTRUCTURE, sizes) FETCH found in the process's metadata cache (hit) or read from the store (miss)",
+                &["result"],
+            ),
+            meta_cache_bytes: gauge(
+                "mail_imap_meta_cache_bytes",
+                "Bytes of message metadata held in the process's metadata cache",
+            ),
         };
         // Every series of the process is registered here, once: a clash is a bug in
         // this list, and fails every test that builds a pod.
@@ -193,6 +206,8 @@ impl Metrics {
             Box::new(imap.body_cache.clone()),
             Box::new(imap.body_cache_bytes.clone()),
             Box::new(imap.fetch_reads.clone()),
+            Box::new(imap.meta_cache.clone()),
+            Box::new(imap.meta_cache_bytes.clone()),
             Box::new(connections_active.clone()),
             Box::new(command_duration.clone()),
             Box::new(commands_total.clone()),

@@ -1009,3 +1009,49 @@ async fn sessions_catch_up_after_tombstones_are_pruned() {
     let r = c.cmd("f", "UID SEARCH ALL").await;
     assert_eq!(r[0], "* SEARCH 1 3 5");
 }
+
+/// A header list asked again is answered from the process's metadata cache —
+/// with the flags of now, not of when the metadata was read — and after INBOX is
+/// renamed away (its messages move to a new mailbox, INBOX goes on under a new
+/// UIDVALIDITY) each mailbox's list names its own messages.
+#[tokio::test]
+async fn header_lists_come_from_the_metadata_cache_with_current_flags() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    for subject in ["one", "two", "three"] {
+        deliver(&app, &bob, "INBOX", &sample(subject, "body"), FlagSet::default()).await;
+    }
+    let meta_cache = |result: &str| app.metrics.imap.meta_cache.with_label_values(&[result]).get();
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    a.cmd("a1", "SELECT INBOX").await;
+    b.cmd("b1", "SELECT INBOX").await;
+    let r = a.cmd("a2", "FETCH 1:3 (FLAGS ENVELOPE)").await;
+    assert!(
+        r[1].starts_with("* 2 FETCH (FLAGS (") && !r[1].contains("Flagged") && r[1].contains("\"two\""),
+        "{r:?}"
+    );
+    assert_eq!((meta_cache("hit"), meta_cache("miss")), (0, 3));
+
+    let r = b.cmd("b2", "STORE 2 +FLAGS (\\Flagged $Later)").await;
+    assert_eq!(tagged(&r), "b2 OK STORE completed");
+    let r = a.cmd("a3", "FETCH 1:3 (FLAGS ENVELOPE RFC822.SIZE)").await;
+    let line = r.iter().find(|l| l.starts_with("* 2 FETCH (FLAGS (")).expect("message 2");
+    assert!(line.contains("\\Flagged") && line.contains("$Later") && line.contains("\"two\""), "{r:?}");
+    assert!(has(&r, "* 3 FETCH (") && has(&r, "\"three\""), "{r:?}");
+    assert_eq!(tagged(&r), "a3 OK FETCH completed");
+    assert_eq!((meta_cache("hit"), meta_cache("miss")), (3, 3), "the second list is served from the cache");
+
+    let r = a.cmd("a4", "RENAME INBOX Old").await;
+    assert_eq!(tagged(&r), "a4 OK RENAME completed");
+    deliver(&app, &bob, "INBOX", &sample("four", "body"), FlagSet::default()).await;
+    a.cmd("a5", "SELECT INBOX").await;
+    let r = a.cmd("a6", "UID FETCH 1:* (ENVELOPE)").await;
+    assert!(has(&r, "\"four\"") && !has(&r, "\"one\""), "{r:?}");
+    a.cmd("a7", "SELECT Old").await;
+    let r = a.cmd("a8", "FETCH 1:3 (ENVELOPE)").await;
+    assert!(
+        has(&r, "\"one\"") && has(&r, "\"two\"") && has(&r, "\"three\"") && !has(&r, "\"four\""),
+        "{r:?}"
+    );
+}

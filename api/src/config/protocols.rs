@@ -111,6 +111,10 @@ pub struct ImapConfig {
     /// (bodies never change once stored, so any pod may cache them; 0 = off). See
     /// the server's `imap::bodies`.
     pub body_cache_bytes: usize,
+    /// Bytes of message metadata (ENVELOPE, BODYSTRUCTURE, sizes; about 1.5 KB a
+    /// message) a process keeps for FETCH (never changes once stored; 0 = off).
+    /// See the server's `imap::meta_cache`.
+    pub meta_cache_bytes: usize,
     /// Messages whose SORT/THREAD keys a process keeps (about 250 bytes each; keys
     /// never change once a message is stored; 0 = off). See the server's
     /// `imap::sort_cache`.
@@ -137,6 +141,7 @@ impl Default for ImapConfig {
             idle_poll_secs: 3,
             select_cache_messages: 2_000_000,
             body_cache_bytes: 64 * 1024 * 1024,
+            meta_cache_bytes: 32 * 1024 * 1024,
             sort_cache_messages: 200_000,
             tombstone_retention_days: 30,
             tombstone_prune_interval_secs: 3600,

@@ -5,17 +5,21 @@
 //! - whole messages and top-level sections (`BODY[]`, `BODY[HEADER]`, `RFC822*`)
 //!   → the message links, batched with other sessions' FETCHes, and the bodies
 //!   from the per-process body cache ([`super::bodies`]);
-//! - ENVELOPE, BODYSTRUCTURE, sizes, dates → `store.messages_by_uid` (the
-//!   pre-rendered metadata), plus the bodies as above when a section inside a
-//!   MIME part is asked for: a byte slice located by the stored part offsets.
+//! - ENVELOPE, BODYSTRUCTURE, sizes, dates → the pre-rendered metadata, from the
+//!   per-process metadata cache ([`super::meta_cache`]) or `store.messages_by_uid`,
+//!   with flags from the session's view; plus the bodies as above when a section
+//!   inside a MIME part is asked for: a byte slice located by the stored part
+//!   offsets.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use imap_codec::imap_types::core::AString;
 use imap_codec::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItemName, Part, Section};
 use imap_codec::imap_types::sequence::SequenceSet;
 
+use super::meta_cache::CachedMeta;
 use super::session::{Outcome, Session, store_error};
 use crate::message::find_header_end;
 use crate::net::output::Output;
@@ -221,18 +225,19 @@ impl Session {
         Ok(())
     }
 
-    /// ENVELOPE, BODYSTRUCTURE, sections inside parts: the stored metadata, and
-    /// bodies a FETCH_BATCH at a time when asked for.
+    /// ENVELOPE, BODYSTRUCTURE, sections inside parts: the stored metadata (from
+    /// the process's metadata cache, the store for what it lacks), flags from the
+    /// session's view (synced just before), and bodies a FETCH_BATCH at a time when
+    /// asked for.
     async fn fetch_from_metadata(&mut self, run: &mut FetchRun<'_, '_>, uids: &[u32]) -> Result<(), Outcome> {
-        let store = self.app.store.clone();
-        let rows = match store.messages_by_uid(run.mailbox_id, &UidSet::from_uids(uids)).await {
-            Ok(r) => r,
-            Err(e) => return Err(store_error(e)),
+        let Some(uid_validity) = self.selected.as_ref().map(|s| s.mailbox.uid_validity) else {
+            return Err(Outcome::bad("No mailbox selected"));
         };
+        let metas = self.metadata(run.mailbox_id, uid_validity, uids).await?;
         // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
-        for rows in rows.chunks(FETCH_BATCH) {
+        for batch in metas.chunks(FETCH_BATCH) {
             let bodies = if run.needs_body {
-                let ids: Vec<_> = rows.iter().map(|r| (r.message_id, r.internal_date)).collect();
+                let ids: Vec<_> = batch.iter().map(|(_, m)| (m.message_id, m.internal_date)).collect();
                 match self.shared.reads.bodies.bodies(&ids).await {
                     Ok(b) => b,
                     Err(e) => return Err(store_error(e)),
@@ -241,33 +246,70 @@ impl Session {
                 Vec::new()
             };
             let mut bodies = bodies.into_iter();
-            for row in rows {
+            for (uid, cached) in batch {
+                let uid = *uid;
                 let body = bodies.next().flatten().map(|b| b.body);
                 if run.needs_body && body.is_none() {
                     run.expunge_issued = true;
                     continue;
                 }
-                self.announce_keywords(&row.flags);
-                let Some(seq) = self.selected.as_ref().and_then(|s| s.seq_of(row.uid)) else {
-                    continue;
-                };
+                let Some(sel) = self.selected.as_ref() else { break };
+                let Ok(pos) = sel.uids.binary_search(&uid) else { continue };
+                let flags = sel.flag_set_at(pos);
                 let message = Message {
-                    uid: row.uid,
-                    modseq: self.modseq_item(row.uid, run.modseq),
-                    flags: &row.flags,
-                    recent: self.is_recent(row.uid),
-                    internal_date: &row.internal_date,
-                    meta: &row.meta,
+                    uid,
+                    modseq: self.modseq_item(uid, run.modseq),
+                    flags: &flags,
+                    recent: self.is_recent(uid),
+                    internal_date: &cached.internal_date,
+                    meta: &cached.meta,
                     body: body.as_ref(),
                 };
-                let seen = run.seen_changed.binary_search(&row.uid).is_ok();
-                fetch_line(&mut self.out, seq, run.items, &message, seen);
+                let seen = run.seen_changed.binary_search(&uid).is_ok();
+                fetch_line(&mut self.out, pos as u32 + 1, run.items, &message, seen);
                 if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                     return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
                 }
             }
         }
         Ok(())
+    }
+
+    /// The metadata of `uids` (ascending) that still exist, in UID order: from the
+    /// cache, and one store read for those it lacks.
+    async fn metadata(
+        &self,
+        mailbox_id: i64,
+        uid_validity: u32,
+        uids: &[u32],
+    ) -> Result<Vec<(u32, Arc<CachedMeta>)>, Outcome> {
+        let reads = &self.shared.reads;
+        let cached = reads.metas.get_many(mailbox_id, uid_validity, uids);
+        let missing: Vec<u32> =
+            uids.iter().zip(&cached).filter(|(_, c)| c.is_none()).map(|(&u, _)| u).collect();
+        reads.meta_hits.inc_by((uids.len() - missing.len()) as u64);
+        reads.meta_misses.inc_by(missing.len() as u64);
+        let mut found: Vec<(u32, Arc<CachedMeta>)> =
+            uids.iter().zip(cached).filter_map(|(&u, c)| c.map(|c| (u, c))).collect();
+        if !missing.is_empty() {
+            let rows = self
+                .app
+                .store
+                .messages_by_uid(mailbox_id, &UidSet::from_uids(&missing))
+                .await
+                .map_err(store_error)?;
+            for row in rows {
+                let meta = Arc::new(CachedMeta {
+                    message_id: row.message_id,
+                    internal_date: row.internal_date,
+                    meta: row.meta,
+                });
+                reads.metas.put(mailbox_id, uid_validity, row.uid, meta.clone());
+                found.push((row.uid, meta));
+            }
+            found.sort_unstable_by_key(|(u, _)| *u);
+        }
+        Ok(found)
     }
 
     /// FLAGS, UID and MODSEQ: from the session's map, no query.

@@ -22,6 +22,7 @@ pub mod index_cache;
 pub(crate) mod input;
 pub mod limit;
 pub mod mailbox;
+pub mod meta_cache;
 pub mod probe;
 pub mod quota;
 pub mod search;
@@ -59,6 +60,10 @@ pub(crate) struct Reads {
     /// POP3's maildrop listings, brought up to date the same way.
     pub(crate) maildrops: index_cache::IndexCache<crate::pop3::maildrop::Listing>,
     pub(crate) sort_cache: sort_cache::SortCache,
+    pub(crate) metas: meta_cache::MetaCache,
+    /// `mail_imap_meta_cache_total{result}`.
+    pub(crate) meta_hits: prometheus::IntCounter,
+    pub(crate) meta_misses: prometheus::IntCounter,
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
     pub(crate) select_misses: prometheus::IntCounter,
@@ -133,6 +138,9 @@ impl Shared {
             index_cache: index_cache::IndexCache::new(config.select_cache_messages),
             maildrops: index_cache::IndexCache::new(whole.pop3.maildrop_cache_messages),
             sort_cache: sort_cache::SortCache::new(config.sort_cache_messages),
+            metas: meta_cache::MetaCache::new(config.meta_cache_bytes, m.meta_cache_bytes.clone()),
+            meta_hits: m.meta_cache.with_label_values(&["hit"]),
+            meta_misses: m.meta_cache.with_label_values(&["miss"]),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
         };
@@ -173,6 +181,7 @@ pub(crate) async fn watch_epoch(
                     shared.reads.index_cache.clear();
                     shared.reads.maildrops.clear();
                     shared.reads.sort_cache.clear();
+                    shared.reads.metas.clear();
                     shared.reads.bodies.clear_cache();
                 }
                 _ => {}
