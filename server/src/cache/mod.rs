@@ -51,6 +51,8 @@ pub type CacheResult<T> = Result<T, CacheError>;
 pub struct MailboxEvent {
     pub account_id: i64,
     pub mailbox_id: i64,
+    /// The mailbox's modseq after the change where the sender knows it without a
+    /// read (STORE), else 0. Receivers re-check either way.
     pub modseq: u64,
 }
 

@@ -54,9 +54,9 @@ impl Session {
         };
         let uids: Vec<u32> =
             delivered.iter().flatten().filter(|d| d.mailbox_id == mb.id).map(|d| d.uid).collect();
-        // As for SMTP deliveries, the store does not report the new modseq and a
-        // status read only to learn it would be a round trip per APPEND: 0 tells
-        // the sessions watching the mailbox to check it.
+        // As for SMTP deliveries, the store does not report the new modseq, and a
+        // status read only to learn it would be a round trip per APPEND (see
+        // `MailboxEvent::modseq`).
         self.notify(mb.id, 0).await;
         if self.selected.as_ref().is_some_and(|s| s.mailbox.id == mb.id)
             && let Err(e) = self.sync(true).await

@@ -197,9 +197,7 @@ impl Session {
             Ok(p) => p,
             Err(e) => return store_error(e),
         };
-        let dest_status =
-            self.app.store.mailbox_status(dest.id).await.map(|s| s.highest_modseq).unwrap_or_default();
-        self.notify(dest.id, dest_status).await;
+        self.notify(dest.id, 0).await;
         let src_uids: Vec<u32> = pairs.iter().map(|p| p.0).collect();
         let dst_uids: Vec<u32> = pairs.iter().map(|p| p.1).collect();
         let code = format!(
@@ -216,9 +214,7 @@ impl Session {
         let mut sorted = src_uids;
         sorted.sort_unstable();
         self.announce_expunged(&sorted);
-        let src_modseq =
-            self.app.store.mailbox_status(src).await.map(|s| s.highest_modseq).unwrap_or_default();
-        self.notify(src, src_modseq).await;
+        self.notify(src, 0).await;
         if let Err(e) = self.sync(true).await {
             return store_error(e);
         }
@@ -281,8 +277,7 @@ impl Session {
         removed.sort_unstable();
         self.announce_expunged(&removed);
         if !removed.is_empty() {
-            let modseq = store.mailbox_status(mailbox_id).await.map(|s| s.highest_modseq).unwrap_or_default();
-            self.notify(mailbox_id, modseq).await;
+            self.notify(mailbox_id, 0).await;
         }
         if let Err(e) = self.sync(true).await {
             return store_error(e);

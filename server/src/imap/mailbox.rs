@@ -214,11 +214,7 @@ impl Session {
         if expunge && !sel.read_only {
             // CLOSE expunges silently (RFC 3501 §6.4.2): no untagged EXPUNGE.
             match self.app.store.expunge(sel.mailbox.id, None).await {
-                Ok(removed) if !removed.is_empty() => {
-                    let modseq =
-                        self.app.store.mailbox_status(sel.mailbox.id).await.map(|s| s.highest_modseq);
-                    self.notify(sel.mailbox.id, modseq.unwrap_or_default()).await;
-                }
+                Ok(removed) if !removed.is_empty() => self.notify(sel.mailbox.id, 0).await,
                 Ok(_) => {}
                 Err(e) => return store_error(e),
             }
