@@ -8,7 +8,11 @@
 # USERS users, each maildrop seeded with PER_USER messages through each side's
 # own SMTP. The two servers are measured alternately, ROUNDS times.
 #
-# Usage: bench/pop3.sh [OUT_DIR]   (env: USERS, PER_USER, C, DUR, ROUNDS)
+# SIZE (bytes) sets the seeded messages' size (the runner's --message-size; its
+# default when unset): e.g. SIZE=1048576 measures RETR of large messages, which
+# the server writes from the shared body cache without copying them.
+#
+# Usage: bench/pop3.sh [OUT_DIR]   (env: USERS, PER_USER, C, DUR, ROUNDS, SIZE)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -18,6 +22,8 @@ PER_USER=${PER_USER:-5}
 C=${C:-10}
 DUR=${DUR:-20s}
 ROUNDS=${ROUNDS:-2}
+SEED_SIZE=()
+[ -n "${SIZE:-}" ] && SEED_SIZE=(--message-size "$SIZE")
 mkdir -p "$OUT"
 port_open 1995 || { echo "Dovecot POP3S is not running: start /work/shared/peers/setup-postfix-dovecot.sh"; exit 1; }
 
@@ -30,8 +36,8 @@ COMMON=(--users-count "$USERS" -k --no-progress)
 for n in $(seq 1 "$USERS"); do
   rm -rf "$PEERS/mail/example.test/$(printf user%04d "$n")/Maildir"
 done
-"$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$PER_USER" -c 20 "${COMMON[@]}" >"$OUT/seed-mailcluster.txt" || exit 1
-"$STRESS" --smtp 127.0.0.1:2526 -s seed --messages-per-user "$PER_USER" -c 20 "${COMMON[@]}" >"$OUT/seed-dovecot.txt" || exit 1
+"$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$PER_USER" -c 20 "${SEED_SIZE[@]}" "${COMMON[@]}" >"$OUT/seed-mailcluster.txt" || exit 1
+"$STRESS" --smtp 127.0.0.1:2526 -s seed --messages-per-user "$PER_USER" -c 20 "${SEED_SIZE[@]}" "${COMMON[@]}" >"$OUT/seed-dovecot.txt" || exit 1
 sleep 5   # Postfix hands the tail of its queue to Dovecot over LMTP
 
 for round in $(seq 1 "$ROUNDS"); do
