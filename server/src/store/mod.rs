@@ -21,6 +21,7 @@
 pub(crate) mod common;
 pub mod postgres;
 pub mod sqlite;
+pub(crate) mod steps;
 pub mod types;
 
 pub use types::*;

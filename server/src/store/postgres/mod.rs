@@ -31,10 +31,13 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox, is_unique_violation, json_of,
+    flagset_from_row, from_json, group_by_mailbox, header_size_of, is_unique_violation, json_of,
     limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email,
-    normalize_flagset, normalize_mailbox_name, now_secs, parent_names, split_unchanged_since, u32_of, u64_of,
-    uid_ranges,
+    normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
+};
+use super::steps::{
+    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, account_from_row,
+    flag_row, mailbox_from_row,
 };
 use super::*;
 
@@ -54,67 +57,6 @@ pub struct PgStore {
 }
 
 type Tx = Transaction<'static, Postgres>;
-
-const MAILBOX_COLS: &str =
-    "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
-const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
-     FROM accounts a JOIN domains d ON d.id = a.domain_id";
-
-fn mailbox_from_row(r: &PgRow) -> StoreResult<Mailbox> {
-    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
-    Ok(Mailbox {
-        id: r.try_get("id").map_err(db_err)?,
-        account_id: r.try_get("account_id").map_err(db_err)?,
-        name: r.try_get("name").map_err(db_err)?,
-        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
-        special_use: special.as_deref().and_then(SpecialUse::parse),
-        recent_floor: u32_of(r.try_get("recent_floor").map_err(db_err)?, "recent_floor")?,
-    })
-}
-
-fn account_from_row(r: &PgRow) -> StoreResult<Account> {
-    Ok(Account {
-        id: r.try_get("id").map_err(db_err)?,
-        email: r.try_get("email").map_err(db_err)?,
-        domain: r.try_get("domain").map_err(db_err)?,
-        password_hash: r.try_get("password_hash").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-    })
-}
-
-fn flag_row(r: &PgRow) -> StoreResult<FlagRow> {
-    let keywords: String = r.try_get("keywords").map_err(db_err)?;
-    let flags: i32 = r.try_get("flags").map_err(db_err)?;
-    Ok(FlagRow {
-        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-        flags: flagset_from_row(i64::from(flags), &keywords),
-        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
-    })
-}
-
-/// A source row of COPY/MOVE/EXPUNGE/STORE.
-struct LinkRow {
-    uid: i64,
-    message_id: i64,
-    flags: i32,
-    keywords: String,
-    internal_date: DateTime<Utc>,
-    /// The message's octets, for the mailboxes' `bytes` counters.
-    size: i64,
-}
-
-fn link_row(r: &PgRow) -> StoreResult<LinkRow> {
-    Ok(LinkRow {
-        uid: r.try_get("uid").map_err(db_err)?,
-        message_id: r.try_get("message_id").map_err(db_err)?,
-        flags: r.try_get("flags").map_err(db_err)?,
-        keywords: r.try_get("keywords").map_err(db_err)?,
-        internal_date: r.try_get("internal_date").map_err(db_err)?,
-        size: r.try_get("size").map_err(db_err)?,
-    })
-}
 
 /// `(los, his)` arrays of a UID set, for `JOIN UNNEST($2, $3) r(lo, hi)`.
 /// The STORE statement around the part that names the message rows (`mm`).
@@ -159,8 +101,6 @@ macro_rules! store_flags_sql {
 fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
     uid_ranges(uids).into_iter().unzip()
 }
-
-const SEEN: i32 = Flags::SEEN.0 as i32;
 
 /// STORE as one statement (see `store_flags`); `$2`/`$3` the UID ranges' bounds.
 const STORE_FLAGS_RANGES: &str = store_flags_sql!(
@@ -353,103 +293,6 @@ impl PgStore {
         Transaction::begin(conn, None).await.map_err(db_err)
     }
 
-    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let last: Option<i64> = sqlx::query_scalar(
-            "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
-             WHERE id = $1 RETURNING last_uid_validity",
-        )
-        .bind(account_id)
-        .bind(n)
-        .bind(now_secs())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        match last {
-            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
-            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
-            None => Ok(None),
-        }
-    }
-
-    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
-        for parent in parent_names(name) {
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 AND name = $2")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            if exists.is_none() {
-                let uv = Self::alloc_uid_validity(tx, account_id, 1)
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-                sqlx::query(
-                    "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account_id, name) DO NOTHING",
-                )
-                .bind(account_id)
-                .bind(&parent)
-                .bind(uv)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "DELETE FROM messages m WHERE m.id = ANY($1) \
-             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = m.id)",
-        )
-        .bind(message_ids)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn mailbox_in(
-        tx: &mut Tx,
-        account_id: i64,
-        name: &str,
-        lock: bool,
-    ) -> StoreResult<Option<Mailbox>> {
-        let sql = format!(
-            "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
-            if lock { " FOR UPDATE" } else { "" }
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    /// Locks the given mailboxes in ascending id order; NotFound if one is missing.
-    async fn lock_mailboxes(tx: &mut Tx, ids: &[i64]) -> StoreResult<()> {
-        let mut ids = ids.to_vec();
-        ids.sort_unstable();
-        ids.dedup();
-        let found: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-                .bind(&ids)
-                .fetch_all(&mut **tx)
-                .await
-                .map_err(db_err)?;
-        if let Some(missing) = ids.iter().find(|id| !found.contains(id)) {
-            return Err(StoreError::NotFound(format!("mailbox {missing}")));
-        }
-        Ok(())
-    }
-
     /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
     async fn update_one(
         &self,
@@ -462,13 +305,42 @@ impl PgStore {
         }
         Ok(())
     }
+}
 
-    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
+/// The error text with the URL's password masked, should the error quote it.
+fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
+    let mut text = e.to_string().replace(url, &redact_url(url));
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, pw)| pw);
+    if let Some(pw) = password.filter(|pw| !pw.is_empty()) {
+        text = text.replace(pw, "***");
+    }
+    text
+}
+
+type Link = LinkRow<DateTime<Utc>>;
+
+impl StoreTx for Transaction<'_, Postgres> {
+    type Date = DateTime<Utc>;
+
+    async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
+        sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(ids)
+            .fetch_all(&mut **self)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn links_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<Link>> {
         let (los, his) = range_arrays(uids);
         if los.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, mm.size \
              FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
              JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
@@ -477,79 +349,21 @@ impl PgStore {
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut **self)
         .await
-        .map_err(db_err)?;
-        rows.iter().map(link_row).collect()
+        .map_err(db_err)
     }
 
-    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
-        if links.is_empty() {
-            return Ok(());
-        }
-        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let modseq: i64 = sqlx::query_scalar(
-            "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = messages - $2, \
-             unseen = unseen - $3, bytes = bytes - $4 WHERE id = $1 RETURNING highest_modseq",
-        )
-        .bind(mailbox_id)
-        .bind(links.len() as i64)
-        .bind(unseen)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        let uids: Vec<i64> = links.iter().map(|l| l.uid).collect();
-        sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = ANY($2)")
-            .bind(mailbox_id)
-            .bind(&uids)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        sqlx::query(
-            "INSERT INTO expunged (mailbox_id, uid, modseq) SELECT $1, u, $3 FROM UNNEST($2::bigint[]) AS u \
-             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
-        )
-        .bind(mailbox_id)
-        .bind(&uids)
-        .bind(modseq)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Self::delete_orphans(tx, &ids).await
+    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
+        // literal predicate: served by the partial index on \Deleted rows
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
     }
 
-    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = links.len() as i64;
-        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let row = sqlx::query(
-            "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
-             messages = messages + $1, unseen = unseen + $2, bytes = bytes + $4 WHERE id = $3 \
-             RETURNING uid_next - $1 AS first_uid, highest_modseq",
-        )
-        .bind(n)
-        .bind(unseen)
-        .bind(dest)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
-        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
-        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
-        if first + n - 1 > i64::from(u32::MAX) {
-            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
-        }
-        let new_uids: Vec<i64> = (first..first + n).collect();
+    async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
+        let new_uids: Vec<i64> = (first..first + links.len() as i64).collect();
         let message_ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
         let flags: Vec<i32> = links.iter().map(|l| l.flags).collect();
         let keywords: Vec<&str> = links.iter().map(|l| l.keywords.as_str()).collect();
@@ -570,48 +384,236 @@ impl PgStore {
         .bind(&keywords)
         .bind(&dates)
         .bind(&sizes)
-        .execute(&mut **tx)
+        .execute(&mut **self)
         .await
         .map_err(db_err)?;
-        links.iter().zip(&new_uids).map(|(l, &u)| Ok((u32_of(l.uid, "uid")?, u32_of(u, "uid")?))).collect()
+        Ok(())
     }
 
-    async fn copy_or_move(
-        &self,
-        src: i64,
+    async fn delete_links(&mut self, mailbox_id: i64, uids: &[i64], modseq: i64) -> StoreResult<()> {
+        sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = ANY($2)")
+            .bind(mailbox_id)
+            .bind(uids)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        sqlx::query(
+            "INSERT INTO expunged (mailbox_id, uid, modseq) SELECT $1, u, $3 FROM UNNEST($2::bigint[]) AS u \
+             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
+        )
+        .bind(mailbox_id)
+        .bind(uids)
+        .bind(modseq)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn tombstone_all(&mut self, mailbox_id: i64, modseq: i64) -> StoreResult<()> {
+        let sql = "INSERT INTO expunged (mailbox_id, uid, modseq) \
+             SELECT mailbox_id, uid, $2 FROM mailbox_messages WHERE mailbox_id = $1 \
+             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq";
+        self.run(sql, &[Param::Int(mailbox_id), Param::Int(modseq)]).await
+    }
+
+    async fn delete_orphans(&mut self, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "DELETE FROM messages m WHERE m.id = ANY($1) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = m.id)",
+        )
+        .bind(message_ids)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn bump_uid_validity(&mut self, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
+        let sql = "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
+             WHERE id = $1 RETURNING last_uid_validity";
+        let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
+        Ok(self.fetch_ints(sql, &params).await?.and_then(|r| r.first().copied()))
+    }
+
+    async fn mailbox_in(&mut self, account_id: i64, name: &str, lock: bool) -> StoreResult<Option<Mailbox>> {
+        let sql = format!(
+            "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
+            if lock { " FOR UPDATE" } else { "" }
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut **self)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
+        let sql = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
+             ON CONFLICT (account_id, name) DO NOTHING";
+        let params = [Param::Int(account_id), Param::Text(name), Param::Int(uid_validity)];
+        self.run(sql, &params).await
+    }
+
+    async fn insert_mailbox(
+        &mut self,
+        account_id: i64,
+        name: &str,
+        uid_validity: i64,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .bind(uid_validity)
+            .bind(special_use.map(SpecialUse::as_str))
+            .fetch_one(&mut **self)
+            .await
+            .map_err(|e| match e {
+                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
+                e => db_err(e),
+            })?;
+        mailbox_from_row(&row)
+    }
+
+    async fn lock_account(&mut self, account_id: i64) -> StoreResult<bool> {
+        let sql = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE";
+        Ok(self.fetch_ints(sql, &[Param::Int(account_id)]).await?.is_some())
+    }
+
+    async fn rename_sources(
+        &mut self,
+        account_id: i64,
+        from: &str,
+        children: bool,
+    ) -> StoreResult<Vec<(i64, String)>> {
+        sqlx::query_as(
+            "SELECT id, name FROM mailboxes WHERE account_id = $1 \
+             AND (name = $2 OR ($3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
+        )
+        .bind(account_id)
+        .bind(from)
+        .bind(children)
+        .fetch_all(&mut **self)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn rename_mailboxes(
+        &mut self,
+        ids: &[i64],
+        names: &[String],
+        first: i64,
+        to: &str,
+    ) -> StoreResult<()> {
+        let validities: Vec<i64> = (first..first + ids.len() as i64).collect();
+        // The unique (account_id, name) constraint is checked per row, so a
+        // single UPDATE renaming A/x → B/x fails only if B/x already exists.
+        sqlx::query(
+            "UPDATE mailboxes m SET name = t.n, uid_validity = t.v \
+             FROM UNNEST($1::bigint[], $2::text[], $3::bigint[]) AS t(id, n, v) WHERE m.id = t.id",
+        )
+        .bind(ids)
+        .bind(names)
+        .bind(&validities)
+        .execute(&mut **self)
+        .await
+        .map_err(|e| match e {
+            e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("a mailbox under {to}")),
+            e => db_err(e),
+        })?;
+        Ok(())
+    }
+
+    async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
+        // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
+        let sql = "SELECT id FROM domains WHERE name = $1 FOR KEY SHARE";
+        Ok(self.fetch_ints(sql, &[Param::Text(domain)]).await?.and_then(|r| r.first().copied()))
+    }
+
+    async fn insert_account(
+        &mut self,
+        email: &str,
+        domain_id: i64,
+        password_hash: &str,
+    ) -> StoreResult<(i64, DateTime<Utc>)> {
+        let res = sqlx::query_as(
+            "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
+        )
+        .bind(email)
+        .bind(domain_id)
+        .bind(password_hash)
+        .fetch_one(&mut **self)
+        .await;
+        match res {
+            Ok(row) => Ok(row),
+            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(e) => Err(db_err(e)),
+        }
+    }
+
+    async fn insert_default_mailboxes(
+        &mut self,
+        account_id: i64,
+        mailboxes: &[(&str, Option<SpecialUse>)],
+        first: i64,
+    ) -> StoreResult<()> {
+        let names: Vec<&str> = mailboxes.iter().map(|m| m.0).collect();
+        let specials: Vec<Option<&str>> = mailboxes.iter().map(|m| m.1.map(SpecialUse::as_str)).collect();
+        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
+        sqlx::query(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
+             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
+        )
+        .bind(account_id)
+        .bind(&names)
+        .bind(&validities)
+        .bind(&specials)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
+            .bind(account_id)
+            .bind(&names)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn modseqs_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<(i64, i64)>> {
+        let (los, his) = range_arrays(uids);
+        sqlx::query_as(
+            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut **self)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn store_flags(
+        &mut self,
+        mailbox_id: i64,
         uids: &UidSet,
-        dest: i64,
-        remove: bool,
-    ) -> StoreResult<Vec<(u32, u32)>> {
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[src, dest]).await?;
-        let links = Self::links_in(&mut tx, src, uids).await?;
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        // link first, unlink second: the body is never without a link in between
-        let pairs = Self::add_links(&mut tx, dest, &links).await?;
-        if remove {
-            Self::remove_links(&mut tx, src, &links).await?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(pairs)
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        store_flags_on(self, mailbox_id, uids, op, flags).await
     }
-}
-
-/// The error text with the URL's password masked, should the error quote it.
-fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
-    let mut text = e.to_string().replace(url, &redact_url(url));
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, pw)| pw);
-    if let Some(pw) = password.filter(|pw| !pw.is_empty()) {
-        text = text.replace(pw, "***");
-    }
-    text
 }
 
 #[async_trait]
@@ -716,62 +718,7 @@ impl Store for PgStore {
     }
 
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        let (email, domain) = normalize_email(email)?;
-        let mut tx = self.tx().await?;
-        // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
-        let domain_id: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR KEY SHARE")
-                .bind(&domain)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-        let res = sqlx::query(
-            "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
-        )
-        .bind(&email)
-        .bind(domain_id)
-        .bind(password_hash)
-        .fetch_one(&mut *tx)
-        .await;
-        let row = match res {
-            Ok(row) => row,
-            Err(e) if is_unique_violation(&e) => {
-                return Err(StoreError::AlreadyExists(format!("account {email}")));
-            }
-            Err(e) => return Err(db_err(e)),
-        };
-        let id: i64 = row.try_get("id").map_err(db_err)?;
-        let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db_err)?;
-        let mut names = vec!["INBOX"];
-        let mut specials: Vec<Option<&str>> = vec![None];
-        for u in SpecialUse::ALL {
-            names.push(u.default_name());
-            specials.push(Some(u.as_str()));
-        }
-        let first = Self::alloc_uid_validity(&mut tx, id, names.len() as i64)
-            .await?
-            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
-        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
-        sqlx::query(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
-             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
-        )
-        .bind(id)
-        .bind(&names)
-        .bind(&validities)
-        .bind(&specials)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
-            .bind(id)
-            .bind(&names)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(Account { id, email, domain, password_hash: password_hash.to_string(), created_at })
+        steps::account_create(self.tx(), email, password_hash).await
     }
 
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
@@ -799,7 +746,7 @@ impl Store for PgStore {
         .await
         .map_err(db_err)?;
         sqlx::query("DELETE FROM accounts WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.delete_orphans(&message_ids).await?;
         tx.commit().await.map_err(db_err)
     }
 
@@ -819,7 +766,7 @@ impl Store for PgStore {
             .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(db_err)?;
-        row.as_ref().map(account_from_row).transpose()
+        row.as_ref().map(|r| account_from_row(r, std::convert::identity)).transpose()
     }
 
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
@@ -880,7 +827,7 @@ impl Store for PgStore {
             }
         }
         .map_err(db_err)?;
-        rows.iter().map(account_from_row).collect()
+        rows.iter().map(|r| account_from_row(r, std::convert::identity)).collect()
     }
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
@@ -923,171 +870,15 @@ impl Store for PgStore {
         name: &str,
         special_use: Option<SpecialUse>,
     ) -> StoreResult<Mailbox> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        let mut tx = self.tx().await?;
-        // the account row update also serialises mailbox creation per account
-        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &name, false).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
-        }
-        Self::create_parents(&mut tx, account_id, &name).await?;
-        let sql = format!(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
-             RETURNING {MAILBOX_COLS}"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(&name)
-            .bind(uv)
-            .bind(special_use.map(SpecialUse::as_str))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| match e {
-                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
-                e => db_err(e),
-            })?;
-        let mailbox = mailbox_from_row(&row)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(mailbox)
+        steps::mailbox_create(self.tx(), account_id, name, special_use).await
     }
 
     async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
-        }
-        let mut tx = self.tx().await?;
-        let mb = Self::mailbox_in(&mut tx, account_id, &name, true)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
-        let message_ids: Vec<i64> =
-            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = $1")
-                .bind(mb.id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        sqlx::query("DELETE FROM mailboxes WHERE id = $1")
-            .bind(mb.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
+        steps::mailbox_delete(self.tx(), account_id, name).await
     }
 
     async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        let from = normalize_mailbox_name(from)?;
-        let to = normalize_mailbox_name(to)?;
-        if is_inbox(&to) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        // INBOX is the one mailbox whose children do not move with it
-        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
-            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
-        }
-        let mut tx = self.tx().await?;
-        // serialise renames/creates of this account (and check it exists)
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1 FOR UPDATE")
-            .bind(account_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let rows = sqlx::query(
-            "SELECT id, name FROM mailboxes WHERE account_id = $1 \
-             AND (name = $2 OR (NOT $3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
-        )
-        .bind(account_id)
-        .bind(&from)
-        .bind(is_inbox(&from))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if rows.is_empty() {
-            return Err(StoreError::NotFound(format!("mailbox {from}")));
-        }
-        if Self::mailbox_in(&mut tx, account_id, &to, false).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
-        }
-        Self::create_parents(&mut tx, account_id, &to).await?;
-        if is_inbox(&from) {
-            let inbox: i64 = rows[0].try_get("id").map_err(db_err)?;
-            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty)
-            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
-                 SELECT account_id, $1, $2, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
-                 WHERE id = $3 \
-                 RETURNING id",
-            )
-            .bind(&to)
-            .bind(uv)
-            .bind(inbox)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let modseq: i64 = sqlx::query_scalar(
-                "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = 0, unseen = 0, bytes = 0 \
-                 WHERE id = $1 RETURNING highest_modseq",
-            )
-            .bind(inbox)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query(
-                "INSERT INTO expunged (mailbox_id, uid, modseq) \
-                 SELECT mailbox_id, uid, $2 FROM mailbox_messages WHERE mailbox_id = $1 \
-                 ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
-            )
-            .bind(inbox)
-            .bind(modseq)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query("UPDATE mailbox_messages SET mailbox_id = $1 WHERE mailbox_id = $2")
-                .bind(new_id)
-                .bind(inbox)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        } else {
-            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let mut ids = Vec::with_capacity(rows.len());
-            let mut names = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let name: String = r.try_get("name").map_err(db_err)?;
-                ids.push(r.try_get::<i64, _>("id").map_err(db_err)?);
-                names.push(format!("{to}{}", &name[from.len()..]));
-            }
-            let validities: Vec<i64> = (first..first + rows.len() as i64).collect();
-            // The unique (account_id, name) constraint is checked per row, so a
-            // single UPDATE renaming A/x → B/x fails only if B/x already exists.
-            sqlx::query(
-                "UPDATE mailboxes m SET name = t.n, uid_validity = t.v \
-                 FROM UNNEST($1::bigint[], $2::text[], $3::bigint[]) AS t(id, n, v) WHERE m.id = t.id",
-            )
-            .bind(&ids)
-            .bind(&names)
-            .bind(&validities)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| match e {
-                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("a mailbox under {to}")),
-                e => db_err(e),
-            })?;
-        }
-        tx.commit().await.map_err(db_err)
+        steps::mailbox_rename(self.tx(), account_id, from, to).await
     }
 
     async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
@@ -1229,7 +1020,7 @@ impl Store for PgStore {
         let mut tx = self.tx().await?;
         // 1. lock the target mailboxes in ascending id order, then allocate UIDs
         let mb_ids: Vec<i64> = groups.keys().copied().collect();
-        Self::lock_mailboxes(&mut tx, &mb_ids).await?;
+        steps::lock_mailboxes(&mut tx, &mb_ids).await?;
         let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
         let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
         let bytes: Vec<i64> = groups.values().map(|s| s.bytes).collect();
@@ -1572,66 +1363,19 @@ impl Store for PgStore {
         flags: &FlagSet,
         unchanged_since: u64,
     ) -> StoreResult<ConditionalStore> {
-        // The test and the change under one lock of the mailbox row, which every
-        // flag change takes first: no change can land between them.
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
-        let (los, his) = range_arrays(uids);
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             ORDER BY mm.uid",
-        )
-        .bind(mailbox_id)
-        .bind(&los)
-        .bind(&his)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
-        let changed = if passed.is_empty() {
-            Vec::new()
-        } else {
-            store_flags_on(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
-        };
-        tx.commit().await.map_err(db_err)?;
-        Ok(ConditionalStore { changed, modified })
+        steps::store_flags_unchanged_since(self.tx(), mailbox_id, uids, (op, flags), unchanged_since).await
     }
 
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
-        let links = match uids {
-            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
-            None => {
-                // literal predicate: served by the partial index on \Deleted rows
-                let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
-                     WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-                rows.iter().map(link_row).collect::<StoreResult<Vec<_>>>()?
-            }
-        };
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        Self::remove_links(&mut tx, mailbox_id, &links).await?;
-        tx.commit().await.map_err(db_err)?;
-        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
+        steps::expunge(self.tx(), mailbox_id, uids).await
     }
 
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, false).await
+        steps::copy_or_move(self.tx(), src, uids, dest, false).await
     }
 
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        // Into the same mailbox too (RFC 6851 §3.3): the links get new UIDs, the
-        // old ones are expunged, in one transaction — never a copy left behind.
-        self.copy_or_move(src, uids, dest, true).await
+        steps::copy_or_move(self.tx(), src, uids, dest, true).await
     }
 
     async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {

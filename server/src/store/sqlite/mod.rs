@@ -34,10 +34,13 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
-    is_unique_violation, json_of, limit_column, mailbox_index_from, meta_from_json, meta_to_json,
-    normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
-    split_unchanged_since, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_unique_violation,
+    json_of, limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
+    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
+};
+use super::steps::{
+    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, account_from_row,
+    flag_row, mailbox_from_row,
 };
 use super::*;
 
@@ -62,68 +65,6 @@ fn to_us(t: DateTime<Utc>) -> i64 {
 
 fn from_us(us: i64) -> DateTime<Utc> {
     Utc.timestamp_micros(us).single().unwrap_or_default()
-}
-
-fn mailbox_from_row(r: &SqliteRow) -> StoreResult<Mailbox> {
-    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
-    Ok(Mailbox {
-        id: r.try_get("id").map_err(db_err)?,
-        account_id: r.try_get("account_id").map_err(db_err)?,
-        name: r.try_get("name").map_err(db_err)?,
-        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
-        special_use: special.as_deref().and_then(SpecialUse::parse),
-        recent_floor: u32_of(r.try_get("recent_floor").map_err(db_err)?, "recent_floor")?,
-    })
-}
-
-fn account_from_row(r: &SqliteRow) -> StoreResult<Account> {
-    Ok(Account {
-        id: r.try_get("id").map_err(db_err)?,
-        email: r.try_get("email").map_err(db_err)?,
-        domain: r.try_get("domain").map_err(db_err)?,
-        password_hash: r.try_get("password_hash").map_err(db_err)?,
-        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-    })
-}
-
-fn flag_row(r: &SqliteRow) -> StoreResult<FlagRow> {
-    let keywords: String = r.try_get("keywords").map_err(db_err)?;
-    Ok(FlagRow {
-        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-        flags: flagset_from_row(r.try_get("flags").map_err(db_err)?, &keywords),
-        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
-    })
-}
-
-const MAILBOX_COLS: &str =
-    "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
-const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
-     FROM accounts a JOIN domains d ON d.id = a.domain_id";
-
-/// A source row of COPY/MOVE.
-struct LinkRow {
-    uid: i64,
-    message_id: i64,
-    flags: i64,
-    keywords: String,
-    internal_date: i64,
-    /// The message's octets, for the mailboxes' `bytes` counters.
-    size: i64,
-}
-
-impl LinkRow {
-    fn of(r: &SqliteRow) -> StoreResult<LinkRow> {
-        Ok(LinkRow {
-            uid: r.try_get("uid").map_err(db_err)?,
-            message_id: r.try_get("message_id").map_err(db_err)?,
-            flags: r.try_get("flags").map_err(db_err)?,
-            keywords: r.try_get("keywords").map_err(db_err)?,
-            internal_date: r.try_get("internal_date").map_err(db_err)?,
-            size: r.try_get("size").map_err(db_err)?,
-        })
-    }
 }
 
 impl SqliteStore {
@@ -201,83 +142,9 @@ impl SqliteStore {
         Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await.map_err(db_err)
     }
 
-    /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; returns
-    /// the first, or `None` when the account does not exist.
-    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let last: Option<i64> = sqlx::query_scalar(
-            "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + ?2, ?3 + ?2 - 1) \
-             WHERE id = ?1 RETURNING last_uid_validity",
-        )
-        .bind(account_id)
-        .bind(n)
-        .bind(now_secs())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        match last {
-            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
-            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
-            None => Ok(None),
-        }
-    }
-
-    /// Creates the missing superior names of `name` (RFC 3501 CREATE/RENAME).
-    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
-        for parent in parent_names(name) {
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = ? AND name = ?")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            if exists.is_none() {
-                let uv = Self::alloc_uid_validity(tx, account_id, 1)
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-                sqlx::query("INSERT INTO mailboxes (account_id, name, uid_validity) VALUES (?, ?, ?)")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .bind(uv)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes bodies that no mailbox links any more.
-    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        let ids = serde_json::to_string(message_ids).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query(
-            "DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?)) \
-             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = messages.id)",
-        )
-        .bind(ids)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn mailbox_in(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
     /// Bumps the mailbox's modseq (and takes the write position for it); returns
     /// the new modseq, or NotFound.
-    async fn bump_modseq(tx: &mut Tx, mailbox_id: i64) -> StoreResult<i64> {
+    async fn bump_modseq(tx: &mut Transaction<'_, Sqlite>, mailbox_id: i64) -> StoreResult<i64> {
         sqlx::query_scalar(
             "UPDATE mailboxes SET highest_modseq = highest_modseq + 1 WHERE id = ? RETURNING highest_modseq",
         )
@@ -291,7 +158,7 @@ impl SqliteStore {
     /// The flag change inside `tx`; the caller commits when rows changed (with
     /// none, dropping `tx` also takes back the modseq bump).
     async fn store_flags_in(
-        tx: &mut Tx,
+        tx: &mut Transaction<'_, Sqlite>,
         mailbox_id: i64,
         uids: &UidSet,
         op: FlagOp,
@@ -299,11 +166,11 @@ impl SqliteStore {
     ) -> StoreResult<Vec<FlagRow>> {
         let flags = normalize_flagset(flags)?;
         let modseq = Self::bump_modseq(tx, mailbox_id).await?;
-        let links = Self::links_in(tx, mailbox_id, uids).await?;
+        let links = tx.links_in(mailbox_id, uids).await?;
         let mut changed = Vec::new();
         let mut unseen_delta = 0i64;
         for l in &links {
-            let old = flagset_from_row(l.flags, &l.keywords);
+            let old = flagset_from_row(i64::from(l.flags), &l.keywords);
             let new = apply_flags(&old, op, &flags);
             if new == old {
                 continue;
@@ -351,121 +218,6 @@ impl SqliteStore {
         Ok(())
     }
 
-    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
-        let mut out = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            let rows = sqlx::query(
-                "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
-                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-            )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            for r in rows {
-                out.push(LinkRow::of(&r)?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes the given links, leaves tombstones, fixes counters and removes
-    /// orphaned bodies. `links` must belong to `mailbox_id`.
-    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
-        if links.is_empty() {
-            return Ok(());
-        }
-        let modseq = Self::bump_modseq(tx, mailbox_id).await?;
-        let mut unseen = 0i64;
-        for l in links {
-            sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = ? AND uid = ?")
-                .bind(mailbox_id)
-                .bind(l.uid)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
-            sqlx::query(
-                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) VALUES (?, ?, ?, ?)",
-            )
-            .bind(mailbox_id)
-            .bind(l.uid)
-            .bind(modseq)
-            .bind(to_us(Utc::now()))
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            if l.flags & i64::from(Flags::SEEN.0) == 0 {
-                unseen += 1;
-            }
-        }
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        sqlx::query(
-            "UPDATE mailboxes SET messages = messages - ?, unseen = unseen - ?, bytes = bytes - ? WHERE id = ?",
-        )
-        .bind(links.len() as i64)
-        .bind(unseen)
-        .bind(bytes)
-        .bind(mailbox_id)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Self::delete_orphans(tx, &ids).await
-    }
-
-    /// Links `links` into `dest` with fresh UIDs, keeping flags and dates.
-    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = links.len() as i64;
-        let unseen = links.iter().filter(|l| l.flags & i64::from(Flags::SEEN.0) == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let row = sqlx::query(
-            "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-             messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
-             RETURNING uid_next - ?1 AS first_uid, highest_modseq",
-        )
-        .bind(n)
-        .bind(unseen)
-        .bind(dest)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
-        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
-        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
-        if first + n - 1 > i64::from(u32::MAX) {
-            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
-        }
-        let mut out = Vec::with_capacity(links.len());
-        for (k, l) in links.iter().enumerate() {
-            let uid = first + k as i64;
-            sqlx::query(
-                "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
-                 internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(dest)
-            .bind(uid)
-            .bind(l.message_id)
-            .bind(l.flags)
-            .bind(&l.keywords)
-            .bind(modseq)
-            .bind(l.internal_date)
-            .bind(l.size)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            out.push((u32_of(l.uid, "uid")?, u32_of(uid, "uid")?));
-        }
-        Ok(out)
-    }
-
     /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
     /// ascending, one range at a time.
     async fn linked_rows(
@@ -492,37 +244,235 @@ impl SqliteStore {
         }
         Ok(out)
     }
+}
 
-    async fn copy_or_move(
-        &self,
-        src: i64,
-        uids: &UidSet,
-        dest: i64,
-        remove: bool,
-    ) -> StoreResult<Vec<(u32, u32)>> {
-        let mut tx = self.write_tx().await?;
-        for id in [src, dest] {
-            let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound(format!("mailbox {id}")));
+type Link = LinkRow<i64>;
+
+impl StoreTx for Transaction<'_, Sqlite> {
+    type Date = i64;
+
+    /// The single writer connection holds the write lock already: this only
+    /// looks the mailboxes up.
+    async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            found.extend(
+                self.fetch_ints("SELECT id FROM mailboxes WHERE id = $1", &[Param::Int(id)])
+                    .await?
+                    .map(|_| id),
+            );
+        }
+        Ok(found)
+    }
+
+    async fn links_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<Link>> {
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid"
+        );
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let query = sqlx::query_as::<_, Link>(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(mailbox_id)
+                .bind(lo)
+                .bind(hi);
+            out.extend(query.fetch_all(&mut **self).await.map_err(db_err)?);
+        }
+        Ok(out)
+    }
+
+    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
+             WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
+    }
+
+    async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
+        for (uid, l) in (first..).zip(links) {
+            sqlx::query(
+                "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
+                 internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(dest)
+            .bind(uid)
+            .bind(l.message_id)
+            .bind(l.flags)
+            .bind(&l.keywords)
+            .bind(modseq)
+            .bind(l.internal_date)
+            .bind(l.size)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        }
+        Ok(())
+    }
+
+    async fn delete_links(&mut self, mailbox_id: i64, uids: &[i64], modseq: i64) -> StoreResult<()> {
+        let now = to_us(Utc::now());
+        for &uid in uids {
+            let link = [Param::Int(mailbox_id), Param::Int(uid)];
+            self.run("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = $2", &link).await?;
+            let sql = "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) VALUES ($1, $2, $3, $4)";
+            let tombstone = [Param::Int(mailbox_id), Param::Int(uid), Param::Int(modseq), Param::Int(now)];
+            self.run(sql, &tombstone).await?;
+        }
+        Ok(())
+    }
+
+    async fn tombstone_all(&mut self, mailbox_id: i64, modseq: i64) -> StoreResult<()> {
+        let sql = "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) \
+             SELECT mailbox_id, uid, $2, $3 FROM mailbox_messages WHERE mailbox_id = $1";
+        let params = [Param::Int(mailbox_id), Param::Int(modseq), Param::Int(to_us(Utc::now()))];
+        self.run(sql, &params).await
+    }
+
+    /// Removes bodies that no mailbox links any more.
+    async fn delete_orphans(&mut self, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let sql = "DELETE FROM messages WHERE id IN (SELECT value FROM json_each($1)) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = messages.id)";
+        self.run(sql, &[Param::Text(&json_of(message_ids)?)]).await
+    }
+
+    async fn bump_uid_validity(&mut self, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
+        let sql = "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) \
+             WHERE id = $1 RETURNING last_uid_validity";
+        let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
+        Ok(self.fetch_ints(sql, &params).await?.and_then(|r| r.first().copied()))
+    }
+
+    /// `lock` is moot: the single writer connection holds the write lock.
+    async fn mailbox_in(&mut self, account_id: i64, name: &str, _lock: bool) -> StoreResult<Option<Mailbox>> {
+        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(account_id).bind(name);
+        query.fetch_optional(&mut **self).await.map_err(db_err)?.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
+        let sql = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3)";
+        let params = [Param::Int(account_id), Param::Text(name), Param::Int(uid_validity)];
+        self.run(sql, &params).await
+    }
+
+    async fn insert_mailbox(
+        &mut self,
+        account_id: i64,
+        name: &str,
+        uid_validity: i64,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(account_id).bind(name).bind(uid_validity);
+        let row =
+            query.bind(special_use.map(SpecialUse::as_str)).fetch_one(&mut **self).await.map_err(db_err)?;
+        mailbox_from_row(&row)
+    }
+
+    /// The single writer connection serialises renames already; an unknown
+    /// account has no mailbox to rename.
+    async fn lock_account(&mut self, _account_id: i64) -> StoreResult<bool> {
+        Ok(true)
+    }
+
+    async fn rename_sources(
+        &mut self,
+        account_id: i64,
+        from: &str,
+        children: bool,
+    ) -> StoreResult<Vec<(i64, String)>> {
+        let sql = "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
+             AND (name = ?2 OR (?3 AND substr(name, 1, length(?2) + 1) = ?2 || '/')) ORDER BY id";
+        let query = sqlx::query_as::<_, (i64, String)>(sql).bind(account_id).bind(from).bind(children);
+        query.fetch_all(&mut **self).await.map_err(db_err)
+    }
+
+    async fn rename_mailboxes(
+        &mut self,
+        ids: &[i64],
+        names: &[String],
+        first: i64,
+        _to: &str,
+    ) -> StoreResult<()> {
+        for ((&id, name), uv) in ids.iter().zip(names).zip(first..) {
+            let params = [Param::Text(name), Param::Int(uv), Param::Int(id)];
+            let sql = "UPDATE mailboxes SET name = $1, uid_validity = $2 WHERE id = $3";
+            match self.run(sql, &params).await {
+                Err(StoreError::AlreadyExists(_)) => {
+                    return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
+                }
+                other => other?,
             }
         }
-        let links = Self::links_in(&mut tx, src, uids).await?;
-        if links.is_empty() {
-            return Ok(Vec::new());
+        Ok(())
+    }
+
+    async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
+        let sql = "SELECT id FROM domains WHERE name = $1";
+        Ok(self.fetch_ints(sql, &[Param::Text(domain)]).await?.and_then(|r| r.first().copied()))
+    }
+
+    async fn insert_account(
+        &mut self,
+        email: &str,
+        domain_id: i64,
+        password_hash: &str,
+    ) -> StoreResult<(i64, DateTime<Utc>)> {
+        // microsecond precision, as stored
+        let created_at = to_us(Utc::now());
+        let sql = "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES ($1, $2, $3, $4) RETURNING id";
+        let params =
+            [Param::Text(email), Param::Int(domain_id), Param::Text(password_hash), Param::Int(created_at)];
+        match self.fetch_ints(sql, &params).await {
+            Ok(Some(row)) => Ok((row[0], from_us(created_at))),
+            Ok(None) => Err(StoreError::Internal("account insert returned no id".into())),
+            Err(StoreError::AlreadyExists(_)) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(e) => Err(e),
         }
-        // Link into the destination before unlinking the source so that a MOVE
-        // never sees a body without links (which would delete it).
-        let pairs = Self::add_links(&mut tx, dest, &links).await?;
-        if remove {
-            Self::remove_links(&mut tx, src, &links).await?;
+    }
+
+    async fn insert_default_mailboxes(
+        &mut self,
+        account_id: i64,
+        mailboxes: &[(&str, Option<SpecialUse>)],
+        first: i64,
+    ) -> StoreResult<()> {
+        for ((name, special), uv) in mailboxes.iter().zip(first..) {
+            let sql =
+                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)";
+            let query =
+                sqlx::query(sql).bind(account_id).bind(*name).bind(uv).bind(special.map(SpecialUse::as_str));
+            query.execute(&mut **self).await.map_err(db_err)?;
+            let sql = "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2)";
+            self.run(sql, &[Param::Int(account_id), Param::Text(name)]).await?;
         }
-        tx.commit().await.map_err(db_err)?;
-        Ok(pairs)
+        Ok(())
+    }
+
+    async fn modseqs_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<(i64, i64)>> {
+        let sql = "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid";
+        let mut rows = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let query = sqlx::query_as::<_, (i64, i64)>(sql).bind(mailbox_id).bind(lo).bind(hi);
+            rows.extend(query.fetch_all(&mut **self).await.map_err(db_err)?);
+        }
+        Ok(rows)
+    }
+
+    async fn store_flags(
+        &mut self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        op: FlagOp,
+        flags: &FlagSet,
+    ) -> StoreResult<Vec<FlagRow>> {
+        SqliteStore::store_flags_in(self, mailbox_id, uids, op, flags).await
     }
 }
 
@@ -610,71 +560,7 @@ impl Store for SqliteStore {
     }
 
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        let (email, domain) = normalize_email(email)?;
-        let mut tx = self.write_tx().await?;
-        let domain_id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(&domain)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-        let created_at = Utc::now();
-        let res = sqlx::query_scalar(
-            "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&email)
-        .bind(domain_id)
-        .bind(password_hash)
-        .bind(to_us(created_at))
-        .fetch_one(&mut *tx)
-        .await;
-        let id: i64 = match res {
-            Ok(id) => id,
-            Err(e) if is_unique_violation(&e) => {
-                return Err(StoreError::AlreadyExists(format!("account {email}")));
-            }
-            Err(e) => return Err(db_err(e)),
-        };
-        let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
-            .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))
-            .collect();
-        let first = Self::alloc_uid_validity(&mut tx, id, defaults.len() as i64)
-            .await?
-            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
-        for (k, (name, special)) in defaults.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)",
-            )
-            .bind(id)
-            .bind(*name)
-            .bind(first + k as i64)
-            .bind(special.map(SpecialUse::as_str))
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            if special.is_some() {
-                sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, ?)")
-                    .bind(id)
-                    .bind(*name)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            }
-        }
-        sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, 'INBOX')")
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
-        // microsecond precision, as stored
-        Ok(Account {
-            id,
-            email,
-            domain,
-            password_hash: password_hash.to_string(),
-            created_at: from_us(to_us(created_at)),
-        })
+        steps::account_create(self.write_tx(), email, password_hash).await
     }
 
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
@@ -695,7 +581,7 @@ impl Store for SqliteStore {
         .await
         .map_err(db_err)?;
         sqlx::query("DELETE FROM accounts WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
+        tx.delete_orphans(&message_ids).await?;
         tx.commit().await.map_err(db_err)
     }
 
@@ -760,7 +646,7 @@ impl Store for SqliteStore {
             .fetch_optional(&mut *self.read_conn().await?)
             .await
             .map_err(db_err)?;
-        row.as_ref().map(account_from_row).transpose()
+        row.as_ref().map(|r| account_from_row(r, from_us)).transpose()
     }
 
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
@@ -776,7 +662,7 @@ impl Store for SqliteStore {
             }
         }
         .map_err(db_err)?;
-        rows.iter().map(account_from_row).collect()
+        rows.iter().map(|r| account_from_row(r, from_us)).collect()
     }
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
@@ -817,150 +703,15 @@ impl Store for SqliteStore {
         name: &str,
         special_use: Option<SpecialUse>,
     ) -> StoreResult<Mailbox> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        let mut tx = self.write_tx().await?;
-        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &name).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
-        }
-        Self::create_parents(&mut tx, account_id, &name).await?;
-        let sql = format!(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
-             RETURNING {MAILBOX_COLS}"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(&name)
-            .bind(uv)
-            .bind(special_use.map(SpecialUse::as_str))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let mailbox = mailbox_from_row(&row)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(mailbox)
+        steps::mailbox_create(self.write_tx(), account_id, name, special_use).await
     }
 
     async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
-        }
-        let mut tx = self.write_tx().await?;
-        let mb = Self::mailbox_in(&mut tx, account_id, &name)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
-        let message_ids: Vec<i64> =
-            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = ?")
-                .bind(mb.id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        sqlx::query("DELETE FROM mailboxes WHERE id = ?")
-            .bind(mb.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
+        steps::mailbox_delete(self.write_tx(), account_id, name).await
     }
 
     async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        let from = normalize_mailbox_name(from)?;
-        let to = normalize_mailbox_name(to)?;
-        if is_inbox(&to) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        // INBOX is the one mailbox whose children do not move with it, so
-        // `INBOX` → `INBOX/old` is fine.
-        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
-            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
-        }
-        let mut tx = self.write_tx().await?;
-        let src = Self::mailbox_in(&mut tx, account_id, &from)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {from}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &to).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
-        }
-        Self::create_parents(&mut tx, account_id, &to).await?;
-        if is_inbox(&from) {
-            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty).
-            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
-                 SELECT account_id, ?, ?, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
-                 WHERE id = ? \
-                 RETURNING id",
-            )
-            .bind(&to)
-            .bind(uv)
-            .bind(src.id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let modseq = Self::bump_modseq(&mut tx, src.id).await?;
-            sqlx::query(
-                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) \
-                 SELECT mailbox_id, uid, ?, ? FROM mailbox_messages WHERE mailbox_id = ?",
-            )
-            .bind(modseq)
-            .bind(to_us(Utc::now()))
-            .bind(src.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query("UPDATE mailbox_messages SET mailbox_id = ? WHERE mailbox_id = ?")
-                .bind(new_id)
-                .bind(src.id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            sqlx::query("UPDATE mailboxes SET messages = 0, unseen = 0, bytes = 0 WHERE id = ?")
-                .bind(src.id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        } else {
-            let rows = sqlx::query(
-                "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
-                 AND (name = ?2 OR substr(name, 1, length(?2) + 1) = ?2 || '/') ORDER BY id",
-            )
-            .bind(account_id)
-            .bind(&from)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            for (k, r) in rows.iter().enumerate() {
-                let id: i64 = r.try_get("id").map_err(db_err)?;
-                let name: String = r.try_get("name").map_err(db_err)?;
-                let new_name = format!("{to}{}", &name[from.len()..]);
-                let res = sqlx::query("UPDATE mailboxes SET name = ?, uid_validity = ? WHERE id = ?")
-                    .bind(&new_name)
-                    .bind(first + k as i64)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await;
-                match res {
-                    Ok(_) => {}
-                    Err(e) if is_unique_violation(&e) => {
-                        return Err(StoreError::AlreadyExists(format!("mailbox {new_name}")));
-                    }
-                    Err(e) => return Err(db_err(e)),
-                }
-            }
-        }
-        tx.commit().await.map_err(db_err)
+        steps::mailbox_rename(self.write_tx(), account_id, from, to).await
     }
 
     async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
@@ -1400,80 +1151,20 @@ impl Store for SqliteStore {
     ) -> StoreResult<ConditionalStore> {
         // One write transaction (SQLite has one writer): nothing changes between
         // the test and the change.
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
+        steps::store_flags_unchanged_since(self.write_tx(), mailbox_id, uids, (op, flags), unchanged_since)
             .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
-        }
-        let mut rows: Vec<(i64, i64)> = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            rows.extend(
-                sqlx::query_as::<_, (i64, i64)>(
-                    "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .bind(lo)
-                .bind(hi)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?,
-            );
-        }
-        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
-        let changed = if passed.is_empty() {
-            Vec::new()
-        } else {
-            Self::store_flags_in(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
-        };
-        if !changed.is_empty() {
-            tx.commit().await.map_err(db_err)?;
-        }
-        Ok(ConditionalStore { changed, modified })
     }
 
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
-        }
-        let links = match uids {
-            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
-            None => {
-                let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date, size \
-                     FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
-                     WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-                rows.iter().map(LinkRow::of).collect::<StoreResult<Vec<_>>>()?
-            }
-        };
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        Self::remove_links(&mut tx, mailbox_id, &links).await?;
-        tx.commit().await.map_err(db_err)?;
-        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
+        steps::expunge(self.write_tx(), mailbox_id, uids).await
     }
 
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, false).await
+        steps::copy_or_move(self.write_tx(), src, uids, dest, false).await
     }
 
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, true).await
+        steps::copy_or_move(self.write_tx(), src, uids, dest, true).await
     }
 
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
