@@ -92,6 +92,24 @@ where
     }
 }
 
+/// The mailboxes `sql` (a SELECT of [`MAILBOX_COLS`]) finds, on a connection of
+/// either backend.
+pub(crate) async fn fetch_mailboxes<'c, DB, E>(
+    conn: E,
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> StoreResult<Vec<Mailbox>>
+where
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB> + for<'r> Decode<'r, DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    String: for<'r> Decode<'r, DB> + Type<DB>,
+{
+    bound(sql, params).fetch_all(conn).await.map_err(db_err)?.iter().map(mailbox_from_row).collect()
+}
+
 /// Column `name` of a row of either backend.
 fn column<'r, R, T>(r: &'r R, name: &str) -> StoreResult<T>
 where
@@ -105,6 +123,10 @@ where
 /// The columns [`mailbox_from_row`] reads.
 pub(crate) const MAILBOX_COLS: &str =
     "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
+pub(crate) const MAILBOX_BY_NAME: &str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+     special_use, recent_floor FROM mailboxes WHERE account_id = $1 AND name = $2";
+pub(crate) const MAILBOX_BY_ID: &str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+     special_use, recent_floor FROM mailboxes WHERE id = $1";
 /// Accounts with their domain's name, for [`account_from_row`].
 pub(crate) const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, \
      a.created_at FROM accounts a JOIN domains d ON d.id = a.domain_id";
@@ -189,7 +211,7 @@ const SEEN: i32 = Flags::SEEN.0 as i32;
 
 /// Counts `n` more messages (`unseen` of them unseen, `bytes` octets) in the
 /// mailbox and takes `n` UIDs and a modseq for them: the first UID and the modseq.
-const ADD_COUNTS: &str = "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
+pub(crate) const ADD_COUNTS: &str = "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
      messages = messages + $1, unseen = unseen + $2, bytes = bytes + $4 WHERE id = $3 \
      RETURNING uid_next - $1 AS first_uid, highest_modseq";
 /// The reverse for removed messages, with a new modseq for their tombstones.

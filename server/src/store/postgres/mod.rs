@@ -36,8 +36,8 @@ use super::common::{
     normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
 };
 use super::steps::{
-    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, account_from_row,
-    flag_row, mailbox_from_row,
+    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_BY_ID, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql,
+    StoreTx, account_from_row, flag_row, mailbox_from_row,
 };
 use super::*;
 
@@ -832,36 +832,21 @@ impl Store for PgStore {
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         // byte order, like SQLite's BINARY collation, whatever the database locale
-        let sql =
-            format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        rows.iter().map(mailbox_from_row).collect()
+        let sql = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor \
+             FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
+        steps::fetch_mailboxes(&mut *self.conn().await?, sql, &[Param::Int(account_id)]).await
     }
 
     async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
         let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
+        let params = [Param::Int(account_id), Param::Text(&name)];
+        steps::fetch_mailboxes(&mut *self.conn().await?, MAILBOX_BY_NAME, &params).await.map(|mut m| m.pop())
     }
 
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.conn().await?)
+        steps::fetch_mailboxes(&mut *self.conn().await?, MAILBOX_BY_ID, &[Param::Int(mailbox_id)])
             .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
+            .map(|mut m| m.pop())
     }
 
     async fn mailbox_create(

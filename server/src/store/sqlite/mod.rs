@@ -39,8 +39,8 @@ use super::common::{
     normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
 };
 use super::steps::{
-    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, account_from_row,
-    flag_row, mailbox_from_row,
+    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_BY_ID, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql,
+    StoreTx, account_from_row, flag_row, mailbox_from_row,
 };
 use super::*;
 
@@ -347,9 +347,9 @@ impl StoreTx for Transaction<'_, Sqlite> {
 
     /// `lock` is moot: the single writer connection holds the write lock.
     async fn mailbox_in(&mut self, account_id: i64, name: &str, _lock: bool) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
-        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(account_id).bind(name);
-        query.fetch_optional(&mut **self).await.map_err(db_err)?.as_ref().map(mailbox_from_row).transpose()
+        steps::fetch_mailboxes(&mut **self, MAILBOX_BY_NAME, &[Param::Int(account_id), Param::Text(name)])
+            .await
+            .map(|mut m| m.pop())
     }
 
     async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
@@ -666,35 +666,23 @@ impl Store for SqliteStore {
     }
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? ORDER BY name");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        rows.iter().map(mailbox_from_row).collect()
+        let sql = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor \
+             FROM mailboxes WHERE account_id = $1 ORDER BY name";
+        steps::fetch_mailboxes(&mut *self.read_conn().await?, sql, &[Param::Int(account_id)]).await
     }
 
     async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
         let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut *self.read_conn().await?)
+        let params = [Param::Int(account_id), Param::Text(&name)];
+        steps::fetch_mailboxes(&mut *self.read_conn().await?, MAILBOX_BY_NAME, &params)
             .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
+            .map(|mut m| m.pop())
     }
 
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
+        steps::fetch_mailboxes(&mut *self.read_conn().await?, MAILBOX_BY_ID, &[Param::Int(mailbox_id)])
             .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
+            .map(|mut m| m.pop())
     }
 
     async fn mailbox_create(
@@ -842,24 +830,14 @@ impl Store for SqliteStore {
         let mut firsts: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         for (&mb, share) in &groups {
             let n = share.deliveries.len() as i64;
-            let row = sqlx::query(
-                "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-                 messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
-                 RETURNING uid_next - ?1 AS first_uid, highest_modseq",
-            )
-            .bind(n)
-            .bind(share.unseen)
-            .bind(mb)
-            .bind(share.bytes)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
-            let first: i64 = row.try_get("first_uid").map_err(db_err)?;
+            let params = [Param::Int(n), Param::Int(share.unseen), Param::Int(mb), Param::Int(share.bytes)];
+            let Some(&[first, modseq]) = tx.fetch_ints(steps::ADD_COUNTS, &params).await?.as_deref() else {
+                return Err(StoreError::NotFound(format!("mailbox {mb}")));
+            };
             if first + n - 1 > i64::from(u32::MAX) {
                 return Err(StoreError::Invalid(format!("mailbox {mb} has run out of UIDs")));
             }
-            firsts.insert(mb, (first, row.try_get("highest_modseq").map_err(db_err)?));
+            firsts.insert(mb, (first, modseq));
         }
         let now = to_us(Utc::now());
         let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
