@@ -20,6 +20,7 @@
 
 pub(crate) mod common;
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 pub(crate) mod steps;
 pub mod types;

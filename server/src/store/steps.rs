@@ -20,8 +20,11 @@ use super::{
 };
 
 /// A statement parameter of a statement both dialects share.
+#[derive(Clone, Copy)]
 pub(crate) enum Param<'a> {
     Int(i64),
+    /// An integer or NULL.
+    OptInt(Option<i64>),
     Text(&'a str),
 }
 
@@ -30,10 +33,12 @@ fn bound<DB>(sql: &'static str, params: &[Param<'_>]) -> sqlx::query::Query<'sta
 where
     DB: Database,
     i64: for<'q> Encode<'q, DB> + Type<DB>,
+    Option<i64>: for<'q> Encode<'q, DB>,
     for<'a> &'a str: Encode<'a, DB> + Type<DB>,
 {
     params.iter().fold(sqlx::query::<DB>(sql), |query, p| match *p {
         Param::Int(v) => query.bind(v),
+        Param::OptInt(v) => query.bind(v),
         Param::Text(v) => query.bind(v),
     })
 }
@@ -48,6 +53,14 @@ pub(crate) trait SharedSql: Send + Sized {
         sql: &'static str,
         params: &[Param<'_>],
     ) -> impl Future<Output = StoreResult<Option<Vec<i64>>>> + Send;
+    /// The first column of the statement's first row, if any.
+    fn fetch_int(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = StoreResult<Option<i64>>> + Send {
+        async move { Ok(self.fetch_ints(sql, params).await?.and_then(|r| r.first().copied())) }
+    }
     /// The first column of every row.
     fn fetch_ids(
         &mut self,
@@ -58,7 +71,15 @@ pub(crate) trait SharedSql: Send + Sized {
         &mut self,
         sql: &'static str,
         params: &[Param<'_>],
-    ) -> impl Future<Output = StoreResult<()>> + Send;
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        async move { self.execute(sql, params).await.map(drop).map_err(db_err) }
+    }
+    /// Rows changed, with the database's error for the caller to map.
+    fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
 impl<DB> SharedSql for sqlx::Transaction<'_, DB>
@@ -67,7 +88,9 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     i64: for<'q> Encode<'q, DB> + Type<DB> + for<'r> Decode<'r, DB>,
+    Option<i64>: for<'q> Encode<'q, DB>,
     for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    DB::QueryResult: RowsAffected,
     usize: ColumnIndex<DB::Row>,
 {
     async fn commit(self) -> StoreResult<()> {
@@ -86,38 +109,105 @@ where
         rows.iter().map(|r| r.try_get(0).map_err(db_err)).collect()
     }
 
-    async fn run(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<()> {
-        bound(sql, params).execute(&mut **self).await.map_err(db_err)?;
-        Ok(())
+    async fn execute(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        execute_on(&mut **self, sql, params).await
     }
 }
 
-/// The mailboxes `sql` (a SELECT of [`MAILBOX_COLS`]) finds, on a connection of
-/// either backend.
-pub(crate) async fn fetch_mailboxes<'c, DB, E>(
+/// The rows `sql` returns, on a connection of either backend.
+pub(crate) async fn fetch_all<'c, DB, E>(
     conn: E,
     sql: &'static str,
     params: &[Param<'_>],
-) -> StoreResult<Vec<Mailbox>>
+) -> StoreResult<Vec<DB::Row>>
 where
     DB: Database,
     E: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB> + for<'r> Decode<'r, DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    String: for<'r> Decode<'r, DB> + Type<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    Option<i64>: for<'q> Encode<'q, DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
 {
-    bound(sql, params).fetch_all(conn).await.map_err(db_err)?.iter().map(mailbox_from_row).collect()
+    bound(sql, params).fetch_all(conn).await.map_err(db_err)
 }
 
-/// Column `name` of a row of either backend.
-fn column<'r, R, T>(r: &'r R, name: &str) -> StoreResult<T>
+/// Runs `sql` on a connection of either backend: the rows it changed.
+pub(crate) async fn execute_on<'c, DB, E>(
+    conn: E,
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> Result<u64, sqlx::Error>
+where
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'q> Encode<'q, DB> + Type<DB>,
+    Option<i64>: for<'q> Encode<'q, DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    DB::QueryResult: RowsAffected,
+{
+    Ok(bound(sql, params).execute(conn).await?.rows())
+}
+
+/// The rows a statement changed, as both backends' results tell it.
+pub(crate) trait RowsAffected {
+    fn rows(&self) -> u64;
+}
+
+impl RowsAffected for sqlx::postgres::PgQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+impl RowsAffected for sqlx::sqlite::SqliteQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// The columns of a row of either backend, by name and stored type.
+pub(crate) trait Cols {
+    fn int(&self, name: &str) -> StoreResult<i64>;
+    fn opt_int(&self, name: &str) -> StoreResult<Option<i64>>;
+    fn int32(&self, name: &str) -> StoreResult<i32>;
+    fn text(&self, name: &str) -> StoreResult<String>;
+    fn opt_text(&self, name: &str) -> StoreResult<Option<String>>;
+    fn blob(&self, name: &str) -> StoreResult<Vec<u8>>;
+    fn boolean(&self, name: &str) -> StoreResult<bool>;
+}
+
+impl<R> Cols for R
 where
     R: Row,
     for<'n> &'n str: ColumnIndex<R>,
-    T: Decode<'r, R::Database> + Type<R::Database>,
+    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    bool: for<'r> Decode<'r, R::Database> + Type<R::Database>,
 {
-    r.try_get(name).map_err(db_err)
+    fn int(&self, name: &str) -> StoreResult<i64> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn opt_int(&self, name: &str) -> StoreResult<Option<i64>> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn int32(&self, name: &str) -> StoreResult<i32> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn text(&self, name: &str) -> StoreResult<String> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn opt_text(&self, name: &str) -> StoreResult<Option<String>> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn blob(&self, name: &str) -> StoreResult<Vec<u8>> {
+        self.try_get(name).map_err(db_err)
+    }
+    fn boolean(&self, name: &str) -> StoreResult<bool> {
+        self.try_get(name).map_err(db_err)
+    }
 }
 
 /// The columns [`mailbox_from_row`] reads.
@@ -127,67 +217,27 @@ pub(crate) const MAILBOX_BY_NAME: &str = "SELECT id, account_id, name, uid_valid
      special_use, recent_floor FROM mailboxes WHERE account_id = $1 AND name = $2";
 pub(crate) const MAILBOX_BY_ID: &str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
      special_use, recent_floor FROM mailboxes WHERE id = $1";
-/// Accounts with their domain's name, for [`account_from_row`].
-pub(crate) const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, \
-     a.created_at FROM accounts a JOIN domains d ON d.id = a.domain_id";
 
-pub(crate) fn mailbox_from_row<R>(r: &R) -> StoreResult<Mailbox>
-where
-    R: Row,
-    for<'n> &'n str: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
-    let special: Option<String> = column(r, "special_use")?;
+pub(crate) fn mailbox_from_row(r: &impl Cols) -> StoreResult<Mailbox> {
     Ok(Mailbox {
-        id: column(r, "id")?,
-        account_id: column(r, "account_id")?,
-        name: column(r, "name")?,
-        uid_validity: u32_of(column(r, "uid_validity")?, "uid_validity")?,
-        uid_next: u32_of(column(r, "uid_next")?, "uid_next")?,
-        highest_modseq: u64_of(column(r, "highest_modseq")?),
-        special_use: special.as_deref().and_then(SpecialUse::parse),
-        recent_floor: u32_of(column(r, "recent_floor")?, "recent_floor")?,
-    })
-}
-
-/// An account row; `created_at` is stored as `S` and read through `time`.
-pub(crate) fn account_from_row<R, S>(
-    r: &R,
-    time: fn(S) -> chrono::DateTime<chrono::Utc>,
-) -> StoreResult<Account>
-where
-    R: Row,
-    for<'n> &'n str: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    S: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
-    Ok(Account {
-        id: column(r, "id")?,
-        email: column(r, "email")?,
-        domain: column(r, "domain")?,
-        password_hash: column(r, "password_hash")?,
-        created_at: time(column(r, "created_at")?),
+        id: r.int("id")?,
+        account_id: r.int("account_id")?,
+        name: r.text("name")?,
+        uid_validity: u32_of(r.int("uid_validity")?, "uid_validity")?,
+        uid_next: u32_of(r.int("uid_next")?, "uid_next")?,
+        highest_modseq: u64_of(r.int("highest_modseq")?),
+        special_use: r.opt_text("special_use")?.as_deref().and_then(SpecialUse::parse),
+        recent_floor: u32_of(r.int("recent_floor")?, "recent_floor")?,
     })
 }
 
 /// A `(uid, flags, keywords, modseq)` row. Flags are read as `i32`: PostgreSQL
 /// stores them as INTEGER, and SQLite hands any integer out as one.
-pub(crate) fn flag_row<R>(r: &R) -> StoreResult<FlagRow>
-where
-    R: Row,
-    for<'n> &'n str: ColumnIndex<R>,
-    i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    String: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-{
-    let keywords: String = column(r, "keywords")?;
-    let flags: i32 = column(r, "flags")?;
+pub(crate) fn flag_row(r: &impl Cols) -> StoreResult<FlagRow> {
     Ok(FlagRow {
-        uid: u32_of(column(r, "uid")?, "uid")?,
-        flags: super::common::flagset_from_row(i64::from(flags), &keywords),
-        modseq: u64_of(column(r, "modseq")?),
+        uid: u32_of(r.int("uid")?, "uid")?,
+        flags: super::common::flagset_from_row(i64::from(r.int32("flags")?), &r.text("keywords")?),
+        modseq: u64_of(r.int("modseq")?),
     })
 }
 

@@ -22,8 +22,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
@@ -31,13 +29,12 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, from_json, group_by_mailbox, header_size_of, is_unique_violation, json_of,
-    limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email,
-    normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
+    flagset_from_row, group_by_mailbox, header_size_of, is_unique_violation, json_of, mailbox_index_from,
+    meta_to_json, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
+use super::sql::Backend;
 use super::steps::{
-    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_BY_ID, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql,
-    StoreTx, account_from_row, flag_row, mailbox_from_row,
+    self, Cols, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row, mailbox_from_row,
 };
 use super::*;
 
@@ -261,7 +258,7 @@ impl PgStore {
     /// of `BETWEEN` — and the planning cost more than the lookup (profile of
     /// bench/imap.sh). So the usual `UID FETCH n` gets `uid = $2`, whose generic
     /// plan is the primary-key lookup and is kept; one range gets `BETWEEN`.
-    async fn linked_rows(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
+    async fn rows_of_uids(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
         let (los, his) = range_arrays(uids);
         let from = "FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id";
         let query = match (los.as_slice(), his.as_slice()) {
@@ -291,19 +288,6 @@ impl PgStore {
     async fn tx(&self) -> StoreResult<Tx> {
         let conn = self.conn().await?;
         Transaction::begin(conn, None).await.map_err(db_err)
-    }
-
-    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
-    async fn update_one(
-        &self,
-        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
-        what: String,
-    ) -> StoreResult<()> {
-        let res = query.execute(&mut *self.conn().await?).await.map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(what));
-        }
-        Ok(())
     }
 }
 
@@ -436,7 +420,7 @@ impl StoreTx for Transaction<'_, Postgres> {
         let sql = "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
              WHERE id = $1 RETURNING last_uid_validity";
         let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
-        Ok(self.fetch_ints(sql, &params).await?.and_then(|r| r.first().copied()))
+        self.fetch_int(sql, &params).await
     }
 
     async fn mailbox_in(&mut self, account_id: i64, name: &str, lock: bool) -> StoreResult<Option<Mailbox>> {
@@ -487,7 +471,7 @@ impl StoreTx for Transaction<'_, Postgres> {
 
     async fn lock_account(&mut self, account_id: i64) -> StoreResult<bool> {
         let sql = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE";
-        Ok(self.fetch_ints(sql, &[Param::Int(account_id)]).await?.is_some())
+        Ok(self.fetch_int(sql, &[Param::Int(account_id)]).await?.is_some())
     }
 
     async fn rename_sources(
@@ -537,7 +521,7 @@ impl StoreTx for Transaction<'_, Postgres> {
     async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
         // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
         let sql = "SELECT id FROM domains WHERE name = $1 FOR KEY SHARE";
-        Ok(self.fetch_ints(sql, &[Param::Text(domain)]).await?.and_then(|r| r.first().copied()))
+        self.fetch_int(sql, &[Param::Text(domain)]).await
     }
 
     async fn insert_account(
@@ -616,13 +600,77 @@ impl StoreTx for Transaction<'_, Postgres> {
     }
 }
 
-#[async_trait]
-impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
+impl Backend for PgStore {
+    const NAME: &'static str = "postgres";
+    const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1 FOR UPDATE";
+    const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1 FOR UPDATE";
+    const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> =
+        Some("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE");
+    // byte order, like SQLite's BINARY collation, whatever the database locale
+    const MAILBOX_LIST: &'static str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+         special_use, recent_floor FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
+    const SUBSCRIPTIONS: &'static str =
+        "SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
+    // literal predicate: served by the partial index on \Deleted rows
+    const MAILBOX_DELETED: &'static str = "SELECT count(*) AS n, coalesce(sum(size), 0)::bigint AS bytes \
+         FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0";
+    const QUEUE_RELEASE: &'static str = "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+         attempts = greatest(attempts - 1, 0) WHERE id = $1 AND locked_by = $2";
+    const QUEUE_LIST: &'static str = "SELECT id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
+         next_attempt, created_at, expires_at, last_error, \
+         CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes \
+         FROM outbound_queue ORDER BY created_at, id LIMIT $1";
+    const QUEUE_GET: &'static str = "SELECT id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
+         next_attempt, created_at, expires_at, last_error, \
+         CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes, raw \
+         FROM outbound_queue WHERE id = $1";
+    const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = now() \
+         WHERE ($1::bigint IS NULL OR id = $1) AND status = 'queued' AND next_attempt > now()";
+    const LEASE_COUNT: &'static str =
+        "SELECT count(*) AS n FROM leases WHERE key = $1 AND expires_at > now()";
+
+    type Row = PgRow;
+    type Tx = Tx;
+
+    fn acquire_timer(&self) -> &AcquireTimer {
+        &self.acquire
     }
 
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn begin(&self) -> StoreResult<Tx> {
+        self.tx().await
+    }
+
+    /// One pool serves reads and writes.
+    async fn fetch(&self, _write: bool, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Vec<PgRow>> {
+        steps::fetch_all(&mut *self.conn().await?, sql, params).await
+    }
+
+    async fn execute(&self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let mut conn = self.acquire.time(self.pool.acquire()).await?;
+        steps::execute_on(&mut *conn, sql, params).await
+    }
+
+    fn clock() -> Vec<Param<'static>> {
+        Vec::new()
+    }
+
+    fn date(row: &PgRow, name: &str) -> StoreResult<DateTime<Utc>> {
+        row.try_get(name).map_err(db_err)
+    }
+
+    fn opt_date(row: &PgRow, name: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get(name).map_err(db_err)
+    }
+
+    async fn linked_rows(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        columns: &'static str,
+    ) -> StoreResult<Vec<PgRow>> {
+        self.rows_of_uids(mailbox_id, uids, columns).await
+    }
+    async fn run_migrations(&self) -> StoreResult<()> {
         // A dedicated connection, closed afterwards: sqlx holds a session-level
         // advisory lock while migrating (so pods starting together take turns), and
         // if a migration fails the lock must die with the connection instead of
@@ -640,16 +688,7 @@ impl Store for PgStore {
         result.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&mut *self.conn().await?).await.map_err(db_err)?;
-        Ok(())
-    }
-
-    fn set_acquire_observer(&self, observer: AcquireObserver) {
-        self.acquire.set(observer);
-    }
-
-    fn pool_stats(&self) -> PoolStats {
+    fn pool_figures(&self) -> PoolStats {
         let idle = self.pool.num_idle() as u32;
         PoolStats {
             max: self.pool.options().get_max_connections(),
@@ -658,335 +697,21 @@ impl Store for PgStore {
         }
     }
 
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        match sqlx::query("INSERT INTO domains (name) VALUES ($1)")
-            .bind(&d)
-            .execute(&mut *self.conn().await?)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
-            Err(e) => Err(db_err(e)),
-        }
+    async fn insert_domain(&self, name: &str) -> Result<u64, sqlx::Error> {
+        self.execute("INSERT INTO domains (name) VALUES ($1)", &[Param::Text(name)]).await
     }
 
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let mut tx = self.tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR UPDATE")
-            .bind(&d)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
-        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = $1 LIMIT 1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if used.is_some() {
-            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
-        }
-        // an account created concurrently makes this fail on the foreign key
-        sqlx::query("DELETE FROM domains WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(
-            |e| match e {
-                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
-                    StoreError::Invalid("domain still has accounts".into())
-                }
-                e => db_err(e),
-            },
-        )?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
-        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1")
-            .bind(d)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(found.is_some())
-    }
-
-    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        steps::account_create(self.tx(), email, password_hash).await
-    }
-
-    async fn account_delete(&self, email: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let mut tx = self.tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = $1 FOR UPDATE")
-            .bind(&email)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
-        // the mailboxes in lock order before the cascade deletes them
-        let _: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE")
-                .bind(id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        let message_ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
-             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = $1",
-        )
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("DELETE FROM accounts WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        tx.delete_orphans(&message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
-            .bind(password_hash)
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
-        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
-        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(email)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(|r| account_from_row(r, std::convert::identity)).transpose()
-    }
-
-    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET quota_bytes = $1 WHERE email = $2")
-            .bind(limit_column(limit))
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let query = sqlx::query("UPDATE domains SET default_quota_bytes = $1 WHERE name = $2")
-            .bind(limit_column(limit))
-            .bind(&d);
-        self.update_one(query, format!("domain {d}")).await
-    }
-
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
-        let d = normalize_domain(domain)?;
-        let row: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = $1")
-                .bind(&d)
-                .fetch_optional(&mut *self.conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
-    }
-
-    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
-        let row = sqlx::query(
-            "SELECT a.quota_bytes, d.default_quota_bytes, \
-             (SELECT coalesce(sum(bytes), 0)::bigint FROM mailboxes WHERE account_id = a.id) AS used \
-             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = $1",
-        )
-        .bind(account_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        Ok(Quota {
-            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
-            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
-            used: u64_of(row.try_get("used").map_err(db_err)?),
-        })
-    }
-
-    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
-        let rows = match domain {
-            Some(d) => {
-                let d = normalize_domain(d)?;
-                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = $1 ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.conn().await?).await
-            }
-            None => {
-                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.conn().await?).await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter().map(|r| account_from_row(r, std::convert::identity)).collect()
-    }
-
-    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
-        // byte order, like SQLite's BINARY collation, whatever the database locale
-        let sql = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor \
-             FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
-        steps::fetch_mailboxes(&mut *self.conn().await?, sql, &[Param::Int(account_id)]).await
-    }
-
-    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let params = [Param::Int(account_id), Param::Text(&name)];
-        steps::fetch_mailboxes(&mut *self.conn().await?, MAILBOX_BY_NAME, &params).await.map(|mut m| m.pop())
-    }
-
-    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        steps::fetch_mailboxes(&mut *self.conn().await?, MAILBOX_BY_ID, &[Param::Int(mailbox_id)])
-            .await
-            .map(|mut m| m.pop())
-    }
-
-    async fn mailbox_create(
-        &self,
-        account_id: i64,
-        name: &str,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
-        steps::mailbox_create(self.tx(), account_id, name, special_use).await
-    }
-
-    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        steps::mailbox_delete(self.tx(), account_id, name).await
-    }
-
-    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        steps::mailbox_rename(self.tx(), account_id, from, to).await
-    }
-
-    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
-            .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let sql = if subscribed {
-            "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-        } else {
-            "DELETE FROM subscriptions WHERE account_id = $1 AND name = $2"
-        };
-        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *self.conn().await?).await.map_err(
-            |e| match e {
-                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
-                    StoreError::NotFound(format!("account {account_id}"))
-                }
-                e => db_err(e),
-            },
-        )?;
-        Ok(())
-    }
-
-    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"")
-            .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
-        // Counters, not COUNT(*): see migrations/postgres (kept in the writers'
-        // transactions, so they are exactly as current as the rows).
-        let row = sqlx::query(
-            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = $1",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        Ok(MailboxStatus {
-            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
-            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
-            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
-        })
-    }
-
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
-    }
-
-    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
-        // literal predicate: served by the partial index on \Deleted rows
-        let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(size), 0)::bigint AS bytes \
-             FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0",
-        )
-        .bind(mailbox_id)
-        .fetch_one(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        let n: i64 = row.try_get("n").map_err(db_err)?;
-        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
-    }
-
-    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
-        let n: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
-             FROM mailboxes m WHERE m.id = $1",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        u32_of(n.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent")
-    }
-
-    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
-        let mut conn = self.conn().await?;
-        // Most calls find the messages already taken (another session learnt of
-        // them first): a plain read answers those, with no lock and no write on the
-        // mailbox row deliveries also update. The floor only ever rises, so a
-        // floor at or above `up_to` stays so.
-        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_err)?;
-        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if floor >= i64::from(up_to) {
-            return u32_of(floor, "recent_floor");
-        }
+    async fn raise_recent_floor(&self, mailbox_id: i64, up_to: i64) -> StoreResult<Option<i64>> {
         // The row lock of the CTE serialises claims: a second claim waits, then reads
         // the floor the first one left.
-        let before: Option<i64> = sqlx::query_scalar(
-            "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
+        let sql = "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
              UPDATE mailboxes m SET recent_floor = GREATEST(m.recent_floor, $2) FROM old \
-             WHERE m.id = $1 RETURNING old.recent_floor",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(up_to))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        u32_of(before, "recent_floor")
+             WHERE m.id = $1 RETURNING old.recent_floor";
+        let rows = self.fetch(true, sql, &[Param::Int(mailbox_id), Param::Int(up_to)]).await?;
+        rows.first().map(|r| r.int("recent_floor")).transpose()
     }
 
-    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+    async fn deliver(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -1127,7 +852,7 @@ impl Store for PgStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+    async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One statement, so one snapshot: the modseq matches the rows. Columns as
         // arrays, not a row per message: sqlx decodes rows one by one through an
         // async stream, which cost more CPU than the query itself for a
@@ -1164,80 +889,7 @@ impl Store for PgStore {
         )
     }
 
-    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
-        let rows = sqlx::query(
-            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
-             WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(after_uid))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(MaildropEntry {
-                    uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: row.try_get("message_id").map_err(db_err)?,
-                    size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
-                    internal_date: row.try_get("internal_date").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let f = flag_row(r)?;
-                let meta: String = r.try_get("meta").map_err(db_err)?;
-                Ok(MessageRow {
-                    uid: f.uid,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    flags: f.flags,
-                    modseq: f.modseq,
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                    meta: meta_from_json(&meta)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
-                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SortRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
-                    sent_date: r.try_get("sent_date").map_err(db_err)?,
-                    subject: r.try_get("subject").map_err(db_err)?,
-                    from: r.try_get("from_addr").map_err(db_err)?,
-                    to: r.try_get("to_addr").map_err(db_err)?,
-                    cc: r.try_get("cc_addr").map_err(db_err)?,
-                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+    async fn links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of
         // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
@@ -1276,7 +928,7 @@ impl Store for PgStore {
         Ok(out)
     }
 
-    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+    async fn bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
         if message_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -1302,21 +954,7 @@ impl Store for PgStore {
             .collect()
     }
 
-    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
-        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = $1")
-            .bind(message_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
-        decompress_body(
-            row.try_get("body").map_err(db_err)?,
-            row.try_get("compressed").map_err(db_err)?,
-            row.try_get("size").map_err(db_err)?,
-        )
-    }
-
-    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+    async fn flagged_uids(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
         // One array, not a row per UID (see `mailbox_index`).
         let sql = format!(
             "SELECT COALESCE(array_agg(uid ORDER BY uid), '{{}}') FROM mailbox_messages WHERE mailbox_id = $1{}",
@@ -1330,7 +968,7 @@ impl Store for PgStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn store_flags(
+    async fn change_flags(
         &self,
         mailbox_id: i64,
         uids: &UidSet,
@@ -1340,30 +978,7 @@ impl Store for PgStore {
         store_flags_on(&mut *self.conn().await?, mailbox_id, uids, op, flags).await
     }
 
-    async fn store_flags_unchanged_since(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-        unchanged_since: u64,
-    ) -> StoreResult<ConditionalStore> {
-        steps::store_flags_unchanged_since(self.tx(), mailbox_id, uids, (op, flags), unchanged_since).await
-    }
-
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        steps::expunge(self.tx(), mailbox_id, uids).await
-    }
-
-    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        steps::copy_or_move(self.tx(), src, uids, dest, false).await
-    }
-
-    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        steps::copy_or_move(self.tx(), src, uids, dest, true).await
-    }
-
-    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+    async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
         let rows: Vec<(i64, i64)> =
             sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = ANY($1)")
                 .bind(mailbox_ids)
@@ -1373,7 +988,7 @@ impl Store for PgStore {
         Ok(rows.into_iter().map(|(id, m)| (id, u64_of(m))).collect())
     }
 
-    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+    async fn changes(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         let mut conn = self.conn().await?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
             .bind(mailbox_id)
@@ -1431,7 +1046,7 @@ impl Store for PgStore {
         Ok(out)
     }
 
-    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+    async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         // In batches, each its own short transaction: the first prune after an
         // upgrade (every older tombstone dated at the migration) must not hold
         // locks on millions of rows at once.
@@ -1478,7 +1093,7 @@ impl Store for PgStore {
         }
     }
 
-    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
+    async fn enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
         let recipients =
             serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
         sqlx::query_scalar(
@@ -1496,11 +1111,11 @@ impl Store for PgStore {
         .map_err(db_err)
     }
 
-    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
+    async fn claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<PgRow>> {
         let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX / 2);
         // SKIP LOCKED: concurrent claimers on other pods pass over rows another
         // claimer is taking right now instead of waiting for (and then re-taking) them.
-        let rows = sqlx::query(
+        sqlx::query(
             "WITH due AS ( \
                SELECT id FROM outbound_queue \
                WHERE status = 'queued' AND next_attempt <= now() \
@@ -1518,43 +1133,10 @@ impl Store for PgStore {
         .bind(i64::from(limit))
         .fetch_all(&mut *self.conn().await?)
         .await
-        .map_err(db_err)?;
-        let mut items = Vec::with_capacity(rows.len());
-        for r in rows {
-            let recipients: String = r.try_get("recipients").map_err(db_err)?;
-            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
-            let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
-            items.push(QueueItem {
-                id: r.try_get("id").map_err(db_err)?,
-                sender: r.try_get("sender").map_err(db_err)?,
-                recipients: serde_json::from_str(&recipients)
-                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
-                raw: Bytes::from(raw),
-                account_id: r.try_get("account_id").map_err(db_err)?,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                last_error: r.try_get("last_error").map_err(db_err)?,
-                created_at: r.try_get("created_at").map_err(db_err)?,
-                expires_at: r.try_get("expires_at").map_err(db_err)?,
-                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
-            });
-        }
-        items.sort_by_key(|i| i.id);
-        Ok(items)
+        .map_err(db_err)
     }
 
-    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
-            .bind(id)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
-        Ok(())
-    }
-
-    async fn epoch(&self) -> StoreResult<Option<String>> {
+    async fn cluster_epoch(&self) -> StoreResult<Option<String>> {
         use std::sync::atomic::Ordering;
         let mut conn = self.conn().await?;
         // The cluster's identifier and timeline say it best (a promoted replica
@@ -1584,7 +1166,7 @@ impl Store for PgStore {
         Ok(Some(started))
     }
 
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
+    async fn acquire_lease(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
         let mut tx = self.tx().await?;
         // One writer per key at a time: count-then-insert must not interleave with
         // another pod's. A transaction-scoped advisory lock (not a row lock: there
@@ -1631,7 +1213,7 @@ impl Store for PgStore {
         Ok(true)
     }
 
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
+    async fn extend_lease(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<u64> {
         let res = sqlx::query(
             "UPDATE leases SET expires_at = now() + make_interval(secs => $3) \
              WHERE key = $1 AND member = $2 AND expires_at > now()",
@@ -1642,150 +1224,29 @@ impl Store for PgStore {
         .execute(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
+        Ok(res.rows_affected())
     }
 
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND member = $2")
-            .bind(key)
-            .bind(member)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1 AND expires_at > now()")
-            .bind(key)
-            .fetch_one(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
-        let res = if attempt.remaining.is_empty() {
-            sqlx::query("DELETE FROM outbound_queue WHERE id = $1 AND locked_by = $2")
-                .bind(id)
-                .bind(worker)
-                .execute(&mut *self.conn().await?)
-                .await
-        } else {
-            let remaining = json_of(&attempt.remaining)?;
-            let outcomes = json_of(&attempt.outcomes)?;
-            // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
-            sqlx::query(
-                "UPDATE outbound_queue SET recipients = $3, \
-                   outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
-                   delay_notified = $7, locked_by = NULL, locked_until = NULL \
-                 WHERE id = $1 AND locked_by = $2",
-            )
-            .bind(id)
-            .bind(worker)
-            .bind(remaining)
-            .bind(outcomes)
-            .bind(attempt.last_error.as_deref())
-            .bind(attempt.retry_at)
-            .bind(attempt.delay_notified)
-            .execute(&mut *self.conn().await?)
-            .await
-        }
-        .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
-               attempts = greatest(attempts - 1, 0) WHERE id = $1 AND locked_by = $2",
+    async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {
+        let remaining = json_of(&attempt.remaining)?;
+        let outcomes = json_of(&attempt.outcomes)?;
+        // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
+        let res = sqlx::query(
+            "UPDATE outbound_queue SET recipients = $3, \
+               outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
+               delay_notified = $7, locked_by = NULL, locked_until = NULL \
+             WHERE id = $1 AND locked_by = $2",
         )
         .bind(id)
         .bind(worker)
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT $1"
-        )))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(queue_entry_of).collect()
-    }
-
-    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = $1"
-        )))
-        .bind(id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        let Some(row) = row else { return Ok(None) };
-        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
-        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
-    }
-
-    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET next_attempt = now() WHERE ($1::bigint IS NULL OR id = $1) \
-             AND status = 'queued' AND next_attempt > now()",
-        )
-        .bind(id)
+        .bind(remaining)
+        .bind(outcomes)
+        .bind(attempt.last_error.as_deref())
+        .bind(attempt.retry_at)
+        .bind(attempt.delay_notified)
         .execute(&mut *self.conn().await?)
         .await
         .map_err(db_err)?;
         Ok(res.rows_affected())
     }
-
-    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
-            .bind(id)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_stats(&self) -> StoreResult<QueueStats> {
-        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
-            .fetch_one(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        let depth: i64 = row.try_get("depth").map_err(db_err)?;
-        Ok(QueueStats {
-            depth: u64::try_from(depth).unwrap_or(0),
-            oldest: row.try_get("oldest").map_err(db_err)?,
-        })
-    }
-}
-
-const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
-     next_attempt, created_at, expires_at, last_error, \
-     CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes";
-
-fn queue_entry_of(r: &sqlx::postgres::PgRow) -> StoreResult<QueueEntry> {
-    let recipients: String = r.try_get("recipients").map_err(db_err)?;
-    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
-    let size: i64 = r.try_get("size").map_err(db_err)?;
-    let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
-    Ok(QueueEntry {
-        id: r.try_get("id").map_err(db_err)?,
-        sender: r.try_get("sender").map_err(db_err)?,
-        recipients: from_json(&recipients, "recipients")?,
-        size: u64::try_from(size).unwrap_or(0),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        next_attempt: r.try_get("next_attempt").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-        expires_at: r.try_get("expires_at").map_err(db_err)?,
-        last_error: r.try_get("last_error").map_err(db_err)?,
-        locked_by: r.try_get("locked_by").map_err(db_err)?,
-        outcomes: from_json(&outcomes, "outcomes")?,
-    })
 }

@@ -23,8 +23,6 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
@@ -34,13 +32,13 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_unique_violation,
-    json_of, limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain,
-    normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, u32_of, u64_of, uid_ranges,
+    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, json_of, mailbox_index_from,
+    meta_to_json, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
+use super::sql::Backend;
 use super::steps::{
-    self, ACCOUNT_SELECT, LINK_COLS, LinkRow, MAILBOX_BY_ID, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql,
-    StoreTx, account_from_row, flag_row, mailbox_from_row,
+    self, Cols, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row,
+    mailbox_from_row,
 };
 use super::*;
 
@@ -205,22 +203,9 @@ impl SqliteStore {
         Ok(changed)
     }
 
-    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
-    async fn update_one(
-        &self,
-        query: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
-        what: String,
-    ) -> StoreResult<()> {
-        let res = query.execute(&mut *self.write_conn().await?).await.map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(what));
-        }
-        Ok(())
-    }
-
     /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
     /// ascending, one range at a time.
-    async fn linked_rows(
+    async fn rows_of_uids(
         &self,
         mailbox_id: i64,
         uids: &UidSet,
@@ -342,14 +327,15 @@ impl StoreTx for Transaction<'_, Sqlite> {
         let sql = "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) \
              WHERE id = $1 RETURNING last_uid_validity";
         let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
-        Ok(self.fetch_ints(sql, &params).await?.and_then(|r| r.first().copied()))
+        self.fetch_int(sql, &params).await
     }
 
     /// `lock` is moot: the single writer connection holds the write lock.
     async fn mailbox_in(&mut self, account_id: i64, name: &str, _lock: bool) -> StoreResult<Option<Mailbox>> {
-        steps::fetch_mailboxes(&mut **self, MAILBOX_BY_NAME, &[Param::Int(account_id), Param::Text(name)])
-            .await
-            .map(|mut m| m.pop())
+        let rows =
+            steps::fetch_all(&mut **self, MAILBOX_BY_NAME, &[Param::Int(account_id), Param::Text(name)])
+                .await?;
+        rows.first().map(mailbox_from_row).transpose()
     }
 
     async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
@@ -415,7 +401,7 @@ impl StoreTx for Transaction<'_, Sqlite> {
 
     async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
         let sql = "SELECT id FROM domains WHERE name = $1";
-        Ok(self.fetch_ints(sql, &[Param::Text(domain)]).await?.and_then(|r| r.first().copied()))
+        self.fetch_int(sql, &[Param::Text(domain)]).await
     }
 
     async fn insert_account(
@@ -476,26 +462,89 @@ impl StoreTx for Transaction<'_, Sqlite> {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
+impl Backend for SqliteStore {
+    const NAME: &'static str = "sqlite";
+    // the single writer connection holds the write lock already
+    const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1";
+    const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1";
+    const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> = None;
+    const MAILBOX_LIST: &'static str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+         special_use, recent_floor FROM mailboxes WHERE account_id = $1 ORDER BY name";
+    const SUBSCRIPTIONS: &'static str = "SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name";
+    const MAILBOX_DELETED: &'static str = "SELECT count(*) AS n, coalesce(sum(size), 0) AS bytes \
+         FROM mailbox_messages INDEXED BY mailbox_messages_deleted WHERE mailbox_id = $1 AND flags & 8 <> 0";
+    const QUEUE_RELEASE: &'static str = "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+         attempts = max(attempts - 1, 0) WHERE id = $1 AND locked_by = $2";
+    // `$1` is the current time (a lease is live until `locked_until`).
+    const QUEUE_LIST: &'static str = "SELECT id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
+         created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes \
+         FROM outbound_queue ORDER BY created_at, id LIMIT $2";
+    const QUEUE_GET: &'static str = "SELECT id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
+         created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes, \
+         raw FROM outbound_queue WHERE id = $2";
+    const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = $1 WHERE ($2 IS NULL OR id = $2) \
+         AND status = 'queued' AND next_attempt > $1";
+    const LEASE_COUNT: &'static str = "SELECT count(*) AS n FROM leases WHERE key = $2 AND expires_at > $1";
+
+    type Row = SqliteRow;
+    type Tx = Tx;
+
+    fn acquire_timer(&self) -> &AcquireTimer {
+        &self.acquire
     }
 
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn begin(&self) -> StoreResult<Tx> {
+        self.write_tx().await
+    }
+
+    async fn fetch(
+        &self,
+        write: bool,
+        sql: &'static str,
+        params: &[Param<'_>],
+    ) -> StoreResult<Vec<SqliteRow>> {
+        let mut conn = if write { self.write_conn().await? } else { self.read_conn().await? };
+        steps::fetch_all(&mut *conn, sql, params).await
+    }
+
+    async fn execute(&self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let mut conn = self.acquire.time(self.writer.acquire()).await?;
+        steps::execute_on(&mut *conn, sql, params).await
+    }
+
+    /// SQLite has no clock in microseconds: the time is this process's.
+    fn clock() -> Vec<Param<'static>> {
+        vec![Param::Int(to_us(Utc::now()))]
+    }
+
+    fn date(row: &SqliteRow, name: &str) -> StoreResult<DateTime<Utc>> {
+        Ok(from_us(row.int(name)?))
+    }
+
+    fn opt_date(row: &SqliteRow, name: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        Ok(row.opt_int(name)?.map(from_us))
+    }
+
+    async fn linked_rows(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        columns: &'static str,
+    ) -> StoreResult<Vec<SqliteRow>> {
+        self.rows_of_uids(mailbox_id, uids, columns).await
+    }
+
+    /// One statement for all: the ids as a JSON array.
+    async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+        let sql = "SELECT id, highest_modseq FROM mailboxes WHERE id IN (SELECT value FROM json_each($1))";
+        let rows = self.fetch(false, sql, &[Param::Text(&json_of(mailbox_ids)?)]).await?;
+        rows.iter().map(|r| Ok((r.int("id")?, u64_of(r.int("highest_modseq")?)))).collect()
+    }
+    async fn run_migrations(&self) -> StoreResult<()> {
         MIGRATOR.run(&self.writer).await.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&mut *self.read_conn().await?).await.map_err(db_err)?;
-        Ok(())
-    }
-
-    fn set_acquire_observer(&self, observer: AcquireObserver) {
-        self.acquire.set(observer);
-    }
-
-    fn pool_stats(&self) -> PoolStats {
+    fn pool_figures(&self) -> PoolStats {
         let pools: &[&SqlitePool] = if self.shared { &[&self.writer] } else { &[&self.writer, &self.reader] };
         let mut stats = PoolStats::default();
         for p in pools {
@@ -507,315 +556,25 @@ impl Store for SqliteStore {
         stats
     }
 
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let res = sqlx::query("INSERT INTO domains (name, created_at) VALUES (?, ?)")
-            .bind(&d)
-            .bind(to_us(Utc::now()))
-            .execute(&mut *self.write_conn().await?)
-            .await;
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
-            Err(e) => Err(db_err(e)),
-        }
+    async fn insert_domain(&self, name: &str) -> Result<u64, sqlx::Error> {
+        let sql = "INSERT INTO domains (name, created_at) VALUES ($1, $2)";
+        self.execute(sql, &[Param::Text(name), Param::Int(to_us(Utc::now()))]).await
     }
 
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let mut tx = self.write_tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(&d)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
-        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = ? LIMIT 1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if used.is_some() {
-            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
-        }
-        sqlx::query("DELETE FROM domains WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
-        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(d)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(found.is_some())
-    }
-
-    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        steps::account_create(self.write_tx(), email, password_hash).await
-    }
-
-    async fn account_delete(&self, email: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let mut tx = self.write_tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = ?")
-            .bind(&email)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
-        let message_ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
-             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = ?",
-        )
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("DELETE FROM accounts WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        tx.delete_orphans(&message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
-            .bind(password_hash)
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET quota_bytes = ? WHERE email = ?")
-            .bind(limit_column(limit))
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let query = sqlx::query("UPDATE domains SET default_quota_bytes = ? WHERE name = ?")
-            .bind(limit_column(limit))
-            .bind(&d);
-        self.update_one(query, format!("domain {d}")).await
-    }
-
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
-        let d = normalize_domain(domain)?;
-        let row: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = ?")
-                .bind(&d)
-                .fetch_optional(&mut *self.read_conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
-    }
-
-    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
-        let row = sqlx::query(
-            "SELECT a.quota_bytes, d.default_quota_bytes, \
-             (SELECT coalesce(sum(bytes), 0) FROM mailboxes WHERE account_id = a.id) AS used \
-             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = ?",
-        )
-        .bind(account_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        Ok(Quota {
-            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
-            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
-            used: u64_of(row.try_get("used").map_err(db_err)?),
-        })
-    }
-
-    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
-        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
-        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(email)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(|r| account_from_row(r, from_us)).transpose()
-    }
-
-    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
-        let rows = match domain {
-            Some(d) => {
-                let d = normalize_domain(d)?;
-                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = ? ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.read_conn().await?).await
-            }
-            None => {
-                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.read_conn().await?).await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter().map(|r| account_from_row(r, from_us)).collect()
-    }
-
-    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
-        let sql = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor \
-             FROM mailboxes WHERE account_id = $1 ORDER BY name";
-        steps::fetch_mailboxes(&mut *self.read_conn().await?, sql, &[Param::Int(account_id)]).await
-    }
-
-    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let params = [Param::Int(account_id), Param::Text(&name)];
-        steps::fetch_mailboxes(&mut *self.read_conn().await?, MAILBOX_BY_NAME, &params)
-            .await
-            .map(|mut m| m.pop())
-    }
-
-    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        steps::fetch_mailboxes(&mut *self.read_conn().await?, MAILBOX_BY_ID, &[Param::Int(mailbox_id)])
-            .await
-            .map(|mut m| m.pop())
-    }
-
-    async fn mailbox_create(
-        &self,
-        account_id: i64,
-        name: &str,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
-        steps::mailbox_create(self.write_tx(), account_id, name, special_use).await
-    }
-
-    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        steps::mailbox_delete(self.write_tx(), account_id, name).await
-    }
-
-    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        steps::mailbox_rename(self.write_tx(), account_id, from, to).await
-    }
-
-    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = ?")
-            .bind(account_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let sql = if subscribed {
-            "INSERT INTO subscriptions (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING"
-        } else {
-            "DELETE FROM subscriptions WHERE account_id = ? AND name = ?"
-        };
-        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *tx).await.map_err(db_err)?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = ? ORDER BY name")
-            .bind(account_id)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
-        let row = sqlx::query(
-            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = ?",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        Ok(MailboxStatus {
-            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
-            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
-            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
-        })
-    }
-
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
-    }
-
-    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
-        let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(size), 0) AS bytes \
-             FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
-             WHERE mailbox_id = ? AND flags & 8 <> 0",
-        )
-        .bind(mailbox_id)
-        .fetch_one(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        let n: i64 = row.try_get("n").map_err(db_err)?;
-        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
-    }
-
-    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
-        let n: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
-             FROM mailboxes m WHERE m.id = ?",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        u32_of(n.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent")
-    }
-
-    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
-        // Already taken (the usual case): answered by a read, without the writer.
-        // The floor only ever rises.
-        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if floor >= i64::from(up_to) {
-            return u32_of(floor, "recent_floor");
-        }
+    async fn raise_recent_floor(&self, mailbox_id: i64, up_to: i64) -> StoreResult<Option<i64>> {
         // BEGIN IMMEDIATE: the write lock serialises read-then-raise.
         let mut tx = self.write_tx().await?;
-        let before: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if before < i64::from(up_to) {
-            sqlx::query("UPDATE mailboxes SET recent_floor = ? WHERE id = ?")
-                .bind(i64::from(up_to))
-                .bind(mailbox_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
+        let sql = "SELECT recent_floor FROM mailboxes WHERE id = $1";
+        let Some(before) = tx.fetch_int(sql, &[Param::Int(mailbox_id)]).await? else { return Ok(None) };
+        if before < up_to {
+            let sql = "UPDATE mailboxes SET recent_floor = $1 WHERE id = $2";
+            tx.run(sql, &[Param::Int(up_to), Param::Int(mailbox_id)]).await?;
         }
         tx.commit().await.map_err(db_err)?;
-        u32_of(before, "recent_floor")
+        Ok(Some(before))
     }
 
-    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+    async fn deliver(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -896,7 +655,7 @@ impl Store for SqliteStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+    async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One read transaction: the modseq matches the rows.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
         let (highest, uid_next): (i64, i64) =
@@ -928,81 +687,7 @@ impl Store for SqliteStore {
         mailbox_index_from(highest, uid_next, uids, flags, modseqs, keywords)
     }
 
-    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
-        let rows = sqlx::query(
-            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
-             WHERE mailbox_id = ? AND uid > ? ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(after_uid))
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(MaildropEntry {
-                    uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: row.try_get("message_id").map_err(db_err)?,
-                    size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
-                    internal_date: from_us(row.try_get("internal_date").map_err(db_err)?),
-                })
-            })
-            .collect()
-    }
-
-    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let f = flag_row(r)?;
-                let meta: String = r.try_get("meta").map_err(db_err)?;
-                Ok(MessageRow {
-                    uid: f.uid,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    flags: f.flags,
-                    modseq: f.modseq,
-                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
-                    meta: meta_from_json(&meta)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
-                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let sent: Option<i64> = r.try_get("sent_date").map_err(db_err)?;
-                Ok(SortRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
-                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
-                    sent_date: sent.map(from_us),
-                    subject: r.try_get("subject").map_err(db_err)?,
-                    from: r.try_get("from_addr").map_err(db_err)?,
-                    to: r.try_get("to_addr").map_err(db_err)?,
-                    cc: r.try_get("cc_addr").map_err(db_err)?,
-                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+    async fn links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One read transaction: the modseqs match the links.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
         let mut out = MessageLinks::default();
@@ -1043,7 +728,7 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+    async fn bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
         let mut conn = self.read_conn().await?;
         let mut out = Vec::with_capacity(message_ids.len());
         for &id in message_ids {
@@ -1067,21 +752,7 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
-        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = ?")
-            .bind(message_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
-        decompress_body(
-            row.try_get("body").map_err(db_err)?,
-            row.try_get("compressed").map_err(db_err)?,
-            row.try_get("size").map_err(db_err)?,
-        )
-    }
-
-    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+    async fn flagged_uids(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
         // Without statistics SQLite prefers the primary key (it serves ORDER BY uid)
         // and filters the whole mailbox; name the partial index so that UNSEEN and
         // DELETED searches cost what they return, not the mailbox size.
@@ -1104,7 +775,7 @@ impl Store for SqliteStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn store_flags(
+    async fn change_flags(
         &self,
         mailbox_id: i64,
         uids: &UidSet,
@@ -1119,33 +790,7 @@ impl Store for SqliteStore {
         Ok(changed)
     }
 
-    async fn store_flags_unchanged_since(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-        unchanged_since: u64,
-    ) -> StoreResult<ConditionalStore> {
-        // One write transaction (SQLite has one writer): nothing changes between
-        // the test and the change.
-        steps::store_flags_unchanged_since(self.write_tx(), mailbox_id, uids, (op, flags), unchanged_since)
-            .await
-    }
-
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        steps::expunge(self.write_tx(), mailbox_id, uids).await
-    }
-
-    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        steps::copy_or_move(self.write_tx(), src, uids, dest, false).await
-    }
-
-    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        steps::copy_or_move(self.write_tx(), src, uids, dest, true).await
-    }
-
-    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+    async fn changes(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         // One read transaction: a consistent snapshot of mailbox, rows and tombstones.
         // The modseq indexes are named because SQLite, lacking statistics, would
         // rather walk the primary key for the ORDER BY and filter the whole mailbox.
@@ -1195,7 +840,7 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+    async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         let mut tx = self.write_tx().await?;
         let cutoff = to_us(before);
         sqlx::query(
@@ -1217,7 +862,7 @@ impl Store for SqliteStore {
         Ok(gone)
     }
 
-    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
+    async fn enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
         let recipients =
             serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
         sqlx::query_scalar(
@@ -1236,11 +881,11 @@ impl Store for SqliteStore {
         .map_err(db_err)
     }
 
-    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
+    async fn claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<SqliteRow>> {
         let now = Utc::now();
         let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
         // The single writer connection makes this UPDATE the only claimer at a time.
-        let rows = sqlx::query(
+        sqlx::query(
             "UPDATE outbound_queue SET locked_by = ?1, locked_until = ?2, attempts = attempts + 1 \
              WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= ?3 \
                AND (locked_until IS NULL OR locked_until <= ?3) ORDER BY next_attempt, id LIMIT ?4) \
@@ -1253,42 +898,10 @@ impl Store for SqliteStore {
         .bind(i64::from(limit))
         .fetch_all(&mut *self.write_conn().await?)
         .await
-        .map_err(db_err)?;
-        let mut items = Vec::with_capacity(rows.len());
-        for r in rows {
-            let recipients: String = r.try_get("recipients").map_err(db_err)?;
-            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
-            items.push(QueueItem {
-                id: r.try_get("id").map_err(db_err)?,
-                sender: r.try_get("sender").map_err(db_err)?,
-                recipients: serde_json::from_str(&recipients)
-                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
-                raw: Bytes::from(raw),
-                account_id: r.try_get("account_id").map_err(db_err)?,
-                attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
-                last_error: r.try_get("last_error").map_err(db_err)?,
-                created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-                expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
-                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
-            });
-        }
-        items.sort_by_key(|i| i.id);
-        Ok(items)
+        .map_err(db_err)
     }
 
-    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
-            .bind(id)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
-        Ok(())
-    }
-
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
+    async fn acquire_lease(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
         // BEGIN IMMEDIATE: the write lock serialises count-then-insert.
         let mut tx = self.write_tx().await?;
         let now = to_us(Utc::now());
@@ -1328,165 +941,36 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
+    async fn extend_lease(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<u64> {
         let now = to_us(Utc::now());
         let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
-        let res =
-            sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ? AND expires_at > ?")
-                .bind(until)
-                .bind(key)
-                .bind(member)
-                .bind(now)
-                .execute(&mut *self.write_conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
+        let sql = "UPDATE leases SET expires_at = $1 WHERE key = $2 AND member = $3 AND expires_at > $4";
+        let params = [Param::Int(until), Param::Text(key), Param::Text(member), Param::Int(now)];
+        self.execute(sql, &params).await.map_err(db_err)
     }
 
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM leases WHERE key = ? AND member = ?")
-            .bind(key)
-            .bind(member)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ? AND expires_at > ?")
-            .bind(key)
-            .bind(to_us(Utc::now()))
-            .fetch_one(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
-        let res = if attempt.remaining.is_empty() {
-            sqlx::query("DELETE FROM outbound_queue WHERE id = ? AND locked_by = ?")
-                .bind(id)
-                .bind(worker)
-                .execute(&mut *self.write_conn().await?)
-                .await
-        } else {
-            let remaining = json_of(&attempt.remaining)?;
-            let outcomes = json_of(&attempt.outcomes)?;
-            // json_group_array over both arrays' elements: their concatenation.
-            sqlx::query(
-                "UPDATE outbound_queue SET recipients = ?3, \
-                   outcomes = (SELECT json_group_array(json(value)) FROM \
-                     (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each(?4))), \
-                   last_error = ?5, next_attempt = ?6, delay_notified = ?7, locked_by = NULL, \
-                   locked_until = NULL \
-                 WHERE id = ?1 AND locked_by = ?2",
-            )
-            .bind(id)
-            .bind(worker)
-            .bind(remaining)
-            .bind(outcomes)
-            .bind(attempt.last_error.as_deref())
-            .bind(to_us(attempt.retry_at))
-            .bind(attempt.delay_notified)
-            .execute(&mut *self.write_conn().await?)
-            .await
-        }
-        .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
-               attempts = max(attempts - 1, 0) WHERE id = ? AND locked_by = ?",
+    async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {
+        let remaining = json_of(&attempt.remaining)?;
+        let outcomes = json_of(&attempt.outcomes)?;
+        // json_group_array over both arrays' elements: their concatenation.
+        let res = sqlx::query(
+            "UPDATE outbound_queue SET recipients = ?3, \
+               outcomes = (SELECT json_group_array(json(value)) FROM \
+                 (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each(?4))), \
+               last_error = ?5, next_attempt = ?6, delay_notified = ?7, locked_by = NULL, \
+               locked_until = NULL \
+             WHERE id = ?1 AND locked_by = ?2",
         )
         .bind(id)
         .bind(worker)
-        .execute(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT ?2"
-        )))
-        .bind(to_us(Utc::now()))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(queue_entry_of).collect()
-    }
-
-    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = ?2"
-        )))
-        .bind(to_us(Utc::now()))
-        .bind(id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        let Some(row) = row else { return Ok(None) };
-        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
-        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
-    }
-
-    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET next_attempt = ?1 WHERE (?2 IS NULL OR id = ?2) \
-             AND status = 'queued' AND next_attempt > ?1",
-        )
-        .bind(to_us(Utc::now()))
-        .bind(id)
+        .bind(remaining)
+        .bind(outcomes)
+        .bind(attempt.last_error.as_deref())
+        .bind(to_us(attempt.retry_at))
+        .bind(attempt.delay_notified)
         .execute(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)?;
         Ok(res.rows_affected())
     }
-
-    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
-            .bind(id)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_stats(&self) -> StoreResult<QueueStats> {
-        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
-            .fetch_one(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        let depth: i64 = row.try_get("depth").map_err(db_err)?;
-        let oldest: Option<i64> = row.try_get("oldest").map_err(db_err)?;
-        Ok(QueueStats { depth: u64::try_from(depth).unwrap_or(0), oldest: oldest.map(from_us) })
-    }
-}
-
-/// `?1` is the current time (a lease is live until `locked_until`).
-const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
-     created_at, expires_at, last_error, CASE WHEN locked_until > ?1 THEN locked_by END AS locked_by, outcomes";
-
-fn queue_entry_of(r: &sqlx::sqlite::SqliteRow) -> StoreResult<QueueEntry> {
-    let recipients: String = r.try_get("recipients").map_err(db_err)?;
-    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
-    let size: i64 = r.try_get("size").map_err(db_err)?;
-    Ok(QueueEntry {
-        id: r.try_get("id").map_err(db_err)?,
-        sender: r.try_get("sender").map_err(db_err)?,
-        recipients: from_json(&recipients, "recipients")?,
-        size: u64::try_from(size).unwrap_or(0),
-        attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
-        next_attempt: from_us(r.try_get("next_attempt").map_err(db_err)?),
-        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-        expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
-        last_error: r.try_get("last_error").map_err(db_err)?,
-        locked_by: r.try_get("locked_by").map_err(db_err)?,
-        outcomes: from_json(&outcomes, "outcomes")?,
-    })
 }
