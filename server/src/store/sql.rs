@@ -61,6 +61,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const QUEUE_RETRY: &'static str;
     /// `n`, the live leases on `key`.
     const LEASE_COUNT: &'static str;
+    /// Serialises the lease writes on key `$1`, where the transaction alone does not.
+    const LEASE_LOCK: Option<&'static str>;
+    /// Deletes the lapsed leases of key `$1`; the [`Backend::clock`] parameters after.
+    const LEASE_PRUNE: &'static str;
+    /// Renews member `$2`'s lease on key `$1`, the [`Backend::lease_expiry`]
+    /// parameters after.
+    const LEASE_RENEW: &'static str;
+    /// The same as a new lease.
+    const LEASE_INSERT: &'static str;
+    /// [`Backend::LEASE_RENEW`] while the lease is live: the [`Backend::clock`]
+    /// parameters after the expiry ones.
+    const LEASE_EXTEND: &'static str;
 
     type Row: Cols + Send + Sync + 'static;
     type Tx: StoreTx + 'static;
@@ -86,6 +98,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// the statements that name them (`QUEUE_*`, `LEASE_COUNT`): none where the
     /// database's own clock is used.
     fn clock() -> Vec<Param<'static>>;
+    /// The parameters saying when a lease of `ttl` taken now lapses.
+    fn lease_expiry(ttl: Duration) -> Vec<Param<'static>>;
     /// A timestamp column.
     fn date(row: &Self::Row, name: &str) -> StoreResult<DateTime<Utc>>;
     fn opt_date(row: &Self::Row, name: &str) -> StoreResult<Option<DateTime<Utc>>>;
@@ -154,19 +168,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn cluster_epoch(&self) -> impl Future<Output = StoreResult<Option<String>>> + Send {
         async { Ok(None) }
     }
-    fn acquire_lease(
-        &self,
-        key: &str,
-        member: &str,
-        limit: u64,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<bool>> + Send;
-    fn extend_lease(
-        &self,
-        key: &str,
-        member: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = StoreResult<u64>> + Send;
 }
 
 const MAILBOX_STATUS: &str =
@@ -693,11 +694,31 @@ impl<B: Backend> Store for B {
     }
 
     async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        self.acquire_lease(key, member, limit, ttl).await
+        // One writer per key at a time: count-then-insert must not interleave with
+        // another process's.
+        let mut tx = self.begin().await?;
+        if let Some(sql) = B::LEASE_LOCK {
+            tx.run(sql, &[Param::Text(key)]).await?;
+        }
+        tx.run(B::LEASE_PRUNE, &[&[Param::Text(key)], &B::clock()[..]].concat()).await?;
+        let lease = [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..]].concat();
+        if tx.execute(B::LEASE_RENEW, &lease).await.map_err(db_err)? == 0 {
+            let live =
+                tx.fetch_int("SELECT count(*) FROM leases WHERE key = $1", &[Param::Text(key)]).await?;
+            if u64_of(live.unwrap_or(0)) >= limit {
+                tx.commit().await?;
+                return Ok(false);
+            }
+            tx.run(B::LEASE_INSERT, &lease).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
-        Ok(self.extend_lease(key, member, ttl).await? > 0)
+        let params =
+            [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..], &B::clock()].concat();
+        Ok(self.execute(B::LEASE_EXTEND, &params).await.map_err(db_err)? > 0)
     }
 
     async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {

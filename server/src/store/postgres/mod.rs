@@ -629,6 +629,17 @@ impl Backend for PgStore {
     const LEASE_COUNT: &'static str =
         "SELECT count(*) AS n FROM leases WHERE key = $1 AND expires_at > now()";
 
+    // One writer per key at a time: a transaction-scoped advisory lock (not a row
+    // lock: there may be no row yet) is released by COMMIT/ROLLBACK whatever happens.
+    const LEASE_LOCK: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))");
+    const LEASE_PRUNE: &'static str = "DELETE FROM leases WHERE key = $1 AND expires_at <= now()";
+    const LEASE_RENEW: &'static str = "UPDATE leases SET expires_at = now() + make_interval(secs => $3::double precision / 1000000) \
+         WHERE key = $1 AND member = $2";
+    const LEASE_INSERT: &'static str = "INSERT INTO leases (key, member, expires_at) \
+         VALUES ($1, $2, now() + make_interval(secs => $3::double precision / 1000000))";
+    const LEASE_EXTEND: &'static str = "UPDATE leases SET expires_at = now() + make_interval(secs => $3::double precision / 1000000) \
+         WHERE key = $1 AND member = $2 AND expires_at > now()";
+
     type Row = PgRow;
     type Tx = Tx;
 
@@ -652,6 +663,11 @@ impl Backend for PgStore {
 
     fn clock() -> Vec<Param<'static>> {
         Vec::new()
+    }
+
+    /// The lease's length in microseconds, added to the database's clock.
+    fn lease_expiry(ttl: Duration) -> Vec<Param<'static>> {
+        vec![Param::Int(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX / 2))]
     }
 
     fn date(row: &PgRow, name: &str) -> StoreResult<DateTime<Utc>> {
@@ -1164,67 +1180,6 @@ impl Backend for PgStore {
             .await
             .map_err(db_err)?;
         Ok(Some(started))
-    }
-
-    async fn acquire_lease(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        let mut tx = self.tx().await?;
-        // One writer per key at a time: count-then-insert must not interleave with
-        // another pod's. A transaction-scoped advisory lock (not a row lock: there
-        // may be no row yet) is released by COMMIT/ROLLBACK whatever happens.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND expires_at <= now()")
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let secs = ttl.as_secs_f64();
-        let renewed = sqlx::query(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) WHERE key = $1 AND member = $2",
-        )
-        .bind(key)
-        .bind(member)
-        .bind(secs)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if renewed.rows_affected() == 0 {
-            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1")
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if u64::try_from(live).unwrap_or(0) >= limit {
-                tx.commit().await.map_err(db_err)?;
-                return Ok(false);
-            }
-            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))")
-                .bind(key)
-                .bind(member)
-                .bind(secs)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(true)
-    }
-
-    async fn extend_lease(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<u64> {
-        let res = sqlx::query(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) \
-             WHERE key = $1 AND member = $2 AND expires_at > now()",
-        )
-        .bind(key)
-        .bind(member)
-        .bind(ttl.as_secs_f64())
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected())
     }
 
     async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {

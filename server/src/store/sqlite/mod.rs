@@ -486,6 +486,14 @@ impl Backend for SqliteStore {
          AND status = 'queued' AND next_attempt > $1";
     const LEASE_COUNT: &'static str = "SELECT count(*) AS n FROM leases WHERE key = $2 AND expires_at > $1";
 
+    // the single writer connection's BEGIN IMMEDIATE serialises count-then-insert
+    const LEASE_LOCK: Option<&'static str> = None;
+    const LEASE_PRUNE: &'static str = "DELETE FROM leases WHERE key = $1 AND expires_at <= $2";
+    const LEASE_RENEW: &'static str = "UPDATE leases SET expires_at = $3 WHERE key = $1 AND member = $2";
+    const LEASE_INSERT: &'static str = "INSERT INTO leases (key, member, expires_at) VALUES ($1, $2, $3)";
+    const LEASE_EXTEND: &'static str =
+        "UPDATE leases SET expires_at = $3 WHERE key = $1 AND member = $2 AND expires_at > $4";
+
     type Row = SqliteRow;
     type Tx = Tx;
 
@@ -515,6 +523,11 @@ impl Backend for SqliteStore {
     /// SQLite has no clock in microseconds: the time is this process's.
     fn clock() -> Vec<Param<'static>> {
         vec![Param::Int(to_us(Utc::now()))]
+    }
+
+    fn lease_expiry(ttl: Duration) -> Vec<Param<'static>> {
+        let until = to_us(Utc::now()).saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
+        vec![Param::Int(until)]
     }
 
     fn date(row: &SqliteRow, name: &str) -> StoreResult<DateTime<Utc>> {
@@ -899,54 +912,6 @@ impl Backend for SqliteStore {
         .fetch_all(&mut *self.write_conn().await?)
         .await
         .map_err(db_err)
-    }
-
-    async fn acquire_lease(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        // BEGIN IMMEDIATE: the write lock serialises count-then-insert.
-        let mut tx = self.write_tx().await?;
-        let now = to_us(Utc::now());
-        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
-        sqlx::query("DELETE FROM leases WHERE key = ? AND expires_at <= ?")
-            .bind(key)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let renewed = sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ?")
-            .bind(until)
-            .bind(key)
-            .bind(member)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if renewed.rows_affected() == 0 {
-            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ?")
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if u64::try_from(live).unwrap_or(0) >= limit {
-                tx.commit().await.map_err(db_err)?;
-                return Ok(false);
-            }
-            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES (?, ?, ?)")
-                .bind(key)
-                .bind(member)
-                .bind(until)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(true)
-    }
-
-    async fn extend_lease(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<u64> {
-        let now = to_us(Utc::now());
-        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
-        let sql = "UPDATE leases SET expires_at = $1 WHERE key = $2 AND member = $3 AND expires_at > $4";
-        let params = [Param::Int(until), Param::Text(key), Param::Text(member), Param::Int(now)];
-        self.execute(sql, &params).await.map_err(db_err)
     }
 
     async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {
