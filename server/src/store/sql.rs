@@ -13,8 +13,9 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
 use super::common::{
-    AcquireTimer, db_err, decompress_body, from_json, is_unique_violation, limit_column, meta_from_json,
-    normalize_domain, normalize_email, normalize_mailbox_name, u32_of, u64_of,
+    AcquireTimer, compress_batch, db_err, decompress_body, from_json, group_by_mailbox, header_size_of,
+    is_unique_violation, json_of, limit_column, meta_from_json, meta_to_json, normalize_domain,
+    normalize_email, normalize_flagset, normalize_mailbox_name, u32_of, u64_of,
 };
 use super::steps::{
     self, Cols, MAILBOX_BY_ID, MAILBOX_BY_NAME, Param, SharedSql, StoreTx, flag_row, mailbox_from_row,
@@ -61,6 +62,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const QUEUE_RETRY: &'static str;
     /// `n`, the live leases on `key`.
     const LEASE_COUNT: &'static str;
+    /// Queues a message: sender, recipients, raw, account_id, next_attempt and
+    /// expires_at, then the [`Backend::clock`] parameters; returns `id`.
+    const ENQUEUE: &'static str;
+    /// Leases due items to worker `$1`, at most `$2`, for the [`Backend::lease_expiry`]
+    /// parameters, the [`Backend::clock`] ones after; returns [`queue_item_of`]'s
+    /// columns.
+    const CLAIM: &'static str;
+    /// Reschedules item `$1` of worker `$2` for recipients `$3`, appending the
+    /// outcomes `$4`, with last error `$5`, next attempt `$6` and `delay_notified`
+    /// `$7`, releasing its lease.
+    const RESCHEDULE: &'static str;
     /// Serialises the lease writes on key `$1`, where the transaction alone does not.
     const LEASE_LOCK: Option<&'static str>;
     /// Deletes the lapsed leases of key `$1`; the [`Backend::clock`] parameters after.
@@ -98,6 +110,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// the statements that name them (`QUEUE_*`, `LEASE_COUNT`): none where the
     /// database's own clock is used.
     fn clock() -> Vec<Param<'static>>;
+    /// A timestamp parameter.
+    fn time(t: DateTime<Utc>) -> Param<'static>;
     /// The parameters saying when a lease of `ttl` taken now lapses.
     fn lease_expiry(ttl: Duration) -> Vec<Param<'static>>;
     /// A timestamp column.
@@ -122,10 +136,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         mailbox_id: i64,
         up_to: i64,
     ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
-    fn deliver(
-        &self,
-        batch: &[NewDelivery],
-    ) -> impl Future<Output = StoreResult<Vec<Vec<DeliveredTo>>>> + Send;
+    fn deliver(&self, batch: Batch<'_>) -> impl Future<Output = StoreResult<Vec<Vec<DeliveredTo>>>> + Send;
     fn index(&self, mailbox_id: i64) -> impl Future<Output = StoreResult<MailboxIndex>> + Send;
     fn links(&self, keys: &[(i64, u32)]) -> impl Future<Output = StoreResult<MessageLinks>> + Send;
     fn bodies(&self, message_ids: &[i64]) -> impl Future<Output = StoreResult<Vec<StoredBody>>> + Send;
@@ -149,21 +160,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
         modseq: u64,
     ) -> impl Future<Output = StoreResult<MailboxChanges>> + Send;
     fn prune(&self, before: DateTime<Utc>) -> impl Future<Output = StoreResult<u64>> + Send;
-    fn enqueue(&self, item: &NewQueueItem) -> impl Future<Output = StoreResult<i64>> + Send;
-    /// The claimed items' rows, columns as [`queue_item_of`] reads them.
-    fn claim(
-        &self,
-        worker: &str,
-        limit: u32,
-        lease: Duration,
-    ) -> impl Future<Output = StoreResult<Vec<Self::Row>>> + Send;
-    /// Reschedules item `id` of `worker` for its remaining recipients: rows changed.
-    fn reschedule(
-        &self,
-        id: i64,
-        worker: &str,
-        attempt: &QueueAttempt,
-    ) -> impl Future<Output = StoreResult<u64>> + Send;
     /// See [`Store::epoch`].
     fn cluster_epoch(&self) -> impl Future<Output = StoreResult<Option<String>>> + Send {
         async { Ok(None) }
@@ -183,6 +179,22 @@ const MESSAGE_ROW_COLS: &str =
     "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta";
 const SORT_ROW_COLS: &str = "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, \
      m.from_addr, m.to_addr, m.cc_addr, m.message_id AS message_id_header";
+
+/// A delivery batch made ready before its transaction opens: flags normalised,
+/// metadata encoded, bodies compressed, deliveries grouped by mailbox.
+pub(crate) struct Batch<'a> {
+    pub deliveries: &'a [NewDelivery],
+    pub flags: Vec<FlagSet>,
+    pub metas: Vec<String>,
+    pub bodies: Vec<common::StoredBody>,
+    pub groups: std::collections::BTreeMap<i64, common::MailboxShare>,
+}
+
+/// A stored body row (`body`, `compressed`, `size`, `header_size`), inflated.
+pub(crate) fn stored_body_of(r: &impl Cols, message_id: i64) -> StoreResult<StoredBody> {
+    let body = decompress_body(r.blob("body")?, r.boolean("compressed")?, r.int("size")?)?;
+    Ok(StoredBody { message_id, header_size: header_size_of(r.opt_int("header_size")?, &body), body })
+}
 
 fn account_of<B: Backend>(r: &B::Row) -> StoreResult<Account> {
     Ok(Account {
@@ -504,7 +516,15 @@ impl<B: Backend> Store for B {
     }
 
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        self.deliver(batch).await
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Everything that can fail or take CPU happens before the transaction
+        // opens, so row locks are held only for the statements themselves.
+        let flags = batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
+        let metas = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
+        let bodies = compress_batch(batch).await?;
+        self.deliver(Batch { deliveries: batch, flags, metas, bodies, groups: group_by_mailbox(batch) }).await
     }
 
     async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
@@ -628,11 +648,23 @@ impl<B: Backend> Store for B {
     }
 
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
-        self.enqueue(item).await
+        let recipients = json_of(&item.recipients)?;
+        let params = [
+            Param::Text(&item.sender),
+            Param::Text(&recipients),
+            Param::Bytes(&item.raw),
+            Param::OptInt(item.account_id),
+            B::time(item.not_before),
+            B::time(item.expires_at),
+        ];
+        let rows = self.fetch(true, B::ENQUEUE, &[&params[..], &B::clock()].concat()).await?;
+        first(rows, || "queued item".into())?.int("id")
     }
 
     async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
-        let rows = self.claim(worker, limit, lease).await?;
+        let params =
+            [&[Param::Text(worker), Param::Int(i64::from(limit))], &B::lease_expiry(lease)[..], &B::clock()];
+        let rows = self.fetch(true, B::CLAIM, &params.concat()).await?;
         let mut items = rows.iter().map(queue_item_of::<B>).collect::<StoreResult<Vec<_>>>()?;
         items.sort_by_key(|i| i.id);
         Ok(items)
@@ -653,7 +685,18 @@ impl<B: Backend> Store for B {
             let sql = "DELETE FROM outbound_queue WHERE id = $1 AND locked_by = $2";
             self.execute(sql, &[Param::Int(id), Param::Text(worker)]).await.map_err(db_err)?
         } else {
-            self.reschedule(id, worker, attempt).await?
+            let remaining = json_of(&attempt.remaining)?;
+            let outcomes = json_of(&attempt.outcomes)?;
+            let params = [
+                Param::Int(id),
+                Param::Text(worker),
+                Param::Text(&remaining),
+                Param::Text(&outcomes),
+                Param::OptText(attempt.last_error.as_deref()),
+                B::time(attempt.retry_at),
+                Param::Bool(attempt.delay_notified),
+            ];
+            self.execute(B::RESCHEDULE, &params).await.map_err(db_err)?
         };
         Ok(changed > 0)
     }

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Row, Type};
 
 use super::common::{
     db_err, is_inbox, normalize_email, normalize_mailbox_name, parent_names, split_unchanged_since, u32_of,
@@ -26,21 +26,50 @@ pub(crate) enum Param<'a> {
     /// An integer or NULL.
     OptInt(Option<i64>),
     Text(&'a str),
+    OptText(Option<&'a str>),
+    Bytes(&'a [u8]),
+    Bool(bool),
+    /// A timestamp as PostgreSQL stores it (SQLite stores microseconds, `Int`).
+    Time(chrono::DateTime<chrono::Utc>),
 }
 
+/// Binds a [`Param`]; one text for both databases, whose sqlx types differ.
+pub(crate) trait BindParam: Database {
+    fn bind_param<'q>(
+        query: sqlx::query::Query<'q, Self, Self::Arguments>,
+        param: Param<'_>,
+    ) -> sqlx::query::Query<'q, Self, Self::Arguments>;
+}
+
+macro_rules! bind_param_for {
+    ($($db:ty),*) => {$(
+        impl BindParam for $db {
+            fn bind_param<'q>(
+                query: sqlx::query::Query<'q, Self, Self::Arguments>,
+                param: Param<'_>,
+            ) -> sqlx::query::Query<'q, Self, Self::Arguments> {
+                match param {
+                    Param::Int(v) => query.bind(v),
+                    Param::OptInt(v) => query.bind(v),
+                    Param::Text(v) => query.bind(v),
+                    Param::OptText(v) => query.bind(v),
+                    Param::Bytes(v) => query.bind(v),
+                    Param::Bool(v) => query.bind(v),
+                    Param::Time(v) => query.bind(v),
+                }
+            }
+        }
+    )*};
+}
+
+bind_param_for!(sqlx::Postgres, sqlx::Sqlite);
+
 /// `sql` with `params` bound.
-fn bound<DB>(sql: &'static str, params: &[Param<'_>]) -> sqlx::query::Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    Option<i64>: for<'q> Encode<'q, DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-{
-    params.iter().fold(sqlx::query::<DB>(sql), |query, p| match *p {
-        Param::Int(v) => query.bind(v),
-        Param::OptInt(v) => query.bind(v),
-        Param::Text(v) => query.bind(v),
-    })
+fn bound<DB: BindParam>(
+    sql: &'static str,
+    params: &[Param<'_>],
+) -> sqlx::query::Query<'static, DB, DB::Arguments> {
+    params.iter().fold(sqlx::query::<DB>(sql), |query, p| DB::bind_param(query, *p))
 }
 
 /// What the transactions of both backends do alike: run a statement of this
@@ -84,12 +113,10 @@ pub(crate) trait SharedSql: Send + Sized {
 
 impl<DB> SharedSql for sqlx::Transaction<'_, DB>
 where
-    DB: Database,
+    DB: BindParam,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB> + for<'r> Decode<'r, DB>,
-    Option<i64>: for<'q> Encode<'q, DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    i64: for<'r> Decode<'r, DB> + Type<DB>,
     DB::QueryResult: RowsAffected,
     usize: ColumnIndex<DB::Row>,
 {
@@ -121,12 +148,9 @@ pub(crate) async fn fetch_all<'c, DB, E>(
     params: &[Param<'_>],
 ) -> StoreResult<Vec<DB::Row>>
 where
-    DB: Database,
+    DB: BindParam,
     E: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    Option<i64>: for<'q> Encode<'q, DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
 {
     bound(sql, params).fetch_all(conn).await.map_err(db_err)
 }
@@ -138,12 +162,9 @@ pub(crate) async fn execute_on<'c, DB, E>(
     params: &[Param<'_>],
 ) -> Result<u64, sqlx::Error>
 where
-    DB: Database,
+    DB: BindParam,
     E: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
-    i64: for<'q> Encode<'q, DB> + Type<DB>,
-    Option<i64>: for<'q> Encode<'q, DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
     DB::QueryResult: RowsAffected,
 {
     Ok(bound(sql, params).execute(conn).await?.rows())

@@ -28,11 +28,10 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
-    AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, group_by_mailbox, header_size_of, is_unique_violation, json_of, mailbox_index_from,
-    meta_to_json, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
+    AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
+    mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
-use super::sql::Backend;
+use super::sql::{Backend, Batch, stored_body_of};
 use super::steps::{
     self, Cols, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row, mailbox_from_row,
 };
@@ -624,6 +623,25 @@ impl Backend for PgStore {
          next_attempt, created_at, expires_at, last_error, \
          CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes, raw \
          FROM outbound_queue WHERE id = $1";
+    const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
+         expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
+    // SKIP LOCKED: concurrent claimers on other pods pass over rows another
+    // claimer is taking right now instead of waiting for (and then re-taking) them.
+    const CLAIM: &'static str = "WITH due AS ( \
+           SELECT id FROM outbound_queue \
+           WHERE status = 'queued' AND next_attempt <= now() \
+             AND (locked_until IS NULL OR locked_until <= now()) \
+           ORDER BY next_attempt, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         UPDATE outbound_queue q SET locked_by = $1, \
+           locked_until = now() + make_interval(secs => $3::double precision / 1000000), \
+           attempts = q.attempts + 1 \
+         FROM due WHERE q.id = due.id \
+         RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
+           q.created_at, q.expires_at, q.delay_notified";
+    // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
+    const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
+         outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
+         delay_notified = $7, locked_by = NULL, locked_until = NULL WHERE id = $1 AND locked_by = $2";
     const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = now() \
          WHERE ($1::bigint IS NULL OR id = $1) AND status = 'queued' AND next_attempt > now()";
     const LEASE_COUNT: &'static str =
@@ -663,6 +681,10 @@ impl Backend for PgStore {
 
     fn clock() -> Vec<Param<'static>> {
         Vec::new()
+    }
+
+    fn time(t: DateTime<Utc>) -> Param<'static> {
+        Param::Time(t)
     }
 
     /// The lease's length in microseconds, added to the database's clock.
@@ -727,17 +749,8 @@ impl Backend for PgStore {
         rows.first().map(|r| r.int("recent_floor")).transpose()
     }
 
-    async fn deliver(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Everything that can fail or take CPU happens before the transaction
-        // opens, so row locks are held only for the statements themselves.
-        let flags: Vec<FlagSet> =
-            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
-        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
-        let bodies = compress_batch(batch).await?;
-        let groups = group_by_mailbox(batch);
+    async fn deliver(&self, batch: Batch<'_>) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        let Batch { deliveries: batch, flags, metas, bodies, groups } = batch;
         let stored: Vec<usize> = (0..batch.len()).filter(|&i| !batch[i].targets.is_empty()).collect();
         if stored.is_empty() {
             return Ok(vec![Vec::new(); batch.len()]);
@@ -954,20 +967,7 @@ impl Backend for PgStore {
                 .fetch_all(&mut *self.conn().await?)
                 .await
                 .map_err(db_err)?;
-        rows.iter()
-            .map(|r| {
-                let body = decompress_body(
-                    r.try_get("body").map_err(db_err)?,
-                    r.try_get("compressed").map_err(db_err)?,
-                    r.try_get("size").map_err(db_err)?,
-                )?;
-                Ok(StoredBody {
-                    message_id: r.try_get("id").map_err(db_err)?,
-                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                    body,
-                })
-            })
-            .collect()
+        rows.iter().map(|r| stored_body_of(r, r.int("id")?)).collect()
     }
 
     async fn flagged_uids(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
@@ -1109,49 +1109,6 @@ impl Backend for PgStore {
         }
     }
 
-    async fn enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
-        let recipients =
-            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query_scalar(
-            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-        )
-        .bind(&item.sender)
-        .bind(recipients)
-        .bind(&item.raw[..])
-        .bind(item.account_id)
-        .bind(item.not_before)
-        .bind(item.expires_at)
-        .fetch_one(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
-    async fn claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<PgRow>> {
-        let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX / 2);
-        // SKIP LOCKED: concurrent claimers on other pods pass over rows another
-        // claimer is taking right now instead of waiting for (and then re-taking) them.
-        sqlx::query(
-            "WITH due AS ( \
-               SELECT id FROM outbound_queue \
-               WHERE status = 'queued' AND next_attempt <= now() \
-                 AND (locked_until IS NULL OR locked_until <= now()) \
-               ORDER BY next_attempt, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             UPDATE outbound_queue q SET locked_by = $1, \
-               locked_until = now() + make_interval(secs => $2::double precision / 1000000), \
-               attempts = q.attempts + 1 \
-             FROM due WHERE q.id = due.id \
-             RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
-               q.created_at, q.expires_at, q.delay_notified",
-        )
-        .bind(worker)
-        .bind(lease_us)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
     async fn cluster_epoch(&self) -> StoreResult<Option<String>> {
         use std::sync::atomic::Ordering;
         let mut conn = self.conn().await?;
@@ -1180,28 +1137,5 @@ impl Backend for PgStore {
             .await
             .map_err(db_err)?;
         Ok(Some(started))
-    }
-
-    async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {
-        let remaining = json_of(&attempt.remaining)?;
-        let outcomes = json_of(&attempt.outcomes)?;
-        // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET recipients = $3, \
-               outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
-               delay_notified = $7, locked_by = NULL, locked_until = NULL \
-             WHERE id = $1 AND locked_by = $2",
-        )
-        .bind(id)
-        .bind(worker)
-        .bind(remaining)
-        .bind(outcomes)
-        .bind(attempt.last_error.as_deref())
-        .bind(attempt.retry_at)
-        .bind(attempt.delay_notified)
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected())
     }
 }

@@ -31,11 +31,10 @@ use sqlx::sqlite::{
 use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
-    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, group_by_mailbox, header_size_of, json_of, mailbox_index_from,
-    meta_to_json, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
+    AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
+    json_of, mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
-use super::sql::Backend;
+use super::sql::{Backend, Batch, stored_body_of};
 use super::steps::{
     self, Cols, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row,
     mailbox_from_row,
@@ -482,6 +481,20 @@ impl Backend for SqliteStore {
     const QUEUE_GET: &'static str = "SELECT id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
          created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes, \
          raw FROM outbound_queue WHERE id = $2";
+    const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
+         expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id";
+    // The single writer connection makes this UPDATE the only claimer at a time.
+    const CLAIM: &'static str = "UPDATE outbound_queue SET locked_by = $1, locked_until = $3, attempts = attempts + 1 \
+         WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= $4 \
+           AND (locked_until IS NULL OR locked_until <= $4) ORDER BY next_attempt, id LIMIT $2) \
+         RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
+           delay_notified";
+    // json_group_array over both arrays' elements: their concatenation.
+    const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
+         outcomes = (SELECT json_group_array(json(value)) FROM \
+           (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each($4))), \
+         last_error = $5, next_attempt = $6, delay_notified = $7, locked_by = NULL, locked_until = NULL \
+         WHERE id = $1 AND locked_by = $2";
     const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = $1 WHERE ($2 IS NULL OR id = $2) \
          AND status = 'queued' AND next_attempt > $1";
     const LEASE_COUNT: &'static str = "SELECT count(*) AS n FROM leases WHERE key = $2 AND expires_at > $1";
@@ -523,6 +536,10 @@ impl Backend for SqliteStore {
     /// SQLite has no clock in microseconds: the time is this process's.
     fn clock() -> Vec<Param<'static>> {
         vec![Param::Int(to_us(Utc::now()))]
+    }
+
+    fn time(t: DateTime<Utc>) -> Param<'static> {
+        Param::Int(to_us(t))
     }
 
     fn lease_expiry(ttl: Duration) -> Vec<Param<'static>> {
@@ -587,15 +604,8 @@ impl Backend for SqliteStore {
         Ok(Some(before))
     }
 
-    async fn deliver(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let flags: Vec<FlagSet> =
-            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
-        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
-        let bodies = compress_batch(batch).await?;
-        let groups = group_by_mailbox(batch);
+    async fn deliver(&self, batch: Batch<'_>) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        let Batch { deliveries: batch, flags, metas, bodies, groups } = batch;
 
         let mut tx = self.write_tx().await?;
         // UIDs first, in ascending mailbox order (the lock order of the PG store).
@@ -751,16 +761,7 @@ impl Backend for SqliteStore {
                 .await
                 .map_err(db_err)?;
             let Some(r) = row else { continue };
-            let body = decompress_body(
-                r.try_get("body").map_err(db_err)?,
-                r.try_get("compressed").map_err(db_err)?,
-                r.try_get("size").map_err(db_err)?,
-            )?;
-            out.push(StoredBody {
-                message_id: id,
-                header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                body,
-            });
+            out.push(stored_body_of(&r, id)?);
         }
         Ok(out)
     }
@@ -873,69 +874,5 @@ impl Backend for SqliteStore {
             .rows_affected();
         tx.commit().await.map_err(db_err)?;
         Ok(gone)
-    }
-
-    async fn enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
-        let recipients =
-            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query_scalar(
-            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, created_at, \
-             expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&item.sender)
-        .bind(recipients)
-        .bind(&item.raw[..])
-        .bind(item.account_id)
-        .bind(to_us(item.not_before))
-        .bind(to_us(Utc::now()))
-        .bind(to_us(item.expires_at))
-        .fetch_one(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
-    async fn claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<SqliteRow>> {
-        let now = Utc::now();
-        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-        // The single writer connection makes this UPDATE the only claimer at a time.
-        sqlx::query(
-            "UPDATE outbound_queue SET locked_by = ?1, locked_until = ?2, attempts = attempts + 1 \
-             WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= ?3 \
-               AND (locked_until IS NULL OR locked_until <= ?3) ORDER BY next_attempt, id LIMIT ?4) \
-             RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
-               delay_notified",
-        )
-        .bind(worker)
-        .bind(to_us(until))
-        .bind(to_us(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
-    async fn reschedule(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<u64> {
-        let remaining = json_of(&attempt.remaining)?;
-        let outcomes = json_of(&attempt.outcomes)?;
-        // json_group_array over both arrays' elements: their concatenation.
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET recipients = ?3, \
-               outcomes = (SELECT json_group_array(json(value)) FROM \
-                 (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each(?4))), \
-               last_error = ?5, next_attempt = ?6, delay_notified = ?7, locked_by = NULL, \
-               locked_until = NULL \
-             WHERE id = ?1 AND locked_by = ?2",
-        )
-        .bind(id)
-        .bind(worker)
-        .bind(remaining)
-        .bind(outcomes)
-        .bind(attempt.last_error.as_deref())
-        .bind(to_us(attempt.retry_at))
-        .bind(attempt.delay_notified)
-        .execute(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected())
     }
 }
