@@ -196,6 +196,27 @@ pub(crate) fn stored_body_of(r: &impl Cols, message_id: i64) -> StoreResult<Stor
     Ok(StoredBody { message_id, header_size: header_size_of(r.opt_int("header_size")?, &body), body })
 }
 
+/// Every UID of a mailbox, for a [`MailboxChanges::present`] list.
+pub(crate) const PRESENT_UIDS: &str = "SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid";
+
+/// What a backend read of a mailbox's changes in one snapshot: its highest
+/// modseq, the changed rows (`uid`, `flags`, `keywords`, `modseq`), the UIDs
+/// expunged and, after a prune passed the asked modseq, [`PRESENT_UIDS`]' rows.
+pub(crate) fn changes_of<R: Cols>(
+    highest: i64,
+    changed: &[R],
+    expunged: Vec<i64>,
+    present: Option<Vec<R>>,
+) -> StoreResult<MailboxChanges> {
+    let present = present.map(|rows| rows.iter().map(|r| u32_of(r.int("uid")?, "uid")).collect());
+    Ok(MailboxChanges {
+        highest_modseq: u64_of(highest),
+        changed: changed.iter().map(flag_row).collect::<StoreResult<_>>()?,
+        expunged: expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?,
+        present: present.transpose()?,
+    })
+}
+
 fn account_of<B: Backend>(r: &B::Row) -> StoreResult<Account> {
     Ok(Account {
         id: r.int("id")?,

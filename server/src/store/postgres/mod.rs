@@ -31,9 +31,9 @@ use super::common::{
     AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
     mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
-use super::sql::{Backend, Batch, stored_body_of};
+use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row, mailbox_from_row,
+    self, Cols, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -1013,9 +1013,8 @@ impl Backend for PgStore {
             .map_err(db_err)?
             .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
-        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
         if since >= highest {
-            return Ok(out);
+            return changes_of::<PgRow>(highest, &[], Vec::new(), None);
         }
         // Bounded by `highest`: modseqs are allocated and committed under the
         // mailbox row lock, so everything up to `highest` is visible now and
@@ -1034,7 +1033,6 @@ impl Backend for PgStore {
         .fetch_all(&mut *conn)
         .await
         .map_err(db_err)?;
-        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
         // The tombstones and the mailbox's prune floor in one statement, so one
         // snapshot: a prune deletes and raises the floor in one transaction, so
         // either both show or neither does.
@@ -1049,17 +1047,11 @@ impl Backend for PgStore {
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
-        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        if since < floor {
-            let uids: Vec<i64> =
-                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")
-                    .bind(mailbox_id)
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map_err(db_err)?;
-            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
-        }
-        Ok(out)
+        let present = match since < floor {
+            true => Some(steps::fetch_all(&mut *conn, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?),
+            false => None,
+        };
+        changes_of(highest, &rows, expunged, present)
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {

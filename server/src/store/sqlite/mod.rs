@@ -34,9 +34,9 @@ use super::common::{
     AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
     json_of, mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
 };
-use super::sql::{Backend, Batch, stored_body_of};
+use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx, flag_row,
+    self, Cols, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx,
     mailbox_from_row,
 };
 use super::*;
@@ -818,40 +818,24 @@ impl Backend for SqliteStore {
                 .map_err(db_err)?
                 .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
-        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
         if since >= highest {
-            return Ok(out);
+            return changes_of::<SqliteRow>(highest, &[], Vec::new(), None);
         }
-        let rows = sqlx::query(
-            "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
-             WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(since)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
-        let expunged: Vec<i64> =
-            sqlx::query_scalar(
-                "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
-            )
-                .bind(mailbox_id)
-                .bind(since)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        if since < floor {
-            let uids: Vec<i64> =
-                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
-                    .bind(mailbox_id)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
-        }
-        Ok(out)
+        let after = [Param::Int(mailbox_id), Param::Int(since)];
+        let sql = "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
+             WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid";
+        let rows = steps::fetch_all(&mut *tx, sql, &after).await?;
+        let sql = "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid";
+        let expunged = steps::fetch_all(&mut *tx, sql, &after)
+            .await?
+            .iter()
+            .map(|r| r.int("uid"))
+            .collect::<StoreResult<_>>()?;
+        let present = match since < floor {
+            true => Some(steps::fetch_all(&mut *tx, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?),
+            false => None,
+        };
+        changes_of(highest, &rows, expunged, present)
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
