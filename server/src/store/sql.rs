@@ -18,7 +18,8 @@ use super::common::{
     normalize_email, normalize_flagset, normalize_mailbox_name, u32_of, u64_of,
 };
 use super::steps::{
-    self, Cols, MAILBOX_BY_ID, MAILBOX_BY_NAME, Param, SharedSql, StoreTx, flag_row, mailbox_from_row,
+    self, Cols, FlagChange, MAILBOX_BY_ID, MAILBOX_BY_NAME, Param, SharedSql, StoreTx, flag_row,
+    mailbox_from_row,
 };
 use super::*;
 
@@ -149,9 +150,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn change_flags(
         &self,
         mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
+        change: FlagChange<'_>,
     ) -> impl Future<Output = StoreResult<Vec<FlagRow>>> + Send;
     fn modseqs_of(&self, mailbox_ids: &[i64]) -> impl Future<Output = StoreResult<Vec<(i64, u64)>>> + Send;
     fn changes(
@@ -630,7 +629,7 @@ impl<B: Backend> Store for B {
         op: FlagOp,
         flags: &FlagSet,
     ) -> StoreResult<Vec<FlagRow>> {
-        self.change_flags(mailbox_id, uids, op, flags).await
+        self.change_flags(mailbox_id, FlagChange::new(uids, op, flags)?).await
     }
 
     async fn store_flags_unchanged_since(

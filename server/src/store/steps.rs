@@ -11,8 +11,8 @@ use std::future::Future;
 use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Row, Type};
 
 use super::common::{
-    db_err, is_inbox, normalize_email, normalize_mailbox_name, parent_names, split_unchanged_since, u32_of,
-    u64_of,
+    db_err, is_inbox, normalize_email, normalize_flagset, normalize_mailbox_name, parent_names,
+    split_unchanged_since, u32_of, u64_of,
 };
 use super::{
     Account, ConditionalStore, FlagOp, FlagRow, FlagSet, Flags, Mailbox, SpecialUse, StoreError, StoreResult,
@@ -262,6 +262,20 @@ pub(crate) fn flag_row(r: &impl Cols) -> StoreResult<FlagRow> {
     })
 }
 
+/// A STORE: `op` with `flags` (normalised) on the messages `uids`.
+pub(crate) struct FlagChange<'a> {
+    pub uids: &'a UidSet,
+    pub op: FlagOp,
+    pub flags: FlagSet,
+}
+
+impl<'a> FlagChange<'a> {
+    /// Rejects keywords the store cannot keep (see [`normalize_flagset`]).
+    pub fn new(uids: &'a UidSet, op: FlagOp, flags: &FlagSet) -> StoreResult<Self> {
+        Ok(FlagChange { uids, op, flags: normalize_flagset(flags)? })
+    }
+}
+
 /// A source row of COPY/MOVE/EXPUNGE; `D` is the backend's stored form of
 /// INTERNALDATE.
 #[derive(FromRow)]
@@ -415,9 +429,7 @@ pub(crate) trait StoreTx: SharedSql {
     fn store_flags(
         &mut self,
         mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
+        change: FlagChange<'_>,
     ) -> impl Future<Output = StoreResult<Vec<FlagRow>>> + Send;
 }
 
@@ -693,7 +705,7 @@ pub(crate) async fn store_flags_unchanged_since<T: StoreTx>(
     let changed = if passed.is_empty() {
         Vec::new()
     } else {
-        tx.store_flags(mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
+        tx.store_flags(mailbox_id, FlagChange::new(&UidSet::from_uids(&passed), op, flags)?).await?
     };
     if !changed.is_empty() {
         tx.commit().await?;

@@ -29,11 +29,11 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
-    mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
+    mailbox_index_from, now_secs, u32_of, u64_of, uid_ranges,
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, mailbox_from_row,
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -118,11 +118,8 @@ fn describe(options: &PgConnectOptions) -> String {
 async fn store_flags_on(
     conn: &mut PgConnection,
     mailbox_id: i64,
-    uids: &UidSet,
-    op: FlagOp,
-    flags: &FlagSet,
+    FlagChange { uids, op, flags }: FlagChange<'_>,
 ) -> StoreResult<Vec<FlagRow>> {
-    let flags = normalize_flagset(flags)?;
     let (los, his) = range_arrays(uids);
     let op_code: i32 = match op {
         FlagOp::Add => 0,
@@ -588,14 +585,8 @@ impl StoreTx for Transaction<'_, Postgres> {
         .map_err(db_err)
     }
 
-    async fn store_flags(
-        &mut self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
-        store_flags_on(self, mailbox_id, uids, op, flags).await
+    async fn store_flags(&mut self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        store_flags_on(self, mailbox_id, change).await
     }
 }
 
@@ -984,14 +975,8 @@ impl Backend for PgStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn change_flags(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
-        store_flags_on(&mut *self.conn().await?, mailbox_id, uids, op, flags).await
+    async fn change_flags(&self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        store_flags_on(&mut *self.conn().await?, mailbox_id, change).await
     }
 
     async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {

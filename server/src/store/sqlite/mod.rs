@@ -32,11 +32,11 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
-    json_of, mailbox_index_from, normalize_flagset, now_secs, u32_of, u64_of, uid_ranges,
+    json_of, mailbox_index_from, now_secs, u32_of, u64_of, uid_ranges,
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx,
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx,
     mailbox_from_row,
 };
 use super::*;
@@ -157,11 +157,8 @@ impl SqliteStore {
     async fn store_flags_in(
         tx: &mut Transaction<'_, Sqlite>,
         mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
+        FlagChange { uids, op, flags }: FlagChange<'_>,
     ) -> StoreResult<Vec<FlagRow>> {
-        let flags = normalize_flagset(flags)?;
         let modseq = Self::bump_modseq(tx, mailbox_id).await?;
         let links = tx.links_in(mailbox_id, uids).await?;
         let mut changed = Vec::new();
@@ -450,14 +447,8 @@ impl StoreTx for Transaction<'_, Sqlite> {
         Ok(rows)
     }
 
-    async fn store_flags(
-        &mut self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
-        SqliteStore::store_flags_in(self, mailbox_id, uids, op, flags).await
+    async fn store_flags(&mut self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        SqliteStore::store_flags_in(self, mailbox_id, change).await
     }
 }
 
@@ -789,15 +780,9 @@ impl Backend for SqliteStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn change_flags(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
+    async fn change_flags(&self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
         let mut tx = self.write_tx().await?;
-        let changed = Self::store_flags_in(&mut tx, mailbox_id, uids, op, flags).await?;
+        let changed = Self::store_flags_in(&mut tx, mailbox_id, change).await?;
         if !changed.is_empty() {
             tx.commit().await.map_err(db_err)?;
         }
