@@ -11,7 +11,7 @@ use std::future::Future;
 use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Row, Type};
 
 use super::common::{
-    db_err, is_inbox, normalize_email, normalize_flagset, normalize_mailbox_name, parent_names,
+    db_err, is_inbox, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
     split_unchanged_since, u32_of, u64_of,
 };
 use super::{
@@ -318,6 +318,18 @@ const DELETE_MAILBOX: &str = "DELETE FROM mailboxes WHERE id = $1";
 /// An open write transaction of one backend: the primitives the steps are made of.
 /// Dropping it without [`StoreTx::commit`] rolls it back.
 pub(crate) trait StoreTx: SharedSql {
+    /// Adds `$2` to account `$1`'s last UIDVALIDITY (at least up to `$3`, now in
+    /// seconds): the new last, no row when there is no such account.
+    const BUMP_UID_VALIDITY: &'static str;
+    /// A missing superior mailbox `$2` (UIDVALIDITY `$3`) of a created or renamed
+    /// one in account `$1`.
+    const INSERT_PARENT: &'static str;
+    /// Serialises renames and creations in account `$1`, where the transaction
+    /// alone does not: no row when it does not exist.
+    const LOCK_ACCOUNT: Option<&'static str>;
+    /// The id of domain `$1`, which a new account joins, held against deletion.
+    const ACCOUNT_DOMAIN: &'static str;
+
     /// The stored form of INTERNALDATE.
     type Date: Send + Sync;
 
@@ -356,13 +368,6 @@ pub(crate) trait StoreTx: SharedSql {
     /// Removes those of the given bodies (ascending, unique ids) that no mailbox
     /// links any more.
     fn delete_orphans(&mut self, message_ids: &[i64]) -> impl Future<Output = StoreResult<()>> + Send;
-    /// Adds `n` to the account's last UIDVALIDITY (at least up to now): the new
-    /// last, `None` when there is no such account.
-    fn bump_uid_validity(
-        &mut self,
-        account_id: i64,
-        n: i64,
-    ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
     /// The mailbox of that name, write-locked when `lock`.
     fn mailbox_in(
         &mut self,
@@ -370,13 +375,6 @@ pub(crate) trait StoreTx: SharedSql {
         name: &str,
         lock: bool,
     ) -> impl Future<Output = StoreResult<Option<Mailbox>>> + Send;
-    /// A missing superior mailbox of a created or renamed one.
-    fn insert_parent(
-        &mut self,
-        account_id: i64,
-        name: &str,
-        uid_validity: i64,
-    ) -> impl Future<Output = StoreResult<()>> + Send;
     fn insert_mailbox(
         &mut self,
         account_id: i64,
@@ -384,9 +382,6 @@ pub(crate) trait StoreTx: SharedSql {
         uid_validity: i64,
         special_use: Option<SpecialUse>,
     ) -> impl Future<Output = StoreResult<Mailbox>> + Send;
-    /// Serialises renames and creations in the account: `false` when it does not
-    /// exist.
-    fn lock_account(&mut self, account_id: i64) -> impl Future<Output = StoreResult<bool>> + Send;
     /// `(id, name)` of the mailbox `from` and, with `children`, those under it,
     /// ascending by id and write-locked.
     fn rename_sources(
@@ -403,8 +398,6 @@ pub(crate) trait StoreTx: SharedSql {
         first: i64,
         to: &str,
     ) -> impl Future<Output = StoreResult<()>> + Send;
-    /// The id of the domain a new account joins (held against deletion).
-    fn account_domain(&mut self, domain: &str) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
     /// Inserts the account: its id and creation time.
     fn insert_account(
         &mut self,
@@ -541,7 +534,8 @@ pub(crate) async fn expunge<T: StoreTx>(
 /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; the first,
 /// or `None` when the account does not exist.
 async fn alloc_uid_validity<T: StoreTx>(tx: &mut T, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-    match tx.bump_uid_validity(account_id, n).await? {
+    let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
+    match tx.fetch_int(T::BUMP_UID_VALIDITY, &params).await? {
         Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
         Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
         None => Ok(None),
@@ -561,7 +555,7 @@ async fn create_parents<T: StoreTx>(tx: &mut T, account_id: i64, name: &str) -> 
         let params = [Param::Int(account_id), Param::Text(&parent)];
         if tx.fetch_ints(MAILBOX_ID, &params).await?.is_none() {
             let uv = one_uid_validity(tx, account_id).await?;
-            tx.insert_parent(account_id, &parent, uv).await?;
+            tx.run(T::INSERT_PARENT, &[Param::Int(account_id), Param::Text(&parent), Param::Int(uv)]).await?;
         }
     }
     Ok(())
@@ -629,7 +623,12 @@ pub(crate) async fn mailbox_rename<T: StoreTx>(
         return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
     }
     let mut tx = begin.await?;
-    if !tx.lock_account(account_id).await? {
+    let locked = match T::LOCK_ACCOUNT {
+        Some(sql) => tx.fetch_int(sql, &[Param::Int(account_id)]).await?.is_some(),
+        // an unknown account has no mailbox to rename
+        None => true,
+    };
+    if !locked {
         return Err(StoreError::NotFound(format!("account {account_id}")));
     }
     let sources = tx.rename_sources(account_id, &from, !is_inbox(&from)).await?;
@@ -674,8 +673,10 @@ pub(crate) async fn account_create<T: StoreTx>(
 ) -> StoreResult<Account> {
     let (email, domain) = normalize_email(email)?;
     let mut tx = begin.await?;
-    let domain_id =
-        tx.account_domain(&domain).await?.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
+    let domain_id = tx
+        .fetch_int(T::ACCOUNT_DOMAIN, &[Param::Text(&domain)])
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
     let (id, created_at) = tx.insert_account(&email, domain_id, password_hash).await?;
     let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
         .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))

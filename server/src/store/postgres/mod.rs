@@ -29,7 +29,7 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
-    mailbox_index_from, now_secs, u32_of, u64_of, uid_ranges,
+    mailbox_index_from, u32_of, u64_of, uid_ranges,
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
@@ -305,6 +305,14 @@ fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
 type Link = LinkRow<DateTime<Utc>>;
 
 impl StoreTx for Transaction<'_, Postgres> {
+    const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
+         SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
+    const INSERT_PARENT: &'static str = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
+         ON CONFLICT (account_id, name) DO NOTHING";
+    const LOCK_ACCOUNT: Option<&'static str> = Some("SELECT id FROM accounts WHERE id = $1 FOR UPDATE");
+    // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
+    const ACCOUNT_DOMAIN: &'static str = "SELECT id FROM domains WHERE name = $1 FOR KEY SHARE";
+
     type Date = DateTime<Utc>;
 
     async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
@@ -412,13 +420,6 @@ impl StoreTx for Transaction<'_, Postgres> {
         Ok(())
     }
 
-    async fn bump_uid_validity(&mut self, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let sql = "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
-             WHERE id = $1 RETURNING last_uid_validity";
-        let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
-        self.fetch_int(sql, &params).await
-    }
-
     async fn mailbox_in(&mut self, account_id: i64, name: &str, lock: bool) -> StoreResult<Option<Mailbox>> {
         let sql = format!(
             "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
@@ -431,13 +432,6 @@ impl StoreTx for Transaction<'_, Postgres> {
             .await
             .map_err(db_err)?;
         row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
-        let sql = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
-             ON CONFLICT (account_id, name) DO NOTHING";
-        let params = [Param::Int(account_id), Param::Text(name), Param::Int(uid_validity)];
-        self.run(sql, &params).await
     }
 
     async fn insert_mailbox(
@@ -463,11 +457,6 @@ impl StoreTx for Transaction<'_, Postgres> {
                 e => db_err(e),
             })?;
         mailbox_from_row(&row)
-    }
-
-    async fn lock_account(&mut self, account_id: i64) -> StoreResult<bool> {
-        let sql = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE";
-        Ok(self.fetch_int(sql, &[Param::Int(account_id)]).await?.is_some())
     }
 
     async fn rename_sources(
@@ -512,12 +501,6 @@ impl StoreTx for Transaction<'_, Postgres> {
             e => db_err(e),
         })?;
         Ok(())
-    }
-
-    async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
-        // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
-        let sql = "SELECT id FROM domains WHERE name = $1 FOR KEY SHARE";
-        self.fetch_int(sql, &[Param::Text(domain)]).await
     }
 
     async fn insert_account(

@@ -32,7 +32,7 @@ use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
-    json_of, mailbox_index_from, now_secs, u32_of, u64_of, uid_ranges,
+    json_of, mailbox_index_from, u32_of, u64_of, uid_ranges,
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
@@ -230,6 +230,14 @@ impl SqliteStore {
 type Link = LinkRow<i64>;
 
 impl StoreTx for Transaction<'_, Sqlite> {
+    const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
+         SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
+    const INSERT_PARENT: &'static str =
+        "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3)";
+    // the single writer connection serialises renames already
+    const LOCK_ACCOUNT: Option<&'static str> = None;
+    const ACCOUNT_DOMAIN: &'static str = "SELECT id FROM domains WHERE name = $1";
+
     type Date = i64;
 
     /// The single writer connection holds the write lock already: this only
@@ -319,25 +327,12 @@ impl StoreTx for Transaction<'_, Sqlite> {
         self.run(sql, &[Param::Text(&json_of(message_ids)?)]).await
     }
 
-    async fn bump_uid_validity(&mut self, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let sql = "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) \
-             WHERE id = $1 RETURNING last_uid_validity";
-        let params = [Param::Int(account_id), Param::Int(n), Param::Int(now_secs())];
-        self.fetch_int(sql, &params).await
-    }
-
     /// `lock` is moot: the single writer connection holds the write lock.
     async fn mailbox_in(&mut self, account_id: i64, name: &str, _lock: bool) -> StoreResult<Option<Mailbox>> {
         let rows =
             steps::fetch_all(&mut **self, MAILBOX_BY_NAME, &[Param::Int(account_id), Param::Text(name)])
                 .await?;
         rows.first().map(mailbox_from_row).transpose()
-    }
-
-    async fn insert_parent(&mut self, account_id: i64, name: &str, uid_validity: i64) -> StoreResult<()> {
-        let sql = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3)";
-        let params = [Param::Int(account_id), Param::Text(name), Param::Int(uid_validity)];
-        self.run(sql, &params).await
     }
 
     async fn insert_mailbox(
@@ -355,12 +350,6 @@ impl StoreTx for Transaction<'_, Sqlite> {
         let row =
             query.bind(special_use.map(SpecialUse::as_str)).fetch_one(&mut **self).await.map_err(db_err)?;
         mailbox_from_row(&row)
-    }
-
-    /// The single writer connection serialises renames already; an unknown
-    /// account has no mailbox to rename.
-    async fn lock_account(&mut self, _account_id: i64) -> StoreResult<bool> {
-        Ok(true)
     }
 
     async fn rename_sources(
@@ -393,11 +382,6 @@ impl StoreTx for Transaction<'_, Sqlite> {
             }
         }
         Ok(())
-    }
-
-    async fn account_domain(&mut self, domain: &str) -> StoreResult<Option<i64>> {
-        let sql = "SELECT id FROM domains WHERE name = $1";
-        self.fetch_int(sql, &[Param::Text(domain)]).await
     }
 
     async fn insert_account(
