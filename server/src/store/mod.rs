@@ -20,7 +20,9 @@
 
 pub(crate) mod common;
 pub mod postgres;
+mod sql;
 pub mod sqlite;
+pub(crate) mod steps;
 pub mod types;
 
 pub use types::*;

@@ -22,19 +22,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
-    AcquireTimer, compress_batch, db_err, decompress_body, delivered, encode_keywords, flag_conditions,
-    flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox, is_unique_violation, json_of,
-    limit_column, mailbox_index_from, meta_from_json, meta_to_json, normalize_domain, normalize_email,
-    normalize_flagset, normalize_mailbox_name, now_secs, parent_names, split_unchanged_since, u32_of, u64_of,
-    uid_ranges,
+    AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
+    mailbox_index_from, u32_of, u64_of, uid_ranges,
+};
+use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
+use super::steps::{
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -54,67 +53,6 @@ pub struct PgStore {
 }
 
 type Tx = Transaction<'static, Postgres>;
-
-const MAILBOX_COLS: &str =
-    "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
-const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
-     FROM accounts a JOIN domains d ON d.id = a.domain_id";
-
-fn mailbox_from_row(r: &PgRow) -> StoreResult<Mailbox> {
-    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
-    Ok(Mailbox {
-        id: r.try_get("id").map_err(db_err)?,
-        account_id: r.try_get("account_id").map_err(db_err)?,
-        name: r.try_get("name").map_err(db_err)?,
-        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
-        special_use: special.as_deref().and_then(SpecialUse::parse),
-        recent_floor: u32_of(r.try_get("recent_floor").map_err(db_err)?, "recent_floor")?,
-    })
-}
-
-fn account_from_row(r: &PgRow) -> StoreResult<Account> {
-    Ok(Account {
-        id: r.try_get("id").map_err(db_err)?,
-        email: r.try_get("email").map_err(db_err)?,
-        domain: r.try_get("domain").map_err(db_err)?,
-        password_hash: r.try_get("password_hash").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-    })
-}
-
-fn flag_row(r: &PgRow) -> StoreResult<FlagRow> {
-    let keywords: String = r.try_get("keywords").map_err(db_err)?;
-    let flags: i32 = r.try_get("flags").map_err(db_err)?;
-    Ok(FlagRow {
-        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-        flags: flagset_from_row(i64::from(flags), &keywords),
-        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
-    })
-}
-
-/// A source row of COPY/MOVE/EXPUNGE/STORE.
-struct LinkRow {
-    uid: i64,
-    message_id: i64,
-    flags: i32,
-    keywords: String,
-    internal_date: DateTime<Utc>,
-    /// The message's octets, for the mailboxes' `bytes` counters.
-    size: i64,
-}
-
-fn link_row(r: &PgRow) -> StoreResult<LinkRow> {
-    Ok(LinkRow {
-        uid: r.try_get("uid").map_err(db_err)?,
-        message_id: r.try_get("message_id").map_err(db_err)?,
-        flags: r.try_get("flags").map_err(db_err)?,
-        keywords: r.try_get("keywords").map_err(db_err)?,
-        internal_date: r.try_get("internal_date").map_err(db_err)?,
-        size: r.try_get("size").map_err(db_err)?,
-    })
-}
 
 /// `(los, his)` arrays of a UID set, for `JOIN UNNEST($2, $3) r(lo, hi)`.
 /// The STORE statement around the part that names the message rows (`mm`).
@@ -160,8 +98,6 @@ fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
     uid_ranges(uids).into_iter().unzip()
 }
 
-const SEEN: i32 = Flags::SEEN.0 as i32;
-
 /// STORE as one statement (see `store_flags`); `$2`/`$3` the UID ranges' bounds.
 const STORE_FLAGS_RANGES: &str = store_flags_sql!(
     "FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
@@ -203,11 +139,8 @@ fn describe(options: &PgConnectOptions) -> String {
 async fn store_flags_on(
     conn: &mut PgConnection,
     mailbox_id: i64,
-    uids: &UidSet,
-    op: FlagOp,
-    flags: &FlagSet,
+    FlagChange { uids, op, flags }: FlagChange<'_>,
 ) -> StoreResult<Vec<FlagRow>> {
-    let flags = normalize_flagset(flags)?;
     let (los, his) = range_arrays(uids);
     let op_code: i32 = match op {
         FlagOp::Add => 0,
@@ -343,7 +276,7 @@ impl PgStore {
     /// of `BETWEEN` — and the planning cost more than the lookup (profile of
     /// bench/imap.sh). So the usual `UID FETCH n` gets `uid = $2`, whose generic
     /// plan is the primary-key lookup and is kept; one range gets `BETWEEN`.
-    async fn linked_rows(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
+    async fn rows_of_uids(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
         let (los, his) = range_arrays(uids);
         let from = "FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id";
         let query = match (los.as_slice(), his.as_slice()) {
@@ -374,123 +307,50 @@ impl PgStore {
         let conn = self.conn().await?;
         Transaction::begin(conn, None).await.map_err(db_err)
     }
+}
 
-    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let last: Option<i64> = sqlx::query_scalar(
-            "UPDATE accounts SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) \
-             WHERE id = $1 RETURNING last_uid_validity",
-        )
-        .bind(account_id)
-        .bind(n)
-        .bind(now_secs())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        match last {
-            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
-            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
-            None => Ok(None),
-        }
+/// The error text with the URL's password masked, should the error quote it.
+fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
+    let mut text = e.to_string().replace(url, &redact_url(url));
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, pw)| pw);
+    if let Some(pw) = password.filter(|pw| !pw.is_empty()) {
+        text = text.replace(pw, "***");
     }
+    text
+}
 
-    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
-        for parent in parent_names(name) {
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 AND name = $2")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            if exists.is_none() {
-                let uv = Self::alloc_uid_validity(tx, account_id, 1)
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-                sqlx::query(
-                    "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
-                     ON CONFLICT (account_id, name) DO NOTHING",
-                )
-                .bind(account_id)
-                .bind(&parent)
-                .bind(uv)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
-            }
-        }
-        Ok(())
-    }
+type Link = LinkRow<DateTime<Utc>>;
 
-    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "DELETE FROM messages m WHERE m.id = ANY($1) \
-             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = m.id)",
-        )
-        .bind(message_ids)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
+impl StoreTx for Transaction<'_, Postgres> {
+    const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
+         SET last_uid_validity = GREATEST(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
+    const INSERT_PARENT: &'static str = "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3) \
+         ON CONFLICT (account_id, name) DO NOTHING";
+    const LOCK_ACCOUNT: Option<&'static str> = Some("SELECT id FROM accounts WHERE id = $1 FOR UPDATE");
+    // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
+    const ACCOUNT_DOMAIN: &'static str = "SELECT id FROM domains WHERE name = $1 FOR KEY SHARE";
 
-    async fn mailbox_in(
-        tx: &mut Tx,
-        account_id: i64,
-        name: &str,
-        lock: bool,
-    ) -> StoreResult<Option<Mailbox>> {
-        let sql = format!(
-            "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
-            if lock { " FOR UPDATE" } else { "" }
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut **tx)
+    type Date = DateTime<Utc>;
+
+    async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
+        sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(ids)
+            .fetch_all(&mut **self)
             .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
+            .map_err(db_err)
     }
 
-    /// Locks the given mailboxes in ascending id order; NotFound if one is missing.
-    async fn lock_mailboxes(tx: &mut Tx, ids: &[i64]) -> StoreResult<()> {
-        let mut ids = ids.to_vec();
-        ids.sort_unstable();
-        ids.dedup();
-        let found: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-                .bind(&ids)
-                .fetch_all(&mut **tx)
-                .await
-                .map_err(db_err)?;
-        if let Some(missing) = ids.iter().find(|id| !found.contains(id)) {
-            return Err(StoreError::NotFound(format!("mailbox {missing}")));
-        }
-        Ok(())
-    }
-
-    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
-    async fn update_one(
-        &self,
-        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
-        what: String,
-    ) -> StoreResult<()> {
-        let res = query.execute(&mut *self.conn().await?).await.map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(what));
-        }
-        Ok(())
-    }
-
-    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
+    async fn links_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<Link>> {
         let (los, his) = range_arrays(uids);
         if los.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(
+        sqlx::query_as(
             "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, mm.size \
              FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
              JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
@@ -499,79 +359,21 @@ impl PgStore {
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut **self)
         .await
-        .map_err(db_err)?;
-        rows.iter().map(link_row).collect()
+        .map_err(db_err)
     }
 
-    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
-        if links.is_empty() {
-            return Ok(());
-        }
-        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let modseq: i64 = sqlx::query_scalar(
-            "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = messages - $2, \
-             unseen = unseen - $3, bytes = bytes - $4 WHERE id = $1 RETURNING highest_modseq",
-        )
-        .bind(mailbox_id)
-        .bind(links.len() as i64)
-        .bind(unseen)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        let uids: Vec<i64> = links.iter().map(|l| l.uid).collect();
-        sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = ANY($2)")
-            .bind(mailbox_id)
-            .bind(&uids)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        sqlx::query(
-            "INSERT INTO expunged (mailbox_id, uid, modseq) SELECT $1, u, $3 FROM UNNEST($2::bigint[]) AS u \
-             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
-        )
-        .bind(mailbox_id)
-        .bind(&uids)
-        .bind(modseq)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Self::delete_orphans(tx, &ids).await
+    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
+        // literal predicate: served by the partial index on \Deleted rows
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
     }
 
-    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = links.len() as i64;
-        let unseen = links.iter().filter(|l| l.flags & SEEN == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let row = sqlx::query(
-            "UPDATE mailboxes SET uid_next = uid_next + $1, highest_modseq = highest_modseq + 1, \
-             messages = messages + $1, unseen = unseen + $2, bytes = bytes + $4 WHERE id = $3 \
-             RETURNING uid_next - $1 AS first_uid, highest_modseq",
-        )
-        .bind(n)
-        .bind(unseen)
-        .bind(dest)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
-        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
-        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
-        if first + n - 1 > i64::from(u32::MAX) {
-            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
-        }
-        let new_uids: Vec<i64> = (first..first + n).collect();
+    async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
+        let new_uids: Vec<i64> = (first..first + links.len() as i64).collect();
         let message_ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
         let flags: Vec<i32> = links.iter().map(|l| l.flags).collect();
         let keywords: Vec<&str> = links.iter().map(|l| l.keywords.as_str()).collect();
@@ -592,57 +394,317 @@ impl PgStore {
         .bind(&keywords)
         .bind(&dates)
         .bind(&sizes)
-        .execute(&mut **tx)
+        .execute(&mut **self)
         .await
         .map_err(db_err)?;
-        links.iter().zip(&new_uids).map(|(l, &u)| Ok((u32_of(l.uid, "uid")?, u32_of(u, "uid")?))).collect()
+        Ok(())
     }
 
-    async fn copy_or_move(
+    async fn delete_links(&mut self, mailbox_id: i64, uids: &[i64], modseq: i64) -> StoreResult<()> {
+        sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = ANY($2)")
+            .bind(mailbox_id)
+            .bind(uids)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        sqlx::query(
+            "INSERT INTO expunged (mailbox_id, uid, modseq) SELECT $1, u, $3 FROM UNNEST($2::bigint[]) AS u \
+             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
+        )
+        .bind(mailbox_id)
+        .bind(uids)
+        .bind(modseq)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn tombstone_all(&mut self, mailbox_id: i64, modseq: i64) -> StoreResult<()> {
+        let sql = "INSERT INTO expunged (mailbox_id, uid, modseq) \
+             SELECT mailbox_id, uid, $2 FROM mailbox_messages WHERE mailbox_id = $1 \
+             ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq";
+        self.run(sql, &[Param::Int(mailbox_id), Param::Int(modseq)]).await
+    }
+
+    async fn delete_orphans(&mut self, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "DELETE FROM messages m WHERE m.id = ANY($1) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = m.id)",
+        )
+        .bind(message_ids)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn mailbox_in(&mut self, account_id: i64, name: &str, lock: bool) -> StoreResult<Option<Mailbox>> {
+        let sql = format!(
+            "SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2{}",
+            if lock { " FOR UPDATE" } else { "" }
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .fetch_optional(&mut **self)
+            .await
+            .map_err(db_err)?;
+        row.as_ref().map(mailbox_from_row).transpose()
+    }
+
+    async fn insert_mailbox(
+        &mut self,
+        account_id: i64,
+        name: &str,
+        uid_validity: i64,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(account_id)
+            .bind(name)
+            .bind(uid_validity)
+            .bind(special_use.map(SpecialUse::as_str))
+            .fetch_one(&mut **self)
+            .await
+            .map_err(|e| match e {
+                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
+                e => db_err(e),
+            })?;
+        mailbox_from_row(&row)
+    }
+
+    async fn rename_sources(
+        &mut self,
+        account_id: i64,
+        from: &str,
+        children: bool,
+    ) -> StoreResult<Vec<(i64, String)>> {
+        sqlx::query_as(
+            "SELECT id, name FROM mailboxes WHERE account_id = $1 \
+             AND (name = $2 OR ($3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
+        )
+        .bind(account_id)
+        .bind(from)
+        .bind(children)
+        .fetch_all(&mut **self)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn rename_mailboxes(
+        &mut self,
+        ids: &[i64],
+        names: &[String],
+        first: i64,
+        to: &str,
+    ) -> StoreResult<()> {
+        let validities: Vec<i64> = (first..first + ids.len() as i64).collect();
+        // The unique (account_id, name) constraint is checked per row, so a
+        // single UPDATE renaming A/x → B/x fails only if B/x already exists.
+        sqlx::query(
+            "UPDATE mailboxes m SET name = t.n, uid_validity = t.v \
+             FROM UNNEST($1::bigint[], $2::text[], $3::bigint[]) AS t(id, n, v) WHERE m.id = t.id",
+        )
+        .bind(ids)
+        .bind(names)
+        .bind(&validities)
+        .execute(&mut **self)
+        .await
+        .map_err(|e| match e {
+            e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("a mailbox under {to}")),
+            e => db_err(e),
+        })?;
+        Ok(())
+    }
+
+    async fn insert_account(
+        &mut self,
+        email: &str,
+        domain_id: i64,
+        password_hash: &str,
+    ) -> StoreResult<(i64, DateTime<Utc>)> {
+        let res = sqlx::query_as(
+            "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
+        )
+        .bind(email)
+        .bind(domain_id)
+        .bind(password_hash)
+        .fetch_one(&mut **self)
+        .await;
+        match res {
+            Ok(row) => Ok(row),
+            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(e) => Err(db_err(e)),
+        }
+    }
+
+    async fn insert_default_mailboxes(
+        &mut self,
+        account_id: i64,
+        mailboxes: &[(&str, Option<SpecialUse>)],
+        first: i64,
+    ) -> StoreResult<()> {
+        let names: Vec<&str> = mailboxes.iter().map(|m| m.0).collect();
+        let specials: Vec<Option<&str>> = mailboxes.iter().map(|m| m.1.map(SpecialUse::as_str)).collect();
+        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
+        sqlx::query(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
+             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
+        )
+        .bind(account_id)
+        .bind(&names)
+        .bind(&validities)
+        .bind(&specials)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
+        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
+            .bind(account_id)
+            .bind(&names)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn modseqs_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<(i64, i64)>> {
+        let (los, his) = range_arrays(uids);
+        sqlx::query_as(
+            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
+             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
+             ORDER BY mm.uid",
+        )
+        .bind(mailbox_id)
+        .bind(&los)
+        .bind(&his)
+        .fetch_all(&mut **self)
+        .await
+        .map_err(db_err)
+    }
+
+    async fn store_flags(&mut self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        store_flags_on(self, mailbox_id, change).await
+    }
+}
+
+impl Backend for PgStore {
+    const NAME: &'static str = "postgres";
+    const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1 FOR UPDATE";
+    const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1 FOR UPDATE";
+    const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> =
+        Some("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE");
+    // byte order, like SQLite's BINARY collation, whatever the database locale
+    const MAILBOX_LIST: &'static str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+         special_use, recent_floor FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
+    const SUBSCRIPTIONS: &'static str =
+        "SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"";
+    // literal predicate: served by the partial index on \Deleted rows
+    const MAILBOX_DELETED: &'static str = "SELECT count(*) AS n, coalesce(sum(size), 0)::bigint AS bytes \
+         FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0";
+    const QUEUE_RELEASE: &'static str = "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+         attempts = greatest(attempts - 1, 0) WHERE id = $1 AND locked_by = $2";
+    const QUEUE_LIST: &'static str = "SELECT id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
+         next_attempt, created_at, expires_at, last_error, \
+         CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes \
+         FROM outbound_queue ORDER BY created_at, id LIMIT $1";
+    const QUEUE_GET: &'static str = "SELECT id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
+         next_attempt, created_at, expires_at, last_error, \
+         CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes, raw \
+         FROM outbound_queue WHERE id = $1";
+    const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
+         expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
+    // SKIP LOCKED: concurrent claimers on other pods pass over rows another
+    // claimer is taking right now instead of waiting for (and then re-taking) them.
+    const CLAIM: &'static str = "WITH due AS ( \
+           SELECT id FROM outbound_queue \
+           WHERE status = 'queued' AND next_attempt <= now() \
+             AND (locked_until IS NULL OR locked_until <= now()) \
+           ORDER BY next_attempt, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         UPDATE outbound_queue q SET locked_by = $1, \
+           locked_until = now() + make_interval(secs => $3::double precision / 1000000), \
+           attempts = q.attempts + 1 \
+         FROM due WHERE q.id = due.id \
+         RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
+           q.created_at, q.expires_at, q.delay_notified";
+    // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
+    const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
+         outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
+         delay_notified = $7, locked_by = NULL, locked_until = NULL WHERE id = $1 AND locked_by = $2";
+    const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = now() \
+         WHERE ($1::bigint IS NULL OR id = $1) AND status = 'queued' AND next_attempt > now()";
+    const LEASE_COUNT: &'static str =
+        "SELECT count(*) AS n FROM leases WHERE key = $1 AND expires_at > now()";
+
+    // One writer per key at a time: a transaction-scoped advisory lock (not a row
+    // lock: there may be no row yet) is released by COMMIT/ROLLBACK whatever happens.
+    const LEASE_LOCK: Option<&'static str> = Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))");
+    const LEASE_PRUNE: &'static str = "DELETE FROM leases WHERE key = $1 AND expires_at <= now()";
+    const LEASE_RENEW: &'static str = "UPDATE leases SET expires_at = now() + make_interval(secs => $3::double precision / 1000000) \
+         WHERE key = $1 AND member = $2";
+    const LEASE_INSERT: &'static str = "INSERT INTO leases (key, member, expires_at) \
+         VALUES ($1, $2, now() + make_interval(secs => $3::double precision / 1000000))";
+    const LEASE_EXTEND: &'static str = "UPDATE leases SET expires_at = now() + make_interval(secs => $3::double precision / 1000000) \
+         WHERE key = $1 AND member = $2 AND expires_at > now()";
+
+    type Row = PgRow;
+    type Tx = Tx;
+
+    fn acquire_timer(&self) -> &AcquireTimer {
+        &self.acquire
+    }
+
+    async fn begin(&self) -> StoreResult<Tx> {
+        self.tx().await
+    }
+
+    /// One pool serves reads and writes.
+    async fn fetch(&self, _write: bool, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Vec<PgRow>> {
+        steps::fetch_all(&mut *self.conn().await?, sql, params).await
+    }
+
+    async fn execute(&self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let mut conn = self.acquire.time(self.pool.acquire()).await?;
+        steps::execute_on(&mut *conn, sql, params).await
+    }
+
+    fn clock() -> Vec<Param<'static>> {
+        Vec::new()
+    }
+
+    fn time(t: DateTime<Utc>) -> Param<'static> {
+        Param::Time(t)
+    }
+
+    /// The lease's length in microseconds, added to the database's clock.
+    fn lease_expiry(ttl: Duration) -> Vec<Param<'static>> {
+        vec![Param::Int(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX / 2))]
+    }
+
+    fn date(row: &PgRow, name: &str) -> StoreResult<DateTime<Utc>> {
+        row.try_get(name).map_err(db_err)
+    }
+
+    fn opt_date(row: &PgRow, name: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        row.try_get(name).map_err(db_err)
+    }
+
+    async fn linked_rows(
         &self,
-        src: i64,
+        mailbox_id: i64,
         uids: &UidSet,
-        dest: i64,
-        remove: bool,
-    ) -> StoreResult<Vec<(u32, u32)>> {
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[src, dest]).await?;
-        let links = Self::links_in(&mut tx, src, uids).await?;
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        // link first, unlink second: the body is never without a link in between
-        let pairs = Self::add_links(&mut tx, dest, &links).await?;
-        if remove {
-            Self::remove_links(&mut tx, src, &links).await?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(pairs)
+        columns: &'static str,
+    ) -> StoreResult<Vec<PgRow>> {
+        self.rows_of_uids(mailbox_id, uids, columns).await
     }
-}
-
-/// The error text with the URL's password masked, should the error quote it.
-fn redact_error(e: &dyn std::fmt::Display, url: &str) -> String {
-    let mut text = e.to_string().replace(url, &redact_url(url));
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?']).next())
-        .and_then(|authority| authority.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, pw)| pw);
-    if let Some(pw) = password.filter(|pw| !pw.is_empty()) {
-        text = text.replace(pw, "***");
-    }
-    text
-}
-
-#[async_trait]
-impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn migrate(&self) -> StoreResult<()> {
+    async fn run_migrations(&self) -> StoreResult<()> {
         // A dedicated connection, closed afterwards: sqlx holds a session-level
         // advisory lock while migrating (so pods starting together take turns), and
         // if a migration fails the lock must die with the connection instead of
@@ -660,16 +722,7 @@ impl Store for PgStore {
         result.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&mut *self.conn().await?).await.map_err(db_err)?;
-        Ok(())
-    }
-
-    fn set_acquire_observer(&self, observer: AcquireObserver) {
-        self.acquire.set(observer);
-    }
-
-    fn pool_stats(&self) -> PoolStats {
+    fn pool_figures(&self) -> PoolStats {
         let idle = self.pool.num_idle() as u32;
         PoolStats {
             max: self.pool.options().get_max_connections(),
@@ -678,571 +731,22 @@ impl Store for PgStore {
         }
     }
 
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        match sqlx::query("INSERT INTO domains (name) VALUES ($1)")
-            .bind(&d)
-            .execute(&mut *self.conn().await?)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
-            Err(e) => Err(db_err(e)),
-        }
+    async fn insert_domain(&self, name: &str) -> Result<u64, sqlx::Error> {
+        self.execute("INSERT INTO domains (name) VALUES ($1)", &[Param::Text(name)]).await
     }
 
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let mut tx = self.tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR UPDATE")
-            .bind(&d)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
-        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = $1 LIMIT 1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if used.is_some() {
-            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
-        }
-        // an account created concurrently makes this fail on the foreign key
-        sqlx::query("DELETE FROM domains WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(
-            |e| match e {
-                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
-                    StoreError::Invalid("domain still has accounts".into())
-                }
-                e => db_err(e),
-            },
-        )?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
-        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = $1")
-            .bind(d)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(found.is_some())
-    }
-
-    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        let (email, domain) = normalize_email(email)?;
-        let mut tx = self.tx().await?;
-        // KEY SHARE: a concurrent domain_del waits for us (and then sees the account)
-        let domain_id: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM domains WHERE name = $1 FOR KEY SHARE")
-                .bind(&domain)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-        let res = sqlx::query(
-            "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
-        )
-        .bind(&email)
-        .bind(domain_id)
-        .bind(password_hash)
-        .fetch_one(&mut *tx)
-        .await;
-        let row = match res {
-            Ok(row) => row,
-            Err(e) if is_unique_violation(&e) => {
-                return Err(StoreError::AlreadyExists(format!("account {email}")));
-            }
-            Err(e) => return Err(db_err(e)),
-        };
-        let id: i64 = row.try_get("id").map_err(db_err)?;
-        let created_at: DateTime<Utc> = row.try_get("created_at").map_err(db_err)?;
-        let mut names = vec!["INBOX"];
-        let mut specials: Vec<Option<&str>> = vec![None];
-        for u in SpecialUse::ALL {
-            names.push(u.default_name());
-            specials.push(Some(u.as_str()));
-        }
-        let first = Self::alloc_uid_validity(&mut tx, id, names.len() as i64)
-            .await?
-            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
-        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
-        sqlx::query(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
-             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
-        )
-        .bind(id)
-        .bind(&names)
-        .bind(&validities)
-        .bind(&specials)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
-            .bind(id)
-            .bind(&names)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(Account { id, email, domain, password_hash: password_hash.to_string(), created_at })
-    }
-
-    async fn account_delete(&self, email: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let mut tx = self.tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = $1 FOR UPDATE")
-            .bind(&email)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
-        // the mailboxes in lock order before the cascade deletes them
-        let _: Vec<i64> =
-            sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE")
-                .bind(id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        let message_ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
-             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = $1",
-        )
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("DELETE FROM accounts WHERE id = $1").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET password_hash = $1 WHERE email = $2")
-            .bind(password_hash)
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
-        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
-        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(email)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(account_from_row).transpose()
-    }
-
-    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET quota_bytes = $1 WHERE email = $2")
-            .bind(limit_column(limit))
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let query = sqlx::query("UPDATE domains SET default_quota_bytes = $1 WHERE name = $2")
-            .bind(limit_column(limit))
-            .bind(&d);
-        self.update_one(query, format!("domain {d}")).await
-    }
-
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
-        let d = normalize_domain(domain)?;
-        let row: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = $1")
-                .bind(&d)
-                .fetch_optional(&mut *self.conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
-    }
-
-    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
-        let row = sqlx::query(
-            "SELECT a.quota_bytes, d.default_quota_bytes, \
-             (SELECT coalesce(sum(bytes), 0)::bigint FROM mailboxes WHERE account_id = a.id) AS used \
-             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = $1",
-        )
-        .bind(account_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        Ok(Quota {
-            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
-            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
-            used: u64_of(row.try_get("used").map_err(db_err)?),
-        })
-    }
-
-    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
-        let rows = match domain {
-            Some(d) => {
-                let d = normalize_domain(d)?;
-                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = $1 ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.conn().await?).await
-            }
-            None => {
-                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.conn().await?).await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter().map(account_from_row).collect()
-    }
-
-    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
-        // byte order, like SQLite's BINARY collation, whatever the database locale
-        let sql =
-            format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 ORDER BY name COLLATE \"C\"");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        rows.iter().map(mailbox_from_row).collect()
-    }
-
-    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = $1 AND name = $2");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    async fn mailbox_create(
-        &self,
-        account_id: i64,
-        name: &str,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        let mut tx = self.tx().await?;
-        // the account row update also serialises mailbox creation per account
-        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &name, false).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
-        }
-        Self::create_parents(&mut tx, account_id, &name).await?;
-        let sql = format!(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
-             RETURNING {MAILBOX_COLS}"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(&name)
-            .bind(uv)
-            .bind(special_use.map(SpecialUse::as_str))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| match e {
-                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
-                e => db_err(e),
-            })?;
-        let mailbox = mailbox_from_row(&row)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(mailbox)
-    }
-
-    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
-        }
-        let mut tx = self.tx().await?;
-        let mb = Self::mailbox_in(&mut tx, account_id, &name, true)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
-        let message_ids: Vec<i64> =
-            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = $1")
-                .bind(mb.id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        sqlx::query("DELETE FROM mailboxes WHERE id = $1")
-            .bind(mb.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        let from = normalize_mailbox_name(from)?;
-        let to = normalize_mailbox_name(to)?;
-        if is_inbox(&to) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        // INBOX is the one mailbox whose children do not move with it
-        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
-            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
-        }
-        let mut tx = self.tx().await?;
-        // serialise renames/creates of this account (and check it exists)
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1 FOR UPDATE")
-            .bind(account_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let rows = sqlx::query(
-            "SELECT id, name FROM mailboxes WHERE account_id = $1 \
-             AND (name = $2 OR (NOT $3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
-        )
-        .bind(account_id)
-        .bind(&from)
-        .bind(is_inbox(&from))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if rows.is_empty() {
-            return Err(StoreError::NotFound(format!("mailbox {from}")));
-        }
-        if Self::mailbox_in(&mut tx, account_id, &to, false).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
-        }
-        Self::create_parents(&mut tx, account_id, &to).await?;
-        if is_inbox(&from) {
-            let inbox: i64 = rows[0].try_get("id").map_err(db_err)?;
-            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty)
-            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
-                 SELECT account_id, $1, $2, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
-                 WHERE id = $3 \
-                 RETURNING id",
-            )
-            .bind(&to)
-            .bind(uv)
-            .bind(inbox)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let modseq: i64 = sqlx::query_scalar(
-                "UPDATE mailboxes SET highest_modseq = highest_modseq + 1, messages = 0, unseen = 0, bytes = 0 \
-                 WHERE id = $1 RETURNING highest_modseq",
-            )
-            .bind(inbox)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query(
-                "INSERT INTO expunged (mailbox_id, uid, modseq) \
-                 SELECT mailbox_id, uid, $2 FROM mailbox_messages WHERE mailbox_id = $1 \
-                 ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq",
-            )
-            .bind(inbox)
-            .bind(modseq)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query("UPDATE mailbox_messages SET mailbox_id = $1 WHERE mailbox_id = $2")
-                .bind(new_id)
-                .bind(inbox)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        } else {
-            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let mut ids = Vec::with_capacity(rows.len());
-            let mut names = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let name: String = r.try_get("name").map_err(db_err)?;
-                ids.push(r.try_get::<i64, _>("id").map_err(db_err)?);
-                names.push(format!("{to}{}", &name[from.len()..]));
-            }
-            let validities: Vec<i64> = (first..first + rows.len() as i64).collect();
-            // The unique (account_id, name) constraint is checked per row, so a
-            // single UPDATE renaming A/x → B/x fails only if B/x already exists.
-            sqlx::query(
-                "UPDATE mailboxes m SET name = t.n, uid_validity = t.v \
-                 FROM UNNEST($1::bigint[], $2::text[], $3::bigint[]) AS t(id, n, v) WHERE m.id = t.id",
-            )
-            .bind(&ids)
-            .bind(&names)
-            .bind(&validities)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| match e {
-                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("a mailbox under {to}")),
-                e => db_err(e),
-            })?;
-        }
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = $1")
-            .bind(account_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let sql = if subscribed {
-            "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-        } else {
-            "DELETE FROM subscriptions WHERE account_id = $1 AND name = $2"
-        };
-        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *self.conn().await?).await.map_err(
-            |e| match e {
-                sqlx::Error::Database(ref d) if d.is_foreign_key_violation() => {
-                    StoreError::NotFound(format!("account {account_id}"))
-                }
-                e => db_err(e),
-            },
-        )?;
-        Ok(())
-    }
-
-    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name COLLATE \"C\"")
-            .bind(account_id)
-            .fetch_all(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
-        // Counters, not COUNT(*): see migrations/postgres (kept in the writers'
-        // transactions, so they are exactly as current as the rows).
-        let row = sqlx::query(
-            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = $1",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        Ok(MailboxStatus {
-            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
-            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
-            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
-        })
-    }
-
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
-    }
-
-    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
-        // literal predicate: served by the partial index on \Deleted rows
-        let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(size), 0)::bigint AS bytes \
-             FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0",
-        )
-        .bind(mailbox_id)
-        .fetch_one(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        let n: i64 = row.try_get("n").map_err(db_err)?;
-        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
-    }
-
-    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
-        let n: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
-             FROM mailboxes m WHERE m.id = $1",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        u32_of(n.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent")
-    }
-
-    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
-        let mut conn = self.conn().await?;
-        // Most calls find the messages already taken (another session learnt of
-        // them first): a plain read answers those, with no lock and no write on the
-        // mailbox row deliveries also update. The floor only ever rises, so a
-        // floor at or above `up_to` stays so.
-        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_err)?;
-        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if floor >= i64::from(up_to) {
-            return u32_of(floor, "recent_floor");
-        }
+    async fn raise_recent_floor(&self, mailbox_id: i64, up_to: i64) -> StoreResult<Option<i64>> {
         // The row lock of the CTE serialises claims: a second claim waits, then reads
         // the floor the first one left.
-        let before: Option<i64> = sqlx::query_scalar(
-            "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
+        let sql = "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
              UPDATE mailboxes m SET recent_floor = GREATEST(m.recent_floor, $2) FROM old \
-             WHERE m.id = $1 RETURNING old.recent_floor",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(up_to))
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        u32_of(before, "recent_floor")
+             WHERE m.id = $1 RETURNING old.recent_floor";
+        let rows = self.fetch(true, sql, &[Param::Int(mailbox_id), Param::Int(up_to)]).await?;
+        rows.first().map(|r| r.int("recent_floor")).transpose()
     }
 
-    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Everything that can fail or take CPU happens before the transaction
-        // opens, so row locks are held only for the statements themselves.
-        let flags: Vec<FlagSet> =
-            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
-        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
-        let bodies = compress_batch(batch).await?;
-        let groups = group_by_mailbox(batch);
+    async fn deliver(&self, batch: Batch<'_>) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        let Batch { deliveries: batch, flags, metas, bodies, groups } = batch;
         let stored: Vec<usize> = (0..batch.len()).filter(|&i| !batch[i].targets.is_empty()).collect();
         if stored.is_empty() {
             return Ok(vec![Vec::new(); batch.len()]);
@@ -1251,7 +755,7 @@ impl Store for PgStore {
         let mut tx = self.tx().await?;
         // 1. lock the target mailboxes in ascending id order, then allocate UIDs
         let mb_ids: Vec<i64> = groups.keys().copied().collect();
-        Self::lock_mailboxes(&mut tx, &mb_ids).await?;
+        steps::lock_mailboxes(&mut tx, &mb_ids).await?;
         let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
         let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
         let bytes: Vec<i64> = groups.values().map(|s| s.bytes).collect();
@@ -1373,7 +877,7 @@ impl Store for PgStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+    async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One statement, so one snapshot: the modseq matches the rows. Columns as
         // arrays, not a row per message: sqlx decodes rows one by one through an
         // async stream, which cost more CPU than the query itself for a
@@ -1410,80 +914,7 @@ impl Store for PgStore {
         )
     }
 
-    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
-        let rows = sqlx::query(
-            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
-             WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(after_uid))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(MaildropEntry {
-                    uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: row.try_get("message_id").map_err(db_err)?,
-                    size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
-                    internal_date: row.try_get("internal_date").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let f = flag_row(r)?;
-                let meta: String = r.try_get("meta").map_err(db_err)?;
-                Ok(MessageRow {
-                    uid: f.uid,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    flags: f.flags,
-                    modseq: f.modseq,
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                    meta: meta_from_json(&meta)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
-                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SortRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    internal_date: r.try_get("internal_date").map_err(db_err)?,
-                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
-                    sent_date: r.try_get("sent_date").map_err(db_err)?,
-                    subject: r.try_get("subject").map_err(db_err)?,
-                    from: r.try_get("from_addr").map_err(db_err)?,
-                    to: r.try_get("to_addr").map_err(db_err)?,
-                    cc: r.try_get("cc_addr").map_err(db_err)?,
-                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+    async fn links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of
         // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
@@ -1522,7 +953,7 @@ impl Store for PgStore {
         Ok(out)
     }
 
-    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+    async fn bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
         if message_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -1532,37 +963,10 @@ impl Store for PgStore {
                 .fetch_all(&mut *self.conn().await?)
                 .await
                 .map_err(db_err)?;
-        rows.iter()
-            .map(|r| {
-                let body = decompress_body(
-                    r.try_get("body").map_err(db_err)?,
-                    r.try_get("compressed").map_err(db_err)?,
-                    r.try_get("size").map_err(db_err)?,
-                )?;
-                Ok(StoredBody {
-                    message_id: r.try_get("id").map_err(db_err)?,
-                    header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                    body,
-                })
-            })
-            .collect()
+        rows.iter().map(|r| stored_body_of(r, r.int("id")?)).collect()
     }
 
-    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
-        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = $1")
-            .bind(message_id)
-            .fetch_optional(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
-        decompress_body(
-            row.try_get("body").map_err(db_err)?,
-            row.try_get("compressed").map_err(db_err)?,
-            row.try_get("size").map_err(db_err)?,
-        )
-    }
-
-    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+    async fn flagged_uids(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
         // One array, not a row per UID (see `mailbox_index`).
         let sql = format!(
             "SELECT COALESCE(array_agg(uid ORDER BY uid), '{{}}') FROM mailbox_messages WHERE mailbox_id = $1{}",
@@ -1576,87 +980,11 @@ impl Store for PgStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn store_flags(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
-        store_flags_on(&mut *self.conn().await?, mailbox_id, uids, op, flags).await
+    async fn change_flags(&self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        store_flags_on(&mut *self.conn().await?, mailbox_id, change).await
     }
 
-    async fn store_flags_unchanged_since(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-        unchanged_since: u64,
-    ) -> StoreResult<ConditionalStore> {
-        // The test and the change under one lock of the mailbox row, which every
-        // flag change takes first: no change can land between them.
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
-        let (los, his) = range_arrays(uids);
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             ORDER BY mm.uid",
-        )
-        .bind(mailbox_id)
-        .bind(&los)
-        .bind(&his)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
-        let changed = if passed.is_empty() {
-            Vec::new()
-        } else {
-            store_flags_on(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
-        };
-        tx.commit().await.map_err(db_err)?;
-        Ok(ConditionalStore { changed, modified })
-    }
-
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        let mut tx = self.tx().await?;
-        Self::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
-        let links = match uids {
-            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
-            None => {
-                // literal predicate: served by the partial index on \Deleted rows
-                let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
-                     WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-                rows.iter().map(link_row).collect::<StoreResult<Vec<_>>>()?
-            }
-        };
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        Self::remove_links(&mut tx, mailbox_id, &links).await?;
-        tx.commit().await.map_err(db_err)?;
-        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
-    }
-
-    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, false).await
-    }
-
-    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        // Into the same mailbox too (RFC 6851 §3.3): the links get new UIDs, the
-        // old ones are expunged, in one transaction — never a copy left behind.
-        self.copy_or_move(src, uids, dest, true).await
-    }
-
-    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+    async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
         let rows: Vec<(i64, i64)> =
             sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = ANY($1)")
                 .bind(mailbox_ids)
@@ -1666,7 +994,7 @@ impl Store for PgStore {
         Ok(rows.into_iter().map(|(id, m)| (id, u64_of(m))).collect())
     }
 
-    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+    async fn changes(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         let mut conn = self.conn().await?;
         let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
             .bind(mailbox_id)
@@ -1675,9 +1003,8 @@ impl Store for PgStore {
             .map_err(db_err)?
             .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
-        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
         if since >= highest {
-            return Ok(out);
+            return changes_of::<PgRow>(highest, &[], Vec::new(), None);
         }
         // Bounded by `highest`: modseqs are allocated and committed under the
         // mailbox row lock, so everything up to `highest` is visible now and
@@ -1696,7 +1023,6 @@ impl Store for PgStore {
         .fetch_all(&mut *conn)
         .await
         .map_err(db_err)?;
-        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
         // The tombstones and the mailbox's prune floor in one statement, so one
         // snapshot: a prune deletes and raises the floor in one transaction, so
         // either both show or neither does.
@@ -1711,20 +1037,14 @@ impl Store for PgStore {
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)?;
-        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        if since < floor {
-            let uids: Vec<i64> =
-                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = $1 ORDER BY uid")
-                    .bind(mailbox_id)
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map_err(db_err)?;
-            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
-        }
-        Ok(out)
+        let present = match since < floor {
+            true => Some(steps::fetch_all(&mut *conn, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?),
+            false => None,
+        };
+        changes_of(highest, &rows, expunged, present)
     }
 
-    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+    async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         // In batches, each its own short transaction: the first prune after an
         // upgrade (every older tombstone dated at the migration) must not hold
         // locks on millions of rows at once.
@@ -1771,83 +1091,7 @@ impl Store for PgStore {
         }
     }
 
-    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
-        let recipients =
-            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query_scalar(
-            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-        )
-        .bind(&item.sender)
-        .bind(recipients)
-        .bind(&item.raw[..])
-        .bind(item.account_id)
-        .bind(item.not_before)
-        .bind(item.expires_at)
-        .fetch_one(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
-    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
-        let lease_us = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX / 2);
-        // SKIP LOCKED: concurrent claimers on other pods pass over rows another
-        // claimer is taking right now instead of waiting for (and then re-taking) them.
-        let rows = sqlx::query(
-            "WITH due AS ( \
-               SELECT id FROM outbound_queue \
-               WHERE status = 'queued' AND next_attempt <= now() \
-                 AND (locked_until IS NULL OR locked_until <= now()) \
-               ORDER BY next_attempt, id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             UPDATE outbound_queue q SET locked_by = $1, \
-               locked_until = now() + make_interval(secs => $2::double precision / 1000000), \
-               attempts = q.attempts + 1 \
-             FROM due WHERE q.id = due.id \
-             RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
-               q.created_at, q.expires_at, q.delay_notified",
-        )
-        .bind(worker)
-        .bind(lease_us)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        let mut items = Vec::with_capacity(rows.len());
-        for r in rows {
-            let recipients: String = r.try_get("recipients").map_err(db_err)?;
-            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
-            let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
-            items.push(QueueItem {
-                id: r.try_get("id").map_err(db_err)?,
-                sender: r.try_get("sender").map_err(db_err)?,
-                recipients: serde_json::from_str(&recipients)
-                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
-                raw: Bytes::from(raw),
-                account_id: r.try_get("account_id").map_err(db_err)?,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                last_error: r.try_get("last_error").map_err(db_err)?,
-                created_at: r.try_get("created_at").map_err(db_err)?,
-                expires_at: r.try_get("expires_at").map_err(db_err)?,
-                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
-            });
-        }
-        items.sort_by_key(|i| i.id);
-        Ok(items)
-    }
-
-    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
-            .bind(id)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
-        Ok(())
-    }
-
-    async fn epoch(&self) -> StoreResult<Option<String>> {
+    async fn cluster_epoch(&self) -> StoreResult<Option<String>> {
         use std::sync::atomic::Ordering;
         let mut conn = self.conn().await?;
         // The cluster's identifier and timeline say it best (a promoted replica
@@ -1876,209 +1120,4 @@ impl Store for PgStore {
             .map_err(db_err)?;
         Ok(Some(started))
     }
-
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        let mut tx = self.tx().await?;
-        // One writer per key at a time: count-then-insert must not interleave with
-        // another pod's. A transaction-scoped advisory lock (not a row lock: there
-        // may be no row yet) is released by COMMIT/ROLLBACK whatever happens.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND expires_at <= now()")
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let secs = ttl.as_secs_f64();
-        let renewed = sqlx::query(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) WHERE key = $1 AND member = $2",
-        )
-        .bind(key)
-        .bind(member)
-        .bind(secs)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if renewed.rows_affected() == 0 {
-            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1")
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if u64::try_from(live).unwrap_or(0) >= limit {
-                tx.commit().await.map_err(db_err)?;
-                return Ok(false);
-            }
-            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))")
-                .bind(key)
-                .bind(member)
-                .bind(secs)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(true)
-    }
-
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
-        let res = sqlx::query(
-            "UPDATE leases SET expires_at = now() + make_interval(secs => $3) \
-             WHERE key = $1 AND member = $2 AND expires_at > now()",
-        )
-        .bind(key)
-        .bind(member)
-        .bind(ttl.as_secs_f64())
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND member = $2")
-            .bind(key)
-            .bind(member)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = $1 AND expires_at > now()")
-            .bind(key)
-            .fetch_one(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
-        let res = if attempt.remaining.is_empty() {
-            sqlx::query("DELETE FROM outbound_queue WHERE id = $1 AND locked_by = $2")
-                .bind(id)
-                .bind(worker)
-                .execute(&mut *self.conn().await?)
-                .await
-        } else {
-            let remaining = json_of(&attempt.remaining)?;
-            let outcomes = json_of(&attempt.outcomes)?;
-            // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
-            sqlx::query(
-                "UPDATE outbound_queue SET recipients = $3, \
-                   outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \
-                   delay_notified = $7, locked_by = NULL, locked_until = NULL \
-                 WHERE id = $1 AND locked_by = $2",
-            )
-            .bind(id)
-            .bind(worker)
-            .bind(remaining)
-            .bind(outcomes)
-            .bind(attempt.last_error.as_deref())
-            .bind(attempt.retry_at)
-            .bind(attempt.delay_notified)
-            .execute(&mut *self.conn().await?)
-            .await
-        }
-        .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
-               attempts = greatest(attempts - 1, 0) WHERE id = $1 AND locked_by = $2",
-        )
-        .bind(id)
-        .bind(worker)
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT $1"
-        )))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(queue_entry_of).collect()
-    }
-
-    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = $1"
-        )))
-        .bind(id)
-        .fetch_optional(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        let Some(row) = row else { return Ok(None) };
-        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
-        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
-    }
-
-    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET next_attempt = now() WHERE ($1::bigint IS NULL OR id = $1) \
-             AND status = 'queued' AND next_attempt > now()",
-        )
-        .bind(id)
-        .execute(&mut *self.conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected())
-    }
-
-    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = $1")
-            .bind(id)
-            .execute(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_stats(&self) -> StoreResult<QueueStats> {
-        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
-            .fetch_one(&mut *self.conn().await?)
-            .await
-            .map_err(db_err)?;
-        let depth: i64 = row.try_get("depth").map_err(db_err)?;
-        Ok(QueueStats {
-            depth: u64::try_from(depth).unwrap_or(0),
-            oldest: row.try_get("oldest").map_err(db_err)?,
-        })
-    }
-}
-
-const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, octet_length(raw)::bigint AS size, attempts, \
-     next_attempt, created_at, expires_at, last_error, \
-     CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes";
-
-fn queue_entry_of(r: &sqlx::postgres::PgRow) -> StoreResult<QueueEntry> {
-    let recipients: String = r.try_get("recipients").map_err(db_err)?;
-    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
-    let size: i64 = r.try_get("size").map_err(db_err)?;
-    let attempts: i32 = r.try_get("attempts").map_err(db_err)?;
-    Ok(QueueEntry {
-        id: r.try_get("id").map_err(db_err)?,
-        sender: r.try_get("sender").map_err(db_err)?,
-        recipients: from_json(&recipients, "recipients")?,
-        size: u64::try_from(size).unwrap_or(0),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        next_attempt: r.try_get("next_attempt").map_err(db_err)?,
-        created_at: r.try_get("created_at").map_err(db_err)?,
-        expires_at: r.try_get("expires_at").map_err(db_err)?,
-        last_error: r.try_get("last_error").map_err(db_err)?,
-        locked_by: r.try_get("locked_by").map_err(db_err)?,
-        outcomes: from_json(&outcomes, "outcomes")?,
-    })
 }

@@ -23,8 +23,6 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
@@ -33,11 +31,13 @@ use sqlx::sqlite::{
 use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
 
 use super::common::{
-    AcquireTimer, apply_flags, compress_batch, db_err, decompress_body, delivered, encode_keywords,
-    flag_conditions, flagset_from_row, from_json, group_by_mailbox, header_size_of, is_inbox,
-    is_unique_violation, json_of, limit_column, mailbox_index_from, meta_from_json, meta_to_json,
-    normalize_domain, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
-    split_unchanged_since, u32_of, u64_of, uid_ranges,
+    AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
+    json_of, mailbox_index_from, u32_of, u64_of, uid_ranges,
+};
+use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
+use super::steps::{
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx,
+    mailbox_from_row,
 };
 use super::*;
 
@@ -62,68 +62,6 @@ fn to_us(t: DateTime<Utc>) -> i64 {
 
 fn from_us(us: i64) -> DateTime<Utc> {
     Utc.timestamp_micros(us).single().unwrap_or_default()
-}
-
-fn mailbox_from_row(r: &SqliteRow) -> StoreResult<Mailbox> {
-    let special: Option<String> = r.try_get("special_use").map_err(db_err)?;
-    Ok(Mailbox {
-        id: r.try_get("id").map_err(db_err)?,
-        account_id: r.try_get("account_id").map_err(db_err)?,
-        name: r.try_get("name").map_err(db_err)?,
-        uid_validity: u32_of(r.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-        uid_next: u32_of(r.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-        highest_modseq: u64_of(r.try_get("highest_modseq").map_err(db_err)?),
-        special_use: special.as_deref().and_then(SpecialUse::parse),
-        recent_floor: u32_of(r.try_get("recent_floor").map_err(db_err)?, "recent_floor")?,
-    })
-}
-
-fn account_from_row(r: &SqliteRow) -> StoreResult<Account> {
-    Ok(Account {
-        id: r.try_get("id").map_err(db_err)?,
-        email: r.try_get("email").map_err(db_err)?,
-        domain: r.try_get("domain").map_err(db_err)?,
-        password_hash: r.try_get("password_hash").map_err(db_err)?,
-        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-    })
-}
-
-fn flag_row(r: &SqliteRow) -> StoreResult<FlagRow> {
-    let keywords: String = r.try_get("keywords").map_err(db_err)?;
-    Ok(FlagRow {
-        uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-        flags: flagset_from_row(r.try_get("flags").map_err(db_err)?, &keywords),
-        modseq: u64_of(r.try_get("modseq").map_err(db_err)?),
-    })
-}
-
-const MAILBOX_COLS: &str =
-    "id, account_id, name, uid_validity, uid_next, highest_modseq, special_use, recent_floor";
-const ACCOUNT_SELECT: &str = "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
-     FROM accounts a JOIN domains d ON d.id = a.domain_id";
-
-/// A source row of COPY/MOVE.
-struct LinkRow {
-    uid: i64,
-    message_id: i64,
-    flags: i64,
-    keywords: String,
-    internal_date: i64,
-    /// The message's octets, for the mailboxes' `bytes` counters.
-    size: i64,
-}
-
-impl LinkRow {
-    fn of(r: &SqliteRow) -> StoreResult<LinkRow> {
-        Ok(LinkRow {
-            uid: r.try_get("uid").map_err(db_err)?,
-            message_id: r.try_get("message_id").map_err(db_err)?,
-            flags: r.try_get("flags").map_err(db_err)?,
-            keywords: r.try_get("keywords").map_err(db_err)?,
-            internal_date: r.try_get("internal_date").map_err(db_err)?,
-            size: r.try_get("size").map_err(db_err)?,
-        })
-    }
 }
 
 impl SqliteStore {
@@ -201,83 +139,9 @@ impl SqliteStore {
         Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await.map_err(db_err)
     }
 
-    /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; returns
-    /// the first, or `None` when the account does not exist.
-    async fn alloc_uid_validity(tx: &mut Tx, account_id: i64, n: i64) -> StoreResult<Option<i64>> {
-        let last: Option<i64> = sqlx::query_scalar(
-            "UPDATE accounts SET last_uid_validity = MAX(last_uid_validity + ?2, ?3 + ?2 - 1) \
-             WHERE id = ?1 RETURNING last_uid_validity",
-        )
-        .bind(account_id)
-        .bind(n)
-        .bind(now_secs())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        match last {
-            Some(last) if last + 1 - n > 0 && last <= i64::from(u32::MAX) => Ok(Some(last + 1 - n)),
-            Some(_) => Err(StoreError::Internal("UIDVALIDITY space exhausted".into())),
-            None => Ok(None),
-        }
-    }
-
-    /// Creates the missing superior names of `name` (RFC 3501 CREATE/RENAME).
-    async fn create_parents(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<()> {
-        for parent in parent_names(name) {
-            let exists: Option<i64> =
-                sqlx::query_scalar("SELECT id FROM mailboxes WHERE account_id = ? AND name = ?")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            if exists.is_none() {
-                let uv = Self::alloc_uid_validity(tx, account_id, 1)
-                    .await?
-                    .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-                sqlx::query("INSERT INTO mailboxes (account_id, name, uid_validity) VALUES (?, ?, ?)")
-                    .bind(account_id)
-                    .bind(&parent)
-                    .bind(uv)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(db_err)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes bodies that no mailbox links any more.
-    async fn delete_orphans(tx: &mut Tx, message_ids: &[i64]) -> StoreResult<()> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        let ids = serde_json::to_string(message_ids).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query(
-            "DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?)) \
-             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = messages.id)",
-        )
-        .bind(ids)
-        .execute(&mut **tx)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn mailbox_in(tx: &mut Tx, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
     /// Bumps the mailbox's modseq (and takes the write position for it); returns
     /// the new modseq, or NotFound.
-    async fn bump_modseq(tx: &mut Tx, mailbox_id: i64) -> StoreResult<i64> {
+    async fn bump_modseq(tx: &mut Transaction<'_, Sqlite>, mailbox_id: i64) -> StoreResult<i64> {
         sqlx::query_scalar(
             "UPDATE mailboxes SET highest_modseq = highest_modseq + 1 WHERE id = ? RETURNING highest_modseq",
         )
@@ -291,19 +155,16 @@ impl SqliteStore {
     /// The flag change inside `tx`; the caller commits when rows changed (with
     /// none, dropping `tx` also takes back the modseq bump).
     async fn store_flags_in(
-        tx: &mut Tx,
+        tx: &mut Transaction<'_, Sqlite>,
         mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
+        FlagChange { uids, op, flags }: FlagChange<'_>,
     ) -> StoreResult<Vec<FlagRow>> {
-        let flags = normalize_flagset(flags)?;
         let modseq = Self::bump_modseq(tx, mailbox_id).await?;
-        let links = Self::links_in(tx, mailbox_id, uids).await?;
+        let links = tx.links_in(mailbox_id, uids).await?;
         let mut changed = Vec::new();
         let mut unseen_delta = 0i64;
         for l in &links {
-            let old = flagset_from_row(l.flags, &l.keywords);
+            let old = flagset_from_row(i64::from(l.flags), &l.keywords);
             let new = apply_flags(&old, op, &flags);
             if new == old {
                 continue;
@@ -338,137 +199,9 @@ impl SqliteStore {
         Ok(changed)
     }
 
-    /// Runs an UPDATE meant for one row; `NotFound(what)` when it matched none.
-    async fn update_one(
-        &self,
-        query: sqlx::query::Query<'_, Sqlite, sqlx::sqlite::SqliteArguments>,
-        what: String,
-    ) -> StoreResult<()> {
-        let res = query.execute(&mut *self.write_conn().await?).await.map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(what));
-        }
-        Ok(())
-    }
-
-    async fn links_in(tx: &mut Tx, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<LinkRow>> {
-        let mut out = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            let rows = sqlx::query(
-                "SELECT uid, message_id, flags, keywords, internal_date, size FROM mailbox_messages \
-                 WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-            )
-            .bind(mailbox_id)
-            .bind(lo)
-            .bind(hi)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            for r in rows {
-                out.push(LinkRow::of(&r)?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes the given links, leaves tombstones, fixes counters and removes
-    /// orphaned bodies. `links` must belong to `mailbox_id`.
-    async fn remove_links(tx: &mut Tx, mailbox_id: i64, links: &[LinkRow]) -> StoreResult<()> {
-        if links.is_empty() {
-            return Ok(());
-        }
-        let modseq = Self::bump_modseq(tx, mailbox_id).await?;
-        let mut unseen = 0i64;
-        for l in links {
-            sqlx::query("DELETE FROM mailbox_messages WHERE mailbox_id = ? AND uid = ?")
-                .bind(mailbox_id)
-                .bind(l.uid)
-                .execute(&mut **tx)
-                .await
-                .map_err(db_err)?;
-            sqlx::query(
-                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) VALUES (?, ?, ?, ?)",
-            )
-            .bind(mailbox_id)
-            .bind(l.uid)
-            .bind(modseq)
-            .bind(to_us(Utc::now()))
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            if l.flags & i64::from(Flags::SEEN.0) == 0 {
-                unseen += 1;
-            }
-        }
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        sqlx::query(
-            "UPDATE mailboxes SET messages = messages - ?, unseen = unseen - ?, bytes = bytes - ? WHERE id = ?",
-        )
-        .bind(links.len() as i64)
-        .bind(unseen)
-        .bind(bytes)
-        .bind(mailbox_id)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-        let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Self::delete_orphans(tx, &ids).await
-    }
-
-    /// Links `links` into `dest` with fresh UIDs, keeping flags and dates.
-    async fn add_links(tx: &mut Tx, dest: i64, links: &[LinkRow]) -> StoreResult<Vec<(u32, u32)>> {
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = links.len() as i64;
-        let unseen = links.iter().filter(|l| l.flags & i64::from(Flags::SEEN.0) == 0).count() as i64;
-        let bytes: i64 = links.iter().map(|l| l.size).sum();
-        let row = sqlx::query(
-            "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-             messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
-             RETURNING uid_next - ?1 AS first_uid, highest_modseq",
-        )
-        .bind(n)
-        .bind(unseen)
-        .bind(dest)
-        .bind(bytes)
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {dest}")))?;
-        let first: i64 = row.try_get("first_uid").map_err(db_err)?;
-        let modseq: i64 = row.try_get("highest_modseq").map_err(db_err)?;
-        if first + n - 1 > i64::from(u32::MAX) {
-            return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
-        }
-        let mut out = Vec::with_capacity(links.len());
-        for (k, l) in links.iter().enumerate() {
-            let uid = first + k as i64;
-            sqlx::query(
-                "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
-                 internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(dest)
-            .bind(uid)
-            .bind(l.message_id)
-            .bind(l.flags)
-            .bind(&l.keywords)
-            .bind(modseq)
-            .bind(l.internal_date)
-            .bind(l.size)
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?;
-            out.push((u32_of(l.uid, "uid")?, u32_of(uid, "uid")?));
-        }
-        Ok(out)
-    }
-
     /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
     /// ascending, one range at a time.
-    async fn linked_rows(
+    async fn rows_of_uids(
         &self,
         mailbox_id: i64,
         uids: &UidSet,
@@ -492,60 +225,331 @@ impl SqliteStore {
         }
         Ok(out)
     }
-
-    async fn copy_or_move(
-        &self,
-        src: i64,
-        uids: &UidSet,
-        dest: i64,
-        remove: bool,
-    ) -> StoreResult<Vec<(u32, u32)>> {
-        let mut tx = self.write_tx().await?;
-        for id in [src, dest] {
-            let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound(format!("mailbox {id}")));
-            }
-        }
-        let links = Self::links_in(&mut tx, src, uids).await?;
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Link into the destination before unlinking the source so that a MOVE
-        // never sees a body without links (which would delete it).
-        let pairs = Self::add_links(&mut tx, dest, &links).await?;
-        if remove {
-            Self::remove_links(&mut tx, src, &links).await?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(pairs)
-    }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
+type Link = LinkRow<i64>;
+
+impl StoreTx for Transaction<'_, Sqlite> {
+    const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
+         SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
+    const INSERT_PARENT: &'static str =
+        "INSERT INTO mailboxes (account_id, name, uid_validity) VALUES ($1, $2, $3)";
+    // the single writer connection serialises renames already
+    const LOCK_ACCOUNT: Option<&'static str> = None;
+    const ACCOUNT_DOMAIN: &'static str = "SELECT id FROM domains WHERE name = $1";
+
+    type Date = i64;
+
+    /// The single writer connection holds the write lock already: this only
+    /// looks the mailboxes up.
+    async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            found.extend(
+                self.fetch_ints("SELECT id FROM mailboxes WHERE id = $1", &[Param::Int(id)])
+                    .await?
+                    .map(|_| id),
+            );
+        }
+        Ok(found)
     }
 
-    async fn migrate(&self) -> StoreResult<()> {
-        MIGRATOR.run(&self.writer).await.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
+    async fn links_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<Link>> {
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid"
+        );
+        let mut out = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let query = sqlx::query_as::<_, Link>(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(mailbox_id)
+                .bind(lo)
+                .bind(hi);
+            out.extend(query.fetch_all(&mut **self).await.map_err(db_err)?);
+        }
+        Ok(out)
     }
 
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&mut *self.read_conn().await?).await.map_err(db_err)?;
+    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
+        let sql = format!(
+            "SELECT {LINK_COLS} FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
+             WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid"
+        );
+        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
+    }
+
+    async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
+        for (uid, l) in (first..).zip(links) {
+            sqlx::query(
+                "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, \
+                 internal_date, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(dest)
+            .bind(uid)
+            .bind(l.message_id)
+            .bind(l.flags)
+            .bind(&l.keywords)
+            .bind(modseq)
+            .bind(l.internal_date)
+            .bind(l.size)
+            .execute(&mut **self)
+            .await
+            .map_err(db_err)?;
+        }
         Ok(())
     }
 
-    fn set_acquire_observer(&self, observer: AcquireObserver) {
-        self.acquire.set(observer);
+    async fn delete_links(&mut self, mailbox_id: i64, uids: &[i64], modseq: i64) -> StoreResult<()> {
+        let now = to_us(Utc::now());
+        for &uid in uids {
+            let link = [Param::Int(mailbox_id), Param::Int(uid)];
+            self.run("DELETE FROM mailbox_messages WHERE mailbox_id = $1 AND uid = $2", &link).await?;
+            let sql = "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) VALUES ($1, $2, $3, $4)";
+            let tombstone = [Param::Int(mailbox_id), Param::Int(uid), Param::Int(modseq), Param::Int(now)];
+            self.run(sql, &tombstone).await?;
+        }
+        Ok(())
     }
 
-    fn pool_stats(&self) -> PoolStats {
+    async fn tombstone_all(&mut self, mailbox_id: i64, modseq: i64) -> StoreResult<()> {
+        let sql = "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) \
+             SELECT mailbox_id, uid, $2, $3 FROM mailbox_messages WHERE mailbox_id = $1";
+        let params = [Param::Int(mailbox_id), Param::Int(modseq), Param::Int(to_us(Utc::now()))];
+        self.run(sql, &params).await
+    }
+
+    /// Removes bodies that no mailbox links any more.
+    async fn delete_orphans(&mut self, message_ids: &[i64]) -> StoreResult<()> {
+        if message_ids.is_empty() {
+            return Ok(());
+        }
+        let sql = "DELETE FROM messages WHERE id IN (SELECT value FROM json_each($1)) \
+             AND NOT EXISTS (SELECT 1 FROM mailbox_messages mm WHERE mm.message_id = messages.id)";
+        self.run(sql, &[Param::Text(&json_of(message_ids)?)]).await
+    }
+
+    /// `lock` is moot: the single writer connection holds the write lock.
+    async fn mailbox_in(&mut self, account_id: i64, name: &str, _lock: bool) -> StoreResult<Option<Mailbox>> {
+        let rows =
+            steps::fetch_all(&mut **self, MAILBOX_BY_NAME, &[Param::Int(account_id), Param::Text(name)])
+                .await?;
+        rows.first().map(mailbox_from_row).transpose()
+    }
+
+    async fn insert_mailbox(
+        &mut self,
+        account_id: i64,
+        name: &str,
+        uid_validity: i64,
+        special_use: Option<SpecialUse>,
+    ) -> StoreResult<Mailbox> {
+        let sql = format!(
+            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
+             RETURNING {MAILBOX_COLS}"
+        );
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(account_id).bind(name).bind(uid_validity);
+        let row =
+            query.bind(special_use.map(SpecialUse::as_str)).fetch_one(&mut **self).await.map_err(db_err)?;
+        mailbox_from_row(&row)
+    }
+
+    async fn rename_sources(
+        &mut self,
+        account_id: i64,
+        from: &str,
+        children: bool,
+    ) -> StoreResult<Vec<(i64, String)>> {
+        let sql = "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
+             AND (name = ?2 OR (?3 AND substr(name, 1, length(?2) + 1) = ?2 || '/')) ORDER BY id";
+        let query = sqlx::query_as::<_, (i64, String)>(sql).bind(account_id).bind(from).bind(children);
+        query.fetch_all(&mut **self).await.map_err(db_err)
+    }
+
+    async fn rename_mailboxes(
+        &mut self,
+        ids: &[i64],
+        names: &[String],
+        first: i64,
+        _to: &str,
+    ) -> StoreResult<()> {
+        for ((&id, name), uv) in ids.iter().zip(names).zip(first..) {
+            let params = [Param::Text(name), Param::Int(uv), Param::Int(id)];
+            let sql = "UPDATE mailboxes SET name = $1, uid_validity = $2 WHERE id = $3";
+            match self.run(sql, &params).await {
+                Err(StoreError::AlreadyExists(_)) => {
+                    return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn insert_account(
+        &mut self,
+        email: &str,
+        domain_id: i64,
+        password_hash: &str,
+    ) -> StoreResult<(i64, DateTime<Utc>)> {
+        // microsecond precision, as stored
+        let created_at = to_us(Utc::now());
+        let sql = "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES ($1, $2, $3, $4) RETURNING id";
+        let params =
+            [Param::Text(email), Param::Int(domain_id), Param::Text(password_hash), Param::Int(created_at)];
+        match self.fetch_ints(sql, &params).await {
+            Ok(Some(row)) => Ok((row[0], from_us(created_at))),
+            Ok(None) => Err(StoreError::Internal("account insert returned no id".into())),
+            Err(StoreError::AlreadyExists(_)) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn insert_default_mailboxes(
+        &mut self,
+        account_id: i64,
+        mailboxes: &[(&str, Option<SpecialUse>)],
+        first: i64,
+    ) -> StoreResult<()> {
+        for ((name, special), uv) in mailboxes.iter().zip(first..) {
+            let sql =
+                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)";
+            let query =
+                sqlx::query(sql).bind(account_id).bind(*name).bind(uv).bind(special.map(SpecialUse::as_str));
+            query.execute(&mut **self).await.map_err(db_err)?;
+            let sql = "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2)";
+            self.run(sql, &[Param::Int(account_id), Param::Text(name)]).await?;
+        }
+        Ok(())
+    }
+
+    async fn modseqs_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<(i64, i64)>> {
+        let sql = "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid";
+        let mut rows = Vec::new();
+        for (lo, hi) in uid_ranges(uids) {
+            let query = sqlx::query_as::<_, (i64, i64)>(sql).bind(mailbox_id).bind(lo).bind(hi);
+            rows.extend(query.fetch_all(&mut **self).await.map_err(db_err)?);
+        }
+        Ok(rows)
+    }
+
+    async fn store_flags(&mut self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
+        SqliteStore::store_flags_in(self, mailbox_id, change).await
+    }
+}
+
+impl Backend for SqliteStore {
+    const NAME: &'static str = "sqlite";
+    // the single writer connection holds the write lock already
+    const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1";
+    const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1";
+    const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> = None;
+    const MAILBOX_LIST: &'static str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+         special_use, recent_floor FROM mailboxes WHERE account_id = $1 ORDER BY name";
+    const SUBSCRIPTIONS: &'static str = "SELECT name FROM subscriptions WHERE account_id = $1 ORDER BY name";
+    const MAILBOX_DELETED: &'static str = "SELECT count(*) AS n, coalesce(sum(size), 0) AS bytes \
+         FROM mailbox_messages INDEXED BY mailbox_messages_deleted WHERE mailbox_id = $1 AND flags & 8 <> 0";
+    const QUEUE_RELEASE: &'static str = "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
+         attempts = max(attempts - 1, 0) WHERE id = $1 AND locked_by = $2";
+    // `$1` is the current time (a lease is live until `locked_until`).
+    const QUEUE_LIST: &'static str = "SELECT id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
+         created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes \
+         FROM outbound_queue ORDER BY created_at, id LIMIT $2";
+    const QUEUE_GET: &'static str = "SELECT id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
+         created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes, \
+         raw FROM outbound_queue WHERE id = $2";
+    const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
+         expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id";
+    // The single writer connection makes this UPDATE the only claimer at a time.
+    const CLAIM: &'static str = "UPDATE outbound_queue SET locked_by = $1, locked_until = $3, attempts = attempts + 1 \
+         WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= $4 \
+           AND (locked_until IS NULL OR locked_until <= $4) ORDER BY next_attempt, id LIMIT $2) \
+         RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
+           delay_notified";
+    // json_group_array over both arrays' elements: their concatenation.
+    const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
+         outcomes = (SELECT json_group_array(json(value)) FROM \
+           (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each($4))), \
+         last_error = $5, next_attempt = $6, delay_notified = $7, locked_by = NULL, locked_until = NULL \
+         WHERE id = $1 AND locked_by = $2";
+    const QUEUE_RETRY: &'static str = "UPDATE outbound_queue SET next_attempt = $1 WHERE ($2 IS NULL OR id = $2) \
+         AND status = 'queued' AND next_attempt > $1";
+    const LEASE_COUNT: &'static str = "SELECT count(*) AS n FROM leases WHERE key = $2 AND expires_at > $1";
+
+    // the single writer connection's BEGIN IMMEDIATE serialises count-then-insert
+    const LEASE_LOCK: Option<&'static str> = None;
+    const LEASE_PRUNE: &'static str = "DELETE FROM leases WHERE key = $1 AND expires_at <= $2";
+    const LEASE_RENEW: &'static str = "UPDATE leases SET expires_at = $3 WHERE key = $1 AND member = $2";
+    const LEASE_INSERT: &'static str = "INSERT INTO leases (key, member, expires_at) VALUES ($1, $2, $3)";
+    const LEASE_EXTEND: &'static str =
+        "UPDATE leases SET expires_at = $3 WHERE key = $1 AND member = $2 AND expires_at > $4";
+
+    type Row = SqliteRow;
+    type Tx = Tx;
+
+    fn acquire_timer(&self) -> &AcquireTimer {
+        &self.acquire
+    }
+
+    async fn begin(&self) -> StoreResult<Tx> {
+        self.write_tx().await
+    }
+
+    async fn fetch(
+        &self,
+        write: bool,
+        sql: &'static str,
+        params: &[Param<'_>],
+    ) -> StoreResult<Vec<SqliteRow>> {
+        let mut conn = if write { self.write_conn().await? } else { self.read_conn().await? };
+        steps::fetch_all(&mut *conn, sql, params).await
+    }
+
+    async fn execute(&self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        let mut conn = self.acquire.time(self.writer.acquire()).await?;
+        steps::execute_on(&mut *conn, sql, params).await
+    }
+
+    /// SQLite has no clock in microseconds: the time is this process's.
+    fn clock() -> Vec<Param<'static>> {
+        vec![Param::Int(to_us(Utc::now()))]
+    }
+
+    fn time(t: DateTime<Utc>) -> Param<'static> {
+        Param::Int(to_us(t))
+    }
+
+    fn lease_expiry(ttl: Duration) -> Vec<Param<'static>> {
+        let until = to_us(Utc::now()).saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
+        vec![Param::Int(until)]
+    }
+
+    fn date(row: &SqliteRow, name: &str) -> StoreResult<DateTime<Utc>> {
+        Ok(from_us(row.int(name)?))
+    }
+
+    fn opt_date(row: &SqliteRow, name: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        Ok(row.opt_int(name)?.map(from_us))
+    }
+
+    async fn linked_rows(
+        &self,
+        mailbox_id: i64,
+        uids: &UidSet,
+        columns: &'static str,
+    ) -> StoreResult<Vec<SqliteRow>> {
+        self.rows_of_uids(mailbox_id, uids, columns).await
+    }
+
+    /// One statement for all: the ids as a JSON array.
+    async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
+        let sql = "SELECT id, highest_modseq FROM mailboxes WHERE id IN (SELECT value FROM json_each($1))";
+        let rows = self.fetch(false, sql, &[Param::Text(&json_of(mailbox_ids)?)]).await?;
+        rows.iter().map(|r| Ok((r.int("id")?, u64_of(r.int("highest_modseq")?)))).collect()
+    }
+    async fn run_migrations(&self) -> StoreResult<()> {
+        MIGRATOR.run(&self.writer).await.map_err(|e| StoreError::Internal(format!("migration failed: {e}")))
+    }
+
+    fn pool_figures(&self) -> PoolStats {
         let pools: &[&SqlitePool] = if self.shared { &[&self.writer] } else { &[&self.writer, &self.reader] };
         let mut stats = PoolStats::default();
         for p in pools {
@@ -557,558 +561,40 @@ impl Store for SqliteStore {
         stats
     }
 
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let res = sqlx::query("INSERT INTO domains (name, created_at) VALUES (?, ?)")
-            .bind(&d)
-            .bind(to_us(Utc::now()))
-            .execute(&mut *self.write_conn().await?)
-            .await;
-        match res {
-            Ok(_) => Ok(()),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
-            Err(e) => Err(db_err(e)),
-        }
+    async fn insert_domain(&self, name: &str) -> Result<u64, sqlx::Error> {
+        let sql = "INSERT INTO domains (name, created_at) VALUES ($1, $2)";
+        self.execute(sql, &[Param::Text(name), Param::Int(to_us(Utc::now()))]).await
     }
 
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let mut tx = self.write_tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(&d)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
-        let used: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE domain_id = ? LIMIT 1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if used.is_some() {
-            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
-        }
-        sqlx::query("DELETE FROM domains WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM domains ORDER BY name")
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
-        let found: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(d)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(found.is_some())
-    }
-
-    async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
-        let (email, domain) = normalize_email(email)?;
-        let mut tx = self.write_tx().await?;
-        let domain_id: Option<i64> = sqlx::query_scalar("SELECT id FROM domains WHERE name = ?")
-            .bind(&domain)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let domain_id = domain_id.ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-        let created_at = Utc::now();
-        let res = sqlx::query_scalar(
-            "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&email)
-        .bind(domain_id)
-        .bind(password_hash)
-        .bind(to_us(created_at))
-        .fetch_one(&mut *tx)
-        .await;
-        let id: i64 = match res {
-            Ok(id) => id,
-            Err(e) if is_unique_violation(&e) => {
-                return Err(StoreError::AlreadyExists(format!("account {email}")));
-            }
-            Err(e) => return Err(db_err(e)),
-        };
-        let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
-            .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))
-            .collect();
-        let first = Self::alloc_uid_validity(&mut tx, id, defaults.len() as i64)
-            .await?
-            .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
-        for (k, (name, special)) in defaults.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)",
-            )
-            .bind(id)
-            .bind(*name)
-            .bind(first + k as i64)
-            .bind(special.map(SpecialUse::as_str))
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            if special.is_some() {
-                sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, ?)")
-                    .bind(id)
-                    .bind(*name)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            }
-        }
-        sqlx::query("INSERT INTO subscriptions (account_id, name) VALUES (?, 'INBOX')")
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
-        // microsecond precision, as stored
-        Ok(Account {
-            id,
-            email,
-            domain,
-            password_hash: password_hash.to_string(),
-            created_at: from_us(to_us(created_at)),
-        })
-    }
-
-    async fn account_delete(&self, email: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let mut tx = self.write_tx().await?;
-        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE email = ?")
-            .bind(&email)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("account {email}")))?;
-        let message_ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT DISTINCT mm.message_id FROM mailbox_messages mm \
-             JOIN mailboxes m ON m.id = mm.mailbox_id WHERE m.account_id = ?",
-        )
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        sqlx::query("DELETE FROM accounts WHERE id = ?").bind(id).execute(&mut *tx).await.map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET password_hash = ? WHERE email = ?")
-            .bind(password_hash)
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
-        let (email, _) = normalize_email(email)?;
-        let query = sqlx::query("UPDATE accounts SET quota_bytes = ? WHERE email = ?")
-            .bind(limit_column(limit))
-            .bind(&email);
-        self.update_one(query, format!("account {email}")).await
-    }
-
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let query = sqlx::query("UPDATE domains SET default_quota_bytes = ? WHERE name = ?")
-            .bind(limit_column(limit))
-            .bind(&d);
-        self.update_one(query, format!("domain {d}")).await
-    }
-
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
-        let d = normalize_domain(domain)?;
-        let row: Option<Option<i64>> =
-            sqlx::query_scalar("SELECT default_quota_bytes FROM domains WHERE name = ?")
-                .bind(&d)
-                .fetch_optional(&mut *self.read_conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(row.ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?.map(u64_of))
-    }
-
-    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
-        let row = sqlx::query(
-            "SELECT a.quota_bytes, d.default_quota_bytes, \
-             (SELECT coalesce(sum(bytes), 0) FROM mailboxes WHERE account_id = a.id) AS used \
-             FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = ?",
-        )
-        .bind(account_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        Ok(Quota {
-            account_limit: row.try_get::<Option<i64>, _>("quota_bytes").map_err(db_err)?.map(u64_of),
-            domain_limit: row.try_get::<Option<i64>, _>("default_quota_bytes").map_err(db_err)?.map(u64_of),
-            used: u64_of(row.try_get("used").map_err(db_err)?),
-        })
-    }
-
-    async fn account_get(&self, email: &str) -> StoreResult<Option<Account>> {
-        let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
-        let sql = format!("{ACCOUNT_SELECT} WHERE a.email = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(email)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(account_from_row).transpose()
-    }
-
-    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
-        let rows = match domain {
-            Some(d) => {
-                let d = normalize_domain(d)?;
-                let sql = format!("{ACCOUNT_SELECT} WHERE d.name = ? ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).bind(d).fetch_all(&mut *self.read_conn().await?).await
-            }
-            None => {
-                let sql = format!("{ACCOUNT_SELECT} ORDER BY a.email");
-                sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *self.read_conn().await?).await
-            }
-        }
-        .map_err(db_err)?;
-        rows.iter().map(account_from_row).collect()
-    }
-
-    async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? ORDER BY name");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        rows.iter().map(mailbox_from_row).collect()
-    }
-
-    async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>> {
-        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE account_id = ? AND name = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
-        let sql = format!("SELECT {MAILBOX_COLS} FROM mailboxes WHERE id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        row.as_ref().map(mailbox_from_row).transpose()
-    }
-
-    async fn mailbox_create(
-        &self,
-        account_id: i64,
-        name: &str,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        let mut tx = self.write_tx().await?;
-        let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &name).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
-        }
-        Self::create_parents(&mut tx, account_id, &name).await?;
-        let sql = format!(
-            "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
-             RETURNING {MAILBOX_COLS}"
-        );
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(&name)
-            .bind(uv)
-            .bind(special_use.map(SpecialUse::as_str))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let mailbox = mailbox_from_row(&row)?;
-        tx.commit().await.map_err(db_err)?;
-        Ok(mailbox)
-    }
-
-    async fn mailbox_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        if is_inbox(&name) {
-            return Err(StoreError::Invalid("INBOX cannot be deleted".into()));
-        }
-        let mut tx = self.write_tx().await?;
-        let mb = Self::mailbox_in(&mut tx, account_id, &name)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {name}")))?;
-        let message_ids: Vec<i64> =
-            sqlx::query_scalar("SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = ?")
-                .bind(mb.id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        sqlx::query("DELETE FROM mailboxes WHERE id = ?")
-            .bind(mb.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        Self::delete_orphans(&mut tx, &message_ids).await?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn mailbox_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
-        let from = normalize_mailbox_name(from)?;
-        let to = normalize_mailbox_name(to)?;
-        if is_inbox(&to) {
-            return Err(StoreError::AlreadyExists("INBOX".into()));
-        }
-        // INBOX is the one mailbox whose children do not move with it, so
-        // `INBOX` → `INBOX/old` is fine.
-        if !is_inbox(&from) && to.starts_with(&format!("{from}/")) {
-            return Err(StoreError::Invalid(format!("cannot rename {from} into its own child {to}")));
-        }
-        let mut tx = self.write_tx().await?;
-        let src = Self::mailbox_in(&mut tx, account_id, &from)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {from}")))?;
-        if Self::mailbox_in(&mut tx, account_id, &to).await?.is_some() {
-            return Err(StoreError::AlreadyExists(format!("mailbox {to}")));
-        }
-        Self::create_parents(&mut tx, account_id, &to).await?;
-        if is_inbox(&from) {
-            // RFC 3501 §6.3.5: the messages move to a new mailbox, INBOX stays (empty).
-            let uv = Self::alloc_uid_validity(&mut tx, account_id, 1)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            let new_id: i64 = sqlx::query_scalar(
-                "INSERT INTO mailboxes (account_id, name, uid_validity, uid_next, highest_modseq, messages, unseen, bytes) \
-                 SELECT account_id, ?, ?, uid_next, highest_modseq, messages, unseen, bytes FROM mailboxes \
-                 WHERE id = ? \
-                 RETURNING id",
-            )
-            .bind(&to)
-            .bind(uv)
-            .bind(src.id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let modseq = Self::bump_modseq(&mut tx, src.id).await?;
-            sqlx::query(
-                "INSERT OR REPLACE INTO expunged (mailbox_id, uid, modseq, expunged_at) \
-                 SELECT mailbox_id, uid, ?, ? FROM mailbox_messages WHERE mailbox_id = ?",
-            )
-            .bind(modseq)
-            .bind(to_us(Utc::now()))
-            .bind(src.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            sqlx::query("UPDATE mailbox_messages SET mailbox_id = ? WHERE mailbox_id = ?")
-                .bind(new_id)
-                .bind(src.id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            sqlx::query("UPDATE mailboxes SET messages = 0, unseen = 0, bytes = 0 WHERE id = ?")
-                .bind(src.id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        } else {
-            let rows = sqlx::query(
-                "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
-                 AND (name = ?2 OR substr(name, 1, length(?2) + 1) = ?2 || '/') ORDER BY id",
-            )
-            .bind(account_id)
-            .bind(&from)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db_err)?;
-            let first = Self::alloc_uid_validity(&mut tx, account_id, rows.len() as i64)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("account {account_id}")))?;
-            for (k, r) in rows.iter().enumerate() {
-                let id: i64 = r.try_get("id").map_err(db_err)?;
-                let name: String = r.try_get("name").map_err(db_err)?;
-                let new_name = format!("{to}{}", &name[from.len()..]);
-                let res = sqlx::query("UPDATE mailboxes SET name = ?, uid_validity = ? WHERE id = ?")
-                    .bind(&new_name)
-                    .bind(first + k as i64)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await;
-                match res {
-                    Ok(_) => {}
-                    Err(e) if is_unique_violation(&e) => {
-                        return Err(StoreError::AlreadyExists(format!("mailbox {new_name}")));
-                    }
-                    Err(e) => return Err(db_err(e)),
-                }
-            }
-        }
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn mailbox_subscribe(&self, account_id: i64, name: &str, subscribed: bool) -> StoreResult<()> {
-        let name = normalize_mailbox_name(name)?;
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM accounts WHERE id = ?")
-            .bind(account_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("account {account_id}")));
-        }
-        let sql = if subscribed {
-            "INSERT INTO subscriptions (account_id, name) VALUES (?, ?) ON CONFLICT DO NOTHING"
-        } else {
-            "DELETE FROM subscriptions WHERE account_id = ? AND name = ?"
-        };
-        sqlx::query(sql).bind(account_id).bind(&name).execute(&mut *tx).await.map_err(db_err)?;
-        tx.commit().await.map_err(db_err)
-    }
-
-    async fn subscriptions(&self, account_id: i64) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar("SELECT name FROM subscriptions WHERE account_id = ? ORDER BY name")
-            .bind(account_id)
-            .fetch_all(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)
-    }
-
-    async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
-        let row = sqlx::query(
-            "SELECT messages, unseen, uid_next, uid_validity, highest_modseq FROM mailboxes WHERE id = ?",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?
-        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        Ok(MailboxStatus {
-            messages: u32_of(row.try_get("messages").map_err(db_err)?, "messages")?,
-            unseen: u32_of(row.try_get("unseen").map_err(db_err)?, "unseen")?,
-            uid_next: u32_of(row.try_get("uid_next").map_err(db_err)?, "uid_next")?,
-            uid_validity: u32_of(row.try_get("uid_validity").map_err(db_err)?, "uid_validity")?,
-            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
-        })
-    }
-
-    async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64> {
-        let bytes: Option<i64> = sqlx::query_scalar("SELECT bytes FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64_of(bytes.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?))
-    }
-
-    async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)> {
-        let row = sqlx::query(
-            "SELECT count(*) AS n, coalesce(sum(size), 0) AS bytes \
-             FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
-             WHERE mailbox_id = ? AND flags & 8 <> 0",
-        )
-        .bind(mailbox_id)
-        .fetch_one(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        let n: i64 = row.try_get("n").map_err(db_err)?;
-        Ok((u32_of(n, "messages")?, u64_of(row.try_get("bytes").map_err(db_err)?)))
-    }
-
-    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
-        let n: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM mailbox_messages mm WHERE mm.mailbox_id = m.id AND mm.uid > m.recent_floor) \
-             FROM mailboxes m WHERE m.id = ?",
-        )
-        .bind(mailbox_id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        u32_of(n.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent")
-    }
-
-    async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
-        // Already taken (the usual case): answered by a read, without the writer.
-        // The floor only ever rises.
-        let floor: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        let floor = floor.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if floor >= i64::from(up_to) {
-            return u32_of(floor, "recent_floor");
-        }
+    async fn raise_recent_floor(&self, mailbox_id: i64, up_to: i64) -> StoreResult<Option<i64>> {
         // BEGIN IMMEDIATE: the write lock serialises read-then-raise.
         let mut tx = self.write_tx().await?;
-        let before: Option<i64> = sqlx::query_scalar("SELECT recent_floor FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let before = before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
-        if before < i64::from(up_to) {
-            sqlx::query("UPDATE mailboxes SET recent_floor = ? WHERE id = ?")
-                .bind(i64::from(up_to))
-                .bind(mailbox_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
+        let sql = "SELECT recent_floor FROM mailboxes WHERE id = $1";
+        let Some(before) = tx.fetch_int(sql, &[Param::Int(mailbox_id)]).await? else { return Ok(None) };
+        if before < up_to {
+            let sql = "UPDATE mailboxes SET recent_floor = $1 WHERE id = $2";
+            tx.run(sql, &[Param::Int(up_to), Param::Int(mailbox_id)]).await?;
         }
         tx.commit().await.map_err(db_err)?;
-        u32_of(before, "recent_floor")
+        Ok(Some(before))
     }
 
-    async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let flags: Vec<FlagSet> =
-            batch.iter().map(|d| normalize_flagset(&d.flags)).collect::<StoreResult<_>>()?;
-        let metas: Vec<String> = batch.iter().map(|d| meta_to_json(&d.meta)).collect::<StoreResult<_>>()?;
-        let bodies = compress_batch(batch).await?;
-        let groups = group_by_mailbox(batch);
+    async fn deliver(&self, batch: Batch<'_>) -> StoreResult<Vec<Vec<DeliveredTo>>> {
+        let Batch { deliveries: batch, flags, metas, bodies, groups } = batch;
 
         let mut tx = self.write_tx().await?;
         // UIDs first, in ascending mailbox order (the lock order of the PG store).
         let mut firsts: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         for (&mb, share) in &groups {
             let n = share.deliveries.len() as i64;
-            let row = sqlx::query(
-                "UPDATE mailboxes SET uid_next = uid_next + ?1, highest_modseq = highest_modseq + 1, \
-                 messages = messages + ?1, unseen = unseen + ?2, bytes = bytes + ?4 WHERE id = ?3 \
-                 RETURNING uid_next - ?1 AS first_uid, highest_modseq",
-            )
-            .bind(n)
-            .bind(share.unseen)
-            .bind(mb)
-            .bind(share.bytes)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
-            let first: i64 = row.try_get("first_uid").map_err(db_err)?;
+            let params = [Param::Int(n), Param::Int(share.unseen), Param::Int(mb), Param::Int(share.bytes)];
+            let Some(&[first, modseq]) = tx.fetch_ints(steps::ADD_COUNTS, &params).await?.as_deref() else {
+                return Err(StoreError::NotFound(format!("mailbox {mb}")));
+            };
             if first + n - 1 > i64::from(u32::MAX) {
                 return Err(StoreError::Invalid(format!("mailbox {mb} has run out of UIDs")));
             }
-            firsts.insert(mb, (first, row.try_get("highest_modseq").map_err(db_err)?));
+            firsts.insert(mb, (first, modseq));
         }
         let now = to_us(Utc::now());
         let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
@@ -1167,7 +653,7 @@ impl Store for SqliteStore {
         Ok(delivered(batch, &assigned))
     }
 
-    async fn mailbox_index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
+    async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One read transaction: the modseq matches the rows.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
         let (highest, uid_next): (i64, i64) =
@@ -1199,81 +685,7 @@ impl Store for SqliteStore {
         mailbox_index_from(highest, uid_next, uids, flags, modseqs, keywords)
     }
 
-    async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
-        let rows = sqlx::query(
-            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
-             WHERE mailbox_id = ? AND uid > ? ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(i64::from(after_uid))
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(MaildropEntry {
-                    uid: u32_of(row.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: row.try_get("message_id").map_err(db_err)?,
-                    size: u32_of(row.try_get("size").map_err(db_err)?, "size")?,
-                    internal_date: from_us(row.try_get("internal_date").map_err(db_err)?),
-                })
-            })
-            .collect()
-    }
-
-    async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let f = flag_row(r)?;
-                let meta: String = r.try_get("meta").map_err(db_err)?;
-                Ok(MessageRow {
-                    uid: f.uid,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    flags: f.flags,
-                    modseq: f.modseq,
-                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
-                    meta: meta_from_json(&meta)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn sort_rows(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<SortRow>> {
-        let rows = self
-            .linked_rows(
-                mailbox_id,
-                uids,
-                "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, m.from_addr, \
-                 m.to_addr, m.cc_addr, m.message_id AS message_id_header",
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                let sent: Option<i64> = r.try_get("sent_date").map_err(db_err)?;
-                Ok(SortRow {
-                    uid: u32_of(r.try_get("uid").map_err(db_err)?, "uid")?,
-                    message_id: r.try_get("message_id").map_err(db_err)?,
-                    internal_date: from_us(r.try_get("internal_date").map_err(db_err)?),
-                    size: u32_of(r.try_get("size").map_err(db_err)?, "size")?,
-                    sent_date: sent.map(from_us),
-                    subject: r.try_get("subject").map_err(db_err)?,
-                    from: r.try_get("from_addr").map_err(db_err)?,
-                    to: r.try_get("to_addr").map_err(db_err)?,
-                    cc: r.try_get("cc_addr").map_err(db_err)?,
-                    message_id_header: r.try_get("message_id_header").map_err(db_err)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
+    async fn links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         // One read transaction: the modseqs match the links.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
         let mut out = MessageLinks::default();
@@ -1314,7 +726,7 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
-    async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
+    async fn bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
         let mut conn = self.read_conn().await?;
         let mut out = Vec::with_capacity(message_ids.len());
         for &id in message_ids {
@@ -1324,35 +736,12 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db_err)?;
             let Some(r) = row else { continue };
-            let body = decompress_body(
-                r.try_get("body").map_err(db_err)?,
-                r.try_get("compressed").map_err(db_err)?,
-                r.try_get("size").map_err(db_err)?,
-            )?;
-            out.push(StoredBody {
-                message_id: id,
-                header_size: header_size_of(r.try_get("header_size").map_err(db_err)?, &body),
-                body,
-            });
+            out.push(stored_body_of(&r, id)?);
         }
         Ok(out)
     }
 
-    async fn message_body(&self, message_id: i64) -> StoreResult<Bytes> {
-        let row = sqlx::query("SELECT body, compressed, size FROM messages WHERE id = ?")
-            .bind(message_id)
-            .fetch_optional(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("message {message_id}")))?;
-        decompress_body(
-            row.try_get("body").map_err(db_err)?,
-            row.try_get("compressed").map_err(db_err)?,
-            row.try_get("size").map_err(db_err)?,
-        )
-    }
-
-    async fn uids_by_flags(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
+    async fn flagged_uids(&self, mailbox_id: i64, with: Flags, without: Flags) -> StoreResult<Vec<u32>> {
         // Without statistics SQLite prefers the primary key (it serves ORDER BY uid)
         // and filters the whole mailbox; name the partial index so that UNSEEN and
         // DELETED searches cost what they return, not the mailbox size.
@@ -1375,108 +764,16 @@ impl Store for SqliteStore {
         uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
-    async fn store_flags(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-    ) -> StoreResult<Vec<FlagRow>> {
+    async fn change_flags(&self, mailbox_id: i64, change: FlagChange<'_>) -> StoreResult<Vec<FlagRow>> {
         let mut tx = self.write_tx().await?;
-        let changed = Self::store_flags_in(&mut tx, mailbox_id, uids, op, flags).await?;
+        let changed = Self::store_flags_in(&mut tx, mailbox_id, change).await?;
         if !changed.is_empty() {
             tx.commit().await.map_err(db_err)?;
         }
         Ok(changed)
     }
 
-    async fn store_flags_unchanged_since(
-        &self,
-        mailbox_id: i64,
-        uids: &UidSet,
-        op: FlagOp,
-        flags: &FlagSet,
-        unchanged_since: u64,
-    ) -> StoreResult<ConditionalStore> {
-        // One write transaction (SQLite has one writer): nothing changes between
-        // the test and the change.
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
-        }
-        let mut rows: Vec<(i64, i64)> = Vec::new();
-        for (lo, hi) in uid_ranges(uids) {
-            rows.extend(
-                sqlx::query_as::<_, (i64, i64)>(
-                    "SELECT uid, modseq FROM mailbox_messages WHERE mailbox_id = ? AND uid BETWEEN ? AND ? ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .bind(lo)
-                .bind(hi)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?,
-            );
-        }
-        let (passed, modified) = split_unchanged_since(rows, unchanged_since)?;
-        let changed = if passed.is_empty() {
-            Vec::new()
-        } else {
-            Self::store_flags_in(&mut tx, mailbox_id, &UidSet::from_uids(&passed), op, flags).await?
-        };
-        if !changed.is_empty() {
-            tx.commit().await.map_err(db_err)?;
-        }
-        Ok(ConditionalStore { changed, modified })
-    }
-
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        let mut tx = self.write_tx().await?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ?")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if exists.is_none() {
-            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
-        }
-        let links = match uids {
-            Some(uids) => Self::links_in(&mut tx, mailbox_id, uids).await?,
-            None => {
-                let rows = sqlx::query(
-                    "SELECT uid, message_id, flags, keywords, internal_date, size \
-                     FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
-                     WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid",
-                )
-                .bind(mailbox_id)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-                rows.iter().map(LinkRow::of).collect::<StoreResult<Vec<_>>>()?
-            }
-        };
-        if links.is_empty() {
-            return Ok(Vec::new());
-        }
-        Self::remove_links(&mut tx, mailbox_id, &links).await?;
-        tx.commit().await.map_err(db_err)?;
-        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
-    }
-
-    async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, false).await
-    }
-
-    async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {
-        self.copy_or_move(src, uids, dest, true).await
-    }
-
-    async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
+    async fn changes(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         // One read transaction: a consistent snapshot of mailbox, rows and tombstones.
         // The modseq indexes are named because SQLite, lacking statistics, would
         // rather walk the primary key for the ORDER BY and filter the whole mailbox.
@@ -1490,43 +787,27 @@ impl Store for SqliteStore {
                 .map_err(db_err)?
                 .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
-        let mut out = MailboxChanges { highest_modseq: u64_of(highest), ..Default::default() };
         if since >= highest {
-            return Ok(out);
+            return changes_of::<SqliteRow>(highest, &[], Vec::new(), None);
         }
-        let rows = sqlx::query(
-            "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
-             WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
-        )
-        .bind(mailbox_id)
-        .bind(since)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        out.changed = rows.iter().map(flag_row).collect::<StoreResult<_>>()?;
-        let expunged: Vec<i64> =
-            sqlx::query_scalar(
-                "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = ? AND modseq > ? ORDER BY uid",
-            )
-                .bind(mailbox_id)
-                .bind(since)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        out.expunged = expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
-        if since < floor {
-            let uids: Vec<i64> =
-                sqlx::query_scalar("SELECT uid FROM mailbox_messages WHERE mailbox_id = ? ORDER BY uid")
-                    .bind(mailbox_id)
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(db_err)?;
-            out.present = Some(uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?);
-        }
-        Ok(out)
+        let after = [Param::Int(mailbox_id), Param::Int(since)];
+        let sql = "SELECT uid, flags, keywords, modseq FROM mailbox_messages INDEXED BY mailbox_messages_modseq \
+             WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid";
+        let rows = steps::fetch_all(&mut *tx, sql, &after).await?;
+        let sql = "SELECT uid FROM expunged INDEXED BY expunged_modseq WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid";
+        let expunged = steps::fetch_all(&mut *tx, sql, &after)
+            .await?
+            .iter()
+            .map(|r| r.int("uid"))
+            .collect::<StoreResult<_>>()?;
+        let present = match since < floor {
+            true => Some(steps::fetch_all(&mut *tx, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?),
+            false => None,
+        };
+        changes_of(highest, &rows, expunged, present)
     }
 
-    async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+    async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         let mut tx = self.write_tx().await?;
         let cutoff = to_us(before);
         sqlx::query(
@@ -1547,277 +828,4 @@ impl Store for SqliteStore {
         tx.commit().await.map_err(db_err)?;
         Ok(gone)
     }
-
-    async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
-        let recipients =
-            serde_json::to_string(&item.recipients).map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query_scalar(
-            "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, created_at, \
-             expires_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&item.sender)
-        .bind(recipients)
-        .bind(&item.raw[..])
-        .bind(item.account_id)
-        .bind(to_us(item.not_before))
-        .bind(to_us(Utc::now()))
-        .bind(to_us(item.expires_at))
-        .fetch_one(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)
-    }
-
-    async fn queue_claim(&self, worker: &str, limit: u32, lease: Duration) -> StoreResult<Vec<QueueItem>> {
-        let now = Utc::now();
-        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::hours(1));
-        // The single writer connection makes this UPDATE the only claimer at a time.
-        let rows = sqlx::query(
-            "UPDATE outbound_queue SET locked_by = ?1, locked_until = ?2, attempts = attempts + 1 \
-             WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= ?3 \
-               AND (locked_until IS NULL OR locked_until <= ?3) ORDER BY next_attempt, id LIMIT ?4) \
-             RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
-               delay_notified",
-        )
-        .bind(worker)
-        .bind(to_us(until))
-        .bind(to_us(now))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)?;
-        let mut items = Vec::with_capacity(rows.len());
-        for r in rows {
-            let recipients: String = r.try_get("recipients").map_err(db_err)?;
-            let raw: Vec<u8> = r.try_get("raw").map_err(db_err)?;
-            items.push(QueueItem {
-                id: r.try_get("id").map_err(db_err)?,
-                sender: r.try_get("sender").map_err(db_err)?,
-                recipients: serde_json::from_str(&recipients)
-                    .map_err(|e| StoreError::Internal(format!("bad recipients: {e}")))?,
-                raw: Bytes::from(raw),
-                account_id: r.try_get("account_id").map_err(db_err)?,
-                attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
-                last_error: r.try_get("last_error").map_err(db_err)?,
-                created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-                expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
-                delay_notified: r.try_get("delay_notified").map_err(db_err)?,
-            });
-        }
-        items.sort_by_key(|i| i.id);
-        Ok(items)
-    }
-
-    async fn queue_complete(&self, id: i64) -> StoreResult<()> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
-            .bind(id)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        if res.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("queue item {id}")));
-        }
-        Ok(())
-    }
-
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        // BEGIN IMMEDIATE: the write lock serialises count-then-insert.
-        let mut tx = self.write_tx().await?;
-        let now = to_us(Utc::now());
-        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
-        sqlx::query("DELETE FROM leases WHERE key = ? AND expires_at <= ?")
-            .bind(key)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        let renewed = sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ?")
-            .bind(until)
-            .bind(key)
-            .bind(member)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
-        if renewed.rows_affected() == 0 {
-            let live: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ?")
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_err)?;
-            if u64::try_from(live).unwrap_or(0) >= limit {
-                tx.commit().await.map_err(db_err)?;
-                return Ok(false);
-            }
-            sqlx::query("INSERT INTO leases (key, member, expires_at) VALUES (?, ?, ?)")
-                .bind(key)
-                .bind(member)
-                .bind(until)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err)?;
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(true)
-    }
-
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
-        let now = to_us(Utc::now());
-        let until = now.saturating_add(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX));
-        let res =
-            sqlx::query("UPDATE leases SET expires_at = ? WHERE key = ? AND member = ? AND expires_at > ?")
-                .bind(until)
-                .bind(key)
-                .bind(member)
-                .bind(now)
-                .execute(&mut *self.write_conn().await?)
-                .await
-                .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM leases WHERE key = ? AND member = ?")
-            .bind(key)
-            .bind(member)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM leases WHERE key = ? AND expires_at > ?")
-            .bind(key)
-            .bind(to_us(Utc::now()))
-            .fetch_one(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn queue_finish(&self, id: i64, worker: &str, attempt: &QueueAttempt) -> StoreResult<bool> {
-        let res = if attempt.remaining.is_empty() {
-            sqlx::query("DELETE FROM outbound_queue WHERE id = ? AND locked_by = ?")
-                .bind(id)
-                .bind(worker)
-                .execute(&mut *self.write_conn().await?)
-                .await
-        } else {
-            let remaining = json_of(&attempt.remaining)?;
-            let outcomes = json_of(&attempt.outcomes)?;
-            // json_group_array over both arrays' elements: their concatenation.
-            sqlx::query(
-                "UPDATE outbound_queue SET recipients = ?3, \
-                   outcomes = (SELECT json_group_array(json(value)) FROM \
-                     (SELECT value FROM json_each(outcomes) UNION ALL SELECT value FROM json_each(?4))), \
-                   last_error = ?5, next_attempt = ?6, delay_notified = ?7, locked_by = NULL, \
-                   locked_until = NULL \
-                 WHERE id = ?1 AND locked_by = ?2",
-            )
-            .bind(id)
-            .bind(worker)
-            .bind(remaining)
-            .bind(outcomes)
-            .bind(attempt.last_error.as_deref())
-            .bind(to_us(attempt.retry_at))
-            .bind(attempt.delay_notified)
-            .execute(&mut *self.write_conn().await?)
-            .await
-        }
-        .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_release(&self, id: i64, worker: &str) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE outbound_queue SET locked_by = NULL, locked_until = NULL, \
-               attempts = max(attempts - 1, 0) WHERE id = ? AND locked_by = ?",
-        )
-        .bind(id)
-        .bind(worker)
-        .execute(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn queue_list(&self, limit: u32) -> StoreResult<Vec<QueueEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS} FROM outbound_queue ORDER BY created_at, id LIMIT ?2"
-        )))
-        .bind(to_us(Utc::now()))
-        .bind(i64::from(limit))
-        .fetch_all(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        rows.iter().map(queue_entry_of).collect()
-    }
-
-    async fn queue_get(&self, id: i64) -> StoreResult<Option<(QueueEntry, Bytes)>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {QUEUE_ENTRY_COLUMNS}, raw FROM outbound_queue WHERE id = ?2"
-        )))
-        .bind(to_us(Utc::now()))
-        .bind(id)
-        .fetch_optional(&mut *self.read_conn().await?)
-        .await
-        .map_err(db_err)?;
-        let Some(row) = row else { return Ok(None) };
-        let raw: Vec<u8> = row.try_get("raw").map_err(db_err)?;
-        Ok(Some((queue_entry_of(&row)?, Bytes::from(raw))))
-    }
-
-    async fn queue_retry(&self, id: Option<i64>) -> StoreResult<u64> {
-        let res = sqlx::query(
-            "UPDATE outbound_queue SET next_attempt = ?1 WHERE (?2 IS NULL OR id = ?2) \
-             AND status = 'queued' AND next_attempt > ?1",
-        )
-        .bind(to_us(Utc::now()))
-        .bind(id)
-        .execute(&mut *self.write_conn().await?)
-        .await
-        .map_err(db_err)?;
-        Ok(res.rows_affected())
-    }
-
-    async fn queue_delete(&self, id: i64) -> StoreResult<bool> {
-        let res = sqlx::query("DELETE FROM outbound_queue WHERE id = ?")
-            .bind(id)
-            .execute(&mut *self.write_conn().await?)
-            .await
-            .map_err(db_err)?;
-        Ok(res.rows_affected() > 0)
-    }
-
-    async fn queue_stats(&self) -> StoreResult<QueueStats> {
-        let row = sqlx::query("SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue")
-            .fetch_one(&mut *self.read_conn().await?)
-            .await
-            .map_err(db_err)?;
-        let depth: i64 = row.try_get("depth").map_err(db_err)?;
-        let oldest: Option<i64> = row.try_get("oldest").map_err(db_err)?;
-        Ok(QueueStats { depth: u64::try_from(depth).unwrap_or(0), oldest: oldest.map(from_us) })
-    }
-}
-
-/// `?1` is the current time (a lease is live until `locked_until`).
-const QUEUE_ENTRY_COLUMNS: &str = "id, sender, recipients, length(raw) AS size, attempts, next_attempt, \
-     created_at, expires_at, last_error, CASE WHEN locked_until > ?1 THEN locked_by END AS locked_by, outcomes";
-
-fn queue_entry_of(r: &sqlx::sqlite::SqliteRow) -> StoreResult<QueueEntry> {
-    let recipients: String = r.try_get("recipients").map_err(db_err)?;
-    let outcomes: String = r.try_get("outcomes").map_err(db_err)?;
-    let size: i64 = r.try_get("size").map_err(db_err)?;
-    Ok(QueueEntry {
-        id: r.try_get("id").map_err(db_err)?,
-        sender: r.try_get("sender").map_err(db_err)?,
-        recipients: from_json(&recipients, "recipients")?,
-        size: u64::try_from(size).unwrap_or(0),
-        attempts: u32_of(r.try_get("attempts").map_err(db_err)?, "attempts")?,
-        next_attempt: from_us(r.try_get("next_attempt").map_err(db_err)?),
-        created_at: from_us(r.try_get("created_at").map_err(db_err)?),
-        expires_at: from_us(r.try_get("expires_at").map_err(db_err)?),
-        last_error: r.try_get("last_error").map_err(db_err)?,
-        locked_by: r.try_get("locked_by").map_err(db_err)?,
-        outcomes: from_json(&outcomes, "outcomes")?,
-    })
 }
