@@ -997,6 +997,13 @@ async fn message_links_and_bodies(ctx: Ctx) {
     let found = s.message_links(&[(other.id, theirs)]).await.expect("theirs");
     assert_eq!(found.links.len(), 1);
     assert!(s.message_links(&[]).await.expect("nothing").links.is_empty());
+    // The same rules for one key alone (a statement of its own on PostgreSQL).
+    let gone = s.message_links(&[(inbox, uids[4] + 100)]).await.expect("one missing");
+    assert_eq!((gone.mailboxes, gone.links.len()), (vec![(inbox, status.highest_modseq)], 0));
+    let nowhere = s.message_links(&[(inbox + 1000, 1)]).await.expect("no mailbox");
+    assert!(nowhere.mailboxes.is_empty() && nowhere.links.is_empty());
+    assert_eq!(s.highest_modseqs(&[inbox]).await.expect("one"), vec![(inbox, status.highest_modseq)]);
+    assert!(s.highest_modseqs(&[inbox + 1000]).await.expect("none").is_empty());
 
     // Bodies by id: the stored bytes and the header length; unknown ids left out.
     let ids = [links[1].message_id, links[0].message_id, links[0].message_id + 10_000];
@@ -1007,6 +1014,8 @@ async fn message_links_and_bodies(ctx: Ctx) {
     // The stored header length (the fixture's metadata says 20), not one found again.
     assert_eq!((&by_id(links[0].message_id).body, by_id(links[0].message_id).header_size), (&raw(0), 20));
     assert_eq!(by_id(links[1].message_id).body, raw(2));
+    assert_eq!(s.message_bodies(&[links[1].message_id]).await.expect("one")[0].body, raw(2));
+    assert!(s.message_bodies(&[links[0].message_id + 10_000]).await.expect("unknown").is_empty());
 
     // A change moves the reported modseq.
     s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
