@@ -16,7 +16,8 @@
 # "delivered" there; for Postfix the script also waits until the messages are in
 # the Maildir. Reports msg/s, latency, server CPU seconds and peak RSS.
 #
-# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, CEILING=0 to skip the pgbench part)
+# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, CEILING=0 to skip the pgbench part,
+#                                  PEER=0 to run Mailcluster's cases alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
@@ -47,6 +48,9 @@ peer_rss_mb() { ps -eo user=,comm=,rss= | awk '$1 ~ /postfix|dovecot|vmail/ || $
 pg_cpu() { for p in $(pgrep -u postgres); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 # Postfix goes on delivering after it answered 250: wait until its queue is empty,
 # so that the next case does not share the machine with that backlog.
+# Whether the Postfix side runs: PEER=0 leaves it out (a check of Mailcluster's own
+# figures, not a side-by-side one).
+peer_up() { [ "${PEER:-1}" != 0 ] && port_open 2526; }
 postfix_drain() {
   for _ in $(seq 1 600); do postqueue -p 2>/dev/null | grep -q 'Mail queue is empty' && return; sleep 0.5; done
   echo "postfix     (queue not empty after 300 s)"
@@ -66,7 +70,7 @@ mc_run() { # name, command...
 
 echo "## 1. smtp-source: $N x $SIZE B over $S sessions, one recipient"
 mc_run smtp-source /usr/sbin/smtp-source -d -s "$S" -m "$N" -l "$SIZE" -f user0001@example.test -t user0911@example.test "127.0.0.1:$PORT"
-if port_open 2526; then
+if peer_up; then
   before=$(maildir_count user0911); c0=$(peer_cpu); t0=$(date +%s.%N); peak=0
   /usr/sbin/smtp-source -d -s "$S" -m "$N" -l "$SIZE" -f user0001@example.test -t user0911@example.test 127.0.0.1:2526 &
   SP=$!
@@ -82,11 +86,11 @@ fi
 
 echo "## 2. $N x $SIZE B over $S sessions, spread over 1,000 recipients"
 mc_run spread-1000 "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
-port_open 2526 && echo "postfix     spread-1000            $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
+peer_up && echo "postfix     spread-1000            $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages "$N" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
 
 echo "## 3. latency at $RATE msg/s offered (10 s), 1,000 recipients"
 mc_run "rate-$RATE" "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1
-port_open 2526 && echo "postfix     rate-$RATE              $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
+peer_up && echo "postfix     rate-$RATE              $("$CLI" 127.0.0.1:2526 --sessions "$S" --messages $((RATE * 10)) --rate "$RATE" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1) (250 = queued)" && postfix_drain
 
 echo "## 4. a mailbox with $BIG messages against an empty one"
 "$CLI" "127.0.0.1:$PORT" --sessions "$S" --messages "$BIG" --size 1024 --rcpt-count 1 --rcpt-first 500 >/dev/null
