@@ -291,24 +291,29 @@ impl Session {
         reads.meta_misses.inc_by(missing.len() as u64);
         let mut found: Vec<(u32, Arc<CachedMeta>)> =
             uids.iter().zip(cached).filter_map(|(&u, c)| c.map(|c| (u, c))).collect();
-        if !missing.is_empty() {
-            let rows = self
-                .app
-                .store
-                .messages_by_uid(mailbox_id, &UidSet::from_uids(&missing))
-                .await
-                .map_err(store_error)?;
-            for row in rows {
-                let meta = Arc::new(CachedMeta {
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let rows = self
+            .app
+            .store
+            .messages_by_uid(mailbox_id, &UidSet::from_uids(&missing))
+            .await
+            .map_err(store_error)?;
+        let read: Vec<(u32, Arc<CachedMeta>)> = rows
+            .into_iter()
+            .map(|row| {
+                let meta = CachedMeta {
                     message_id: row.message_id,
                     internal_date: row.internal_date,
                     meta: row.meta,
-                });
-                reads.metas.put(mailbox_id, uid_validity, row.uid, meta.clone());
-                found.push((row.uid, meta));
-            }
-            found.sort_unstable_by_key(|(u, _)| *u);
-        }
+                };
+                (row.uid, Arc::new(meta))
+            })
+            .collect();
+        reads.metas.put_many(mailbox_id, uid_validity, &read);
+        found.extend(read);
+        found.sort_unstable_by_key(|(u, _)| *u);
         Ok(found)
     }
 

@@ -71,16 +71,23 @@ impl MetaCache {
         uids.iter().map(|&uid| inner.entries.to_back(&(mailbox_id, uid_validity, uid)).cloned()).collect()
     }
 
-    pub fn put(&self, mailbox_id: i64, uid_validity: u32, uid: u32, meta: Arc<CachedMeta>) {
-        let weight = meta.weight();
-        if self.max_bytes == 0 || weight > self.max_bytes / 64 {
+    /// Keeps the metadata of `(uid, meta)` pairs read from one mailbox, under one
+    /// lock (a `1:*` header list of a large mailbox brings thousands).
+    pub fn put_many(&self, mailbox_id: i64, uid_validity: u32, metas: &[(u32, Arc<CachedMeta>)]) {
+        if self.max_bytes == 0 || metas.is_empty() {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = inner.entries.insert((mailbox_id, uid_validity, uid), meta) {
-            inner.bytes -= old.weight();
+        for (uid, meta) in metas {
+            let weight = meta.weight();
+            if weight > self.max_bytes / 64 {
+                continue;
+            }
+            if let Some(old) = inner.entries.insert((mailbox_id, uid_validity, *uid), meta.clone()) {
+                inner.bytes -= old.weight();
+            }
+            inner.bytes += weight;
         }
-        inner.bytes += weight;
         while inner.bytes > self.max_bytes {
             let Some((_, gone)) = inner.entries.pop_front() else { break };
             inner.bytes -= gone.weight();
@@ -119,15 +126,14 @@ mod tests {
         let gauge = prometheus::IntGauge::new("t", "t").expect("gauge");
         let one = meta(0, 1000).weight();
         let cache = MetaCache::new(64 * one + one / 2, gauge.clone());
-        for uid in 1..=64 {
-            cache.put(7, 100, uid, meta(uid as i64, 1000));
-        }
+        let first: Vec<_> = (1..=64).map(|uid| (uid, meta(uid as i64, 1000))).collect();
+        cache.put_many(7, 100, &first);
         assert_eq!(ids(&cache.get_many(7, 100, &[1, 2, 64])), [Some(1), Some(2), Some(64)]);
         assert_eq!(ids(&cache.get_many(7, 101, &[1])), [None], "another UIDVALIDITY, another message");
         assert_eq!(ids(&cache.get_many(8, 100, &[1])), [None], "another mailbox");
         // Full: the next one pushes out the least recently used (3, as 1 and 2 were
         // just read).
-        cache.put(7, 100, 65, meta(65, 1000));
+        cache.put_many(7, 100, &[(65, meta(65, 1000))]);
         assert_eq!(
             ids(&cache.get_many(7, 100, &[1, 2, 3, 4, 65])),
             [Some(1), Some(2), None, Some(4), Some(65)]
@@ -137,7 +143,7 @@ mod tests {
         assert_eq!(ids(&cache.get_many(7, 100, &[1])), [None]);
         assert_eq!(gauge.get(), 0);
         let off = MetaCache::new(0, prometheus::IntGauge::new("u", "u").expect("gauge"));
-        off.put(7, 100, 1, meta(1, 10));
+        off.put_many(7, 100, &[(1, meta(1, 10))]);
         assert_eq!(ids(&off.get_many(7, 100, &[1])), [None]);
     }
 }

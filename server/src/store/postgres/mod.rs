@@ -926,11 +926,8 @@ impl Backend for PgStore {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of
         // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
-        let (mailbox_ids, uids): (Vec<i64>, Vec<i64>) = keys.iter().map(|&(m, u)| (m, i64::from(u))).unzip();
-        if keys.is_empty() {
-            return Ok(MessageLinks::default());
-        }
         let query = match keys {
+            [] => return Ok(MessageLinks::default()),
             // One element: a cached plan (see `lock_mailboxes`).
             [(mailbox_id, uid)] => sqlx::query(
                 "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
@@ -939,14 +936,18 @@ impl Backend for PgStore {
             )
             .bind(*mailbox_id)
             .bind(i64::from(*uid)),
-            _ => sqlx::query(
+            _ => {
+                let (mailbox_ids, uids): (Vec<i64>, Vec<i64>) =
+                    keys.iter().map(|&(m, u)| (m, i64::from(u))).unzip();
+                sqlx::query(
                 "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
                  mm.internal_date FROM UNNEST($1::bigint[], $2::bigint[]) AS q(mailbox_id, uid) \
                  JOIN mailboxes mb ON mb.id = q.mailbox_id \
                  LEFT JOIN mailbox_messages mm ON mm.mailbox_id = q.mailbox_id AND mm.uid = q.uid",
             )
             .bind(mailbox_ids)
-            .bind(uids),
+            .bind(uids)
+            }
         };
         let rows = query.fetch_all(&mut *self.conn().await?).await.map_err(db_err)?;
         let mut out = MessageLinks::default();
