@@ -276,6 +276,28 @@ impl<'a> FlagChange<'a> {
     }
 }
 
+/// A mailbox to insert.
+pub(crate) struct NewMailbox<'a> {
+    pub account_id: i64,
+    pub name: &'a str,
+    pub uid_validity: i64,
+    pub special_use: Option<SpecialUse>,
+}
+
+/// The mailboxes a RENAME moves: `name` and, with `children`, those under it.
+pub(crate) struct RenameFrom<'a> {
+    pub account_id: i64,
+    pub name: &'a str,
+    pub children: bool,
+}
+
+/// An account to insert; its password already hashed.
+pub(crate) struct NewAccount<'a> {
+    pub email: &'a str,
+    pub domain_id: i64,
+    pub password_hash: &'a str,
+}
+
 /// A source row of COPY/MOVE/EXPUNGE; `D` is the backend's stored form of
 /// INTERNALDATE.
 #[derive(FromRow)]
@@ -375,20 +397,12 @@ pub(crate) trait StoreTx: SharedSql {
         name: &str,
         lock: bool,
     ) -> impl Future<Output = StoreResult<Option<Mailbox>>> + Send;
-    fn insert_mailbox(
-        &mut self,
-        account_id: i64,
-        name: &str,
-        uid_validity: i64,
-        special_use: Option<SpecialUse>,
-    ) -> impl Future<Output = StoreResult<Mailbox>> + Send;
-    /// `(id, name)` of the mailbox `from` and, with `children`, those under it,
-    /// ascending by id and write-locked.
+    fn insert_mailbox(&mut self, new: NewMailbox<'_>) -> impl Future<Output = StoreResult<Mailbox>> + Send;
+    /// `(id, name)` of the mailboxes `from` names, ascending by id and
+    /// write-locked.
     fn rename_sources(
         &mut self,
-        account_id: i64,
-        from: &str,
-        children: bool,
+        from: RenameFrom<'_>,
     ) -> impl Future<Output = StoreResult<Vec<(i64, String)>>> + Send;
     /// Renames mailboxes `ids` to `names`, with UIDVALIDITY `first`… in order.
     fn rename_mailboxes(
@@ -401,16 +415,12 @@ pub(crate) trait StoreTx: SharedSql {
     /// Inserts the account: its id and creation time.
     fn insert_account(
         &mut self,
-        email: &str,
-        domain_id: i64,
-        password_hash: &str,
+        new: NewAccount<'_>,
     ) -> impl Future<Output = StoreResult<(i64, chrono::DateTime<chrono::Utc>)>> + Send;
-    /// The given mailboxes, subscribed, with UIDVALIDITY `first`… in order.
+    /// Inserts the mailboxes of one account, subscribed.
     fn insert_default_mailboxes(
         &mut self,
-        account_id: i64,
-        mailboxes: &[(&str, Option<SpecialUse>)],
-        first: i64,
+        mailboxes: &[NewMailbox<'_>],
     ) -> impl Future<Output = StoreResult<()>> + Send;
     /// `(uid, modseq)` of the given UIDs.
     fn modseqs_in(
@@ -579,7 +589,8 @@ pub(crate) async fn mailbox_create<T: StoreTx>(
         return Err(StoreError::AlreadyExists(format!("mailbox {name}")));
     }
     create_parents(&mut tx, account_id, &name).await?;
-    let mailbox = tx.insert_mailbox(account_id, &name, uv, special_use).await?;
+    let new = NewMailbox { account_id, name: &name, uid_validity: uv, special_use };
+    let mailbox = tx.insert_mailbox(new).await?;
     tx.commit().await?;
     Ok(mailbox)
 }
@@ -631,7 +642,8 @@ pub(crate) async fn mailbox_rename<T: StoreTx>(
     if !locked {
         return Err(StoreError::NotFound(format!("account {account_id}")));
     }
-    let sources = tx.rename_sources(account_id, &from, !is_inbox(&from)).await?;
+    let sources =
+        tx.rename_sources(RenameFrom { account_id, name: &from, children: !is_inbox(&from) }).await?;
     let Some(&(first_id, _)) = sources.first() else {
         return Err(StoreError::NotFound(format!("mailbox {from}")));
     };
@@ -677,14 +689,24 @@ pub(crate) async fn account_create<T: StoreTx>(
         .fetch_int(T::ACCOUNT_DOMAIN, &[Param::Text(&domain)])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-    let (id, created_at) = tx.insert_account(&email, domain_id, password_hash).await?;
+    let (id, created_at) = tx.insert_account(NewAccount { email: &email, domain_id, password_hash }).await?;
     let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
         .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))
         .collect();
     let first = alloc_uid_validity(&mut tx, id, defaults.len() as i64)
         .await?
         .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
-    tx.insert_default_mailboxes(id, &defaults, first).await?;
+    let mailboxes: Vec<NewMailbox<'_>> = defaults
+        .into_iter()
+        .zip(first..)
+        .map(|((name, special_use), uid_validity)| NewMailbox {
+            account_id: id,
+            name,
+            uid_validity,
+            special_use,
+        })
+        .collect();
+    tx.insert_default_mailboxes(&mailboxes).await?;
     tx.commit().await?;
     Ok(Account { id, email, domain, password_hash: password_hash.to_string(), created_at })
 }

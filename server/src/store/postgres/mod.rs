@@ -33,7 +33,8 @@ use super::common::{
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_COLS, Param, SharedSql, StoreTx, mailbox_from_row,
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_COLS, NewAccount, NewMailbox, Param, RenameFrom,
+    SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -464,44 +465,33 @@ impl StoreTx for Transaction<'_, Postgres> {
         row.as_ref().map(mailbox_from_row).transpose()
     }
 
-    async fn insert_mailbox(
-        &mut self,
-        account_id: i64,
-        name: &str,
-        uid_validity: i64,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
+    async fn insert_mailbox(&mut self, new: NewMailbox<'_>) -> StoreResult<Mailbox> {
         let sql = format!(
             "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4) \
              RETURNING {MAILBOX_COLS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(account_id)
-            .bind(name)
-            .bind(uid_validity)
-            .bind(special_use.map(SpecialUse::as_str))
+            .bind(new.account_id)
+            .bind(new.name)
+            .bind(new.uid_validity)
+            .bind(new.special_use.map(SpecialUse::as_str))
             .fetch_one(&mut **self)
             .await
             .map_err(|e| match e {
-                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {name}")),
+                e if is_unique_violation(&e) => StoreError::AlreadyExists(format!("mailbox {}", new.name)),
                 e => db_err(e),
             })?;
         mailbox_from_row(&row)
     }
 
-    async fn rename_sources(
-        &mut self,
-        account_id: i64,
-        from: &str,
-        children: bool,
-    ) -> StoreResult<Vec<(i64, String)>> {
+    async fn rename_sources(&mut self, from: RenameFrom<'_>) -> StoreResult<Vec<(i64, String)>> {
         sqlx::query_as(
             "SELECT id, name FROM mailboxes WHERE account_id = $1 \
              AND (name = $2 OR ($3 AND left(name, length($2) + 1) = $2 || '/')) ORDER BY id FOR UPDATE",
         )
-        .bind(account_id)
-        .bind(from)
-        .bind(children)
+        .bind(from.account_id)
+        .bind(from.name)
+        .bind(from.children)
         .fetch_all(&mut **self)
         .await
         .map_err(db_err)
@@ -533,53 +523,49 @@ impl StoreTx for Transaction<'_, Postgres> {
         Ok(())
     }
 
-    async fn insert_account(
-        &mut self,
-        email: &str,
-        domain_id: i64,
-        password_hash: &str,
-    ) -> StoreResult<(i64, DateTime<Utc>)> {
+    async fn insert_account(&mut self, new: NewAccount<'_>) -> StoreResult<(i64, DateTime<Utc>)> {
         let res = sqlx::query_as(
             "INSERT INTO accounts (email, domain_id, password_hash) VALUES ($1, $2, $3) RETURNING id, created_at",
         )
-        .bind(email)
-        .bind(domain_id)
-        .bind(password_hash)
+        .bind(new.email)
+        .bind(new.domain_id)
+        .bind(new.password_hash)
         .fetch_one(&mut **self)
         .await;
         match res {
             Ok(row) => Ok(row),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(e) if is_unique_violation(&e) => {
+                Err(StoreError::AlreadyExists(format!("account {}", new.email)))
+            }
             Err(e) => Err(db_err(e)),
         }
     }
 
-    async fn insert_default_mailboxes(
-        &mut self,
-        account_id: i64,
-        mailboxes: &[(&str, Option<SpecialUse>)],
-        first: i64,
-    ) -> StoreResult<()> {
-        let names: Vec<&str> = mailboxes.iter().map(|m| m.0).collect();
-        let specials: Vec<Option<&str>> = mailboxes.iter().map(|m| m.1.map(SpecialUse::as_str)).collect();
-        let validities: Vec<i64> = (first..first + names.len() as i64).collect();
+    async fn insert_default_mailboxes(&mut self, mailboxes: &[NewMailbox<'_>]) -> StoreResult<()> {
+        let accounts: Vec<i64> = mailboxes.iter().map(|m| m.account_id).collect();
+        let names: Vec<&str> = mailboxes.iter().map(|m| m.name).collect();
+        let validities: Vec<i64> = mailboxes.iter().map(|m| m.uid_validity).collect();
+        let specials: Vec<Option<&str>> =
+            mailboxes.iter().map(|m| m.special_use.map(SpecialUse::as_str)).collect();
         sqlx::query(
             "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) \
-             SELECT $1, n, v, s FROM UNNEST($2::text[], $3::bigint[], $4::text[]) AS t(n, v, s)",
+             SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::text[])",
         )
-        .bind(account_id)
+        .bind(&accounts)
         .bind(&names)
         .bind(&validities)
         .bind(&specials)
         .execute(&mut **self)
         .await
         .map_err(db_err)?;
-        sqlx::query("INSERT INTO subscriptions (account_id, name) SELECT $1, n FROM UNNEST($2::text[]) AS n")
-            .bind(account_id)
-            .bind(&names)
-            .execute(&mut **self)
-            .await
-            .map_err(db_err)?;
+        sqlx::query(
+            "INSERT INTO subscriptions (account_id, name) SELECT * FROM UNNEST($1::bigint[], $2::text[])",
+        )
+        .bind(&accounts)
+        .bind(&names)
+        .execute(&mut **self)
+        .await
+        .map_err(db_err)?;
         Ok(())
     }
 

@@ -36,8 +36,8 @@ use super::common::{
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, Param, SharedSql, StoreTx,
-    mailbox_from_row,
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, NewAccount, NewMailbox, Param,
+    RenameFrom, SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -335,32 +335,20 @@ impl StoreTx for Transaction<'_, Sqlite> {
         rows.first().map(mailbox_from_row).transpose()
     }
 
-    async fn insert_mailbox(
-        &mut self,
-        account_id: i64,
-        name: &str,
-        uid_validity: i64,
-        special_use: Option<SpecialUse>,
-    ) -> StoreResult<Mailbox> {
+    async fn insert_mailbox(&mut self, new: NewMailbox<'_>) -> StoreResult<Mailbox> {
         let sql = format!(
             "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?) \
              RETURNING {MAILBOX_COLS}"
         );
-        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(account_id).bind(name).bind(uid_validity);
-        let row =
-            query.bind(special_use.map(SpecialUse::as_str)).fetch_one(&mut **self).await.map_err(db_err)?;
-        mailbox_from_row(&row)
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(new.account_id).bind(new.name);
+        let query = query.bind(new.uid_validity).bind(new.special_use.map(SpecialUse::as_str));
+        mailbox_from_row(&query.fetch_one(&mut **self).await.map_err(db_err)?)
     }
 
-    async fn rename_sources(
-        &mut self,
-        account_id: i64,
-        from: &str,
-        children: bool,
-    ) -> StoreResult<Vec<(i64, String)>> {
+    async fn rename_sources(&mut self, from: RenameFrom<'_>) -> StoreResult<Vec<(i64, String)>> {
         let sql = "SELECT id, name FROM mailboxes WHERE account_id = ?1 \
              AND (name = ?2 OR (?3 AND substr(name, 1, length(?2) + 1) = ?2 || '/')) ORDER BY id";
-        let query = sqlx::query_as::<_, (i64, String)>(sql).bind(account_id).bind(from).bind(children);
+        let query = sqlx::query_as(sql).bind(from.account_id).bind(from.name).bind(from.children);
         query.fetch_all(&mut **self).await.map_err(db_err)
     }
 
@@ -384,39 +372,40 @@ impl StoreTx for Transaction<'_, Sqlite> {
         Ok(())
     }
 
-    async fn insert_account(
-        &mut self,
-        email: &str,
-        domain_id: i64,
-        password_hash: &str,
-    ) -> StoreResult<(i64, DateTime<Utc>)> {
+    async fn insert_account(&mut self, new: NewAccount<'_>) -> StoreResult<(i64, DateTime<Utc>)> {
         // microsecond precision, as stored
         let created_at = to_us(Utc::now());
         let sql = "INSERT INTO accounts (email, domain_id, password_hash, created_at) VALUES ($1, $2, $3, $4) RETURNING id";
-        let params =
-            [Param::Text(email), Param::Int(domain_id), Param::Text(password_hash), Param::Int(created_at)];
+        let params = [
+            Param::Text(new.email),
+            Param::Int(new.domain_id),
+            Param::Text(new.password_hash),
+            Param::Int(created_at),
+        ];
         match self.fetch_ints(sql, &params).await {
             Ok(Some(row)) => Ok((row[0], from_us(created_at))),
             Ok(None) => Err(StoreError::Internal("account insert returned no id".into())),
-            Err(StoreError::AlreadyExists(_)) => Err(StoreError::AlreadyExists(format!("account {email}"))),
+            Err(StoreError::AlreadyExists(_)) => {
+                Err(StoreError::AlreadyExists(format!("account {}", new.email)))
+            }
             Err(e) => Err(e),
         }
     }
 
-    async fn insert_default_mailboxes(
-        &mut self,
-        account_id: i64,
-        mailboxes: &[(&str, Option<SpecialUse>)],
-        first: i64,
-    ) -> StoreResult<()> {
-        for ((name, special), uv) in mailboxes.iter().zip(first..) {
+    async fn insert_default_mailboxes(&mut self, mailboxes: &[NewMailbox<'_>]) -> StoreResult<()> {
+        for m in mailboxes {
             let sql =
-                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES (?, ?, ?, ?)";
-            let query =
-                sqlx::query(sql).bind(account_id).bind(*name).bind(uv).bind(special.map(SpecialUse::as_str));
-            query.execute(&mut **self).await.map_err(db_err)?;
+                "INSERT INTO mailboxes (account_id, name, uid_validity, special_use) VALUES ($1, $2, $3, $4)";
+            let special = m.special_use.map(SpecialUse::as_str);
+            let params = [
+                Param::Int(m.account_id),
+                Param::Text(m.name),
+                Param::Int(m.uid_validity),
+                Param::OptText(special),
+            ];
+            self.run(sql, &params).await?;
             let sql = "INSERT INTO subscriptions (account_id, name) VALUES ($1, $2)";
-            self.run(sql, &[Param::Int(account_id), Param::Text(name)]).await?;
+            self.run(sql, &[Param::Int(m.account_id), Param::Text(m.name)]).await?;
         }
         Ok(())
     }
