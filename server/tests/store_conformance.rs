@@ -1759,3 +1759,71 @@ async fn loopback_connections_skip_tls_unless_the_url_asks() {
         eprintln!("the server offers no TLS: the explicit-sslmode half is not checked here");
     }
 }
+
+/// An EXPUNGE that waited for the mailbox while another pod's COPY linked the same
+/// message elsewhere keeps the body: the copy's link is not in the snapshot the
+/// EXPUNGE's statement started with, and deleting the body from under it must not
+/// happen (nor fail the EXPUNGE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_expunge_keeps_a_body_linked_while_it_waited() {
+    run(Backend::Postgres, true, |ctx: Ctx| async move {
+        let s = ctx.store.clone();
+        let (acc, inbox) = account(&s, "a@example.com").await;
+        let other = s.mailbox_create(acc, "Other", None).await.expect("create").id;
+        let uid = deliver_one(&s, "copied while expunged", &[inbox]).await[0].uid;
+        s.store_flags(inbox, &UidSet::single(uid), FlagOp::Add, &flagset(Flags::DELETED, &[]))
+            .await
+            .expect("flag");
+        let body = s.messages_by_uid(inbox, &UidSet::single(uid)).await.expect("rows")[0].message_id;
+
+        // The COPY as a transaction does it: the source mailbox locked, a link into
+        // the destination, committed only once the EXPUNGE waits for the lock.
+        let mut copier = sqlx::PgConnection::connect(&ctx.url).await.expect("connect");
+        let mut tx = copier.begin().await.expect("begin");
+        sqlx::query("SELECT id FROM mailboxes WHERE id = $1 FOR UPDATE")
+            .bind(inbox)
+            .execute(&mut *tx)
+            .await
+            .expect("lock");
+        sqlx::query(
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size) \
+             SELECT $1, 1, message_id, 0, '', 1, internal_date, size FROM mailbox_messages \
+             WHERE mailbox_id = $2 AND uid = $3",
+        )
+        .bind(other)
+        .bind(inbox)
+        .bind(i64::from(uid))
+        .execute(&mut *tx)
+        .await
+        .expect("link");
+        let expunge = tokio::spawn({
+            let s = s.clone();
+            async move { s.expunge(inbox, None).await }
+        });
+        let mut watcher = sqlx::PgConnection::connect(&ctx.url).await.expect("connect");
+        let mut waiting = false;
+        for _ in 0..200 {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM mailbox_messages%'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .expect("activity");
+            if n > 0 {
+                waiting = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(waiting, "the EXPUNGE waits for the mailbox lock the copy holds");
+        tx.commit().await.expect("commit the copy");
+
+        let removed = expunge.await.expect("task").expect("the EXPUNGE succeeds");
+        assert_eq!(removed, vec![uid]);
+        assert_eq!(s.mailbox_uids(other).await.expect("uids"), vec![1], "the copy's link is there");
+        assert!(s.message_body(body).await.is_ok(), "the body the copy linked stays");
+        assert!(s.mailbox_uids(inbox).await.expect("uids").is_empty());
+    })
+    .await;
+}

@@ -159,6 +159,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         modseq: u64,
     ) -> impl Future<Output = StoreResult<MailboxChanges>> + Send;
     fn prune(&self, before: DateTime<Utc>) -> impl Future<Output = StoreResult<u64>> + Send;
+    /// See [`Store::expunge`].
+    fn expunge_links(
+        &self,
+        mailbox_id: i64,
+        uids: Option<&UidSet>,
+    ) -> impl Future<Output = StoreResult<Vec<u32>>> + Send;
     /// See [`Store::epoch`].
     fn cluster_epoch(&self) -> impl Future<Output = StoreResult<Option<String>>> + Send {
         async { Ok(None) }
@@ -644,7 +650,7 @@ impl<B: Backend> Store for B {
     }
 
     async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
-        steps::expunge(self.begin(), mailbox_id, uids).await
+        self.expunge_links(mailbox_id, uids).await
     }
 
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {

@@ -364,11 +364,6 @@ pub(crate) trait StoreTx: SharedSql {
         mailbox_id: i64,
         uids: &UidSet,
     ) -> impl Future<Output = StoreResult<Vec<LinkRow<Self::Date>>>> + Send;
-    /// The links flagged `\Deleted`, ascending.
-    fn deleted_links(
-        &mut self,
-        mailbox_id: i64,
-    ) -> impl Future<Output = StoreResult<Vec<LinkRow<Self::Date>>>> + Send;
     /// Writes `links` into the mailbox as UIDs `first_uid`… in order, stamped `modseq`.
     fn insert_links(
         &mut self,
@@ -476,7 +471,7 @@ async fn add_links<T: StoreTx>(
 
 /// Deletes the links, leaves tombstones, fixes the counters and removes bodies no
 /// longer linked. `links` belong to `mailbox_id`.
-async fn remove_links<T: StoreTx>(
+pub(crate) async fn remove_links<T: StoreTx>(
     tx: &mut T,
     mailbox_id: i64,
     links: &[LinkRow<T::Date>],
@@ -519,26 +514,6 @@ pub(crate) async fn copy_or_move<T: StoreTx>(
     }
     tx.commit().await?;
     Ok(pairs)
-}
-
-/// See [`super::Store::expunge`].
-pub(crate) async fn expunge<T: StoreTx>(
-    begin: impl Future<Output = StoreResult<T>>,
-    mailbox_id: i64,
-    uids: Option<&UidSet>,
-) -> StoreResult<Vec<u32>> {
-    let mut tx = begin.await?;
-    lock_mailboxes(&mut tx, &[mailbox_id]).await?;
-    let links = match uids {
-        Some(uids) => tx.links_in(mailbox_id, uids).await?,
-        None => tx.deleted_links(mailbox_id).await?,
-    };
-    if links.is_empty() {
-        return Ok(Vec::new());
-    }
-    remove_links(&mut tx, mailbox_id, &links).await?;
-    tx.commit().await?;
-    links.iter().map(|l| u32_of(l.uid, "uid")).collect()
 }
 
 /// Hands out `n` fresh UIDVALIDITY values for the account's mailboxes; the first,

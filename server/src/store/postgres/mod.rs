@@ -33,8 +33,8 @@ use super::common::{
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_COLS, NewAccount, NewMailbox, Param, RenameFrom,
-    SharedSql, StoreTx, mailbox_from_row,
+    self, Cols, FlagChange, LinkRow, MAILBOX_COLS, NewAccount, NewMailbox, Param, RenameFrom, SharedSql,
+    StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -109,6 +109,47 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
     "FROM mailbox_messages mm WHERE mm.mailbox_id = (SELECT id FROM mb) AND mm.uid = ($2::bigint[])[1] \
      AND $3::bigint[] IS NOT NULL"
 );
+
+/// EXPUNGE as one statement around the part that picks the rows (`mm`): the
+/// mailbox's write lock, the links deleted, the counters and modseq, the
+/// tombstones, and the bodies no other link holds. Every part reads the
+/// statement's snapshot, so a link still counts as live when this statement
+/// deletes it; `gone` says which ones it deleted. A link to one of these bodies
+/// that a transaction committed while this statement waited for the lock is not in
+/// the snapshot: the body's deletion then fails on the foreign key (see
+/// `expunge_links`), never leaving a link without its body.
+macro_rules! expunge_sql {
+    ($using:literal, $rows:literal) => {
+        concat!(
+            "WITH mb AS (SELECT id FROM mailboxes WHERE id = $1::bigint FOR UPDATE), \
+             gone AS (DELETE FROM mailbox_messages mm ",
+            $using,
+            " WHERE mm.mailbox_id = (SELECT id FROM mb) AND ",
+            $rows,
+            " RETURNING mm.uid, mm.message_id, mm.flags, mm.size), \
+             counts AS (UPDATE mailboxes m SET highest_modseq = m.highest_modseq + 1, \
+                 messages = m.messages - (SELECT count(*) FROM gone), \
+                 unseen = m.unseen - (SELECT count(*) FROM gone WHERE flags & 1 = 0), \
+                 bytes = m.bytes - (SELECT CAST(coalesce(sum(size), 0) AS BIGINT) FROM gone) \
+                 WHERE m.id = $1 AND EXISTS (SELECT 1 FROM gone) RETURNING m.highest_modseq), \
+             tombstones AS (INSERT INTO expunged (mailbox_id, uid, modseq) \
+                 SELECT $1, g.uid, c.highest_modseq FROM gone g CROSS JOIN counts c \
+                 ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq), \
+             orphans AS (DELETE FROM messages m WHERE m.id IN (SELECT message_id FROM gone) \
+                 AND NOT EXISTS (SELECT 1 FROM mailbox_messages o WHERE o.message_id = m.id \
+                     AND NOT (o.mailbox_id = $1 AND o.uid IN (SELECT uid FROM gone)))) \
+             SELECT EXISTS (SELECT 1 FROM mb) AS found, ARRAY(SELECT uid FROM gone ORDER BY uid) AS uids"
+        )
+    };
+}
+
+/// EXPUNGE of the `\Deleted` links; a literal predicate, served by the partial index.
+const EXPUNGE_DELETED: &str = expunge_sql!("", "mm.flags & 8 <> 0");
+/// EXPUNGE of the links of one UID, `$2`.
+const EXPUNGE_ONE: &str = expunge_sql!("", "mm.uid = $2");
+/// EXPUNGE of the links in UID ranges (`$2`/`$3` their bounds).
+const EXPUNGE_RANGES: &str =
+    expunge_sql!("USING UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi)", "mm.uid BETWEEN r.lo AND r.hi");
 
 /// TLS off for a server on this host unless the URL (or `PGSSLMODE`) asks for it.
 /// The driver's default, `prefer`, takes TLS whenever the server offers it, as
@@ -371,14 +412,6 @@ impl StoreTx for Transaction<'_, Postgres> {
         .fetch_all(&mut **self)
         .await
         .map_err(db_err)
-    }
-
-    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
-        // literal predicate: served by the partial index on \Deleted rows
-        let sql = format!(
-            "SELECT {LINK_COLS} FROM mailbox_messages WHERE mailbox_id = $1 AND flags & 8 <> 0 ORDER BY uid"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
     }
 
     async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
@@ -1050,6 +1083,31 @@ impl Backend for PgStore {
             false => None,
         };
         changes_of(highest, &rows, expunged, present)
+    }
+
+    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        let ranges = uids.map(range_arrays);
+        // The one retry: a body linked again while the statement waited for the
+        // mailbox lock fails its deletion on the foreign key, and the statement,
+        // all of it undone, runs again on a snapshot that sees the new link.
+        let mut attempt = 0;
+        let (found, uids): (bool, Vec<i64>) = loop {
+            let query = match &ranges {
+                None => sqlx::query_as(EXPUNGE_DELETED).bind(mailbox_id),
+                Some((los, his)) if los.len() == 1 && los[0] == his[0] => {
+                    sqlx::query_as(EXPUNGE_ONE).bind(mailbox_id).bind(los[0])
+                }
+                Some((los, his)) => sqlx::query_as(EXPUNGE_RANGES).bind(mailbox_id).bind(los).bind(his),
+            };
+            match query.fetch_one(&mut *self.conn().await?).await {
+                Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() && attempt < 2 => attempt += 1,
+                other => break other.map_err(db_err)?,
+            }
+        };
+        if !found {
+            return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
+        }
+        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {

@@ -229,6 +229,15 @@ impl SqliteStore {
 
 type Link = LinkRow<i64>;
 
+/// The links flagged `\Deleted`, ascending.
+async fn deleted_links(tx: &mut Tx, mailbox_id: i64) -> StoreResult<Vec<Link>> {
+    let sql = format!(
+        "SELECT {LINK_COLS} FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
+         WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **tx).await.map_err(db_err)
+}
+
 impl StoreTx for Transaction<'_, Sqlite> {
     const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
          SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
@@ -267,14 +276,6 @@ impl StoreTx for Transaction<'_, Sqlite> {
             out.extend(query.fetch_all(&mut **self).await.map_err(db_err)?);
         }
         Ok(out)
-    }
-
-    async fn deleted_links(&mut self, mailbox_id: i64) -> StoreResult<Vec<Link>> {
-        let sql = format!(
-            "SELECT {LINK_COLS} FROM mailbox_messages INDEXED BY mailbox_messages_deleted \
-             WHERE mailbox_id = ? AND flags & 8 <> 0 ORDER BY uid"
-        );
-        sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **self).await.map_err(db_err)
     }
 
     async fn insert_links(&mut self, dest: i64, first: i64, modseq: i64, links: &[Link]) -> StoreResult<()> {
@@ -794,6 +795,23 @@ impl Backend for SqliteStore {
             false => None,
         };
         changes_of(highest, &rows, expunged, present)
+    }
+
+    /// The steps one at a time: the single writer connection makes them atomic
+    /// without the one-statement form PostgreSQL needs.
+    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+        let mut tx = self.write_tx().await?;
+        steps::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
+        let links = match uids {
+            Some(uids) => tx.links_in(mailbox_id, uids).await?,
+            None => deleted_links(&mut tx, mailbox_id).await?,
+        };
+        if links.is_empty() {
+            return Ok(Vec::new());
+        }
+        steps::remove_links(&mut tx, mailbox_id, &links).await?;
+        tx.commit().await.map_err(db_err)?;
+        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
