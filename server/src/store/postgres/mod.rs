@@ -113,8 +113,12 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
 /// EXPUNGE as one statement around the part that picks the rows (`mm`): the
 /// mailbox's write lock, the links deleted, the counters and modseq, the
 /// tombstones, and the bodies no other link holds. Every part reads the
-/// statement's snapshot, so a link still counts as live when this statement
-/// deletes it; `gone` says which ones it deleted. A link to one of these bodies
+/// statement's snapshot, where the links this statement deletes are still there:
+/// a body goes when its links there are all among them. (Counted per body, which
+/// keeps the body index in use, and only up to one more than this statement's
+/// links to it: a body shared by thousands of mailboxes is not read through; an
+/// anti-join against the links left was planned as a scan of every link.) A link
+/// to one of these bodies
 /// that a transaction committed while this statement waited for the lock is not in
 /// the snapshot: the body's deletion then fails on the foreign key (see
 /// `expunge_links`), never leaving a link without its body.
@@ -135,9 +139,11 @@ macro_rules! expunge_sql {
              tombstones AS (INSERT INTO expunged (mailbox_id, uid, modseq) \
                  SELECT $1, g.uid, c.highest_modseq FROM gone g CROSS JOIN counts c \
                  ON CONFLICT (mailbox_id, uid) DO UPDATE SET modseq = EXCLUDED.modseq), \
-             orphans AS (DELETE FROM messages m WHERE m.id IN (SELECT message_id FROM gone) \
-                 AND NOT EXISTS (SELECT 1 FROM mailbox_messages o WHERE o.message_id = m.id \
-                     AND NOT (o.mailbox_id = $1 AND o.uid IN (SELECT uid FROM gone)))) \
+             orphans AS (DELETE FROM messages m \
+                 USING (SELECT message_id, count(*) AS n FROM gone GROUP BY message_id) g \
+                 WHERE m.id = g.message_id \
+                 AND (SELECT count(*) FROM (SELECT 1 FROM mailbox_messages o \
+                     WHERE o.message_id = g.message_id LIMIT g.n + 1) o) = g.n) \
              SELECT EXISTS (SELECT 1 FROM mb) AS found, ARRAY(SELECT uid FROM gone ORDER BY uid) AS uids"
         )
     };
@@ -764,9 +770,14 @@ impl Backend for PgStore {
 
     async fn raise_recent_floor(&self, mailbox_id: i64, up_to: i64) -> StoreResult<Option<i64>> {
         // The row lock of the CTE serialises claims: a second claim waits, then reads
-        // the floor the first one left.
-        let sql = "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE) \
-             UPDATE mailboxes m SET recent_floor = GREATEST(m.recent_floor, $2) FROM old \
+        // the floor the first one left. The claim commits without waiting for its WAL
+        // flush (`synchronous_commit` off for this transaction alone): a floor lost to
+        // a database crash only shows a message as \Recent to one more session, and the
+        // wait was a second fsync per APPEND to a selected mailbox, after the
+        // delivery's own.
+        let sql = "WITH old AS (SELECT recent_floor FROM mailboxes WHERE id = $1 FOR UPDATE), \
+             lazy AS (SELECT set_config('synchronous_commit', 'off', true)) \
+             UPDATE mailboxes m SET recent_floor = GREATEST(m.recent_floor, $2) FROM old, lazy \
              WHERE m.id = $1 RETURNING old.recent_floor";
         let rows = self.fetch(true, sql, &[Param::Int(mailbox_id), Param::Int(up_to)]).await?;
         rows.first().map(|r| r.int("recent_floor")).transpose()
