@@ -73,11 +73,8 @@ async fn delivery_publishes_mailbox_event(b: Backend) {
     let mut events = h.cache.subscribe(account).await.unwrap();
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
     assert_eq!((event.account_id, event.mailbox_id), (account, inbox));
 }
@@ -114,13 +111,10 @@ async fn postmaster_is_always_accepted(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.postmaster = "bob@example.test".into())).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<reporter@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<Postmaster>", "250 2.1.5").await;
+    c.envelope("reporter@remote.test", "Postmaster").await;
     c.cmd("RCPT TO:<POSTMASTER@example.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<postmaster@elsewhere.test>", "550 5.7.1").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     // both recipients resolve to one mailbox: delivered once
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
     assert!(h.messages("alice@example.test").await.is_empty());
@@ -132,8 +126,7 @@ async fn lone_message_does_not_linger(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.group_commit_max_wait_ms = 2_000)).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let started = std::time::Instant::now();
     c.send(&format!("{MSG}.\r\n")).await;
@@ -161,8 +154,7 @@ async fn too_many_recipients(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.max_recipients = 2)).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
     c.cmd("RCPT TO:<carol@example.test>", "452 4.5.3").await;
 }
@@ -187,9 +179,7 @@ async fn smtputf8_addresses(b: Backend) {
     c.cmd("MAIL FROM:<jürgen@remote.test>", "553 5.6.7").await;
     c.cmd("MAIL FROM:<jürgen@remote.test> SMTPUTF8", "250 ").await;
     c.cmd("RCPT TO:<jörg@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send("Subject: Grüße\r\n\r\nÄ\r\n.\r\n").await;
-    c.expect("250 2.0.0").await;
+    c.data("Subject: Grüße\r\n\r\nÄ\r\n.\r\n", "250 2.0.0").await;
     let msgs = h.messages("jörg@example.test").await;
     assert_eq!(msgs.len(), 1);
     let raw = String::from_utf8(msgs[0].to_vec()).unwrap();
@@ -201,8 +191,7 @@ async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
     let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     // The classic smuggling payload: "\n.\n" then a second transaction.
     c.send(
@@ -217,8 +206,7 @@ async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
 
     for payload in ["a\r.\r\nMAIL FROM:<x@y.test>\r\n", "a\r\n.\nRCPT TO:<bob@example.test>\r\n", "a\n.\r\n"]
     {
-        c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-        c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+        c.envelope("a@remote.test", "alice@example.test").await;
         c.cmd("DATA", "354").await;
         c.send(payload).await;
         c.send("tail\r\n.\r\n").await;
@@ -238,8 +226,7 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
     .await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let line = "x".repeat(998) + "\r\n";
     for _ in 0..100 {
@@ -248,8 +235,7 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
     c.send(".\r\n").await;
     c.expect("552 5.3.4").await;
     // The session goes on.
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     // Past the discard bound the server gives up on the connection.
     let chunk = "y".repeat(998) + "\r\n";
@@ -271,8 +257,7 @@ async fn bdat_chunks_exact_sizes(b: Backend) {
     let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     // Chunk content that looks like commands and terminators is just content.
     let part1 = "Subject: b\r\n\r\n.\r\nQUIT\r\n";
     c.send(&format!("BDAT {}\r\n{part1}", part1.len())).await;
@@ -288,8 +273,7 @@ async fn bdat_chunks_exact_sizes(b: Backend) {
     // BDAT 0 LAST ends an (empty-bodied) message; BDAT without MAIL is consumed.
     c.send("BDAT 5\r\nhello").await;
     c.expect("503 5.5.1").await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "bob@example.test").await;
     c.send("BDAT 3\r\nabc").await;
     c.expect("250 2.0.0 3 octets").await;
     c.cmd("BDAT 0 LAST", "250 2.0.0 OK").await;
@@ -308,8 +292,7 @@ async fn bdat_over_limit(b: Backend) {
     .await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.send(&format!("BDAT 60\r\n{}", "a".repeat(60))).await;
     c.expect("250 ").await;
     c.send(&format!("BDAT 60\r\n{}", "b".repeat(60))).await;
@@ -319,8 +302,7 @@ async fn bdat_over_limit(b: Backend) {
     c.expect("503 5.5.1").await;
     c.cmd("NOOP", "250 ").await;
     // A chunk announced beyond the discard bound closes the connection.
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.send("BDAT 100000 LAST\r\n").await;
     c.expect("552 5.3.4").await;
     c.expect_closed().await;
@@ -370,18 +352,12 @@ async fn store_failure_acknowledges_nothing(b: Backend) {
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
     h.store.fail.store(true, Ordering::SeqCst);
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("451 4.3.0").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "451 4.3.0").await;
     assert_eq!(h.total_messages().await, 0);
     h.store.fail.store(false, Ordering::SeqCst);
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     assert_eq!(h.total_messages().await, 1);
 }
 
@@ -403,8 +379,7 @@ async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
     let h = harness(b).await;
     let mut c = h.connect(&h.mx);
     c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     c.send("From: a@remote.test\r\nSubject: in flight\r\n\r\nfirst half\r\n").await;
     h.shutdown_tx.send(true).unwrap();
@@ -483,13 +458,10 @@ async fn submission_login_and_send(b: Backend) {
     c.cmd(&base64_encode("bob@example.test"), "334 UGFzc3dvcmQ6").await;
     c.cmd(&base64_encode(PASSWORD), "235 2.7.0").await;
     c.cmd("MAIL FROM:<alice@example.test>", "553 5.7.1").await;
-    c.cmd("MAIL FROM:<BOB@example.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.envelope("BOB@example.test", "alice@example.test").await;
     c.cmd("RCPT TO:<friend@elsewhere.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
-    c.cmd("DATA", "354").await;
-    c.send("Subject: out\r\n\r\nhello\r\n.\r\n").await;
-    c.expect("250 2.0.0").await;
+    c.data("Subject: out\r\n\r\nhello\r\n.\r\n", "250 2.0.0").await;
     let local = h.messages("alice@example.test").await;
     assert_eq!(local.len(), 1);
     assert!(String::from_utf8_lossy(&local[0]).contains("with ESMTPA id"), "authenticated: {:?}", local[0]);
@@ -510,12 +482,9 @@ async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
     c.cmd(&format!("AUTH PLAIN {}", base64_encode(&format!("\0bob@example.test\0{PASSWORD}"))), "235").await;
     h.store.fail_deliveries.store(true, Ordering::SeqCst);
     for attempt in ["451 4.3.0", "250 2.0.0"] {
-        c.cmd("MAIL FROM:<bob@example.test>", "250").await;
-        c.cmd("RCPT TO:<alice@example.test>", "250").await;
+        c.envelope("bob@example.test", "alice@example.test").await;
         c.cmd("RCPT TO:<friend@elsewhere.test>", "250").await;
-        c.cmd("DATA", "354").await;
-        c.send("Subject: both\r\n\r\nhello\r\n.\r\n").await;
-        c.expect(attempt).await;
+        c.data("Subject: both\r\n\r\nhello\r\n.\r\n", attempt).await;
         h.store.fail_deliveries.store(false, Ordering::SeqCst);
     }
     assert_eq!(h.messages("alice@example.test").await.len(), 1);
@@ -542,9 +511,7 @@ async fn metrics_are_counted(b: Backend) {
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 ").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 ").await;
+    c.data(&format!("{MSG}.\r\n"), "250 ").await;
     let text = {
         let mut out = Vec::new();
         let enc = prometheus::TextEncoder::new();
@@ -574,11 +541,8 @@ async fn concurrent_deliveries_share_commits(b: Backend) {
         let mut c = h.connect_from(&h.mx, format!("203.0.113.{}:1000", i + 1).parse().unwrap());
         tasks.push(tokio::spawn(async move {
             c.ehlo().await;
-            c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-            c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-            c.cmd("DATA", "354").await;
-            c.send(&format!("Subject: {i}\r\n\r\nx\r\n.\r\n")).await;
-            c.expect("250 2.0.0").await;
+            c.envelope("a@remote.test", "alice@example.test").await;
+            c.data(&format!("Subject: {i}\r\n\r\nx\r\n.\r\n"), "250 2.0.0").await;
         }));
     }
     for t in tasks {
@@ -614,28 +578,20 @@ async fn quota_at_delivery(b: Backend) {
     // Fits: stored, trace headers included in the usage.
     c.cmd("MAIL FROM:<sender@remote.test> SIZE=2000", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(2000)).await;
-    c.expect("250 2.0.0").await;
+    c.data(&data_of(2000), "250 2.0.0").await;
     let used = h.store.quota(alice).await.expect("quota").used;
     assert!(used > 2000, "the stored message is the one counted: {used}");
 
     // Does not fit, alice alone: refused, nothing stored, nothing queued.
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(3000)).await;
-    c.expect("552 5.2.2").await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
+    c.data(&data_of(3000), "552 5.2.2").await;
     assert_eq!(h.messages("alice@example.test").await.len(), 1);
     assert!(h.store.queue_list(10).await.expect("queue").is_empty());
 
     // Alice and Bob: Bob gets it, the sender gets a DSN naming Alice.
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(3000)).await;
-    c.expect("250 2.0.0").await;
+    c.data(&data_of(3000), "250 2.0.0").await;
     assert_eq!(h.messages("alice@example.test").await.len(), 1, "no room for alice");
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
     let queued = h.store.queue_list(10).await.expect("queue");

@@ -241,6 +241,19 @@ impl Client {
         }
     }
 
+    /// MAIL FROM and one RCPT TO, both accepted.
+    pub async fn envelope(&mut self, from: &str, to: &str) {
+        self.cmd(&format!("MAIL FROM:<{from}>"), "250 2.1.0").await;
+        self.cmd(&format!("RCPT TO:<{to}>"), "250 2.1.5").await;
+    }
+
+    /// DATA, then `message` (ending in its `.` line), and the reply to it.
+    pub async fn data(&mut self, message: &str, prefix: &str) -> Vec<String> {
+        self.cmd("DATA", "354 ").await;
+        self.send(message).await;
+        self.expect(prefix).await
+    }
+
     pub async fn ehlo(&mut self) -> Vec<String> {
         self.expect("220 ").await;
         self.cmd("EHLO client.test", "250 ").await
