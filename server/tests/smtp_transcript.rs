@@ -35,8 +35,7 @@ async fn ehlo_lists_extensions_for_mx(b: Backend) {
 
 async fn mx_delivery_stores_once_with_trace_headers(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<sender@remote.test> BODY=8BITMIME SIZE=100", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<Bob@Example.TEST>", "250 2.1.5").await;
@@ -71,8 +70,7 @@ async fn delivery_publishes_mailbox_event(b: Backend) {
     let h = harness(b).await;
     let (account, inbox) = h.inbox_of("alice@example.test").await;
     let mut events = h.cache.subscribe(account).await.unwrap();
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("sender@remote.test", "alice@example.test").await;
     c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
@@ -81,8 +79,7 @@ async fn delivery_publishes_mailbox_event(b: Backend) {
 
 async fn recipient_errors_and_cache(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("RCPT TO:<alice@example.test>", "503 5.5.1").await;
     c.cmd("MAIL FROM:<>", "250 2.1.0").await;
     c.cmd("MAIL FROM:<x@remote.test>", "503 5.5.1").await;
@@ -109,8 +106,7 @@ async fn recipient_errors_and_cache(b: Backend) {
 /// domain, must be accepted; both go to the configured postmaster address.
 async fn postmaster_is_always_accepted(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.postmaster = "bob@example.test".into())).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("reporter@remote.test", "Postmaster").await;
     c.cmd("RCPT TO:<POSTMASTER@example.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<postmaster@elsewhere.test>", "550 5.7.1").await;
@@ -124,8 +120,7 @@ async fn postmaster_is_always_accepted(b: Backend) {
 /// message on an idle server is acknowledged without waiting for company.
 async fn lone_message_does_not_linger(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.group_commit_max_wait_ms = 2_000)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let started = std::time::Instant::now();
@@ -152,8 +147,7 @@ async fn sequence_errors_before_greeting(b: Backend) {
 
 async fn too_many_recipients(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.max_recipients = 2)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
     c.cmd("RCPT TO:<carol@example.test>", "452 4.5.3").await;
@@ -161,8 +155,7 @@ async fn too_many_recipients(b: Backend) {
 
 async fn unsupported_parameters(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<a@remote.test> RET=FULL", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> BODY=BINARYMIME", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> FOO=BAR", "555 5.5.4").await;
@@ -174,8 +167,7 @@ async fn unsupported_parameters(b: Backend) {
 async fn smtputf8_addresses(b: Backend) {
     let h = harness(b).await;
     h.add_account("jörg@example.test").await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<jürgen@remote.test>", "553 5.6.7").await;
     c.cmd("MAIL FROM:<jürgen@remote.test> SMTPUTF8", "250 ").await;
     c.cmd("RCPT TO:<jörg@example.test>", "250 ").await;
@@ -189,8 +181,7 @@ async fn smtputf8_addresses(b: Backend) {
 
 async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     // The classic smuggling payload: "\n.\n" then a second transaction.
@@ -224,8 +215,7 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
         }),
     )
     .await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let line = "x".repeat(998) + "\r\n";
@@ -255,8 +245,7 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
 
 async fn bdat_chunks_exact_sizes(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     // Chunk content that looks like commands and terminators is just content.
     let part1 = "Subject: b\r\n\r\n.\r\nQUIT\r\n";
@@ -290,8 +279,7 @@ async fn bdat_over_limit(b: Backend) {
         }),
     )
     .await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.send(&format!("BDAT 60\r\n{}", "a".repeat(60))).await;
     c.expect("250 ").await;
@@ -311,8 +299,7 @@ async fn bdat_over_limit(b: Backend) {
 
 async fn pipelined_commands_answered_in_one_flush(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.send("MAIL FROM:<a@remote.test>\r\nRCPT TO:<alice@example.test>\r\nRCPT TO:<nobody@example.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n").await;
     let first = String::from_utf8(c.read_once().await).unwrap();
     let codes: Vec<&str> = first.lines().map(|l| &l[..3]).collect();
@@ -329,8 +316,7 @@ async fn pipelined_commands_answered_in_one_flush(b: Backend) {
 
 async fn long_lines_and_error_limit(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.max_errors = 5)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.send(&"A".repeat(10_000)).await;
     c.expect("500 5.5.6").await;
     c.send("\r\n").await;
@@ -349,8 +335,7 @@ async fn long_lines_and_error_limit(b: Backend) {
 
 async fn store_failure_acknowledges_nothing(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     h.store.fail.store(true, Ordering::SeqCst);
     c.envelope("a@remote.test", "alice@example.test").await;
     c.data(&format!("{MSG}.\r\n"), "451 4.3.0").await;
@@ -363,8 +348,7 @@ async fn store_failure_acknowledges_nothing(b: Backend) {
 
 async fn shutdown_says_421(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     h.shutdown_tx.send(true).unwrap();
     c.expect("421 4.3.2").await;
     c.expect_closed().await;
@@ -377,8 +361,7 @@ async fn shutdown_says_421(b: Backend) {
 /// gets its 250 and the message is stored; the 421 comes after.
 async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     c.send("From: a@remote.test\r\nSubject: in flight\r\n\r\nfirst half\r\n").await;
@@ -394,8 +377,7 @@ async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
 
 async fn command_timeout_says_421(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.command_timeout_secs = 1)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.expect("421 4.4.2").await;
     c.expect_closed().await;
 }
@@ -452,8 +434,7 @@ fn base64_encode(s: &str) -> String {
 
 async fn submission_login_and_send(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
     c.cmd(&base64_encode("bob@example.test"), "334 UGFzc3dvcmQ6").await;
     c.cmd(&base64_encode(PASSWORD), "235 2.7.0").await;
@@ -477,8 +458,7 @@ async fn submission_login_and_send(b: Backend) {
 /// leaves exactly one copy of each.
 async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     c.cmd(&format!("AUTH PLAIN {}", base64_encode(&format!("\0bob@example.test\0{PASSWORD}"))), "235").await;
     h.store.fail_deliveries.store(true, Ordering::SeqCst);
     for attempt in ["451 4.3.0", "250 2.0.0"] {
@@ -494,8 +474,7 @@ async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
 
 async fn submission_initial_response(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     let wrong = base64_encode("\0alice@example.test\0nope");
     c.cmd(&format!("AUTH PLAIN {wrong}"), "535 5.7.8").await;
     let right = base64_encode(&format!("alice@example.test\0alice@example.test\0{PASSWORD}"));
@@ -506,8 +485,7 @@ async fn submission_initial_response(b: Backend) {
 
 async fn metrics_are_counted(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 ").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
@@ -568,8 +546,7 @@ async fn quota_at_delivery(b: Backend) {
     let h = harness(b).await;
     h.store.account_set_quota("alice@example.test", Some(4096)).await.expect("quota");
     let (alice, _) = h.inbox_of("alice@example.test").await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<sender@remote.test> SIZE=5000", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "552 5.2.2").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;

@@ -137,6 +137,13 @@ impl Harness {
         self.connect_from(proto, "192.0.2.10:40000".parse().expect("addr"))
     }
 
+    /// A session on `proto` past its greeting and EHLO.
+    pub async fn connect_ehlo(&self, proto: &Arc<SmtpProtocol>) -> Client {
+        let mut c = self.connect(proto);
+        c.ehlo().await;
+        c
+    }
+
     pub fn connect_from(&self, proto: &Arc<SmtpProtocol>, remote: SocketAddr) -> Client {
         let (client, server) = tokio::io::duplex(1 << 20);
         let ctx = SessionCtx {
