@@ -233,6 +233,14 @@ pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::Te
     (app_configured(store, cache, tweak), dir)
 }
 
+/// [`embedded_app`] taking plaintext logins, with bob@example.org (password "pw").
+#[allow(dead_code)] // not every test binary logs in as bob
+pub async fn embedded_app_with_bob() -> (App, tempfile::TempDir, Account) {
+    let (app, dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    (app, dir, bob)
+}
+
 /// One pod of a PostgreSQL database (`url`): its own store pool and its own Redis
 /// connection under `prefix` (plaintext logins allowed).
 #[allow(dead_code)] // not every test binary runs over PostgreSQL
