@@ -83,13 +83,15 @@ fn start_with(o: &Org, peer_port: u16, dns: SocketAddr, user: &str, top: &str, r
     ServeProcess::start(o.dir.path(), &env, 7)
 }
 
-fn swaks(server: SocketAddr, from: &str, to: &str, subject: &str) -> std::process::Output {
-    Command::new("swaks")
+/// Submits a message with swaks, authenticated as `from`; the submission must succeed.
+fn swaks(server: SocketAddr, from: &str, to: &str, subject: &str) {
+    let sent = Command::new("swaks")
         .args(["--server", &server.to_string(), "--tls", "--auth", "PLAIN"])
         .args(["--auth-user", from, "--auth-password", "secret-pw", "--from", from, "--to", to])
         .args(["--header", &format!("Subject: {subject}"), "--body", "hello across organisations"])
         .output()
-        .expect("swaks runs")
+        .expect("swaks runs");
+    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
 }
 
 /// Every message in the user's INBOX, read with curl over IMAP with STARTTLS.
@@ -109,21 +111,24 @@ fn inbox(imap: SocketAddr, user: &str) -> Vec<String> {
     out
 }
 
-fn wait_for(
+/// The message containing `needle` in `user`'s INBOX at `imap`, waited for up to
+/// 30 s; on timeout the test fails with both organisations' server logs and queues.
+fn wait_for_mail(
     what: &str,
-    servers: &[&ServeProcess],
-    queues: &[&std::path::Path],
-    limit: Duration,
-    mut probe: impl FnMut() -> Option<String>,
+    orgs: [(&Org, &ServeProcess); 2],
+    imap: SocketAddr,
+    user: &str,
+    needle: &str,
 ) -> String {
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(v) = probe() {
-            return v;
+        if let Some(m) = inbox(imap, user).into_iter().find(|m| m.contains(needle)) {
+            return m;
         }
         if Instant::now() >= deadline {
-            let mut logs: Vec<String> = servers.iter().map(|s| s.log_text()).collect();
-            for dir in queues {
+            let mut logs: Vec<String> = orgs.iter().map(|(_, server)| server.log_text()).collect();
+            for (org, _) in orgs {
+                let dir = org.dir.path();
                 let cfg = dir.join("mail.toml");
                 logs.push(common::run(dir, &["queue", "list", "-c", cfg.to_str().unwrap()], &[]).stdout);
             }
@@ -178,17 +183,12 @@ fn two_organisations_exchange_signed_mail_and_refuse_forgeries() {
     let dns = rt.block_on(TestDns::start(&[("org-a.test.", &zone(&a)), ("org-b.test.", &zone(&b))]));
     let server_a = start(&a, b.smtp_port, dns.addr(), "alice@org-a.test");
     let server_b = start(&b, a.smtp_port, dns.addr(), "bob@org-b.test");
+    let orgs = [(&a, &server_a), (&b, &server_b)];
 
     // A → B: submitted at A, relayed to B's MX.
-    let sent = swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "hello bob");
-    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
-    let msg = wait_for(
-        "the message at org-b",
-        &[&server_a, &server_b],
-        &[a.dir.path(), b.dir.path()],
-        Duration::from_secs(30),
-        || inbox(server_b.addr("imap"), "bob@org-b.test").into_iter().find(|m| m.contains("hello bob")),
-    );
+    swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "hello bob");
+    let msg =
+        wait_for_mail("the message at org-b", orgs, server_b.addr("imap"), "bob@org-b.test", "hello bob");
     let ar = msg
         .lines()
         .skip_while(|l| !l.starts_with("Authentication-Results: mx.org-b.test"))
@@ -202,15 +202,9 @@ fn two_organisations_exchange_signed_mail_and_refuse_forgeries() {
     assert_eq!(msg.matches("Return-Path:").count(), 1, "one Return-Path, added at final delivery:\n{msg}");
 
     // B → A, the other way.
-    let sent = swaks(server_b.addr("submission"), "bob@org-b.test", "alice@org-a.test", "hello alice");
-    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
-    let msg = wait_for(
-        "the reply at org-a",
-        &[&server_a, &server_b],
-        &[a.dir.path(), b.dir.path()],
-        Duration::from_secs(30),
-        || inbox(server_a.addr("imap"), "alice@org-a.test").into_iter().find(|m| m.contains("hello alice")),
-    );
+    swaks(server_b.addr("submission"), "bob@org-b.test", "alice@org-a.test", "hello alice");
+    let msg =
+        wait_for_mail("the reply at org-a", orgs, server_a.addr("imap"), "alice@org-a.test", "hello alice");
     assert!(msg.contains("dkim=pass") && msg.contains("dmarc=pass"), "{msg}");
 
     // A forgery of org-a from 127.0.0.2 (outside org-a's SPF, unsigned): DMARC
@@ -225,18 +219,13 @@ fn two_organisations_exchange_signed_mail_and_refuse_forgeries() {
 
     // A recipient org-b does not have: refused at RCPT there, so a DSN with the
     // original headers arrives in alice's INBOX at org-a.
-    let sent = swaks(server_a.addr("submission"), "alice@org-a.test", "nobody@org-b.test", "to nobody");
-    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
-    let dsn = wait_for(
+    swaks(server_a.addr("submission"), "alice@org-a.test", "nobody@org-b.test", "to nobody");
+    let dsn = wait_for_mail(
         "the DSN at org-a",
-        &[&server_a, &server_b],
-        &[a.dir.path(), b.dir.path()],
-        Duration::from_secs(30),
-        || {
-            inbox(server_a.addr("imap"), "alice@org-a.test")
-                .into_iter()
-                .find(|m| m.contains("Undelivered Mail"))
-        },
+        orgs,
+        server_a.addr("imap"),
+        "alice@org-a.test",
+        "Undelivered Mail",
     );
     assert!(dsn.contains("Final-Recipient: rfc822; nobody@org-b.test"), "{dsn}");
     assert!(dsn.contains("Action: failed") && dsn.contains("Status: 5.1.1"), "{dsn}");
@@ -267,14 +256,14 @@ fn smarthost_mode_authenticates_over_tls_and_delivers() {
          smarthost_password = \"secret-pw\"\nsmarthost_tls_verify = false"
     );
     let server_a = start_with(&a, 1, dns.addr(), "alice@org-a.test", "", &relay);
-    let sent = swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "via smarthost");
-    assert!(sent.status.success(), "swaks: {}", String::from_utf8_lossy(&sent.stdout));
-    let msg = wait_for(
+    let orgs = [(&a, &server_a), (&b, &server_b)];
+    swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "via smarthost");
+    let msg = wait_for_mail(
         "the message through the smarthost",
-        &[&server_a, &server_b],
-        &[a.dir.path(), b.dir.path()],
-        Duration::from_secs(30),
-        || inbox(server_b.addr("imap"), "bob@org-b.test").into_iter().find(|m| m.contains("via smarthost")),
+        orgs,
+        server_b.addr("imap"),
+        "bob@org-b.test",
+        "via smarthost",
     );
     // Submitted at org-b by an authenticated client over TLS: "ESMTPSA".
     assert!(msg.contains("with ESMTPSA"), "{msg}");

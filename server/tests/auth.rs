@@ -3,18 +3,19 @@
 //! Redis (`REDIS_URL`, default redis://127.0.0.1:6379; fails when unreachable).
 //!
 //! The store is the real embedded one (`store::open(None, tempdir)`, SQLite);
-//! `DownStore` and `DownCache` stand for an unreachable database and Redis.
+//! `DownStore` and `down_cache` stand for an unreachable database and Redis.
+
+mod common;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
+use common::cheap_hash;
+use common::gated::{Gate, Gated};
 use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator, hash_password};
-use mailcluster_server::cache::{
-    self, Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret,
-};
+use mailcluster_server::cache::{self, Cache, CacheError, CacheResult};
 use mailcluster_server::store::*;
 
 // ---------------------------------------------------------------- a failing store
@@ -204,78 +205,19 @@ impl Store for DownStore {
 
 // ---------------------------------------------------------------- a failing cache
 
-/// A cache whose backend is gone: every call fails.
-struct DownCache;
-
-fn down<T>() -> CacheResult<T> {
-    Err(CacheError::Unavailable("cache is down (test)".into()))
-}
+/// A cache whose backend is gone: every call fails (the cache behind is never
+/// reached).
+struct Down;
 
 #[async_trait]
-impl Cache for DownCache {
-    fn backend(&self) -> &'static str {
-        "down"
+impl Gate for Down {
+    async fn pass(&self, _: &'static str) -> CacheResult<()> {
+        Err(CacheError::Unavailable("cache is down (test)".into()))
     }
-    async fn ping(&self) -> CacheResult<()> {
-        down()
-    }
-    fn pool_stats(&self) -> PoolStats {
-        PoolStats::default()
-    }
-    async fn credential_put(&self, _: &[u8; 32], _: i64, _: Duration) -> CacheResult<()> {
-        down()
-    }
-    async fn credential_get(&self, _: &[u8; 32]) -> CacheResult<Option<i64>> {
-        down()
-    }
-    async fn credential_purge_account(&self, _: i64) -> CacheResult<()> {
-        down()
-    }
-    async fn counter_incr(&self, _: &str, _: Duration) -> CacheResult<u64> {
-        down()
-    }
-    async fn counter_get(&self, _: &str) -> CacheResult<u64> {
-        down()
-    }
-    async fn value_put(&self, _: &str, _: &[u8], _: Duration) -> CacheResult<()> {
-        down()
-    }
-    async fn value_get(&self, _: &str) -> CacheResult<Option<Vec<u8>>> {
-        down()
-    }
-    async fn value_del(&self, _: &str) -> CacheResult<()> {
-        down()
-    }
-    async fn publish(&self, _: MailboxEvent) -> CacheResult<()> {
-        down()
-    }
-    async fn subscribe(&self, _: i64) -> CacheResult<BoxStream<'static, MailboxEvent>> {
-        down()
-    }
-    async fn lock_try(&self, _: &str, _: Duration) -> CacheResult<Option<LockToken>> {
-        down()
-    }
-    async fn lock_refresh(&self, _: &LockToken, _: Duration) -> CacheResult<bool> {
-        down()
-    }
-    async fn lock_release(&self, _: &LockToken) -> CacheResult<()> {
-        down()
-    }
-    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: Duration) -> CacheResult<bool> {
-        down()
-    }
-    async fn lease_renew(&self, _: &[(String, String)], _: Duration) -> CacheResult<()> {
-        down()
-    }
-    async fn lease_release(&self, _: &str, _: &str) -> CacheResult<()> {
-        down()
-    }
-    async fn lease_count(&self, _: &str) -> CacheResult<u64> {
-        down()
-    }
-    async fn secret_get(&self, _: &str, _: usize, _: Duration) -> CacheResult<RotatingSecret> {
-        down()
-    }
+}
+
+fn down_cache() -> Arc<dyn Cache> {
+    Arc::new(Gated { backend: "down", inner: local_cache(), gate: Down })
 }
 
 // ---------------------------------------------------------------- fixtures
@@ -284,18 +226,6 @@ const ALICE_PW: &str = "correct horse battery staple";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-/// An argon2id hash with tiny parameters (8 KiB, one pass): verification reads the
-/// parameters from the hash, so the windowed rate-limit tests do not depend on how
-/// fast this (shared, loaded) machine runs the production parameters.
-fn cheap_hash(password: &str) -> String {
-    use argon2::password_hash::PasswordHasher as _;
-    let params = argon2::Params::new(8, 1, 1, None).expect("params");
-    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
-        .hash_password(password.as_bytes())
-        .expect("hash")
-        .to_string()
 }
 
 /// The embedded store in a temporary directory (removed when dropped), holding
@@ -583,7 +513,7 @@ async fn store_or_cache_trouble_is_unavailable_never_success_or_failure() {
     // Those were not counted as failures (the limit is 1).
     assert!(matches!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Ok(_)));
 
-    let no_cache = Authenticator::new(f.store.clone(), Arc::new(DownCache), cfg);
+    let no_cache = Authenticator::new(f.store.clone(), down_cache(), cfg);
     assert_eq!(no_cache.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Unavailable);
     assert_eq!(no_cache.verify("alice@example.com", "wrong", from).await, AuthOutcome::Unavailable);
     assert_eq!(no_cache.argon2_runs(), 0, "no verification without rate limits");

@@ -71,22 +71,16 @@ impl Pods {
 /// Instantiates each test once per backend: `local::name` and `redis::name`.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
-        mod local {
+        conformance!(@on local, $($name),*);
+        conformance!(@on redis, $($name),*);
+    };
+    // One module of tests, named after the `Pods` constructor they run on.
+    (@on $backend:ident, $($name:ident),*) => {
+        mod $backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let pods = super::Pods::local().await;
-                    tokio::time::timeout(std::time::Duration::from_secs(30), super::$name(&pods))
-                        .await
-                        .expect("test timed out");
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let pods = super::Pods::redis().await;
+                    let pods = super::Pods::$backend().await;
                     tokio::time::timeout(std::time::Duration::from_secs(30), super::$name(&pods))
                         .await
                         .expect("test timed out");

@@ -7,17 +7,19 @@
 //! be made to answer "now hang, now refuse" on cue); the store is the real embedded
 //! one. cli/tests/redis_outage.rs kills a real Redis under a real server.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
+use common::gated::{Gate, Gated};
 use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::cache::resilient::{ResilienceOptions, ResilientCache};
-use mailcluster_server::cache::{Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret};
-use mailcluster_server::store::{PoolStats, Store};
+use mailcluster_server::cache::{Cache, CacheError, CacheResult, MailboxEvent};
+use mailcluster_server::store::Store;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
@@ -30,14 +32,14 @@ enum Mode {
 /// answers (`Hang`) or refuses connections (`Refuse`) otherwise. Counts the calls
 /// that reached it.
 struct Flaky {
-    inner: LocalCache,
     mode: Mutex<Mode>,
     calls: AtomicU64,
 }
 
 impl Flaky {
-    fn new() -> Arc<Flaky> {
-        Arc::new(Flaky { inner: LocalCache::new(), mode: Mutex::new(Mode::Up), calls: AtomicU64::new(0) })
+    fn new() -> Arc<Gated<Flaky>> {
+        let gate = Flaky { mode: Mutex::new(Mode::Up), calls: AtomicU64::new(0) };
+        Arc::new(Gated { backend: "redis", inner: Arc::new(LocalCache::new()), gate })
     }
     fn set(&self, mode: Mode) {
         *self.mode.lock().unwrap() = mode;
@@ -45,7 +47,11 @@ impl Flaky {
     fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
     }
-    async fn gate(&self) -> CacheResult<()> {
+}
+
+#[async_trait]
+impl Gate for Flaky {
+    async fn pass(&self, _: &'static str) -> CacheResult<()> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let mode = *self.mode.lock().unwrap();
         match mode {
@@ -53,96 +59,6 @@ impl Flaky {
             Mode::Hang => std::future::pending().await,
             Mode::Refuse => Err(CacheError::Unavailable("connection refused (test)".into())),
         }
-    }
-}
-
-#[async_trait]
-impl Cache for Flaky {
-    fn backend(&self) -> &'static str {
-        "redis"
-    }
-    async fn ping(&self) -> CacheResult<()> {
-        self.gate().await
-    }
-    fn pool_stats(&self) -> PoolStats {
-        PoolStats::default()
-    }
-    async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.credential_put(key, account_id, ttl).await
-    }
-    async fn credential_get(&self, key: &[u8; 32]) -> CacheResult<Option<i64>> {
-        self.gate().await?;
-        self.inner.credential_get(key).await
-    }
-    async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.credential_purge_account(account_id).await
-    }
-    async fn counter_incr(&self, key: &str, window: Duration) -> CacheResult<u64> {
-        self.gate().await?;
-        self.inner.counter_incr(key, window).await
-    }
-    async fn counter_get(&self, key: &str) -> CacheResult<u64> {
-        self.gate().await?;
-        self.inner.counter_get(key).await
-    }
-    async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.value_put(key, value, ttl).await
-    }
-    async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
-        self.gate().await?;
-        self.inner.value_get(key).await
-    }
-    async fn value_del(&self, key: &str) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.value_del(key).await
-    }
-    async fn publish(&self, event: MailboxEvent) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.publish(event).await
-    }
-    async fn subscribe(&self, account_id: i64) -> CacheResult<BoxStream<'static, MailboxEvent>> {
-        self.gate().await?;
-        self.inner.subscribe(account_id).await
-    }
-    async fn lock_try(&self, key: &str, ttl: Duration) -> CacheResult<Option<LockToken>> {
-        self.gate().await?;
-        self.inner.lock_try(key, ttl).await
-    }
-    async fn lock_refresh(&self, lock: &LockToken, ttl: Duration) -> CacheResult<bool> {
-        self.gate().await?;
-        self.inner.lock_refresh(lock, ttl).await
-    }
-    async fn lock_release(&self, lock: &LockToken) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.lock_release(lock).await
-    }
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> CacheResult<bool> {
-        self.gate().await?;
-        self.inner.lease_acquire(key, member, limit, ttl).await
-    }
-    async fn lease_renew(&self, leases: &[(String, String)], ttl: Duration) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.lease_renew(leases, ttl).await
-    }
-    async fn lease_release(&self, key: &str, member: &str) -> CacheResult<()> {
-        self.gate().await?;
-        self.inner.lease_release(key, member).await
-    }
-    async fn lease_count(&self, key: &str) -> CacheResult<u64> {
-        self.gate().await?;
-        self.inner.lease_count(key).await
-    }
-    async fn secret_get(
-        &self,
-        name: &str,
-        len: usize,
-        rotate_every: Duration,
-    ) -> CacheResult<RotatingSecret> {
-        self.gate().await?;
-        self.inner.secret_get(name, len, rotate_every).await
     }
 }
 
@@ -191,7 +107,7 @@ async fn a_hung_redis_costs_one_budget_then_nothing_until_it_answers_again() {
     cache.credential_put(&key, 42, Duration::from_secs(60)).await.unwrap();
     assert_eq!(metric(&registry, "mail_cache_up"), 1.0);
 
-    redis.set(Mode::Hang);
+    redis.gate.set(Mode::Hang);
     let t = Instant::now();
     // The credential lives in Redis, out of reach: a miss (the login then checks
     // the store), answered within the budget, not a hang and not an error.
@@ -201,7 +117,7 @@ async fn a_hung_redis_costs_one_budget_then_nothing_until_it_answers_again() {
     assert!(cache.health().is_err());
 
     // The breaker is open: nothing reaches Redis, every answer is immediate.
-    let reached = redis.calls();
+    let reached = redis.gate.calls();
     let t = Instant::now();
     for i in 0..1000u64 {
         cache.counter_incr(&format!("rate:{}", i % 10), Duration::from_secs(60)).await.unwrap();
@@ -210,17 +126,21 @@ async fn a_hung_redis_costs_one_budget_then_nothing_until_it_answers_again() {
     }
     assert!(t.elapsed() < Duration::from_millis(500), "3,000 calls took {:?}", t.elapsed());
     // Only the background probe may have tried Redis meanwhile.
-    assert!(redis.calls() - reached <= 5, "requests reached a dead Redis: {}", redis.calls() - reached);
+    assert!(
+        redis.gate.calls() - reached <= 5,
+        "requests reached a dead Redis: {}",
+        redis.gate.calls() - reached
+    );
     assert_eq!(cache.counter_get("rate:3").await.unwrap(), 100, "per-pod rate limits count");
     assert!(metric(&registry, "mail_cache_fallbacks_total") >= 3000.0);
 
     // Redis answers again: the probe closes the breaker; requests go to Redis.
-    redis.set(Mode::Up);
+    redis.gate.set(Mode::Up);
     eventually("the breaker closes", || cache.health().is_ok()).await;
     assert_eq!(metric(&registry, "mail_cache_up"), 1.0);
-    let reached = redis.calls();
+    let reached = redis.gate.calls();
     assert_eq!(cache.credential_get(&key).await.unwrap(), Some(42), "Redis kept the entry");
-    assert_eq!(redis.calls(), reached + 1);
+    assert_eq!(redis.gate.calls(), reached + 1);
 }
 
 #[tokio::test]
@@ -236,7 +156,7 @@ async fn publishing_never_waits_on_redis() {
     let got = tokio::time::timeout(Duration::from_secs(2), futures::StreamExt::next(&mut events)).await;
     assert_eq!(got.unwrap(), Some(event), "delivered through Redis while it is up");
 
-    redis.set(Mode::Hang);
+    redis.gate.set(Mode::Hang);
     let t = Instant::now();
     for _ in 0..10_000 {
         cache.publish(event).await.unwrap();
@@ -261,7 +181,7 @@ async fn maildrop_locks_stay_exclusive_across_pods_through_the_store() {
 
     // A lock in Redis whose Redis goes away is lost, not kept beside a new one.
     let in_redis = a.lock_try("pop3:1", ttl).await.unwrap().expect("free");
-    redis.set(Mode::Refuse);
+    redis.gate.set(Mode::Refuse);
     assert!(!a.lock_refresh(&in_redis, ttl).await.unwrap(), "cannot be kept while Redis is away");
 
     // While Redis is away the store holds the locks, for every pod alike.
@@ -269,14 +189,14 @@ async fn maildrop_locks_stay_exclusive_across_pods_through_the_store() {
     assert!(b.lock_try("pop3:2", ttl).await.unwrap().is_none(), "the other pod sees it held");
     assert!(a.lock_refresh(&held, ttl).await.unwrap());
     // Redis comes back: the store-held lock is still renewed and released there.
-    redis.set(Mode::Up);
+    redis.gate.set(Mode::Up);
     eventually("a's breaker closes", || a.health().is_ok()).await;
     assert!(a.lock_refresh(&held, ttl).await.unwrap());
     a.lock_release(&held).await.unwrap();
     assert_eq!(shared_store.lease_count("lock:pop3:2").await.unwrap(), 0);
 
     // A store lock of a crashed holder lapses with its TTL.
-    redis.set(Mode::Refuse);
+    redis.gate.set(Mode::Refuse);
     let short = Duration::from_millis(300);
     assert!(a.lock_try("pop3:3", short).await.unwrap().is_some());
     assert!(b.lock_try("pop3:3", short).await.unwrap().is_none());
@@ -289,7 +209,7 @@ async fn connection_leases_keep_their_limit_across_pods_through_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let shared_store = store(&dir).await;
     let redis = Flaky::new();
-    redis.set(Mode::Refuse);
+    redis.gate.set(Mode::Refuse);
     let a = ResilientCache::wrap(redis.clone(), shared_store.clone(), OPTS);
     let b = ResilientCache::wrap(redis.clone(), shared_store.clone(), OPTS);
     let ttl = Duration::from_secs(30);

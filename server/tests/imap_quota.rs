@@ -38,8 +38,7 @@ async fn used(app: &App, email: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_roots_limits_and_overquota() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     deliver(&app, &bob, "INBOX", &sample("first", "hello"), FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     let r = c.cmd("a0", "CAPABILITY").await;
@@ -120,8 +119,7 @@ async fn quota_roots_limits_and_overquota() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_commands_need_authentication() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
     let (mut c, _tx) = connect(&app);
     c.line().await;
     for cmd in ["GETQUOTAROOT INBOX", "GETQUOTA \"\"", "SETQUOTA \"\" (STORAGE 1)"] {

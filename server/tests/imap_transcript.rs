@@ -74,8 +74,7 @@ async fn capability_login_and_authenticate() {
 
 #[tokio::test]
 async fn mailbox_commands() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     let r = c.cmd("m1", "LIST \"\" \"\"").await;
     assert_eq!(r[0], "* LIST (\\Noselect) \"/\" \"\"");
@@ -115,8 +114,7 @@ async fn mailbox_commands() {
 
 #[tokio::test]
 async fn select_fetch_store_search_expunge() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
     deliver(&app, &bob, "INBOX", &sample("one", "first body"), seen.clone()).await;
     deliver(&app, &bob, "INBOX", &sample("two", "second body"), FlagSet::default()).await;
@@ -196,8 +194,7 @@ async fn select_fetch_store_search_expunge() {
 
 #[tokio::test]
 async fn body_sections_of_a_multipart_message() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let inner = "From: Inner <inner@example.com>\r\nSubject: Inner\r\n\r\ninner text\r\n";
     let raw = format!(
         "From: a@example.com\r\nSubject: fwd\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=out\r\n\r\n--out\r\nContent-Type: text/plain\r\n\r\nsee attached\r\n--out\r\nContent-Type: message/rfc822\r\n\r\n{inner}\r\n--out--\r\n"
@@ -224,8 +221,7 @@ async fn body_sections_of_a_multipart_message() {
 
 #[tokio::test]
 async fn append_literals_and_limits() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     let msg = String::from_utf8(sample("appended", "hello")).expect("utf8");
     // Synchronising literal: wait for the continuation.
@@ -265,8 +261,7 @@ async fn append_literals_and_limits() {
 
 #[tokio::test]
 async fn copy_move_and_uid_expunge() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     for i in 0..4 {
         deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
     }
@@ -293,8 +288,7 @@ async fn copy_move_and_uid_expunge() {
 
 #[tokio::test]
 async fn other_sessions_changes_respect_sequence_rules() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     for i in 0..3 {
         deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
     }
@@ -327,8 +321,7 @@ async fn other_sessions_changes_respect_sequence_rules() {
 
 #[tokio::test]
 async fn idle_wakes_on_changes_from_another_session() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
     a.cmd("s", "SELECT INBOX").await;
     a.send("i1 IDLE\r\n").await;
@@ -348,8 +341,7 @@ async fn idle_wakes_on_changes_from_another_session() {
 
 #[tokio::test]
 async fn shutdown_says_bye() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
     let (mut c, tx) = login(&app, "bob@example.org", "pw").await;
     tx.send(true).expect("signal");
     assert_eq!(c.line().await, "* BYE Server shutting down");
@@ -451,8 +443,7 @@ async fn connections_per_user_are_limited() {
 
 #[tokio::test]
 async fn metrics_count_imap_commands_and_idle_sessions() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let uid = deliver(&app, &bob, "INBOX", b"Subject: hi\r\n\r\nhello\r\n", FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     c.cmd("s0", "SELECT INBOX").await;
@@ -507,8 +498,7 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
 /// is written in; LIST patterns may hold any list-char, `&` included.
 #[tokio::test]
 async fn search_header_presence_sent_dates_and_list_patterns() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let late = b"From: Alice <alice@example.com>\r\nSubject: late\r\nDate: Mon, 30 Nov 2026 23:30:00 -0800\r\n\r\nlate evening in California\r\n";
     let early =
         b"From: bob@example.org\r\nDate: Tue, 01 Dec 2026 00:30:00 +0100\r\n\r\nno subject field at all\r\n";
@@ -550,8 +540,7 @@ async fn search_header_presence_sent_dates_and_list_patterns() {
 /// announces the new ones; COPY adds them beside the originals.
 #[tokio::test]
 async fn move_and_copy_into_the_selected_mailbox() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     deliver(&app, &bob, "INBOX", &sample("one", "first"), FlagSet::default()).await;
     deliver(&app, &bob, "INBOX", &sample("two", "second"), FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
@@ -587,8 +576,7 @@ async fn move_and_copy_into_the_selected_mailbox() {
 /// with \Noselect, not foo/bar; LSUB "" * returns foo/bar itself.
 #[tokio::test]
 async fn lsub_lists_an_unsubscribed_parent_as_noselect() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
     for cmd in ["CREATE foo/bar", "SUBSCRIBE foo/bar", "UNSUBSCRIBE foo"] {
         let r = c.cmd("p", cmd).await;
@@ -609,8 +597,7 @@ async fn lsub_lists_an_unsubscribed_parent_as_noselect() {
 #[tokio::test]
 async fn recent_belongs_to_exactly_one_session() {
     // The embedded store (SQLite), plain-text logins for the in-memory connections.
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let seen = FlagSet { system: Flags::SEEN, keywords: vec![] };
     deliver(&app, &bob, "INBOX", &sample("one", "x"), seen).await;
     deliver(&app, &bob, "INBOX", &sample("two", "x"), FlagSet::default()).await;
@@ -677,8 +664,7 @@ async fn recent_belongs_to_exactly_one_session() {
 /// SEARCH, ranges in ALL, options the server does not know refused.
 #[tokio::test]
 async fn esearch_returns_what_was_asked() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let flagged = FlagSet { system: Flags::FLAGGED, keywords: vec![] };
     for i in 1..=8 {
         let flags = if [2, 3, 4, 7].contains(&i) { flagged.clone() } else { FlagSet::default() };
@@ -722,8 +708,7 @@ async fn esearch_returns_what_was_asked() {
 /// search criteria and charset as SEARCH has them.
 #[tokio::test]
 async fn sort_orders_by_the_rfc_keys() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let message = |from: &str, subject: &str, date: Option<&str>, body: &str| {
         let date = date.map(|d| format!("Date: {d}\r\n")).unwrap_or_default();
         format!("From: {from}\r\nTo: bob@example.org\r\nSubject: {subject}\r\n{date}\r\n{body}\r\n")
@@ -805,8 +790,7 @@ async fn sort_orders_by_the_rfc_keys() {
 /// response nesting, UID THREAD, and the search criteria applied first.
 #[tokio::test]
 async fn thread_by_references_and_by_subject() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let message = |id: &str, subject: &str, day: u32, refs: &str| {
         format!(
             "From: a@example.com\r\nTo: bob@example.org\r\nSubject: {subject}\r\nMessage-ID: <{id}@x>\r\n\
@@ -856,8 +840,7 @@ async fn thread_by_references_and_by_subject() {
 /// SIZE as the sum of the messages' octets.
 #[tokio::test]
 async fn list_extended_and_status_size() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let one = sample("one", "first body");
     let two = sample("two", "second");
     deliver(&app, &bob, "INBOX", &one, FlagSet::default()).await;
@@ -934,8 +917,7 @@ async fn list_extended_and_status_size() {
 /// those; a new SELECT forgets it; `$` inside strings and `$Junk` are not it.
 #[tokio::test]
 async fn searchres_saves_and_reuses_a_result() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     let flagged = FlagSet { system: Flags::FLAGGED, keywords: vec![] };
     for i in 1..=6 {
         let flags = if i % 2 == 0 { flagged.clone() } else { FlagSet::default() };
@@ -985,8 +967,7 @@ async fn searchres_saves_and_reuses_a_result() {
 /// protocol order, and a later SELECT from the cache shows the mailbox as it is.
 #[tokio::test]
 async fn sessions_catch_up_after_tombstones_are_pruned() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     for i in 1..=5 {
         deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
     }
@@ -1016,8 +997,7 @@ async fn sessions_catch_up_after_tombstones_are_pruned() {
 /// UIDVALIDITY) each mailbox's list names its own messages.
 #[tokio::test]
 async fn header_lists_come_from_the_metadata_cache_with_current_flags() {
-    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
-    let bob = account(&app, "bob@example.org", "pw").await;
+    let (app, _dir, bob) = embedded_app_with_bob().await;
     for subject in ["one", "two", "three"] {
         deliver(&app, &bob, "INBOX", &sample(subject, "body"), FlagSet::default()).await;
     }

@@ -83,8 +83,31 @@ async fn run(mut cmd: Command) -> std::process::Output {
     out
 }
 
+/// What every Python client script starts with: its imports, a TLS context for
+/// the test's self-signed certificate (encrypting, not verifying), and `reply(f)`,
+/// which reads one reply, all its lines, from the socket file `f`.
+const PY_PRELUDE: &str = r#"
+import smtplib, socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+def reply(f):
+    lines = []
+    while True:
+        l = f.readline().decode()
+        lines.append(l)
+        if l[3:4] != "-":
+            return lines
+"#;
+
+/// Runs the Python client `script`, after [`PY_PRELUDE`], with `args`.
+async fn python(script: &str, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(format!("{PY_PRELUDE}{script}")).args(args);
+    run(cmd).await
+}
+
 const SMTPLIB_STARTTLS: &str = r#"
-import smtplib, ssl, sys
 from email.message import EmailMessage
 port = int(sys.argv[1])
 msg = EmailMessage()
@@ -93,9 +116,6 @@ msg["To"] = "jörg@example.test"
 msg["Subject"] = "Grüße mit Anhang"
 msg.set_content("Hallo Jörg,\n.\nhier ist die Datei.\n")
 msg.add_attachment(bytes(range(256)) * (3 * 1024 * 1024 // 256), maintype="application", subtype="octet-stream", filename="data.bin")
-ctx = ssl.create_default_context()
-ctx.check_hostname = False
-ctx.verify_mode = ssl.CERT_NONE
 with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
     s.ehlo("py.test")
     assert s.has_extn("starttls"), s.esmtp_features
@@ -111,9 +131,7 @@ async fn python_smtplib_starttls_smtputf8_attachment(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     h.add_account("jörg@example.test").await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(SMTPLIB_STARTTLS).arg(addr.port().to_string());
-    let out = run(cmd).await;
+    let out = python(SMTPLIB_STARTTLS, &[&addr.port().to_string()]).await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
     let msgs = h.messages("jörg@example.test").await;
     assert_eq!(msgs.len(), 1);
@@ -127,7 +145,6 @@ async fn python_smtplib_starttls_smtputf8_attachment(b: Backend) {
 }
 
 const SMTPLIB_QUOTA: &str = r#"
-import smtplib, sys
 port = int(sys.argv[1])
 body = "Subject: big\r\n\r\n" + "x" * 6000 + "\r\n"
 with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
@@ -149,9 +166,7 @@ async fn python_smtplib_over_quota(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     h.store.account_set_quota("alice@example.test", Some(4096)).await.expect("quota");
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(SMTPLIB_QUOTA).arg(addr.port().to_string());
-    let out = run(cmd).await;
+    let out = python(SMTPLIB_QUOTA, &[&addr.port().to_string()]).await;
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
     assert_eq!(h.messages("alice@example.test").await.len(), 0);
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
@@ -224,24 +239,16 @@ async fn curl_smtp_upload(b: Backend) {
 }
 
 const CHUNKING: &str = r#"
-import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
 f = s.makefile("rb")
-def reply():
-    lines = []
-    while True:
-        l = f.readline().decode()
-        lines.append(l)
-        if l[3:4] != "-":
-            return lines
-assert reply()[0].startswith("220")
+assert reply(f)[0].startswith("220")
 s.sendall(b"EHLO py.test\r\n")
-assert any("CHUNKING" in l for l in reply())
+assert any("CHUNKING" in l for l in reply(f))
 body1 = b"Subject: chunked\r\n\r\n.\r\n"
 body2 = b"end of message\r\n"
 # Everything pipelined in one write.
 s.sendall(b"MAIL FROM:<c@remote.test>\r\nRCPT TO:<alice@example.test>\r\n" + b"BDAT %d\r\n" % len(body1) + body1 + b"BDAT %d LAST\r\n" % len(body2) + body2 + b"QUIT\r\n")
-codes = [reply()[-1][:3] for _ in range(5)]
+codes = [reply(f)[-1][:3] for _ in range(5)]
 assert codes == ["250", "250", "250", "250", "221"], codes
 print("OK")
 "#;
@@ -249,9 +256,7 @@ print("OK")
 async fn chunking_over_a_socket(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(CHUNKING).arg(addr.port().to_string());
-    run(cmd).await;
+    python(CHUNKING, &[&addr.port().to_string()]).await;
     let msgs = h.messages("alice@example.test").await;
     assert_eq!(msgs.len(), 1);
     assert!(msgs[0].ends_with(b"Subject: chunked\r\n\r\n.\r\nend of message\r\n"));
@@ -329,15 +334,7 @@ async fn hundred_megabytes_against_ten_megabyte_limit() {
 }
 
 const STARTTLS_INJECTION: &str = r#"
-import socket, ssl, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
-def reply(f):
-    lines = []
-    while True:
-        l = f.readline().decode()
-        lines.append(l)
-        if l[3:4] != "-":
-            return lines
 f = s.makefile("rb")
 assert reply(f)[0].startswith("220")
 s.sendall(b"EHLO py.test\r\n")
@@ -345,9 +342,6 @@ reply(f)
 # A man in the middle appends a command to STARTTLS in the same segment.
 s.sendall(b"STARTTLS\r\nMAIL FROM:<injected@remote.test>\r\n")
 assert reply(f)[0].startswith("220 2.0.0")
-ctx = ssl.create_default_context()
-ctx.check_hostname = False
-ctx.verify_mode = ssl.CERT_NONE
 t = ctx.wrap_socket(s, server_hostname="localhost")
 tf = t.makefile("rb")
 t.sendall(b"EHLO py.test\r\n")
@@ -366,16 +360,10 @@ print("OK")
 async fn starttls_discards_pipelined_plaintext(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(STARTTLS_INJECTION).arg(addr.port().to_string());
-    run(cmd).await;
+    python(STARTTLS_INJECTION, &[&addr.port().to_string()]).await;
 }
 
 const SUBMISSIONS_NO_AUTH: &str = r#"
-import smtplib, ssl, sys
-ctx = ssl.create_default_context()
-ctx.check_hostname = False
-ctx.verify_mode = ssl.CERT_NONE
 with smtplib.SMTP_SSL("127.0.0.1", int(sys.argv[1]), context=ctx, timeout=30) as s:
     s.ehlo("py.test")
     assert "PLAIN" in s.esmtp_features.get("auth", ""), s.esmtp_features
@@ -397,19 +385,13 @@ async fn submissions_implicit_tls(b: Backend) {
     let proto = Arc::new(SmtpProtocol::new(h.app.clone(), mailcluster_server::smtp::SmtpKind::Submissions));
     for wrapped in [true, false] {
         let addr = listen(proto.clone(), tls_provider(), wrapped, h.shutdown.clone()).await;
-        let mut cmd = Command::new("python3");
-        cmd.arg("-c").arg(SUBMISSIONS_NO_AUTH).arg(addr.port().to_string());
-        run(cmd).await;
+        python(SUBMISSIONS_NO_AUTH, &[&addr.port().to_string()]).await;
     }
 }
 
 const SMTPLIB_SUBMISSION: &str = r#"
-import smtplib, ssl, sys
 from email.message import EmailMessage
 port, password = int(sys.argv[1]), sys.argv[2]
-ctx = ssl.create_default_context()
-ctx.check_hostname = False
-ctx.verify_mode = ssl.CERT_NONE
 msg = EmailMessage()
 msg["From"] = "alice@example.test"
 msg["To"] = "bob@example.test, friend@elsewhere.test"
@@ -434,9 +416,7 @@ print("OK")
 async fn python_smtplib_submission_starttls_auth(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.submission.clone(), tls_provider(), false, h.shutdown.clone()).await;
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(SMTPLIB_SUBMISSION).arg(addr.port().to_string()).arg(PASSWORD);
-    run(cmd).await;
+    python(SMTPLIB_SUBMISSION, &[&addr.port().to_string(), PASSWORD]).await;
     let msgs = h.messages("bob@example.test").await;
     assert_eq!(msgs.len(), 1);
     assert!(msgs[0].len() > 5 * 1024 * 1024);

@@ -35,8 +35,7 @@ async fn ehlo_lists_extensions_for_mx(b: Backend) {
 
 async fn mx_delivery_stores_once_with_trace_headers(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<sender@remote.test> BODY=8BITMIME SIZE=100", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<Bob@Example.TEST>", "250 2.1.5").await;
@@ -71,21 +70,16 @@ async fn delivery_publishes_mailbox_event(b: Backend) {
     let h = harness(b).await;
     let (account, inbox) = h.inbox_of("alice@example.test").await;
     let mut events = h.cache.subscribe(account).await.unwrap();
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap();
     assert_eq!((event.account_id, event.mailbox_id), (account, inbox));
 }
 
 async fn recipient_errors_and_cache(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("RCPT TO:<alice@example.test>", "503 5.5.1").await;
     c.cmd("MAIL FROM:<>", "250 2.1.0").await;
     c.cmd("MAIL FROM:<x@remote.test>", "503 5.5.1").await;
@@ -112,15 +106,11 @@ async fn recipient_errors_and_cache(b: Backend) {
 /// domain, must be accepted; both go to the configured postmaster address.
 async fn postmaster_is_always_accepted(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.postmaster = "bob@example.test".into())).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<reporter@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<Postmaster>", "250 2.1.5").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("reporter@remote.test", "Postmaster").await;
     c.cmd("RCPT TO:<POSTMASTER@example.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<postmaster@elsewhere.test>", "550 5.7.1").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     // both recipients resolve to one mailbox: delivered once
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
     assert!(h.messages("alice@example.test").await.is_empty());
@@ -130,10 +120,8 @@ async fn postmaster_is_always_accepted(b: Backend) {
 /// message on an idle server is acknowledged without waiting for company.
 async fn lone_message_does_not_linger(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.group_commit_max_wait_ms = 2_000)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let started = std::time::Instant::now();
     c.send(&format!("{MSG}.\r\n")).await;
@@ -159,18 +147,15 @@ async fn sequence_errors_before_greeting(b: Backend) {
 
 async fn too_many_recipients(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.max_recipients = 2)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
     c.cmd("RCPT TO:<carol@example.test>", "452 4.5.3").await;
 }
 
 async fn unsupported_parameters(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<a@remote.test> RET=FULL", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> BODY=BINARYMIME", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> FOO=BAR", "555 5.5.4").await;
@@ -182,14 +167,11 @@ async fn unsupported_parameters(b: Backend) {
 async fn smtputf8_addresses(b: Backend) {
     let h = harness(b).await;
     h.add_account("jörg@example.test").await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<jürgen@remote.test>", "553 5.6.7").await;
     c.cmd("MAIL FROM:<jürgen@remote.test> SMTPUTF8", "250 ").await;
     c.cmd("RCPT TO:<jörg@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send("Subject: Grüße\r\n\r\nÄ\r\n.\r\n").await;
-    c.expect("250 2.0.0").await;
+    c.data("Subject: Grüße\r\n\r\nÄ\r\n.\r\n", "250 2.0.0").await;
     let msgs = h.messages("jörg@example.test").await;
     assert_eq!(msgs.len(), 1);
     let raw = String::from_utf8(msgs[0].to_vec()).unwrap();
@@ -199,10 +181,8 @@ async fn smtputf8_addresses(b: Backend) {
 
 async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     // The classic smuggling payload: "\n.\n" then a second transaction.
     c.send(
@@ -217,8 +197,7 @@ async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
 
     for payload in ["a\r.\r\nMAIL FROM:<x@y.test>\r\n", "a\r\n.\nRCPT TO:<bob@example.test>\r\n", "a\n.\r\n"]
     {
-        c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-        c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+        c.envelope("a@remote.test", "alice@example.test").await;
         c.cmd("DATA", "354").await;
         c.send(payload).await;
         c.send("tail\r\n.\r\n").await;
@@ -236,10 +215,8 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
         }),
     )
     .await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     let line = "x".repeat(998) + "\r\n";
     for _ in 0..100 {
@@ -248,8 +225,7 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
     c.send(".\r\n").await;
     c.expect("552 5.3.4").await;
     // The session goes on.
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     // Past the discard bound the server gives up on the connection.
     let chunk = "y".repeat(998) + "\r\n";
@@ -269,10 +245,8 @@ async fn oversized_data_is_refused_and_not_buffered(b: Backend) {
 
 async fn bdat_chunks_exact_sizes(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     // Chunk content that looks like commands and terminators is just content.
     let part1 = "Subject: b\r\n\r\n.\r\nQUIT\r\n";
     c.send(&format!("BDAT {}\r\n{part1}", part1.len())).await;
@@ -288,8 +262,7 @@ async fn bdat_chunks_exact_sizes(b: Backend) {
     // BDAT 0 LAST ends an (empty-bodied) message; BDAT without MAIL is consumed.
     c.send("BDAT 5\r\nhello").await;
     c.expect("503 5.5.1").await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<bob@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "bob@example.test").await;
     c.send("BDAT 3\r\nabc").await;
     c.expect("250 2.0.0 3 octets").await;
     c.cmd("BDAT 0 LAST", "250 2.0.0 OK").await;
@@ -306,10 +279,8 @@ async fn bdat_over_limit(b: Backend) {
         }),
     )
     .await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.send(&format!("BDAT 60\r\n{}", "a".repeat(60))).await;
     c.expect("250 ").await;
     c.send(&format!("BDAT 60\r\n{}", "b".repeat(60))).await;
@@ -319,8 +290,7 @@ async fn bdat_over_limit(b: Backend) {
     c.expect("503 5.5.1").await;
     c.cmd("NOOP", "250 ").await;
     // A chunk announced beyond the discard bound closes the connection.
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.send("BDAT 100000 LAST\r\n").await;
     c.expect("552 5.3.4").await;
     c.expect_closed().await;
@@ -329,8 +299,7 @@ async fn bdat_over_limit(b: Backend) {
 
 async fn pipelined_commands_answered_in_one_flush(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.send("MAIL FROM:<a@remote.test>\r\nRCPT TO:<alice@example.test>\r\nRCPT TO:<nobody@example.test>\r\nRCPT TO:<bob@example.test>\r\nDATA\r\n").await;
     let first = String::from_utf8(c.read_once().await).unwrap();
     let codes: Vec<&str> = first.lines().map(|l| &l[..3]).collect();
@@ -347,8 +316,7 @@ async fn pipelined_commands_answered_in_one_flush(b: Backend) {
 
 async fn long_lines_and_error_limit(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.max_errors = 5)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.send(&"A".repeat(10_000)).await;
     c.expect("500 5.5.6").await;
     c.send("\r\n").await;
@@ -367,28 +335,20 @@ async fn long_lines_and_error_limit(b: Backend) {
 
 async fn store_failure_acknowledges_nothing(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     h.store.fail.store(true, Ordering::SeqCst);
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("451 4.3.0").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "451 4.3.0").await;
     assert_eq!(h.total_messages().await, 0);
     h.store.fail.store(false, Ordering::SeqCst);
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 2.0.0").await;
+    c.envelope("a@remote.test", "alice@example.test").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
     assert_eq!(h.total_messages().await, 1);
 }
 
 async fn shutdown_says_421(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     h.shutdown_tx.send(true).unwrap();
     c.expect("421 4.3.2").await;
     c.expect_closed().await;
@@ -401,10 +361,8 @@ async fn shutdown_says_421(b: Backend) {
 /// gets its 250 and the message is stored; the 421 comes after.
 async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
-    c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("a@remote.test", "alice@example.test").await;
     c.cmd("DATA", "354").await;
     c.send("From: a@remote.test\r\nSubject: in flight\r\n\r\nfirst half\r\n").await;
     h.shutdown_tx.send(true).unwrap();
@@ -419,8 +377,7 @@ async fn shutdown_finishes_the_message_in_transfer(b: Backend) {
 
 async fn command_timeout_says_421(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.command_timeout_secs = 1)).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.expect("421 4.4.2").await;
     c.expect_closed().await;
 }
@@ -477,19 +434,15 @@ fn base64_encode(s: &str) -> String {
 
 async fn submission_login_and_send(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
     c.cmd(&base64_encode("bob@example.test"), "334 UGFzc3dvcmQ6").await;
     c.cmd(&base64_encode(PASSWORD), "235 2.7.0").await;
     c.cmd("MAIL FROM:<alice@example.test>", "553 5.7.1").await;
-    c.cmd("MAIL FROM:<BOB@example.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.envelope("BOB@example.test", "alice@example.test").await;
     c.cmd("RCPT TO:<friend@elsewhere.test>", "250 2.1.5").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
-    c.cmd("DATA", "354").await;
-    c.send("Subject: out\r\n\r\nhello\r\n.\r\n").await;
-    c.expect("250 2.0.0").await;
+    c.data("Subject: out\r\n\r\nhello\r\n.\r\n", "250 2.0.0").await;
     let local = h.messages("alice@example.test").await;
     assert_eq!(local.len(), 1);
     assert!(String::from_utf8_lossy(&local[0]).contains("with ESMTPA id"), "authenticated: {:?}", local[0]);
@@ -505,17 +458,13 @@ async fn submission_login_and_send(b: Backend) {
 /// leaves exactly one copy of each.
 async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     c.cmd(&format!("AUTH PLAIN {}", base64_encode(&format!("\0bob@example.test\0{PASSWORD}"))), "235").await;
     h.store.fail_deliveries.store(true, Ordering::SeqCst);
     for attempt in ["451 4.3.0", "250 2.0.0"] {
-        c.cmd("MAIL FROM:<bob@example.test>", "250").await;
-        c.cmd("RCPT TO:<alice@example.test>", "250").await;
+        c.envelope("bob@example.test", "alice@example.test").await;
         c.cmd("RCPT TO:<friend@elsewhere.test>", "250").await;
-        c.cmd("DATA", "354").await;
-        c.send("Subject: both\r\n\r\nhello\r\n.\r\n").await;
-        c.expect(attempt).await;
+        c.data("Subject: both\r\n\r\nhello\r\n.\r\n", attempt).await;
         h.store.fail_deliveries.store(false, Ordering::SeqCst);
     }
     assert_eq!(h.messages("alice@example.test").await.len(), 1);
@@ -525,8 +474,7 @@ async fn failed_local_delivery_withdraws_the_queued_copy(b: Backend) {
 
 async fn submission_initial_response(b: Backend) {
     let h = Harness::new(b, config(|c| c.smtp.require_tls_for_auth = false)).await;
-    let mut c = h.connect(&h.submission);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.submission).await;
     let wrong = base64_encode("\0alice@example.test\0nope");
     c.cmd(&format!("AUTH PLAIN {wrong}"), "535 5.7.8").await;
     let right = base64_encode(&format!("alice@example.test\0alice@example.test\0{PASSWORD}"));
@@ -537,14 +485,11 @@ async fn submission_initial_response(b: Backend) {
 
 async fn metrics_are_counted(b: Backend) {
     let h = harness(b).await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 ").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-    c.cmd("DATA", "354").await;
-    c.send(&format!("{MSG}.\r\n")).await;
-    c.expect("250 ").await;
+    c.data(&format!("{MSG}.\r\n"), "250 ").await;
     let text = {
         let mut out = Vec::new();
         let enc = prometheus::TextEncoder::new();
@@ -574,11 +519,8 @@ async fn concurrent_deliveries_share_commits(b: Backend) {
         let mut c = h.connect_from(&h.mx, format!("203.0.113.{}:1000", i + 1).parse().unwrap());
         tasks.push(tokio::spawn(async move {
             c.ehlo().await;
-            c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-            c.cmd("RCPT TO:<alice@example.test>", "250 ").await;
-            c.cmd("DATA", "354").await;
-            c.send(&format!("Subject: {i}\r\n\r\nx\r\n.\r\n")).await;
-            c.expect("250 2.0.0").await;
+            c.envelope("a@remote.test", "alice@example.test").await;
+            c.data(&format!("Subject: {i}\r\n\r\nx\r\n.\r\n"), "250 2.0.0").await;
         }));
     }
     for t in tasks {
@@ -604,8 +546,7 @@ async fn quota_at_delivery(b: Backend) {
     let h = harness(b).await;
     h.store.account_set_quota("alice@example.test", Some(4096)).await.expect("quota");
     let (alice, _) = h.inbox_of("alice@example.test").await;
-    let mut c = h.connect(&h.mx);
-    c.ehlo().await;
+    let mut c = h.connect_ehlo(&h.mx).await;
     c.cmd("MAIL FROM:<sender@remote.test> SIZE=5000", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "552 5.2.2").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
@@ -614,28 +555,20 @@ async fn quota_at_delivery(b: Backend) {
     // Fits: stored, trace headers included in the usage.
     c.cmd("MAIL FROM:<sender@remote.test> SIZE=2000", "250 2.1.0").await;
     c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(2000)).await;
-    c.expect("250 2.0.0").await;
+    c.data(&data_of(2000), "250 2.0.0").await;
     let used = h.store.quota(alice).await.expect("quota").used;
     assert!(used > 2000, "the stored message is the one counted: {used}");
 
     // Does not fit, alice alone: refused, nothing stored, nothing queued.
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(3000)).await;
-    c.expect("552 5.2.2").await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
+    c.data(&data_of(3000), "552 5.2.2").await;
     assert_eq!(h.messages("alice@example.test").await.len(), 1);
     assert!(h.store.queue_list(10).await.expect("queue").is_empty());
 
     // Alice and Bob: Bob gets it, the sender gets a DSN naming Alice.
-    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
-    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.envelope("sender@remote.test", "alice@example.test").await;
     c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
-    c.cmd("DATA", "354").await;
-    c.send(&data_of(3000)).await;
-    c.expect("250 2.0.0").await;
+    c.data(&data_of(3000), "250 2.0.0").await;
     assert_eq!(h.messages("alice@example.test").await.len(), 1, "no room for alice");
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
     let queued = h.store.queue_list(10).await.expect("queue");

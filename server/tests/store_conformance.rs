@@ -122,21 +122,18 @@ where
     }
 }
 
+/// Instantiates each test once per backend: `postgres::name` and `sqlite::name`.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
-        mod postgres {
+        conformance!(@on postgres Postgres, $($name),*);
+        conformance!(@on sqlite Sqlite, $($name),*);
+    };
+    (@on $module:ident $backend:ident, $($name:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::run(super::Backend::Postgres, true, super::$name).await
-                }
-            )*
-        }
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::run(super::Backend::Sqlite, true, super::$name).await
+                    super::run(super::Backend::$backend, true, super::$name).await
                 }
             )*
         }
@@ -239,6 +236,15 @@ async fn account(s: &Arc<dyn Store>, email: &str) -> (i64, i64) {
 async fn deliver_one(s: &Arc<dyn Store>, subject: &str, targets: &[i64]) -> Vec<store::DeliveredTo> {
     let mut out = s.deliver_batch(&[delivery(subject, targets)]).await.expect("deliver");
     out.pop().expect("one result")
+}
+
+/// Delivers `n` messages, subjects "m0", "m1", …, to `mailbox`; their UIDs in order.
+async fn deliver_numbered(s: &Arc<dyn Store>, n: usize, mailbox: i64) -> Vec<u32> {
+    let mut uids = Vec::new();
+    for i in 0..n {
+        uids.push(deliver_one(s, &format!("m{i}"), &[mailbox]).await[0].uid);
+    }
+    uids
 }
 
 async fn message_id_of(s: &Arc<dyn Store>, mailbox: i64, uid: u32) -> i64 {
@@ -510,10 +516,7 @@ async fn rename_inbox(ctx: Ctx) {
     let s = &ctx.store;
     let (acc, inbox) = account(s, "a@example.com").await;
     let sub = s.mailbox_create(acc, "INBOX/Sub", None).await.expect("create").id;
-    let mut uids = Vec::new();
-    for i in 0..3 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 3, inbox).await;
     s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &[]))
         .await
         .expect("flag");
@@ -695,10 +698,7 @@ async fn compression_round_trip(ctx: Ctx) {
 async fn store_flags_semantics(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
-    let mut uids = Vec::new();
-    for i in 0..4 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 4, inbox).await;
     let m0 = s.mailbox_status(inbox).await.expect("status").highest_modseq;
 
     let changed = s
@@ -785,10 +785,7 @@ async fn store_flags_semantics(ctx: Ctx) {
 async fn uids_by_flags_queries(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
-    let mut uids = Vec::new();
-    for i in 0..6 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 6, inbox).await;
     let set = |idx: &[usize]| UidSet::from_uids(&idx.iter().map(|&i| uids[i]).collect::<Vec<_>>());
     s.store_flags(inbox, &set(&[0, 1, 2]), FlagOp::Add, &flagset(Flags::SEEN, &[])).await.expect("s");
     s.store_flags(inbox, &set(&[1, 3]), FlagOp::Add, &flagset(Flags::FLAGGED, &[])).await.expect("s");
@@ -808,10 +805,7 @@ async fn uids_by_flags_queries(ctx: Ctx) {
 async fn expunge_and_tombstones(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
-    let mut uids = Vec::new();
-    for i in 0..5 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 5, inbox).await;
     assert!(s.expunge(inbox, None).await.expect("expunge").is_empty(), "nothing \\Deleted yet");
     let ms = s.mailbox_status(inbox).await.expect("status").highest_modseq;
     s.store_flags(inbox, &UidSet::from_uids(&[uids[1], uids[3]]), FlagOp::Add, &flagset(Flags::DELETED, &[]))
@@ -871,10 +865,7 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
     let (_, inbox) = account(s, "a@example.com").await;
     let empty = s.mailbox_index(inbox).await.expect("index");
     assert!(empty.uids.is_empty() && empty.flags.is_empty() && empty.keywords.is_empty());
-    let mut uids = Vec::new();
-    for i in 0..6 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 6, inbox).await;
     let set = |idx: &[usize]| UidSet::from_uids(&idx.iter().map(|&i| uids[i]).collect::<Vec<_>>());
     s.store_flags(inbox, &set(&[0, 2]), FlagOp::Add, &flagset(Flags::SEEN, &["$Work"])).await.expect("s");
     s.store_flags(inbox, &set(&[3]), FlagOp::Add, &flagset(Flags::DELETED, &["$Junk", "$Work"]))
@@ -914,10 +905,7 @@ async fn mailbox_index_snapshot(ctx: Ctx) {
 async fn conditional_store(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
-    let mut uids = Vec::new();
-    for i in 0..4 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 4, inbox).await;
     let before = s.mailbox_status(inbox).await.expect("status").highest_modseq;
     // Another client changes message 1 after we read `before`.
     let theirs = s
@@ -961,10 +949,7 @@ async fn message_links_and_bodies(ctx: Ctx) {
     let (_, inbox) = account(s, "a@example.com").await;
     let (acc_b, _) = account(s, "b@example.com").await;
     let other = s.mailbox_get(acc_b, "INBOX").await.expect("get").expect("INBOX");
-    let mut uids = Vec::new();
-    for i in 0..5 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 5, inbox).await;
     let theirs = deliver_one(s, "theirs", &[other.id]).await[0].uid;
     s.store_flags(inbox, &UidSet::single(uids[2]), FlagOp::Add, &flagset(Flags::FLAGGED, &["$Later"]))
         .await
@@ -1033,10 +1018,7 @@ async fn message_links_and_bodies(ctx: Ctx) {
 async fn changes_since_after_store_and_expunge(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
-    let mut uids = Vec::new();
-    for i in 0..5 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 5, inbox).await;
     let base = s.mailbox_status(inbox).await.expect("status").highest_modseq;
     let none = s.changes_since(inbox, base).await.expect("changes");
     assert_eq!(none.highest_modseq, base);
@@ -1069,10 +1051,7 @@ async fn copy_and_move(ctx: Ctx) {
     let s = &ctx.store;
     let (acc, inbox) = account(s, "a@example.com").await;
     let archive = s.mailbox_get(acc, "Archive").await.expect("get").expect("Archive").id;
-    let mut uids = Vec::new();
-    for i in 0..4 {
-        uids.push(deliver_one(s, &format!("m{i}"), &[inbox]).await[0].uid);
-    }
+    let uids = deliver_numbered(s, 4, inbox).await;
     deliver_one(s, "pre-existing", &[archive]).await;
     s.store_flags(inbox, &UidSet::single(uids[0]), FlagOp::Add, &flagset(Flags::SEEN, &["Keep"]))
         .await

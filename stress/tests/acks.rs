@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use mailcluster_api::stress::ScenarioKind;
 
 /// Message-IDs of the transactions the server saw, by the reply it gave.
 #[derive(Default)]
@@ -30,20 +29,13 @@ async fn picky_server(seen: Arc<Mutex<Seen>>) -> std::net::SocketAddr {
                     "250-test\r\n250 PIPELINING\r\n".to_string()
                 } else if up.starts_with("DATA") {
                     c.send("354 go\r\n").await;
-                    let mut ids = Vec::new();
-                    let mut in_header = true;
-                    loop {
-                        let Some(line) = c.line().await else { return };
-                        if line == ".\r\n" {
-                            break;
-                        }
-                        if line == "\r\n" {
-                            in_header = false;
-                        }
-                        if in_header && line.to_ascii_lowercase().starts_with("message-id:") {
-                            ids.push(line[11..].trim().trim_matches(['<', '>']).to_string());
-                        }
-                    }
+                    let Some(lines) = c.body().await else { return };
+                    let ids: Vec<String> = lines
+                        .iter()
+                        .take_while(|line| *line != "\r\n")
+                        .filter(|line| line.to_ascii_lowercase().starts_with("message-id:"))
+                        .map(|line| line[11..].trim().trim_matches(['<', '>']).to_string())
+                        .collect();
                     let mut seen = seen.lock().unwrap();
                     seen.headers_per_message.push(ids.len());
                     let id = ids.first().cloned().unwrap_or_default();
@@ -76,12 +68,7 @@ async fn the_ack_log_lists_exactly_the_acknowledged_messages() {
     let addr = picky_server(Arc::clone(&seen)).await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("acked");
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(4);
-    a.max_ops = Some(60);
-    a.duration = Some("5s".into());
+    let mut a = closed_loop_deliveries(addr, 4, 60, "5s");
     a.ack_log = Some(log.clone());
     let r = run(a).await;
     let d = op(&r, "deliver");

@@ -11,13 +11,7 @@ use tokio::io::AsyncWriteExt;
 #[tokio::test]
 async fn refused_connections_are_counted() {
     let addr = closed_port().await;
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(2);
-    a.max_ops = Some(20);
-    a.duration = Some("2s".into());
-    let r = run(a).await;
+    let r = run(closed_loop_deliveries(addr, 2, 20, "2s")).await;
     let d = op(&r, "deliver");
     assert_eq!(d.ok, 0);
     assert_eq!(d.errors_by_kind.get("refused").copied(), Some(20), "{:?}", d.errors_by_kind);
@@ -55,13 +49,7 @@ async fn smtp_reply_codes_are_counted_by_code() {
         _ => "550 5.1.1 no such user\r\n",
     })
     .await;
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(1);
-    a.max_ops = Some(30);
-    a.duration = Some("10s".into());
-    let r = run(a).await;
+    let r = run(closed_loop_deliveries(addr, 1, 30, "10s")).await;
     let d = op(&r, "deliver");
     assert_eq!(d.ok, 10, "{d:?}");
     assert_eq!(d.errors_by_kind.get("smtp-451").copied(), Some(10), "{:?}", d.errors_by_kind);
@@ -87,13 +75,7 @@ async fn a_421_to_pipelined_commands_is_counted_as_421() {
         }
     })
     .await;
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(1);
-    a.max_ops = Some(5);
-    a.duration = Some("10s".into());
-    let r = run(a).await;
+    let r = run(closed_loop_deliveries(addr, 1, 5, "10s")).await;
     let d = op(&r, "deliver");
     assert_eq!(d.errors_by_kind.get("smtp-421").copied(), Some(5), "{:?}", d.errors_by_kind);
 }
@@ -131,13 +113,7 @@ async fn a_421_between_transactions_ends_the_session() {
         }
     })
     .await;
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(8);
-    a.max_ops = Some(600);
-    a.duration = Some("20s".into());
-    let r = run(a).await;
+    let r = run(closed_loop_deliveries(addr, 8, 600, "20s")).await;
     let d = op(&r, "deliver");
     let kinds: Vec<&String> = d.errors_by_kind.keys().filter(|k| *k != "smtp-421").collect();
     assert!(kinds.is_empty(), "only 421s may fail: {:?}", d.errors_by_kind);
@@ -191,12 +167,7 @@ async fn slow_server_times_out() {
         while c.line().await.is_some() {}
     })
     .await;
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(3);
-    a.max_ops = Some(6);
-    a.duration = Some("10s".into());
+    let mut a = closed_loop_deliveries(addr, 3, 6, "10s");
     a.timeout = Some("200ms".into());
     let started = std::time::Instant::now();
     let r = run(a).await;

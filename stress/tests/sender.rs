@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use common::*;
-use mailcluster_api::stress::{AuthMechanism, ScenarioKind};
+use mailcluster_api::stress::AuthMechanism;
 
 /// One transaction as the server saw it.
 #[derive(Clone, Debug)]
@@ -70,18 +70,9 @@ async fn submission_server(seen: Arc<Mutex<Vec<Seen>>>) -> std::net::SocketAddr 
                         continue;
                     };
                     c.send("354 go\r\n").await;
-                    let mut from_header = None;
-                    loop {
-                        let Some(line) = c.line().await else { return };
-                        if line == ".\r\n" {
-                            break;
-                        }
-                        if from_header.is_none()
-                            && let Some(v) = line.strip_prefix("From:")
-                        {
-                            from_header = Some(v.trim().to_string());
-                        }
-                    }
+                    let Some(lines) = c.body().await else { return };
+                    let from_header =
+                        lines.iter().find_map(|l| l.strip_prefix("From:")).map(|v| v.trim().to_string());
                     seen.lock().unwrap().push(Seen { login: login.clone(), mail_from: from, from_header });
                     "250 ok\r\n".into()
                 } else if up.starts_with("QUIT") {
@@ -100,13 +91,7 @@ async fn submission_server(seen: Arc<Mutex<Vec<Seen>>>) -> std::net::SocketAddr 
 }
 
 fn deliver_args(addr: std::net::SocketAddr) -> mailcluster_stress::StressArgs {
-    let mut a = args(&[ScenarioKind::Deliver]);
-    a.smtp = Some(addr.to_string());
-    a.closed_loop = true;
-    a.concurrency = Some(3);
-    a.max_ops = Some(30);
-    a.duration = Some("5s".into());
-    a
+    closed_loop_deliveries(addr, 3, 30, "5s")
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! or TCP client that speaks line by line, and message fixtures.
 #![allow(dead_code)]
 
+pub mod gated;
 pub mod mem;
 
 use std::sync::Arc;
@@ -21,8 +22,10 @@ use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shu
 use mailcluster_server::store::{Account, FlagSet, NewDelivery, Store};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-/// An argon2id hash with tiny parameters: verification cost is irrelevant here and
-/// debug builds would otherwise spend seconds per login.
+/// An argon2id hash with tiny parameters (8 KiB, one pass): verification cost is
+/// irrelevant here, debug builds would otherwise spend seconds per login, and
+/// verification reads the parameters from the hash, so the windowed rate-limit
+/// tests do not depend on how fast this (shared, loaded) machine hashes.
 pub fn cheap_hash(password: &str) -> String {
     use argon2::PasswordHasher as _;
     let params = argon2::Params::new(8, 1, 1, None).expect("params");
@@ -231,6 +234,13 @@ pub async fn embedded_app(tweak: impl FnOnce(&mut Config)) -> (App, tempfile::Te
     let (store, dir) = sqlite_store().await;
     let cache = Arc::new(mailcluster_server::cache::local::LocalCache::new());
     (app_configured(store, cache, tweak), dir)
+}
+
+/// [`embedded_app`] taking plaintext logins, with bob@example.org (password "pw").
+pub async fn embedded_app_with_bob() -> (App, tempfile::TempDir, Account) {
+    let (app, dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = account(&app, "bob@example.org", "pw").await;
+    (app, dir, bob)
 }
 
 /// One pod of a PostgreSQL database (`url`): its own store pool and its own Redis

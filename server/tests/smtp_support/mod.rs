@@ -137,6 +137,13 @@ impl Harness {
         self.connect_from(proto, "192.0.2.10:40000".parse().expect("addr"))
     }
 
+    /// A session on `proto` past its greeting and EHLO.
+    pub async fn connect_ehlo(&self, proto: &Arc<SmtpProtocol>) -> Client {
+        let mut c = self.connect(proto);
+        c.ehlo().await;
+        c
+    }
+
     pub fn connect_from(&self, proto: &Arc<SmtpProtocol>, remote: SocketAddr) -> Client {
         let (client, server) = tokio::io::duplex(1 << 20);
         let ctx = SessionCtx {
@@ -239,6 +246,19 @@ impl Client {
         if let Some(t) = self.task.take() {
             tokio::time::timeout(STEP, t).await.expect("session ends").expect("session task");
         }
+    }
+
+    /// MAIL FROM and one RCPT TO, both accepted.
+    pub async fn envelope(&mut self, from: &str, to: &str) {
+        self.cmd(&format!("MAIL FROM:<{from}>"), "250 2.1.0").await;
+        self.cmd(&format!("RCPT TO:<{to}>"), "250 2.1.5").await;
+    }
+
+    /// DATA, then `message` (ending in its `.` line), and the reply to it.
+    pub async fn data(&mut self, message: &str, prefix: &str) -> Vec<String> {
+        self.cmd("DATA", "354 ").await;
+        self.send(message).await;
+        self.expect(prefix).await
     }
 
     pub async fn ehlo(&mut self) -> Vec<String> {

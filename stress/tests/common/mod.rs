@@ -63,11 +63,17 @@ impl Lines {
     }
     /// Read a DATA body up to the dot line.
     pub async fn data(&mut self) -> Option<()> {
+        self.body().await.map(drop)
+    }
+    /// The lines of a DATA body, up to the dot line (not included).
+    pub async fn body(&mut self) -> Option<Vec<String>> {
+        let mut lines = Vec::new();
         loop {
             let l = self.line().await?;
             if l == ".\r\n" {
-                return Some(());
+                return Some(lines);
             }
+            lines.push(l);
         }
     }
 }
@@ -138,6 +144,23 @@ pub fn args(kinds: &[ScenarioKind]) -> StressArgs {
         cluster: "default".into(),
         ..Default::default()
     }
+}
+
+/// Closed-loop deliveries to the SMTP server at `addr`: `concurrency` sessions send
+/// `max_ops` messages in all, for `duration` at the most.
+pub fn closed_loop_deliveries(
+    addr: SocketAddr,
+    concurrency: u32,
+    max_ops: u64,
+    duration: &str,
+) -> StressArgs {
+    let mut a = args(&[ScenarioKind::Deliver]);
+    a.smtp = Some(addr.to_string());
+    a.closed_loop = true;
+    a.concurrency = Some(concurrency);
+    a.max_ops = Some(max_ops);
+    a.duration = Some(duration.into());
+    a
 }
 
 /// Run to completion (bounded by the test's own timeout).
