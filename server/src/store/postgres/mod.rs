@@ -825,14 +825,21 @@ impl Backend for PgStore {
             firsts.insert(id, (first, r.try_get("highest_modseq").map_err(db_err)?));
         }
 
-        // 2. one body per message and 3. the links, UIDs in batch order per mailbox,
-        //    in one statement. The body ids are drawn once, in the `ids` CTE (a
-        //    volatile function keeps it from being inlined), and joined to the bodies
-        //    and the links by the body's position in the batch, so nothing relies on
-        //    the order rows come back in.
-        let mut body_n: Vec<Option<i64>> = vec![None; batch.len()];
-        for (n, &i) in stored.iter().enumerate() {
-            body_n[i] = Some(n as i64 + 1);
+        // 2. one body per message, with ids taken up front so that the link rows
+        //    can reference them without relying on RETURNING order
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('messages', 'id')) FROM generate_series(1, $1)",
+        )
+        .bind(stored.len() as i64)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if ids.len() != stored.len() {
+            return Err(StoreError::Internal("message id allocation came back short".into()));
+        }
+        let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
+        for (&i, &id) in stored.iter().zip(&ids) {
+            message_ids[i] = Some(id);
         }
         let col = |f: fn(&NewDelivery) -> &str| stored.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
         let meta_col: Vec<&str> = stored.iter().map(|&i| metas[i].as_str()).collect();
@@ -841,10 +848,33 @@ impl Backend for PgStore {
         let sizes: Vec<i64> = stored.iter().map(|&i| batch[i].raw.len() as i64).collect();
         let sent: Vec<Option<DateTime<Utc>>> = stored.iter().map(|&i| batch[i].meta.sent_date).collect();
         let header_sizes: Vec<i64> = stored.iter().map(|&i| i64::from(batch[i].meta.header_size)).collect();
+        sqlx::query(
+            "INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
+             message_id, sent_date, header_size) \
+             SELECT * FROM UNNEST($1::bigint[], $2::bytea[], $3::bool[], $4::bigint[], $5::text[], $6::text[], \
+             $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bigint[])",
+        )
+        .bind(&ids)
+        .bind(&body_refs)
+        .bind(&compressed)
+        .bind(&sizes)
+        .bind(&meta_col)
+        .bind(col(|d| d.meta.subject.as_str()))
+        .bind(col(|d| d.meta.from.as_str()))
+        .bind(col(|d| d.meta.to.as_str()))
+        .bind(col(|d| d.meta.cc.as_str()))
+        .bind(col(|d| d.meta.message_id.as_str()))
+        .bind(&sent)
+        .bind(&header_sizes)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+
+        // 3. the links, UIDs in batch order per mailbox
         let keywords: Vec<String> = flags.iter().map(|f| encode_keywords(&f.keywords)).collect();
         let mut l_mb = Vec::new();
         let mut l_uid = Vec::new();
-        let mut l_body = Vec::new();
+        let mut l_msg = Vec::new();
         let mut l_flags = Vec::new();
         let mut l_kw: Vec<&str> = Vec::new();
         let mut l_modseq = Vec::new();
@@ -858,7 +888,7 @@ impl Backend for PgStore {
                 let uid = first + k as i64;
                 l_mb.push(mb);
                 l_uid.push(uid);
-                l_body.push(body_n[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?);
+                l_msg.push(message_ids[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?);
                 l_flags.push(flags[i].system.0 as i32);
                 l_kw.push(keywords[i].as_str());
                 l_modseq.push(modseq);
@@ -868,38 +898,14 @@ impl Backend for PgStore {
             }
         }
         sqlx::query(
-            "WITH ids AS (SELECT nextval(pg_get_serial_sequence('messages', 'id')) AS id, n \
-                 FROM generate_series(1, $1::bigint) AS n), \
-             bodies AS (INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, \
-                 cc_addr, message_id, sent_date, header_size) \
-                 SELECT ids.id, b.body, b.compressed, b.size, b.meta, b.subject, b.from_addr, b.to_addr, \
-                 b.cc_addr, b.message_id, b.sent_date, b.header_size \
-                 FROM UNNEST($2::bytea[], $3::bool[], $4::bigint[], $5::text[], $6::text[], $7::text[], \
-                 $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bigint[]) WITH ORDINALITY \
-                 AS b(body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, message_id, sent_date, \
-                 header_size, n) JOIN ids USING (n)) \
-             INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, \
-                 size) \
-             SELECT l.mb, l.uid, ids.id, l.flags, l.kw, l.modseq, l.date, l.size \
-             FROM UNNEST($13::bigint[], $14::bigint[], $15::bigint[], $16::int[], $17::text[], $18::bigint[], \
-                 $19::timestamptz[], $20::bigint[]) AS l(mb, uid, n, flags, kw, modseq, date, size) \
-             JOIN ids USING (n)",
+            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, \
+             size) \
+             SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], \
+             $7::timestamptz[], $8::bigint[])",
         )
-        .bind(stored.len() as i64)
-        .bind(&body_refs)
-        .bind(&compressed)
-        .bind(&sizes)
-        .bind(&meta_col)
-        .bind(col(|d| d.meta.subject.as_str()))
-        .bind(col(|d| d.meta.from.as_str()))
-        .bind(col(|d| d.meta.to.as_str()))
-        .bind(col(|d| d.meta.cc.as_str()))
-        .bind(col(|d| d.meta.message_id.as_str()))
-        .bind(&sent)
-        .bind(&header_sizes)
         .bind(&l_mb)
         .bind(&l_uid)
-        .bind(&l_body)
+        .bind(&l_msg)
         .bind(&l_flags)
         .bind(&l_kw)
         .bind(&l_modseq)
