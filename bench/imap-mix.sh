@@ -85,6 +85,10 @@ PY
     tail -n 1 "$OUT/cpu.txt"
     # PG_STATS=1 (needs pg_stat_statements preloaded): where PostgreSQL's time went.
     [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -c "SELECT calls, round(total_plan_time) AS plan_ms, round(total_exec_time) AS ms, plans, round((total_exec_time / NULLIF(calls, 0))::numeric, 3) AS ms_per_call, round(max_exec_time::numeric, 1) AS max_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 110) AS query FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 25" >"$OUT/pg-$side-$round.txt"
+    # The cache's breaker and fallbacks so far: logins that miss the credential
+    # cache run argon2, which shows in the LOGIN tail.
+    [ "$side" = mailcluster ] && curl -s "http://127.0.0.1:$(mc_port admin)/metrics" |
+      grep -E '^mail_(cache_up|cache_fallbacks_total|auth_total)' >"$OUT/metrics-$side-$round.txt"
     [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -Atc "SELECT 'statements ' || sum(calls) || ', executing ' || round(sum(total_exec_time)) || ' ms' FROM pg_stat_statements WHERE query !~* 'pg_stat_statements'" >>"$OUT/pg-$side-$round.txt"
   done
 done
