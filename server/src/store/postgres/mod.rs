@@ -112,16 +112,19 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
 
 /// EXPUNGE as one statement around the part that picks the rows (`mm`): the
 /// mailbox's write lock, the links deleted, the counters and modseq, the
-/// tombstones, and the bodies no other link holds. Every part reads the
-/// statement's snapshot, where the links this statement deletes are still there:
-/// a body goes when its links there are all among them. (Counted per body, which
-/// keeps the body index in use, and only up to one more than this statement's
-/// links to it: a body shared by thousands of mailboxes is not read through; an
-/// anti-join against the links left was planned as a scan of every link.) A link
-/// to one of these bodies
-/// that a transaction committed while this statement waited for the lock is not in
-/// the snapshot: the body's deletion then fails on the foreign key (see
-/// `expunge_links`), never leaving a link without its body.
+/// tombstones, and the bodies no other link holds.
+///
+/// Every part reads the statement's snapshot, where the links this statement
+/// deletes are still there: a body goes when its links there are all among them.
+/// They are counted per body, which keeps the body index in use, and only up to
+/// one more than this statement's links to it, so a body shared by thousands of
+/// mailboxes is not read through (an anti-join against the links left was planned
+/// as a scan of every link).
+///
+/// A link to one of these bodies that a transaction committed while this
+/// statement waited for the lock is not in the snapshot: the body's deletion then
+/// fails on the foreign key (see `expunge_links`), never leaving a link without
+/// its body.
 macro_rules! expunge_sql {
     ($using:literal, $rows:literal) => {
         concat!(
@@ -1101,7 +1104,7 @@ impl Backend for PgStore {
 
     async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
         let ranges = uids.map(range_arrays);
-        // The one retry: a body linked again while the statement waited for the
+        // Up to two retries: a body linked again while the statement waited for the
         // mailbox lock fails its deletion on the foreign key, and the statement,
         // all of it undone, runs again on a snapshot that sees the new link.
         let mut attempt = 0;
