@@ -147,7 +147,7 @@ impl Store for DownStore {
     ) -> StoreResult<ConditionalStore> {
         down_store()
     }
-    async fn expunge(&self, _: i64, _: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+    async fn expunge(&self, _: i64, _: Option<&UidSet>) -> StoreResult<Expunged> {
         down_store()
     }
     async fn copy(&self, _: i64, _: &UidSet, _: i64) -> StoreResult<Vec<(u32, u32)>> {

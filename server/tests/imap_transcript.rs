@@ -1035,3 +1035,65 @@ async fn header_lists_come_from_the_metadata_cache_with_current_flags() {
         "{r:?}"
     );
 }
+
+/// A session's own APPEND and EXPUNGE in its selected mailbox: announced at once
+/// (RFC 3501 §6.3.11: the server SHOULD send EXISTS when appending to the selected
+/// mailbox), with the flags and keywords the message was stored with, \Recent for
+/// this session alone — and what other sessions changed meanwhile is announced
+/// with it, never lost.
+#[tokio::test]
+async fn own_append_and_expunge_update_the_selected_view() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for i in 0..2 {
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+    }
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let (mut b, _tb) = login(&app, "bob@example.org", "pw").await;
+    let r = a.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 2 RECENT"), "{r:?}");
+
+    // Nothing else changed: the new keyword widens FLAGS, then EXISTS and RECENT.
+    let msg = String::from_utf8(sample("mine", "x")).expect("utf8");
+    let r = a.cmd("a1", &format!("APPEND INBOX (\\Seen $Mine) {{{}+}}\r\n{msg}", msg.len())).await;
+    assert!(r[0].starts_with("* FLAGS (") && r[0].contains("$Mine"), "{r:?}");
+    assert!(r[1].starts_with("* OK [PERMANENTFLAGS (") && r[1].contains("$Mine"), "{r:?}");
+    assert_eq!(r[2..4], ["* 3 EXISTS", "* 3 RECENT"].map(String::from), "{r:?}");
+    assert!(tagged(&r).starts_with("a1 OK [APPENDUID ") && tagged(&r).contains(" 3] "), "{r:?}");
+    let r = a.cmd("f1", "FETCH 3 (UID FLAGS)").await;
+    assert_eq!(r[0], "* 3 FETCH (UID 3 FLAGS (\\Seen \\Recent $Mine))");
+    // Taken by the appending session: no other session gets it as \Recent.
+    let r = b.cmd("st", "STATUS INBOX (MESSAGES RECENT)").await;
+    assert_eq!(r[0], "* STATUS \"INBOX\" (MESSAGES 3 RECENT 0)");
+
+    // Another session's delivery and flag change land before the next APPEND:
+    // the APPEND's answer carries them as well as its own message.
+    b.cmd("s", "SELECT INBOX").await;
+    b.cmd("f", "STORE 1 +FLAGS (\\Flagged)").await;
+    deliver(&app, &bob, "INBOX", &sample("theirs", "x"), FlagSet::default()).await;
+    let r = a.cmd("a2", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
+    assert!(has(&r, "* 1 FETCH (UID 1 FLAGS (\\Flagged \\Recent))"), "{r:?}");
+    assert!(has(&r, "* 5 EXISTS") && has(&r, "* 5 RECENT"), "{r:?}");
+    let r = a.cmd("f2", "UID FETCH 4:5 (FLAGS)").await;
+    assert_eq!(
+        r[..2],
+        ["* 4 FETCH (UID 4 FLAGS (\\Recent))", "* 5 FETCH (UID 5 FLAGS (\\Recent))"].map(String::from)
+    );
+
+    // EXPUNGE alone: its own EXPUNGE lines, nothing else.
+    a.cmd("d1", "STORE 2 +FLAGS.SILENT (\\Deleted)").await;
+    let r = a.cmd("e1", "EXPUNGE").await;
+    assert_eq!(r, ["* 2 EXPUNGE", "e1 OK EXPUNGE completed"].map(String::from));
+    // EXPUNGE after another session's change: that change comes with it.
+    a.cmd("d2", "UID STORE 5 +FLAGS.SILENT (\\Deleted)").await;
+    b.cmd("n", "NOOP").await;
+    b.cmd("f", "UID STORE 3 +FLAGS (\\Answered)").await;
+    let r = a.cmd("e2", "EXPUNGE").await;
+    assert!(has(&r, "* 4 EXPUNGE"), "{r:?}");
+    assert!(has(&r, "* 2 FETCH (UID 3 FLAGS (\\Seen \\Answered \\Recent $Mine))"), "{r:?}");
+    let r = a.cmd("f3", "FETCH 1:* (UID)").await;
+    assert_eq!(
+        r[..3],
+        ["* 1 FETCH (UID 1)", "* 2 FETCH (UID 3)", "* 3 FETCH (UID 4)"].map(String::from),
+        "{r:?}"
+    );
+}

@@ -17,8 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use mailcluster_server::store::{
-    self, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt, QueueStats,
-    RecipientOutcome, RecipientStatus, SpecialUse, Store, StoreError, UidSet,
+    self, Expunged, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt,
+    QueueStats, RecipientOutcome, RecipientStatus, SpecialUse, Store, StoreError, UidSet,
 };
 use sqlx::Connection;
 
@@ -596,6 +596,10 @@ async fn deliver_and_read(ctx: Ctx) {
     let st = s.mailbox_status(inbox).await.expect("status");
     assert_eq!((st.messages, st.unseen, st.uid_next), (2, 1, u2 + 1));
     assert!(st.highest_modseq > before.highest_modseq);
+    // Each delivery tells the modseq it left in each mailbox: the mailbox's own,
+    // one above the one before (the batch is one change per mailbox).
+    assert_eq!((out[0][0].modseq, out[1][0].modseq), (before.highest_modseq + 1, st.highest_modseq));
+    assert_eq!(out[1][1].modseq, s.mailbox_status(drafts).await.expect("status").highest_modseq);
     assert_counts(s, inbox).await;
     assert_counts(s, drafts).await;
 
@@ -806,20 +810,29 @@ async fn expunge_and_tombstones(ctx: Ctx) {
     let s = &ctx.store;
     let (_, inbox) = account(s, "a@example.com").await;
     let uids = deliver_numbered(s, 5, inbox).await;
-    assert!(s.expunge(inbox, None).await.expect("expunge").is_empty(), "nothing \\Deleted yet");
+    let none = s.expunge(inbox, None).await.expect("expunge");
+    assert_eq!(
+        none,
+        Expunged { uids: Vec::new(), modseq: 0 },
+        "nothing \\Deleted yet, the mailbox unchanged"
+    );
     let ms = s.mailbox_status(inbox).await.expect("status").highest_modseq;
     s.store_flags(inbox, &UidSet::from_uids(&[uids[1], uids[3]]), FlagOp::Add, &flagset(Flags::DELETED, &[]))
         .await
         .expect("flag");
-    assert_eq!(s.expunge(inbox, None).await.expect("expunge"), vec![uids[1], uids[3]]);
+    let removed = s.expunge(inbox, None).await.expect("expunge");
+    assert_eq!(removed.uids, vec![uids[1], uids[3]]);
+    // The modseq the removal left: the mailbox's, one above the flag change's.
+    let after = s.mailbox_status(inbox).await.expect("status").highest_modseq;
+    assert_eq!((removed.modseq, after), (ms + 2, ms + 2));
     assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![uids[0], uids[2], uids[4]]);
     assert_counts(s, inbox).await;
     // an explicit set removes those messages
     assert_eq!(
         s.expunge(inbox, Some(&UidSet(vec![(uids[4], u32::MAX)]))).await.expect("expunge"),
-        vec![uids[4]]
+        Expunged { uids: vec![uids[4]], modseq: ms + 3 }
     );
-    assert!(s.expunge(inbox, Some(&UidSet::single(uids[1]))).await.expect("gone already").is_empty());
+    assert!(s.expunge(inbox, Some(&UidSet::single(uids[1]))).await.expect("gone already").uids.is_empty());
     let ch = s.changes_since(inbox, ms).await.expect("changes");
     assert_eq!(ch.expunged, vec![uids[1], uids[3], uids[4]]);
     let st = s.mailbox_status(inbox).await.expect("status");
@@ -1799,7 +1812,7 @@ async fn postgres_expunge_keeps_a_body_linked_while_it_waited() {
         tx.commit().await.expect("commit the copy");
 
         let removed = expunge.await.expect("task").expect("the EXPUNGE succeeds");
-        assert_eq!(removed, vec![uid]);
+        assert_eq!(removed.uids, vec![uid]);
         assert_eq!(s.mailbox_uids(other).await.expect("uids"), vec![1], "the copy's link is there");
         assert!(s.message_body(body).await.is_ok(), "the body the copy linked stays");
         assert!(s.mailbox_uids(inbox).await.expect("uids").is_empty());

@@ -1,11 +1,13 @@
 //! APPEND, with LITERAL+ and MULTIAPPEND (RFC 3502: all messages or none).
 
 use super::mailbox::name_from_bytes;
+use super::quota::over_quota;
 use super::session::{Outcome, Session, store_error};
 use crate::message::parse_meta;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::AppendMessage;
-use crate::store::NewDelivery;
+use crate::store::common::normalize_flagset;
+use crate::store::{FlagRow, NewDelivery, StoreResult};
 
 impl Session {
     pub(crate) async fn cmd_append(&mut self, mailbox: &[u8], messages: Vec<AppendMessage<'_>>) -> Outcome {
@@ -14,8 +16,8 @@ impl Session {
             Err(o) => return o,
         };
         let account = self.account().map(|a| a.id).unwrap_or_default();
-        let mb = match self.app.store.mailbox_get(account, &name).await {
-            Ok(Some(mb)) => mb,
+        let (mb, quota) = match self.app.store.mailbox_with_quota(account, &name).await {
+            Ok(Some(found)) => found,
             // TRYCREATE tells the client to CREATE and retry (RFC 3501 §6.3.11).
             Ok(None) => return Outcome::no("[TRYCREATE] No such mailbox"),
             Err(e) => return store_error(e),
@@ -23,8 +25,16 @@ impl Session {
         // RFC 9208 §5.2: the whole APPEND (every message of a MULTIAPPEND) fits, or
         // none of it is stored.
         let octets: u64 = messages.iter().map(|m| m.data.len() as u64).sum();
-        if let Some(refusal) = self.quota_refusal(octets).await {
-            return refusal;
+        if !quota.fits(octets) {
+            return over_quota();
+        }
+        // The flags as stored, should the session add the messages to its view.
+        let mut stored_flags = Vec::with_capacity(messages.len());
+        for m in &messages {
+            match normalize_flagset(&m.flags) {
+                Ok(f) => stored_flags.push(f),
+                Err(e) => return store_error(e),
+            }
         }
         let now = chrono::Utc::now();
         let deliveries: Vec<NewDelivery> = messages
@@ -52,21 +62,54 @@ impl Session {
             Ok(d) => d,
             Err(e) => return store_error(e),
         };
-        let uids: Vec<u32> =
-            delivered.iter().flatten().filter(|d| d.mailbox_id == mb.id).map(|d| d.uid).collect();
-        // As for SMTP deliveries, the store does not report the new modseq, and a
-        // status read only to learn it would be a round trip per APPEND (see
-        // `MailboxEvent::modseq`).
-        self.notify(mb.id, 0).await;
-        if self.selected.as_ref().is_some_and(|s| s.mailbox.id == mb.id)
-            && let Err(e) = self.sync(true).await
-        {
+        // One row per message, in APPEND order (its UIDs ascend in that order).
+        let rows: Vec<FlagRow> = delivered
+            .iter()
+            .zip(stored_flags)
+            .filter_map(|(to, flags)| {
+                let to = to.iter().find(|d| d.mailbox_id == mb.id)?;
+                Some(FlagRow { uid: to.uid, flags, modseq: to.modseq })
+            })
+            .collect();
+        let uids: Vec<u32> = rows.iter().map(|r| r.uid).collect();
+        let modseq = rows.iter().map(|r| r.modseq).max().unwrap_or(0);
+        if let Err(e) = self.take_own_append(mb.id, &rows, modseq).await {
             return store_error(e);
         }
+        // After the session's own \Recent claim, so that a session woken by the
+        // notice finds the messages taken.
+        self.notify(mb.id, modseq).await;
         Outcome::ok(format!(
             "[APPENDUID {} {}] APPEND completed",
             mb.uid_validity,
             encode::sequence_set(&uids)
         ))
+    }
+
+    /// Brings the selected mailbox, when it is the one appended to, up to date
+    /// after the session's own APPEND. The delivery's modseq right after the view's
+    /// means nothing else changed the mailbox in between: the new messages are the
+    /// whole change, known without reading it back (as for STORE).
+    async fn take_own_append(&mut self, mailbox_id: i64, rows: &[FlagRow], modseq: u64) -> StoreResult<()> {
+        let Some(sel) = self.selected.as_mut().filter(|s| s.mailbox.id == mailbox_id) else { return Ok(()) };
+        if rows.is_empty() || sel.modseq.checked_add(1) != Some(modseq) {
+            return self.sync_changes(true).await;
+        }
+        sel.modseq = modseq;
+        let mut new_keyword = false;
+        for row in rows {
+            new_keyword |= sel.learn_keywords(row.flags.keywords.iter());
+        }
+        let flags_lines = new_keyword.then(|| sel.flags_lines());
+        // What `sync` does when nothing else changed.
+        self.push_pending_expunges();
+        for line in flags_lines.into_iter().flatten() {
+            self.push(&line);
+        }
+        let rows: Vec<&FlagRow> = rows.iter().collect();
+        for line in self.add_new_messages(mailbox_id, &rows, true).await {
+            self.push(&line);
+        }
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ use super::mailbox::mailbox_name;
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{FlagOp, FlagSet, Flags, UidSet};
+use crate::store::{Expunged, FlagOp, FlagSet, Flags, UidSet};
 
 /// Client flags → store flags; `None` for flags a client may not set.
 pub fn flag_set(flags: &[Flag<'_>]) -> Option<FlagSet> {
@@ -264,23 +264,35 @@ impl Session {
                 };
                 let both: Vec<u32> = named.into_iter().filter(|u| deleted.binary_search(u).is_ok()).collect();
                 if both.is_empty() {
-                    Ok(Vec::new())
+                    Ok(Expunged::default())
                 } else {
                     store.expunge(mailbox_id, Some(&UidSet::from_uids(&both))).await
                 }
             }
         };
-        let mut removed = match removed {
+        let Expunged { uids: mut removed, modseq } = match removed {
             Ok(r) => r,
             Err(e) => return store_error(e),
         };
         removed.sort_unstable();
         self.announce_expunged(&removed);
-        if !removed.is_empty() {
-            self.notify(mailbox_id, 0).await;
-        }
-        if let Err(e) = self.sync(true).await {
+        // The store's modseq right after the session's own: the removal was the
+        // whole change, and the session is up to date without reading it back.
+        let caught_up = match self.selected.as_mut() {
+            Some(sel) if !removed.is_empty() && sel.modseq.checked_add(1) == Some(modseq) => {
+                sel.modseq = modseq;
+                true
+            }
+            _ => false,
+        };
+        if caught_up {
+            // What `sync` does when nothing else changed.
+            self.push_pending_expunges();
+        } else if let Err(e) = self.sync(true).await {
             return store_error(e);
+        }
+        if !removed.is_empty() {
+            self.notify(mailbox_id, modseq).await;
         }
         Outcome::ok(if uid_set.is_some() { "UID EXPUNGE completed" } else { "EXPUNGE completed" })
     }

@@ -214,7 +214,7 @@ impl Session {
         if expunge && !sel.read_only {
             // CLOSE expunges silently (RFC 3501 §6.4.2): no untagged EXPUNGE.
             match self.app.store.expunge(sel.mailbox.id, None).await {
-                Ok(removed) if !removed.is_empty() => self.notify(sel.mailbox.id, 0).await,
+                Ok(removed) if !removed.uids.is_empty() => self.notify(sel.mailbox.id, removed.modseq).await,
                 Ok(_) => {}
                 Err(e) => return store_error(e),
             }

@@ -71,18 +71,8 @@ impl Session {
         Outcome::no("[NOPERM] Quotas are set by the administrator")
     }
 
-    /// `None` when `octets` more fit the account's quota, else the NO to send.
-    pub(crate) async fn quota_refusal(&self, octets: u64) -> Option<Outcome> {
-        let account = self.account().map(|a| a.id)?;
-        match self.app.store.quota(account).await {
-            Ok(q) if q.fits(octets) => None,
-            Ok(_) => Some(over_quota()),
-            Err(e) => Some(quota_error(e)),
-        }
-    }
-
-    /// [`Self::quota_refusal`] for a COPY of `uids` out of `mailbox_id`: their
-    /// sizes are read only when the account has a limit at all.
+    /// Refuses a COPY of `uids` out of `mailbox_id` that would not fit under the
+    /// account's quota; their sizes are read only when the account has a limit at all.
     pub(crate) async fn copy_quota_refusal(&self, mailbox_id: i64, uids: &UidSet) -> Option<Outcome> {
         let account = self.account().map(|a| a.id)?;
         let quota = match self.app.store.quota(account).await {

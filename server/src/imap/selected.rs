@@ -426,36 +426,56 @@ impl Session {
                 ));
             }
         }
-        if !new_rows.is_empty() {
-            // `changed` is ordered by UID, so appending keeps `uids` ascending.
-            for row in new_rows {
-                if row.uid > sel.max_uid() {
-                    sel.append(row);
-                }
-            }
-            let new_max = sel.max_uid();
-            // A read-write session takes the new messages as \Recent unless another
-            // session took them first; a read-only one cannot take them and, unable to
-            // tell, treats them as recent (RFC 3501 §2.3.2 "SHOULD").
-            let from = if sel.read_only {
-                max
-            } else {
-                match self.app.store.recent_claim(mailbox_id, new_max).await {
-                    Ok(floor) => floor.max(max),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "imap: cannot claim \\Recent; announcing as recent");
-                        max
-                    }
-                }
-            };
-            sel.recent.add(from + 1, new_max);
-            lines.push(format!("* {} EXISTS", sel.uids.len()));
-            lines.push(sel.recent_line());
-        }
+        // `changed` is ordered by UID, so the new rows come in UID order.
+        lines.extend(self.add_new_messages(mailbox_id, &new_rows, false).await);
         for l in lines {
             self.push(&l);
         }
         Ok(())
+    }
+
+    /// Adds messages above every known UID (`rows` in UID order) to the view and
+    /// returns the EXISTS and RECENT lines that announce them. A read-write session
+    /// takes them as \Recent unless another session took them first; a read-only
+    /// one cannot take them and, unable to tell, treats them as recent (RFC 3501
+    /// §2.3.2 "SHOULD"). `own`: the session stored them itself a moment ago, so the
+    /// claim goes straight to raising the floor.
+    pub(crate) async fn add_new_messages(
+        &mut self,
+        mailbox_id: i64,
+        rows: &[&FlagRow],
+        own: bool,
+    ) -> Vec<String> {
+        let Some(sel) = self.selected.as_mut() else { return Vec::new() };
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        let max = sel.max_uid();
+        for row in rows {
+            if row.uid > sel.max_uid() {
+                sel.append(row);
+            }
+        }
+        let new_max = sel.max_uid();
+        let from = if sel.read_only {
+            max
+        } else {
+            let claim = if own {
+                self.app.store.recent_claim_own(mailbox_id, new_max).await
+            } else {
+                self.app.store.recent_claim(mailbox_id, new_max).await
+            };
+            match claim {
+                Ok(floor) => floor.max(max),
+                Err(e) => {
+                    tracing::warn!(error = %e, "imap: cannot claim \\Recent; announcing as recent");
+                    max
+                }
+            }
+        };
+        let Some(sel) = self.selected.as_mut() else { return Vec::new() };
+        sel.recent.add(from + 1, new_max);
+        vec![format!("* {} EXISTS", sel.uids.len()), sel.recent_line()]
     }
 }
 

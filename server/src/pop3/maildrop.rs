@@ -173,7 +173,10 @@ impl Maildrop {
         if !deleted.is_empty() {
             // Messages an IMAP session expunged meanwhile are simply not there.
             match app.store.expunge(self.mailbox_id, Some(&UidSet::from_uids(&deleted))).await {
-                Ok(removed) => changed |= !removed.is_empty(),
+                Ok(removed) => {
+                    changed |= !removed.uids.is_empty();
+                    modseq = removed.modseq;
+                }
                 Err(e) => {
                     self.lock.release().await;
                     return Err(CommitError::Store(e));
@@ -188,7 +191,7 @@ impl Maildrop {
             {
                 Ok(rows) => {
                     changed |= !rows.is_empty();
-                    modseq = rows.iter().map(|r| r.modseq).max().unwrap_or(0);
+                    modseq = rows.iter().map(|r| r.modseq).fold(modseq, u64::max);
                 }
                 Err(e) => tracing::warn!(error = %e, "pop3: could not mark retrieved messages \\Seen"),
             }

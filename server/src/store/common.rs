@@ -140,7 +140,7 @@ pub(crate) fn group_by_mailbox(batch: &[NewDelivery]) -> BTreeMap<i64, MailboxSh
 /// Per delivery, in the order of its (de-duplicated) targets.
 pub(crate) fn delivered(
     batch: &[NewDelivery],
-    assigned: &std::collections::HashMap<(usize, i64), u32>,
+    assigned: &std::collections::HashMap<(usize, i64), (u32, u64)>,
 ) -> Vec<Vec<super::DeliveredTo>> {
     batch
         .iter()
@@ -153,8 +153,8 @@ pub(crate) fn delivered(
                     continue;
                 }
                 seen.push(mb);
-                if let Some(&uid) = assigned.get(&(i, mb)) {
-                    out.push(super::DeliveredTo { mailbox_id: mb, uid });
+                if let Some(&(uid, modseq)) = assigned.get(&(i, mb)) {
+                    out.push(super::DeliveredTo { mailbox_id: mb, uid, modseq });
                 }
             }
             out

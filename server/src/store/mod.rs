@@ -104,6 +104,14 @@ pub trait Store: Send + Sync + 'static {
     /// Exact name match; "INBOX" is matched case-insensitively.
     async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>>;
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>>;
+    /// [`Store::mailbox_get`] and its account's [`Store::quota`], read together:
+    /// what APPEND needs before it stores anything.
+    async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {
+        match self.mailbox_get(account_id, name).await? {
+            Some(mb) => Ok(Some((mb, self.quota(account_id).await?))),
+            None => Ok(None),
+        }
+    }
     async fn mailbox_create(
         &self,
         account_id: i64,
@@ -127,6 +135,12 @@ pub trait Store: Send + Sync + 'static {
     /// returns the floor before. Concurrent claims, from any process, are
     /// serialised: every UID is given as recent to exactly one caller.
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32>;
+    /// [`Store::recent_claim`] of messages the caller itself has just added, which
+    /// no other session can have taken yet in the common case: stores may skip
+    /// the read that answers a claim already taken.
+    async fn recent_claim_own(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
+        self.recent_claim(mailbox_id, up_to).await
+    }
     /// Octets of all messages of the mailbox (STATUS SIZE, RFC 8438), from its
     /// counter.
     async fn mailbox_size(&self, mailbox_id: i64) -> StoreResult<u64>;
@@ -258,8 +272,8 @@ pub trait Store: Send + Sync + 'static {
         unchanged_since: u64,
     ) -> StoreResult<ConditionalStore>;
     /// Removes the given messages (or, with `None`, every message flagged \Deleted)
-    /// and leaves tombstones. Returns the UIDs removed, ascending.
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>>;
+    /// and leaves tombstones.
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged>;
     /// Links the messages into `dest` with fresh UIDs (bodies are not copied).
     /// Returns (source uid, destination uid) pairs in source order.
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;

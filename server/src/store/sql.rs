@@ -164,7 +164,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         mailbox_id: i64,
         uids: Option<&UidSet>,
-    ) -> impl Future<Output = StoreResult<Vec<u32>>> + Send;
+    ) -> impl Future<Output = StoreResult<Expunged>> + Send;
     /// See [`Store::epoch`].
     fn cluster_epoch(&self) -> impl Future<Output = StoreResult<Option<String>>> + Send {
         async { Ok(None) }
@@ -178,6 +178,12 @@ const RECENT_COUNT: &str = "SELECT (SELECT count(*) FROM mailbox_messages mm \
 const QUOTA: &str = "SELECT a.quota_bytes, d.default_quota_bytes, \
      (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
      FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = $1";
+/// [`MAILBOX_BY_NAME`] with [`QUOTA`]'s columns, in one round trip.
+const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_validity, m.uid_next, \
+     m.highest_modseq, m.special_use, m.recent_floor, a.quota_bytes, d.default_quota_bytes, \
+     (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
+     FROM mailboxes m JOIN accounts a ON a.id = m.account_id JOIN domains d ON d.id = a.domain_id \
+     WHERE m.account_id = $1 AND m.name = $2";
 const MAILDROP: &str = "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
      WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid";
 const MESSAGE_ROW_COLS: &str =
@@ -193,6 +199,14 @@ pub(crate) struct Batch<'a> {
     pub metas: Vec<String>,
     pub bodies: Vec<common::StoredBody>,
     pub groups: std::collections::BTreeMap<i64, common::MailboxShare>,
+}
+
+fn quota_of(row: &impl Cols) -> StoreResult<Quota> {
+    Ok(Quota {
+        account_limit: row.opt_int("quota_bytes")?.map(u64_of),
+        domain_limit: row.opt_int("default_quota_bytes")?.map(u64_of),
+        used: u64_of(row.int("used")?),
+    })
 }
 
 /// A stored body row (`body`, `compressed`, `size`, `header_size`), inflated.
@@ -415,12 +429,7 @@ impl<B: Backend> Store for B {
 
     async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
         let rows = self.fetch(false, QUOTA, &[Param::Int(account_id)]).await?;
-        let row = first(rows, || format!("account {account_id}"))?;
-        Ok(Quota {
-            account_limit: row.opt_int("quota_bytes")?.map(u64_of),
-            domain_limit: row.opt_int("default_quota_bytes")?.map(u64_of),
-            used: u64_of(row.int("used")?),
-        })
+        quota_of(&first(rows, || format!("account {account_id}"))?)
     }
 
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
@@ -452,6 +461,13 @@ impl<B: Backend> Store for B {
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>> {
         let rows = self.fetch(false, MAILBOX_BY_ID, &[Param::Int(mailbox_id)]).await?;
         rows.first().map(mailbox_from_row).transpose()
+    }
+
+    async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {
+        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
+        let rows =
+            self.fetch(false, MAILBOX_WITH_QUOTA, &[Param::Int(account_id), Param::Text(&name)]).await?;
+        rows.first().map(|r| Ok((mailbox_from_row(r)?, quota_of(r)?))).transpose()
     }
 
     async fn mailbox_create(
@@ -520,6 +536,10 @@ impl<B: Backend> Store for B {
         if floor >= i64::from(up_to) {
             return u32_of(floor, "recent_floor");
         }
+        self.recent_claim_own(mailbox_id, up_to).await
+    }
+
+    async fn recent_claim_own(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
         let before = self.raise_recent_floor(mailbox_id, i64::from(up_to)).await?;
         u32_of(before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent_floor")
     }
@@ -649,7 +669,7 @@ impl<B: Backend> Store for B {
         steps::store_flags_unchanged_since(self.begin(), mailbox_id, uids, (op, flags), unchanged_since).await
     }
 
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged> {
         self.expunge_links(mailbox_id, uids).await
     }
 

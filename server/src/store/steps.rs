@@ -475,7 +475,7 @@ pub(crate) async fn remove_links<T: StoreTx>(
     tx: &mut T,
     mailbox_id: i64,
     links: &[LinkRow<T::Date>],
-) -> StoreResult<()> {
+) -> StoreResult<i64> {
     let (unseen, bytes) = tally(links);
     let params =
         [Param::Int(mailbox_id), Param::Int(links.len() as i64), Param::Int(unseen), Param::Int(bytes)];
@@ -487,7 +487,8 @@ pub(crate) async fn remove_links<T: StoreTx>(
     let mut ids: Vec<i64> = links.iter().map(|l| l.message_id).collect();
     ids.sort_unstable();
     ids.dedup();
-    tx.delete_orphans(&ids).await
+    tx.delete_orphans(&ids).await?;
+    Ok(modseq)
 }
 
 /// COPY (`remove` false) or MOVE. Into the same mailbox too (RFC 6851 §3.3): the

@@ -268,6 +268,19 @@ pub struct NewDelivery {
 pub struct DeliveredTo {
     pub mailbox_id: i64,
     pub uid: u32,
+    /// The mailbox's modseq after the delivery: a session whose view stood at the
+    /// one before has seen everything else and needs no read of the changes.
+    pub modseq: u64,
+}
+
+/// What an EXPUNGE removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Expunged {
+    /// The UIDs removed, ascending.
+    pub uids: Vec<u32>,
+    /// The mailbox's modseq after the removal; 0 when nothing was removed (the
+    /// mailbox did not change).
+    pub modseq: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -186,7 +186,7 @@ impl Store for FaultyStore {
     ) -> StoreResult<ConditionalStore> {
         self.inner.store_flags_unchanged_since(mailbox_id, uids, op, flags, unchanged_since).await
     }
-    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+    async fn expunge(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged> {
         self.inner.expunge(mailbox_id, uids).await
     }
     async fn copy(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>> {

@@ -147,7 +147,8 @@ macro_rules! expunge_sql {
                  WHERE m.id = g.message_id \
                  AND (SELECT count(*) FROM (SELECT 1 FROM mailbox_messages o \
                      WHERE o.message_id = g.message_id LIMIT g.n + 1) o) = g.n) \
-             SELECT EXISTS (SELECT 1 FROM mb) AS found, ARRAY(SELECT uid FROM gone ORDER BY uid) AS uids"
+             SELECT EXISTS (SELECT 1 FROM mb) AS found, ARRAY(SELECT uid FROM gone ORDER BY uid) AS uids, \
+                 coalesce((SELECT highest_modseq FROM counts), 0) AS modseq"
         )
     };
 }
@@ -883,7 +884,7 @@ impl Backend for PgStore {
         let mut l_modseq = Vec::new();
         let mut l_date = Vec::new();
         let mut l_size = Vec::new();
-        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        let mut assigned: HashMap<(usize, i64), (u32, u64)> = HashMap::new();
         for (&mb, share) in &groups {
             let (first, modseq) =
                 *firsts.get(&mb).ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
@@ -897,7 +898,7 @@ impl Backend for PgStore {
                 l_modseq.push(modseq);
                 l_date.push(batch[i].internal_date);
                 l_size.push(batch[i].raw.len() as i64);
-                assigned.insert((i, mb), u32_of(uid, "uid")?);
+                assigned.insert((i, mb), (u32_of(uid, "uid")?, u64_of(modseq)));
             }
         }
         sqlx::query(
@@ -1102,13 +1103,13 @@ impl Backend for PgStore {
         changes_of(highest, &rows, expunged, present)
     }
 
-    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged> {
         let ranges = uids.map(range_arrays);
         // Up to two retries: a body linked again while the statement waited for the
         // mailbox lock fails its deletion on the foreign key, and the statement,
         // all of it undone, runs again on a snapshot that sees the new link.
         let mut attempt = 0;
-        let (found, uids): (bool, Vec<i64>) = loop {
+        let (found, uids, modseq): (bool, Vec<i64>, i64) = loop {
             let query = match &ranges {
                 None => sqlx::query_as(EXPUNGE_DELETED).bind(mailbox_id),
                 Some((los, his)) if los.len() == 1 && los[0] == his[0] => {
@@ -1124,7 +1125,8 @@ impl Backend for PgStore {
         if !found {
             return Err(StoreError::NotFound(format!("mailbox {mailbox_id}")));
         }
-        uids.into_iter().map(|u| u32_of(u, "uid")).collect()
+        let uids = uids.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?;
+        Ok(Expunged { uids, modseq: u64_of(modseq) })
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {

@@ -614,7 +614,7 @@ impl Backend for SqliteStore {
             .map_err(db_err)?;
             message_ids[i] = Some(id);
         }
-        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        let mut assigned: HashMap<(usize, i64), (u32, u64)> = HashMap::new();
         for (&mb, share) in &groups {
             let (first, modseq) = firsts[&mb];
             for (k, &i) in share.deliveries.iter().enumerate() {
@@ -636,7 +636,7 @@ impl Backend for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
-                assigned.insert((i, mb), u32_of(uid, "uid")?);
+                assigned.insert((i, mb), (u32_of(uid, "uid")?, u64_of(modseq)));
             }
         }
         tx.commit().await.map_err(db_err)?;
@@ -799,7 +799,7 @@ impl Backend for SqliteStore {
 
     /// The steps one at a time: the single writer connection makes them atomic
     /// without the one-statement form PostgreSQL needs.
-    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Vec<u32>> {
+    async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged> {
         let mut tx = self.write_tx().await?;
         steps::lock_mailboxes(&mut tx, &[mailbox_id]).await?;
         let links = match uids {
@@ -807,11 +807,12 @@ impl Backend for SqliteStore {
             None => deleted_links(&mut tx, mailbox_id).await?,
         };
         if links.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Expunged::default());
         }
-        steps::remove_links(&mut tx, mailbox_id, &links).await?;
+        let modseq = steps::remove_links(&mut tx, mailbox_id, &links).await?;
         tx.commit().await.map_err(db_err)?;
-        links.iter().map(|l| u32_of(l.uid, "uid")).collect()
+        let uids = links.iter().map(|l| u32_of(l.uid, "uid")).collect::<StoreResult<_>>()?;
+        Ok(Expunged { uids, modseq: u64_of(modseq) })
     }
 
     async fn prune(&self, before: DateTime<Utc>) -> StoreResult<u64> {
