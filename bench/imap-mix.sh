@@ -89,6 +89,8 @@ PY
     # cache run argon2, which shows in the LOGIN tail.
     [ "$side" = mailcluster ] && curl -s "http://127.0.0.1:$(mc_port admin)/metrics" |
       grep -E '^mail_(cache_up|cache_fallbacks_total|auth_total)' >"$OUT/metrics-$side-$round.txt"
+    # … and which statements ran most often: every one is a round trip.
+    [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -c "SELECT calls, left(regexp_replace(query, '\s+', ' ', 'g'), 130) AS query FROM pg_stat_statements WHERE query !~* 'pg_stat_statements' ORDER BY calls DESC LIMIT 25" >>"$OUT/pg-$side-$round.txt"
     [ -n "${PG_STATS:-}" ] && psql "$MC_DB_URL" -Atc "SELECT 'statements ' || sum(calls) || ', executing ' || round(sum(total_exec_time)) || ' ms' FROM pg_stat_statements WHERE query !~* 'pg_stat_statements'" >>"$OUT/pg-$side-$round.txt"
   done
 done

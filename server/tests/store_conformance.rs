@@ -596,6 +596,10 @@ async fn deliver_and_read(ctx: Ctx) {
     let st = s.mailbox_status(inbox).await.expect("status");
     assert_eq!((st.messages, st.unseen, st.uid_next), (2, 1, u2 + 1));
     assert!(st.highest_modseq > before.highest_modseq);
+    // STATUS's one read: the mailbox by name and its counters, as read apart.
+    let (mb, both) = s.mailbox_get_with_status(acc, "inbox").await.expect("read").expect("INBOX");
+    assert_eq!((Some(mb), both), (s.mailbox_get(acc, "INBOX").await.expect("get"), st));
+    assert!(s.mailbox_get_with_status(acc, "Nope").await.expect("read").is_none());
     // Each delivery tells the modseq it left in each mailbox: the mailbox's own,
     // one above the one before (the batch is one change per mailbox).
     assert_eq!((out[0][0].modseq, out[1][0].modseq), (before.highest_modseq + 1, st.highest_modseq));
@@ -1700,6 +1704,21 @@ async fn quota_limits_and_usage(ctx: Ctx) {
     assert_eq!((q.account_limit, q.domain_limit, q.limit()), (None, Some(10_000), Some(10_000)));
     s.account_set_quota("Q@Example.com", Some(2_000)).await.expect("account quota");
     assert_eq!(s.quota(acc).await.expect("quota").limit(), Some(2_000), "the account's own limit wins");
+    // APPEND's one read: the mailbox by name and the account's quota, as read apart.
+    let seven = delivery("seven", &[archive]);
+    let seven_size = seven.raw.len() as u64;
+    s.deliver_batch(&[seven]).await.expect("deliver");
+    let (mb, q) = s.mailbox_with_quota(acc, "Archive").await.expect("read").expect("Archive");
+    assert_eq!(Some(mb), s.mailbox_get(acc, "Archive").await.expect("get"));
+    assert_eq!(q, s.quota(acc).await.expect("quota"));
+    assert_eq!((q.used, q.limit()), (seven_size, Some(2_000)));
+    assert!(s.mailbox_with_quota(acc, "Nope").await.expect("read").is_none());
+    assert!(
+        s.mailbox_with_quota(other, "Archive")
+            .await
+            .expect("read")
+            .is_some_and(|(_, q)| q.limit() == Some(10_000))
+    );
     assert_eq!(s.quota(other).await.expect("quota").limit(), Some(10_000), "others keep the default");
     s.account_set_quota("q@example.com", Some(store::Quota::UNLIMITED)).await.expect("unlimited");
     assert_eq!(s.quota(acc).await.expect("quota").limit(), None, "unlimited despite the default");

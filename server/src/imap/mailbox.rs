@@ -16,7 +16,7 @@ use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
 use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
-use crate::store::{Flags, StoreError};
+use crate::store::{Flags, MailboxStatus, StoreError};
 
 /// Hierarchy separator, in the store and on the wire.
 pub const SEP: char = '/';
@@ -502,7 +502,7 @@ impl Session {
             }
             lines.push(line);
             if let (Some(items), Some(id)) = (&list.return_status, id) {
-                match self.status_line(name, id, items).await {
+                match self.status_line(name, id, None, items).await {
                     Ok(status) => lines.push(status),
                     Err(e) => return store_error(e),
                 }
@@ -519,14 +519,14 @@ impl Session {
             Ok(n) => n,
             Err(o) => return o,
         };
-        let mb = match self.app.store.mailbox_get(self.account_id(), &name).await {
-            Ok(Some(mb)) => mb,
+        let (mb, status) = match self.app.store.mailbox_get_with_status(self.account_id(), &name).await {
+            Ok(Some(found)) => found,
             Ok(None) => return Outcome::no("[NONEXISTENT] No such mailbox"),
             Err(e) => return store_error(e),
         };
         // A CONDSTORE-enabling command (RFC 7162 §3.1).
         self.condstore |= items.contains(&StatusItem::HighestModseq);
-        match self.status_line(&mb.name, mb.id, items).await {
+        match self.status_line(&mb.name, mb.id, Some(status), items).await {
             Ok(line) => {
                 self.push(&line);
                 Outcome::ok("STATUS completed")
@@ -535,14 +535,19 @@ impl Session {
         }
     }
 
-    /// `* STATUS name (items)` of one mailbox (STATUS, and LIST-STATUS).
+    /// `* STATUS name (items)` of one mailbox (STATUS, and LIST-STATUS), its
+    /// counters read unless the caller has them.
     async fn status_line(
         &self,
         name: &str,
         mailbox_id: i64,
+        status: Option<MailboxStatus>,
         items: &[StatusItem],
     ) -> Result<String, StoreError> {
-        let st = self.app.store.mailbox_status(mailbox_id).await?;
+        let st = match status {
+            Some(st) => st,
+            None => self.app.store.mailbox_status(mailbox_id).await?,
+        };
         let mut parts = Vec::new();
         for item in items {
             parts.push(match item {

@@ -104,6 +104,21 @@ pub trait Store: Send + Sync + 'static {
     /// Exact name match; "INBOX" is matched case-insensitively.
     async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>>;
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>>;
+    /// [`Store::mailbox_get`] and its [`Store::mailbox_status`], read together:
+    /// what STATUS needs.
+    async fn mailbox_get_with_status(
+        &self,
+        account_id: i64,
+        name: &str,
+    ) -> StoreResult<Option<(Mailbox, MailboxStatus)>> {
+        match self.mailbox_get(account_id, name).await? {
+            Some(mb) => {
+                let status = self.mailbox_status(mb.id).await?;
+                Ok(Some((mb, status)))
+            }
+            None => Ok(None),
+        }
+    }
     /// [`Store::mailbox_get`] and its account's [`Store::quota`], read together:
     /// what APPEND needs before it stores anything.
     async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {

@@ -178,6 +178,9 @@ const RECENT_COUNT: &str = "SELECT (SELECT count(*) FROM mailbox_messages mm \
 const QUOTA: &str = "SELECT a.quota_bytes, d.default_quota_bytes, \
      (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
      FROM accounts a JOIN domains d ON d.id = a.domain_id WHERE a.id = $1";
+/// [`MAILBOX_BY_NAME`] with [`MAILBOX_STATUS`]' columns, in one round trip.
+const MAILBOX_WITH_STATUS: &str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
+     special_use, recent_floor, messages, unseen FROM mailboxes WHERE account_id = $1 AND name = $2";
 /// [`MAILBOX_BY_NAME`] with [`QUOTA`]'s columns, in one round trip.
 const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_validity, m.uid_next, \
      m.highest_modseq, m.special_use, m.recent_floor, a.quota_bytes, d.default_quota_bytes, \
@@ -199,6 +202,18 @@ pub(crate) struct Batch<'a> {
     pub metas: Vec<String>,
     pub bodies: Vec<common::StoredBody>,
     pub groups: std::collections::BTreeMap<i64, common::MailboxShare>,
+}
+
+/// Counters, not COUNT(*): kept in the writers' transactions, so they are exactly
+/// as current as the rows.
+fn status_of(row: &impl Cols) -> StoreResult<MailboxStatus> {
+    Ok(MailboxStatus {
+        messages: u32_of(row.int("messages")?, "messages")?,
+        unseen: u32_of(row.int("unseen")?, "unseen")?,
+        uid_next: u32_of(row.int("uid_next")?, "uid_next")?,
+        uid_validity: u32_of(row.int("uid_validity")?, "uid_validity")?,
+        highest_modseq: u64_of(row.int("highest_modseq")?),
+    })
 }
 
 fn quota_of(row: &impl Cols) -> StoreResult<Quota> {
@@ -463,6 +478,17 @@ impl<B: Backend> Store for B {
         rows.first().map(mailbox_from_row).transpose()
     }
 
+    async fn mailbox_get_with_status(
+        &self,
+        account_id: i64,
+        name: &str,
+    ) -> StoreResult<Option<(Mailbox, MailboxStatus)>> {
+        let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
+        let rows =
+            self.fetch(false, MAILBOX_WITH_STATUS, &[Param::Int(account_id), Param::Text(&name)]).await?;
+        rows.first().map(|r| Ok((mailbox_from_row(r)?, status_of(r)?))).transpose()
+    }
+
     async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {
         let Ok(name) = normalize_mailbox_name(name) else { return Ok(None) };
         let rows =
@@ -512,17 +538,8 @@ impl<B: Backend> Store for B {
     }
 
     async fn mailbox_status(&self, mailbox_id: i64) -> StoreResult<MailboxStatus> {
-        // Counters, not COUNT(*): kept in the writers' transactions, so they are
-        // exactly as current as the rows.
         let rows = self.fetch(false, MAILBOX_STATUS, &[Param::Int(mailbox_id)]).await?;
-        let row = first(rows, || format!("mailbox {mailbox_id}"))?;
-        Ok(MailboxStatus {
-            messages: u32_of(row.int("messages")?, "messages")?,
-            unseen: u32_of(row.int("unseen")?, "unseen")?,
-            uid_next: u32_of(row.int("uid_next")?, "uid_next")?,
-            uid_validity: u32_of(row.int("uid_validity")?, "uid_validity")?,
-            highest_modseq: u64_of(row.int("highest_modseq")?),
-        })
+        status_of(&first(rows, || format!("mailbox {mailbox_id}"))?)
     }
 
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {

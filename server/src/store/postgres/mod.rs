@@ -31,7 +31,7 @@ use super::common::{
     AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
     mailbox_index_from, u32_of, u64_of, uid_ranges,
 };
-use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
+use super::sql::{Backend, Batch, PRESENT_UIDS, stored_body_of};
 use super::steps::{
     self, Cols, FlagChange, LinkRow, MAILBOX_COLS, NewAccount, NewMailbox, Param, RenameFrom, SharedSql,
     StoreTx, mailbox_from_row,
@@ -1055,52 +1055,60 @@ impl Backend for PgStore {
 
     async fn changes(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         let mut conn = self.conn().await?;
-        let highest: i64 = sqlx::query_scalar("SELECT highest_modseq FROM mailboxes WHERE id = $1")
-            .bind(mailbox_id)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_err)?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
         let since = i64::try_from(modseq).unwrap_or(i64::MAX);
-        if since >= highest {
-            return changes_of::<PgRow>(highest, &[], Vec::new(), None);
+        // One statement, so one snapshot: the modseq, the changed rows, the
+        // tombstones and the prune floor agree (a prune deletes tombstones and
+        // raises the floor in one transaction). It was three round trips; a
+        // session asks only once its probe saw the mailbox change. Columns as
+        // arrays (see `index`). Not persistent: an unnamed statement is planned
+        // with the actual modseq, so "changed since a minute ago" uses the
+        // (mailbox_id, modseq) index where a cached generic plan could settle on
+        // walking the whole mailbox.
+        let row = sqlx::query(
+            "SELECT mb.highest_modseq, mb.expunged_floor, c.uids, c.flags, c.keywords, c.modseqs, \
+             ARRAY(SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid) AS expunged \
+             FROM mailboxes mb CROSS JOIN LATERAL (SELECT COALESCE(array_agg(uid), '{}') AS uids, \
+               COALESCE(array_agg(flags), '{}') AS flags, COALESCE(array_agg(keywords), '{}') AS keywords, \
+               COALESCE(array_agg(modseq), '{}') AS modseqs \
+               FROM mailbox_messages WHERE mailbox_id = $1 AND modseq > $2) c \
+             WHERE mb.id = $1",
+        )
+        .persistent(false)
+        .bind(mailbox_id)
+        .bind(since)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db_err)?
+        .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?;
+        let get = |name: &str| row.try_get::<Vec<i64>, _>(name).map_err(db_err);
+        let (uids, modseqs) = (get("uids")?, get("modseqs")?);
+        let flags: Vec<i32> = row.try_get("flags").map_err(db_err)?;
+        let keywords: Vec<String> = row.try_get("keywords").map_err(db_err)?;
+        if [flags.len(), keywords.len(), modseqs.len()] != [uids.len(); 3] {
+            return Err(StoreError::Internal("change columns of unequal length".into()));
         }
-        // Bounded by `highest`: modseqs are allocated and committed under the
-        // mailbox row lock, so everything up to `highest` is visible now and
-        // anything later is reported by the next call.
-        // Not persistent: an unnamed statement is planned with the actual modseq,
-        // so "changed since a minute ago" uses the (mailbox_id, modseq) index where
-        // a cached generic plan could settle on walking the whole mailbox.
-        let rows = sqlx::query(
-            "SELECT uid, flags, keywords, modseq FROM mailbox_messages \
-             WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 ORDER BY uid",
-        )
-        .persistent(false)
-        .bind(mailbox_id)
-        .bind(since)
-        .bind(highest)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db_err)?;
-        // The tombstones and the mailbox's prune floor in one statement, so one
-        // snapshot: a prune deletes and raises the floor in one transaction, so
-        // either both show or neither does.
-        let (expunged, floor): (Vec<i64>, i64) = sqlx::query_as(
-            "SELECT ARRAY(SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 AND modseq <= $3 \
-             ORDER BY uid), (SELECT expunged_floor FROM mailboxes WHERE id = $1)",
-        )
-        .persistent(false)
-        .bind(mailbox_id)
-        .bind(since)
-        .bind(highest)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db_err)?;
+        let mut changed = Vec::with_capacity(uids.len());
+        for (((uid, flags), keywords), modseq) in uids.into_iter().zip(flags).zip(&keywords).zip(modseqs) {
+            let flags = flagset_from_row(i64::from(flags), keywords);
+            changed.push(FlagRow { uid: u32_of(uid, "uid")?, flags, modseq: u64_of(modseq) });
+        }
+        // Sessions add new messages in UID order.
+        changed.sort_unstable_by_key(|r| r.uid);
+        let floor: i64 = row.try_get("expunged_floor").map_err(db_err)?;
         let present = match since < floor {
-            true => Some(steps::fetch_all(&mut *conn, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?),
+            true => {
+                let rows = steps::fetch_all(&mut *conn, PRESENT_UIDS, &[Param::Int(mailbox_id)]).await?;
+                Some(rows.iter().map(|r| u32_of(r.int("uid")?, "uid")).collect::<StoreResult<_>>()?)
+            }
             false => None,
         };
-        changes_of(highest, &rows, expunged, present)
+        let expunged: Vec<i64> = row.try_get("expunged").map_err(db_err)?;
+        Ok(MailboxChanges {
+            highest_modseq: u64_of(row.try_get("highest_modseq").map_err(db_err)?),
+            changed,
+            expunged: expunged.into_iter().map(|u| u32_of(u, "uid")).collect::<StoreResult<_>>()?,
+            present,
+        })
     }
 
     async fn expunge_links(&self, mailbox_id: i64, uids: Option<&UidSet>) -> StoreResult<Expunged> {
