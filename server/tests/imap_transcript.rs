@@ -2,9 +2,21 @@
 //! in, server lines out.
 
 mod common;
+#[path = "smtp_support/faulty.rs"]
+#[allow(dead_code)]
+mod faulty;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use common::*;
-use mailcluster_server::store::{FlagSet, Flags};
+use mailcluster_server::app::App;
+use mailcluster_server::auth::Authenticator;
+use mailcluster_server::config::Config;
+use mailcluster_server::delivery::{Deliverer, DeliveryOptions};
+use mailcluster_server::metrics::Metrics;
+use mailcluster_server::store::{FlagSet, Flags, NewDelivery, Store};
 
 fn tagged(lines: &[String]) -> &str {
     lines.last().map(String::as_str).unwrap_or_default()
@@ -1096,4 +1108,68 @@ async fn own_append_and_expunge_update_the_selected_view() {
         ["* 1 FETCH (UID 1)", "* 2 FETCH (UID 3)", "* 3 FETCH (UID 4)"].map(String::from),
         "{r:?}"
     );
+}
+
+/// An APPEND that group commit stores in one change with another delivery to the
+/// same mailbox: the change is one modseq above the session's view, yet holds a
+/// message the session did not write. The APPEND's answer announces both.
+#[tokio::test]
+async fn append_committed_with_other_mail_announces_both() {
+    let (inner, _dir) = sqlite_store().await;
+    let faulty = Arc::new(faulty::FaultyStore::new(inner));
+    let store: Arc<dyn Store> = faulty.clone();
+    let cache = Arc::new(mailcluster_server::cache::local::LocalCache::new());
+    let mut config = Config::default();
+    config.tls.allow_plaintext_auth = true;
+    let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default()));
+    // One commit at a time: whatever queues while it runs shares the next one.
+    let options = DeliveryOptions { max_concurrent: 1, ..Default::default() };
+    let deliverer = Arc::new(Deliverer::with_options(store.clone(), options));
+    let app = App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer);
+    let bob = account(&app, "bob@example.org", "pw").await;
+    deliver(&app, &bob, "INBOX", &sample("old", "x"), FlagSet::default()).await;
+    let mailbox = |name: &'static str| {
+        let app = app.clone();
+        async move { app.store.mailbox_get(bob.id, name).await.expect("get").expect("mailbox").id }
+    };
+    let (inbox, drafts) = (mailbox("INBOX").await, mailbox("Drafts").await);
+    let mail = |subject: &str, target: i64| {
+        let raw = sample(subject, "x");
+        NewDelivery {
+            meta: mailcluster_server::message::parse_meta(&raw),
+            raw: raw.into(),
+            internal_date: chrono::Utc::now(),
+            targets: vec![target],
+            flags: FlagSet::default(),
+        }
+    };
+    let (mut a, _ta) = login(&app, "bob@example.org", "pw").await;
+    let r = a.cmd("s", "SELECT INBOX").await;
+    assert!(has(&r, "* 1 EXISTS"), "{r:?}");
+
+    // Mail to another mailbox holds the one commit slot; mail to INBOX and the
+    // APPEND queue behind it and are committed together.
+    faulty.commit_delay_ms.store(300, Ordering::SeqCst);
+    let held = tokio::spawn({
+        let app = app.clone();
+        let d = mail("held", drafts);
+        async move { app.deliverer.deliver(d).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let theirs = tokio::spawn({
+        let app = app.clone();
+        let d = mail("theirs", inbox);
+        async move { app.deliverer.deliver(d).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let msg = String::from_utf8(sample("mine", "x")).expect("utf8");
+    let r = a.cmd("a", &format!("APPEND INBOX {{{}+}}\r\n{msg}", msg.len())).await;
+    held.await.expect("task").expect("deliver");
+    theirs.await.expect("task").expect("deliver");
+    // "old", "held", then the INBOX mail and the APPEND in one commit.
+    assert_eq!(*faulty.batches.lock().unwrap(), [1, 1, 2], "the INBOX mail and the APPEND shared a commit");
+    assert!(tagged(&r).starts_with("a OK [APPENDUID "), "{r:?}");
+    assert!(has(&r, "* 3 EXISTS"), "both new messages announced: {r:?}");
+    let r = a.cmd("f", "FETCH 1:* (UID)").await;
+    assert_eq!(r.len(), 4, "{r:?}");
 }

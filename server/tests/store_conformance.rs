@@ -604,6 +604,8 @@ async fn deliver_and_read(ctx: Ctx) {
     // one above the one before (the batch is one change per mailbox).
     assert_eq!((out[0][0].modseq, out[1][0].modseq), (before.highest_modseq + 1, st.highest_modseq));
     assert_eq!(out[1][1].modseq, s.mailbox_status(drafts).await.expect("status").highest_modseq);
+    // …and how many messages that change added there: both to INBOX, one to Drafts.
+    assert_eq!((out[0][0].added, out[1][0].added, out[1][1].added), (2, 2, 1));
     assert_counts(s, inbox).await;
     assert_counts(s, drafts).await;
 

@@ -73,7 +73,14 @@ impl Session {
             .collect();
         let uids: Vec<u32> = rows.iter().map(|r| r.uid).collect();
         let modseq = rows.iter().map(|r| r.modseq).max().unwrap_or(0);
-        if let Err(e) = self.take_own_append(mb.id, &rows, modseq).await {
+        // Group commit may have stored other deliveries to this mailbox in the same
+        // change: then the session must read them.
+        let alone = delivered
+            .iter()
+            .flatten()
+            .filter(|d| d.mailbox_id == mb.id)
+            .all(|d| d.added as usize == rows.len());
+        if let Err(e) = self.take_own_append(mb.id, &rows, modseq, alone).await {
             return store_error(e);
         }
         // After the session's own \Recent claim, so that a session woken by the
@@ -88,11 +95,18 @@ impl Session {
 
     /// Brings the selected mailbox, when it is the one appended to, up to date
     /// after the session's own APPEND. The delivery's modseq right after the view's
-    /// means nothing else changed the mailbox in between: the new messages are the
-    /// whole change, known without reading it back (as for STORE).
-    async fn take_own_append(&mut self, mailbox_id: i64, rows: &[FlagRow], modseq: u64) -> StoreResult<()> {
+    /// means nothing else changed the mailbox in between; `alone`, that the change
+    /// holds no other delivery's messages: then the new messages are the whole
+    /// change, known without reading it back (as for STORE).
+    async fn take_own_append(
+        &mut self,
+        mailbox_id: i64,
+        rows: &[FlagRow],
+        modseq: u64,
+        alone: bool,
+    ) -> StoreResult<()> {
         let Some(sel) = self.selected.as_mut().filter(|s| s.mailbox.id == mailbox_id) else { return Ok(()) };
-        if rows.is_empty() || sel.modseq.checked_add(1) != Some(modseq) {
+        if rows.is_empty() || !alone || sel.modseq.checked_add(1) != Some(modseq) {
             return self.sync_changes(true).await;
         }
         sel.modseq = modseq;

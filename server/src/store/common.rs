@@ -137,10 +137,12 @@ pub(crate) fn group_by_mailbox(batch: &[NewDelivery]) -> BTreeMap<i64, MailboxSh
     out
 }
 
-/// Per delivery, in the order of its (de-duplicated) targets.
+/// Per delivery, in the order of its (de-duplicated) targets; `changes` holds
+/// each mailbox's modseq after the batch and the messages the batch added to it.
 pub(crate) fn delivered(
     batch: &[NewDelivery],
-    assigned: &std::collections::HashMap<(usize, i64), (u32, u64)>,
+    assigned: &std::collections::HashMap<(usize, i64), u32>,
+    changes: &BTreeMap<i64, (u64, u32)>,
 ) -> Vec<Vec<super::DeliveredTo>> {
     batch
         .iter()
@@ -153,8 +155,8 @@ pub(crate) fn delivered(
                     continue;
                 }
                 seen.push(mb);
-                if let Some(&(uid, modseq)) = assigned.get(&(i, mb)) {
-                    out.push(super::DeliveredTo { mailbox_id: mb, uid, modseq });
+                if let (Some(&uid), Some(&(modseq, added))) = (assigned.get(&(i, mb)), changes.get(&mb)) {
+                    out.push(super::DeliveredTo { mailbox_id: mb, uid, modseq, added });
                 }
             }
             out

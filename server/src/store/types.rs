@@ -268,9 +268,13 @@ pub struct NewDelivery {
 pub struct DeliveredTo {
     pub mailbox_id: i64,
     pub uid: u32,
-    /// The mailbox's modseq after the delivery: a session whose view stood at the
-    /// one before has seen everything else and needs no read of the changes.
+    /// The mailbox's modseq after the delivery.
     pub modseq: u64,
+    /// Messages the change at `modseq` added to the mailbox: more than this
+    /// delivery's own when group commit stored others with it. A session whose
+    /// view stood at the modseq before, and that knows of all of them, needs no
+    /// read of the changes.
+    pub added: u32,
 }
 
 /// What an EXPUNGE removed.

@@ -51,7 +51,15 @@ pub struct PgStore {
     /// the first refusal, so that a role without pg_monitor does not leave an error
     /// in the server's log at every check.
     control_readable: std::sync::atomic::AtomicBool,
+    /// Message ids drawn from the sequence ahead of need (see `message_ids`).
+    spare_ids: std::sync::Mutex<Vec<i64>>,
 }
+
+/// Message ids drawn from the sequence at a time: one round trip per this many
+/// stored messages instead of one per delivery transaction (an APPEND is a
+/// transaction of one). Ids left unused when the process ends are gaps in the
+/// sequence, which nothing reads.
+const SPARE_IDS: usize = 256;
 
 type Tx = Transaction<'static, Postgres>;
 
@@ -243,6 +251,30 @@ async fn store_flags_on(
 }
 
 impl PgStore {
+    /// `n` fresh message ids: from the spares, drawn from the sequence (on `tx`'s
+    /// connection, as part of the round trips the delivery makes anyway) only
+    /// when they run out. Sequence values are never given back, so an id is
+    /// never handed out twice, whatever becomes of the transaction.
+    async fn message_ids(&self, tx: &mut Tx, n: usize) -> StoreResult<Vec<i64>> {
+        let take = |spare: &mut Vec<i64>| (spare.len() >= n).then(|| spare.split_off(spare.len() - n));
+        if let Some(ids) = take(&mut self.spare_ids.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(ids);
+        }
+        let drawn: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('messages', 'id')) FROM generate_series(1, $1)",
+        )
+        .bind((n + SPARE_IDS) as i64)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err)?;
+        if drawn.len() != n + SPARE_IDS {
+            return Err(StoreError::Internal("message id allocation came back short".into()));
+        }
+        let mut spare = self.spare_ids.lock().unwrap_or_else(|p| p.into_inner());
+        spare.extend_from_slice(&drawn[n..]);
+        Ok(drawn[..n].to_vec())
+    }
+
     /// Connects a pool of `pool_size` connections; an unreachable server is
     /// `Unavailable` with host and port named (never the password).
     pub async fn connect(url: &str, pool_size: u32, connect_timeout: Duration) -> StoreResult<Self> {
@@ -294,6 +326,7 @@ impl PgStore {
             options,
             acquire: AcquireTimer::default(),
             control_readable: std::sync::atomic::AtomicBool::new(true),
+            spare_ids: std::sync::Mutex::new(Vec::new()),
         };
         match store.synchronous_commit().await {
             Ok(v) if v == "off" => tracing::warn!(
@@ -831,16 +864,7 @@ impl Backend for PgStore {
 
         // 2. one body per message, with ids taken up front so that the link rows
         //    can reference them without relying on RETURNING order
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT nextval(pg_get_serial_sequence('messages', 'id')) FROM generate_series(1, $1)",
-        )
-        .bind(stored.len() as i64)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        if ids.len() != stored.len() {
-            return Err(StoreError::Internal("message id allocation came back short".into()));
-        }
+        let ids = self.message_ids(&mut tx, stored.len()).await?;
         let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
         for (&i, &id) in stored.iter().zip(&ids) {
             message_ids[i] = Some(id);
@@ -884,10 +908,12 @@ impl Backend for PgStore {
         let mut l_modseq = Vec::new();
         let mut l_date = Vec::new();
         let mut l_size = Vec::new();
-        let mut assigned: HashMap<(usize, i64), (u32, u64)> = HashMap::new();
+        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        let mut changes: BTreeMap<i64, (u64, u32)> = BTreeMap::new();
         for (&mb, share) in &groups {
             let (first, modseq) =
                 *firsts.get(&mb).ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
+            changes.insert(mb, (u64_of(modseq), u32_of(share.deliveries.len() as i64, "messages")?));
             for (k, &i) in share.deliveries.iter().enumerate() {
                 let uid = first + k as i64;
                 l_mb.push(mb);
@@ -898,7 +924,7 @@ impl Backend for PgStore {
                 l_modseq.push(modseq);
                 l_date.push(batch[i].internal_date);
                 l_size.push(batch[i].raw.len() as i64);
-                assigned.insert((i, mb), (u32_of(uid, "uid")?, u64_of(modseq)));
+                assigned.insert((i, mb), u32_of(uid, "uid")?);
             }
         }
         sqlx::query(
@@ -919,7 +945,7 @@ impl Backend for PgStore {
         .await
         .map_err(db_err)?;
         tx.commit().await.map_err(db_err)?;
-        Ok(delivered(batch, &assigned))
+        Ok(delivered(batch, &assigned, &changes))
     }
 
     async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {

@@ -614,9 +614,11 @@ impl Backend for SqliteStore {
             .map_err(db_err)?;
             message_ids[i] = Some(id);
         }
-        let mut assigned: HashMap<(usize, i64), (u32, u64)> = HashMap::new();
+        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        let mut changes: BTreeMap<i64, (u64, u32)> = BTreeMap::new();
         for (&mb, share) in &groups {
             let (first, modseq) = firsts[&mb];
+            changes.insert(mb, (u64_of(modseq), u32_of(share.deliveries.len() as i64, "messages")?));
             for (k, &i) in share.deliveries.iter().enumerate() {
                 let uid = first + k as i64;
                 let message_id =
@@ -636,11 +638,11 @@ impl Backend for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err)?;
-                assigned.insert((i, mb), (u32_of(uid, "uid")?, u64_of(modseq)));
+                assigned.insert((i, mb), u32_of(uid, "uid")?);
             }
         }
         tx.commit().await.map_err(db_err)?;
-        Ok(delivered(batch, &assigned))
+        Ok(delivered(batch, &assigned, &changes))
     }
 
     async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
