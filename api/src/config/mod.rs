@@ -173,6 +173,10 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Longest a request waits on Redis before the pod's stand-in answers
     /// (`cache::resilient`): a slow or dead Redis never holds a session longer.
+    /// A miss also opens the breaker, so the budget must stay above what a busy
+    /// pod's own scheduling adds to a Redis round trip: at 50 ms, a pod whose
+    /// cores were full missed it every few seconds, and its logins, served by the
+    /// stand-in, each ran argon2 (bench/RESULTS.md, IMAP session mix runs 8-9).
     pub request_budget_ms: u64,
     /// After a Redis failure the pod stops calling Redis and probes it this often
     /// until it answers again.
@@ -186,7 +190,7 @@ impl Default for RedisConfig {
             pool_size: 8,
             connect_timeout_secs: 5,
             key_prefix: "mc:".into(),
-            request_budget_ms: 50,
+            request_budget_ms: 250,
             retry_after_secs: 2,
         }
     }

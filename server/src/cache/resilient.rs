@@ -65,7 +65,7 @@ pub struct ResilienceOptions {
 impl Default for ResilienceOptions {
     fn default() -> Self {
         ResilienceOptions {
-            budget: Duration::from_millis(50),
+            budget: Duration::from_millis(250),
             retry_after: Duration::from_secs(2),
             publish_queue: 4096,
         }
