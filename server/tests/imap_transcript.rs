@@ -11,11 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use mailcluster_server::app::App;
-use mailcluster_server::auth::Authenticator;
-use mailcluster_server::config::Config;
-use mailcluster_server::delivery::{Deliverer, DeliveryOptions};
-use mailcluster_server::metrics::Metrics;
+use mailcluster_server::delivery::DeliveryOptions;
 use mailcluster_server::store::{FlagSet, Flags, NewDelivery, Store};
 
 fn tagged(lines: &[String]) -> &str {
@@ -1119,13 +1115,9 @@ async fn append_committed_with_other_mail_announces_both() {
     let faulty = Arc::new(faulty::FaultyStore::new(inner));
     let store: Arc<dyn Store> = faulty.clone();
     let cache = Arc::new(mailcluster_server::cache::local::LocalCache::new());
-    let mut config = Config::default();
-    config.tls.allow_plaintext_auth = true;
-    let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default()));
     // One commit at a time: whatever queues while it runs shares the next one.
     let options = DeliveryOptions { max_concurrent: 1, ..Default::default() };
-    let deliverer = Arc::new(Deliverer::with_options(store.clone(), options));
-    let app = App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer);
+    let app = app_delivering(store, cache, options, |c| c.tls.allow_plaintext_auth = true);
     let bob = account(&app, "bob@example.org", "pw").await;
     deliver(&app, &bob, "INBOX", &sample("old", "x"), FlagSet::default()).await;
     let mailbox = |name: &'static str| {

@@ -12,7 +12,7 @@ use mailcluster_server::app::App;
 use mailcluster_server::auth::Authenticator;
 use mailcluster_server::cache::Cache;
 use mailcluster_server::config::Config;
-use mailcluster_server::delivery::Deliverer;
+use mailcluster_server::delivery::{Deliverer, DeliveryOptions};
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::metrics::Metrics;
@@ -40,11 +40,21 @@ pub fn app_with(store: Arc<dyn Store>, cache: Arc<dyn Cache>, plaintext_auth: bo
 }
 
 pub fn app_configured(store: Arc<dyn Store>, cache: Arc<dyn Cache>, tweak: impl FnOnce(&mut Config)) -> App {
+    app_delivering(store, cache, DeliveryOptions::default(), tweak)
+}
+
+/// [`app_configured`] with its group commit tuned by `delivery`.
+pub fn app_delivering(
+    store: Arc<dyn Store>,
+    cache: Arc<dyn Cache>,
+    delivery: DeliveryOptions,
+    tweak: impl FnOnce(&mut Config),
+) -> App {
     let mut config = Config::default();
     config.imap.max_literal_bytes = 1024 * 1024;
     tweak(&mut config);
     let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), Default::default()));
-    let deliverer = Arc::new(Deliverer::new(store.clone()));
+    let deliverer = Arc::new(Deliverer::with_options(store.clone(), delivery));
     App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer)
 }
 
