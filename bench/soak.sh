@@ -10,7 +10,9 @@
 # P95 from the runner's JSON. Output: OUT_DIR (JSON, HTML and CSV reports too).
 #
 # Usage: bench/soak.sh [OUT_DIR]   (env: DUR=30m DELIVER=2000 FETCH=150 SEARCH=100
-#        POP3=50 USERS=1000 SEED=5 C=300)
+#        POP3=50 USERS=1000 SEED=5 C=300; profiling: PG_STATS=N writes PostgreSQL's
+#        top statements every N minutes to pg-minute-M.txt (needs pg_stat_statements
+#        preloaded), PERF=M records a whole-machine profile of 15 s in minute M)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -52,7 +54,22 @@ sample() {
 }
 sample &
 SAMPLER=$!
-trap 'kill "$SAMPLER" 2>/dev/null; mc_cleanup' EXIT
+pg_stats() {
+  local every=$1 minute=0
+  psql "$MC_DB_URL" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()" >/dev/null || return
+  while kill -0 "$MC_PID" 2>/dev/null; do
+    sleep $((every * 60))
+    minute=$((minute + every))
+    psql "$MC_DB_URL" -c "SELECT calls, round(total_plan_time) AS plan_ms, round(total_exec_time) AS ms, round((total_exec_time / NULLIF(calls, 0))::numeric, 3) AS ms_per_call, rows, left(regexp_replace(query, '\s+', ' ', 'g'), 120) AS query FROM pg_stat_statements WHERE query !~* 'pg_stat_statements' ORDER BY total_exec_time + total_plan_time DESC LIMIT 25" \
+      -c "SELECT calls, left(regexp_replace(query, '\s+', ' ', 'g'), 120) AS query FROM pg_stat_statements WHERE query !~* 'pg_stat_statements' ORDER BY calls DESC LIMIT 15" \
+      -c "SELECT sum(calls) AS statements, round(sum(total_exec_time)) AS exec_ms, round(sum(total_plan_time)) AS plan_ms FROM pg_stat_statements WHERE query !~* 'pg_stat_statements'; SELECT pg_stat_statements_reset()" \
+      >"$OUT/pg-minute-$minute.txt" 2>&1
+  done
+}
+STATS=
+[ -n "${PG_STATS:-}" ] && { pg_stats "$PG_STATS" & STATS=$!; }
+[ -n "${PERF:-}" ] && { (sleep $((PERF * 60 - 60 + 20)); perf record -a -g -o "$OUT/perf-minute-$PERF.data" -- sleep 15 >/dev/null 2>&1) & }
+trap 'kill "$SAMPLER" $STATS 2>/dev/null; mc_cleanup' EXIT
 
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" --imap "127.0.0.1:$(mc_port imap)" --pop3 "127.0.0.1:$(mc_port pop3)" \
   -s mixed --weights "deliver=$DELIVER,fetch=$FETCH,search=$SEARCH,pop3=$POP3" -r $((DELIVER + FETCH + SEARCH + POP3)) \

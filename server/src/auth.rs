@@ -238,20 +238,28 @@ impl Authenticator {
 
     /// The account if `email`/`password` are right, `None` if not.
     async fn check(&self, email: &str, password: &str) -> Result<Option<Account>, Trouble> {
-        let key = self.credential_key(email, password).await?;
-        // A hit still reads the account row (one indexed lookup, no argon2), in
-        // parallel with the cache lookup: sessions get a current `Account`, and a
-        // deleted or recreated account is never served from a stale entry.
-        let (cached_id, account) = tokio::try_join!(
-            async { self.cache.credential_get(&key).await.map_err(Trouble::from) },
-            async { self.store.account_get(email).await.map_err(Trouble::from) },
-        )?;
-        let Some(account) = account else {
+        // The account row first (one indexed lookup): sessions get a current
+        // `Account`, and the cache key covers the stored hash, so an entry can only
+        // ever match the hash it was verified against. A password change thus ends
+        // every cached login at once, on every pod, even one whose purge did not
+        // reach Redis; a deleted or recreated account never matches either.
+        let Some(account) = self.store.account_get(email).await? else {
             // Same work as a wrong password, so timing does not tell which it was.
             let _ = self.argon2_verify(password, dummy_hash()).await;
             return Ok(None);
         };
-        if cached_id == Some(account.id) {
+        let key = self.credential_key(email, password, &account.password_hash).await?;
+        let ttl = Duration::from_secs(self.config.credential_cache_secs);
+        if self.cache.credential_get(&key).await? == Some(account.id) {
+            // The lifetime runs from the last use, not from the argon2 run: a fixed
+            // one sent every user who logged in during the same minute back to
+            // argon2 together when it ran out (a pod's cores full for two minutes
+            // of the soak, five minutes after start). Safe because the key is bound
+            // to the hash. A touch that fails costs only a later argon2 run, so it
+            // does not fail the login.
+            if let Err(e) = self.cache.credential_touch(&key, account.id, ttl).await {
+                tracing::debug!(error = %e, "credential touch failed");
+            }
             return Ok(Some(account));
         }
 
@@ -264,17 +272,9 @@ impl Authenticator {
             }
             Err(e) => return Err(Trouble(e.to_string())),
         }
-
-        let ttl = Duration::from_secs(self.config.credential_cache_secs);
+        // A password change racing this login leaves an entry under the old hash's
+        // key, which no later login can match.
         self.cache.credential_put(&key, account.id, ttl).await?;
-        // A password change between our read of the hash and the put above would
-        // leave the old password cached (the change's purge ran before our put).
-        // Re-reading after the put closes that: either we see the new hash here
-        // and purge, or the change happens later and its own purge removes the entry.
-        let now = self.store.account_get(email).await?;
-        if now.as_ref().is_none_or(|a| a.password_hash != account.password_hash) {
-            self.cache.credential_purge_account(account.id).await?;
-        }
         Ok(Some(account))
     }
 
@@ -321,15 +321,18 @@ impl Authenticator {
         Ok(current)
     }
 
-    /// HMAC-SHA256(secret, user ‖ 0 ‖ password): the NUL keeps ("ab", "c") and
-    /// ("a", "bc") apart (a user name holds no NUL).
-    async fn credential_key(&self, email: &str, password: &str) -> Result<[u8; 32], Trouble> {
+    /// HMAC-SHA256(secret, user ‖ 0 ‖ password ‖ 0 ‖ stored hash): the NULs keep
+    /// ("ab", "c") and ("a", "bc") apart (a user name and a password hold no NUL,
+    /// and the stored hash is not the client's to choose).
+    async fn credential_key(&self, email: &str, password: &str, hash: &str) -> Result<[u8; 32], Trouble> {
         let secret = self.secret().await?;
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret)
             .map_err(|e| Trouble(format!("HMAC key: {e}")))?;
         mac.update(email.as_bytes());
         mac.update(&[0]);
         mac.update(password.as_bytes());
+        mac.update(&[0]);
+        mac.update(hash.as_bytes());
         Ok(mac.finalize().into_bytes().into())
     }
 
@@ -346,8 +349,9 @@ impl Authenticator {
     }
 
     /// Sets a new password (hashed here) and forgets every cached credential of
-    /// the account on every pod. The store is written first: the purge then also
-    /// removes entries cached concurrently from the old hash.
+    /// the account on every pod. Entries the purge misses (Redis unreachable, a
+    /// login racing it) are bound to the old hash and can no longer match; the
+    /// purge frees their memory.
     pub async fn set_password(&self, email: &str, password: &str) -> anyhow::Result<()> {
         let email = email.trim().to_lowercase();
         let account = self

@@ -367,6 +367,38 @@ async fn cached_credentials_expire() {
 }
 
 #[tokio::test]
+async fn a_credential_in_use_stays_cached() {
+    let cfg = AuthConfig { credential_cache_secs: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    let from = ip("192.0.2.1");
+    // Logins every 0.6 s for 2.4 s: each restarts the entry's second.
+    for _ in 0..5 {
+        assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(auth.argon2_runs(), 1, "every login after the first was a hit");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert_eq!(auth.argon2_runs(), 2, "unused for longer than its lifetime: verified again");
+}
+
+#[tokio::test]
+async fn a_password_changed_without_a_purge_ends_cached_logins() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    assert_eq!(auth.argon2_runs(), 1);
+    // Changed in the store only, as when the purge could not reach the cache.
+    f.store.account_set_password("alice@example.com", &hash_password("new secret").unwrap()).await.unwrap();
+    assert_eq!(auth.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::Failed, "old password");
+    assert_eq!(auth.argon2_runs(), 2, "the old entry did not match: argon2 said no");
+    assert!(is_ok_for(&auth.verify("alice@example.com", "new secret", from).await, "alice@example.com"));
+}
+
+#[tokio::test]
 async fn failures_per_user_are_limited_until_the_window_ends() {
     let cfg = AuthConfig { max_failures_per_user: 3, user_window_secs: 3, ..config() };
     let f = store_with_alice().await;

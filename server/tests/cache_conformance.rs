@@ -94,6 +94,7 @@ conformance!(
     ping_and_pool_stats,
     credentials_put_get_expire,
     credentials_purge_one_account_only,
+    credentials_touch_extends_live_entries_only,
     counters_count_in_fixed_windows,
     values_put_get_del_expire,
     publish_reaches_subscribers_of_that_account_only,
@@ -158,6 +159,38 @@ async fn credentials_purge_one_account_only(p: &Pods) {
     p.a.credential_purge_account(7).await.unwrap();
     p.a.credential_put(&[10u8; 32], 7, ttl).await.unwrap();
     assert_eq!(p.b.credential_get(&[10u8; 32]).await.unwrap(), Some(7));
+}
+
+async fn credentials_touch_extends_live_entries_only(p: &Pods) {
+    let (used, idle, purged, other) = ([20u8; 32], [21u8; 32], [22u8; 32], [23u8; 32]);
+    let short = Duration::from_secs(1);
+    for key in [&used, &idle, &purged, &other] {
+        p.a.credential_put(key, 9, short).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Touched from the other pod, before the second ends: a minute from now.
+    p.b.credential_touch(&used, 9, Duration::from_secs(60)).await.unwrap();
+    // A touch naming another account extends nothing.
+    p.b.credential_touch(&other, 10, Duration::from_secs(60)).await.unwrap();
+    p.a.credential_purge_account(9).await.unwrap();
+    p.b.credential_touch(&purged, 9, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(p.a.credential_get(&purged).await.unwrap(), None, "a touch never re-creates a purged entry");
+    p.a.credential_put(&used, 9, short).await.unwrap();
+    p.a.credential_put(&idle, 9, short).await.unwrap();
+    p.a.credential_put(&other, 9, short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    p.b.credential_touch(&used, 9, Duration::from_secs(60)).await.unwrap();
+    p.b.credential_touch(&other, 10, Duration::from_secs(60)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(p.a.credential_get(&used).await.unwrap(), Some(9), "the touch restarted its time");
+    assert_eq!(p.a.credential_get(&idle).await.unwrap(), None, "untouched: expired");
+    assert_eq!(p.a.credential_get(&other).await.unwrap(), None, "touched as another account: expired");
+    // The touched entry is still in the account's index: a purge removes it.
+    p.b.credential_purge_account(9).await.unwrap();
+    assert_eq!(p.a.credential_get(&used).await.unwrap(), None, "purged after the touch");
+    // Touching an entry that expired does not bring it back.
+    p.b.credential_touch(&idle, 9, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(p.a.credential_get(&idle).await.unwrap(), None);
 }
 
 async fn counters_count_in_fixed_windows(p: &Pods) {

@@ -1738,6 +1738,24 @@ async fn quota_limits_and_usage(ctx: Ctx) {
     assert!(is_not_found(s.mailbox_size(i64::MAX).await));
 }
 
+/// Statements reuse their generic plans (see `generic_plans` in the store) unless
+/// the URL sets `plan_cache_mode` itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_reuse_generic_plans_unless_the_url_says_otherwise() {
+    let db = TestDatabase::create("mc_plans").await;
+    let mode = |pg: store::postgres::PgStore| async move {
+        let mode: String =
+            sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(pg.pool()).await.expect("show");
+        mode
+    };
+    let pg = store::postgres::PgStore::connect(&db.url, 1, CONNECT_TIMEOUT).await.expect("connect");
+    assert_eq!(mode(pg).await, "force_generic_plan");
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-c%20plan_cache_mode%3Dauto", db.url);
+    let pg = store::postgres::PgStore::connect(&url, 1, CONNECT_TIMEOUT).await.expect("connect with options");
+    assert_eq!(mode(pg).await, "auto", "the URL's own setting wins");
+}
+
 /// Whether the store's connections to the test database use TLS.
 async fn store_uses_tls(url: &str) -> bool {
     let pg = store::postgres::PgStore::connect(url, 1, CONNECT_TIMEOUT).await.expect("connect");

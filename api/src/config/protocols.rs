@@ -204,7 +204,9 @@ pub struct AuthConfig {
     /// behind one address.
     pub max_failures_per_ip: u64,
     pub ip_window_secs: u64,
-    /// How long a verified credential is served from the cache.
+    /// How long a verified credential is served from the cache after its last use
+    /// (each login it serves starts the time again; a password change or account
+    /// deletion purges it at once).
     pub credential_cache_secs: u64,
     /// How long the domain list (for bare local-part logins) is kept in memory.
     pub domain_cache_secs: u64,

@@ -149,6 +149,15 @@ impl Cache for LocalCache {
         Ok(st.credentials.get(key).filter(|e| e.live(now)).map(|e| e.value))
     }
 
+    async fn credential_touch(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
+        let now = Instant::now();
+        let mut st = self.state()?;
+        if let Some(e) = st.credentials.get_mut(key).filter(|e| e.live(now) && e.value == account_id) {
+            e.expires = now + ttl;
+        }
+        Ok(())
+    }
+
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {
         let mut st = self.state()?;
         if let Some(keys) = st.credential_index.remove(&account_id) {

@@ -87,6 +87,10 @@ pub trait Cache: Send + Sync + 'static {
     /// verified as `account_id`, for `ttl`.
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()>;
     async fn credential_get(&self, key: &[u8; 32]) -> CacheResult<Option<i64>>;
+    /// Restarts the `ttl` of a credential still cached as `account_id`; a no-op
+    /// when it has expired or was purged meanwhile (a touch never re-creates an
+    /// entry, so it cannot bring back a password a change has just purged).
+    async fn credential_touch(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()>;
     /// Forget every cached credential of an account (password change, deletion).
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()>;
 

@@ -105,6 +105,19 @@ end
 return 1
 ";
 
+/// Extends a credential and its account's index, only if the credential still
+/// names that account: after a purge there is nothing to extend.
+const CREDENTIAL_TOUCH: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+";
+
 /// Deletes every credential listed in the account's index, then the index.
 /// `unpack` is limited by the Lua stack, hence the chunks.
 const CREDENTIAL_PURGE: &str = r"
@@ -189,6 +202,7 @@ struct Scripts {
     lock_refresh: Script,
     lock_release: Script,
     credential_put: Script,
+    credential_touch: Script,
     credential_purge: Script,
     secret_get: Script,
     lease_acquire: Script,
@@ -203,6 +217,7 @@ impl Scripts {
             lock_refresh: Script::new(LOCK_REFRESH),
             lock_release: Script::new(LOCK_RELEASE),
             credential_put: Script::new(CREDENTIAL_PUT),
+            credential_touch: Script::new(CREDENTIAL_TOUCH),
             credential_purge: Script::new(CREDENTIAL_PURGE),
             secret_get: Script::new(SECRET_GET),
             lease_acquire: Script::new(LEASE_ACQUIRE),
@@ -351,6 +366,27 @@ impl RedisCache {
     async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> CacheResult<T> {
         let (_permit, mut conn) = self.conn().await?;
         self.bounded(cmd.query_async(&mut conn)).await
+    }
+
+    /// Runs a credential script: KEYS are the credential and its account's index,
+    /// ARGV the account id and the lifetime in milliseconds.
+    async fn credential_script(
+        &self,
+        script: &Script,
+        key: &[u8; 32],
+        account_id: i64,
+        ttl: Duration,
+    ) -> CacheResult<()> {
+        let _: i64 = self
+            .invoke(
+                script
+                    .key(self.key("cred", &hex(key)))
+                    .key(self.key("credidx", &account_id.to_string()))
+                    .arg(account_id)
+                    .arg(millis(ttl)),
+            )
+            .await?;
+        Ok(())
     }
 
     async fn invoke<T: ::redis::FromRedisValue>(&self, script: &ScriptInvocation<'_>) -> CacheResult<T> {
@@ -549,22 +585,15 @@ impl Cache for RedisCache {
     }
 
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
-        let _: i64 = self
-            .invoke(
-                self.inner
-                    .scripts
-                    .credential_put
-                    .key(self.key("cred", &hex(key)))
-                    .key(self.key("credidx", &account_id.to_string()))
-                    .arg(account_id)
-                    .arg(millis(ttl)),
-            )
-            .await?;
-        Ok(())
+        self.credential_script(&self.inner.scripts.credential_put, key, account_id, ttl).await
     }
 
     async fn credential_get(&self, key: &[u8; 32]) -> CacheResult<Option<i64>> {
         self.query(::redis::cmd("GET").arg(self.key("cred", &hex(key)))).await
+    }
+
+    async fn credential_touch(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
+        self.credential_script(&self.inner.scripts.credential_touch, key, account_id, ttl).await
     }
 
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {

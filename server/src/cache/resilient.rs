@@ -446,6 +446,14 @@ impl Cache for ResilientCache {
         self.local.credential_get(key).await
     }
 
+    async fn credential_touch(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
+        if let Some(r) = on_redis!(self, "credential_touch", |p| p.credential_touch(key, account_id, ttl)) {
+            return r;
+        }
+        self.fallback("credential_touch");
+        self.local.credential_touch(key, account_id, ttl).await
+    }
+
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {
         // The pod's own entries go whatever Redis does: they may date from an outage.
         self.local.credential_purge_account(account_id).await?;

@@ -44,6 +44,10 @@ impl<G: Gate> Cache for Gated<G> {
         self.gate.pass("credential_get").await?;
         self.inner.credential_get(key).await
     }
+    async fn credential_touch(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
+        self.gate.pass("credential_touch").await?;
+        self.inner.credential_touch(key, account_id, ttl).await
+    }
     async fn credential_purge_account(&self, account_id: i64) -> CacheResult<()> {
         self.gate.pass("credential_purge_account").await?;
         self.inner.credential_purge_account(account_id).await

@@ -40,6 +40,9 @@ impl Cache for MemCache {
     async fn credential_get(&self, _: &[u8; 32]) -> CacheResult<Option<i64>> {
         Ok(None)
     }
+    async fn credential_touch(&self, _: &[u8; 32], _: i64, _: Duration) -> CacheResult<()> {
+        Ok(())
+    }
     async fn credential_purge_account(&self, _: i64) -> CacheResult<()> {
         Ok(())
     }

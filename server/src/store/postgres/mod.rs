@@ -191,6 +191,22 @@ fn plain_on_loopback(url: &str, options: PgConnectOptions) -> PgConnectOptions {
 }
 
 /// `host:port/database`, the part of a connection target that is safe to show.
+/// Every statement is prepared once per connection and its generic plan reused,
+/// unless the URL sets `plan_cache_mode` itself. Under PostgreSQL's default,
+/// statements with a range parameter (changes since a modseq, a maildrop after a
+/// UID, the delivery's UNNEST) were planned again at every execution, because the
+/// generic plan's estimate (a third of the mailbox) looked worse than a custom
+/// one: planning took 20 s of the 120 s PostgreSQL spent executing statements in
+/// a soak window (bench/RESULTS.md). Every statement here starts from a mailbox
+/// or message id on an index that has it first, so the generic plan is the plan
+/// a custom one would pick.
+fn generic_plans(options: PgConnectOptions) -> PgConnectOptions {
+    if options.get_options().is_some_and(|o| o.contains("plan_cache_mode")) {
+        return options;
+    }
+    options.options([("plan_cache_mode", "force_generic_plan")])
+}
+
 fn describe(options: &PgConnectOptions) -> String {
     format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
 }
@@ -281,7 +297,7 @@ impl PgStore {
         let options = PgConnectOptions::from_str(url).map_err(|e| {
             StoreError::Invalid(format!("bad PostgreSQL URL {}: {}", redact_url(url), redact_error(&e, url)))
         })?;
-        let options = plain_on_loopback(url, options);
+        let options = generic_plans(plain_on_loopback(url, options));
         let target = describe(&options);
         let port = options.get_port();
         let pool = PgPoolOptions::new()
@@ -1086,10 +1102,8 @@ impl Backend for PgStore {
         // tombstones and the prune floor agree (a prune deletes tombstones and
         // raises the floor in one transaction). It was three round trips; a
         // session asks only once its probe saw the mailbox change. Columns as
-        // arrays (see `index`). Not persistent: an unnamed statement is planned
-        // with the actual modseq, so "changed since a minute ago" uses the
-        // (mailbox_id, modseq) index where a cached generic plan could settle on
-        // walking the whole mailbox.
+        // arrays (see `index`). Its generic plan (see `generic_plans`) reads the
+        // (mailbox_id, modseq) index with both conditions.
         let row = sqlx::query(
             "SELECT mb.highest_modseq, mb.expunged_floor, c.uids, c.flags, c.keywords, c.modseqs, \
              ARRAY(SELECT uid FROM expunged WHERE mailbox_id = $1 AND modseq > $2 ORDER BY uid) AS expunged \
@@ -1099,7 +1113,6 @@ impl Backend for PgStore {
                FROM mailbox_messages WHERE mailbox_id = $1 AND modseq > $2) c \
              WHERE mb.id = $1",
         )
-        .persistent(false)
         .bind(mailbox_id)
         .bind(since)
         .fetch_optional(&mut *conn)
