@@ -99,3 +99,5 @@ for m in sorted(per):
     print(f"{m} | {r.get('rss_mb', '-')} | {r.get('server_cpu_s', '-')} | {r.get('postgres_cpu_s', '-')} | " + " | ".join(cells))
 print(f"verdict {d['verdict']}, success {d['success_rate']:.3f} %")
 PY
+# The raw reports are large and compress tenfold: kept gzipped beside the tables.
+gzip -f "$OUT/soak.json" "$OUT/soak.csv"
