@@ -190,7 +190,6 @@ fn plain_on_loopback(url: &str, options: PgConnectOptions) -> PgConnectOptions {
     options.ssl_mode(sqlx::postgres::PgSslMode::Disable)
 }
 
-/// `host:port/database`, the part of a connection target that is safe to show.
 /// Every statement is prepared once per connection and its generic plan reused,
 /// unless the URL sets `plan_cache_mode` itself. Under PostgreSQL's default,
 /// statements with a range parameter (changes since a modseq, a maildrop after a
@@ -207,6 +206,7 @@ fn generic_plans(options: PgConnectOptions) -> PgConnectOptions {
     options.options([("plan_cache_mode", "force_generic_plan")])
 }
 
+/// `host:port/database`, the part of a connection target that is safe to show.
 fn describe(options: &PgConnectOptions) -> String {
     format!("{}:{}/{}", options.get_host(), options.get_port(), options.get_database().unwrap_or(""))
 }
@@ -439,19 +439,13 @@ impl StoreTx for Transaction<'_, Postgres> {
     type Date = DateTime<Utc>;
 
     async fn lock_mailboxes(&mut self, ids: &[i64]) -> StoreResult<Vec<i64>> {
-        let query = match ids {
-            // One element gets a scalar form, here and in the reads that point
-            // here. PostgreSQL plans a statement with an array parameter (`= ANY($1)`,
-            // `UNNEST($1)`) afresh on every execution, its generic plan never looking
-            // cheaper than the custom ones, while the scalar form keeps a cached plan
-            // after five runs (`pg_prepared_statements.generic_plans`). Planning was
-            // PostgreSQL's largest single cost in the IMAP session mix
-            // (bench/RESULTS.md), and one element is what a lone session asks for.
-            [id] => sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = $1 FOR UPDATE").bind(*id),
-            _ => sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-                .bind(ids),
-        };
-        query.fetch_all(&mut **self).await.map_err(db_err)
+        // One form for any number of ids: with generic plans (see `generic_plans`)
+        // the array statement keeps its plan like a scalar one would.
+        sqlx::query_scalar("SELECT id FROM mailboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(ids)
+            .fetch_all(&mut **self)
+            .await
+            .map_err(db_err)
     }
 
     async fn links_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<Link>> {
@@ -1005,30 +999,21 @@ impl Backend for PgStore {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of
         // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
-        let query = match keys {
-            [] => return Ok(MessageLinks::default()),
-            // One element: a cached plan (see `lock_mailboxes`).
-            [(mailbox_id, uid)] => sqlx::query(
-                "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
-                 mm.internal_date FROM mailboxes mb \
-                 LEFT JOIN mailbox_messages mm ON mm.mailbox_id = mb.id AND mm.uid = $2 WHERE mb.id = $1",
-            )
-            .bind(*mailbox_id)
-            .bind(i64::from(*uid)),
-            _ => {
-                let (mailbox_ids, uids): (Vec<i64>, Vec<i64>) =
-                    keys.iter().map(|&(m, u)| (m, i64::from(u))).unzip();
-                sqlx::query(
-                "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
-                 mm.internal_date FROM UNNEST($1::bigint[], $2::bigint[]) AS q(mailbox_id, uid) \
-                 JOIN mailboxes mb ON mb.id = q.mailbox_id \
-                 LEFT JOIN mailbox_messages mm ON mm.mailbox_id = q.mailbox_id AND mm.uid = q.uid",
-            )
-            .bind(mailbox_ids)
-            .bind(uids)
-            }
-        };
-        let rows = query.fetch_all(&mut *self.conn().await?).await.map_err(db_err)?;
+        if keys.is_empty() {
+            return Ok(MessageLinks::default());
+        }
+        let (mailbox_ids, uids): (Vec<i64>, Vec<i64>) = keys.iter().map(|&(m, u)| (m, i64::from(u))).unzip();
+        let rows = sqlx::query(
+            "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
+             mm.internal_date FROM UNNEST($1::bigint[], $2::bigint[]) AS q(mailbox_id, uid) \
+             JOIN mailboxes mb ON mb.id = q.mailbox_id \
+             LEFT JOIN mailbox_messages mm ON mm.mailbox_id = q.mailbox_id AND mm.uid = q.uid",
+        )
+        .bind(mailbox_ids)
+        .bind(uids)
+        .fetch_all(&mut *self.conn().await?)
+        .await
+        .map_err(db_err)?;
         let mut out = MessageLinks::default();
         for r in rows {
             let mailbox_id: i64 = r.try_get("mailbox_id").map_err(db_err)?;
@@ -1053,16 +1038,12 @@ impl Backend for PgStore {
         if message_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let query = match message_ids {
-            // One element: a cached plan (see `lock_mailboxes`).
-            [id] => sqlx::query("SELECT id, body, compressed, size, header_size FROM messages WHERE id = $1")
-                .bind(*id),
-            _ => {
-                sqlx::query("SELECT id, body, compressed, size, header_size FROM messages WHERE id = ANY($1)")
-                    .bind(message_ids)
-            }
-        };
-        let rows = query.fetch_all(&mut *self.conn().await?).await.map_err(db_err)?;
+        let rows =
+            sqlx::query("SELECT id, body, compressed, size, header_size FROM messages WHERE id = ANY($1)")
+                .bind(message_ids)
+                .fetch_all(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
         rows.iter().map(|r| stored_body_of(r, r.int("id")?)).collect()
     }
 
@@ -1085,13 +1066,12 @@ impl Backend for PgStore {
     }
 
     async fn modseqs_of(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
-        let query = match mailbox_ids {
-            // One element: a cached plan (see `lock_mailboxes`).
-            [id] => sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = $1").bind(*id),
-            _ => sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = ANY($1)")
-                .bind(mailbox_ids),
-        };
-        let rows: Vec<(i64, i64)> = query.fetch_all(&mut *self.conn().await?).await.map_err(db_err)?;
+        let rows: Vec<(i64, i64)> =
+            sqlx::query_as("SELECT id, highest_modseq FROM mailboxes WHERE id = ANY($1)")
+                .bind(mailbox_ids)
+                .fetch_all(&mut *self.conn().await?)
+                .await
+                .map_err(db_err)?;
         Ok(rows.into_iter().map(|(id, m)| (id, u64_of(m))).collect())
     }
 
