@@ -98,6 +98,7 @@ conformance!(
     counters_count_in_fixed_windows,
     values_put_get_del_expire,
     publish_reaches_subscribers_of_that_account_only,
+    bursts_reach_subscribers_with_each_mailboxs_last_change,
     subscriptions_survive_other_subscribers_leaving,
     lock_is_exclusive_across_pods,
     lock_expires_and_stale_holder_cannot_refresh_or_release,
@@ -248,6 +249,33 @@ async fn publish_reaches_subscribers_of_that_account_only(p: &Pods) {
     assert_eq!(next_event(&mut a2).await, ev(2, 21, 7));
     // Events of an account nobody listens to go nowhere, without error.
     p.a.publish(ev(3, 30, 1)).await.unwrap();
+}
+
+async fn bursts_reach_subscribers_with_each_mailboxs_last_change(p: &Pods) {
+    let ev = |mailbox_id, modseq| MailboxEvent { account_id: 7, mailbox_id, modseq };
+    let mut events = p.b.subscribe(7).await.unwrap();
+    // 20 rounds over 10 mailboxes as fast as they can be queued: a pod may send
+    // them in fewer messages, but each mailbox's last change must arrive. The last
+    // round goes in one call.
+    for round in 0..19u64 {
+        for m in 0..10 {
+            p.a.publish(ev(70 + m, round * 10 + m as u64 + 1)).await.unwrap();
+        }
+    }
+    let last: Vec<MailboxEvent> = (0..10).map(|m| ev(70 + m, 191 + m as u64)).collect();
+    p.a.publish_all(&last).await.unwrap();
+    let mut latest = std::collections::HashMap::new();
+    let mut received = 0;
+    while last.iter().any(|e| latest.get(&e.mailbox_id) != Some(&e.modseq)) {
+        let event = next_event(&mut events).await;
+        assert_eq!(event.account_id, 7);
+        assert!((70..80).contains(&event.mailbox_id), "{event:?}");
+        let seen = latest.entry(event.mailbox_id).or_insert(0);
+        assert!(event.modseq > *seen, "a mailbox's events arrive in order: {event:?} after {seen}");
+        *seen = event.modseq;
+        received += 1;
+    }
+    assert!(received <= 200, "{received} events for 200 changes");
 }
 
 async fn subscriptions_survive_other_subscribers_leaving(p: &Pods) {

@@ -110,6 +110,14 @@ pub trait Cache: Send + Sync + 'static {
     /// `resilient::ResilientCache`) queue the event and return at once, so callers
     /// on the delivery path await it directly.
     async fn publish(&self, event: MailboxEvent) -> CacheResult<()>;
+    /// Several events at once: a backend that can send them in one round trip
+    /// (Redis, as a pipeline) overrides this; the others publish them in turn.
+    async fn publish_all(&self, events: &[MailboxEvent]) -> CacheResult<()> {
+        for event in events {
+            self.publish(*event).await?;
+        }
+        Ok(())
+    }
     /// Events for one account (all its mailboxes), from now on. The stream ends when
     /// the backend connection is lost; callers then fall back to polling the store.
     async fn subscribe(&self, account_id: i64) -> CacheResult<BoxStream<'static, MailboxEvent>>;

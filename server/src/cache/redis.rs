@@ -631,6 +631,15 @@ impl Cache for RedisCache {
         self.query::<i64>(&cmd).await.map(|_| ())
     }
 
+    async fn publish_all(&self, events: &[MailboxEvent]) -> CacheResult<()> {
+        let mut pipe = ::redis::pipe();
+        for event in events {
+            pipe.cmd("PUBLISH").arg(self.channel(event.account_id)).arg(encode_event(event)).ignore();
+        }
+        let (_permit, mut conn) = self.conn().await?;
+        self.bounded(pipe.query_async::<()>(&mut conn)).await
+    }
+
     async fn subscribe(&self, account_id: i64) -> CacheResult<BoxStream<'static, MailboxEvent>> {
         let channel = self.channel(account_id);
         let mut slot = self.inner.subscriber.lock().await;

@@ -19,7 +19,8 @@
 //!   the pod; rate limits become per pod; TLS session-ticket keys become per pod
 //!   (resumption then works on the pod that issued the ticket).
 //! - mailbox-change notifications → sent from a bounded queue by a task of their
-//!   own, so a delivery never waits on a publish; while Redis is away (or the queue
+//!   own, so a delivery never waits on a publish (what queued up meanwhile goes in
+//!   one pipelined round trip, one event per mailbox); while Redis is away (or the queue
 //!   is full) events are dropped and counted (`mail_cache_events_dropped_total`):
 //!   IDLE sessions whose subscription ended poll the store instead.
 //! - locks (one POP3 session per maildrop) and lease sets (IMAP connections per
@@ -36,7 +37,7 @@
 //! (`redis+sentinel://…`, [`super::target`]) the probe asks them for the master
 //! again after each failure, so a failover moves the pod to the new master.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -305,36 +306,74 @@ fn lock_store_key(key: &str) -> String {
     format!("lock:{key}")
 }
 
-/// Sends queued mailbox events to Redis, one at a time within the budget; while
-/// Redis is down they are dropped (and counted), never held.
+/// Most events a publish round trip carries.
+const PUBLISH_BATCH: usize = 256;
+
+/// Sends queued mailbox events to Redis: whatever has queued up meanwhile goes in
+/// one pipelined round trip within the budget, so a pod delivering thousands of
+/// messages a second does not pay a Redis round trip per message. While Redis is
+/// down they are dropped (and counted), never held.
 async fn publisher(
     shared: std::sync::Weak<Shared>,
     mut queue: mpsc::Receiver<MailboxEvent>,
     budget: Duration,
 ) {
-    while let Some(event) = queue.recv().await {
+    let mut events = Vec::with_capacity(PUBLISH_BATCH);
+    while queue.recv_many(&mut events, PUBLISH_BATCH).await > 0 {
         let Some(shared) = shared.upgrade() else { return };
+        coalesce(&mut events);
+        let count = events.len() as u64;
         let primary = shared.up.load(Ordering::Acquire).then(|| shared.current()).flatten();
         let Some(primary) = primary else {
-            shared.metrics.events_dropped.inc();
+            shared.metrics.events_dropped.inc_by(count);
+            events.clear();
             continue;
         };
-        match tokio::time::timeout(budget, primary.publish(event)).await {
+        match tokio::time::timeout(budget, primary.publish_all(&events)).await {
             Ok(Ok(())) => {}
             Ok(Err(CacheError::Unavailable(e))) => {
-                shared.metrics.events_dropped.inc();
+                shared.metrics.events_dropped.inc_by(count);
                 shared.set_down("publish", &e);
             }
             Ok(Err(e)) => {
-                shared.metrics.events_dropped.inc();
+                shared.metrics.events_dropped.inc_by(count);
                 tracing::debug!(error = %e, "cache: publish failed");
             }
             Err(_) => {
-                shared.metrics.events_dropped.inc();
+                shared.metrics.events_dropped.inc_by(count);
                 shared.set_down("publish", "no answer within the request budget");
             }
         }
+        events.clear();
     }
+}
+
+/// One event per mailbox, in the order of each mailbox's first event, with the
+/// highest modseq among its events (0, "unknown", when any of them is). Every change they stand for is committed
+/// before its event is queued and receivers re-check the store on any event, so
+/// one notification per mailbox tells subscribers everything the queued ones did.
+fn coalesce(events: &mut Vec<MailboxEvent>) {
+    let mut first: HashMap<(i64, i64), usize> = HashMap::with_capacity(events.len());
+    let mut kept = 0;
+    for i in 0..events.len() {
+        let event = events[i];
+        match first.entry((event.account_id, event.mailbox_id)) {
+            std::collections::hash_map::Entry::Occupied(at) => {
+                let kept_event = &mut events[*at.get()];
+                kept_event.modseq = if kept_event.modseq == 0 || event.modseq == 0 {
+                    0
+                } else {
+                    kept_event.modseq.max(event.modseq)
+                };
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(kept);
+                events[kept] = event;
+                kept += 1;
+            }
+        }
+    }
+    events.truncate(kept);
 }
 
 /// How the probe reaches Redis again: the target and the connection settings.
@@ -621,5 +660,27 @@ impl Cache for ResilientCache {
         }
         self.fallback("secret_get");
         self.local.secret_get(name, len, rotate_every).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(account_id: i64, mailbox_id: i64, modseq: u64) -> MailboxEvent {
+        MailboxEvent { account_id, mailbox_id, modseq }
+    }
+
+    #[test]
+    fn coalesce_keeps_one_event_per_mailbox_in_first_seen_order() {
+        let mut events =
+            vec![ev(1, 10, 3), ev(2, 10, 4), ev(1, 11, 5), ev(1, 10, 9), ev(1, 10, 7), ev(2, 10, 0)];
+        coalesce(&mut events);
+        // Mailbox 10 of account 2 is a different mailbox from account 1's 10; an
+        // unknown modseq (0) wins over known ones, else the highest is kept.
+        assert_eq!(events, vec![ev(1, 10, 9), ev(2, 10, 0), ev(1, 11, 5)]);
+        let mut none = Vec::new();
+        coalesce(&mut none);
+        assert!(none.is_empty());
     }
 }
