@@ -63,7 +63,6 @@ const SPARE_IDS: usize = 256;
 
 type Tx = Transaction<'static, Postgres>;
 
-/// `(los, his)` arrays of a UID set, for `JOIN UNNEST($2, $3) r(lo, hi)`.
 /// The STORE statement around the part that names the message rows (`mm`).
 macro_rules! store_flags_sql {
     ($rows:literal) => {
@@ -103,6 +102,21 @@ macro_rules! store_flags_sql {
     };
 }
 
+/// The links of mailbox `$1` in the UID ranges whose bounds are `$2`/`$3`, as `mm`:
+/// one primary-key range scan per range. The plain join of UNNEST and
+/// `mailbox_messages` has a generic plan that reads every link of the mailbox
+/// (and, joined with `messages`, hashes the whole table) and then filters: 38 ms
+/// a multi-range FETCH in the IMAP session mix, 6.6 against 0.65 ms for four
+/// ranges of a 1,000-message mailbox. A LATERAL subquery with `OFFSET 0`, which
+/// the planner does not flatten into that join, keeps the range scans.
+macro_rules! links_in_ranges {
+    () => {
+        "UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
+         (SELECT * FROM mailbox_messages x WHERE x.mailbox_id = $1 AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) mm"
+    };
+}
+
+/// `(los, his)` arrays of a UID set, for `UNNEST($2, $3) r(lo, hi)`.
 fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
     uid_ranges(uids).into_iter().unzip()
 }
@@ -394,9 +408,8 @@ impl PgStore {
             }
             _ => {
                 let sql = format!(
-                    "SELECT {columns} FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-                     JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-                     JOIN messages m ON m.id = mm.message_id ORDER BY mm.uid"
+                    "SELECT {columns} FROM {} JOIN messages m ON m.id = mm.message_id ORDER BY mm.uid",
+                    links_in_ranges!()
                 );
                 sqlx::query(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).bind(&los).bind(&his)
             }
@@ -453,12 +466,11 @@ impl StoreTx for Transaction<'_, Postgres> {
         if los.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::query_as(
-            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, mm.size \
-             FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             ORDER BY mm.uid",
-        )
+        sqlx::query_as(concat!(
+            "SELECT mm.uid, mm.message_id, mm.flags, mm.keywords, mm.internal_date, mm.size FROM ",
+            links_in_ranges!(),
+            " ORDER BY mm.uid"
+        ))
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
@@ -657,11 +669,11 @@ impl StoreTx for Transaction<'_, Postgres> {
 
     async fn modseqs_in(&mut self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<(i64, i64)>> {
         let (los, his) = range_arrays(uids);
-        sqlx::query_as(
-            "SELECT DISTINCT mm.uid, mm.modseq FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-             JOIN mailbox_messages mm ON mm.mailbox_id = $1 AND mm.uid BETWEEN r.lo AND r.hi \
-             ORDER BY mm.uid",
-        )
+        sqlx::query_as(concat!(
+            "SELECT DISTINCT mm.uid, mm.modseq FROM ",
+            links_in_ranges!(),
+            " ORDER BY mm.uid"
+        ))
         .bind(mailbox_id)
         .bind(&los)
         .bind(&his)
