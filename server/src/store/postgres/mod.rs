@@ -1011,6 +1011,9 @@ impl Backend for PgStore {
         // One statement, so one snapshot for the links and the modseqs. The LEFT
         // JOIN keeps a row for every asked mailbox that exists, also when none of
         // its asked UIDs does (expunged elsewhere): its modseq tells the session so.
+        // The mailboxes are looked up by key in a LATERAL subquery: as a plain join
+        // its generic plan hashes a scan of the whole mailboxes table whenever that
+        // table is small enough (0.75 against 0.19 ms at 1,120 mailboxes).
         if keys.is_empty() {
             return Ok(MessageLinks::default());
         }
@@ -1018,7 +1021,7 @@ impl Backend for PgStore {
         let rows = sqlx::query(
             "SELECT mb.id AS mailbox_id, mb.highest_modseq, mm.uid, mm.message_id, mm.flags, mm.keywords, \
              mm.internal_date FROM UNNEST($1::bigint[], $2::bigint[]) AS q(mailbox_id, uid) \
-             JOIN mailboxes mb ON mb.id = q.mailbox_id \
+             CROSS JOIN LATERAL (SELECT id, highest_modseq FROM mailboxes WHERE id = q.mailbox_id OFFSET 0) mb \
              LEFT JOIN mailbox_messages mm ON mm.mailbox_id = q.mailbox_id AND mm.uid = q.uid",
         )
         .bind(mailbox_ids)
