@@ -164,6 +164,7 @@ conformance!(
     message_links_and_bodies,
     changes_since_after_store_and_expunge,
     copy_and_move,
+    several_uid_ranges_touch_their_messages_only,
     concurrent_group_commit,
     queue_lifecycle,
     queue_claim_is_exclusive,
@@ -1064,6 +1065,43 @@ async fn changes_since_after_store_and_expunge(ctx: Ctx) {
     assert_eq!(later.changed.iter().map(|r| r.uid).collect::<Vec<_>>(), vec![new]);
     assert_eq!(later.expunged, vec![uids[2]]);
     assert!(s.changes_since(inbox, u64::MAX).await.expect("changes").changed.is_empty());
+}
+
+/// Sets of several UID ranges with gaps between them (what `UID STORE 1:2,5,7:8`
+/// and friends send): each operation reaches the messages in the ranges and
+/// none in the gaps.
+async fn several_uid_ranges_touch_their_messages_only(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let archive = s.mailbox_get(acc, "Archive").await.expect("get").expect("Archive").id;
+    let u = deliver_numbered(s, 9, inbox).await;
+    let set = UidSet(vec![(u[0], u[1]), (u[4], u[4]), (u[6], u[7])]);
+    let picked = vec![u[0], u[1], u[4], u[6], u[7]];
+
+    let rows = s.messages_by_uid(inbox, &set).await.expect("rows");
+    assert_eq!(rows.iter().map(|r| r.uid).collect::<Vec<_>>(), picked);
+
+    let changed =
+        s.store_flags(inbox, &set, FlagOp::Add, &flagset(Flags::FLAGGED, &["Ranged"])).await.expect("store");
+    assert_eq!(changed.iter().map(|r| r.uid).collect::<Vec<_>>(), picked);
+    let flagged: Vec<u32> = s
+        .messages_by_uid(inbox, &UidSet::all())
+        .await
+        .expect("rows")
+        .iter()
+        .filter(|r| r.flags == flagset(Flags::FLAGGED, &["Ranged"]))
+        .map(|r| r.uid)
+        .collect();
+    assert_eq!(flagged, picked, "messages in the gaps keep their flags");
+    assert_counts(s, inbox).await;
+
+    let pairs = s.copy(inbox, &set, archive).await.expect("copy");
+    assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), picked);
+
+    let gone = s.expunge(inbox, Some(&UidSet(vec![(u[1], u[2]), (u[5], u[5]), (u[8], u32::MAX)]))).await;
+    assert_eq!(gone.expect("expunge").uids, vec![u[1], u[2], u[5], u[8]]);
+    assert_eq!(s.mailbox_uids(inbox).await.expect("uids"), vec![u[0], u[3], u[4], u[6], u[7]]);
+    assert_counts(s, inbox).await;
 }
 
 async fn copy_and_move(ctx: Ctx) {

