@@ -349,9 +349,10 @@ async fn publisher(
 }
 
 /// One event per mailbox, in the order of each mailbox's first event, with the
-/// highest modseq among its events (0, "unknown", when any of them is). Every change they stand for is committed
-/// before its event is queued and receivers re-check the store on any event, so
-/// one notification per mailbox tells subscribers everything the queued ones did.
+/// highest modseq among its events (0, "unknown", when any of them is). Every
+/// change they stand for is committed before its event is queued, and receivers
+/// re-check the store on any event, so one notification per mailbox tells
+/// subscribers everything the queued ones did.
 fn coalesce(events: &mut Vec<MailboxEvent>) {
     let mut first: HashMap<(i64, i64), usize> = HashMap::with_capacity(events.len());
     let mut kept = 0;
