@@ -65,7 +65,7 @@ type Tx = Transaction<'static, Postgres>;
 
 /// The STORE statement around the part that names the message rows (`mm`).
 macro_rules! store_flags_sql {
-    ($rows:literal) => {
+    ($rows:expr) => {
         concat!(
             r#"WITH mb AS (
                 SELECT id, highest_modseq + 1 AS modseq FROM mailboxes WHERE id = $1 FOR NO KEY UPDATE
@@ -102,8 +102,9 @@ macro_rules! store_flags_sql {
     };
 }
 
-/// The links of mailbox `$1` in the UID ranges whose bounds are `$2`/`$3`, as `mm`:
-/// one primary-key range scan per range. The plain join of UNNEST and
+/// The links of mailbox `$mailbox` (`$1` unless given: an SQL expression) in the
+/// UID ranges whose bounds are `$2`/`$3`, as `mm`: one primary-key range scan per
+/// range. The plain join of UNNEST and
 /// `mailbox_messages` has a generic plan that reads every link of the mailbox
 /// (and, joined with `messages`, hashes the whole table) and then filters: 38 ms
 /// a multi-range FETCH in the IMAP session mix, 6.6 against 0.65 ms for four
@@ -111,8 +112,15 @@ macro_rules! store_flags_sql {
 /// the planner does not flatten into that join, keeps the range scans.
 macro_rules! links_in_ranges {
     () => {
-        "UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
-         (SELECT * FROM mailbox_messages x WHERE x.mailbox_id = $1 AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) mm"
+        links_in_ranges!("$1")
+    };
+    ($mailbox:literal) => {
+        concat!(
+            "UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
+             (SELECT * FROM mailbox_messages x WHERE x.mailbox_id = ",
+            $mailbox,
+            " AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) mm"
+        )
     };
 }
 
@@ -122,13 +130,9 @@ fn range_arrays(uids: &UidSet) -> (Vec<i64>, Vec<i64>) {
 }
 
 /// STORE as one statement (see `store_flags`); `$2`/`$3` the UID ranges' bounds.
-/// The rows are read range by range, as in `links_in_ranges!` (3.1 against 0.35 ms
-/// for four ranges of a 1,000-message mailbox), after the mailbox lock.
-const STORE_FLAGS_RANGES: &str = store_flags_sql!(
-    "FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
-     (SELECT * FROM mailbox_messages x WHERE x.mailbox_id = (SELECT id FROM mb) \
-     AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) mm"
-);
+/// The rows are read range by range (`links_in_ranges!`: 3.1 against 0.35 ms for
+/// four ranges of a 1,000-message mailbox), after the mailbox lock.
+const STORE_FLAGS_RANGES: &str = store_flags_sql!(concat!("FROM ", links_in_ranges!("(SELECT id FROM mb)")));
 /// The same for one UID, `$2[1]` (`$3` unused).
 const STORE_FLAGS_ONE: &str = store_flags_sql!(
     "FROM mailbox_messages mm WHERE mm.mailbox_id = (SELECT id FROM mb) AND mm.uid = ($2::bigint[])[1] \
@@ -151,7 +155,7 @@ const STORE_FLAGS_ONE: &str = store_flags_sql!(
 /// fails on the foreign key (see `expunge_links`), never leaving a link without
 /// its body.
 macro_rules! expunge_sql {
-    ($using:literal, $rows:literal) => {
+    ($using:expr, $rows:expr) => {
         concat!(
             "WITH mb AS (SELECT id FROM mailboxes WHERE id = $1::bigint FOR UPDATE), \
              gone AS (DELETE FROM mailbox_messages mm ",
@@ -186,9 +190,7 @@ const EXPUNGE_ONE: &str = expunge_sql!("", "mm.uid = $2");
 /// range as in `links_in_ranges!` (2.2 against 0.49 ms for four ranges of a
 /// 1,000-message mailbox).
 const EXPUNGE_RANGES: &str = expunge_sql!(
-    "USING (SELECT x.uid FROM UNNEST($2::bigint[], $3::bigint[]) AS r(lo, hi) CROSS JOIN LATERAL \
-     (SELECT uid FROM mailbox_messages x WHERE x.mailbox_id = (SELECT id FROM mb) \
-     AND x.uid BETWEEN r.lo AND r.hi OFFSET 0) x) AS sel",
+    concat!("USING (SELECT mm.uid FROM ", links_in_ranges!("(SELECT id FROM mb)"), ") AS sel"),
     "mm.uid = sel.uid"
 );
 
@@ -395,11 +397,9 @@ impl PgStore {
     /// `columns` of `mailbox_messages mm JOIN messages m` for the given UIDs,
     /// ascending.
     ///
-    /// PostgreSQL re-plans a prepared statement on every execution when its
-    /// generic plan looks costlier than a custom one — true of the UNNEST join and
-    /// of `BETWEEN` — and the planning cost more than the lookup (profile of
-    /// bench/imap.sh). So the usual `UID FETCH n` gets `uid = $2`, whose generic
-    /// plan is the primary-key lookup and is kept; one range gets `BETWEEN`.
+    /// The usual `UID FETCH n` gets `uid = $2`, a primary-key lookup, and one
+    /// range `BETWEEN`, a single range scan; several ranges are read range by
+    /// range (`links_in_ranges!`).
     async fn rows_of_uids(&self, mailbox_id: i64, uids: &UidSet, columns: &str) -> StoreResult<Vec<PgRow>> {
         let (los, his) = range_arrays(uids);
         let from = "FROM mailbox_messages mm JOIN messages m ON m.id = mm.message_id";
