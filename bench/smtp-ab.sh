@@ -4,7 +4,8 @@
 # pod of build A then of build B (bench/lib.sh mc_start: own database, own Redis
 # key prefix, 1,000 users), sends a warm-up of 2,000 messages and then Postfix's
 # smtp-source load of N x SIZE B over S sessions to one recipient, and reports the
-# rate and the CPU per message of the server, of PostgreSQL and of Redis.
+# rate and the CPU per message of the server, of PostgreSQL and of Redis. A check
+# of one change on this machine, not a headline figure: there is no peer side.
 #
 # Usage: bench/smtp-ab.sh BINARY_A BINARY_B   (env: ROUNDS=3 N=20000 S=50 SIZE=4096)
 # Build A from another commit with e.g. `git stash; cargo build --release -p
@@ -29,6 +30,7 @@ for round in $(seq 1 "$ROUNDS"); do
       source bench/lib.sh >/dev/null
       [ "$round$side" = 1A ] && machine_line
       mc_start 1000 smtp >/dev/null 2>&1
+      [ "$round$side" = 1A ] && echo "## configuration of both (everything else default): $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR -e KEY_PREFIX | sort | tr '\n' ' ')"
       PORT=$(mc_port smtp)
       /usr/sbin/smtp-source -d -s "$S" -m 2000 -l "$SIZE" -f user0001@example.test -t user0911@example.test "127.0.0.1:$PORT"
       c0=$(awk '{print $14+$15}' "/proc/$MC_PID/stat"); p0=$(pg_ticks); r0=$(redis_ticks); t0=$(date +%s.%N)
