@@ -175,7 +175,7 @@ async fn run_scenario(
     monitor.tick(second);
     progress.finish();
     let elapsed = t0.elapsed();
-    let (ops, series) = rec.finish();
+    let measure::Finished { ops, series, minutes } = rec.finish();
     let (generator, generator_series) = monitor.finish();
     let elapsed_s = elapsed.as_secs_f64();
     let slo = plan.slo.iter().map(|t| t.evaluate(&plan.name, &ops, elapsed_s)).collect();
@@ -190,6 +190,7 @@ async fn run_scenario(
         backlog,
         ops: summaries,
         series,
+        minutes,
         generator,
         generator_series,
         slo,

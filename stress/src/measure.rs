@@ -1,13 +1,16 @@
-//! Measurement: per-operation HDR histograms, counters, errors by key, and a
-//! per-second series.
+//! Measurement: per-operation HDR histograms, counters, errors by key, and
+//! per-second and per-minute series.
 //!
 //! One `Mutex` guards all operations of a scenario. A record is a histogram
 //! increment and two counter bumps (~100 ns under the lock), so even at 50,000
 //! operations/s the lock is held ~0.5% of the time; per-task histograms merged at
 //! the end would avoid it but lose the live per-second view for no measurable gain.
 //!
-//! Each operation keeps two histograms: the run total and the current one-second
-//! window, which the ticker snapshots into the series and resets. Latencies are
+//! Each operation keeps three histograms: the run total, the current one-second
+//! window, which the ticker snapshots into the series and resets, and the current
+//! minute, which collects the seconds' windows. A minute's percentiles come from
+//! its own histogram: they cannot be derived from the seconds' percentiles, and a
+//! soak's SLO is judged per minute. Latencies are
 //! recorded in microseconds from the *intended* start time of the operation (see
 //! `engine`), so queueing behind a stalled server is part of the latency.
 
@@ -104,10 +107,11 @@ pub struct OpSummary {
     pub primary: bool,
 }
 
-/// One operation during one second.
+/// One operation during one window: a second (`series`) or a minute (`minutes`).
 #[derive(Clone, Debug, Serialize)]
 pub struct SeriesPoint {
-    /// Seconds since the scenario started (end of the window).
+    /// Seconds since the scenario started, at the end of the window (a minute's
+    /// window ends at 60, 120, …; the last one at the scenario's last second).
     pub second: u32,
     pub op: String,
     pub ok: u64,
@@ -124,9 +128,18 @@ struct Window {
     errors: u64,
 }
 
+/// The second being recorded and the minute that collects it.
+struct Windows {
+    second: Window,
+    minute: Window,
+}
+
 struct Inner {
-    ops: BTreeMap<&'static str, (OpData, Window)>,
+    ops: BTreeMap<&'static str, (OpData, Windows)>,
     series: Vec<SeriesPoint>,
+    minutes: Vec<SeriesPoint>,
+    /// The last second closed by `tick`.
+    last_second: u32,
 }
 
 /// Thread-safe recorder shared by all workers of a scenario.
@@ -136,7 +149,14 @@ pub struct Recorder {
 
 impl Default for Recorder {
     fn default() -> Self {
-        Recorder { inner: Mutex::new(Inner { ops: BTreeMap::new(), series: Vec::new() }) }
+        Recorder {
+            inner: Mutex::new(Inner {
+                ops: BTreeMap::new(),
+                series: Vec::new(),
+                minutes: Vec::new(),
+                last_second: 0,
+            }),
+        }
     }
 }
 
@@ -165,12 +185,12 @@ impl Recorder {
     fn record(&self, op: &'static str, primary: bool, latency: Duration, bytes: u64) {
         let us = (latency.as_micros() as u64).clamp(1, MAX_US);
         self.with(|i| {
-            let (d, w) = i.ops.entry(op).or_insert_with(|| (OpData::new(primary), Window::new()));
+            let (d, w) = i.ops.entry(op).or_insert_with(|| (OpData::new(primary), Windows::new()));
             d.hist.saturating_record(us);
             d.ok += 1;
             d.bytes += bytes;
-            w.hist.saturating_record(us);
-            w.ok += 1;
+            w.second.hist.saturating_record(us);
+            w.second.ok += 1;
         });
     }
 
@@ -188,44 +208,36 @@ impl Recorder {
             return;
         }
         self.with(|i| {
-            let (d, w) = i.ops.entry(op).or_insert_with(|| (OpData::new(primary), Window::new()));
+            let (d, w) = i.ops.entry(op).or_insert_with(|| (OpData::new(primary), Windows::new()));
             match d.errors.get_mut(key) {
                 Some(c) => *c += n,
                 None => {
                     d.errors.insert(key.to_string(), n);
                 }
             }
-            w.errors += n;
+            w.second.errors += n;
         });
     }
 
-    /// Close the current one-second window: append it to the series and reset it.
+    /// Close the current one-second window: append it to the series, add it to
+    /// the current minute, and reset it; every 60th second also closes the minute.
     /// Returns (ok, errors) of primary operations in the window, for progress output.
     pub fn tick(&self, second: u32) -> (u64, u64) {
         self.with(|i| {
             let (mut ok, mut err) = (0, 0);
-            let Inner { ops, series } = i;
+            let Inner { ops, series, minutes, last_second } = i;
+            *last_second = second;
             for (name, (d, w)) in ops.iter_mut() {
-                let q = |x: f64| {
-                    if w.hist.is_empty() { 0.0 } else { w.hist.value_at_quantile(x) as f64 / 1000.0 }
-                };
-                series.push(SeriesPoint {
-                    second,
-                    op: name.to_string(),
-                    ok: w.ok,
-                    errors: w.errors,
-                    p50_ms: q(0.5),
-                    p95_ms: q(0.95),
-                    p99_ms: q(0.99),
-                    max_ms: if w.hist.is_empty() { 0.0 } else { w.hist.max() as f64 / 1000.0 },
-                });
+                series.push(w.second.point(second, name));
                 if d.primary {
-                    ok += w.ok;
-                    err += w.errors;
+                    ok += w.second.ok;
+                    err += w.second.errors;
                 }
-                w.hist.reset();
-                w.ok = 0;
-                w.errors = 0;
+                w.minute.absorb(&mut w.second);
+                if second.is_multiple_of(60) {
+                    minutes.push(w.minute.point(second, name));
+                    w.minute.reset();
+                }
             }
             (ok, err)
         })
@@ -241,18 +253,74 @@ impl Recorder {
         })
     }
 
-    /// Take the data out at the end of the scenario.
-    pub fn finish(&self) -> (BTreeMap<String, OpData>, Vec<SeriesPoint>) {
+    /// Take the data out at the end of the scenario: the totals, the per-second
+    /// series and the per-minute one (its last, partial minute included).
+    pub fn finish(&self) -> Finished {
         self.with(|i| {
-            let ops = i.ops.iter().map(|(k, (d, _))| (k.to_string(), d.clone())).collect();
-            (ops, std::mem::take(&mut i.series))
+            let last = i.last_second;
+            for (name, (_, w)) in i.ops.iter_mut() {
+                // Records after the last tick belong to the last minute too.
+                w.minute.absorb(&mut w.second);
+                if w.minute.ok + w.minute.errors > 0 {
+                    i.minutes.push(w.minute.point(last, name));
+                    w.minute.reset();
+                }
+            }
+            Finished {
+                ops: i.ops.iter().map(|(k, (d, _))| (k.to_string(), d.clone())).collect(),
+                series: std::mem::take(&mut i.series),
+                minutes: std::mem::take(&mut i.minutes),
+            }
         })
     }
+}
+
+/// What a scenario measured, taken out of its [`Recorder`].
+pub struct Finished {
+    pub ops: BTreeMap<String, OpData>,
+    pub series: Vec<SeriesPoint>,
+    pub minutes: Vec<SeriesPoint>,
 }
 
 impl Window {
     fn new() -> Window {
         Window { hist: new_histogram(), ok: 0, errors: 0 }
+    }
+
+    fn point(&self, second: u32, op: &str) -> SeriesPoint {
+        let h = &self.hist;
+        let q = |x: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(x) as f64 / 1000.0 };
+        SeriesPoint {
+            second,
+            op: op.to_string(),
+            ok: self.ok,
+            errors: self.errors,
+            p50_ms: q(0.5),
+            p95_ms: q(0.95),
+            p99_ms: q(0.99),
+            max_ms: if h.is_empty() { 0.0 } else { h.max() as f64 / 1000.0 },
+        }
+    }
+
+    /// Adds `other` to this window and empties it.
+    fn absorb(&mut self, other: &mut Window) {
+        // Both have the same bounds, so adding cannot fail.
+        let _ = self.hist.add(&other.hist);
+        self.ok += other.ok;
+        self.errors += other.errors;
+        other.reset();
+    }
+
+    fn reset(&mut self) {
+        self.hist.reset();
+        self.ok = 0;
+        self.errors = 0;
+    }
+}
+
+impl Windows {
+    fn new() -> Windows {
+        Windows { second: Window::new(), minute: Window::new() }
     }
 }
 
@@ -286,7 +354,7 @@ mod tests {
         r.error("deliver", "smtp-451");
         r.ok_aux("smtp-connect", Duration::from_millis(3));
         assert_eq!(r.tick(1), (100, 2));
-        let (ops, series) = r.finish();
+        let Finished { ops, series, .. } = r.finish();
         let s = ops["deliver"].summary(Duration::from_secs(10));
         assert_eq!((s.count, s.ok, s.errors), (102, 100, 2));
         assert_eq!(s.errors_by_kind["smtp-451"], 2);
@@ -298,12 +366,56 @@ mod tests {
     }
 
     #[test]
+    fn minutes_have_their_own_percentiles() {
+        let r = Recorder::new();
+        // Minute 1: 59 seconds of 100 fast deliveries and one second of 100 slow
+        // ones. That second's P95 is the slow latency; the minute's is the fast one,
+        // since the slow ones are under 2 % of the minute.
+        for second in 1..=60 {
+            let ms = if second == 30 { 500 } else { 10 };
+            for _ in 0..100 {
+                r.ok("deliver", Duration::from_millis(ms), 0);
+            }
+            r.tick(second);
+        }
+        // Minute 2 ends with the scenario, after two seconds.
+        for _ in 0..5 {
+            r.ok("deliver", Duration::from_millis(20), 0);
+        }
+        r.error("deliver", "smtp-451");
+        r.tick(61);
+        r.ok("deliver", Duration::from_millis(20), 0);
+        r.tick(62);
+        let Finished { series, minutes, .. } = r.finish();
+        let worst_second = series.iter().map(|p| p.p95_ms).fold(0.0, f64::max);
+        assert!((worst_second - 500.0).abs() < 1.0, "{worst_second}");
+        assert_eq!(minutes.len(), 2, "{minutes:?}");
+        let (first, last) = (&minutes[0], &minutes[1]);
+        assert_eq!((first.second, first.ok, first.errors), (60, 6000, 0));
+        assert!((first.p95_ms - 10.0).abs() < 0.1, "{}", first.p95_ms);
+        assert!((first.max_ms - 500.0).abs() < 1.0, "{}", first.max_ms);
+        assert_eq!((last.second, last.ok, last.errors), (62, 6, 1));
+        assert!((last.p50_ms - 20.0).abs() < 0.1, "{}", last.p50_ms);
+    }
+
+    #[test]
+    fn records_after_the_last_tick_count_in_the_last_minute() {
+        let r = Recorder::new();
+        r.ok("deliver", Duration::from_millis(5), 0);
+        r.tick(1);
+        r.ok("deliver", Duration::from_millis(5), 0);
+        let Finished { minutes, .. } = r.finish();
+        assert_eq!(minutes.len(), 1);
+        assert_eq!((minutes[0].second, minutes[0].ok), (1, 2));
+    }
+
+    #[test]
     fn select_merges_families() {
         let r = Recorder::new();
         r.ok("fetch-body", Duration::from_millis(10), 0);
         r.ok("fetch-header", Duration::from_millis(20), 0);
         r.ok("fetchy", Duration::from_millis(30), 0);
-        let (ops, _) = r.finish();
+        let Finished { ops, .. } = r.finish();
         let m = select(&ops, "fetch").expect("matched");
         assert_eq!(m.ok, 2);
         assert!(select(&ops, "deliver").is_none());

@@ -264,7 +264,7 @@ mod tests {
         }
         r.error_n("deliver", "smtp-451", errors, true);
         r.ok_aux("smtp-connect", Duration::from_millis(1));
-        r.finish().0
+        r.finish().ops
     }
 
     #[test]

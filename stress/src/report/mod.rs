@@ -29,7 +29,11 @@ pub struct ScenarioReport {
     /// Operations due but never started (open loop, server too slow).
     pub backlog: u64,
     pub ops: BTreeMap<String, OpSummary>,
+    /// Per second: each operation's count and latency in that second.
     pub series: Vec<SeriesPoint>,
+    /// Per minute, from each minute's own histogram (a soak's SLO is judged per
+    /// minute, and a minute's percentiles do not follow from its seconds').
+    pub minutes: Vec<SeriesPoint>,
     pub generator: GeneratorSummary,
     pub generator_series: Vec<GeneratorPoint>,
     pub slo: Vec<SloResult>,
