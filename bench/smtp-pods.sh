@@ -8,7 +8,14 @@
 # from each message's intended send time (smtp_bench_client). One pod and two pods
 # alternate, ROUNDS times at each rate.
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2)
+# SPLIT=1 holds the machine's capacity equal between the two cases, as a cluster
+# that splits the same CPU over more pods would: the one pod runs on every core,
+# and each of the two pods is pinned to a core of its own (taskset; its runtime
+# then starts one worker thread, as it does in a pod with a one-CPU limit).
+# PostgreSQL and the client run unpinned in both cases. Without SPLIT, both pods
+# share every core, so the second pod's own threads compete with the first's.
+#
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -25,31 +32,44 @@ machine_line
 echo "## mailcluster at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); configuration (everything else default):"
 echo "##   $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR | sort | tr '\n' ' ')"
 
-# Pod B: the same binary and configuration on ports of its own.
-B_PORT=13025
-MAILCLUSTER_SMTP_PORT=$B_PORT MAILCLUSTER_ADMIN_PORT=19091 MAILCLUSTER_DATA_DIR="$MC_DIR/b" "$MC" serve 2>"$MC_DIR/serve-b.log" &
-B_PID=$!
-trap 'kill "$B_PID" 2>/dev/null; wait "$B_PID" 2>/dev/null; mc_cleanup' EXIT
-for _ in $(seq 1 120); do port_open 19091 && break; sleep 0.5; done
-port_open 19091 || { echo "pod B did not start"; cat "$MC_DIR/serve-b.log"; exit 1; }
-
-A="127.0.0.1:$(mc_port smtp)"
-B="127.0.0.1:$B_PORT"
+# Another pod: the same binary and configuration on ports of its own.
+EXTRA_PIDS=()
+trap 'kill "${EXTRA_PIDS[@]}" 2>/dev/null; wait "${EXTRA_PIDS[@]}" 2>/dev/null; mc_cleanup' EXIT
+start_pod() { # name smtp_port admin_port [cpu list]
+  local pin=()
+  [ -n "${4:-}" ] && pin=(taskset -c "$4")
+  MAILCLUSTER_SMTP_PORT=$2 MAILCLUSTER_ADMIN_PORT=$3 MAILCLUSTER_DATA_DIR="$MC_DIR/$1" "${pin[@]}" "$MC" serve 2>"$MC_DIR/serve-$1.log" &
+  EXTRA_PIDS+=($!)
+  for _ in $(seq 1 120); do port_open "$3" && break; sleep 0.5; done
+  port_open "$3" || { echo "pod $1 did not start"; cat "$MC_DIR/serve-$1.log"; exit 1; }
+}
+ONE="127.0.0.1:$(mc_port smtp)"
+if [ "${SPLIT:-0}" = 1 ]; then
+  # The one pod (A, from mc_start) keeps every core; B and C get one each.
+  start_pod b 13025 19091 0
+  start_pod c 14025 19092 1
+  TWO="127.0.0.1:13025,127.0.0.1:14025"
+  echo "## SPLIT=1: one pod on cores 0-$(($(nproc) - 1)); two pods pinned to core 0 and core 1"
+else
+  start_pod b 13025 19091
+  TWO="$ONE,127.0.0.1:13025"
+fi
 # Transactions committed in the pods' database so far: how many messages went
 # into each group commit.
 commits() { psql "$MC_DB_URL" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
+# Server CPU seconds of every pod, summed.
+pods_cpu() { local s=0 p; for p in "$MC_PID" "${EXTRA_PIDS[@]}"; do s=$(echo "$s + $(cpu_secs "$p")" | bc); done; echo "$s"; }
 run() { # label rate targets
-  local a0 b0 x0 out
-  a0=$(cpu_secs "$MC_PID") b0=$(cpu_secs "$B_PID") x0=$(commits)
+  local c0 x0 out
+  c0=$(pods_cpu) x0=$(commits)
   out=$("$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1)
-  printf '%-9s rate=%-5s %s cpu_a=%s cpu_b=%s commits=%s\n' "$1" "$2" "$out" \
-    "$(echo "$(cpu_secs "$MC_PID") - $a0" | bc)" "$(echo "$(cpu_secs "$B_PID") - $b0" | bc)" "$(($(commits) - x0))"
+  printf '%-9s rate=%-5s %s server_cpu=%s commits=%s\n' "$1" "$2" "$out" "$(echo "$(pods_cpu) - $c0" | bc)" "$(($(commits) - x0))"
 }
-# Warm-up: both pods' pools and caches, not measured.
-"$CLI" "$A,$B" --sessions "$S" --messages 4000 --rate 1000 --size "$SIZE" --rcpt-count 1000 --rcpt-first 1 >/dev/null
+# Warm-up: every pod's pools and caches, not measured.
+"$CLI" "$ONE,$TWO" --sessions "$S" --messages 4000 --rate 1000 --size "$SIZE" --rcpt-count 1000 --rcpt-first 1 >/dev/null
 for rate in $RATES; do
   for _ in $(seq 1 "$ROUNDS"); do
-    run one-pod "$rate" "$A"
-    run two-pods "$rate" "$A,$B"
+    run one-pod "$rate" "$ONE"
+    run two-pods "$rate" "$TWO"
   done
 done
