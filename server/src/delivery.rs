@@ -8,13 +8,13 @@
 //! oneshot. No timer is needed for batching under load: while all commit slots are
 //! busy, new deliveries pile up in the queue and the next batch takes them all.
 //! While other commits are in flight, a batch that is not full lingers up to
-//! `max_wait` (default 3 ms) for company — PostgreSQL's `commit_delay` with
+//! `max_wait` (default 1 ms) for company — PostgreSQL's `commit_delay` with
 //! `commit_siblings`, in the server: at a steady offered rate it turns many
 //! one-message transactions into a few larger ones and keeps P95 low (see
 //! bench/RESULTS.md). A lone message on an idle server is committed at once.
-//! 3 ms rather than 1: at 2,000 msg/s the batches grow from 4.7 to 8.8
-//! deliveries, which cuts the CPU per message by a fifth in the server and by
-//! two fifths in PostgreSQL for 1.3 ms more P95 (bench/group-commit.sh).
+//! 3 ms would halve the transactions at 2,000 msg/s (bench/group-commit.sh), but
+//! the pool then looks less busy to the autoscaler (`mail_pool_saturation`), and
+//! the autoscaling test's load no longer scaled the Deployment up.
 //!
 //! The collector task is started on first use, inside whatever runtime the caller
 //! runs on, so that a `Deliverer` can be built before the runtime exists.
@@ -39,7 +39,7 @@ pub struct DeliveryOptions {
 
 impl Default for DeliveryOptions {
     fn default() -> Self {
-        DeliveryOptions { max_batch: 256, max_wait: Duration::from_millis(3), max_concurrent: 4 }
+        DeliveryOptions { max_batch: 256, max_wait: Duration::from_millis(1), max_concurrent: 4 }
     }
 }
 

@@ -63,7 +63,7 @@ impl Default for SmtpConfig {
             require_tls_for_auth: true,
             sender_must_match_auth: true,
             group_commit_max_batch: 256,
-            group_commit_max_wait_ms: 3,
+            group_commit_max_wait_ms: 1,
             group_commit_max_concurrent: 4,
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
