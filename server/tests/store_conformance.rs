@@ -53,6 +53,22 @@ impl Ctx {
         }
     }
 
+    /// How many message bodies the database holds, linked or not.
+    async fn body_count(&self) -> i64 {
+        let sql = "SELECT count(*) FROM messages";
+        match self.backend {
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("pg connect");
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.expect("count")
+            }
+            Backend::Sqlite => {
+                let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).expect("sqlite url");
+                let mut c = sqlx::SqliteConnection::connect_with(&opts).await.expect("sqlite connect");
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.expect("count")
+            }
+        }
+    }
+
     async fn open_again(&self) -> Arc<dyn Store> {
         store::open(Some(&self.url), &self.data_dir, 4, CONNECT_TIMEOUT).await.expect("second store opens")
     }
@@ -153,6 +169,7 @@ conformance!(
     subscriptions,
     deliver_and_read,
     deliver_errors_store_nothing,
+    deliver_stops_at_the_last_uid,
     body_stored_once_for_many_recipients,
     compression_round_trip,
     store_flags_semantics,
@@ -638,14 +655,44 @@ async fn deliver_errors_store_nothing(ctx: Ctx) {
     let (_, inbox) = account(s, "a@example.com").await;
     deliver_one(s, "ok", &[inbox]).await;
     let before = s.mailbox_status(inbox).await.expect("status");
+    let bodies = ctx.body_count().await;
     let batch = [delivery("x", &[inbox]), delivery("y", &[i64::MAX])];
     assert!(is_not_found(s.deliver_batch(&batch).await), "unknown target fails the batch");
     assert_eq!(s.mailbox_status(inbox).await.expect("status"), before, "nothing of the batch stored");
     assert_eq!(s.mailbox_uids(inbox).await.expect("uids").len(), 1);
+    assert_eq!(ctx.body_count().await, bodies, "no body of the failed batch left behind");
     let mut bad = delivery("bad", &[inbox]);
     bad.flags = flagset(Flags::NONE, &["has space"]);
     assert!(matches!(s.deliver_batch(&[bad]).await, Err(StoreError::Invalid(_))));
     assert_eq!(s.mailbox_status(inbox).await.expect("status"), before);
+}
+
+/// UIDs and UIDNEXT are 32-bit (RFC 9051 §2.3.1.1, `nz-number`): a share that
+/// would push UIDNEXT past 4294967295 fails the whole batch, storing nothing
+/// anywhere; the last UID, 4294967294, is usable and the mailbox stays readable.
+async fn deliver_stops_at_the_last_uid(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, inbox) = account(s, "a@example.com").await;
+    let full = s.mailbox_create(acc, "Full", None).await.expect("create").id;
+    ctx.exec_sql(&format!("UPDATE mailboxes SET uid_next = 4294967294 WHERE id = {full}")).await;
+    let (inbox_before, full_before) =
+        (s.mailbox_status(inbox).await.expect("status"), s.mailbox_status(full).await.expect("status"));
+    let bodies = ctx.body_count().await;
+    let batch = [delivery("a", &[inbox]), delivery("b", &[full]), delivery("c", &[full, inbox])];
+    let err = s.deliver_batch(&batch).await.expect_err("two UIDs do not fit");
+    assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("out of UIDs")), "{err:?}");
+    assert_eq!(s.mailbox_status(inbox).await.expect("status"), inbox_before);
+    assert_eq!(s.mailbox_status(full).await.expect("status"), full_before);
+    assert_eq!(ctx.body_count().await, bodies);
+
+    let out = deliver_one(s, "last", &[full, inbox]).await;
+    assert_eq!(
+        out.iter().map(|d| (d.mailbox_id, d.uid)).collect::<Vec<_>>(),
+        vec![(full, u32::MAX - 1), (inbox, 1)]
+    );
+    assert!(matches!(s.deliver_batch(&[delivery("d", &[full])]).await, Err(StoreError::Invalid(_))));
+    assert_eq!(s.mailbox_uids(full).await.expect("uids"), vec![u32::MAX - 1]);
+    assert_eq!(s.mailbox_status(full).await.expect("status").uid_next, u32::MAX);
 }
 
 async fn body_stored_once_for_many_recipients(ctx: Ctx) {

@@ -116,6 +116,13 @@ pub(crate) struct MailboxShare {
     pub bytes: i64,
 }
 
+/// Whether `n` new UIDs from `first` on leave UIDNEXT a 32-bit number: SELECT and
+/// STATUS report UIDNEXT as one (RFC 9051 `nz-number`), so the last UID a
+/// mailbox hands out is 4294967294.
+pub(crate) fn uids_fit(first: i64, n: i64) -> bool {
+    first + n <= i64::from(u32::MAX)
+}
+
 /// Groups a batch by target mailbox, ascending by id (the lock order), with each
 /// delivery's targets de-duplicated.
 pub(crate) fn group_by_mailbox(batch: &[NewDelivery]) -> BTreeMap<i64, MailboxShare> {

@@ -462,7 +462,7 @@ async fn add_links<T: StoreTx>(
     let Some(&[first, modseq]) = tx.fetch_ints(ADD_COUNTS, &params).await?.as_deref() else {
         return Err(StoreError::NotFound(format!("mailbox {dest}")));
     };
-    if first + n - 1 > i64::from(u32::MAX) {
+    if !super::common::uids_fit(first, n) {
         return Err(StoreError::Invalid(format!("mailbox {dest} has run out of UIDs")));
     }
     tx.insert_links(dest, first, modseq, links).await?;

@@ -8,8 +8,8 @@
 //! order, so concurrent batches cannot deadlock.
 //!
 //! Round trips are what a delivery batch pays for while it holds those locks, so
-//! the batch is written with array parameters (`UNNEST`): one statement per table,
-//! whatever the batch size.
+//! the batch is written with array parameters (`UNNEST`) as one statement
+//! (`DELIVER`), whatever the batch size.
 //!
 //! Durability: the store never changes `synchronous_commit`; with the server
 //! default (`on`) COMMIT returns after the WAL is flushed, which is what lets SMTP
@@ -29,7 +29,7 @@ use sqlx::{Connection, PgConnection, Postgres, Row, Transaction};
 
 use super::common::{
     AcquireTimer, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row, is_unique_violation,
-    mailbox_index_from, u32_of, u64_of, uid_ranges,
+    mailbox_index_from, u32_of, u64_of, uid_ranges, uids_fit,
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, stored_body_of};
 use super::steps::{
@@ -62,6 +62,54 @@ pub struct PgStore {
 const SPARE_IDS: usize = 256;
 
 type Tx = Transaction<'static, Postgres>;
+
+/// A delivery batch as one statement, which PostgreSQL runs as its own
+/// transaction: one round trip where BEGIN, the lock, the counters, the bodies,
+/// the links and COMMIT took six. Besides the round trips themselves, the
+/// mailbox rows stay locked for one statement and its WAL flush only, which is
+/// what concurrent batches (of this pod or another) wait on.
+///
+/// Order of effects: the count in the UPDATE's WHERE names no column of the
+/// rows, so PostgreSQL makes it a one-time filter, evaluated before the UPDATE
+/// reads a row. It runs `locked`, which locks the target mailboxes in ascending
+/// id order (the order every multi-mailbox writer uses, so batches cannot
+/// deadlock), and checks that every one exists and has UIDs left for its share.
+/// Only then are the counters raised, and the bodies and links are written only
+/// when every mailbox's were (`whole`): a batch is stored entirely or not at
+/// all, as a transaction would have it. Nothing stored returns no rows;
+/// `why_not_delivered` says why.
+///
+/// Parameters: $1–$4 per mailbox (id ascending, messages, unseen, octets);
+/// $5–$16 per body; $17–$23 per link (mailbox, position in the mailbox's share,
+/// body id, flags, keywords, internal date, size).
+const DELIVER: &str = "WITH locked AS ( \
+        SELECT id, uid_next FROM mailboxes WHERE id = ANY($1::bigint[]) ORDER BY id FOR NO KEY UPDATE \
+    ), mb AS ( \
+        UPDATE mailboxes m SET uid_next = m.uid_next + t.n, highest_modseq = m.highest_modseq + 1, \
+            messages = m.messages + t.n, unseen = m.unseen + t.u, bytes = m.bytes + t.b \
+        FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, n, u, b) \
+        WHERE m.id = t.id AND (SELECT count(*) FROM locked l JOIN UNNEST($1::bigint[], $2::bigint[]) \
+            AS g(id, n) ON g.id = l.id WHERE l.uid_next + g.n <= 4294967295) = cardinality($1::bigint[]) \
+        RETURNING m.id, m.uid_next - t.n AS first_uid, m.highest_modseq \
+    ), whole AS ( \
+        SELECT count(*) = cardinality($1::bigint[]) AS ok FROM mb \
+    ), msg AS ( \
+        INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
+            message_id, sent_date, header_size) \
+        SELECT b.* FROM UNNEST($5::bigint[], $6::bytea[], $7::bool[], $8::bigint[], $9::text[], $10::text[], \
+            $11::text[], $12::text[], $13::text[], $14::text[], $15::timestamptz[], $16::bigint[]) \
+            AS b(id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, message_id, \
+                 sent_date, header_size), whole \
+        WHERE whole.ok \
+    ), link AS ( \
+        INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size) \
+        SELECT l.mb, mb.first_uid + l.k, l.msg, l.flags, l.kw, mb.highest_modseq, l.date, l.size \
+        FROM UNNEST($17::bigint[], $18::bigint[], $19::bigint[], $20::int[], $21::text[], \
+            $22::timestamptz[], $23::bigint[]) AS l(mb, k, msg, flags, kw, date, size) \
+        JOIN mb ON mb.id = l.mb, whole \
+        WHERE whole.ok \
+    ) \
+    SELECT mb.id, mb.first_uid, mb.highest_modseq FROM mb, whole WHERE whole.ok";
 
 /// The STORE statement around the part that names the message rows (`mm`).
 macro_rules! store_flags_sql {
@@ -292,11 +340,37 @@ async fn store_flags_on(
 }
 
 impl PgStore {
-    /// `n` fresh message ids: from the spares, drawn from the sequence (on `tx`'s
-    /// connection, as part of the round trips the delivery makes anyway) only
-    /// when they run out. Sequence values are never given back, so an id is
-    /// never handed out twice, whatever becomes of the transaction.
-    async fn message_ids(&self, tx: &mut Tx, n: usize) -> StoreResult<Vec<i64>> {
+    /// Why `DELIVER` wrote nothing: a target mailbox is gone, or it has no UIDs
+    /// left for its share. Read after the fact, off the delivery's path.
+    async fn why_not_delivered(&self, conn: &mut PgConnection, mb_ids: &[i64], counts: &[i64]) -> StoreError {
+        let found: Result<Vec<(i64, i64)>, _> =
+            sqlx::query_as("SELECT id, uid_next FROM mailboxes WHERE id = ANY($1)")
+                .bind(mb_ids)
+                .fetch_all(conn)
+                .await;
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => return db_err(e),
+        };
+        for (id, n) in mb_ids.iter().zip(counts) {
+            match found.iter().find(|(f, _)| f == id) {
+                None => return StoreError::NotFound(format!("mailbox {id}")),
+                Some((_, uid_next)) if !uids_fit(*uid_next, *n) => {
+                    return StoreError::Invalid(format!("mailbox {id} has run out of UIDs"));
+                }
+                Some(_) => {}
+            }
+        }
+        // Every mailbox is there and has room after all: nothing was stored, and
+        // nothing said why, so the caller may try again.
+        StoreError::Unavailable("delivery wrote nothing; retry".into())
+    }
+
+    /// `n` fresh message ids: from the spares, drawn from the sequence (on the
+    /// delivery's own connection) only when they run out. Sequence values are
+    /// never given back, so an id is never handed out twice, whatever becomes of
+    /// the statement that was to use it.
+    async fn message_ids(&self, conn: &mut PgConnection, n: usize) -> StoreResult<Vec<i64>> {
         let take = |spare: &mut Vec<i64>| (spare.len() >= n).then(|| spare.split_off(spare.len() - n));
         if let Some(ids) = take(&mut self.spare_ids.lock().unwrap_or_else(|p| p.into_inner())) {
             return Ok(ids);
@@ -305,7 +379,7 @@ impl PgStore {
             "SELECT nextval(pg_get_serial_sequence('messages', 'id')) FROM generate_series(1, $1)",
         )
         .bind((n + SPARE_IDS) as i64)
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await
         .map_err(db_err)?;
         if drawn.len() != n + SPARE_IDS {
@@ -857,49 +931,18 @@ impl Backend for PgStore {
         if stored.is_empty() {
             return Ok(vec![Vec::new(); batch.len()]);
         }
-
-        let mut tx = self.tx().await?;
-        // 1. lock the target mailboxes in ascending id order, then allocate UIDs. One
-        //    mailbox needs no lock order: the UPDATE below takes its lock.
-        let mb_ids: Vec<i64> = groups.keys().copied().collect();
-        if mb_ids.len() > 1 {
-            steps::lock_mailboxes(&mut tx, &mb_ids).await?;
-        }
-        let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
-        let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
-        let bytes: Vec<i64> = groups.values().map(|s| s.bytes).collect();
-        let rows = sqlx::query(
-            "UPDATE mailboxes m SET uid_next = m.uid_next + t.n, highest_modseq = m.highest_modseq + 1, \
-             messages = m.messages + t.n, unseen = m.unseen + t.u, bytes = m.bytes + t.b \
-             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS t(id, n, u, b) \
-             WHERE m.id = t.id \
-             RETURNING m.id, m.uid_next - t.n AS first_uid, m.highest_modseq",
-        )
-        .bind(&mb_ids)
-        .bind(&counts)
-        .bind(&unseen)
-        .bind(&bytes)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        let mut firsts: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        for r in &rows {
-            let id: i64 = r.try_get("id").map_err(db_err)?;
-            let first: i64 = r.try_get("first_uid").map_err(db_err)?;
-            let n = groups.get(&id).map_or(0, |s| s.deliveries.len() as i64);
-            if first + n - 1 > i64::from(u32::MAX) {
-                return Err(StoreError::Invalid(format!("mailbox {id} has run out of UIDs")));
-            }
-            firsts.insert(id, (first, r.try_get("highest_modseq").map_err(db_err)?));
-        }
-
-        // 2. one body per message, with ids taken up front so that the link rows
-        //    can reference them without relying on RETURNING order
-        let ids = self.message_ids(&mut tx, stored.len()).await?;
+        let mut conn = self.conn().await?;
+        // One body per message, with ids taken up front so that the link rows can
+        // reference them without relying on RETURNING order.
+        let ids = self.message_ids(&mut conn, stored.len()).await?;
         let mut message_ids: Vec<Option<i64>> = vec![None; batch.len()];
         for (&i, &id) in stored.iter().zip(&ids) {
             message_ids[i] = Some(id);
         }
+        let mb_ids: Vec<i64> = groups.keys().copied().collect();
+        let counts: Vec<i64> = groups.values().map(|s| s.deliveries.len() as i64).collect();
+        let unseen: Vec<i64> = groups.values().map(|s| s.unseen).collect();
+        let bytes: Vec<i64> = groups.values().map(|s| s.bytes).collect();
         let col = |f: fn(&NewDelivery) -> &str| stored.iter().map(|&i| f(&batch[i])).collect::<Vec<&str>>();
         let meta_col: Vec<&str> = stored.iter().map(|&i| metas[i].as_str()).collect();
         let body_refs: Vec<&[u8]> = stored.iter().map(|&i| bodies[i].as_slice(&batch[i].raw)).collect();
@@ -907,75 +950,70 @@ impl Backend for PgStore {
         let sizes: Vec<i64> = stored.iter().map(|&i| batch[i].raw.len() as i64).collect();
         let sent: Vec<Option<DateTime<Utc>>> = stored.iter().map(|&i| batch[i].meta.sent_date).collect();
         let header_sizes: Vec<i64> = stored.iter().map(|&i| i64::from(batch[i].meta.header_size)).collect();
-        sqlx::query(
-            "INSERT INTO messages (id, body, compressed, size, meta, subject, from_addr, to_addr, cc_addr, \
-             message_id, sent_date, header_size) \
-             SELECT * FROM UNNEST($1::bigint[], $2::bytea[], $3::bool[], $4::bigint[], $5::text[], $6::text[], \
-             $7::text[], $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bigint[])",
-        )
-        .bind(&ids)
-        .bind(&body_refs)
-        .bind(&compressed)
-        .bind(&sizes)
-        .bind(&meta_col)
-        .bind(col(|d| d.meta.subject.as_str()))
-        .bind(col(|d| d.meta.from.as_str()))
-        .bind(col(|d| d.meta.to.as_str()))
-        .bind(col(|d| d.meta.cc.as_str()))
-        .bind(col(|d| d.meta.message_id.as_str()))
-        .bind(&sent)
-        .bind(&header_sizes)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-
-        // 3. the links, UIDs in batch order per mailbox
+        // The links: the k-th delivery of a mailbox's share gets that mailbox's
+        // first new UID + k, in batch order.
         let keywords: Vec<String> = flags.iter().map(|f| encode_keywords(&f.keywords)).collect();
         let mut l_mb = Vec::new();
-        let mut l_uid = Vec::new();
+        let mut l_k = Vec::new();
         let mut l_msg = Vec::new();
         let mut l_flags = Vec::new();
         let mut l_kw: Vec<&str> = Vec::new();
-        let mut l_modseq = Vec::new();
         let mut l_date = Vec::new();
         let mut l_size = Vec::new();
-        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
-        let mut changes: BTreeMap<i64, (u64, u32)> = BTreeMap::new();
         for (&mb, share) in &groups {
-            let (first, modseq) =
-                *firsts.get(&mb).ok_or_else(|| StoreError::NotFound(format!("mailbox {mb}")))?;
-            changes.insert(mb, (u64_of(modseq), u32_of(share.deliveries.len() as i64, "messages")?));
             for (k, &i) in share.deliveries.iter().enumerate() {
-                let uid = first + k as i64;
                 l_mb.push(mb);
-                l_uid.push(uid);
+                l_k.push(k as i64);
                 l_msg.push(message_ids[i].ok_or_else(|| StoreError::Internal("unstored body".into()))?);
                 l_flags.push(flags[i].system.0 as i32);
                 l_kw.push(keywords[i].as_str());
-                l_modseq.push(modseq);
                 l_date.push(batch[i].internal_date);
                 l_size.push(batch[i].raw.len() as i64);
-                assigned.insert((i, mb), u32_of(uid, "uid")?);
             }
         }
-        sqlx::query(
-            "INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, \
-             size) \
-             SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::int[], $5::text[], $6::bigint[], \
-             $7::timestamptz[], $8::bigint[])",
-        )
-        .bind(&l_mb)
-        .bind(&l_uid)
-        .bind(&l_msg)
-        .bind(&l_flags)
-        .bind(&l_kw)
-        .bind(&l_modseq)
-        .bind(&l_date)
-        .bind(&l_size)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_err)?;
-        tx.commit().await.map_err(db_err)?;
+        let rows = sqlx::query(DELIVER)
+            .bind(&mb_ids)
+            .bind(&counts)
+            .bind(&unseen)
+            .bind(&bytes)
+            .bind(&ids)
+            .bind(&body_refs)
+            .bind(&compressed)
+            .bind(&sizes)
+            .bind(&meta_col)
+            .bind(col(|d| d.meta.subject.as_str()))
+            .bind(col(|d| d.meta.from.as_str()))
+            .bind(col(|d| d.meta.to.as_str()))
+            .bind(col(|d| d.meta.cc.as_str()))
+            .bind(col(|d| d.meta.message_id.as_str()))
+            .bind(&sent)
+            .bind(&header_sizes)
+            .bind(&l_mb)
+            .bind(&l_k)
+            .bind(&l_msg)
+            .bind(&l_flags)
+            .bind(&l_kw)
+            .bind(&l_date)
+            .bind(&l_size)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        if rows.is_empty() {
+            return Err(self.why_not_delivered(&mut conn, &mb_ids, &counts).await);
+        }
+        let mut assigned: HashMap<(usize, i64), u32> = HashMap::new();
+        let mut changes: BTreeMap<i64, (u64, u32)> = BTreeMap::new();
+        for r in &rows {
+            let mb: i64 = r.try_get("id").map_err(db_err)?;
+            let first: i64 = r.try_get("first_uid").map_err(db_err)?;
+            let modseq: i64 = r.try_get("highest_modseq").map_err(db_err)?;
+            let share =
+                groups.get(&mb).ok_or_else(|| StoreError::Internal(format!("mailbox {mb} not asked for")))?;
+            changes.insert(mb, (u64_of(modseq), u32_of(share.deliveries.len() as i64, "messages")?));
+            for (k, &i) in share.deliveries.iter().enumerate() {
+                assigned.insert((i, mb), u32_of(first + k as i64, "uid")?);
+            }
+        }
         Ok(delivered(batch, &assigned, &changes))
     }
 

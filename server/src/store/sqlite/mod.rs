@@ -581,7 +581,7 @@ impl Backend for SqliteStore {
             let Some(&[first, modseq]) = tx.fetch_ints(steps::ADD_COUNTS, &params).await?.as_deref() else {
                 return Err(StoreError::NotFound(format!("mailbox {mb}")));
             };
-            if first + n - 1 > i64::from(u32::MAX) {
+            if !super::common::uids_fit(first, n) {
                 return Err(StoreError::Invalid(format!("mailbox {mb} has run out of UIDs")));
             }
             firsts.insert(mb, (first, modseq));
