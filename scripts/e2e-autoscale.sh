@@ -21,13 +21,15 @@
 #
 # With E2E_RECORD=DIR the timeline (replicas, saturation, P95, connections) is
 # written to DIR/hpa-timeline.csv and plotted in DIR/hpa-timeline.svg.
-# Bounded: load E2E_LOAD_SECS (default 150 s) at E2E_RATE msg/s (default 300);
+# Bounded: load E2E_LOAD_SECS (default 150 s) at E2E_RATE msg/s (default 600: a
+# delivery batch is one statement, so 300 msg/s no longer keeps half of a
+# 4-connection pool busy in the debug build, and an HPA must not scale on that);
 # scaling up must happen within E2E_UP_SECS (default 120 s) of the load's start,
 # scaling down within E2E_DOWN_SECS (default 600 s: the HPA's 300 s stabilisation
 # window, then one Pod per 120 s) of its end.
 set -euo pipefail
 source "$(dirname "$0")/e2e-lib.sh"
-RATE="${E2E_RATE:-300}"
+RATE="${E2E_RATE:-600}"
 LOAD_SECS="${E2E_LOAD_SECS:-150}"
 UP_SECS="${E2E_UP_SECS:-120}"
 DOWN_SECS="${E2E_DOWN_SECS:-600}"
