@@ -4,8 +4,9 @@
 //! that mailbox's row, so writers of one mailbox are serialised by a row lock and
 //! writers of different mailboxes never wait for each other. Operations touching
 //! several mailboxes (a delivery batch, COPY/MOVE, RENAME, account deletion) lock
-//! them with `ORDER BY id FOR UPDATE` first: everyone takes row locks in ascending id
-//! order, so concurrent batches cannot deadlock.
+//! them with `ORDER BY id FOR UPDATE` (`FOR NO KEY UPDATE` in `DELIVER`) first:
+//! everyone takes row locks in ascending id order, so concurrent batches cannot
+//! deadlock.
 //!
 //! Round trips are what a delivery batch pays for while it holds those locks, so
 //! the batch is written with array parameters (`UNNEST`) as one statement
