@@ -25,7 +25,6 @@ SIZE=${SIZE:-4096}
 CLI=target/release/examples/smtp_bench_client
 TICKS=$(getconf CLK_TCK)
 nice cargo build -q --release -p mailcluster-server --example smtp_bench_client || exit 1
-pg_ticks() { for p in $(pgrep -u postgres); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 batches() { curl -s "http://127.0.0.1:$1/metrics" | awk '/^mail_group_commit_batch_size_sum/ {s=$2} /^mail_group_commit_batch_size_count/ {c=$2} END {print s+0, c+0}'; }
 
 for round in $(seq 1 "$ROUNDS"); do

@@ -90,6 +90,10 @@ SQL
 
 # CPU seconds used by a process so far.
 cpu_secs() { awk -v tk="$(getconf CLK_TCK)" '{printf "%.1f", ($14+$15)/tk}' "/proc/$1/stat"; }
+# CPU ticks of PostgreSQL so far: every live process (its backends live as long
+# as the pools' connections; ps's whole seconds per process would round each of
+# them to 0), and the postmaster's reaped children (backends that already ended).
+pg_ticks() { for p in $(pgrep -u postgres); do awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 rss_mb() { awk '/VmHWM/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
 
 # One line per operation of each JSON report: throughput and latency percentiles.

@@ -19,7 +19,6 @@ N=${N:-20000}
 S=${S:-50}
 SIZE=${SIZE:-4096}
 TICKS=$(getconf CLK_TCK)
-pg_ticks() { for p in $(pgrep -u postgres); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 redis_ticks() { for p in $(pgrep -x redis-server); do awk '{print $14+$15}' "/proc/$p/stat"; done | awk '{s+=$1} END {print s+0}'; }
 echo "## A: $A ($(md5sum <"$A" | cut -c1-12)); B: $B ($(md5sum <"$B" | cut -c1-12))"
 for round in $(seq 1 "$ROUNDS"); do

@@ -15,7 +15,10 @@
 # PostgreSQL and the client run unpinned in both cases. Without SPLIT, both pods
 # share every core, so the second pod's own threads compete with the first's.
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0)
+# POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
+# keeps mc_start's), to see what two pods need to match one.
+#
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -38,12 +41,14 @@ trap 'kill "${EXTRA_PIDS[@]}" 2>/dev/null; wait "${EXTRA_PIDS[@]}" 2>/dev/null; 
 start_pod() { # name smtp_port admin_port [cpu list]
   local pin=()
   [ -n "${4:-}" ] && pin=(taskset -c "$4")
-  MAILCLUSTER_SMTP_PORT=$2 MAILCLUSTER_ADMIN_PORT=$3 MAILCLUSTER_DATA_DIR="$MC_DIR/$1" "${pin[@]}" "$MC" serve 2>"$MC_DIR/serve-$1.log" &
+  # shellcheck disable=SC2086 # POD_ENV is a list of NAME=value words
+  env ${POD_ENV:-} MAILCLUSTER_SMTP_PORT=$2 MAILCLUSTER_ADMIN_PORT=$3 MAILCLUSTER_DATA_DIR="$MC_DIR/$1" "${pin[@]}" "$MC" serve 2>"$MC_DIR/serve-$1.log" &
   EXTRA_PIDS+=($!)
   for _ in $(seq 1 120); do port_open "$3" && break; sleep 0.5; done
   port_open "$3" || { echo "pod $1 did not start"; cat "$MC_DIR/serve-$1.log"; exit 1; }
 }
 ONE="127.0.0.1:$(mc_port smtp)"
+[ -n "${POD_ENV:-}" ] && echo "## the two pods also: $POD_ENV"
 if [ "${SPLIT:-0}" = 1 ]; then
   # The one pod (A, from mc_start) keeps every core; B and C get one each.
   start_pod b 13025 19091 0
@@ -57,19 +62,37 @@ fi
 # Transactions committed in the pods' database so far: how many messages went
 # into each group commit.
 commits() { psql "$MC_DB_URL" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
+# Checkpoints PostgreSQL has started so far (timed or requested): a round that
+# overlaps one pays for its full-page writes, which tells such an outlier from
+# a difference between one pod and two.
+checkpoints() { psql "$MC_DB_URL" -Atc "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"; }
 # Server CPU seconds of every pod, summed.
 pods_cpu() { local s=0 p; for p in "$MC_PID" "${EXTRA_PIDS[@]}"; do s=$(echo "$s + $(cpu_secs "$p")" | bc); done; echo "$s"; }
 run() { # label rate targets
-  local c0 x0 out
-  c0=$(pods_cpu) x0=$(commits)
+  local c0 x0 k0 p0 out
+  c0=$(pods_cpu) x0=$(commits) k0=$(checkpoints) p0=$(pg_ticks)
   out=$("$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1)
-  printf '%-9s rate=%-5s %s server_cpu=%s commits=%s\n' "$1" "$2" "$out" "$(echo "$(pods_cpu) - $c0" | bc)" "$(($(commits) - x0))"
+  printf '%-9s rate=%-5s %s server_cpu=%s pg_cpu=%s commits=%s checkpoints=%s\n' "$1" "$2" "$out" "$(echo "$(pods_cpu) - $c0" | bc)" "$(echo "scale=1; ($(pg_ticks) - $p0) / $(getconf CLK_TCK)" | bc)" "$(($(commits) - x0))" "$(($(checkpoints) - k0))"
 }
+ROUNDS_LOG="$MC_DIR/rounds.txt"
 # Warm-up: every pod's pools and caches, not measured.
 "$CLI" "$ONE,$TWO" --sessions "$S" --messages 4000 --rate 1000 --size "$SIZE" --rcpt-count 1000 --rcpt-first 1 >/dev/null
 for rate in $RATES; do
   for _ in $(seq 1 "$ROUNDS"); do
-    run one-pod "$rate" "$ONE"
-    run two-pods "$rate" "$TWO"
+    run one-pod "$rate" "$ONE" | tee -a "$ROUNDS_LOG"
+    run two-pods "$rate" "$TWO" | tee -a "$ROUNDS_LOG"
   done
 done
+# Per case and rate: the median round's P95 and the spread over rounds, so that
+# one outlying round neither hides nor makes a difference.
+grep -E '^(one-pod|two-pods) ' "$ROUNDS_LOG" | python3 -c '
+import sys, statistics, collections
+rows = collections.defaultdict(list)
+for line in sys.stdin:
+    f = dict(kv.split("=", 1) for kv in line.split()[1:])
+    rows[(line.split()[0], f["rate"])].append((float(f["p95_ms"]), float(f["p99_ms"]), int(f["checkpoints"])))
+for (case, rate), v in sorted(rows.items(), key=lambda kv: (int(kv[0][1]), kv[0][0])):
+    p95 = sorted(x[0] for x in v)
+    print(f"## {case:<8} rate={rate:<5} rounds={len(v)} p95 median={statistics.median(p95):.2f} min={p95[0]:.2f} max={p95[-1]:.2f} ms"
+          f"  p99 median={statistics.median(x[1] for x in v):.2f} ms  rounds with a checkpoint={sum(1 for x in v if x[2])}")
+'

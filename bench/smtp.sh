@@ -43,9 +43,6 @@ cpu_of() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # CPU ticks of every Postfix/Dovecot process (they come and go: sampled totals).
 peer_cpu() { ps -eo user=,comm=,times= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot|trivial-rewrite)$/ {s+=$3} END {print s+0}'; }
 peer_rss_mb() { ps -eo user=,comm=,rss= | awk '$1 ~ /postfix|dovecot|vmail/ || $2 ~ /^(master|smtpd|cleanup|qmgr|lmtp|dovecot)$/ {s+=$3} END {printf "%.0f", s/1024}'; }
-# CPU ticks of PostgreSQL's processes (its backends live as long as the pool's
-# connections; ps's whole seconds per process would round each of them to 0).
-pg_cpu() { for p in $(pgrep -u postgres); do awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 # Postfix goes on delivering after it answered 250: wait until its queue is empty,
 # so that the next case does not share the machine with that backlog.
 # Whether the Postfix side runs: PEER=0 leaves it out (a check of Mailcluster's own
@@ -61,9 +58,9 @@ maildir_count() { find "$PEERS/mail/example.test/$1/Maildir/new" "$PEERS/mail/ex
 mc_run() { # name, command...
   local name=$1; shift
   local c0 t0 t1 c1 s0 s1 p0 p1 out
-  c0=$(cpu_of "$PID"); p0=$(pg_cpu); s0=$(stored); t0=$(date +%s.%N)
+  c0=$(cpu_of "$PID"); p0=$(pg_ticks); s0=$(stored); t0=$(date +%s.%N)
   out=$("$@" 2>&1)
-  t1=$(date +%s.%N); c1=$(cpu_of "$PID"); p1=$(pg_cpu); s1=$(stored)
+  t1=$(date +%s.%N); c1=$(cpu_of "$PID"); p1=$(pg_ticks); s1=$(stored)
   awk -v n="$name" -v d=$((s1 - s0)) -v t0="$t0" -v t1="$t1" -v c=$((c1 - c0)) -v tk="$TICKS" -v o="$out" -v pg=$((p1 - p0)) \
     'BEGIN { e=t1-t0; printf "mailcluster %-22s delivered=%d in %.2fs = %.0f msg/s; server CPU %.1fs (%.0f%% of one core), PostgreSQL CPU %.1fs | %s\n", n, d, e, d/e, c/tk, 100*c/tk/e, pg/tk, o }'
 }

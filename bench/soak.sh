@@ -38,7 +38,6 @@ machine_line | tee "$OUT/machine.txt"
 COMMON=(--users-count "$USERS" --no-progress -k --message-size 4k)
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$SEED" -c 20 "${COMMON[@]}" >"$OUT/seed.txt" || exit 1
 
-pg_ticks() { for p in $(pgrep -u postgres); do awk '{print $14+$15+$16+$17}' "/proc/$p/stat" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 TK=$(getconf CLK_TCK)
 sample() {
   local minute=0 c0 p0 c1 p1
