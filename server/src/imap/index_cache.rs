@@ -79,8 +79,10 @@ impl<T: Snapshot> IndexCache<T> {
         inner.messages = 0;
     }
 
-    /// Keeps `snapshot` unless a newer one is already held.
-    pub fn put(&self, mailbox_id: i64, uid_validity: u32, snapshot: T) {
+    /// Keeps `snapshot` unless a newer one is already held. An `Arc` the caller
+    /// also answers from is shared, not copied (a listing is a row per message).
+    pub fn put(&self, mailbox_id: i64, uid_validity: u32, snapshot: impl Into<Arc<T>>) {
+        let snapshot = snapshot.into();
         let size = snapshot.messages();
         if size > self.max_messages {
             return;
@@ -97,7 +99,7 @@ impl<T: Snapshot> IndexCache<T> {
             inner.messages -= old_size;
         }
         inner.messages += size;
-        inner.entries.insert(key, Entry { snapshot: Arc::new(snapshot), used: now });
+        inner.entries.insert(key, Entry { snapshot, used: now });
         while inner.messages > self.max_messages {
             // Rare (only when over budget), so a scan for the oldest is fine.
             let Some((&oldest, _)) =

@@ -241,16 +241,16 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
     let cache = app.imap.maildrops();
     let Some(cached) = cache.get(inbox.id, inbox.uid_validity) else {
         let entries = app.store.maildrop(inbox.id, 0).await?;
-        let listing = Listing { highest_modseq: inbox.highest_modseq, entries };
+        let listing = Arc::new(Listing { highest_modseq: inbox.highest_modseq, entries });
         cache.put(inbox.id, inbox.uid_validity, listing.clone());
-        return Ok(Arc::new(listing));
+        return Ok(listing);
     };
     if cached.highest_modseq == inbox.highest_modseq {
         return Ok(cached);
     }
     let changes = app.store.changes_since(inbox.id, cached.highest_modseq).await?;
     let listing = Arc::new(brought_up_to_date(app, inbox.id, &cached, &changes).await?);
-    cache.put(inbox.id, inbox.uid_validity, (*listing).clone());
+    cache.put(inbox.id, inbox.uid_validity, listing.clone());
     Ok(listing)
 }
 
@@ -263,15 +263,13 @@ async fn brought_up_to_date(
     cached: &Listing,
     changes: &MailboxChanges,
 ) -> Result<Listing, StoreError> {
-    let mut entries = cached.entries.clone();
-    match &changes.present {
+    // One pass over the cached entries, keeping what is still there.
+    let kept = |e: &&MaildropEntry| match &changes.present {
         // Tombstones pruned past the cached modseq: the full UID list decides.
-        Some(present) => entries.retain(|e| present.binary_search(&e.uid).is_ok()),
-        None if !changes.expunged.is_empty() => {
-            entries.retain(|e| changes.expunged.binary_search(&e.uid).is_err())
-        }
-        None => {}
-    }
+        Some(present) => present.binary_search(&e.uid).is_ok(),
+        None => changes.expunged.binary_search(&e.uid).is_err(),
+    };
+    let mut entries: Vec<MaildropEntry> = cached.entries.iter().filter(kept).cloned().collect();
     let highest = cached.entries.last().map_or(0, |e| e.uid);
     if changes.changed.iter().any(|r| r.uid > highest) {
         entries.extend(app.store.maildrop(mailbox_id, highest).await?);
