@@ -263,13 +263,15 @@ async fn brought_up_to_date(
     cached: &Listing,
     changes: &MailboxChanges,
 ) -> Result<Listing, StoreError> {
-    // One pass over the cached entries, keeping what is still there.
-    let kept = |e: &&MaildropEntry| match &changes.present {
+    let mut entries = cached.entries.clone();
+    match &changes.present {
         // Tombstones pruned past the cached modseq: the full UID list decides.
-        Some(present) => present.binary_search(&e.uid).is_ok(),
-        None => changes.expunged.binary_search(&e.uid).is_err(),
-    };
-    let mut entries: Vec<MaildropEntry> = cached.entries.iter().filter(kept).cloned().collect();
+        Some(present) => entries.retain(|e| present.binary_search(&e.uid).is_ok()),
+        None if !changes.expunged.is_empty() => {
+            entries.retain(|e| changes.expunged.binary_search(&e.uid).is_err())
+        }
+        None => {}
+    }
     let highest = cached.entries.last().map_or(0, |e| e.uid);
     if changes.changed.iter().any(|r| r.uid > highest) {
         entries.extend(app.store.maildrop(mailbox_id, highest).await?);
