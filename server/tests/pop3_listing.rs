@@ -4,9 +4,10 @@
 //! IMAP expunges and flag changes, another session's DELE, and expunge tombstones
 //! pruned away. A pod keeps recent listings and brings them up to date; these
 //! tests compare each login's STAT, LIST and UIDL with the store's own rows and
-//! bodies, over the embedded store (cache on and off) and over PostgreSQL with
-//! two pods (one reads, the other changes; a fresh database per test, the test
-//! FAILS when PostgreSQL or Redis is unreachable).
+//! bodies, over the embedded store (cache on and off) and over PostgreSQL (two
+//! pods, one reads and the other changes; one pod without the cache, so every
+//! login reads the whole maildrop; a fresh database per test, the test FAILS
+//! when PostgreSQL or Redis is unreachable).
 
 mod common;
 
@@ -154,15 +155,36 @@ async fn embedded_store_without_the_listing_cache_answers_the_same() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pod_lists_what_another_pod_changed() {
-    let db = TestDatabase::create("mc_pop3_listing").await;
+    on_postgres("mc_pop3_listing", false).await;
+}
+
+/// Every login reads the whole maildrop from PostgreSQL: what happens to a pod
+/// whose maildrops exceed the listing cache's budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pod_without_the_listing_cache_answers_the_same() {
+    on_postgres("mc_pop3_listing_uncached", true).await;
+}
+
+/// Two pods of a fresh database, one listing and the other changing; `uncached`:
+/// one pod without the listing cache does both.
+async fn on_postgres(db_name: &str, uncached: bool) {
+    let db = TestDatabase::create(db_name).await;
     let url = db.url.clone();
     let test = tokio::spawn(async move {
         let dir = tempfile::tempdir().expect("tempdir");
         let prefix = format!("mc_pop3_listing_{:08x}:", rand::random::<u32>());
-        let reader = pg_pod(&url, &prefix, dir.path()).await;
         let writer = pg_pod(&url, &prefix, dir.path()).await;
         writer.store.domain_add("example.org").await.expect("domain");
-        listing_follows_every_change(&reader, &writer).await;
+        if uncached {
+            let pod = app_configured(writer.store.clone(), writer.cache.clone(), |c| {
+                c.tls.allow_plaintext_auth = true;
+                c.pop3.maildrop_cache_messages = 0;
+            });
+            listing_follows_every_change(&pod, &pod).await;
+        } else {
+            let reader = pg_pod(&url, &prefix, dir.path()).await;
+            listing_follows_every_change(&reader, &writer).await;
+        }
     });
     let result = tokio::time::timeout(Duration::from_secs(120), test).await;
     drop(db);

@@ -916,6 +916,8 @@ async fn maildrop_listing(ctx: Ctx) {
     assert_eq!(listing.len(), rows.len());
     for (entry, row) in listing.iter().zip(&rows) {
         assert_eq!((entry.uid, entry.message_id), (row.uid, row.message_id));
+        // To the microsecond: the shared body cache checks a message id against it.
+        assert_eq!(entry.internal_date, row.internal_date, "INTERNALDATE of uid {}", row.uid);
         let body = s.message_body(entry.message_id).await.expect("body");
         assert_eq!(entry.size as usize, body.len(), "size is the stored octet count");
     }

@@ -129,7 +129,12 @@ impl Maildrop {
     /// because (UIDVALIDITY, UID) names one message for ever. 16 hex digits are
     /// within the allowed 0x21..0x7E and 70 octets.
     pub fn unique_id(&self, entry: &Entry) -> String {
-        format!("{:08x}{:08x}", self.uid_validity, entry.uid)
+        self.unique_id_display(entry).to_string()
+    }
+
+    /// [`Maildrop::unique_id`] without allocating, for a whole UIDL listing.
+    pub fn unique_id_display(&self, entry: &Entry) -> impl std::fmt::Display + use<> {
+        UniqueId { uid_validity: self.uid_validity, uid: entry.uid }
     }
 
     /// Marks message `n` deleted. `Err(true)` if it already was, `Err(false)` if
@@ -277,6 +282,17 @@ async fn brought_up_to_date(
         entries.extend(app.store.maildrop(mailbox_id, highest).await?);
     }
     Ok(Listing { highest_modseq: changes.highest_modseq, entries })
+}
+
+struct UniqueId {
+    uid_validity: u32,
+    uid: u32,
+}
+
+impl std::fmt::Display for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}{:08x}", self.uid_validity, self.uid)
+    }
 }
 
 /// A maildrop lock in the cache, renewed in the background while held.

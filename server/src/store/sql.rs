@@ -139,6 +139,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
     fn deliver(&self, batch: Batch<'_>) -> impl Future<Output = StoreResult<Vec<Vec<DeliveredTo>>>> + Send;
     fn index(&self, mailbox_id: i64) -> impl Future<Output = StoreResult<MailboxIndex>> + Send;
+    /// The POP3 listing of a mailbox past `after_uid`, ascending by UID.
+    fn maildrop_listing(
+        &self,
+        mailbox_id: i64,
+        after_uid: u32,
+    ) -> impl Future<Output = StoreResult<Vec<MaildropEntry>>> + Send;
     fn links(&self, keys: &[(i64, u32)]) -> impl Future<Output = StoreResult<MessageLinks>> + Send;
     fn bodies(&self, message_ids: &[i64]) -> impl Future<Output = StoreResult<Vec<StoredBody>>> + Send;
     fn flagged_uids(
@@ -187,8 +193,6 @@ const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_valid
      (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
      FROM mailboxes m JOIN accounts a ON a.id = m.account_id JOIN domains d ON d.id = a.domain_id \
      WHERE m.account_id = $1 AND m.name = $2";
-const MAILDROP: &str = "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
-     WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid";
 const MESSAGE_ROW_COLS: &str =
     "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta";
 const SORT_ROW_COLS: &str = "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, \
@@ -595,18 +599,7 @@ impl<B: Backend> Store for B {
     }
 
     async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
-        let rows =
-            self.fetch(false, MAILDROP, &[Param::Int(mailbox_id), Param::Int(i64::from(after_uid))]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(MaildropEntry {
-                    uid: u32_of(r.int("uid")?, "uid")?,
-                    message_id: r.int("message_id")?,
-                    size: u32_of(r.int("size")?, "size")?,
-                    internal_date: B::date(r, "internal_date")?,
-                })
-            })
-            .collect()
+        self.maildrop_listing(mailbox_id, after_uid).await
     }
 
     async fn messages_by_uid(&self, mailbox_id: i64, uids: &UidSet) -> StoreResult<Vec<MessageRow>> {

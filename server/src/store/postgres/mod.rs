@@ -1018,6 +1018,35 @@ impl Backend for PgStore {
         Ok(delivered(batch, &assigned, &changes))
     }
 
+    async fn maildrop_listing(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
+        // Decoded by position into a tuple, straight from the wire: a maildrop that
+        // keeps its mail lists thousands of messages at every login, and a generic
+        // row looked up by column name cost the pod more CPU than PostgreSQL spent
+        // on the read (bench/pop3.sh CLONE=1: 5.4 ms of server CPU per session).
+        // One row per message stays: aggregating the rows into arrays halved the
+        // pod's CPU but added 30 % to PostgreSQL's, the one part pods do not scale.
+        let mut conn = self.conn().await?;
+        let mut rows = sqlx::query_as::<_, (i64, i64, i64, DateTime<Utc>)>(
+            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
+             WHERE mailbox_id = $1 AND uid > $2 ORDER BY uid",
+        )
+        .bind(mailbox_id)
+        .bind(i64::from(after_uid))
+        .fetch(&mut *conn);
+        let mut entries = Vec::new();
+        while let Some((uid, message_id, size, internal_date)) =
+            futures::TryStreamExt::try_next(&mut rows).await.map_err(db_err)?
+        {
+            entries.push(MaildropEntry {
+                uid: u32_of(uid, "uid")?,
+                message_id,
+                size: u32_of(size, "size")?,
+                internal_date,
+            });
+        }
+        Ok(entries)
+    }
+
     async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One statement, so one snapshot: the modseq matches the rows. Columns as
         // arrays, not a row per message: sqlx decodes rows one by one through an

@@ -645,6 +645,29 @@ impl Backend for SqliteStore {
         Ok(delivered(batch, &assigned, &changes))
     }
 
+    async fn maildrop_listing(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
+        // internal_date is microseconds since the epoch here (see `date`).
+        let rows: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+            "SELECT uid, message_id, size, internal_date FROM mailbox_messages \
+             WHERE mailbox_id = ? AND uid > ? ORDER BY uid",
+        )
+        .bind(mailbox_id)
+        .bind(i64::from(after_uid))
+        .fetch_all(&mut *self.read_conn().await?)
+        .await
+        .map_err(db_err)?;
+        rows.into_iter()
+            .map(|(uid, message_id, size, internal_date)| {
+                Ok(MaildropEntry {
+                    uid: u32_of(uid, "uid")?,
+                    message_id,
+                    size: u32_of(size, "size")?,
+                    internal_date: from_us(internal_date),
+                })
+            })
+            .collect()
+    }
+
     async fn index(&self, mailbox_id: i64) -> StoreResult<MailboxIndex> {
         // One read transaction: the modseq matches the rows.
         let mut tx = Transaction::begin(self.read_conn().await?, None).await.map_err(db_err)?;
