@@ -72,6 +72,8 @@ pub struct ImapMetrics {
     pub meta_cache: IntCounterVec,
     /// `mail_imap_meta_cache_bytes`
     pub meta_cache_bytes: IntGauge,
+    /// `mail_pop3_listings_total{source}` (local|shared|store)
+    pub pop3_listings: IntCounterVec,
 }
 
 /// Latency buckets from 0.5 ms to 10 s: mail commands span both ends.
@@ -193,6 +195,11 @@ impl Metrics {
                 "mail_imap_meta_cache_bytes",
                 "Bytes of message metadata held in the process's metadata cache",
             ),
+            pop3_listings: counters(
+                "mail_pop3_listings_total",
+                "POP3 logins by where the maildrop's listing came from: the process's cache (local), the shared cache (shared) or a full read of the store (store)",
+                &["source"],
+            ),
         };
         // Every series of the process is registered here, once: a clash is a bug in
         // this list, and fails every test that builds a pod.
@@ -208,6 +215,7 @@ impl Metrics {
             Box::new(imap.fetch_reads.clone()),
             Box::new(imap.meta_cache.clone()),
             Box::new(imap.meta_cache_bytes.clone()),
+            Box::new(imap.pop3_listings.clone()),
             Box::new(connections_active.clone()),
             Box::new(command_duration.clone()),
             Box::new(commands_total.clone()),

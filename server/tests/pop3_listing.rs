@@ -155,19 +155,44 @@ async fn embedded_store_without_the_listing_cache_answers_the_same() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pod_lists_what_another_pod_changed() {
-    on_postgres("mc_pop3_listing", false).await;
+    on_postgres("mc_pop3_listing", Setup::TwoPods).await;
 }
 
 /// Every login reads the whole maildrop from PostgreSQL: what happens to a pod
 /// whose maildrops exceed the listing cache's budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pod_without_the_listing_cache_answers_the_same() {
-    on_postgres("mc_pop3_listing_uncached", true).await;
+    on_postgres("mc_pop3_listing_uncached", Setup::Uncached).await;
 }
 
-/// Two pods of a fresh database, one listing and the other changing; `uncached`:
-/// one pod without the listing cache does both.
-async fn on_postgres(db_name: &str, uncached: bool) {
+/// A pod without a cache of its own reads large maildrops' listings from the
+/// shared cache (Redis) that another pod wrote, and brings them up to date with
+/// what changed since; each login still lists the maildrop exactly as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pod_lists_from_the_shared_cache() {
+    on_postgres("mc_pop3_listing_shared", Setup::Shared).await;
+}
+
+/// Whatever the shared cache holds under a maildrop's key (another encoding,
+/// another UIDVALIDITY, a cut value) is a miss: the login reads the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pod_ignores_an_unreadable_shared_listing() {
+    on_postgres("mc_pop3_listing_garbage", Setup::Garbage).await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Setup {
+    /// One pod lists, another changes.
+    TwoPods,
+    /// One pod without the listing cache does both.
+    Uncached,
+    /// The reader has no cache of its own; both share every listing.
+    Shared,
+    /// The reader finds junk under the shared key.
+    Garbage,
+}
+
+async fn on_postgres(db_name: &str, setup: Setup) {
     let db = TestDatabase::create(db_name).await;
     let url = db.url.clone();
     let test = tokio::spawn(async move {
@@ -175,18 +200,77 @@ async fn on_postgres(db_name: &str, uncached: bool) {
         let prefix = format!("mc_pop3_listing_{:08x}:", rand::random::<u32>());
         let writer = pg_pod(&url, &prefix, dir.path()).await;
         writer.store.domain_add("example.org").await.expect("domain");
-        if uncached {
-            let pod = app_configured(writer.store.clone(), writer.cache.clone(), |c| {
+        let configured = |local: usize, shared: usize| {
+            app_configured(writer.store.clone(), writer.cache.clone(), |c| {
                 c.tls.allow_plaintext_auth = true;
-                c.pop3.maildrop_cache_messages = 0;
-            });
-            listing_follows_every_change(&pod, &pod).await;
-        } else {
-            let reader = pg_pod(&url, &prefix, dir.path()).await;
-            listing_follows_every_change(&reader, &writer).await;
+                c.pop3.maildrop_cache_messages = local;
+                c.pop3.shared_listing_min_messages = shared;
+            })
+        };
+        match setup {
+            Setup::TwoPods => {
+                let reader = pg_pod(&url, &prefix, dir.path()).await;
+                listing_follows_every_change(&reader, &writer).await;
+            }
+            Setup::Uncached => {
+                let pod = configured(0, 0);
+                listing_follows_every_change(&pod, &pod).await;
+            }
+            Setup::Shared => {
+                let (reader, sharer) = (configured(0, 1), configured(1_000_000, 1));
+                listing_follows_every_change(&reader, &sharer).await;
+                let from = |source| reader.metrics.imap.pop3_listings.with_label_values(&[source]).get();
+                assert!(from("shared") >= 4, "logins served from the shared cache: {}", from("shared"));
+                assert_eq!(from("local"), 0, "the reader has no cache of its own");
+            }
+            Setup::Garbage => junk_is_a_miss(&configured(0, 1), &writer).await,
         }
     });
     let result = tokio::time::timeout(Duration::from_secs(120), test).await;
     drop(db);
     result.expect("test within 120 s").expect("test passed");
+}
+
+/// Puts values that are not bob's INBOX listing under its shared key, one at a
+/// time, and checks that each login lists the maildrop from the store.
+async fn junk_is_a_miss(reader: &App, writer: &App) {
+    let bob = account(writer, "bob@example.org", "secret pw").await;
+    deliver_n(writer, &bob, 3, "first").await;
+    let inbox = writer.store.mailbox_get(bob.id, "INBOX").await.expect("get").expect("INBOX");
+    let key = format!("pop3:listing:{}", inbox.id);
+    let header = |version: u8, uid_validity: u32, count: u32| {
+        [
+            &[version][..],
+            &uid_validity.to_le_bytes(),
+            &inbox.highest_modseq.to_le_bytes(),
+            &count.to_le_bytes(),
+        ]
+        .concat()
+    };
+    let junk: [(&str, Vec<u8>); 4] = [
+        ("another encoding", header(2, inbox.uid_validity, 0)),
+        // Well formed and empty: taken for the listing, it would list nothing.
+        ("another UIDVALIDITY", header(1, inbox.uid_validity ^ 1, 0)),
+        ("fewer entries than counted", [header(1, inbox.uid_validity, 3), vec![0; 48]].concat()),
+        ("not a listing at all", b"+OK".to_vec()),
+    ];
+    let from = |source| reader.metrics.imap.pop3_listings.with_label_values(&[source]).get();
+    for (what, value) in junk {
+        reader.cache.value_put(&key, &value, Duration::from_secs(60)).await.expect("put junk");
+        let store_reads = from("store");
+        assert_login_lists_the_inbox(reader, &bob, what).await;
+        assert_eq!(from("store"), store_reads + 1, "{what}: read from the store");
+        // The login shares what it read, in the background: wait for it, so the
+        // next junk is not overwritten.
+        for _ in 0..500 {
+            if reader.cache.value_get(&key).await.expect("get").is_some_and(|v| v != value) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(from("shared"), 0, "junk is never a listing");
+    // What the last login shared serves the next one.
+    assert_login_lists_the_inbox(reader, &bob, "shared by the previous login").await;
+    assert_eq!(from("shared"), 1);
 }

@@ -175,6 +175,13 @@ pub struct Pop3Config {
     /// keeps, so that a login reads only what changed since the last one instead
     /// of a row per message (0 = off).
     pub maildrop_cache_messages: usize,
+    /// Maildrops of at least this many messages also keep their listing in the
+    /// shared cache (Redis; 24 bytes a message), so that a login on a pod whose
+    /// own cache does not hold it reads one value and only what changed since,
+    /// rather than a row per message (0 = off; the embedded cache never keeps one).
+    pub shared_listing_min_messages: usize,
+    /// How long a shared listing stays in the cache after its last use.
+    pub shared_listing_ttl_secs: u64,
 }
 
 impl Default for Pop3Config {
@@ -186,6 +193,8 @@ impl Default for Pop3Config {
             lock_ttl_secs: 60,
             mark_seen_on_retr: true,
             maildrop_cache_messages: 1_000_000,
+            shared_listing_min_messages: 1_000,
+            shared_listing_ttl_secs: 3_600,
         }
     }
 }

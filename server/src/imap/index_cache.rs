@@ -84,10 +84,18 @@ impl<T: Snapshot> IndexCache<T> {
     pub fn put(&self, mailbox_id: i64, uid_validity: u32, snapshot: impl Into<Arc<T>>) {
         let snapshot = snapshot.into();
         let size = snapshot.messages();
-        if size > self.max_messages {
+        if self.max_messages == 0 {
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if size > self.max_messages {
+            // An older list of the mailbox would be served and brought up to date
+            // from an ever older modseq: let the next read start afresh instead.
+            if let Some(gone) = inner.entries.remove(&(mailbox_id, uid_validity)) {
+                inner.messages -= gone.snapshot.messages();
+            }
+            return;
+        }
         inner.clock += 1;
         let now = inner.clock;
         let key = (mailbox_id, uid_validity);
@@ -147,6 +155,22 @@ mod tests {
         assert!(cache.get(4, 7).is_none(), "larger than the whole budget");
         let off: IndexCache = IndexCache::new(0);
         off.put(1, 1, index(1, 1));
-        assert!(off.get(1, 1).is_none());
+        off.put(2, 1, index(1, 0));
+        assert!(
+            off.get(1, 1).is_none() && off.get(2, 1).is_none(),
+            "0 keeps nothing, not even an empty list"
+        );
+    }
+
+    #[test]
+    fn a_list_grown_past_the_budget_takes_the_older_one_out() {
+        let cache: IndexCache = IndexCache::new(100);
+        cache.put(1, 7, index(5, 90));
+        cache.put(2, 7, index(1, 10));
+        cache.put(1, 7, index(6, 101));
+        assert!(cache.get(1, 7).is_none(), "the older list is not served any more");
+        // Its room is free again: 10 + 90 fit.
+        cache.put(3, 7, index(1, 90));
+        assert!(cache.get(2, 7).is_some() && cache.get(3, 7).is_some());
     }
 }

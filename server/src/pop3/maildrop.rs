@@ -238,25 +238,150 @@ impl Snapshot for Listing {
     }
 }
 
-/// The INBOX listing now: the cached one brought up to date, or a full read.
+/// The INBOX listing now: a cached one (the process's, else the shared cache's)
+/// brought up to date, or a full read.
 /// `inbox` was read before anything here, so its modseq is no newer than what
 /// follows: a change made meanwhile is both in the listing and reported again by
-/// the next `changes_since`, and applying it twice changes nothing.
+/// the next `changes_since`, and applying it twice changes nothing. The same holds
+/// for a shared listing another pod wrote, whatever its age: it is the maildrop as
+/// of its modseq, and what changed since is read here.
 async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError> {
     let cache = app.imap.maildrops();
-    let Some(cached) = cache.get(inbox.id, inbox.uid_validity) else {
+    let sources = &app.metrics.imap.pop3_listings;
+    let shared = SharedListing::of(app);
+    let (cached, from_shared) = match cache.get(inbox.id, inbox.uid_validity) {
+        Some(local) => (Some(local), false),
+        None => match shared.get(inbox).await {
+            Some(listing) => (Some(Arc::new(listing)), true),
+            None => (None, false),
+        },
+    };
+    let Some(cached) = cached else {
+        sources.with_label_values(&["store"]).inc();
         let entries = app.store.maildrop(inbox.id, 0).await?;
         let listing = Arc::new(Listing { highest_modseq: inbox.highest_modseq, entries });
         cache.put(inbox.id, inbox.uid_validity, listing.clone());
+        shared.put(inbox, &listing);
         return Ok(listing);
     };
+    sources.with_label_values(&[if from_shared { "shared" } else { "local" }]).inc();
     if cached.highest_modseq == inbox.highest_modseq {
+        if from_shared {
+            cache.put(inbox.id, inbox.uid_validity, cached.clone());
+        }
         return Ok(cached);
     }
     let changes = app.store.changes_since(inbox.id, cached.highest_modseq).await?;
     let listing = Arc::new(brought_up_to_date(app, inbox.id, &cached, &changes).await?);
     cache.put(inbox.id, inbox.uid_validity, listing.clone());
+    shared.put(inbox, &listing);
     Ok(listing)
+}
+
+/// A large maildrop's listing in the shared cache (Redis), for pods whose own
+/// cache does not hold it: one value instead of a row per message. Best effort
+/// both ways: a cache that fails or holds something unreadable is a miss.
+struct SharedListing<'a> {
+    app: &'a App,
+    min_messages: usize,
+    ttl: Duration,
+}
+
+/// Version of the encoding below; a value of another version is a miss.
+const SHARED_LISTING_VERSION: u8 = 1;
+/// Version, UIDVALIDITY, highest modseq, count.
+const SHARED_LISTING_HEADER: usize = 1 + 4 + 8 + 4;
+/// UID, size, body id, INTERNALDATE in microseconds.
+const SHARED_LISTING_ENTRY: usize = 4 + 4 + 8 + 8;
+
+impl<'a> SharedListing<'a> {
+    fn of(app: &'a App) -> SharedListing<'a> {
+        let cfg = &app.config.pop3;
+        // The embedded cache lives in this process: the pod's own cache is that.
+        let min_messages = if app.cache.backend() == "local" { 0 } else { cfg.shared_listing_min_messages };
+        SharedListing { app, min_messages, ttl: Duration::from_secs(cfg.shared_listing_ttl_secs.max(1)) }
+    }
+
+    fn key(mailbox_id: i64) -> String {
+        format!("pop3:listing:{mailbox_id}")
+    }
+
+    async fn get(&self, inbox: &Mailbox) -> Option<Listing> {
+        if self.min_messages == 0 {
+            return None;
+        }
+        match self.app.cache.value_get(&Self::key(inbox.id)).await {
+            Ok(Some(value)) => decode_listing(&value, inbox.uid_validity),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(error = %e, "pop3: shared listing unavailable");
+                None
+            }
+        }
+    }
+
+    /// Stores `listing` when the maildrop is large enough, without waiting for it.
+    fn put(&self, inbox: &Mailbox, listing: &Listing) {
+        if self.min_messages == 0 || listing.entries.len() < self.min_messages {
+            return;
+        }
+        let value = encode_listing(inbox.uid_validity, listing);
+        let (cache, key, ttl) = (self.app.cache.clone(), Self::key(inbox.id), self.ttl);
+        tokio::spawn(async move {
+            if let Err(e) = cache.value_put(&key, &value, ttl).await {
+                tracing::debug!(error = %e, "pop3: could not share a listing");
+            }
+        });
+    }
+}
+
+fn encode_listing(uid_validity: u32, listing: &Listing) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SHARED_LISTING_HEADER + listing.entries.len() * SHARED_LISTING_ENTRY);
+    out.push(SHARED_LISTING_VERSION);
+    out.extend_from_slice(&uid_validity.to_le_bytes());
+    out.extend_from_slice(&listing.highest_modseq.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(listing.entries.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for e in &listing.entries {
+        out.extend_from_slice(&e.uid.to_le_bytes());
+        out.extend_from_slice(&e.size.to_le_bytes());
+        out.extend_from_slice(&e.message_id.to_le_bytes());
+        out.extend_from_slice(&e.internal_date.timestamp_micros().to_le_bytes());
+    }
+    out
+}
+
+/// The listing in `value` if it is one of this encoding, of this UIDVALIDITY,
+/// whole, and in ascending UID order; anything else is a miss.
+fn decode_listing(value: &[u8], uid_validity: u32) -> Option<Listing> {
+    let (header, body) = value.split_at_checked(SHARED_LISTING_HEADER)?;
+    let u32_at =
+        |b: &[u8], at: usize| b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes);
+    let u64_at =
+        |b: &[u8], at: usize| b.get(at..at + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
+    if header[0] != SHARED_LISTING_VERSION || u32_at(header, 1)? != uid_validity {
+        return None;
+    }
+    let highest_modseq = u64_at(header, 5)?;
+    let count = usize::try_from(u32_at(header, 13)?).ok()?;
+    if body.len() != count.checked_mul(SHARED_LISTING_ENTRY)? {
+        return None;
+    }
+    let mut entries: Vec<MaildropEntry> = Vec::with_capacity(count);
+    for e in body.chunks_exact(SHARED_LISTING_ENTRY) {
+        let uid = u32_at(e, 0)?;
+        if entries.last().is_some_and(|last| last.uid >= uid) {
+            return None;
+        }
+        entries.push(MaildropEntry {
+            uid,
+            size: u32_at(e, 4)?,
+            message_id: i64::from_le_bytes(e[8..16].try_into().ok()?),
+            internal_date: chrono::DateTime::from_timestamp_micros(i64::from_le_bytes(
+                e[16..24].try_into().ok()?,
+            ))?,
+        });
+    }
+    Some(Listing { highest_modseq, entries })
 }
 
 /// `cached` with `changes` applied: expunged messages out, and the new ones (UIDs
@@ -362,5 +487,54 @@ async fn renew(cache: Arc<dyn Cache>, token: LockToken, ttl: Duration, lost: Arc
             // A cache hiccup: the lock is still valid until its TTL; try again.
             Err(e) => tracing::debug!(error = %e, "pop3: maildrop lock renewal failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(uids: &[u32]) -> Listing {
+        let date = chrono::DateTime::from_timestamp_micros(1_764_000_000_123_456).expect("date");
+        Listing {
+            highest_modseq: 77,
+            entries: uids
+                .iter()
+                .map(|&uid| MaildropEntry {
+                    uid,
+                    message_id: i64::from(uid) * 1_000 + 5,
+                    size: uid % 1_000 * 10 + 3,
+                    internal_date: date + chrono::Duration::microseconds(i64::from(uid)),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_shared_listing_reads_back_as_written() {
+        for uids in [&[][..], &[1], &[1, 2, 5, 4_000_000_000]] {
+            let original = listing(uids);
+            let back = decode_listing(&encode_listing(9, &original), 9).expect("decodes");
+            assert_eq!(back.highest_modseq, original.highest_modseq);
+            assert_eq!(back.entries, original.entries);
+        }
+    }
+
+    #[test]
+    fn anything_but_a_whole_listing_of_this_uidvalidity_is_a_miss() {
+        let value = encode_listing(9, &listing(&[1, 2, 3]));
+        assert!(decode_listing(&value, 10).is_none(), "another UIDVALIDITY");
+        assert!(decode_listing(&value[..value.len() - 1], 9).is_none(), "truncated");
+        assert!(decode_listing(&[value.as_slice(), &[0]].concat(), 9).is_none(), "trailing bytes");
+        assert!(decode_listing(&value[..SHARED_LISTING_HEADER - 1], 9).is_none(), "short header");
+        assert!(decode_listing(b"", 9).is_none(), "empty");
+        let mut other_version = value.clone();
+        other_version[0] = SHARED_LISTING_VERSION + 1;
+        assert!(decode_listing(&other_version, 9).is_none(), "another encoding");
+        let unordered = encode_listing(9, &listing(&[1, 3, 2]));
+        assert!(decode_listing(&unordered, 9).is_none(), "UIDs out of order");
+        let mut huge_count = value.clone();
+        huge_count[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_listing(&huge_count, 9).is_none(), "a count the value does not hold");
     }
 }
