@@ -72,11 +72,13 @@ for round in $(seq 1 "$ROUNDS"); do
     if [ "$side" = dovecot ]; then port=1995; else port=$(mc_port pop3s); fi
     c0=$( [ "$side" = mailcluster ] && cpu_secs "$MC_PID" || echo 0)
     p0=$(pg_ticks)
+    r0=$(cpu_secs "$(pgrep -o redis-server)")
     "$STRESS" --pop3 "127.0.0.1:$port" --pop3-tls implicit -s pop3 -c "$C" -d "$DUR" "${COMMON[@]}" \
       --json "$OUT/$side-$round.json" >"$OUT/$side-$round.txt"
     if [ "$side" = mailcluster ]; then
       echo "mailcluster round $round: server CPU $(echo "$(cpu_secs "$MC_PID") - $c0" | bc) s," \
-        "PostgreSQL CPU $(echo "scale=1; ($(pg_ticks) - $p0) / $(getconf CLK_TCK)" | bc) s, peak RSS $(rss_mb "$MC_PID") MB"
+        "PostgreSQL CPU $(echo "scale=1; ($(pg_ticks) - $p0) / $(getconf CLK_TCK)" | bc) s," \
+        "Redis CPU $(echo "$(cpu_secs "$(pgrep -o redis-server)") - $r0" | bc) s, peak RSS $(rss_mb "$MC_PID") MB"
     fi
   done
 done
