@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::*;
 use mailcluster_server::app::App;
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
-use mailcluster_server::pop3::Pop3Protocol;
+use mailcluster_server::pop3::{Pop3Protocol, maildrop};
 use mailcluster_server::store::{Account, FlagOp, FlagSet, Flags, UidSet};
 use mailcluster_testkit::TestDatabase;
 use tokio::io::DuplexStream;
@@ -237,7 +237,8 @@ async fn junk_is_a_miss(reader: &App, writer: &App) {
     let bob = account(writer, "bob@example.org", "secret pw").await;
     deliver_n(writer, &bob, 3, "first").await;
     let inbox = writer.store.mailbox_get(bob.id, "INBOX").await.expect("get").expect("INBOX");
-    let key = format!("pop3:listing:{}", inbox.id);
+    let epoch = reader.store.epoch().await.expect("epoch").unwrap_or_default();
+    let key = maildrop::shared_listing_key(&epoch, inbox.id);
     let header = |version: u8, uid_validity: u32, count: u32| {
         [
             &[version][..],

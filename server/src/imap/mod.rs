@@ -67,6 +67,9 @@ pub(crate) struct Reads {
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
     pub(crate) select_misses: prometheus::IntCounter,
+    /// The database's epoch (see `watch_epoch`) once known: shared-cache keys of
+    /// what a database going back in time makes wrong carry it.
+    pub(crate) epoch: std::sync::RwLock<Option<Arc<str>>>,
 }
 
 /// State shared by the sessions of one process.
@@ -96,6 +99,18 @@ impl ImapState {
         &self.0.reads.maildrops
     }
 
+    /// The database's epoch as last seen (`Some("")` for a store without one),
+    /// asking the database when it was never seen; `None` when it cannot say.
+    pub(crate) async fn epoch(&self, store: &dyn crate::store::Store) -> Option<Arc<str>> {
+        let known = self.0.reads.epoch.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if known.is_some() {
+            return known;
+        }
+        let epoch: Arc<str> = store.epoch().await.ok()?.unwrap_or_default().into();
+        self.0.reads.remember_epoch(&epoch);
+        Some(epoch)
+    }
+
     pub fn new(config: &Config, store: &Arc<dyn crate::store::Store>, metrics: &Metrics) -> ImapState {
         ImapState(Arc::new(Shared::new(config, store, metrics)))
     }
@@ -107,6 +122,15 @@ impl ImapState {
         store: Arc<dyn crate::store::Store>,
     ) -> impl Future<Output = ()> + Send + 'static {
         watch_epoch(Arc::downgrade(&self.0), store, EPOCH_CHECK_EVERY)
+    }
+}
+
+impl Reads {
+    fn remember_epoch(&self, epoch: &str) {
+        let mut known = self.epoch.write().unwrap_or_else(|p| p.into_inner());
+        if known.as_deref() != Some(epoch) {
+            *known = Some(epoch.into());
+        }
     }
 }
 
@@ -143,6 +167,7 @@ impl Shared {
             meta_misses: m.meta_cache.with_label_values(&["miss"]),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
+            epoch: std::sync::RwLock::new(None),
         };
         Shared { leases: limit::Leases::new(), idle_gauge: m.idle_sessions.clone(), reads }
     }
@@ -186,6 +211,7 @@ pub(crate) async fn watch_epoch(
                 }
                 _ => {}
             }
+            shared.reads.remember_epoch(&epoch);
             known = Some(epoch);
         }
         tokio::time::sleep(every).await;

@@ -248,7 +248,7 @@ impl Snapshot for Listing {
 async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError> {
     let cache = app.imap.maildrops();
     let sources = &app.metrics.imap.pop3_listings;
-    let shared = SharedListing::of(app);
+    let shared = SharedListing::of(app).await;
     let (cached, from_shared) = match cache.get(inbox.id, inbox.uid_validity) {
         Some(local) => (Some(local), false),
         None => match shared.get(inbox).await {
@@ -285,6 +285,17 @@ struct SharedListing<'a> {
     app: &'a App,
     min_messages: usize,
     ttl: Duration,
+    epoch: Arc<str>,
+}
+
+/// The shared-cache key of a mailbox's listing. It names the database's epoch:
+/// after a restore or a failover that lost commits, a listing written before
+/// would list messages that no longer exist, under body ids that may be handed
+/// out again to other messages.
+pub fn shared_listing_key(epoch: &str, mailbox_id: i64) -> String {
+    use sha2::Digest;
+    let epoch = sha2::Sha256::digest(epoch.as_bytes());
+    format!("pop3:listing:{}:{mailbox_id}", crate::cache::hex(&epoch[..8]))
 }
 
 /// Version of the encoding below; a value of another version is a miss.
@@ -295,22 +306,28 @@ const SHARED_LISTING_HEADER: usize = 1 + 4 + 8 + 4;
 const SHARED_LISTING_ENTRY: usize = 4 + 4 + 8 + 8;
 
 impl<'a> SharedListing<'a> {
-    fn of(app: &'a App) -> SharedListing<'a> {
+    async fn of(app: &'a App) -> SharedListing<'a> {
         let cfg = &app.config.pop3;
         // The embedded cache lives in this process: the pod's own cache is that.
-        let min_messages = if app.cache.backend() == "local" { 0 } else { cfg.shared_listing_min_messages };
-        SharedListing { app, min_messages, ttl: Duration::from_secs(cfg.shared_listing_ttl_secs.max(1)) }
+        let wanted = app.cache.backend() != "local" && cfg.shared_listing_min_messages > 0;
+        let epoch = if wanted { app.imap.epoch(app.store.as_ref()).await } else { None };
+        SharedListing {
+            app,
+            min_messages: if epoch.is_some() { cfg.shared_listing_min_messages } else { 0 },
+            ttl: Duration::from_secs(cfg.shared_listing_ttl_secs.max(1)),
+            epoch: epoch.unwrap_or_default(),
+        }
     }
 
-    fn key(mailbox_id: i64) -> String {
-        format!("pop3:listing:{mailbox_id}")
+    fn key(&self, mailbox_id: i64) -> String {
+        shared_listing_key(&self.epoch, mailbox_id)
     }
 
     async fn get(&self, inbox: &Mailbox) -> Option<Listing> {
         if self.min_messages == 0 {
             return None;
         }
-        match self.app.cache.value_get(&Self::key(inbox.id)).await {
+        match self.app.cache.value_get(&self.key(inbox.id)).await {
             Ok(Some(value)) => decode_listing(&value, inbox.uid_validity),
             Ok(None) => None,
             Err(e) => {
@@ -326,7 +343,7 @@ impl<'a> SharedListing<'a> {
             return;
         }
         let value = encode_listing(inbox.uid_validity, listing);
-        let (cache, key, ttl) = (self.app.cache.clone(), Self::key(inbox.id), self.ttl);
+        let (cache, key, ttl) = (self.app.cache.clone(), self.key(inbox.id), self.ttl);
         tokio::spawn(async move {
             if let Err(e) = cache.value_put(&key, &value, ttl).await {
                 tracing::debug!(error = %e, "pop3: could not share a listing");
@@ -518,6 +535,15 @@ mod tests {
             assert_eq!(back.highest_modseq, original.highest_modseq);
             assert_eq!(back.entries, original.entries);
         }
+    }
+
+    #[test]
+    fn another_database_epoch_is_another_key() {
+        let key = shared_listing_key("7301/1/2026-12-04 17:00:00+00", 5);
+        assert_eq!(key, shared_listing_key("7301/1/2026-12-04 17:00:00+00", 5));
+        assert_ne!(key, shared_listing_key("7301/2/2026-12-04 17:00:00+00", 5), "a new timeline");
+        assert_ne!(key, shared_listing_key("7301/1/2026-12-04 17:00:00+00", 6), "another mailbox");
+        assert!(key.starts_with("pop3:listing:") && key.ends_with(":5"), "{key}");
     }
 
     #[test]
