@@ -58,7 +58,8 @@ pub struct SmtpMetricVecs {
 pub struct ImapMetrics {
     /// `mail_imap_idle_sessions`
     pub idle_sessions: IntGauge,
-    /// `mail_imap_select_cache_total{result}` (hit|miss)
+    /// `mail_imap_select_cache_total{result}` (hit|miss|shared: missed the pod's
+    /// cache, found in the shared one)
     pub select_cache: IntCounterVec,
     /// `mail_imap_change_checks_total{kind}` (question|query)
     pub change_checks: IntCounterVec,

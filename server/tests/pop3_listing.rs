@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use mailcluster_server::app::App;
+use mailcluster_server::imap::shared_snapshot::{SharedEncoding, shared_key};
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
 use mailcluster_server::pop3::{Pop3Protocol, maildrop};
 use mailcluster_server::store::{Account, FlagOp, FlagSet, Flags, UidSet};
@@ -238,7 +239,7 @@ async fn junk_is_a_miss(reader: &App, writer: &App) {
     deliver_n(writer, &bob, 3, "first").await;
     let inbox = writer.store.mailbox_get(bob.id, "INBOX").await.expect("get").expect("INBOX");
     let epoch = reader.store.epoch().await.expect("epoch").unwrap_or_default();
-    let key = maildrop::shared_listing_key(&epoch, inbox.id);
+    let key = shared_key(maildrop::Listing::NAMESPACE, &epoch, inbox.id);
     let header = |version: u8, uid_validity: u32, count: u32| {
         [
             &[version][..],

@@ -107,6 +107,13 @@ pub struct ImapConfig {
     /// selected mailboxes, so that SELECT of a large mailbox reads only what
     /// changed since (0 = off). See the server's `imap::index_cache`.
     pub select_cache_messages: usize,
+    /// Mailboxes of at least this many messages also keep their SELECT index in
+    /// the shared cache (Redis; about 16 bytes a message), so that a SELECT on a
+    /// pod whose own cache does not hold it reads one value and what changed
+    /// since, not a row per message (0 = off; the embedded cache never does).
+    pub shared_index_min_messages: usize,
+    /// How long a shared SELECT index is kept after it was last written.
+    pub shared_index_ttl_secs: u64,
     /// Bytes of message bodies a process keeps for IMAP FETCH and POP3 RETR/TOP
     /// (bodies never change once stored, so any pod may cache them; 0 = off). See
     /// the server's `imap::bodies`.
@@ -140,6 +147,8 @@ impl Default for ImapConfig {
             max_commands_per_second: 200,
             idle_poll_secs: 3,
             select_cache_messages: 2_000_000,
+            shared_index_min_messages: 1_000,
+            shared_index_ttl_secs: 3_600,
             body_cache_bytes: 64 * 1024 * 1024,
             meta_cache_bytes: 32 * 1024 * 1024,
             sort_cache_messages: 200_000,

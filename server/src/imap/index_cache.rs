@@ -15,7 +15,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::store::MailboxIndex;
+use crate::imap::shared_snapshot::{Fields, SharedEncoding};
+use crate::store::{Flags, MailboxIndex};
 
 /// What the cache holds per mailbox: a listing that reflects one modseq.
 pub trait Snapshot {
@@ -31,6 +32,89 @@ impl Snapshot for MailboxIndex {
     }
     fn messages(&self) -> usize {
         self.uids.len()
+    }
+}
+
+/// Version of the shared encoding below; a value of another version is a miss.
+const SHARED_INDEX_VERSION: u8 = 1;
+/// UID, system flags, modseq.
+const SHARED_INDEX_ENTRY: usize = 4 + 4 + 8;
+/// A keyword entry's UID and count, before its keywords.
+const SHARED_KEYWORDS_ENTRY: usize = 4 + 2;
+
+/// A large mailbox's SELECT index in the shared cache: 16 bytes a message, then
+/// the keywords of the messages that have any.
+impl SharedEncoding for MailboxIndex {
+    const NAMESPACE: &'static str = "imap:index";
+
+    fn encode(&self, uid_validity: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 4 + 8 + 4 + 4 + self.uids.len() * SHARED_INDEX_ENTRY + 4);
+        out.push(SHARED_INDEX_VERSION);
+        out.extend_from_slice(&uid_validity.to_le_bytes());
+        out.extend_from_slice(&self.highest_modseq.to_le_bytes());
+        out.extend_from_slice(&self.uid_next.to_le_bytes());
+        out.extend_from_slice(&u32::try_from(self.uids.len()).unwrap_or(u32::MAX).to_le_bytes());
+        for ((uid, flags), modseq) in self.uids.iter().zip(&self.flags).zip(&self.modseqs) {
+            out.extend_from_slice(&uid.to_le_bytes());
+            out.extend_from_slice(&flags.0.to_le_bytes());
+            out.extend_from_slice(&modseq.to_le_bytes());
+        }
+        out.extend_from_slice(&u32::try_from(self.keywords.len()).unwrap_or(u32::MAX).to_le_bytes());
+        for (uid, words) in &self.keywords {
+            out.extend_from_slice(&uid.to_le_bytes());
+            out.extend_from_slice(&u16::try_from(words.len()).unwrap_or(u16::MAX).to_le_bytes());
+            for word in words.iter().take(usize::from(u16::MAX)) {
+                // Keywords are IMAP atoms, far shorter than this.
+                let word = &word.as_bytes()[..word.len().min(usize::from(u16::MAX))];
+                out.extend_from_slice(&(word.len() as u16).to_le_bytes());
+                out.extend_from_slice(word);
+            }
+        }
+        out
+    }
+
+    /// Also a miss: UIDs (of messages, or of keyword entries) out of ascending
+    /// order, a keyword that is not UTF-8, bytes after the end.
+    fn decode(value: &[u8], uid_validity: u32) -> Option<MailboxIndex> {
+        let mut f = Fields::new(value);
+        if f.u8()? != SHARED_INDEX_VERSION || f.u32()? != uid_validity {
+            return None;
+        }
+        let (highest_modseq, uid_next) = (f.u64()?, f.u32()?);
+        let count = f.count(SHARED_INDEX_ENTRY)?;
+        let mut index = MailboxIndex {
+            highest_modseq,
+            uid_next,
+            uids: Vec::with_capacity(count),
+            flags: Vec::with_capacity(count),
+            modseqs: Vec::with_capacity(count),
+            keywords: Vec::new(),
+        };
+        for _ in 0..count {
+            let (uid, flags, modseq) = (f.u32()?, f.u32()?, f.u64()?);
+            if index.uids.last().is_some_and(|&last| last >= uid) {
+                return None;
+            }
+            index.uids.push(uid);
+            index.flags.push(Flags(flags));
+            index.modseqs.push(modseq);
+        }
+        let with_keywords = f.count(SHARED_KEYWORDS_ENTRY)?;
+        index.keywords.reserve(with_keywords);
+        for _ in 0..with_keywords {
+            let uid = f.u32()?;
+            if index.keywords.last().is_some_and(|(last, _)| *last >= uid) {
+                return None;
+            }
+            let n = f.u16()?;
+            let mut words = Vec::with_capacity(usize::from(n).min(64));
+            for _ in 0..n {
+                let len = usize::from(f.u16()?);
+                words.push(std::str::from_utf8(f.bytes(len)?).ok()?.to_owned());
+            }
+            index.keywords.push((uid, words));
+        }
+        f.is_empty().then_some(index)
     }
 }
 
@@ -125,7 +209,6 @@ impl<T: Snapshot> IndexCache<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Flags;
 
     fn index(modseq: u64, n: u32) -> MailboxIndex {
         MailboxIndex {
@@ -160,6 +243,50 @@ mod tests {
             off.get(1, 1).is_none() && off.get(2, 1).is_none(),
             "0 keeps nothing, not even an empty list"
         );
+    }
+
+    fn with_keywords(mut index: MailboxIndex) -> MailboxIndex {
+        index.flags[0] = Flags::SEEN.union(Flags::FLAGGED);
+        index.modseqs[1] = index.highest_modseq + 3;
+        index.keywords = vec![(1, vec!["$Work".into(), "Junk".into()]), (3, vec!["\u{e9}t\u{e9}".into()])];
+        index
+    }
+
+    #[test]
+    fn a_shared_index_reads_back_as_written() {
+        for original in [index(0, 0), index(9, 1), with_keywords(index(12, 4))] {
+            let back = MailboxIndex::decode(&original.encode(77), 77).expect("decodes");
+            assert_eq!(back, original);
+        }
+    }
+
+    #[test]
+    fn anything_but_a_whole_index_of_this_uidvalidity_is_a_miss() {
+        let value = with_keywords(index(12, 4)).encode(77);
+        assert!(MailboxIndex::decode(&value, 78).is_none(), "another UIDVALIDITY");
+        for cut in [0, 1, 20, value.len() - 1] {
+            assert!(MailboxIndex::decode(&value[..cut], 77).is_none(), "cut at {cut}");
+        }
+        assert!(MailboxIndex::decode(&[value.as_slice(), &[0]].concat(), 77).is_none(), "trailing bytes");
+        let mut other_version = value.clone();
+        other_version[0] = SHARED_INDEX_VERSION + 1;
+        assert!(MailboxIndex::decode(&other_version, 77).is_none(), "another encoding");
+        let mut unordered = index(5, 3);
+        unordered.uids = vec![1, 3, 2];
+        assert!(MailboxIndex::decode(&unordered.encode(77), 77).is_none(), "UIDs out of order");
+        let mut keywords_unordered = with_keywords(index(12, 4));
+        keywords_unordered.keywords.reverse();
+        assert!(
+            MailboxIndex::decode(&keywords_unordered.encode(77), 77).is_none(),
+            "keyword UIDs out of order"
+        );
+        let mut huge_count = value.clone();
+        huge_count[17..21].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(MailboxIndex::decode(&huge_count, 77).is_none(), "a count the value does not hold");
+        let mut not_utf8 = value.clone();
+        let at = not_utf8.len() - 1;
+        not_utf8[at] = 0xff;
+        assert!(MailboxIndex::decode(&not_utf8, 77).is_none(), "a keyword that is not UTF-8");
     }
 
     #[test]

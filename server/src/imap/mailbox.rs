@@ -8,15 +8,17 @@
 //! wildcards).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use imap_codec::imap_types::mailbox::{ListMailbox, Mailbox as WireMailbox};
 
 use super::selected::Selected;
 use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
+use crate::imap::shared_snapshot::SharedSnapshots;
 use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
-use crate::store::{Flags, MailboxStatus, StoreError};
+use crate::store::{Flags, MailboxIndex, MailboxStatus, StoreError};
 
 /// Hierarchy separator, in the store and on the wire.
 pub const SEP: char = '/';
@@ -129,16 +131,26 @@ impl Session {
         };
         // A cached message list (any age) plus what changed since, or a full read.
         let (mailbox_id, uid_validity, uid_next) = (mb.id, mb.uid_validity, mb.uid_next);
-        let cached = self.shared.reads.index_cache.get(mailbox_id, uid_validity);
-        let cached_modseq = cached.as_ref().map(|i| i.highest_modseq);
         let reads = &self.shared.reads;
-        if cached.is_some() {
-            reads.select_hits.inc()
-        } else {
-            reads.select_misses.inc()
-        }
+        let cfg = &self.app.config.imap;
+        let shared =
+            SharedSnapshots::of(&self.app, cfg.shared_index_min_messages, cfg.shared_index_ttl_secs).await;
+        let mut from_shared = false;
+        let cached = match reads.index_cache.get(mailbox_id, uid_validity) {
+            Some(local) => {
+                reads.select_hits.inc();
+                Some((*local).clone())
+            }
+            None => {
+                let index = shared.get::<MailboxIndex>(mailbox_id, uid_validity).await;
+                from_shared = index.is_some();
+                if from_shared { &reads.select_shared } else { &reads.select_misses }.inc();
+                index
+            }
+        };
+        let cached_modseq = cached.as_ref().map(|i| i.highest_modseq);
         let index = match cached {
-            Some(index) => (*index).clone(),
+            Some(index) => index,
             None => match store.mailbox_index(mailbox_id).await {
                 Ok(i) => i,
                 Err(e) => return store_error(e),
@@ -146,9 +158,17 @@ impl Session {
         };
         let recent_floor = mb.recent_floor;
         let mut sel = Selected::new(mb, read_only, index);
+        // Whether the shared copy is worth writing (again): read from the store,
+        // or what it was brought up to date by is a sizeable part of it.
+        let mut share = cached_modseq.is_none();
         if cached_modseq.is_some() {
             match store.changes_since(mailbox_id, sel.modseq).await {
-                Ok(changes) => sel.apply_silently(&changes),
+                Ok(changes) => {
+                    let changed = changes.changed.len() + changes.expunged.len();
+                    share = changes.present.is_some()
+                        || SharedSnapshots::worth_refreshing(sel.uids.len().max(changed), changed);
+                    sel.apply_silently(&changes)
+                }
                 Err(e) => return store_error(e),
             }
         }
@@ -168,8 +188,12 @@ impl Session {
             };
             sel.recent.add(from + 1, max);
         }
-        if cached_modseq.is_none_or(|m| sel.modseq > m) {
-            self.shared.reads.index_cache.put(mailbox_id, uid_validity, sel.snapshot());
+        if from_shared || cached_modseq.is_none_or(|m| sel.modseq > m) {
+            let snapshot = Arc::new(sel.snapshot());
+            if share {
+                shared.put(mailbox_id, uid_validity, snapshot.as_ref());
+            }
+            self.shared.reads.index_cache.put(mailbox_id, uid_validity, snapshot);
         }
         for line in sel.flags_lines() {
             self.push(&line);

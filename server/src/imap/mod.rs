@@ -28,6 +28,7 @@ pub mod quota;
 pub mod search;
 pub mod selected;
 mod session;
+pub mod shared_snapshot;
 pub mod sort;
 pub mod sort_cache;
 pub mod thread;
@@ -67,6 +68,8 @@ pub(crate) struct Reads {
     /// `mail_imap_select_cache_total{result}`.
     pub(crate) select_hits: prometheus::IntCounter,
     pub(crate) select_misses: prometheus::IntCounter,
+    /// Missed the pod's own cache, found in the shared one.
+    pub(crate) select_shared: prometheus::IntCounter,
     /// The database's epoch (see `watch_epoch`) once known: shared-cache keys of
     /// what a database going back in time makes wrong carry it.
     pub(crate) epoch: std::sync::RwLock<Option<Arc<str>>>,
@@ -167,6 +170,7 @@ impl Shared {
             meta_misses: m.meta_cache.with_label_values(&["miss"]),
             select_hits: select_cache.with_label_values(&["hit"]),
             select_misses: select_cache.with_label_values(&["miss"]),
+            select_shared: select_cache.with_label_values(&["shared"]),
             epoch: std::sync::RwLock::new(None),
         };
         Shared { leases: limit::Leases::new(), idle_gauge: m.idle_sessions.clone(), reads }

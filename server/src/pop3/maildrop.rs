@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::app::App;
 use crate::cache::{Cache, LockToken, MailboxEvent};
 use crate::imap::index_cache::Snapshot;
+use crate::imap::shared_snapshot::{Fields, SharedEncoding, SharedSnapshots};
 use crate::store::{
     Account, FlagOp, FlagSet, Flags, Mailbox, MailboxChanges, MaildropEntry, StoreError, UidSet,
 };
@@ -248,10 +249,11 @@ impl Snapshot for Listing {
 async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError> {
     let cache = app.imap.maildrops();
     let sources = &app.metrics.imap.pop3_listings;
-    let shared = SharedListing::of(app).await;
+    let cfg = &app.config.pop3;
+    let shared = SharedSnapshots::of(app, cfg.shared_listing_min_messages, cfg.shared_listing_ttl_secs).await;
     let (cached, from_shared) = match cache.get(inbox.id, inbox.uid_validity) {
         Some(local) => (Some(local), false),
-        None => match shared.get(inbox).await {
+        None => match shared.get::<Listing>(inbox.id, inbox.uid_validity).await {
             Some(listing) => (Some(Arc::new(listing)), true),
             None => (None, false),
         },
@@ -261,7 +263,7 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
         let entries = app.store.maildrop(inbox.id, 0).await?;
         let listing = Arc::new(Listing { highest_modseq: inbox.highest_modseq, entries });
         cache.put(inbox.id, inbox.uid_validity, listing.clone());
-        shared.put(inbox, &listing);
+        shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
         return Ok(listing);
     };
     sources.with_label_values(&[if from_shared { "shared" } else { "local" }]).inc();
@@ -274,131 +276,62 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
     let changes = app.store.changes_since(inbox.id, cached.highest_modseq).await?;
     let listing = Arc::new(brought_up_to_date(app, inbox.id, &cached, &changes).await?);
     cache.put(inbox.id, inbox.uid_validity, listing.clone());
-    shared.put(inbox, &listing);
+    if changes.present.is_some()
+        || SharedSnapshots::worth_refreshing(
+            listing.entries.len(),
+            changes.changed.len() + changes.expunged.len(),
+        )
+    {
+        shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
+    }
     Ok(listing)
 }
 
-/// A large maildrop's listing in the shared cache (Redis), for pods whose own
-/// cache does not hold it: one value instead of a row per message. Best effort
-/// both ways: a cache that fails or holds something unreadable is a miss.
-struct SharedListing<'a> {
-    app: &'a App,
-    min_messages: usize,
-    ttl: Duration,
-    epoch: Arc<str>,
-}
-
-/// The shared-cache key of a mailbox's listing. It names the database's epoch:
-/// after a restore or a failover that lost commits, a listing written before
-/// would list messages that no longer exist, under body ids that may be handed
-/// out again to other messages.
-pub fn shared_listing_key(epoch: &str, mailbox_id: i64) -> String {
-    use sha2::Digest;
-    let epoch = sha2::Sha256::digest(epoch.as_bytes());
-    format!("pop3:listing:{}:{mailbox_id}", crate::cache::hex(&epoch[..8]))
-}
-
-/// Version of the encoding below; a value of another version is a miss.
+/// Version of the shared encoding below; a value of another version is a miss.
 const SHARED_LISTING_VERSION: u8 = 1;
 /// Version, UIDVALIDITY, highest modseq, count.
+#[cfg(test)]
 const SHARED_LISTING_HEADER: usize = 1 + 4 + 8 + 4;
 /// UID, size, body id, INTERNALDATE in microseconds.
 const SHARED_LISTING_ENTRY: usize = 4 + 4 + 8 + 8;
 
-impl<'a> SharedListing<'a> {
-    async fn of(app: &'a App) -> SharedListing<'a> {
-        let cfg = &app.config.pop3;
-        // The embedded cache lives in this process: the pod's own cache is that.
-        let wanted = app.cache.backend() != "local" && cfg.shared_listing_min_messages > 0;
-        let epoch = if wanted { app.imap.epoch(app.store.as_ref()).await } else { None };
-        SharedListing {
-            app,
-            min_messages: if epoch.is_some() { cfg.shared_listing_min_messages } else { 0 },
-            ttl: Duration::from_secs(cfg.shared_listing_ttl_secs.max(1)),
-            epoch: epoch.unwrap_or_default(),
+impl SharedEncoding for Listing {
+    const NAMESPACE: &'static str = "pop3:listing";
+
+    fn encode(&self, uid_validity: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 4 + 8 + 4 + self.entries.len() * SHARED_LISTING_ENTRY);
+        out.push(SHARED_LISTING_VERSION);
+        out.extend_from_slice(&uid_validity.to_le_bytes());
+        out.extend_from_slice(&self.highest_modseq.to_le_bytes());
+        out.extend_from_slice(&u32::try_from(self.entries.len()).unwrap_or(u32::MAX).to_le_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&e.uid.to_le_bytes());
+            out.extend_from_slice(&e.size.to_le_bytes());
+            out.extend_from_slice(&e.message_id.to_le_bytes());
+            out.extend_from_slice(&e.internal_date.timestamp_micros().to_le_bytes());
         }
+        out
     }
 
-    fn key(&self, mailbox_id: i64) -> String {
-        shared_listing_key(&self.epoch, mailbox_id)
-    }
-
-    async fn get(&self, inbox: &Mailbox) -> Option<Listing> {
-        if self.min_messages == 0 {
+    /// Also a miss: UIDs out of ascending order.
+    fn decode(value: &[u8], uid_validity: u32) -> Option<Listing> {
+        let mut f = Fields::new(value);
+        if f.u8()? != SHARED_LISTING_VERSION || f.u32()? != uid_validity {
             return None;
         }
-        match self.app.cache.value_get(&self.key(inbox.id)).await {
-            Ok(Some(value)) => decode_listing(&value, inbox.uid_validity),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::debug!(error = %e, "pop3: shared listing unavailable");
-                None
+        let highest_modseq = f.u64()?;
+        let count = f.count(SHARED_LISTING_ENTRY)?;
+        let mut entries: Vec<MaildropEntry> = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (uid, size, message_id, date) = (f.u32()?, f.u32()?, f.i64()?, f.i64()?);
+            if entries.last().is_some_and(|last| last.uid >= uid) {
+                return None;
             }
+            let internal_date = chrono::DateTime::from_timestamp_micros(date)?;
+            entries.push(MaildropEntry { uid, size, message_id, internal_date });
         }
+        f.is_empty().then_some(Listing { highest_modseq, entries })
     }
-
-    /// Stores `listing` when the maildrop is large enough, without waiting for it.
-    fn put(&self, inbox: &Mailbox, listing: &Listing) {
-        if self.min_messages == 0 || listing.entries.len() < self.min_messages {
-            return;
-        }
-        let value = encode_listing(inbox.uid_validity, listing);
-        let (cache, key, ttl) = (self.app.cache.clone(), self.key(inbox.id), self.ttl);
-        tokio::spawn(async move {
-            if let Err(e) = cache.value_put(&key, &value, ttl).await {
-                tracing::debug!(error = %e, "pop3: could not share a listing");
-            }
-        });
-    }
-}
-
-fn encode_listing(uid_validity: u32, listing: &Listing) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SHARED_LISTING_HEADER + listing.entries.len() * SHARED_LISTING_ENTRY);
-    out.push(SHARED_LISTING_VERSION);
-    out.extend_from_slice(&uid_validity.to_le_bytes());
-    out.extend_from_slice(&listing.highest_modseq.to_le_bytes());
-    out.extend_from_slice(&u32::try_from(listing.entries.len()).unwrap_or(u32::MAX).to_le_bytes());
-    for e in &listing.entries {
-        out.extend_from_slice(&e.uid.to_le_bytes());
-        out.extend_from_slice(&e.size.to_le_bytes());
-        out.extend_from_slice(&e.message_id.to_le_bytes());
-        out.extend_from_slice(&e.internal_date.timestamp_micros().to_le_bytes());
-    }
-    out
-}
-
-/// The listing in `value` if it is one of this encoding, of this UIDVALIDITY,
-/// whole, and in ascending UID order; anything else is a miss.
-fn decode_listing(value: &[u8], uid_validity: u32) -> Option<Listing> {
-    let (header, body) = value.split_at_checked(SHARED_LISTING_HEADER)?;
-    let u32_at =
-        |b: &[u8], at: usize| b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes);
-    let u64_at =
-        |b: &[u8], at: usize| b.get(at..at + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
-    if header[0] != SHARED_LISTING_VERSION || u32_at(header, 1)? != uid_validity {
-        return None;
-    }
-    let highest_modseq = u64_at(header, 5)?;
-    let count = usize::try_from(u32_at(header, 13)?).ok()?;
-    if body.len() != count.checked_mul(SHARED_LISTING_ENTRY)? {
-        return None;
-    }
-    let mut entries: Vec<MaildropEntry> = Vec::with_capacity(count);
-    for e in body.chunks_exact(SHARED_LISTING_ENTRY) {
-        let uid = u32_at(e, 0)?;
-        if entries.last().is_some_and(|last| last.uid >= uid) {
-            return None;
-        }
-        entries.push(MaildropEntry {
-            uid,
-            size: u32_at(e, 4)?,
-            message_id: i64::from_le_bytes(e[8..16].try_into().ok()?),
-            internal_date: chrono::DateTime::from_timestamp_micros(i64::from_le_bytes(
-                e[16..24].try_into().ok()?,
-            ))?,
-        });
-    }
-    Some(Listing { highest_modseq, entries })
 }
 
 /// `cached` with `changes` applied: expunged messages out, and the new ones (UIDs
@@ -531,36 +464,27 @@ mod tests {
     fn a_shared_listing_reads_back_as_written() {
         for uids in [&[][..], &[1], &[1, 2, 5, 4_000_000_000]] {
             let original = listing(uids);
-            let back = decode_listing(&encode_listing(9, &original), 9).expect("decodes");
+            let back = Listing::decode(&original.encode(9), 9).expect("decodes");
             assert_eq!(back.highest_modseq, original.highest_modseq);
             assert_eq!(back.entries, original.entries);
         }
     }
 
     #[test]
-    fn another_database_epoch_is_another_key() {
-        let key = shared_listing_key("7301/1/2026-12-04 17:00:00+00", 5);
-        assert_eq!(key, shared_listing_key("7301/1/2026-12-04 17:00:00+00", 5));
-        assert_ne!(key, shared_listing_key("7301/2/2026-12-04 17:00:00+00", 5), "a new timeline");
-        assert_ne!(key, shared_listing_key("7301/1/2026-12-04 17:00:00+00", 6), "another mailbox");
-        assert!(key.starts_with("pop3:listing:") && key.ends_with(":5"), "{key}");
-    }
-
-    #[test]
     fn anything_but_a_whole_listing_of_this_uidvalidity_is_a_miss() {
-        let value = encode_listing(9, &listing(&[1, 2, 3]));
-        assert!(decode_listing(&value, 10).is_none(), "another UIDVALIDITY");
-        assert!(decode_listing(&value[..value.len() - 1], 9).is_none(), "truncated");
-        assert!(decode_listing(&[value.as_slice(), &[0]].concat(), 9).is_none(), "trailing bytes");
-        assert!(decode_listing(&value[..SHARED_LISTING_HEADER - 1], 9).is_none(), "short header");
-        assert!(decode_listing(b"", 9).is_none(), "empty");
+        let value = listing(&[1, 2, 3]).encode(9);
+        assert!(Listing::decode(&value, 10).is_none(), "another UIDVALIDITY");
+        assert!(Listing::decode(&value[..value.len() - 1], 9).is_none(), "truncated");
+        assert!(Listing::decode(&[value.as_slice(), &[0]].concat(), 9).is_none(), "trailing bytes");
+        assert!(Listing::decode(&value[..SHARED_LISTING_HEADER - 1], 9).is_none(), "short header");
+        assert!(Listing::decode(b"", 9).is_none(), "empty");
         let mut other_version = value.clone();
         other_version[0] = SHARED_LISTING_VERSION + 1;
-        assert!(decode_listing(&other_version, 9).is_none(), "another encoding");
-        let unordered = encode_listing(9, &listing(&[1, 3, 2]));
-        assert!(decode_listing(&unordered, 9).is_none(), "UIDs out of order");
+        assert!(Listing::decode(&other_version, 9).is_none(), "another encoding");
+        let unordered = listing(&[1, 3, 2]).encode(9);
+        assert!(Listing::decode(&unordered, 9).is_none(), "UIDs out of order");
         let mut huge_count = value.clone();
         huge_count[13..17].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_listing(&huge_count, 9).is_none(), "a count the value does not hold");
+        assert!(Listing::decode(&huge_count, 9).is_none(), "a count the value does not hold");
     }
 }
