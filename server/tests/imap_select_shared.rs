@@ -5,7 +5,8 @@
 //! PostgreSQL tells it (RFC 3501 §6.3.1 and RFC 7162 §3.1: EXISTS, RECENT,
 //! UNSEEN, UIDNEXT, HIGHESTMODSEQ; each message's flags and modseq; a keyword
 //! SEARCH), after deliveries, flag and keyword changes, expunges, pruned
-//! tombstones and a batch of changes large enough to refresh the shared copy;
+//! tombstones and a batch of deliveries (after which the shared copy is the
+//! mailbox as it is now);
 //! and whatever else the shared cache holds under the key is a miss. A fresh
 //! database per test; the test FAILS when PostgreSQL or Redis is unreachable.
 
@@ -133,7 +134,7 @@ async fn a_pod_without_its_own_cache_selects_from_the_shared_index() {
         assert!(pruned >= 2, "tombstones pruned: {pruned}");
         assert_same_view(&p.reader, &p.reference, "tombstones pruned").await;
 
-        // A batch of changes large enough to write the shared copy back.
+        // A SELECT that brought the index up to date writes it back.
         let epoch = p.reader.store.epoch().await.expect("epoch").unwrap_or_default();
         let key = shared_key(MailboxIndex::NAMESPACE, &epoch, inbox);
         let uid_validity =

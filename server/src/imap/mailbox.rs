@@ -158,17 +158,9 @@ impl Session {
         };
         let recent_floor = mb.recent_floor;
         let mut sel = Selected::new(mb, read_only, index);
-        // Whether the shared copy is worth writing (again): read from the store,
-        // or what it was brought up to date by is a sizeable part of it.
-        let mut share = cached_modseq.is_none();
         if cached_modseq.is_some() {
             match store.changes_since(mailbox_id, sel.modseq).await {
-                Ok(changes) => {
-                    let changed = changes.changed.len() + changes.expunged.len();
-                    share = changes.present.is_some()
-                        || SharedSnapshots::worth_refreshing(sel.uids.len().max(changed), changed);
-                    sel.apply_silently(&changes)
-                }
+                Ok(changes) => sel.apply_silently(&changes),
                 Err(e) => return store_error(e),
             }
         }
@@ -188,9 +180,14 @@ impl Session {
             };
             sel.recent.add(from + 1, max);
         }
-        if from_shared || cached_modseq.is_none_or(|m| sel.modseq > m) {
+        // A read from the store, or a copy brought up to date, is shared (again):
+        // a shared copy left to lag costs every pod that reads it the rows changed
+        // since, in PostgreSQL, the part more pods do not scale (bench/RESULTS.md,
+        // POP3, where the same choice was measured).
+        let changed = cached_modseq.is_none_or(|m| sel.modseq > m);
+        if changed || from_shared {
             let snapshot = Arc::new(sel.snapshot());
-            if share {
+            if changed {
                 shared.put(mailbox_id, uid_validity, snapshot.as_ref());
             }
             self.shared.reads.index_cache.put(mailbox_id, uid_validity, snapshot);

@@ -96,16 +96,6 @@ impl<'a> SharedSnapshots<'a> {
             }
         });
     }
-
-    /// Whether a snapshot brought up to date by `changed` rows is worth writing
-    /// back: a shared copy that lags by a few rows costs the next pod a small
-    /// `changes_since`, while writing the whole value back after every change
-    /// would send the mailbox's size to the cache for each one. A sixteenth of
-    /// the mailbox (at least 64 rows) bounds how far a shared copy lags before it
-    /// is refreshed.
-    pub fn worth_refreshing(messages: usize, changed: usize) -> bool {
-        changed >= (messages / 16).max(64)
-    }
 }
 
 /// Reads little-endian fields from the front of a value; every read fails
@@ -190,14 +180,5 @@ mod tests {
         assert_eq!(Fields::new(&value).count(5), None);
         let huge = u32::MAX.to_le_bytes();
         assert_eq!(Fields::new(&huge).count(1), None);
-    }
-
-    #[test]
-    fn a_shared_copy_is_refreshed_once_it_lags_by_a_sixteenth() {
-        assert!(!SharedSnapshots::worth_refreshing(7_000, 0));
-        assert!(!SharedSnapshots::worth_refreshing(7_000, 436));
-        assert!(SharedSnapshots::worth_refreshing(7_000, 437));
-        assert!(!SharedSnapshots::worth_refreshing(1_000, 63), "at least 64 rows");
-        assert!(SharedSnapshots::worth_refreshing(1_000, 64));
     }
 }

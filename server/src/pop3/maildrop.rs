@@ -276,14 +276,10 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
     let changes = app.store.changes_since(inbox.id, cached.highest_modseq).await?;
     let listing = Arc::new(brought_up_to_date(app, inbox.id, &cached, &changes).await?);
     cache.put(inbox.id, inbox.uid_validity, listing.clone());
-    if changes.present.is_some()
-        || SharedSnapshots::worth_refreshing(
-            listing.entries.len(),
-            changes.changed.len() + changes.expunged.len(),
-        )
-    {
-        shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
-    }
+    // Written back at every change: a shared copy left to lag costs every pod that
+    // reads it the rows changed since, and PostgreSQL more than Redis pays for the
+    // write (bench/RESULTS.md, POP3).
+    shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
     Ok(listing)
 }
 
