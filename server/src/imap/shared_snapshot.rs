@@ -7,9 +7,10 @@
 //! another encoding or of another UIDVALIDITY, is a miss and the store is read.
 //! Writes never hold up the session: they go out in the background.
 //!
-//! What a shared snapshot may be older than the mailbox is fine for the same
-//! reason the pod's own cache may be: it is the mailbox as of its modseq, and what
-//! changed after it is read from the store. Keys name the database's epoch, so a
+//! That a shared snapshot may be older than the mailbox is fine for the same
+//! reason it is for the pod's own cache: it is the mailbox as of its modseq, and
+//! what changed after it is read from the store. So is a race between two pods'
+//! writes: whichever lands last is some past state of the mailbox. Keys name the database's epoch, so a
 //! restore or a failover that lost commits leaves every earlier snapshot unused
 //! (it could list messages that no longer exist, under body ids handed out again).
 
