@@ -120,6 +120,10 @@ impl Cache for LocalCache {
         "local"
     }
 
+    fn shared_across_processes(&self) -> bool {
+        false
+    }
+
     async fn ping(&self) -> CacheResult<()> {
         self.state().map(|_| ())
     }

@@ -78,6 +78,9 @@ pub struct RotatingSecret {
 pub trait Cache: Send + Sync + 'static {
     /// "redis" or "local".
     fn backend(&self) -> &'static str;
+    /// Whether other processes (pods) read what this one stores, so that a value
+    /// written here can spare them work; the embedded cache lives in this process.
+    fn shared_across_processes(&self) -> bool;
     async fn ping(&self) -> CacheResult<()>;
     /// Connection figures for `mail_cache_pool_connections`.
     fn pool_stats(&self) -> crate::store::PoolStats;

@@ -566,6 +566,10 @@ impl Cache for RedisCache {
         "redis"
     }
 
+    fn shared_across_processes(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> CacheResult<()> {
         let pong: String = self.query(&::redis::cmd("PING")).await?;
         if pong == "PONG" {

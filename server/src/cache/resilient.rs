@@ -458,6 +458,10 @@ impl Cache for ResilientCache {
         "redis"
     }
 
+    fn shared_across_processes(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> CacheResult<()> {
         match (self.shared.current(), self.health()) {
             (Some(p), Ok(())) => p.ping().await,

@@ -52,7 +52,7 @@ impl<'a> SharedSnapshots<'a> {
     /// process, so the pod's own cache already is what it would hold; and
     /// without a known epoch no key is safe to use.
     pub async fn of(app: &'a App, min_messages: usize, ttl_secs: u64) -> SharedSnapshots<'a> {
-        let wanted = app.cache.backend() != "local" && min_messages > 0;
+        let wanted = app.cache.shared_across_processes() && min_messages > 0;
         let epoch = if wanted { app.imap.epoch(app.store.as_ref()).await } else { None };
         SharedSnapshots {
             app,

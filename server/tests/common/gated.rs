@@ -29,6 +29,9 @@ impl<G: Gate> Cache for Gated<G> {
     fn backend(&self) -> &'static str {
         self.backend
     }
+    fn shared_across_processes(&self) -> bool {
+        self.inner.shared_across_processes()
+    }
     async fn ping(&self) -> CacheResult<()> {
         self.gate.pass("ping").await?;
         self.inner.ping().await

@@ -28,6 +28,9 @@ impl Cache for MemCache {
     fn backend(&self) -> &'static str {
         "memory"
     }
+    fn shared_across_processes(&self) -> bool {
+        false
+    }
     async fn ping(&self) -> CacheResult<()> {
         Ok(())
     }
