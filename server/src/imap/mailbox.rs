@@ -188,7 +188,7 @@ impl Session {
         if changed || from_shared {
             let snapshot = Arc::new(sel.snapshot());
             if changed {
-                shared.put(mailbox_id, uid_validity, snapshot.as_ref());
+                shared.put(mailbox_id, uid_validity, &snapshot);
             }
             self.shared.reads.index_cache.put(mailbox_id, uid_validity, snapshot);
         }

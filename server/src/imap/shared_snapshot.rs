@@ -84,14 +84,21 @@ impl<'a> SharedSnapshots<'a> {
         }
     }
 
-    /// Stores `snapshot` when the mailbox is large enough, without waiting for it.
-    pub fn put<T: SharedEncoding>(&self, mailbox_id: i64, uid_validity: u32, snapshot: &T) {
+    /// Stores `snapshot` when the mailbox is large enough, without waiting for it:
+    /// the encoding (a large mailbox's every message) is done off the session too.
+    pub fn put<T: SharedEncoding + Send + Sync + 'static>(
+        &self,
+        mailbox_id: i64,
+        uid_validity: u32,
+        snapshot: &std::sync::Arc<T>,
+    ) {
         if !self.enabled() || snapshot.messages() < self.min_messages {
             return;
         }
-        let value = snapshot.encode(uid_validity);
         let (cache, key, ttl) = (self.app.cache.clone(), self.key::<T>(mailbox_id), self.ttl);
+        let snapshot = snapshot.clone();
         tokio::spawn(async move {
+            let value = snapshot.encode(uid_validity);
             if let Err(e) = cache.value_put(&key, &value, ttl).await {
                 tracing::debug!(error = %e, "could not share a snapshot");
             }

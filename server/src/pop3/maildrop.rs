@@ -263,7 +263,7 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
         let entries = app.store.maildrop(inbox.id, 0).await?;
         let listing = Arc::new(Listing { highest_modseq: inbox.highest_modseq, entries });
         cache.put(inbox.id, inbox.uid_validity, listing.clone());
-        shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
+        shared.put(inbox.id, inbox.uid_validity, &listing);
         return Ok(listing);
     };
     sources.with_label_values(&[if from_shared { "shared" } else { "local" }]).inc();
@@ -279,7 +279,7 @@ async fn listing(app: &App, inbox: &Mailbox) -> Result<Arc<Listing>, StoreError>
     // Written back at every change: a shared copy left to lag costs every pod that
     // reads it the rows changed since, and PostgreSQL more than Redis pays for the
     // write (bench/RESULTS.md, POP3).
-    shared.put(inbox.id, inbox.uid_validity, listing.as_ref());
+    shared.put(inbox.id, inbox.uid_validity, &listing);
     Ok(listing)
 }
 
