@@ -39,21 +39,12 @@ mc_start "$USERS" smtp,imap
 machine_line | tee "$OUT/machine.txt"
 echo "mailcluster: $MC serve at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes') over PostgreSQL + Redis; MAILCLUSTER_* as set by bench/lib.sh mc_start, plus tls.allow_plaintext_auth=true; pods shared and store as described in the script" | tee -a "$OUT/machine.txt"
 
-EXTRA_PIDS=()
-trap 'kill "${EXTRA_PIDS[@]}" 2>/dev/null; wait "${EXTRA_PIDS[@]}" 2>/dev/null; mc_cleanup' EXIT
-start_pod() { # name imap_port admin_port NAME=value...
-  local name=$1 imap=$2 admin=$3
-  shift 3
-  env "$@" MAILCLUSTER_IMAP_PORT="$imap" MAILCLUSTER_ADMIN_PORT="$admin" \
-    MAILCLUSTER_PROTOCOLS=imap MAILCLUSTER_DATA_DIR="$MC_DIR/$name" "$MC" serve 2>"$MC_DIR/serve-$name.log" &
-  EXTRA_PIDS+=($!)
-  for _ in $(seq 1 120); do port_open "$admin" && break; sleep 0.5; done
-  port_open "$admin" || { echo "pod $name did not start"; cat "$MC_DIR/serve-$name.log"; exit 1; }
-}
-start_pod shared 15143 19191 MAILCLUSTER_IMAP__SELECT_CACHE_MESSAGES=0
-SHARED_PID=${EXTRA_PIDS[-1]}
-start_pod store 16143 19192 MAILCLUSTER_IMAP__SELECT_CACHE_MESSAGES=0 MAILCLUSTER_IMAP__SHARED_INDEX_MIN_MESSAGES=0
-STORE_PID=${EXTRA_PIDS[-1]}
+# The other two pods serve IMAP only, on ports of their own.
+mc_pod shared 19191 MAILCLUSTER_PROTOCOLS=imap MAILCLUSTER_IMAP_PORT=15143 MAILCLUSTER_IMAP__SELECT_CACHE_MESSAGES=0
+SHARED_PID=${MC_POD_PIDS[-1]}
+mc_pod store 19192 MAILCLUSTER_PROTOCOLS=imap MAILCLUSTER_IMAP_PORT=16143 MAILCLUSTER_IMAP__SELECT_CACHE_MESSAGES=0 \
+  MAILCLUSTER_IMAP__SHARED_INDEX_MIN_MESSAGES=0
+STORE_PID=${MC_POD_PIDS[-1]}
 
 same_mailboxes "$USERS" "$MSGS" "$OUT"
 # Warm-up, not measured: Dovecot builds its index files; the local pod reads every

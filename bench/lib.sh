@@ -28,7 +28,9 @@ machine_line() {
 declare -A MC_PORTS=([smtp]=12025 [submission]=12587 [submissions]=12465 [imap]=12143 [imaps]=12993 [pop3]=12110 [pop3s]=12995 [admin]=19090)
 mc_port() { echo "${MC_PORTS[$1]}"; }
 
+MC_POD_PIDS=()
 mc_cleanup() {
+  [ ${#MC_POD_PIDS[@]} -gt 0 ] && kill "${MC_POD_PIDS[@]}" 2>/dev/null && wait "${MC_POD_PIDS[@]}" 2>/dev/null
   [ -n "${MC_PID:-}" ] && kill "$MC_PID" 2>/dev/null && wait "$MC_PID" 2>/dev/null
   [ -n "${MC_DB:-}" ] && psql "$PG" -qc "DROP DATABASE IF EXISTS $MC_DB WITH (FORCE)" >/dev/null
   [ -n "${MC_PREFIX:-}" ] && redis-cli -u "$REDIS" --scan --pattern "${MC_PREFIX}*" | xargs -r redis-cli -u "$REDIS" del >/dev/null
@@ -64,6 +66,24 @@ mc_start() {
   MC_PID=$!
   for _ in $(seq 1 120); do port_open "$(mc_port admin)" && break; sleep 0.5; done
   port_open "$(mc_port admin)" || { echo "mailcluster did not start"; cat "$MC_DIR/serve.log"; exit 1; }
+}
+
+# mc_pod NAME ADMIN_PORT [NAME=value…] [-- WRAPPER…]: another pod of mc_start's
+# database and Redis prefix (the same binary and MAILCLUSTER_* environment, plus
+# the settings given: its own listener ports among them), run under WRAPPER (e.g.
+# taskset) when given; its pid is appended to MC_POD_PIDS, and mc_cleanup stops it.
+mc_pod() {
+  local name=$1 admin=$2 settings=() wrapper=()
+  shift 2
+  while [ $# -gt 0 ]; do
+    [ "$1" = -- ] && { shift; wrapper=("$@"); break; }
+    settings+=("$1"); shift
+  done
+  env "${settings[@]}" MAILCLUSTER_ADMIN_PORT="$admin" MAILCLUSTER_DATA_DIR="$MC_DIR/$name" \
+    "${wrapper[@]}" "$MC" serve 2>"$MC_DIR/serve-$name.log" &
+  MC_POD_PIDS+=($!)
+  for _ in $(seq 1 120); do port_open "$admin" && break; sleep 0.5; done
+  port_open "$admin" || { echo "pod $name did not start"; cat "$MC_DIR/serve-$name.log"; exit 1; }
 }
 
 # mc_clone_inbox USERS: marks 90 % of user0001's INBOX \Seen and links that INBOX

@@ -35,17 +35,13 @@ machine_line
 echo "## mailcluster at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); configuration (everything else default):"
 echo "##   $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR | sort | tr '\n' ' ')"
 
-# Another pod: the same binary and configuration on ports of its own.
-EXTRA_PIDS=()
-trap 'kill "${EXTRA_PIDS[@]}" 2>/dev/null; wait "${EXTRA_PIDS[@]}" 2>/dev/null; mc_cleanup' EXIT
+# Another pod: the same binary and configuration on ports of its own, pinned to
+# the cores given if any.
 start_pod() { # name smtp_port admin_port [cpu list]
   local pin=()
-  [ -n "${4:-}" ] && pin=(taskset -c "$4")
+  [ -n "${4:-}" ] && pin=(-- taskset -c "$4")
   # shellcheck disable=SC2086 # POD_ENV is a list of NAME=value words
-  env ${POD_ENV:-} MAILCLUSTER_SMTP_PORT=$2 MAILCLUSTER_ADMIN_PORT=$3 MAILCLUSTER_DATA_DIR="$MC_DIR/$1" "${pin[@]}" "$MC" serve 2>"$MC_DIR/serve-$1.log" &
-  EXTRA_PIDS+=($!)
-  for _ in $(seq 1 120); do port_open "$3" && break; sleep 0.5; done
-  port_open "$3" || { echo "pod $1 did not start"; cat "$MC_DIR/serve-$1.log"; exit 1; }
+  mc_pod "$1" "$3" ${POD_ENV:-} MAILCLUSTER_SMTP_PORT="$2" "${pin[@]}"
 }
 ONE="127.0.0.1:$(mc_port smtp)"
 [ -n "${POD_ENV:-}" ] && echo "## the two pods also: $POD_ENV"
@@ -67,7 +63,7 @@ commits() { psql "$MC_DB_URL" -Atc "SELECT xact_commit FROM pg_stat_database WHE
 # a difference between one pod and two.
 checkpoints() { psql "$MC_DB_URL" -Atc "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"; }
 # Server CPU seconds of every pod, summed.
-pods_cpu() { local s=0 p; for p in "$MC_PID" "${EXTRA_PIDS[@]}"; do s=$(echo "$s + $(cpu_secs "$p")" | bc); done; echo "$s"; }
+pods_cpu() { local s=0 p; for p in "$MC_PID" "${MC_POD_PIDS[@]}"; do s=$(echo "$s + $(cpu_secs "$p")" | bc); done; echo "$s"; }
 run() { # label rate targets
   local c0 x0 k0 p0 out
   c0=$(pods_cpu) x0=$(commits) k0=$(checkpoints) p0=$(pg_ticks)
