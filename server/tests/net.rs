@@ -801,6 +801,7 @@ async fn admin_endpoints() {
         cache: cache.clone(),
         metrics: metrics.clone(),
         shutdown: shutdown.clone(),
+        saturation: Arc::new(admin::SaturationWindow::new(admin::SATURATION_WINDOW)),
     };
     let listener = admin::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
     let addr = listener.local_addr().expect("addr");

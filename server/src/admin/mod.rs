@@ -1,8 +1,11 @@
 //! Admin HTTP: `/metrics`, `/healthz`, `/readyz`, on their own port.
 //!
-//! - `/metrics`: Prometheus text of `Metrics::registry`. Pool gauges are sampled from
-//!   the store and cache at scrape time rather than by a timer, so they are exactly
-//!   as fresh as the scrape and cost nothing between scrapes.
+//! - `/metrics`: Prometheus text of `Metrics::registry`. The pool connection gauges
+//!   are read at scrape time. `mail_pool_saturation`, which the HPA scales on, is
+//!   the mean over the last [`SATURATION_WINDOW`] of samples taken every
+//!   [`SATURATION_SAMPLE_EVERY`]: read at one instant it was whatever the pool did
+//!   at the moment of the scrape (under group commit, 0 or 1 of four connections
+//!   between two commits), so the HPA scaled on a lucky sample or not at all.
 //! - `/healthz`: 200 while the process can answer HTTP at all (liveness); its body
 //!   says whether the cache answers (`cache (redis): up` or `… down: reason`).
 //! - `/readyz`: 200 only when the store answers a ping within
@@ -15,10 +18,11 @@
 //! The admin server outlives the mail listeners during a drain (it stops on its own
 //! `stop` future), so probes keep seeing the 503 until the process exits.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -35,6 +39,14 @@ use crate::store::{PoolStats, Store};
 /// A readiness check that takes longer than this counts as failed: a probe must not
 /// hang on a database that is down.
 pub const READY_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `mail_pool_saturation` averages this much of the past: the HPA's own sync
+/// period, and three of the 5 s scrapes a busy cluster uses.
+pub const SATURATION_WINDOW: Duration = Duration::from_secs(15);
+
+/// How often the pools are sampled for `mail_pool_saturation`: 150 samples a
+/// window, two atomic loads each.
+pub const SATURATION_SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 /// What readiness and the pool gauges need from a backend: the admin server looks
 /// at the store and the cache only through this, so it can be tested against a
@@ -85,6 +97,8 @@ pub struct AdminState {
     pub cache: Arc<dyn Backend>,
     pub metrics: Arc<Metrics>,
     pub shutdown: ShutdownController,
+    /// Samples behind `mail_pool_saturation`; `serve_admin` fills it.
+    pub saturation: Arc<SaturationWindow>,
 }
 
 impl AdminState {
@@ -99,7 +113,44 @@ impl AdminState {
             cache: Arc::new(CacheBackend(cache)),
             metrics,
             shutdown,
+            saturation: Arc::new(SaturationWindow::new(SATURATION_WINDOW)),
         }
+    }
+
+    /// The busiest pool's in_use/max at this instant.
+    fn saturation_now(&self) -> f64 {
+        saturation(&self.store.pool_stats()).max(saturation(&self.cache.pool_stats()))
+    }
+}
+
+/// Saturation samples of the last `window`, for a mean that does not depend on
+/// the instant it is read.
+pub struct SaturationWindow {
+    window: Duration,
+    samples: Mutex<VecDeque<(Instant, f64)>>,
+}
+
+impl SaturationWindow {
+    pub fn new(window: Duration) -> SaturationWindow {
+        SaturationWindow { window, samples: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Adds a sample taken at `at` and forgets those older than the window.
+    pub fn record(&self, at: Instant, value: f64) {
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.push_back((at, value));
+        while samples.front().is_some_and(|(t, _)| at.saturating_duration_since(*t) > self.window) {
+            samples.pop_front();
+        }
+    }
+
+    /// The mean of the window's samples; `None` before the first one.
+    pub fn mean(&self) -> Option<f64> {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.is_empty() {
+            return None;
+        }
+        Some(samples.iter().map(|(_, v)| v).sum::<f64>() / samples.len() as f64)
     }
 }
 
@@ -126,8 +177,21 @@ pub async fn serve_admin(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin listening");
     }
-    axum::serve(listener, router(state)).with_graceful_shutdown(stop).await?;
+    let sampler = tokio::spawn(sample_saturation(state.clone()));
+    let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop).await;
+    sampler.abort();
+    served?;
     Ok(())
+}
+
+/// Feeds `state.saturation` every [`SATURATION_SAMPLE_EVERY`] until aborted.
+async fn sample_saturation(state: AdminState) {
+    let mut tick = tokio::time::interval(SATURATION_SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        state.saturation.record(Instant::now(), state.saturation_now());
+    }
 }
 
 async fn healthz(State(state): State<AdminState>) -> String {
@@ -185,7 +249,9 @@ pub fn refresh_pool_gauges(state: &AdminState) {
     m.db_pool_max.set(i64::from(db.max));
     m.cache_pool_connections.with_label_values(&["idle"]).set(i64::from(cache.idle));
     m.cache_pool_connections.with_label_values(&["in_use"]).set(i64::from(cache.in_use));
-    m.pool_saturation.set(saturation(&db).max(saturation(&cache)));
+    // Before the sampler's first tick (a scrape right at start) the instant is all
+    // there is.
+    m.pool_saturation.set(state.saturation.mean().unwrap_or_else(|| state.saturation_now()));
 }
 
 /// in_use/max clamped to 0..1; a pool without a limit (max 0) is never saturated.
@@ -203,5 +269,22 @@ mod tests {
         assert_eq!(saturation(&PoolStats { max: 4, idle: 1, in_use: 3 }), 0.75);
         assert_eq!(saturation(&PoolStats { max: 2, idle: 0, in_use: 5 }), 1.0);
         assert_eq!(one_line("a\n  b\tc"), "a b c");
+    }
+
+    #[test]
+    fn saturation_window_is_the_mean_of_its_last_samples() {
+        let w = SaturationWindow::new(Duration::from_secs(10));
+        assert_eq!(w.mean(), None);
+        let t0 = Instant::now();
+        // A pool busy one sample in four, as a scrape would catch it at random.
+        for i in 0..40u32 {
+            w.record(t0 + Duration::from_millis(u64::from(i) * 100), if i % 4 == 0 { 1.0 } else { 0.0 });
+        }
+        assert_eq!(w.mean(), Some(0.25));
+        // 20 s later, only the samples of the last 10 s count.
+        for i in 0..101u32 {
+            w.record(t0 + Duration::from_secs(20) + Duration::from_millis(u64::from(i) * 100), 0.5);
+        }
+        assert_eq!(w.mean(), Some(0.5));
     }
 }
