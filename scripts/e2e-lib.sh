@@ -151,5 +151,15 @@ e2e_wait_ready() { # protocol...
         until_true "Deployment $MC-$p" kubectl get deployment -n "$NS" "$MC-$p"
         kubectl -n "$NS" rollout status "deployment/$MC-$p" --timeout="${TIMEOUT}s"
     done
+    # A Ready Pod is in the Service's endpoints at once, but kube-proxy programs
+    # the Service's rules on its own sync a moment later (seconds on a busy node):
+    # a client that connects in between is refused. Clients here connect once.
+    local ip port
+    for p in "$@"; do
+        ip=$(svc_ip "$MC-$p")
+        port=$(kubectl get service -n "$NS" "$MC-$p" -o jsonpath='{.spec.ports[0].port}')
+        until_true "Service $MC-$p ($ip:$port) accepts connections" \
+            timeout 2 bash -c "exec 3<>/dev/tcp/$ip/$port"
+    done
     kubectl get pods -n "$NS" -o wide
 }
