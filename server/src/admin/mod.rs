@@ -177,15 +177,18 @@ pub async fn serve_admin(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin listening");
     }
-    let sampler = tokio::spawn(sample_saturation(state.clone()));
-    let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop).await;
-    sampler.abort();
-    served?;
+    // The sampler lives exactly as long as this future: polled beside the server,
+    // not spawned, so it cannot outlive an admin task that is dropped.
+    let sampler = sample_saturation(state.clone());
+    tokio::select! {
+        served = axum::serve(listener, router(state)).with_graceful_shutdown(stop) => served?,
+        never = sampler => match never {},
+    }
     Ok(())
 }
 
-/// Feeds `state.saturation` every [`SATURATION_SAMPLE_EVERY`] until aborted.
-async fn sample_saturation(state: AdminState) {
+/// Feeds `state.saturation` every [`SATURATION_SAMPLE_EVERY`]; never returns.
+async fn sample_saturation(state: AdminState) -> std::convert::Infallible {
     let mut tick = tokio::time::interval(SATURATION_SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
