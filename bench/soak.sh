@@ -13,6 +13,11 @@
 #        POP3=50 USERS=1000 SEED=5 C=300; profiling: PG_STATS=N writes PostgreSQL's
 #        top statements every N minutes to pg-minute-M.txt (needs pg_stat_statements
 #        preloaded), PERF=M records a whole-machine profile of 15 s in minute M)
+# Every second, seconds.csv gets the machine's I/O and CPU pressure (stall
+# microseconds of that second, /proc/pressure), its dirty and writeback memory,
+# and the server's CPU; pg-waits.txt gets what PostgreSQL's active backends wait
+# on. With the server's log (serve.log) they tell a stall of the machine from
+# one of the server or of PostgreSQL.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -53,6 +58,24 @@ sample() {
 }
 sample &
 SAMPLER=$!
+# Cumulative stall microseconds of "some" and "full" in a /proc/pressure file.
+pressure() { awk '{split($5, t, "="); printf "%s ", t[2]}' "/proc/pressure/$1"; }
+per_second() {
+  local prev now
+  echo "epoch,io_some_us,io_full_us,cpu_some_us,dirty_kb,writeback_kb,server_cpu_s" >"$OUT/seconds.csv"
+  prev=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")")
+  while kill -0 "$MC_PID" 2>/dev/null; do
+    sleep 1
+    now=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")")
+    echo "$(date +%s),$((now[0] - prev[0])),$((now[1] - prev[1])),$((now[2] - prev[2])),$(awk '/^Dirty:/{d=$2} /^Writeback:/{w=$2} END {print d "," w}' /proc/meminfo),$(echo "${now[4]} - ${prev[4]}" | bc)" >>"$OUT/seconds.csv"
+    prev=("${now[@]}")
+  done
+}
+per_second &
+PER_SECOND=$!
+printf '%s\n' "SELECT extract(epoch FROM now())::bigint, coalesce(wait_event_type || ':' || wait_event, 'CPU'), count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND datname = current_database() GROUP BY 1, 2 ORDER BY 3 DESC \\watch 1" |
+  psql "$MC_DB_URL" -At -F, >"$OUT/pg-waits.txt" 2>&1 &
+PG_WAITS=$!
 pg_stats() {
   local every=$1 minute=0
   psql "$MC_DB_URL" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()" >/dev/null || return
@@ -68,7 +91,8 @@ pg_stats() {
 STATS=
 [ -n "${PG_STATS:-}" ] && { pg_stats "$PG_STATS" & STATS=$!; }
 [ -n "${PERF:-}" ] && { (sleep $((PERF * 60 - 60 + 20)); perf record -a -g -o "$OUT/perf-minute-$PERF.data" -- sleep 15 >/dev/null 2>&1) & }
-trap 'kill "$SAMPLER" $STATS 2>/dev/null; mc_cleanup' EXIT
+trap 'kill "$SAMPLER" "$PER_SECOND" "$PG_WAITS" $STATS 2>/dev/null; cp "$MC_DIR/serve.log" "$OUT/serve.log"; gzip -f "$OUT/pg-waits.txt"; mc_cleanup' EXIT
+echo "stress started at epoch $(date +%s) (second 1 of its series)" | tee -a "$OUT/machine.txt"
 
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" --imap "127.0.0.1:$(mc_port imap)" --pop3 "127.0.0.1:$(mc_port pop3)" \
   -s mixed --weights "deliver=$DELIVER,fetch=$FETCH,search=$SEARCH,pop3=$POP3" -r $((DELIVER + FETCH + SEARCH + POP3)) \
