@@ -15,10 +15,17 @@
 # PostgreSQL and the client run unpinned in both cases. Without SPLIT, both pods
 # share every core, so the second pod's own threads compete with the first's.
 #
+# SERVICES_CORE=N gives PostgreSQL and Redis core N of their own, as in a
+# cluster where the database does not share the pods' nodes: every process of
+# both is pinned to core N (new backends inherit the postmaster's affinity), and
+# the pods and the client to the other cores. The one pod and the two pods then
+# share those same cores (equal capacity, one worker thread each when there is
+# one core). Both services get every core back when the script ends.
+#
 # POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
 # keeps mc_start's), to see what two pods need to match one.
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 POD_ENV=)
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -44,8 +51,27 @@ start_pod() { # name smtp_port admin_port [cpu list]
   mc_pod "$1" "$3" ${POD_ENV:-} MAILCLUSTER_SMTP_PORT="$2" "${pin[@]}"
 }
 ONE="127.0.0.1:$(mc_port smtp)"
+CLIENT_PIN=()
 [ -n "${POD_ENV:-}" ] && echo "## the two pods also: $POD_ENV"
-if [ "${SPLIT:-0}" = 1 ]; then
+if [ -n "${SERVICES_CORE:-}" ]; then
+  services() { pgrep -u postgres; pgrep -x redis-server; }
+  all_cores="0-$(($(nproc) - 1))"
+  pod_cores=$(seq 0 $(($(nproc) - 1)) | grep -vx "$SERVICES_CORE" | paste -sd,)
+  [ -n "$pod_cores" ] || { echo "SERVICES_CORE needs a machine of two cores or more" >&2; exit 1; }
+  # shellcheck disable=SC2046 # one pid per word
+  pin_services() { for p in $(services); do taskset -a -p -c "$1" "$p" >/dev/null; done; }
+  trap 'pin_services "$all_cores"; mc_cleanup' EXIT
+  pin_services "$SERVICES_CORE"
+  # The one pod (B) and the two pods (C and D), all on the pods' cores; A, from
+  # mc_start, only warms up and then idles.
+  start_pod b 13025 19091 "$pod_cores"
+  start_pod c 14025 19092 "$pod_cores"
+  start_pod d 15025 19093 "$pod_cores"
+  ONE="127.0.0.1:13025"
+  TWO="127.0.0.1:14025,127.0.0.1:15025"
+  CLIENT_PIN=(taskset -c "$pod_cores")
+  echo "## SERVICES_CORE=$SERVICES_CORE: PostgreSQL and Redis pinned to core $SERVICES_CORE; the one pod, the two pods and the client share cores $pod_cores"
+elif [ "${SPLIT:-0}" = 1 ]; then
   # The one pod (A, from mc_start) keeps every core; B and C get one each.
   start_pod b 13025 19091 0
   start_pod c 14025 19092 1
@@ -67,7 +93,7 @@ pods_cpu() { local s=0 p; for p in "$MC_PID" "${MC_POD_PIDS[@]}"; do s=$(echo "$
 run() { # label rate targets
   local c0 x0 k0 p0 out
   c0=$(pods_cpu) x0=$(commits) k0=$(checkpoints) p0=$(pg_ticks)
-  out=$("$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1)
+  out=$("${CLIENT_PIN[@]}" "$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1)
   printf '%-9s rate=%-5s %s server_cpu=%s pg_cpu=%s commits=%s checkpoints=%s\n' "$1" "$2" "$out" "$(echo "$(pods_cpu) - $c0" | bc)" "$(echo "scale=1; ($(pg_ticks) - $p0) / $(getconf CLK_TCK)" | bc)" "$(($(commits) - x0))" "$(($(checkpoints) - k0))"
 }
 ROUNDS_LOG="$MC_DIR/rounds.txt"
