@@ -16,7 +16,7 @@
 # children time). Run as root (the peer's Maildirs).
 #
 # Usage: bench/imap-mix.sh [OUT_DIR]   (env: USERS=200 MSGS=1000 CLIENTS=50 DUR=30s ROUNDS=2,
-#        SIDES="dovecot mailcluster")
+#        SIDES="dovecot mailcluster", EMBEDDED=1 for the embedded default (bench/lib.sh))
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/lib.sh
@@ -37,7 +37,7 @@ export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS
 mc_start "$USERS" smtp,imap
 machine_line | tee "$OUT/machine.txt"
 {
-  echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus"
+  echo "mailcluster: $MC serve over $(if [ -n "$MC_DB_URL" ]; then echo PostgreSQL + Redis; else echo "the embedded default (SQLite, in-process cache)"; fi); configuration: bench/lib.sh mc_start plus"
   echo "  MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true MAILCLUSTER_IMAP__MAX_COMMANDS_PER_SECOND=100000"
   echo "dovecot: $(dovecot --version 2>/dev/null) IMAP on 1144, Maildir (/work/shared/peers)"
   echo "load: $CLIENTS sessions, closed loop, $DUR per run, $ROUNDS runs per side; $USERS users with $MSGS messages each"

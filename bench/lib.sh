@@ -3,6 +3,8 @@
 # as the Postfix + Dovecot peers (user0001… at example.test, password "pass").
 #
 #   source bench/lib.sh; mc_start USERS PROTOCOLS   → MC_PID, MC_DB_URL, mc_port NAME
+#   EMBEDDED=1 mc_start …: the embedded default instead (SQLite in the pod's data
+#   directory, MC_SQLITE; in-process cache; no PostgreSQL or Redis; MC_DB_URL empty)
 #   bench_table FILE.json…                           → one line per operation
 # Cleanup (server, database, Redis keys) runs on exit.
 
@@ -43,14 +45,21 @@ mc_start() {
   # Always through cargo (a no-op when current): a figure must come from this
   # checkout's binary, never from a stale one left in target/.
   nice cargo build -q --release -p mailcluster -p mailcluster-stress || exit 1
-  MC_DB=mc_bench_$$
-  MC_PREFIX="mcbench$$:"
-  MC_DIR=$(mktemp -d)
+  MC_DIR=$(mktemp -d -p /var/tmp)
   trap mc_cleanup EXIT
-  psql "$PG" -qc "CREATE DATABASE $MC_DB" || exit 1
-  # MC_DB_PARAMS: connection parameters for the pod only (e.g. "?options=-c%20…").
-  MC_DB_URL="${PG%/*}/$MC_DB"
-  export MAILCLUSTER_DATABASE_URL=$MC_DB_URL${MC_DB_PARAMS:-} MAILCLUSTER_REDIS_URL=$REDIS MAILCLUSTER_REDIS__KEY_PREFIX=$MC_PREFIX
+  if [ "${EMBEDDED:-0}" = 1 ]; then
+    # What `mailcluster serve` runs with nothing configured: its data directory
+    # holds the SQLite file (on disk, not tmpfs: /var/tmp), the cache is in-process.
+    MC_DB_URL= MC_SQLITE=$MC_DIR/mailcluster.db
+    unset MAILCLUSTER_DATABASE_URL MAILCLUSTER_REDIS_URL
+  else
+    MC_DB=mc_bench_$$
+    MC_PREFIX="mcbench$$:"
+    psql "$PG" -qc "CREATE DATABASE $MC_DB" || exit 1
+    # MC_DB_PARAMS: connection parameters for the pod only (e.g. "?options=-c%20…").
+    MC_DB_URL="${PG%/*}/$MC_DB"
+    export MAILCLUSTER_DATABASE_URL=$MC_DB_URL${MC_DB_PARAMS:-} MAILCLUSTER_REDIS_URL=$REDIS MAILCLUSTER_REDIS__KEY_PREFIX=$MC_PREFIX
+  fi
   export MAILCLUSTER_LISTEN_ADDR=127.0.0.1 MAILCLUSTER_PROTOCOLS=$protocols MAILCLUSTER_LOG_FORMAT=json \
     MAILCLUSTER_LOG_LEVEL=warn MAILCLUSTER_DATA_DIR=$MC_DIR MAILCLUSTER_HOSTNAME=bench.test
   local name
@@ -90,6 +99,7 @@ mc_pod() {
 # into user0002…USERS with SQL (bodies are stored once by design, so this is what
 # delivering the same mail to every user would store).
 mc_clone_inbox() {
+  [ -n "$MC_DB_URL" ] || { mc_clone_inbox_sqlite "$1"; return; }
   psql "$MC_DB_URL" -q -v ON_ERROR_STOP=1 <<SQL
 SELECT m.id AS src FROM mailboxes m JOIN accounts a ON a.id = m.account_id
   WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX' \gset
@@ -104,6 +114,29 @@ INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, mods
 UPDATE mailboxes d SET uid_next = s.uid_next, highest_modseq = s.highest_modseq, messages = s.messages, unseen = s.unseen,
   bytes = s.bytes
   FROM mailboxes s WHERE s.id = :src AND d.id IN (SELECT id FROM targets);
+ANALYZE;
+SQL
+}
+
+# The same for the embedded default's SQLite file (EMBEDDED=1).
+mc_clone_inbox_sqlite() {
+  sqlite3 -bail -cmd '.timeout 30000' "$MC_SQLITE" <<SQL
+CREATE TEMP TABLE src AS SELECT m.id AS id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE a.email = 'user0001@example.test' AND m.name = 'INBOX';
+BEGIN IMMEDIATE;
+UPDATE mailbox_messages SET flags = flags | 1 WHERE mailbox_id = (SELECT id FROM src) AND uid % 10 <> 0;
+UPDATE mailboxes SET unseen = (SELECT count(*) FROM mailbox_messages WHERE mailbox_id = (SELECT id FROM src) AND flags & 1 = 0)
+  WHERE id = (SELECT id FROM src);
+CREATE TEMP TABLE targets AS
+  SELECT m.id FROM mailboxes m JOIN accounts a ON a.id = m.account_id
+  WHERE m.name = 'INBOX' AND a.email > 'user0001@example.test' AND a.email <= 'user$(printf %04d "$1")@example.test';
+INSERT INTO mailbox_messages (mailbox_id, uid, message_id, flags, keywords, modseq, internal_date, size)
+  SELECT t.id, mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, mm.size
+  FROM targets t CROSS JOIN mailbox_messages mm WHERE mm.mailbox_id = (SELECT id FROM src);
+UPDATE mailboxes SET (uid_next, highest_modseq, messages, unseen, bytes) =
+  (SELECT s.uid_next, s.highest_modseq, s.messages, s.unseen, s.bytes FROM mailboxes s WHERE s.id = (SELECT id FROM src))
+  WHERE id IN (SELECT id FROM targets);
+COMMIT;
 ANALYZE;
 SQL
 }

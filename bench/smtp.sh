@@ -16,8 +16,14 @@
 # "delivered" there; for Postfix the script also waits until the messages are in
 # the Maildir. Reports msg/s, latency, server CPU seconds and peak RSS.
 #
-# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, CEILING=0 to skip the pgbench part,
-#                                  PEER=0 to run Mailcluster's cases alone)
+# EMBEDDED=1 runs the embedded default instead (what `mailcluster serve` runs with
+# nothing configured: SQLite in its data directory, in-process cache), and in
+# place of the PostgreSQL ceiling the rate of durable 4 KB appends (one
+# fdatasync each) in that directory: the write-ahead log's physical limit, which
+# group commit multiplies by the batch size.
+#
+# Usage: bench/smtp.sh            (env: N, S, SIZE, RATE, BIG, CEILING=0 to skip the ceiling part,
+#                                  PEER=0 to run Mailcluster's cases alone, EMBEDDED=1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
@@ -37,7 +43,11 @@ PID=$MC_PID
 URL=$MC_DB_URL
 echo "## mailcluster $("$MC" version 2>/dev/null | head -n 1) at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
 echo "## configuration (everything else default): $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR | sort | tr '\n' ' ')"
-echo "##   over PostgreSQL ($(psql "$PG" -Atc 'SHOW server_version') , database of its own) and Redis (key prefix of its own)"
+if [ -n "$URL" ]; then
+  echo "##   over PostgreSQL ($(psql "$PG" -Atc 'SHOW server_version') , database of its own) and Redis (key prefix of its own)"
+else
+  echo "##   embedded default: SQLite $(sqlite3 --version | cut -d' ' -f1) in its data directory ($MC_DIR, $(df --output=fstype "$MC_DIR" | tail -n 1)), in-process cache"
+fi
 
 cpu_of() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # CPU ticks of every Postfix/Dovecot process (they come and go: sampled totals).
@@ -52,7 +62,10 @@ postfix_drain() {
   for _ in $(seq 1 600); do postqueue -p 2>/dev/null | grep -q 'Mail queue is empty' && return; sleep 0.5; done
   echo "postfix     (queue not empty after 300 s)"
 }
-stored() { psql "${URL}" -Atc "SELECT count(*) FROM mailbox_messages"; }
+stored() {
+  if [ -n "$URL" ]; then psql "$URL" -Atc "SELECT count(*) FROM mailbox_messages"
+  else sqlite3 -cmd '.timeout 5000' "file:$MC_SQLITE?mode=ro" "SELECT count(*) FROM mailbox_messages"; fi
+}
 maildir_count() { find "$PEERS/mail/example.test/$1/Maildir/new" "$PEERS/mail/example.test/$1/Maildir/cur" -type f 2>/dev/null | wc -l; }
 
 mc_run() { # name, command...
@@ -98,7 +111,23 @@ echo "## mailcluster server peak RSS: $(awk '/VmHWM/{printf "%.0f MB", $2/1024}'
 curl -s "http://127.0.0.1:$(mc_port admin)/metrics" |
   grep -E '^mail_group_commit_batch_size_(sum|count)|^mail_smtp_delivery_seconds_(sum|count)|^mail_db_pool_max'
 
-if [ "${CEILING:-1}" != 0 ]; then
+if [ "${CEILING:-1}" != 0 ] && [ -n "$URL" ]; then
   echo "## the same transaction in PostgreSQL alone (bench/pg-ceiling.sh, on this run's schema)"
   bench/pg-ceiling.sh "$URL"
+elif [ "${CEILING:-1}" != 0 ]; then
+  echo "## durable appends in the data directory: one 4 KB write and fdatasync at a time, 5 s"
+  python3 - "$MC_DIR" <<'PY'
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+n, t0 = 0, time.monotonic()
+while time.monotonic() - t0 < 5:
+    os.write(fd, b"x" * 4096)
+    os.fdatasync(fd)
+    n += 1
+elapsed = time.monotonic() - t0
+os.close(fd)
+os.unlink(path)
+print(f"fdatasync ceiling: {n / elapsed:.0f} durable appends/s ({1000 * elapsed / n:.2f} ms each)")
+PY
 fi
