@@ -1648,26 +1648,21 @@ async fn postgres_keeps_synchronous_commit_on() {
     .await;
 }
 
-/// Helper run as a child process by `sqlite_acknowledged_delivery_survives_kill_9`:
-/// delivers into the database named by `MC_KILL_DB` forever, printing each
-/// acknowledged UID. Ignored on its own (it never ends).
-#[tokio::test]
-#[ignore = "child process of sqlite_acknowledged_delivery_survives_kill_9"]
-async fn kill9_child_delivers_forever() {
-    let Ok(db) = std::env::var("MC_KILL_DB") else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let s = store::open(Some(&format!("sqlite://{db}")), dir.path(), 2, CONNECT_TIMEOUT).await.expect("open");
+/// The store at `db` and its test account's INBOX, for the kill -9 tests.
+async fn kill9_inbox(db: &std::path::Path, scratch: &std::path::Path) -> (Arc<dyn Store>, i64) {
+    let s = store::open(Some(&format!("sqlite://{}", db.display())), scratch, 4, CONNECT_TIMEOUT)
+        .await
+        .expect("open");
     let acc = s.account_get("k@example.com").await.expect("get").expect("account");
     let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
-    for i in 0.. {
-        let out = s.deliver_batch(&[delivery(&format!("k{i}"), &[inbox])]).await.expect("deliver");
-        // the acknowledgement: printed only after deliver_batch returned
-        println!("ACK {}", out[0][0].uid);
-    }
+    (s, inbox)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_acknowledged_delivery_survives_kill_9() {
+/// Runs the ignored test `child` as a child process writing into a fresh
+/// database, reads `acks` of its `ACK …` lines, kills it with SIGKILL and
+/// reopens the database: the store, its INBOX and the acknowledgements (the text
+/// after `ACK `). The tempdir holds the database.
+async fn kill9_after_acks(child: &str, acks: usize) -> (tempfile::TempDir, Arc<dyn Store>, i64, Vec<String>) {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("kill.db");
@@ -1678,42 +1673,126 @@ async fn sqlite_acknowledged_delivery_survives_kill_9() {
         s.migrate().await.expect("migrate");
         account(&s, "k@example.com").await;
     }
-    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "kill9_child_delivers_forever", "--ignored", "--nocapture", "--test-threads=1"])
+    let mut process = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", child, "--ignored", "--nocapture", "--test-threads=1"])
         .env("MC_KILL_DB", &db)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn child");
-    let stdout = child.stdout.take().expect("stdout");
-    let acked = tokio::task::spawn_blocking(move || {
+    let stdout = process.stdout.take().expect("stdout");
+    let reader = tokio::task::spawn_blocking(move || {
         let mut acked = Vec::new();
-        for line in BufReader::new(stdout).lines() {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
             let Ok(line) = line else { break };
-            if let Some(uid) = line.strip_prefix("ACK ") {
-                acked.push(uid.trim().parse::<u32>().expect("uid"));
-                if acked.len() == 200 {
+            if let Some(ack) = line.strip_prefix("ACK ") {
+                acked.push(ack.trim().to_string());
+                if acked.len() == acks {
                     break;
                 }
             }
         }
-        acked
+        // The pipe stays open until the kill: the child writes on, unaware.
+        (acked, lines)
     });
-    let acked = tokio::time::timeout(Duration::from_secs(60), acked)
+    let (acked, _pipe) = tokio::time::timeout(Duration::from_secs(120), reader)
         .await
-        .expect("child acks in time")
+        .expect("child acknowledges in time")
         .expect("reader");
-    child.kill().expect("SIGKILL the child mid-delivery"); // SIGKILL on Unix
-    let _ = child.wait();
-    assert_eq!(acked.len(), 200, "child acknowledged deliveries");
-    let s = store::open(Some(&format!("sqlite://{}", db.display())), dir.path(), 2, CONNECT_TIMEOUT)
-        .await
-        .expect("reopen");
-    let acc = s.account_get("k@example.com").await.expect("get").expect("account");
-    let inbox = s.mailbox_get(acc.id, "INBOX").await.expect("get").expect("inbox").id;
-    let present: BTreeSet<u32> = s.mailbox_uids(inbox).await.expect("uids").into_iter().collect();
-    for uid in &acked {
-        assert!(present.contains(uid), "acknowledged UID {uid} lost after kill -9");
+    process.kill().expect("SIGKILL the child amid its writes");
+    let _ = process.wait();
+    assert_eq!(acked.len(), acks, "child acknowledged writes");
+    let (s, inbox) = kill9_inbox(&db, dir.path()).await;
+    (dir, s, inbox, acked)
+}
+
+/// Helper run as a child process by `sqlite_acknowledged_delivery_survives_kill_9`:
+/// delivers into the database named by `MC_KILL_DB` forever, printing each
+/// acknowledged UID. Ignored on its own (it never ends).
+#[tokio::test]
+#[ignore = "child process of sqlite_acknowledged_delivery_survives_kill_9"]
+async fn kill9_child_delivers_forever() {
+    let Ok(db) = std::env::var("MC_KILL_DB") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, inbox) = kill9_inbox(db.as_ref(), dir.path()).await;
+    for i in 0.. {
+        let out = s.deliver_batch(&[delivery(&format!("k{i}"), &[inbox])]).await.expect("deliver");
+        // the acknowledgement: printed only after deliver_batch returned
+        println!("ACK {}", out[0][0].uid);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_delivery_survives_kill_9() {
+    let (_dir, s, inbox, acked) = kill9_after_acks("kill9_child_delivers_forever", 200).await;
+    let present: BTreeSet<u32> = s.mailbox_uids(inbox).await.expect("uids").into_iter().collect();
+    for uid in acked.iter().map(|a| a.parse::<u32>().expect("uid")) {
+        assert!(present.contains(&uid), "acknowledged UID {uid} lost after kill -9");
+    }
+    assert_counts(&s, inbox).await;
+}
+
+/// Helper run as a child process by `sqlite_acknowledged_concurrent_writes_survive_kill_9`:
+/// sixteen writers deliver, flag and expunge in the database named by
+/// `MC_KILL_DB` forever, printing each acknowledged write. Ignored on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of sqlite_acknowledged_concurrent_writes_survive_kill_9"]
+async fn kill9_child_writes_concurrently_forever() {
+    let Ok(db) = std::env::var("MC_KILL_DB") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (s, inbox) = kill9_inbox(db.as_ref(), dir.path()).await;
+    let writers: Vec<_> = (0..16)
+        .map(|w| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                for i in 0u64.. {
+                    let out =
+                        s.deliver_batch(&[delivery(&format!("w{w}-{i}"), &[inbox])]).await.expect("deliver");
+                    let uid = out[0][0].uid;
+                    // each line printed only after the store call returned
+                    println!("ACK D {uid}");
+                    let seen = flagset(Flags::SEEN, &[]);
+                    s.store_flags(inbox, &UidSet::single(uid), FlagOp::Add, &seen).await.expect("store");
+                    println!("ACK F {uid}");
+                    if i % 2 == 0 {
+                        s.expunge(inbox, Some(&UidSet::single(uid))).await.expect("expunge");
+                        println!("ACK X {uid}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("writer");
+    }
+}
+
+/// Writes that share a commit (the embedded store's write gate) are each durable
+/// when acknowledged: kill -9 amid sixteen concurrent writers loses none of the
+/// deliveries, flag changes or expunges already answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_concurrent_writes_survive_kill_9() {
+    let (_dir, s, inbox, acked) = kill9_after_acks("kill9_child_writes_concurrently_forever", 1500).await;
+    let acked: Vec<(&str, u32)> = acked
+        .iter()
+        .map(|a| a.split_once(' ').expect("kind and uid"))
+        .map(|(kind, uid)| (kind, uid.parse().expect("uid")))
+        .collect();
+    let index = s.mailbox_index(inbox).await.expect("index");
+    let flags: HashMap<u32, Flags> = index.uids.iter().copied().zip(index.flags.iter().copied()).collect();
+    let expunged: BTreeSet<u32> = acked.iter().filter(|(k, _)| *k == "X").map(|&(_, u)| u).collect();
+    for &(kind, uid) in &acked {
+        match kind {
+            "X" => assert!(!flags.contains_key(&uid), "acknowledged expunge of UID {uid} undone by kill -9"),
+            _ if expunged.contains(&uid) => {}
+            "D" => assert!(flags.contains_key(&uid), "acknowledged UID {uid} lost after kill -9"),
+            _ => assert!(
+                flags.get(&uid).is_some_and(|f| f.contains(Flags::SEEN)),
+                "acknowledged \\Seen on UID {uid} lost after kill -9"
+            ),
+        }
+    }
+    assert!(!expunged.is_empty(), "the child expunged");
     assert_counts(&s, inbox).await;
 }
 

@@ -2,8 +2,8 @@
 //!
 //! Concurrency model: one *writer* connection and a pool of *reader* connections on
 //! the same WAL-mode file. WAL lets readers run while the writer commits; funnelling
-//! every write through a single connection means writers queue in the pool (fair,
-//! bounded by the acquire timeout) instead of colliding inside SQLite, so this
+//! every write through a single connection means writers queue at the write gate
+//! (fair, bounded by the acquire timeout) instead of colliding inside SQLite, so this
 //! process never sees `SQLITE_BUSY` from itself. Write transactions start with
 //! `BEGIN IMMEDIATE` so that a write lock held by *another* process (the CLI adding a
 //! user while `serve` runs) is waited for by `busy_timeout` up front, rather than a
@@ -12,7 +12,9 @@
 //! Durability: `synchronous=FULL`. With WAL, NORMAL already survives `kill -9` (the
 //! WAL write reaches the OS before COMMIT returns) but may drop the last commits on
 //! power loss; a `250 OK` promises the message is stored, so every commit fsyncs the
-//! WAL. Group commit ([`Store::deliver_batch`]) is what amortises that fsync.
+//! WAL. Group commit amortises that fsync twice over: [`Store::deliver_batch`] stores
+//! many deliveries in one write, and the write gate ([`gate`]) commits the writes that
+//! queue up together — deliveries, flag changes, expunges — in one transaction.
 //!
 //! Since a single connection writes, "locking mailboxes in ascending id order" is
 //! implicit here; the statements still follow the PostgreSQL store's order so the
@@ -28,7 +30,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Row, SqlSafeStr, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, Transaction};
 
 use super::common::{
     AcquireTimer, apply_flags, db_err, delivered, encode_keywords, flag_conditions, flagset_from_row,
@@ -41,6 +43,9 @@ use super::steps::{
 };
 use super::*;
 
+mod gate;
+use gate::{WriteGate, WriteTx};
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// How long a write waits for another process's write lock before giving up.
@@ -48,13 +53,15 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct SqliteStore {
     writer: SqlitePool,
+    /// Every write goes through it: see [`gate`].
+    gate: WriteGate,
     reader: SqlitePool,
     /// In-memory databases use one connection for both roles.
     shared: bool,
     acquire: AcquireTimer,
 }
 
-type Tx = Transaction<'static, Sqlite>;
+type Tx = WriteTx;
 
 fn to_us(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
@@ -86,6 +93,9 @@ impl SqliteStore {
             .max_connections(1)
             .min_connections(1)
             .acquire_timeout(acquire_timeout)
+            // taken once per write batch: a ping each time would be a round trip
+            // to the connection's thread for nothing
+            .test_before_acquire(false)
             // an in-memory database lives exactly as long as its connection
             .idle_timeout(None)
             .max_lifetime(None)
@@ -102,7 +112,8 @@ impl SqliteStore {
                 .await
                 .map_err(unavailable)?
         };
-        Ok(SqliteStore { writer, reader, shared: in_memory, acquire: AcquireTimer::default() })
+        let gate = WriteGate::new(writer.clone(), acquire_timeout);
+        Ok(SqliteStore { writer, gate, reader, shared: in_memory, acquire: AcquireTimer::default() })
     }
 
     /// Opens the file at `path` (created with its directory if missing).
@@ -129,19 +140,15 @@ impl SqliteStore {
         self.acquire.time(self.reader.acquire()).await.map_err(db_err)
     }
 
-    /// The writer connection; waiting for it is how concurrent writers queue.
-    async fn write_conn(&self) -> StoreResult<PoolConnection<Sqlite>> {
-        self.acquire.time(self.writer.acquire()).await.map_err(db_err)
-    }
-
+    /// A write in the current group commit; waiting for it is how concurrent
+    /// writers queue.
     async fn write_tx(&self) -> StoreResult<Tx> {
-        let conn = self.write_conn().await?;
-        Transaction::begin(conn, Some("BEGIN IMMEDIATE".into_sql_str())).await.map_err(db_err)
+        self.acquire.time(self.gate.begin()).await.map_err(db_err)
     }
 
     /// Bumps the mailbox's modseq (and takes the write position for it); returns
     /// the new modseq, or NotFound.
-    async fn bump_modseq(tx: &mut Transaction<'_, Sqlite>, mailbox_id: i64) -> StoreResult<i64> {
+    async fn bump_modseq(tx: &mut Tx, mailbox_id: i64) -> StoreResult<i64> {
         sqlx::query_scalar(
             "UPDATE mailboxes SET highest_modseq = highest_modseq + 1 WHERE id = ? RETURNING highest_modseq",
         )
@@ -155,7 +162,7 @@ impl SqliteStore {
     /// The flag change inside `tx`; the caller commits when rows changed (with
     /// none, dropping `tx` also takes back the modseq bump).
     async fn store_flags_in(
-        tx: &mut Transaction<'_, Sqlite>,
+        tx: &mut Tx,
         mailbox_id: i64,
         FlagChange { uids, op, flags }: FlagChange<'_>,
     ) -> StoreResult<Vec<FlagRow>> {
@@ -238,7 +245,28 @@ async fn deleted_links(tx: &mut Tx, mailbox_id: i64) -> StoreResult<Vec<Link>> {
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **tx).await.map_err(db_err)
 }
 
-impl StoreTx for Transaction<'_, Sqlite> {
+impl SharedSql for Tx {
+    async fn commit(self) -> StoreResult<()> {
+        WriteTx::commit(self).await
+    }
+
+    async fn fetch_ints(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Option<Vec<i64>>> {
+        let rows = steps::fetch_all(&mut **self, sql, params).await?;
+        let Some(row) = rows.first() else { return Ok(None) };
+        (0..row.len()).map(|i| row.try_get(i).map_err(db_err)).collect::<StoreResult<_>>().map(Some)
+    }
+
+    async fn fetch_ids(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Vec<i64>> {
+        let rows = steps::fetch_all(&mut **self, sql, params).await?;
+        rows.iter().map(|r| r.try_get(0).map_err(db_err)).collect()
+    }
+
+    async fn execute(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
+        steps::execute_on(&mut **self, sql, params).await
+    }
+}
+
+impl StoreTx for Tx {
     const BUMP_UID_VALIDITY: &'static str = "UPDATE accounts \
          SET last_uid_validity = MAX(last_uid_validity + $2, $3 + $2 - 1) WHERE id = $1 RETURNING last_uid_validity";
     const INSERT_PARENT: &'static str =
@@ -489,13 +517,22 @@ impl Backend for SqliteStore {
         sql: &'static str,
         params: &[Param<'_>],
     ) -> StoreResult<Vec<SqliteRow>> {
-        let mut conn = if write { self.write_conn().await? } else { self.read_conn().await? };
-        steps::fetch_all(&mut *conn, sql, params).await
+        if !write {
+            return steps::fetch_all(&mut *self.read_conn().await?, sql, params).await;
+        }
+        let mut tx = self.write_tx().await?;
+        let rows = steps::fetch_all(&mut *tx, sql, params).await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     async fn execute(&self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
-        let mut conn = self.acquire.time(self.writer.acquire()).await?;
-        steps::execute_on(&mut *conn, sql, params).await
+        let mut tx = self.acquire.time(self.gate.begin()).await?;
+        let changed = steps::execute_on(&mut *tx, sql, params).await?;
+        // The statement's own errors stay typed (unique violations); a failed
+        // COMMIT is the connection's.
+        tx.commit().await.map_err(|e| sqlx::Error::Io(std::io::Error::other(e.to_string())))?;
+        Ok(changed)
     }
 
     /// SQLite has no clock in microseconds: the time is this process's.
@@ -565,7 +602,7 @@ impl Backend for SqliteStore {
             let sql = "UPDATE mailboxes SET recent_floor = $1 WHERE id = $2";
             tx.run(sql, &[Param::Int(up_to), Param::Int(mailbox_id)]).await?;
         }
-        tx.commit().await.map_err(db_err)?;
+        tx.commit().await?;
         Ok(Some(before))
     }
 
@@ -641,7 +678,7 @@ impl Backend for SqliteStore {
                 assigned.insert((i, mb), u32_of(uid, "uid")?);
             }
         }
-        tx.commit().await.map_err(db_err)?;
+        tx.commit().await?;
         Ok(delivered(batch, &assigned, &changes))
     }
 
@@ -783,7 +820,7 @@ impl Backend for SqliteStore {
         let mut tx = self.write_tx().await?;
         let changed = Self::store_flags_in(&mut tx, mailbox_id, change).await?;
         if !changed.is_empty() {
-            tx.commit().await.map_err(db_err)?;
+            tx.commit().await?;
         }
         Ok(changed)
     }
@@ -835,7 +872,7 @@ impl Backend for SqliteStore {
             return Ok(Expunged::default());
         }
         let modseq = steps::remove_links(&mut tx, mailbox_id, &links).await?;
-        tx.commit().await.map_err(db_err)?;
+        tx.commit().await?;
         let uids = links.iter().map(|l| u32_of(l.uid, "uid")).collect::<StoreResult<_>>()?;
         Ok(Expunged { uids, modseq: u64_of(modseq) })
     }
@@ -858,7 +895,7 @@ impl Backend for SqliteStore {
             .await
             .map_err(db_err)?
             .rows_affected();
-        tx.commit().await.map_err(db_err)?;
+        tx.commit().await?;
         Ok(gone)
     }
 }
