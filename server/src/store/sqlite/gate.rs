@@ -10,13 +10,19 @@
 //! it: what a client is told, or shown by another session, is on disk.
 //!
 //! Shape: writers queue on a fair (FIFO) mutex over the batch. The first of a batch
-//! takes the writer connection from its pool and opens the transaction
-//! (`BEGIN IMMEDIATE`); each writer runs its statements inside a savepoint,
-//! releases it and wakes the committer task. The committer queues on the same
-//! mutex, so it gets the batch after every writer that was already waiting,
-//! commits them all at once and answers each. No timer: a batch is whatever queued
-//! up while the one before it ran, and a lone write on an idle server commits at
-//! once.
+//! opens the transaction (`BEGIN IMMEDIATE`); each writer runs its statements
+//! inside a savepoint and releases it. A writer that finds nobody queued behind it
+//! commits the batch itself and answers every writer in it; one that finds others
+//! waiting leaves the COMMIT to them. No timer: a batch is whatever queued up
+//! while the one before it ran, and a lone write on an idle server commits at
+//! once. A committer task commits what a writer left open and nobody came to
+//! finish (a writer that gave up waiting, or one whose caller went away).
+//!
+//! The gate keeps the writer connection between batches: handing it back to the
+//! pool costs a task and a ping per batch, and while the returned connection waits
+//! for that task on a busy runtime the next batch cannot start (bench/RESULTS.md,
+//! SMTP run 17). An in-memory database is the exception: its one connection also
+//! serves the reads, so it goes back to the pool after each batch.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -37,8 +43,13 @@ const OPEN: &str = "a write transaction exists only inside an open batch";
 type Answer = oneshot::Sender<StoreResult<()>>;
 
 struct Batch {
-    /// The writer connection, inside the batch's transaction, while one is open.
+    /// The writer connection: always there once taken, unless it serves the
+    /// reads too; then only while a batch is open.
     conn: Option<PoolConnection<Sqlite>>,
+    /// A transaction is open on `conn`.
+    open: bool,
+    /// The connection also serves the reads: back to the pool after each batch.
+    shared: bool,
     /// Writers whose savepoint is released, each answered at COMMIT.
     released: Vec<Answer>,
     /// A write ended without committing: its savepoint is yet to be rolled back.
@@ -65,14 +76,25 @@ pub(super) struct WriteGate {
 impl WriteGate {
     /// A gate over `pool` (one connection). Starts the committer task, which ends
     /// when the gate and every [`WriteTx`] are gone.
-    pub fn new(pool: SqlitePool, lock_timeout: Duration) -> Self {
-        let batch = Arc::new(Mutex::new(Batch { conn: None, released: Vec::new(), undo: false }));
+    pub fn new(pool: SqlitePool, shared: bool, lock_timeout: Duration) -> Self {
+        let batch = Arc::new(Mutex::new(Batch {
+            conn: None,
+            open: false,
+            shared,
+            released: Vec::new(),
+            undo: false,
+        }));
         // One pending nudge is enough: the committer commits everything released
         // before it takes the batch.
         let (nudge, nudges) = mpsc::channel(1);
         let counts = Arc::new(GateCounts::default());
         tokio::spawn(run_committer(batch.clone(), nudges, counts.clone()));
         WriteGate { pool, batch, nudge, lock_timeout, counts }
+    }
+
+    /// Whether a write holds the writer connection now (for the pool figures).
+    pub fn busy(&self) -> bool {
+        self.batch.try_lock().map(|b| b.open).unwrap_or(true)
     }
 
     #[cfg(test)]
@@ -89,12 +111,18 @@ impl WriteGate {
         let Ok(mut batch) = lock else { return Err(sqlx::Error::PoolTimedOut) };
         settle(&mut batch).await;
         if batch.conn.is_none() {
-            let mut conn = self.pool.acquire().await?;
+            batch.conn = Some(self.pool.acquire().await?);
+        }
+        if !batch.open {
+            let conn = batch.conn.as_deref_mut().expect(OPEN);
             // IMMEDIATE: another process's write lock (the CLI adding a user while
             // `serve` runs) is waited for here, by busy_timeout, rather than
             // failing a deferred transaction halfway.
-            conn.execute("BEGIN IMMEDIATE").await?;
-            batch.conn = Some(conn);
+            if let Err(e) = conn.execute("BEGIN IMMEDIATE").await {
+                put_back(&mut batch);
+                return Err(e);
+            }
+            batch.open = true;
         }
         let conn = batch.conn.as_deref_mut().expect(OPEN);
         if let Err(e) = conn.execute("SAVEPOINT w").await {
@@ -102,7 +130,13 @@ impl WriteGate {
             return Err(e);
         }
         self.counts.writes.fetch_add(1, Ordering::Relaxed);
-        Ok(WriteTx { batch: Some(batch), nudge: self.nudge.clone(), released: false })
+        Ok(WriteTx {
+            batch: Some(batch),
+            nudge: self.nudge.clone(),
+            counts: self.counts.clone(),
+            released: false,
+            handed_over: false,
+        })
     }
 }
 
@@ -111,7 +145,10 @@ impl WriteGate {
 pub(crate) struct WriteTx {
     batch: Option<OwnedMutexGuard<Batch>>,
     nudge: mpsc::Sender<()>,
+    counts: Arc<GateCounts>,
     released: bool,
+    /// Released with writers waiting: one of them (or the committer) commits.
+    handed_over: bool,
 }
 
 impl WriteTx {
@@ -123,13 +160,21 @@ impl WriteTx {
         let batch = self.batch.as_mut().expect(OPEN);
         batch.released.push(answer);
         self.released = true;
+        if self.counts.waiting.load(Ordering::Acquire) == 0 {
+            // Nobody to share the COMMIT with: the batch ends here.
+            commit_batch(batch, &self.counts).await;
+            drop(self);
+            return committed.await.map_err(|_| StoreError::Unavailable("write batch abandoned".into()))?;
+        }
+        self.handed_over = true;
         let gate = OwnedMutexGuard::mutex(batch).clone();
         let committer_gone = self.nudge.is_closed();
+        let counts = self.counts.clone();
         drop(self);
         if committer_gone {
             // The runtime that started the committer has ended (a store shared
             // between runtimes): commit here instead.
-            commit_batch(&mut *gate.lock().await, None).await;
+            commit_batch(&mut *gate.lock().await, &counts).await;
         }
         committed.await.map_err(|_| StoreError::Unavailable("write batch abandoned".into()))?
     }
@@ -153,8 +198,10 @@ impl Drop for WriteTx {
         if let Some(batch) = self.batch.as_mut() {
             batch.undo |= !self.released;
         }
-        // Full: a nudge is pending already. Closed: see `commit`.
-        let _ = self.nudge.try_send(());
+        if !self.released || self.handed_over {
+            // Full: a nudge is pending already. Closed: see `commit`.
+            let _ = self.nudge.try_send(());
+        }
         // The guard goes after this: the committer, woken, queues behind the
         // writers already waiting.
     }
@@ -162,25 +209,40 @@ impl Drop for WriteTx {
 
 async fn run_committer(batch: Arc<Mutex<Batch>>, mut nudges: mpsc::Receiver<()>, counts: Arc<GateCounts>) {
     while nudges.recv().await.is_some() {
-        commit_batch(&mut *batch.lock().await, Some(&counts)).await;
+        commit_batch(&mut *batch.lock().await, &counts).await;
     }
 }
 
 /// Commits the open batch, if any, and answers its writers.
-async fn commit_batch(batch: &mut Batch, counts: Option<&GateCounts>) {
+async fn commit_batch(batch: &mut Batch, counts: &GateCounts) {
     settle(batch).await;
-    let Some(mut conn) = batch.conn.take() else { return };
+    if !std::mem::take(&mut batch.open) {
+        return;
+    }
+    // The answers leave the batch first: should this future be dropped during the
+    // COMMIT, its writers hear that the outcome is unknown instead of waiting on.
+    let answers = std::mem::take(&mut batch.released);
+    let conn = batch.conn.as_deref_mut().expect(OPEN);
     // A failed COMMIT is the database's trouble, not any one write's: each writer
     // hears it as unavailability (SMTP 451, IMAP NO [UNAVAILABLE]) and may retry.
     let result = conn.execute("COMMIT").await.map(drop).map_err(|e| db_err(e).to_string());
     if result.is_err() {
-        // Leaves no transaction open on the connection going back to the pool.
+        // Leaves no transaction open on the connection.
         let _ = conn.execute("ROLLBACK").await;
-    } else if let Some(counts) = counts {
+    } else {
         counts.commits.fetch_add(1, Ordering::Relaxed);
     }
-    for answer in batch.released.drain(..) {
+    put_back(batch);
+    for answer in answers {
         let _ = answer.send(result.clone().map_err(StoreError::Unavailable));
+    }
+}
+
+/// Hands the connection back to the pool between batches when it also serves
+/// the reads.
+fn put_back(batch: &mut Batch) {
+    if batch.shared {
+        batch.conn = None;
     }
 }
 
@@ -189,7 +251,7 @@ async fn settle(batch: &mut Batch) {
     if !std::mem::take(&mut batch.undo) {
         return;
     }
-    let Some(conn) = batch.conn.as_deref_mut() else { return };
+    let Some(conn) = batch.conn.as_deref_mut().filter(|_| batch.open) else { return };
     let undone = match conn.execute("ROLLBACK TO w").await {
         Ok(_) => conn.execute("RELEASE w").await.map(drop),
         Err(e) => Err(e),
@@ -203,9 +265,10 @@ async fn settle(batch: &mut Batch) {
 
 /// Ends the batch without committing: its released writes are lost, and told so.
 async fn abort(batch: &mut Batch, why: &str) {
-    if let Some(mut conn) = batch.conn.take() {
+    if let Some(conn) = batch.conn.as_deref_mut().filter(|_| std::mem::take(&mut batch.open)) {
         let _ = conn.execute("ROLLBACK").await;
     }
+    put_back(batch);
     for answer in batch.released.drain(..) {
         let _ = answer.send(Err(StoreError::Unavailable(format!("write batch rolled back: {why}"))));
     }
@@ -250,7 +313,7 @@ mod tests {
     async fn queued_writes_share_one_commit_and_a_failed_one_is_undone_alone() {
         let dir = tempfile::tempdir().unwrap();
         let (writer, reader) = pools(dir.path()).await;
-        let gate = Arc::new(WriteGate::new(writer, Duration::from_secs(10)));
+        let gate = Arc::new(WriteGate::new(writer, false, Duration::from_secs(10)));
 
         let mut first = gate.begin().await.unwrap();
         insert(&mut first, 1).await.unwrap();
@@ -299,7 +362,7 @@ mod tests {
     async fn a_dropped_write_is_rolled_back() {
         let dir = tempfile::tempdir().unwrap();
         let (writer, reader) = pools(dir.path()).await;
-        let gate = WriteGate::new(writer, Duration::from_secs(10));
+        let gate = WriteGate::new(writer, false, Duration::from_secs(10));
         let mut tx = gate.begin().await.unwrap();
         insert(&mut tx, 7).await.unwrap();
         drop(tx);
@@ -314,7 +377,7 @@ mod tests {
     async fn a_writer_stuck_behind_a_long_write_times_out() {
         let dir = tempfile::tempdir().unwrap();
         let (writer, _reader) = pools(dir.path()).await;
-        let gate = WriteGate::new(writer, Duration::from_millis(200));
+        let gate = WriteGate::new(writer, false, Duration::from_millis(200));
         let held = gate.begin().await.unwrap();
         assert!(matches!(gate.begin().await, Err(sqlx::Error::PoolTimedOut)));
         held.commit().await.unwrap();

@@ -112,7 +112,7 @@ impl SqliteStore {
                 .await
                 .map_err(unavailable)?
         };
-        let gate = WriteGate::new(writer.clone(), acquire_timeout);
+        let gate = WriteGate::new(writer.clone(), in_memory, acquire_timeout);
         Ok(SqliteStore { writer, gate, reader, shared: in_memory, acquire: AcquireTimer::default() })
     }
 
@@ -577,8 +577,17 @@ impl Backend for SqliteStore {
     }
 
     fn pool_figures(&self) -> PoolStats {
-        let pools: &[&SqlitePool] = if self.shared { &[&self.writer] } else { &[&self.writer, &self.reader] };
         let mut stats = PoolStats::default();
+        let pools: &[&SqlitePool] = if self.shared {
+            &[&self.writer]
+        } else {
+            // The gate keeps the writer connection: in use while a write holds it.
+            let busy = u32::from(self.gate.busy());
+            stats.max += 1;
+            stats.in_use += busy;
+            stats.idle += 1 - busy;
+            &[&self.reader]
+        };
         for p in pools {
             let idle = p.num_idle() as u32;
             stats.max += p.options().get_max_connections();
