@@ -1746,18 +1746,22 @@ async fn kill9_child_writes_concurrently_forever() {
             let s = s.clone();
             tokio::spawn(async move {
                 for i in 0u64.. {
+                    // Kept messages are never expunged, so their acknowledgements
+                    // hold whatever the child did after the parent stopped reading;
+                    // another message is delivered to be expunged.
                     let out =
                         s.deliver_batch(&[delivery(&format!("w{w}-{i}"), &[inbox])]).await.expect("deliver");
-                    let uid = out[0][0].uid;
+                    let kept = out[0][0].uid;
                     // each line printed only after the store call returned
-                    println!("ACK D {uid}");
+                    println!("ACK D {kept}");
                     let seen = flagset(Flags::SEEN, &[]);
-                    s.store_flags(inbox, &UidSet::single(uid), FlagOp::Add, &seen).await.expect("store");
-                    println!("ACK F {uid}");
-                    if i % 2 == 0 {
-                        s.expunge(inbox, Some(&UidSet::single(uid))).await.expect("expunge");
-                        println!("ACK X {uid}");
-                    }
+                    s.store_flags(inbox, &UidSet::single(kept), FlagOp::Add, &seen).await.expect("store");
+                    println!("ACK F {kept}");
+                    let out =
+                        s.deliver_batch(&[delivery(&format!("x{w}-{i}"), &[inbox])]).await.expect("deliver");
+                    let gone = out[0][0].uid;
+                    s.expunge(inbox, Some(&UidSet::single(gone))).await.expect("expunge");
+                    println!("ACK X {gone}");
                 }
             })
         })
@@ -1780,11 +1784,10 @@ async fn sqlite_acknowledged_concurrent_writes_survive_kill_9() {
         .collect();
     let index = s.mailbox_index(inbox).await.expect("index");
     let flags: HashMap<u32, Flags> = index.uids.iter().copied().zip(index.flags.iter().copied()).collect();
-    let expunged: BTreeSet<u32> = acked.iter().filter(|(k, _)| *k == "X").map(|&(_, u)| u).collect();
+    let expunged = acked.iter().filter(|(k, _)| *k == "X").count();
     for &(kind, uid) in &acked {
         match kind {
             "X" => assert!(!flags.contains_key(&uid), "acknowledged expunge of UID {uid} undone by kill -9"),
-            _ if expunged.contains(&uid) => {}
             "D" => assert!(flags.contains_key(&uid), "acknowledged UID {uid} lost after kill -9"),
             _ => assert!(
                 flags.get(&uid).is_some_and(|f| f.contains(Flags::SEEN)),
@@ -1792,7 +1795,7 @@ async fn sqlite_acknowledged_concurrent_writes_survive_kill_9() {
             ),
         }
     }
-    assert!(!expunged.is_empty(), "the child expunged");
+    assert!(expunged > 0, "the child expunged");
     assert_counts(&s, inbox).await;
 }
 
