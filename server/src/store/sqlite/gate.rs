@@ -131,7 +131,7 @@ impl WriteGate {
         }
         self.counts.writes.fetch_add(1, Ordering::Relaxed);
         Ok(WriteTx {
-            batch: Some(batch),
+            batch,
             nudge: self.nudge.clone(),
             counts: self.counts.clone(),
             released: false,
@@ -143,7 +143,7 @@ impl WriteGate {
 /// One write: the writer connection inside its own savepoint. Dropped without
 /// [`WriteTx::commit`], its changes are rolled back (by the next to take the batch).
 pub(crate) struct WriteTx {
-    batch: Option<OwnedMutexGuard<Batch>>,
+    batch: OwnedMutexGuard<Batch>,
     nudge: mpsc::Sender<()>,
     counts: Arc<GateCounts>,
     released: bool,
@@ -157,7 +157,7 @@ impl WriteTx {
         let conn = self.deref_mut();
         conn.execute("RELEASE w").await.map_err(db_err)?;
         let (answer, committed) = oneshot::channel();
-        let batch = self.batch.as_mut().expect(OPEN);
+        let batch = &mut self.batch;
         batch.released.push(answer);
         self.released = true;
         if self.counts.waiting.load(Ordering::Acquire) == 0 {
@@ -183,21 +183,19 @@ impl WriteTx {
 impl Deref for WriteTx {
     type Target = SqliteConnection;
     fn deref(&self) -> &SqliteConnection {
-        self.batch.as_ref().and_then(|b| b.conn.as_deref()).expect(OPEN)
+        self.batch.conn.as_deref().expect(OPEN)
     }
 }
 
 impl DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
-        self.batch.as_mut().and_then(|b| b.conn.as_deref_mut()).expect(OPEN)
+        self.batch.conn.as_deref_mut().expect(OPEN)
     }
 }
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
-        if let Some(batch) = self.batch.as_mut() {
-            batch.undo |= !self.released;
-        }
+        self.batch.undo |= !self.released;
         if !self.released || self.handed_over {
             // Full: a nudge is pending already. Closed: see `commit`.
             let _ = self.nudge.try_send(());
