@@ -10,9 +10,8 @@
 //! it: what a client is told, or shown by another session, is on disk.
 //!
 //! Shape: writers queue on a fair (FIFO) mutex over the batch. The first of a batch
-//! opens the transaction (`BEGIN IMMEDIATE`) and writes in it directly: a failure
-//! there rolls back the whole transaction, which holds nothing else. Each writer
-//! after it runs its statements inside a savepoint and releases it. A writer that finds nobody queued behind it
+//! opens the transaction (`BEGIN IMMEDIATE`); each writer runs its statements
+//! inside a savepoint and releases it. A writer that finds nobody queued behind it
 //! commits the batch itself and answers every writer in it; one that finds others
 //! waiting leaves the COMMIT to them. No timer: a batch is whatever queued up
 //! while the one before it ran, and a lone write on an idle server commits at
@@ -55,9 +54,6 @@ struct Batch {
     released: Vec<Answer>,
     /// A write ended without committing: its savepoint is yet to be rolled back.
     undo: bool,
-    /// The batch's first write ended without committing: it had no savepoint,
-    /// and nothing else is in the transaction yet, so all of it goes.
-    undo_all: bool,
 }
 
 /// What the gate has done since the store opened.
@@ -87,7 +83,6 @@ impl WriteGate {
             shared,
             released: Vec::new(),
             undo: false,
-            undo_all: false,
         }));
         // One pending nudge is enough: the committer commits everything released
         // before it takes the batch.
@@ -118,9 +113,8 @@ impl WriteGate {
         if batch.conn.is_none() {
             batch.conn = Some(self.pool.acquire().await?);
         }
-        let first = !batch.open;
-        let conn = batch.conn.as_deref_mut().expect(OPEN);
-        if first {
+        if !batch.open {
+            let conn = batch.conn.as_deref_mut().expect(OPEN);
             // IMMEDIATE: another process's write lock (the CLI adding a user while
             // `serve` runs) is waited for here, by busy_timeout, rather than
             // failing a deferred transaction halfway.
@@ -129,12 +123,9 @@ impl WriteGate {
                 return Err(e);
             }
             batch.open = true;
-        } else if let Err(e) = conn.execute("SAVEPOINT w").await {
-            // The first write of a batch goes without a savepoint: a lone write (one
-            // SMTP delivery batch, most of the time) then costs BEGIN and COMMIT
-            // only — each statement is a round trip to SQLite's worker thread, and
-            // the two savepoint statements took 6–17 % of delivery throughput
-            // (bench/RESULTS.md, SMTP runs 18 and 19).
+        }
+        let conn = batch.conn.as_deref_mut().expect(OPEN);
+        if let Err(e) = conn.execute("SAVEPOINT w").await {
             abort(&mut batch, &e.to_string()).await;
             return Err(e);
         }
@@ -143,7 +134,6 @@ impl WriteGate {
             batch,
             nudge: self.nudge.clone(),
             counts: self.counts.clone(),
-            first,
             released: false,
             handed_over: false,
         })
@@ -156,8 +146,6 @@ pub(crate) struct WriteTx {
     batch: OwnedMutexGuard<Batch>,
     nudge: mpsc::Sender<()>,
     counts: Arc<GateCounts>,
-    /// Opened the batch: writes without a savepoint.
-    first: bool,
     released: bool,
     /// Released with writers waiting: one of them (or the committer) commits.
     handed_over: bool,
@@ -166,10 +154,8 @@ pub(crate) struct WriteTx {
 impl WriteTx {
     /// Releases the savepoint and waits for the COMMIT that makes it durable.
     pub async fn commit(mut self) -> StoreResult<()> {
-        if !self.first {
-            let conn = self.deref_mut();
-            conn.execute("RELEASE w").await.map_err(db_err)?;
-        }
+        let conn = self.deref_mut();
+        conn.execute("RELEASE w").await.map_err(db_err)?;
         let (answer, committed) = oneshot::channel();
         let batch = &mut self.batch;
         batch.released.push(answer);
@@ -209,13 +195,7 @@ impl DerefMut for WriteTx {
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
-        if !self.released {
-            if self.first {
-                self.batch.undo_all = true;
-            } else {
-                self.batch.undo = true;
-            }
-        }
+        self.batch.undo |= !self.released;
         if !self.released || self.handed_over {
             // Full: a nudge is pending already. Closed: see `commit`.
             let _ = self.nudge.try_send(());
@@ -266,11 +246,6 @@ fn put_back(batch: &mut Batch) {
 
 /// Rolls back the savepoint of a write that ended without committing.
 async fn settle(batch: &mut Batch) {
-    if std::mem::take(&mut batch.undo_all) {
-        // The batch's first write: nothing released is lost with it.
-        abort(batch, "the batch's first write failed").await;
-        return;
-    }
     if !std::mem::take(&mut batch.undo) {
         return;
     }
@@ -326,12 +301,6 @@ mod tests {
             .collect()
     }
 
-    async fn queued_behind(gate: &WriteGate, writers: usize) {
-        while gate.counts().waiting.load(Ordering::Relaxed) < writers {
-            tokio::task::yield_now().await;
-        }
-    }
-
     async fn insert(tx: &mut WriteTx, x: i64) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO t (x) VALUES (?)").bind(x).execute(&mut **tx).await.map(drop)
     }
@@ -364,7 +333,9 @@ mod tests {
             }
         });
         // Both queued behind the open write before it commits.
-        queued_behind(&gate, 2).await;
+        while gate.counts().waiting.load(Ordering::Relaxed) < 2 {
+            tokio::task::yield_now().await;
+        }
         // Nothing of an uncommitted batch is visible to the other connections.
         assert_eq!(rows(&reader).await, Vec::<i64>::new());
         first.commit().await.expect("first write committed");
@@ -397,48 +368,6 @@ mod tests {
         insert(&mut tx, 8).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(rows(&reader).await, vec![8]);
-    }
-
-    /// The first write of a batch has no savepoint of its own: when it fails with
-    /// others queued behind it, its rows go and theirs still commit.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_first_write_takes_back_only_itself() {
-        let dir = tempfile::tempdir().unwrap();
-        let (writer, reader) = pools(dir.path()).await;
-        let gate = Arc::new(WriteGate::new(writer, false, Duration::from_secs(10)));
-
-        let mut first = gate.begin().await.unwrap();
-        insert(&mut first, 1).await.unwrap();
-        insert(&mut first, 1).await.expect_err("duplicate key");
-        let queued = tokio::spawn({
-            let gate = gate.clone();
-            async move {
-                let mut tx = gate.begin().await.unwrap();
-                insert(&mut tx, 2).await.unwrap();
-                tx.commit().await
-            }
-        });
-        queued_behind(&gate, 1).await;
-        drop(first);
-        queued.await.unwrap().expect("queued write committed");
-        assert_eq!(rows(&reader).await, vec![2]);
-
-        // The same, with the first write released before a later one fails: the
-        // released one stays.
-        let mut first = gate.begin().await.unwrap();
-        insert(&mut first, 3).await.unwrap();
-        let failing = tokio::spawn({
-            let gate = gate.clone();
-            async move {
-                let mut tx = gate.begin().await.unwrap();
-                insert(&mut tx, 4).await.unwrap();
-                insert(&mut tx, 3).await.expect_err("duplicate key");
-            }
-        });
-        queued_behind(&gate, 1).await;
-        first.commit().await.expect("first write committed");
-        failing.await.unwrap();
-        assert_eq!(rows(&reader).await, vec![2, 3]);
     }
 
     /// A writer waits at most the acquire timeout for the batch.
