@@ -111,33 +111,53 @@ pub(crate) trait SharedSql: Send + Sized {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
-impl<DB> SharedSql for sqlx::Transaction<'_, DB>
+/// An open write transaction of either backend: its connection and its COMMIT.
+/// Whatever has both runs the shared statements ([`SharedSql`]).
+pub(crate) trait OpenTx: Send + Sized {
+    type Db: BindParam;
+    fn conn(&mut self) -> &mut <Self::Db as Database>::Connection;
+    fn commit_tx(self) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+impl<DB: BindParam> OpenTx for sqlx::Transaction<'_, DB> {
+    type Db = DB;
+
+    fn conn(&mut self) -> &mut DB::Connection {
+        self
+    }
+
+    async fn commit_tx(self) -> StoreResult<()> {
+        sqlx::Transaction::commit(self).await.map_err(db_err)
+    }
+}
+
+impl<T> SharedSql for T
 where
-    DB: BindParam,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    i64: for<'r> Decode<'r, DB> + Type<DB>,
-    DB::QueryResult: RowsAffected,
-    usize: ColumnIndex<DB::Row>,
+    T: OpenTx,
+    for<'c> &'c mut <T::Db as Database>::Connection: Executor<'c, Database = T::Db>,
+    <T::Db as Database>::Arguments: IntoArguments<T::Db>,
+    i64: for<'r> Decode<'r, T::Db> + Type<T::Db>,
+    <T::Db as Database>::QueryResult: RowsAffected,
+    usize: ColumnIndex<<T::Db as Database>::Row>,
 {
     async fn commit(self) -> StoreResult<()> {
-        sqlx::Transaction::commit(self).await.map_err(db_err)
+        self.commit_tx().await
     }
 
     async fn fetch_ints(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Option<Vec<i64>>> {
-        let Some(row) = bound(sql, params).fetch_optional(&mut **self).await.map_err(db_err)? else {
+        let Some(row) = bound(sql, params).fetch_optional(self.conn()).await.map_err(db_err)? else {
             return Ok(None);
         };
         (0..row.len()).map(|i| row.try_get(i).map_err(db_err)).collect::<StoreResult<_>>().map(Some)
     }
 
     async fn fetch_ids(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Vec<i64>> {
-        let rows = bound(sql, params).fetch_all(&mut **self).await.map_err(db_err)?;
+        let rows = bound(sql, params).fetch_all(self.conn()).await.map_err(db_err)?;
         rows.iter().map(|r| r.try_get(0).map_err(db_err)).collect()
     }
 
     async fn execute(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
-        execute_on(&mut **self, sql, params).await
+        execute_on(self.conn(), sql, params).await
     }
 }
 

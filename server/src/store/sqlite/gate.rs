@@ -301,6 +301,12 @@ mod tests {
             .collect()
     }
 
+    async fn queued_behind(gate: &WriteGate, writers: usize) {
+        while gate.counts().waiting.load(Ordering::Relaxed) < writers {
+            tokio::task::yield_now().await;
+        }
+    }
+
     async fn insert(tx: &mut WriteTx, x: i64) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO t (x) VALUES (?)").bind(x).execute(&mut **tx).await.map(drop)
     }
@@ -333,9 +339,7 @@ mod tests {
             }
         });
         // Both queued behind the open write before it commits.
-        while gate.counts().waiting.load(Ordering::Relaxed) < 2 {
-            tokio::task::yield_now().await;
-        }
+        queued_behind(&gate, 2).await;
         // Nothing of an uncommitted batch is visible to the other connections.
         assert_eq!(rows(&reader).await, Vec::<i64>::new());
         first.commit().await.expect("first write committed");
@@ -368,6 +372,48 @@ mod tests {
         insert(&mut tx, 8).await.unwrap();
         tx.commit().await.unwrap();
         assert_eq!(rows(&reader).await, vec![8]);
+    }
+
+    /// The write that opened a batch fails with others queued behind it: its rows
+    /// go and theirs still commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_first_write_takes_back_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let (writer, reader) = pools(dir.path()).await;
+        let gate = Arc::new(WriteGate::new(writer, false, Duration::from_secs(10)));
+
+        let mut first = gate.begin().await.unwrap();
+        insert(&mut first, 1).await.unwrap();
+        insert(&mut first, 1).await.expect_err("duplicate key");
+        let queued = tokio::spawn({
+            let gate = gate.clone();
+            async move {
+                let mut tx = gate.begin().await.unwrap();
+                insert(&mut tx, 2).await.unwrap();
+                tx.commit().await
+            }
+        });
+        queued_behind(&gate, 1).await;
+        drop(first);
+        queued.await.unwrap().expect("queued write committed");
+        assert_eq!(rows(&reader).await, vec![2]);
+
+        // The same, with the first write released before a later one fails: the
+        // released one stays.
+        let mut first = gate.begin().await.unwrap();
+        insert(&mut first, 3).await.unwrap();
+        let failing = tokio::spawn({
+            let gate = gate.clone();
+            async move {
+                let mut tx = gate.begin().await.unwrap();
+                insert(&mut tx, 4).await.unwrap();
+                insert(&mut tx, 3).await.expect_err("duplicate key");
+            }
+        });
+        queued_behind(&gate, 1).await;
+        first.commit().await.expect("first write committed");
+        failing.await.unwrap();
+        assert_eq!(rows(&reader).await, vec![2, 3]);
     }
 
     /// A writer waits at most the acquire timeout for the batch.

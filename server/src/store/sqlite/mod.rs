@@ -28,7 +28,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, Transaction};
 
@@ -38,8 +39,8 @@ use super::common::{
 };
 use super::sql::{Backend, Batch, PRESENT_UIDS, changes_of, stored_body_of};
 use super::steps::{
-    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, NewAccount, NewMailbox, Param,
-    RenameFrom, SharedSql, StoreTx, mailbox_from_row,
+    self, Cols, FlagChange, LINK_COLS, LinkRow, MAILBOX_BY_NAME, MAILBOX_COLS, NewAccount, NewMailbox,
+    OpenTx, Param, RenameFrom, SharedSql, StoreTx, mailbox_from_row,
 };
 use super::*;
 
@@ -245,24 +246,15 @@ async fn deleted_links(tx: &mut Tx, mailbox_id: i64) -> StoreResult<Vec<Link>> {
     sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(mailbox_id).fetch_all(&mut **tx).await.map_err(db_err)
 }
 
-impl SharedSql for Tx {
-    async fn commit(self) -> StoreResult<()> {
+impl OpenTx for Tx {
+    type Db = Sqlite;
+
+    fn conn(&mut self) -> &mut SqliteConnection {
+        self
+    }
+
+    async fn commit_tx(self) -> StoreResult<()> {
         WriteTx::commit(self).await
-    }
-
-    async fn fetch_ints(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Option<Vec<i64>>> {
-        let rows = steps::fetch_all(&mut **self, sql, params).await?;
-        let Some(row) = rows.first() else { return Ok(None) };
-        (0..row.len()).map(|i| row.try_get(i).map_err(db_err)).collect::<StoreResult<_>>().map(Some)
-    }
-
-    async fn fetch_ids(&mut self, sql: &'static str, params: &[Param<'_>]) -> StoreResult<Vec<i64>> {
-        let rows = steps::fetch_all(&mut **self, sql, params).await?;
-        rows.iter().map(|r| r.try_get(0).map_err(db_err)).collect()
-    }
-
-    async fn execute(&mut self, sql: &'static str, params: &[Param<'_>]) -> Result<u64, sqlx::Error> {
-        steps::execute_on(&mut **self, sql, params).await
     }
 }
 
