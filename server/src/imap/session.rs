@@ -228,6 +228,14 @@ impl Session {
 
     /// Parses and runs one command; false when the session must end.
     async fn execute(&mut self, cmd: &[u8]) -> std::io::Result<bool> {
+        let as_literals;
+        let cmd = match parse::eight_bit_quoted_as_literals(cmd) {
+            Some(c) => {
+                as_literals = c;
+                as_literals.as_slice()
+            }
+            None => cmd,
+        };
         let substituted;
         let cmd = match self.with_saved_result(cmd) {
             Ok(Some(c)) => {

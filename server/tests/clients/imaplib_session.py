@@ -62,6 +62,25 @@ typ, data = m.expunge()
 assert data == [b"1"], data
 typ, data = m.fetch("1", "(BODY[TEXT])")
 assert b"appended body" in data[0][1], data
+
+# Non-ASCII search strings as clients send them: in a literal (imaplib's
+# `literal`), and as UTF-8 in a quoted string (bytes arguments; RFC 3501 wants
+# 7-bit there, but clients do it and servers take it). Matching ignores case.
+greeting = "From: x@example.org\r\nSubject: =?UTF-8?Q?Gr=C3=BC=C3=9Fe?=\r\n" \
+    "Content-Type: text/plain; charset=utf-8\r\n\r\nSch\u00f6ne Gr\u00fc\u00dfe\r\n"
+typ, data = m.append("Archive", None, None, greeting.encode())
+assert typ == "OK", data
+typ, data = m.select("Archive")
+assert data == [b"2"], data
+m.literal = "gr\u00fc\u00dfe".encode()
+typ, data = m.search("UTF-8", "SUBJECT")
+assert (typ, data) == ("OK", [b"2"]), (typ, data)
+typ, data = m.uid("SEARCH", "CHARSET", "UTF-8", "BODY", '"SCH\u00d6NE"'.encode())
+assert (typ, data) == ("OK", [b"2"]), (typ, data)
+typ, data = m.search(None, "CHARSET", "UTF-8", "TEXT", '"sch\u00f6ne gr\u00fc\u00dfe"'.encode())
+assert (typ, data) == ("OK", [b"2"]), (typ, data)
+typ, data = m.search(None, "CHARSET", "UTF-8", "SUBJECT", '"gr\u00fcn"'.encode())
+assert (typ, data) == ("OK", [b""]), (typ, data)
 m.logout()
 
 # IDLE on a raw TLS socket: another connection appends, the idler hears EXISTS.

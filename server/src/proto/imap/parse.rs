@@ -1123,6 +1123,76 @@ impl<'a> Tok<'a> {
     }
 }
 
+/// `cmd` with every quoted string that holds 8-bit bytes turned into a literal
+/// of the same octets, or `None` when it has none. RFC 3501 allows only 7-bit
+/// text in a quoted string, but clients send UTF-8 search strings, passwords and
+/// names that way (Python's imaplib with bytes arguments, for one), and the
+/// common servers take them; refusing them with BAD would break those clients
+/// for no one's benefit. Literal data is left as it is.
+pub fn eight_bit_quoted_as_literals(cmd: &[u8]) -> Option<Vec<u8>> {
+    if cmd.is_ascii() {
+        return None;
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(cmd.len() + 16);
+    let mut changed = false;
+    let mut i = 0;
+    while i < cmd.len() {
+        match cmd[i] {
+            b'"' => {
+                let mut text = Vec::new();
+                let mut j = i + 1;
+                let mut closed = false;
+                while j < cmd.len() && !matches!(cmd[j], b'\r' | b'\n') {
+                    match cmd[j] {
+                        b'"' => {
+                            closed = true;
+                            break;
+                        }
+                        b'\\' if j + 1 < cmd.len() => {
+                            text.push(cmd[j + 1]);
+                            j += 2;
+                        }
+                        b => {
+                            text.push(b);
+                            j += 1;
+                        }
+                    }
+                }
+                if !closed {
+                    // Malformed: left for the parser to refuse.
+                    out.extend_from_slice(&cmd[i..]);
+                    break;
+                }
+                if text.is_ascii() {
+                    out.extend_from_slice(&cmd[i..=j]);
+                } else {
+                    out.extend_from_slice(format!("{{{}}}\r\n", text.len()).as_bytes());
+                    out.extend_from_slice(&text);
+                    changed = true;
+                }
+                i = j + 1;
+            }
+            b'{' => {
+                // `{n}` / `{n+}` CRLF and n octets of literal data, copied as they are.
+                let digits = cmd[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let n: Option<usize> =
+                    std::str::from_utf8(&cmd[i + 1..i + 1 + digits]).ok().and_then(|d| d.parse().ok());
+                let end = match (n, cmd[i..].iter().position(|&b| b == b'\n')) {
+                    (Some(n), Some(nl)) if digits > 0 => (i + nl + 1).saturating_add(n).min(cmd.len()),
+                    _ => i + 1,
+                };
+                out.extend_from_slice(&cmd[i..end]);
+                i = end;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    changed.then_some(out)
+}
+
 /// Where a command names `$` (SEARCHRES, RFC 5182): the byte ranges of every `$`
 /// that stands alone as an argument (not inside a quoted string or a literal, not
 /// part of a longer atom such as `$Junk`).
@@ -1184,6 +1254,34 @@ mod tests {
         assert_eq!(at(b"a SEARCH ($)\r\n"), [10]);
     }
     use imap_codec::imap_types::command::CommandBody;
+
+    #[test]
+    fn eight_bit_quoted_strings_become_literals() {
+        let lit = |cmd: &[u8]| eight_bit_quoted_as_literals(cmd);
+        assert_eq!(lit(b"a SEARCH SUBJECT \"plain\"\r\n"), None, "7-bit only: untouched");
+        assert_eq!(
+            lit("a SEARCH CHARSET UTF-8 BODY \"w\u{f6}rld\" SUBJECT \"x\"\r\n".as_bytes()).as_deref(),
+            Some("a SEARCH CHARSET UTF-8 BODY {6}\r\nw\u{f6}rld SUBJECT \"x\"\r\n".as_bytes())
+        );
+        // Escapes are undone: the literal holds the string's octets.
+        assert_eq!(
+            lit("a LOGIN bob \"p\u{e4}\\\"ss\\\\\"\r\n".as_bytes()).as_deref(),
+            Some("a LOGIN bob {7}\r\np\u{e4}\"ss\\\r\n".as_bytes())
+        );
+        // 8-bit literal data (an APPENDed message) is not a quoted string.
+        assert_eq!(lit("a APPEND INBOX {9}\r\n\"\u{fc}\"\"\"\"\r\n".as_bytes()), None);
+        let appended = "a APPEND \"S\u{fc}\" {4}\r\n\"\u{fc}\"\r\n".as_bytes();
+        assert_eq!(
+            lit(appended).as_deref(),
+            Some("a APPEND {3}\r\nS\u{fc} {4}\r\n\"\u{fc}\"\r\n".as_bytes())
+        );
+        // Unterminated: left for the parser to refuse.
+        assert_eq!(lit("a SEARCH BODY \"\u{fc}\r\n".as_bytes()), None);
+
+        let rewritten = lit("a SEARCH CHARSET UTF-8 BODY \"w\u{f6}rld\"\r\n".as_bytes()).unwrap();
+        let (_, req) = parse(&rewritten).expect("parses as a literal");
+        assert!(matches!(req, Request::Codec(Command { body: CommandBody::Search { .. }, .. })));
+    }
 
     #[test]
     fn codec_commands() {
