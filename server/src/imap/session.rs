@@ -537,7 +537,9 @@ impl Session {
         }
         Ok(match body {
             C::Capability => self.cmd_capability(),
-            C::Noop | C::Check => self.cmd_noop().await,
+            C::Noop => self.cmd_noop("NOOP").await,
+            // RFC 3501 §6.4.1: a checkpoint; every write is durable already.
+            C::Check => self.cmd_noop("CHECK").await,
             C::Logout => {
                 if let Some(slot) = self.user_slot.take() {
                     slot.release().await;
@@ -606,13 +608,14 @@ impl Session {
         })
     }
 
-    pub(crate) async fn cmd_noop(&mut self) -> Outcome {
+    /// NOOP, or CHECK (`name`): reports what changed in the selected mailbox.
+    pub(crate) async fn cmd_noop(&mut self, name: &str) -> Outcome {
         if self.selected.is_some()
             && let Err(e) = self.sync(true).await
         {
             return store_error(e);
         }
-        Outcome::ok("NOOP completed")
+        Outcome::ok(format!("{name} completed"))
     }
 }
 

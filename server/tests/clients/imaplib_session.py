@@ -81,6 +81,8 @@ typ, data = m.search(None, "CHARSET", "UTF-8", "TEXT", '"sch\u00f6ne gr\u00fc\u0
 assert (typ, data) == ("OK", [b"2"]), (typ, data)
 typ, data = m.search(None, "CHARSET", "UTF-8", "SUBJECT", '"gr\u00fcn"'.encode())
 assert (typ, data) == ("OK", [b""]), (typ, data)
+typ, data = m.check()
+assert (typ, data) == ("OK", [b"CHECK completed"]), (typ, data)
 m.logout()
 
 # IDLE on a raw TLS socket: another connection appends, the idler hears EXISTS.
