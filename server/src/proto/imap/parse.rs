@@ -1133,64 +1133,59 @@ pub fn eight_bit_quoted_as_literals(cmd: &[u8]) -> Option<Vec<u8>> {
     if cmd.is_ascii() {
         return None;
     }
-    let mut out: Vec<u8> = Vec::with_capacity(cmd.len() + 16);
-    let mut changed = false;
+    // Built only once a string needs it: an APPEND of 8-bit mail is skipped over,
+    // not copied.
+    let mut out: Option<Vec<u8>> = None;
+    let mut copied = 0;
     let mut i = 0;
     while i < cmd.len() {
         match cmd[i] {
             b'"' => {
-                let mut text = Vec::new();
                 let mut j = i + 1;
-                let mut closed = false;
-                while j < cmd.len() && !matches!(cmd[j], b'\r' | b'\n') {
-                    match cmd[j] {
-                        b'"' => {
-                            closed = true;
-                            break;
-                        }
-                        b'\\' if j + 1 < cmd.len() => {
-                            text.push(cmd[j + 1]);
-                            j += 2;
-                        }
-                        b => {
-                            text.push(b);
-                            j += 1;
-                        }
-                    }
+                while j < cmd.len() && !matches!(cmd[j], b'"' | b'\r' | b'\n') {
+                    j += if cmd[j] == b'\\' { 2 } else { 1 };
                 }
-                if !closed {
-                    // Malformed: left for the parser to refuse.
-                    out.extend_from_slice(&cmd[i..]);
+                if cmd.get(j) != Some(&b'"') {
+                    // Unterminated: left for the parser to refuse.
                     break;
                 }
-                if text.is_ascii() {
-                    out.extend_from_slice(&cmd[i..=j]);
-                } else {
+                let inner = &cmd[i + 1..j];
+                if !inner.is_ascii() {
+                    let mut text = Vec::with_capacity(inner.len());
+                    let mut escaped = false;
+                    for &b in inner {
+                        escaped = !escaped && b == b'\\';
+                        if !escaped {
+                            text.push(b);
+                        }
+                    }
+                    let out = out.get_or_insert_with(|| Vec::with_capacity(cmd.len() + 16));
+                    out.extend_from_slice(&cmd[copied..i]);
                     out.extend_from_slice(format!("{{{}}}\r\n", text.len()).as_bytes());
                     out.extend_from_slice(&text);
-                    changed = true;
+                    copied = j + 1;
                 }
                 i = j + 1;
             }
-            b'{' => {
-                // `{n}` / `{n+}` CRLF and n octets of literal data, copied as they are.
-                let digits = cmd[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
-                let n: Option<usize> =
-                    std::str::from_utf8(&cmd[i + 1..i + 1 + digits]).ok().and_then(|d| d.parse().ok());
-                let end = match (n, cmd[i..].iter().position(|&b| b == b'\n')) {
-                    (Some(n), Some(nl)) if digits > 0 => (i + nl + 1).saturating_add(n).min(cmd.len()),
-                    _ => i + 1,
-                };
-                out.extend_from_slice(&cmd[i..end]);
-                i = end;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
+            b'{' => i = literal_end(cmd, i).unwrap_or(i + 1),
+            _ => i += 1,
         }
     }
-    changed.then_some(out)
+    let mut out = out?;
+    out.extend_from_slice(&cmd[copied..]);
+    Some(out)
+}
+
+/// Where the literal announced at `cmd[i]` (`{n}` or `{n+}`, CRLF, n octets of
+/// data) ends; `None` when no literal starts there.
+fn literal_end(cmd: &[u8], i: usize) -> Option<usize> {
+    let digits = cmd.get(i + 1..)?.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 {
+        return None;
+    }
+    let n: usize = std::str::from_utf8(&cmd[i + 1..i + 1 + digits]).ok()?.parse().ok()?;
+    let nl = cmd[i..].iter().position(|&b| b == b'\n')?;
+    Some((i + nl + 1).saturating_add(n).min(cmd.len()))
 }
 
 /// Where a command names `$` (SEARCHRES, RFC 5182): the byte ranges of every `$`
@@ -1213,18 +1208,8 @@ pub fn saved_result_refs(cmd: &[u8]) -> Vec<usize> {
                 }
                 i += 1;
             }
-            b'{' => {
-                // `{n}` / `{n+}` CRLF and n octets of literal data.
-                let digits = cmd[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
-                let n: usize = std::str::from_utf8(&cmd[i + 1..i + 1 + digits])
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-                    .unwrap_or(0);
-                match cmd[i..].iter().position(|&b| b == b'\n') {
-                    Some(nl) if digits > 0 => i += nl + 1 + n,
-                    _ => i += 1,
-                }
-            }
+            // Literal data is skipped whole.
+            b'{' => i = literal_end(cmd, i).unwrap_or(i + 1),
             b'$' => {
                 let before = if i == 0 { b' ' } else { cmd[i - 1] };
                 let after = cmd.get(i + 1).copied().unwrap_or(b'\r');
