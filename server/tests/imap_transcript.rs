@@ -1165,3 +1165,79 @@ async fn append_committed_with_other_mail_announces_both() {
     let r = a.cmd("f", "FETCH 1:* (UID)").await;
     assert_eq!(r.len(), 4, "{r:?}");
 }
+
+/// BINARY (RFC 3516): sections with their content-transfer-encoding removed,
+/// their decoded sizes, literal8 for octets holding NUL, UNKNOWN-CTE, and APPEND
+/// of binary content.
+#[tokio::test]
+async fn binary_fetch_decodes_sections_and_append_takes_literal8() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    let raw = "From: a@example.com\r\nSubject: binary\r\nMIME-Version: 1.0\r\n\
+        Content-Type: multipart/mixed; boundary=b\r\n\r\n\
+        --b\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: Quoted-Printable\r\n\r\n\
+        caf=C3=A9 is =\r\none line=3D\r\n\
+        --b\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: base64 (a comment)\r\n\r\n\
+        AAECAwBh\r\nYg==\r\n\
+        --b\r\nContent-Type: application/x-thing\r\nContent-Transfer-Encoding: x-uuencode\r\n\r\n\
+        begin 644 x\r\n\
+        --b\r\nContent-Type: text/plain\r\n\r\nplain 7bit\r\n\
+        --b--\r\n";
+    deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    let single = "From: a@example.com\r\nSubject: one part\r\nContent-Transfer-Encoding: base64\r\n\r\naGVs\r\nbG8=\r\n";
+    deliver(&app, &bob, "INBOX", single.as_bytes(), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("a", "CAPABILITY").await;
+    assert!(r[0].contains(" BINARY "), "{r:?}");
+    c.cmd("s", "SELECT INBOX").await;
+
+    let r = c.cmd("b", "FETCH 1 (BINARY.SIZE[1] BINARY.SIZE[2] BINARY.SIZE[4])").await;
+    assert_eq!(r[0], "* 1 FETCH (BINARY.SIZE[1] 18 BINARY.SIZE[2] 7 BINARY.SIZE[4] 10)");
+    let r = c.cmd("c", "FETCH 1 (BINARY.PEEK[1])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[1] {18}", "café is one line=)"]);
+    // NUL in the decoded octets: a literal8.
+    let r = c.cmd("d", "FETCH 1 (BINARY.PEEK[2])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[2] ~{7}", "\0\u{1}\u{2}\u{3}\0ab)"]);
+    // A partial range counts decoded octets; the response names its origin.
+    let r = c.cmd("e", "FETCH 1 (BINARY.PEEK[2]<4.10>)").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[2]<4> ~{3}", "\0ab)"]);
+    let r = c.cmd("f", "FETCH 1 (BINARY.PEEK[2]<1.2>)").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[2]<1> {2}", "\u{1}\u{2})"]);
+    // An encoding the server cannot remove fails the command.
+    let r = c.cmd("g", "FETCH 1 (BINARY.PEEK[3])").await;
+    assert_eq!(r[0], "* 1 FETCH (BINARY[3] NIL)");
+    assert!(tagged(&r).starts_with("g NO [UNKNOWN-CTE]"), "{r:?}");
+    // No encoding (7bit), and a MIME header: sent as they are.
+    let r = c.cmd("h", "FETCH 1 (BINARY.PEEK[4] BINARY.PEEK[1.MIME])").await;
+    let mime =
+        "Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: Quoted-Printable\r\n\r\n";
+    assert_eq!(
+        r[..2],
+        ["* 1 FETCH (BINARY[4] {10}".to_string(), format!("plain 7bit BINARY[1.MIME] {{{}}}", mime.len())]
+    );
+    // A single-part message: part 1 under the message's own header.
+    let r = c.cmd("i", "UID FETCH 2 (BINARY.SIZE[1] BINARY.PEEK[1])").await;
+    assert_eq!(r[..2], ["* 2 FETCH (UID 2 BINARY.SIZE[1] 5 BINARY[1] {5}", "hello)"]);
+    assert_eq!(tagged(&r), "i OK UID FETCH completed");
+    // BINARY.PEEK leaves \Seen alone; BINARY sets it.
+    let r = c.cmd("j", "FETCH 1 (FLAGS)").await;
+    assert_eq!(r[0], "* 1 FETCH (FLAGS (\\Recent))");
+    let r = c.cmd("k", "FETCH 1 (BINARY[4])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[4] {10}", "plain 7bit FLAGS (\\Seen \\Recent))"]);
+    // BINARY.SIZE takes no range; unknown BINARY items are errors.
+    for (tag, bad) in [("l1", "FETCH 1 (BINARY.SIZE[1]<0.1>)"), ("l2", "FETCH 1 (BINARY.TEXT[1])")] {
+        let r = c.cmd(tag, bad).await;
+        assert!(tagged(&r).starts_with(&format!("{tag} BAD")), "{r:?}");
+    }
+
+    // APPEND of binary content as a literal8 (RFC 3516 §4.4); read back whole,
+    // it holds NUL, so it comes back as a literal8 too.
+    let body = "From: a@example.com\r\nSubject: raw\r\nContent-Type: application/octet-stream\r\nContent-Transfer-Encoding: binary\r\n\r\nx\0y\r\n";
+    c.send(&format!("m APPEND INBOX ~{{{}}}\r\n", body.len())).await;
+    assert_eq!(c.line().await, "+ Ready for literal data");
+    c.send(&format!("{body}\r\n")).await;
+    let r = c.until_tag("m").await;
+    assert!(tagged(&r).starts_with("m OK [APPENDUID "), "{r:?}");
+    let r = c.cmd("n", "FETCH 3 (BODY.PEEK[] BINARY.PEEK[1])").await;
+    let expected = format!("* 3 FETCH (BODY[] ~{{{}}}\r\n{body} BINARY[1] ~{{5}}\r\nx\0y\r\n)", body.len());
+    assert_eq!(r[..r.len() - 1].join("\r\n"), expected);
+}

@@ -24,7 +24,7 @@ use super::session::{Outcome, Session, store_error};
 use crate::message::find_header_end;
 use crate::net::output::Output;
 use crate::proto::imap::encode;
-use crate::proto::imap::parse::{FetchModseq, SeqSet};
+use crate::proto::imap::parse::{BinaryItem, FetchModseq, SeqSet};
 use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 
 /// Output is flushed to the client whenever this much is queued, so a large FETCH
@@ -42,6 +42,7 @@ impl Session {
         items: MacroOrMessageDataItemNames<'_>,
         uid: bool,
         modseq: FetchModseq,
+        mut binary: Vec<Option<BinaryItem>>,
     ) -> Outcome {
         let mut items: Vec<MessageDataItemName<'_>> = match items {
             MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(static_item).collect(),
@@ -52,7 +53,12 @@ impl Session {
         }
         if uid && !items.contains(&MessageDataItemName::Uid) {
             items.insert(0, MessageDataItemName::Uid);
+            if !binary.is_empty() {
+                binary.insert(0, None);
+            }
         }
+        // One entry per item from here on.
+        binary.resize(items.len(), None);
         let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
             return Outcome::bad("No mailbox selected");
         };
@@ -133,11 +139,13 @@ impl Session {
             let mut run = FetchRun {
                 mailbox_id,
                 items: &items,
+                binary: &binary,
                 needs_body,
                 modseq: modseq.item,
                 seen_changed,
                 synced,
                 expunge_issued: false,
+                unknown_cte: false,
             };
             let written = match source {
                 FetchSource::Bodies => self.fetch_from_bodies(&mut run, &uids).await,
@@ -148,6 +156,11 @@ impl Session {
                 return o;
             }
             expunge_issued = run.expunge_issued;
+            if run.unknown_cte {
+                // RFC 3516 §4.2: the command fails; the lines already sent carry
+                // NIL for the section that could not be decoded.
+                return Outcome::no("[UNKNOWN-CTE] A section's content-transfer-encoding cannot be decoded");
+            }
         }
         if uid {
             // UID FETCH may announce EXPUNGE (RFC 3501 §7.4.1); no second round trip.
@@ -216,7 +229,7 @@ impl Session {
                     body: Some(&stored.body),
                 };
                 let seen = run.seen_changed.binary_search(&link.uid).is_ok();
-                fetch_line(&mut self.out, seq, run.items, &message, seen);
+                run.unknown_cte |= fetch_line(&mut self.out, seq, run.items, run.binary, &message, seen);
                 if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                     return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
                 }
@@ -266,7 +279,8 @@ impl Session {
                     body: body.as_ref(),
                 };
                 let seen = run.seen_changed.binary_search(&uid).is_ok();
-                fetch_line(&mut self.out, pos as u32 + 1, run.items, &message, seen);
+                run.unknown_cte |=
+                    fetch_line(&mut self.out, pos as u32 + 1, run.items, run.binary, &message, seen);
                 if self.out.len() >= FLUSH_AT && self.flush().await.is_err() {
                     return Err(Outcome::no("[UNAVAILABLE] Connection lost"));
                 }
@@ -389,6 +403,8 @@ impl Session {
 struct FetchRun<'a, 'i> {
     mailbox_id: i64,
     items: &'a [MessageDataItemName<'i>],
+    /// Which items are BINARY ones, one entry per item.
+    binary: &'a [Option<BinaryItem>],
     needs_body: bool,
     /// MODSEQ goes in every line.
     modseq: bool,
@@ -398,6 +414,8 @@ struct FetchRun<'a, 'i> {
     synced: bool,
     /// A message's body was gone by the time it was read (see `cmd_fetch`).
     expunge_issued: bool,
+    /// A BINARY section had an encoding that could not be removed.
+    unknown_cte: bool,
 }
 
 /// Where a FETCH reads its data from, cheapest first.
@@ -464,16 +482,19 @@ struct Message<'a> {
 
 /// Appends `* seq FETCH (...)` for the requested items. `seen_set`: \Seen was
 /// just set by this FETCH, so FLAGS are reported even when not asked for.
+/// Returns whether a BINARY section could not be decoded (it is sent as NIL).
 fn fetch_line(
     out: &mut Output,
     seq: u32,
     items: &[MessageDataItemName<'_>],
+    binary: &[Option<BinaryItem>],
     m: &Message<'_>,
     seen_set: bool,
-) {
+) -> bool {
     use MessageDataItemName as I;
     let _ = write!(out, "* {seq} FETCH (");
     let mut flags_sent = false;
+    let mut unknown_cte = false;
     for (n, item) in items.iter().enumerate() {
         if n > 0 {
             out.push(b' ');
@@ -501,6 +522,35 @@ fn fetch_line(
             I::BodyStructure => {
                 let _ = write!(out, "BODYSTRUCTURE {}", m.meta.body_structure);
             }
+            I::BodyExt { section, partial, .. } if binary.get(n).copied().flatten().is_some() => {
+                let raw: &[u8] = m.body.map(|b| &b[..]).unwrap_or_default();
+                let (spec, data) = section_bytes(raw, m.meta, section.as_ref());
+                let decoded = match section {
+                    Some(Section::Part(p)) => decode_cte(data, &part_encoding(raw, m.meta, &path_of(p))),
+                    // Headers, MIME headers, TEXT and the whole message carry no
+                    // encoding of their own: sent as BODY sends them.
+                    _ => Some(data),
+                };
+                let Some(decoded) = decoded else {
+                    unknown_cte = true;
+                    let _ = write!(out, "BINARY[{spec}] NIL");
+                    continue;
+                };
+                if binary.get(n).copied().flatten() == Some(BinaryItem::Size) {
+                    let _ = write!(out, "BINARY.SIZE[{spec}] {}", decoded.len());
+                    continue;
+                }
+                let (origin, data) = match partial {
+                    Some((offset, len)) => {
+                        let start = (*offset as usize).min(decoded.len());
+                        let end = start.saturating_add(len.get() as usize).min(decoded.len());
+                        (format!("<{offset}>"), slice_cow(decoded, start, end))
+                    }
+                    None => (String::new(), decoded),
+                };
+                let _ = write!(out, "BINARY[{spec}]{origin} ");
+                write_literal(out, m.body, data);
+            }
             I::Rfc822 | I::Rfc822Header | I::Rfc822Text | I::BodyExt { .. } => {
                 let empty = bytes::Bytes::new();
                 let shared = m.body.unwrap_or(&empty);
@@ -515,22 +565,15 @@ fn fetch_line(
                             Some((offset, len)) => {
                                 let start = (*offset as usize).min(data.len());
                                 let end = start.saturating_add(len.get() as usize).min(data.len());
-                                let sliced = match data {
-                                    Cow::Borrowed(d) => Cow::Borrowed(&d[start..end]),
-                                    Cow::Owned(d) => Cow::Owned(d[start..end].to_vec()),
-                                };
-                                (format!("BODY[{spec}]<{offset}>"), sliced)
+                                (format!("BODY[{spec}]<{offset}>"), slice_cow(data, start, end))
                             }
                             None => (format!("BODY[{spec}]"), data),
                         }
                     }
                     _ => continue,
                 };
-                let _ = write!(out, "{label} {{{}}}\r\n", data.len());
-                match data {
-                    Cow::Borrowed(d) => out.put_slice_of(shared, d),
-                    Cow::Owned(d) => out.extend_from_slice(&d),
-                }
+                let _ = write!(out, "{label} ");
+                write_literal(out, Some(shared), data);
             }
         }
     }
@@ -542,6 +585,56 @@ fn fetch_line(
         let _ = write!(out, "{sep}MODSEQ ({modseq})");
     }
     out.extend_from_slice(b")\r\n");
+    unknown_cte
+}
+
+fn slice_cow(data: Cow<'_, [u8]>, start: usize, end: usize) -> Cow<'_, [u8]> {
+    match data {
+        Cow::Borrowed(d) => Cow::Borrowed(&d[start..end]),
+        Cow::Owned(d) => Cow::Owned(d[start..end].to_vec()),
+    }
+}
+
+/// `{n}` and the octets; data borrowed from the shared body is written without a
+/// copy. Octets holding NUL go as a `literal8` (`~{n}`, RFC 3516 §4.3): a plain
+/// literal may not carry NUL (RFC 3501 §4.3), and only mail appended as binary
+/// content or a decoded BINARY section can hold one.
+fn write_literal(out: &mut Output, shared: Option<&bytes::Bytes>, data: Cow<'_, [u8]>) {
+    let tilde = if memchr::memchr(0, &data).is_some() { "~" } else { "" };
+    let _ = write!(out, "{tilde}{{{}}}\r\n", data.len());
+    match (data, shared) {
+        (Cow::Borrowed(d), Some(shared)) => out.put_slice_of(shared, d),
+        (d, _) => out.extend_from_slice(&d),
+    }
+}
+
+/// The Content-Transfer-Encoding of the part at `path`, lower-cased, without
+/// comments or parameters; empty when the part has none (7bit).
+fn part_encoding(raw: &[u8], meta: &MessageMeta, path: &[u32]) -> String {
+    let header = match meta.parts.iter().find(|p| p.path == path) {
+        Some(p) => raw.get(p.header_start as usize..p.body_start as usize).unwrap_or_default(),
+        // The body of a message described without parts is part 1, under the
+        // message's own header.
+        None if path == [1] && meta.parts.is_empty() => header(raw, meta),
+        None => &[],
+    };
+    let field = header_fields(header, &[b"Content-Transfer-Encoding"], false);
+    let value = field.splitn(2, |&b| b == b':').nth(1).unwrap_or_default();
+    let value = value.split(|&b| b == b'(' || b == b';').next().unwrap_or_default();
+    String::from_utf8_lossy(value).trim().to_ascii_lowercase()
+}
+
+/// A section's octets with `encoding` removed: `None` when the encoding is
+/// unknown or the data is not valid in it.
+fn decode_cte<'a>(data: Cow<'a, [u8]>, encoding: &str) -> Option<Cow<'a, [u8]>> {
+    match encoding {
+        "" | "7bit" | "8bit" | "binary" => Some(data),
+        "base64" => mail_parser::decoders::base64::base64_decode(&data).map(Cow::Owned),
+        "quoted-printable" => {
+            mail_parser::decoders::quoted_printable::quoted_printable_decode(&data).map(Cow::Owned)
+        }
+        _ => None,
+    }
 }
 
 /// Macro expansions only contain plain items; rebuilt so they outlive the macro.

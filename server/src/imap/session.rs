@@ -327,7 +327,7 @@ impl Session {
                     _ => Outcome::bad("Invalid SELECT arguments"),
                 },
             },
-            Request::Fetch { modseq, fetch } => match self.require_selected() {
+            Request::Fetch { modseq, binary, fetch } => match self.require_selected() {
                 Some(o) => o,
                 None if modseq.vanished && !self.qresync => Outcome::bad("VANISHED without ENABLE QRESYNC"),
                 None => match imap_codec::CommandCodec::default().decode(&fetch) {
@@ -337,8 +337,12 @@ impl Session {
                             body: CommandBody::Fetch { sequence_set, macro_or_item_names, uid }, ..
                         },
                     )) => {
-                        self.condstore = true;
-                        self.cmd_fetch(&sequence_set, macro_or_item_names, uid, modseq).await
+                        // A MODSEQ item enables CONDSTORE (RFC 7162 §3.1); BINARY
+                        // items alone do not.
+                        if modseq.item {
+                            self.condstore = true;
+                        }
+                        self.cmd_fetch(&sequence_set, macro_or_item_names, uid, modseq, binary).await
                     }
                     _ => Outcome::bad("Invalid FETCH arguments"),
                 },
@@ -595,7 +599,8 @@ impl Session {
                 self.cmd_search(None, charset.as_ref(), &criteria, uid).await
             }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
-                self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default()).await
+                self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default(), Vec::new())
+                    .await
             }
             C::Store { sequence_set, kind, response, flags, uid } => {
                 self.cmd_store(&sequence_set, kind, response, &flags, uid, None).await

@@ -1,5 +1,7 @@
 //! One complete command (from [`super::reader`]) → [`Request`].
 
+use std::borrow::Cow;
+
 use imap_codec::CommandCodec;
 use imap_codec::decode::Decoder;
 use imap_codec::imap_types::command::Command;
@@ -59,6 +61,18 @@ pub struct FetchModseq {
     /// MODSEQ was the only item: the `UID` standing in for it in the rewritten
     /// command is not part of the answer (UID FETCH sends UID anyway).
     pub only_modseq: bool,
+}
+
+/// A FETCH item of the BINARY extension (RFC 3516 §4.2), read as the BODY item of
+/// the same section (`BINARY.PEEK[1]<0.10>` as `BODY.PEEK[1]<0.10>`) with this
+/// beside it: the section's content-transfer-encoding is removed before it is
+/// sent or measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinaryItem {
+    /// `BINARY[section]<partial>` or `BINARY.PEEK[…]`: the decoded octets.
+    Content,
+    /// `BINARY.SIZE[section]`: their count.
+    Size,
 }
 
 /// A LIST with RFC 5258 options.
@@ -149,10 +163,13 @@ pub enum Request<'a> {
         params: SelectParams,
         select: Vec<u8>,
     },
-    /// FETCH with the MODSEQ item or modifiers; `fetch` is the command without
-    /// them (an item list left empty holds `UID`).
+    /// FETCH with the MODSEQ item or modifiers, or BINARY items; `fetch` is the
+    /// command without the MODSEQ parts (an item list left empty holds `UID`) and
+    /// with each BINARY item as its BODY twin; `binary` marks those, one entry per
+    /// item of `fetch`'s list.
     Fetch {
         modseq: FetchModseq,
+        binary: Vec<Option<BinaryItem>>,
         fetch: Vec<u8>,
     },
     /// `STORE set (UNCHANGEDSINCE n) …`; `store` is the command without the
@@ -342,8 +359,12 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
                 return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid SELECT parameters"));
             }
         }
-        b"FETCH" | b"UID" if contains_ci(cmd, b"MODSEQ") || contains_ci(cmd, b"CHANGEDSINCE") => {
-            if let Some(request) = parse_fetch_modseq(cmd, &tag) {
+        b"FETCH" | b"UID"
+            if contains_ci(cmd, b"MODSEQ")
+                || contains_ci(cmd, b"CHANGEDSINCE")
+                || contains_ci(cmd, b"BINARY") =>
+        {
+            if let Some(request) = parse_fetch_ext(cmd, &tag) {
                 return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid FETCH modifiers"));
             }
         }
@@ -805,17 +826,45 @@ fn uid_verb<'a>(cmd: &'a [u8], tag: &str) -> Option<(bool, Vec<u8>, Tok<'a>)> {
     Some((uid, verb, tok))
 }
 
-/// `[UID] FETCH set items [(CHANGEDSINCE n [VANISHED])]` with the MODSEQ item or
-/// modifiers: `None` when it has neither, `Some(None)` when malformed.
-fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
+/// `BINARY[section]<partial>`, `BINARY.PEEK[…]<…>` or `BINARY.SIZE[section]` as
+/// the BODY item `imap-codec` parses: `None` for another item, `Some(None)` when
+/// malformed. The section may be any BODY section, as Dovecot accepts (RFC 3516
+/// allows part numbers only); only a part's own body is decoded.
+fn binary_as_body(item: &[u8]) -> Option<Option<(BinaryItem, Vec<u8>)>> {
+    let upper = item.to_ascii_uppercase();
+    let (kind, body, rest) = if let Some(rest) = upper.strip_prefix(b"BINARY.PEEK") {
+        (BinaryItem::Content, &b"BODY.PEEK"[..], rest)
+    } else if let Some(rest) = upper.strip_prefix(b"BINARY.SIZE") {
+        (BinaryItem::Size, &b"BODY.PEEK"[..], rest)
+    } else if let Some(rest) = upper.strip_prefix(b"BINARY") {
+        (BinaryItem::Content, &b"BODY"[..], rest)
+    } else {
+        return None;
+    };
+    if !rest.starts_with(b"[") {
+        return Some(None);
+    }
+    // The original bytes from the bracket on (header field names keep their case).
+    let tail = &item[item.len() - rest.len()..];
+    if kind == BinaryItem::Size && tail.ends_with(b">") {
+        return Some(None);
+    }
+    Some(Some((kind, [body, tail].concat())))
+}
+
+/// `[UID] FETCH set items [(CHANGEDSINCE n [VANISHED])]` with the MODSEQ item,
+/// modifiers or BINARY items: `None` when it has none of them, `Some(None)` when
+/// malformed.
+fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
     let (uid, mut tok) = after_set(cmd, tag, b"FETCH")?;
     let set_end = tok.pos;
     if !tok.sp() {
         return None;
     }
-    // The items: kept, except MODSEQ.
+    // The items: kept, except MODSEQ; BINARY ones as their BODY twins.
     let mut modseq = FetchModseq::default();
-    let mut items: Vec<&[u8]> = Vec::new();
+    let mut items: Vec<Cow<'_, [u8]>> = Vec::new();
+    let mut binary: Vec<Option<BinaryItem>> = Vec::new();
     let list = tok.peek() == Some(b'(');
     let mut p = tok.pos + usize::from(list);
     loop {
@@ -827,7 +876,17 @@ fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> 
         if item.eq_ignore_ascii_case(b"MODSEQ") {
             modseq.item = true;
         } else {
-            items.push(item);
+            match binary_as_body(item) {
+                None => {
+                    items.push(Cow::Borrowed(item));
+                    binary.push(None);
+                }
+                Some(Some((kind, body))) => {
+                    items.push(Cow::Owned(body));
+                    binary.push(Some(kind));
+                }
+                Some(None) => return Some(None),
+            }
         }
         p = end;
         match cmd.get(p) {
@@ -859,7 +918,11 @@ fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> 
     if !tok.end() {
         return Some(None);
     }
-    if !modseq.item && modseq.changed_since.is_none() && !modseq.vanished {
+    if !modseq.item
+        && modseq.changed_since.is_none()
+        && !modseq.vanished
+        && binary.iter().all(Option::is_none)
+    {
         return None;
     }
     // VANISHED: UID FETCH with CHANGEDSINCE only (RFC 7162 §3.2.6).
@@ -878,7 +941,7 @@ fn parse_fetch_modseq<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> 
         fetch.push(b')');
     }
     fetch.extend_from_slice(b"\r\n");
-    Some(Some(Request::Fetch { modseq, fetch }))
+    Some(Some(Request::Fetch { modseq, binary, fetch }))
 }
 
 /// `[UID] STORE set (UNCHANGEDSINCE n) …`: `None` without modifiers,
@@ -983,6 +1046,10 @@ fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
             if !tok.sp() {
                 return None;
             }
+        }
+        // A literal8 (`~{n}`, RFC 3516 §4.4): binary content, NUL octets and all.
+        if tok.peek() == Some(b'~') {
+            tok.pos += 1;
         }
         let data = tok.literal()?;
         messages.push(AppendMessage { flags, date, data });
@@ -1311,7 +1378,9 @@ mod tests {
         }
 
         let fetch = |cmd: &[u8]| match parse(cmd) {
-            Ok((_, Request::Fetch { modseq, fetch })) => Some((modseq, String::from_utf8(fetch).unwrap())),
+            Ok((_, Request::Fetch { modseq, fetch, .. })) => {
+                Some((modseq, String::from_utf8(fetch).unwrap()))
+            }
             _ => None,
         };
         let (m, f) = fetch(b"a UID FETCH 1:* (FLAGS MODSEQ BODY.PEEK[HEADER.FIELDS (MODSEQ)])\r\n").unwrap();
@@ -1331,6 +1400,35 @@ mod tests {
         assert!(parse(b"a FETCH 1 (FLAGS) (CHANGEDSINCE 99999999999999999999)\r\n").is_err());
         // Found by the fuzzer: an unterminated quoted string in the item list.
         assert!(parse(b"a UID FETCH 1 (FLAGS MODSEQ\"BODY.PEEK[HEADER])\r\n").is_err());
+
+        // BINARY (RFC 3516): the BODY twin of each item, marked.
+        match parse(b"a UID FETCH 1 (FLAGS binary.peek[1.2]<0.10> BINARY[] BINARY.SIZE[2] MODSEQ)\r\n") {
+            Ok((_, Request::Fetch { modseq, binary, fetch })) => {
+                assert!(modseq.item);
+                assert_eq!(
+                    binary,
+                    [None, Some(BinaryItem::Content), Some(BinaryItem::Content), Some(BinaryItem::Size)]
+                );
+                assert_eq!(fetch, b"a UID FETCH 1 (FLAGS BODY.PEEK[1.2]<0.10> BODY[] BODY.PEEK[2])\r\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(b"a FETCH 1:* BINARY.PEEK[2.HEADER.FIELDS (From x-Binary)]\r\n") {
+            Ok((_, Request::Fetch { binary, fetch, .. })) => {
+                assert_eq!(binary, [Some(BinaryItem::Content)]);
+                assert_eq!(fetch, b"a FETCH 1:* (BODY.PEEK[2.HEADER.FIELDS (From x-Binary)])\r\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse(b"a FETCH 1 BODY[HEADER.FIELDS (X-BINARY)]\r\n"), Ok((_, Request::Codec(_)))));
+        for bad in [
+            &b"a FETCH 1 BINARY.SIZE[1]<0.5>\r\n"[..],
+            b"a FETCH 1 (BINARY)\r\n",
+            b"a FETCH 1 (BINARY.FOO[1])\r\n",
+            b"a FETCH 1 (BINARY[1\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
 
         match parse(b"a UID STORE 7,5,9 (UNCHANGEDSINCE 320162338) +FLAGS.SILENT (\\Deleted)\r\n") {
             Ok((_, Request::Store { unchanged_since, store })) => {
