@@ -446,11 +446,21 @@ fn push_addr(out: &mut String, name: Option<&str>, address: Option<&str>) {
     if mailbox.is_none() && name.is_none() {
         return;
     }
+    // An obsolete source route (`<@relay:user@host>`, RFC 5322 §4.4) is the
+    // address's at-domain-list, not part of its mailbox (RFC 3501 §7.4.2).
+    let (route, mailbox) = match mailbox {
+        Some(m) if m.starts_with('@') => match m.split_once(':') {
+            Some((route, local)) => (Some(route), Some(local)),
+            None => (None, Some(m)),
+        },
+        m => (None, m),
+    };
     let name = name.filter(|n| !n.is_empty()).map(encode_word);
     let _ = write!(
         out,
-        "({} NIL {} {})",
+        "({} {} {} {})",
         nstring(name.as_deref().map(str::as_bytes)),
+        nstring(route.map(str::as_bytes)),
         nstring(mailbox.map(str::as_bytes)),
         nstring(host.map(str::as_bytes))
     );
@@ -466,23 +476,35 @@ fn encode_word(name: &str) -> String {
     }
 }
 
+/// The addresses of a header as SEARCH FROM/TO/CC/BCC match them: `Name <a@b>`
+/// or `a@b`, comma-separated; a group as `name: <a@b>, …;`, so that its name
+/// matches too (it is part of the ENVELOPE, RFC 3501 §7.4.2) and the first
+/// mailbox of the list is still the first `<…>` (see `sort::first_mailbox`).
 fn address_summary(addr: Option<&Address<'_>>) -> String {
     let Some(addr) = addr else { return String::new() };
-    let mut out = String::new();
-    for a in addr.iter() {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        match (a.name.as_deref(), a.address.as_deref()) {
-            (Some(n), Some(e)) => {
-                let _ = write!(out, "{n} <{e}>");
+    let one = |a: &mail_parser::Addr<'_>, bracket: bool| match (a.name.as_deref(), a.address.as_deref()) {
+        (Some(n), Some(e)) => Some(format!("{n} <{e}>")),
+        (None, Some(e)) if bracket => Some(format!("<{e}>")),
+        (None, Some(e)) => Some(e.to_string()),
+        (Some(n), None) => Some(n.to_string()),
+        (None, None) => None,
+    };
+    let mut items: Vec<String> = Vec::new();
+    match addr {
+        Address::List(list) => items.extend(list.iter().filter_map(|a| one(a, false))),
+        Address::Group(groups) => {
+            for g in groups {
+                match &g.name {
+                    Some(name) => {
+                        let members: Vec<String> = g.addresses.iter().filter_map(|a| one(a, true)).collect();
+                        items.push(format!("{name}: {};", members.join(", ")));
+                    }
+                    None => items.extend(g.addresses.iter().filter_map(|a| one(a, false))),
+                }
             }
-            (None, Some(e)) => out.push_str(e),
-            (Some(n), None) => out.push_str(n),
-            (None, None) => {}
         }
     }
-    out
+    items.join(", ")
 }
 
 fn quoted_upper(s: &str) -> String {
@@ -701,10 +723,27 @@ inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
                 .as_bytes();
         let meta = parse_meta(raw);
         assert!(meta.envelope.contains("((NIL NIL \"Team\" NIL)(NIL NIL \"x\" \"example.com\")(NIL NIL \"y\" \"example.com\")(NIL NIL NIL NIL))"), "{}", meta.envelope);
+        // SEARCH TO matches the group's name as well as its members.
+        assert_eq!(meta.to, "Team: <x@example.com>, <y@example.com>;");
+        assert_eq!(crate::imap::sort::first_mailbox(&meta.to), "x");
+        let mixed = parse_meta(b"To: a@example.com, Team: Y <y@example.com>;, Empty:;\r\n\r\n");
+        assert_eq!(mixed.to, "a@example.com, Team: Y <y@example.com>;, Empty: ;");
         // 8-bit header text goes out as a literal.
         assert!(meta.envelope.contains("{7}\r\nGrüße"), "{}", meta.envelope);
         assert_eq!(meta.subject, "Grüße");
         assert!(meta.body.ends_with(" 4 1)"), "{}", meta.body);
+    }
+
+    #[test]
+    fn a_source_route_is_the_at_domain_list() {
+        let meta =
+            parse_meta(b"From: <@relay.example:user@example.com>\r\nTo: Bob <@a,@b:bob@example.org>\r\n\r\n");
+        assert!(
+            meta.envelope.contains("((NIL \"@relay.example\" \"user\" \"example.com\"))"),
+            "{}",
+            meta.envelope
+        );
+        assert!(meta.envelope.contains("((\"Bob\" \"@a,@b\" \"bob\" \"example.org\"))"), "{}", meta.envelope);
     }
 
     #[test]

@@ -95,6 +95,20 @@ async fn condstore_fetch_store_and_search() {
     assert_eq!(r[0], "* SEARCH");
     let r = c.cmd("a10", &format!("SEARCH RETURN (COUNT) MODSEQ {x}")).await;
     assert_eq!(r[0], format!("* ESEARCH (TAG \"a10\") COUNT 1 MODSEQ {x}"));
+    // With only MIN and/or MAX returned, MODSEQ is the highest of those messages,
+    // not of every match (RFC 4731 §3.2).
+    let r = c.cmd("a10m", "FETCH 1:4 (MODSEQ)").await;
+    let each: Vec<u64> =
+        fetches(&r).iter().map(|l| number_after(&[l.to_string()], "MODSEQ").expect("modseq")).collect();
+    assert_eq!(each.len(), 4, "{r:?}");
+    let r = c.cmd("a10n", "SEARCH RETURN (MIN) MODSEQ 1").await;
+    assert_eq!(r[0], format!("* ESEARCH (TAG \"a10n\") MIN 1 MODSEQ {}", each[0]));
+    let r = c.cmd("a10x", "SEARCH RETURN (MAX) MODSEQ 1").await;
+    assert_eq!(r[0], format!("* ESEARCH (TAG \"a10x\") MAX 4 MODSEQ {}", each[3]));
+    let r = c.cmd("a10b", "SEARCH RETURN (MIN MAX) MODSEQ 1").await;
+    assert_eq!(r[0], format!("* ESEARCH (TAG \"a10b\") MIN 1 MAX 4 MODSEQ {}", each[0].max(each[3])));
+    let r = c.cmd("a10c", "SEARCH RETURN (MIN COUNT) MODSEQ 1").await;
+    assert_eq!(r[0], format!("* ESEARCH (TAG \"a10c\") MIN 1 COUNT 4 MODSEQ {x}"));
     // Nested, as in the RFC's example (`OR NOT MODSEQ n LARGER 50000`): messages
     // 1, 3 and 4 were not changed at or after x, none is larger than 50,000.
     let r = c.cmd("a11", &format!("SEARCH OR NOT MODSEQ {x} LARGER 50000")).await;
@@ -123,6 +137,13 @@ async fn condstore_fetch_store_and_search() {
     other.cmd("o1", "SELECT INBOX").await;
     let r = other.cmd("o2", "STORE 4 +FLAGS (\\Answered)").await;
     assert!(!r[0].contains("MODSEQ"), "a session without CONDSTORE sees no MODSEQ: {r:?}");
+    // Its first CONDSTORE-enabling command announces the selected mailbox's
+    // HIGHESTMODSEQ (RFC 7162 §3.1); later ones do not.
+    let r = other.cmd("o3", "FETCH 1 (MODSEQ)").await;
+    let announced = number_after(&r, "* OK [HIGHESTMODSEQ").expect("HIGHESTMODSEQ announced");
+    assert!(announced > x, "{r:?}");
+    let r = other.cmd("o4", "FETCH 1 (MODSEQ)").await;
+    assert!(!r.iter().any(|l| l.contains("HIGHESTMODSEQ")), "{r:?}");
     let r = c.cmd("c1", "NOOP").await;
     let line = r.iter().find(|l| l.starts_with("* 4 FETCH")).expect("the other session's change");
     assert!(line.contains("\\Answered") && line.contains("MODSEQ ("), "{r:?}");

@@ -314,6 +314,17 @@ async fn other_sessions_changes_respect_sequence_rules() {
     assert!(!has(&r, "EXPUNGE"), "{r:?}");
     assert!(has(&r, "* 4 EXISTS"), "{r:?}");
     assert!(has(&r, "* 2 FETCH (UID 2)"), "{r:?}");
+    // The expunged message itself is still answered from what this session
+    // knows (RFC 2180 §4.1.1), not skipped under a plain OK.
+    assert!(has(&r, "* 1 FETCH (UID 1)"), "{r:?}");
+    let r = a.cmd("f1", "FETCH 1 (UID FLAGS)").await;
+    assert_eq!(r, ["* 1 FETCH (UID 1 FLAGS (\\Recent))", "f1 OK FETCH completed"], "{r:?}");
+    // What it cannot serve any more, it says so (RFC 5530).
+    let r = a.cmd("f3", "FETCH 1 (ENVELOPE)").await;
+    assert!(
+        has(&r, "* 1 FETCH (ENVELOPE") || tagged(&r).starts_with("f3 NO [EXPUNGEISSUED]"),
+        "served or refused, never a silent OK: {r:?}"
+    );
     // Sequence numbers still count the expunged message until NOOP.
     let r = a.cmd("se", "SEARCH ALL").await;
     assert!(!has(&r, "EXPUNGE"), "{r:?}");
@@ -508,8 +519,7 @@ async fn metrics_count_imap_commands_and_idle_sessions() {
 async fn search_header_presence_sent_dates_and_list_patterns() {
     let (app, _dir, bob) = embedded_app_with_bob().await;
     let late = b"From: Alice <alice@example.com>\r\nSubject: late\r\nDate: Mon, 30 Nov 2026 23:30:00 -0800\r\n\r\nlate evening in California\r\n";
-    let early =
-        b"From: bob@example.org\r\nDate: Tue, 01 Dec 2026 00:30:00 +0100\r\n\r\nno subject field at all\r\n";
+    let early = b"From: bob@example.org\r\nTo: Team: x@example.com, y@example.com;\r\nDate: Tue, 01 Dec 2026 00:30:00 +0100\r\n\r\nno subject field at all\r\n";
     deliver(&app, &bob, "INBOX", late, FlagSet::default()).await;
     deliver(&app, &bob, "INBOX", early, FlagSet::default()).await;
     let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
@@ -523,6 +533,11 @@ async fn search_header_presence_sent_dates_and_list_patterns() {
     assert_eq!(r[0], "* SEARCH 1 2", "{r:?}");
     let r = c.cmd("h4", "SEARCH FROM Alice").await;
     assert_eq!(r[0], "* SEARCH 1", "display names are part of the field: {r:?}");
+    // A group's name is part of the envelope's address list, as are its members.
+    for (tag, key) in [("h5", "TO team"), ("h6", "TO y@example.com")] {
+        let r = c.cmd(tag, &format!("SEARCH {key}")).await;
+        assert_eq!(r[0], "* SEARCH 2", "{key}: {r:?}");
+    }
 
     // 23:30 -0800 on the 30th is 07:30 UTC on the 1st; 00:30 +0100 on the 1st is
     // 23:30 UTC on the 30th. The header's own day counts.
@@ -892,6 +907,14 @@ async fn list_extended_and_status_size() {
     // RECURSIVEMATCH: Work matches `%` and has a subscribed child.
     let r = c.cmd("l3", "LIST (SUBSCRIBED RECURSIVEMATCH) \"\" \"%\"").await;
     assert!(has(&r, "* LIST (\\HasChildren) \"/\" \"Work\" (\"CHILDINFO\" (\"SUBSCRIBED\"))"), "{r:?}");
+    // …but not when that child is listed itself: Work is neither subscribed nor
+    // the parent of a subscribed name the patterns leave out.
+    let r = c.cmd("l3b", "LIST (SUBSCRIBED RECURSIVEMATCH) \"\" (Work Work/Reports)").await;
+    assert_eq!(
+        r,
+        ["* LIST (\\HasNoChildren \\Subscribed) \"/\" \"Work/Reports\"", "l3b OK LIST completed"],
+        "{r:?}"
+    );
     // Return SUBSCRIBED on a plain selection.
     let r = c.cmd("l4", "LIST \"\" \"Work/%\" RETURN (SUBSCRIBED CHILDREN)").await;
     assert_eq!(r[0], "* LIST (\\HasNoChildren \\Subscribed) \"/\" \"Work/Reports\"");

@@ -187,6 +187,19 @@ impl Session {
         Outcome::ok("NAMESPACE completed")
     }
 
+    /// The first CONDSTORE-enabling command of a session (RFC 7162 §3.1): with a
+    /// mailbox selected, its HIGHESTMODSEQ is announced, since the client may not
+    /// have asked for it when it selected.
+    pub(crate) fn enable_condstore(&mut self) {
+        if self.condstore {
+            return;
+        }
+        self.condstore = true;
+        if let Some(modseq) = self.selected.as_ref().map(|s| s.modseq.max(1)) {
+            self.push(&format!("* OK [HIGHESTMODSEQ {modseq}] Highest"));
+        }
+    }
+
     pub(crate) fn cmd_enable(&mut self, caps: &[CapabilityEnable<'_>]) -> Outcome {
         // RFC 5161: only what this command newly enabled is listed; unknown names
         // are ignored. QRESYNC implies CONDSTORE (RFC 7162 §3.2.3).
@@ -194,12 +207,12 @@ impl Session {
         for cap in caps {
             match cap.to_string().to_ascii_uppercase().as_str() {
                 "CONDSTORE" if !self.condstore => {
-                    self.condstore = true;
+                    self.enable_condstore();
                     enabled.push("CONDSTORE");
                 }
                 "QRESYNC" if !self.qresync => {
                     self.qresync = true;
-                    self.condstore = true;
+                    self.enable_condstore();
                     enabled.push("QRESYNC");
                 }
                 _ => {}

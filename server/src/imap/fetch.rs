@@ -247,6 +247,12 @@ impl Session {
             return Err(Outcome::bad("No mailbox selected"));
         };
         let metas = self.metadata(run.mailbox_id, uid_validity, uids).await?;
+        if metas.len() < uids.len() {
+            // In this session's view, gone from the store (expunged by another
+            // session, not yet announced): no data for them, and the command says
+            // why (RFC 5530), rather than a silent OK.
+            run.expunge_issued = true;
+        }
         // Bodies a FETCH_BATCH at a time: memory stays bounded for `1:* BODY[]`.
         for batch in metas.chunks(FETCH_BATCH) {
             let bodies = if run.needs_body {
@@ -339,11 +345,10 @@ impl Session {
             let Some(sel) = self.selected.as_ref() else { break };
             let mut lines = String::new();
             for &u in chunk {
-                // Expunged elsewhere and not yet announced: nothing to report.
+                // A message expunged elsewhere and not yet announced is still
+                // answered, from what this session knows of it (RFC 2180 §4.1.1):
+                // its UID never changes and its flags are the last it saw.
                 let Ok(pos) = sel.uids.binary_search(&u) else { continue };
-                if sel.pending_expunge.contains(&u) {
-                    continue;
-                }
                 let _ = write!(lines, "* {} FETCH (", pos + 1);
                 for (n, item) in run.items.iter().enumerate() {
                     if n > 0 {

@@ -478,10 +478,12 @@ impl Session {
             all.keys().filter(|n| matches(n)).cloned().collect()
         };
         // RECURSIVEMATCH: a matching name with a subscribed descendant is listed with
-        // CHILDINFO, even when itself not subscribed (RFC 5258 §3.5).
+        // CHILDINFO, even when itself not subscribed (RFC 5258 §3.5). A descendant
+        // that matches the patterns is listed itself, so it adds nothing to its
+        // parents (as Dovecot answers: no CHILDINFO that repeats a listed name).
         let mut childinfo: BTreeSet<String> = BTreeSet::new();
         if list.recursive {
-            for sub in &subscribed {
+            for sub in subscribed.iter().filter(|s| !matches(s)) {
                 let mut parent = sub.as_str();
                 while let Some((p, _)) = parent.rsplit_once(SEP) {
                     if matches(p) {

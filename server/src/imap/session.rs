@@ -340,7 +340,7 @@ impl Session {
                         // A MODSEQ item enables CONDSTORE (RFC 7162 §3.1); BINARY
                         // items alone do not.
                         if modseq.item {
-                            self.condstore = true;
+                            self.enable_condstore();
                         }
                         self.cmd_fetch(&sequence_set, macro_or_item_names, uid, modseq, binary).await
                     }
@@ -356,7 +356,7 @@ impl Session {
                             body: CommandBody::Store { sequence_set, kind, response, flags, uid }, ..
                         },
                     )) => {
-                        self.condstore = true;
+                        self.enable_condstore();
                         self.cmd_store(&sequence_set, kind, response, &flags, uid, Some(unchanged_since))
                             .await
                     }
@@ -466,7 +466,7 @@ impl Session {
         // Current first, without announcing EXPUNGE (the search syncs again and
         // reports a store error if there is one).
         let _ = self.sync(false).await;
-        self.condstore = true;
+        self.enable_condstore();
         let sel = self.selected.as_ref()?;
         let mut out = Vec::with_capacity(cmd.len());
         let mut last = 0;
