@@ -886,6 +886,12 @@ async fn list_extended_and_status_size() {
     assert_eq!(r[0], format!("* STATUS \"INBOX\" (MESSAGES 2 SIZE {size} UNSEEN 1)"));
     let r = c.cmd("s2", "STATUS INBOX (SIZE)").await;
     assert_eq!(r, [format!("* STATUS \"INBOX\" (SIZE {size})"), "s2 OK STATUS completed".into()]);
+    // APPENDLIMIT (RFC 7889): announced once for every mailbox, and per mailbox.
+    let limit = app.config.imap.max_literal_bytes;
+    let r = c.cmd("s3", "CAPABILITY").await;
+    assert!(r[0].contains(&format!(" APPENDLIMIT={limit}")), "{r:?}");
+    let r = c.cmd("s4", "STATUS INBOX (APPENDLIMIT MESSAGES)").await;
+    assert_eq!(r[0], format!("* STATUS \"INBOX\" (APPENDLIMIT {limit} MESSAGES 2)"));
 
     // LIST-STATUS: a STATUS line right after each selectable mailbox.
     let r = c.cmd("l1", "LIST \"\" (INBOX Work) RETURN (STATUS (MESSAGES UNSEEN SIZE))").await;

@@ -1,6 +1,7 @@
 //! Non-authenticated state and connection-level commands: CAPABILITY, STARTTLS,
 //! LOGIN, AUTHENTICATE PLAIN (with SASL-IR), ID, NAMESPACE, ENABLE.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -22,6 +23,8 @@ impl Session {
         let mut caps = String::from(
             "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE BINARY CONDSTORE QRESYNC QUOTA QUOTA=RES-STORAGE",
         );
+        // RFC 7889: one limit for every mailbox, the literal limit APPEND meets.
+        let _ = write!(caps, " APPENDLIMIT={}", self.app.config.imap.max_literal_bytes);
         if self.account().is_some() && !self.stream.is_compressed() {
             caps.push_str(" COMPRESS=DEFLATE");
         }

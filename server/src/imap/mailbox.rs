@@ -587,6 +587,7 @@ impl Session {
                 StatusItem::DeletedStorage => {
                     format!("DELETED-STORAGE {}", self.app.store.mailbox_deleted(mailbox_id).await?.1)
                 }
+                StatusItem::AppendLimit => format!("APPENDLIMIT {}", self.app.config.imap.max_literal_bytes),
             });
         }
         Ok(format!("* STATUS {} ({})", encode::mailbox(name), parts.join(" ")))

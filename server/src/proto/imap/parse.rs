@@ -22,6 +22,8 @@ pub enum StatusItem {
     HighestModseq,
     Deleted,
     DeletedStorage,
+    /// APPENDLIMIT (RFC 7889): the largest message APPEND accepts.
+    AppendLimit,
 }
 
 impl StatusItem {
@@ -29,7 +31,11 @@ impl StatusItem {
     fn is_extension(self) -> bool {
         matches!(
             self,
-            StatusItem::Size | StatusItem::HighestModseq | StatusItem::Deleted | StatusItem::DeletedStorage
+            StatusItem::Size
+                | StatusItem::HighestModseq
+                | StatusItem::Deleted
+                | StatusItem::DeletedStorage
+                | StatusItem::AppendLimit
         )
     }
 }
@@ -518,6 +524,7 @@ fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
             b"HIGHESTMODSEQ" => Some(StatusItem::HighestModseq),
             b"DELETED" => Some(StatusItem::Deleted),
             b"DELETED-STORAGE" => Some(StatusItem::DeletedStorage),
+            b"APPENDLIMIT" => Some(StatusItem::AppendLimit),
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
