@@ -65,6 +65,7 @@ pub fn parse_meta(raw: &[u8]) -> MessageMeta {
             let minutes = i32::from(d.tz_hour) * 60 + i32::from(d.tz_minute);
             if d.tz_before_gmt { -minutes } else { minutes }
         }),
+        internal_offset_minutes: None,
     }
 }
 

@@ -255,6 +255,31 @@ async fn append_literals_and_limits() {
     assert!(tagged(&r).starts_with("p3 NO [TRYCREATE]"), "{r:?}");
     let r = c.cmd("p4", "STATUS Sent (MESSAGES)").await;
     assert_eq!(r[0], "* STATUS \"Sent\" (MESSAGES 2)");
+    // The internal date comes back as APPEND gave it, zone included; with the
+    // body too (RFC 3501 §6.3.11, §7.4.2).
+    c.cmd("p4s", "SELECT Sent").await;
+    let r = c.cmd("p4f", "FETCH 2 (INTERNALDATE)").await;
+    assert_eq!(r[0], "* 2 FETCH (INTERNALDATE \"01-Jan-2020 10:00:00 +0100\")");
+    let r = c.cmd("p4b", "FETCH 2 (INTERNALDATE BODY.PEEK[HEADER])").await;
+    assert!(
+        r[0].starts_with("* 2 FETCH (INTERNALDATE \"01-Jan-2020 10:00:00 +0100\" BODY[HEADER] {"),
+        "{r:?}"
+    );
+    // BEFORE/ON/SINCE take the day in that zone: 00:30 +0200 on the 25th is the
+    // 24th in UTC, and is "on" the 25th.
+    let r = c
+        .cmd("p4a", &format!("APPEND Sent \"25-Mar-2007 00:30:00 +0200\" {{{}+}}\r\n{msg}", msg.len()))
+        .await;
+    assert!(tagged(&r).starts_with("p4a OK"), "{r:?}");
+    for (tag, key, expect) in [
+        ("p4o", "ON 25-Mar-2007", "* SEARCH 3"),
+        ("p4e", "BEFORE 25-Mar-2007", "* SEARCH"),
+        ("p4i", "SINCE 25-Mar-2007", "* SEARCH 1 2 3"),
+    ] {
+        let r = c.cmd(tag, &format!("SEARCH {key}")).await;
+        assert!(r.iter().any(|l| l == expect), "{key}: {r:?}");
+    }
+    c.cmd("p4u", "UNSELECT").await;
     // Over the limit, synchronising: refused before the data, no "+".
     c.send("p5 APPEND INBOX {2000000}\r\n").await;
     assert_eq!(c.line().await, "p5 NO [TOOBIG] Literal of 2000000 octets exceeds the limit");

@@ -221,6 +221,8 @@ fn meta_for(subject: &str, raw: &[u8]) -> MessageMeta {
         message_id: format!("<{subject}@example.com>"),
         sent_date: Some(ts(1_700_000_000)),
         sent_offset_minutes: None,
+        // Kept with the rest (an APPEND's zone), on both backends.
+        internal_offset_minutes: Some(-300),
     }
 }
 

@@ -39,12 +39,16 @@ impl Session {
         let now = chrono::Utc::now();
         let deliveries: Vec<NewDelivery> = messages
             .into_iter()
-            .map(|m| NewDelivery {
-                raw: bytes::Bytes::copy_from_slice(m.data),
-                meta: parse_meta(m.data),
-                internal_date: m.date.unwrap_or(now),
-                targets: vec![mb.id],
-                flags: m.flags,
+            .map(|m| {
+                let mut meta = parse_meta(m.data);
+                meta.internal_offset_minutes = m.date.map(|d| d.offset().local_minus_utc() / 60);
+                NewDelivery {
+                    raw: bytes::Bytes::copy_from_slice(m.data),
+                    meta,
+                    internal_date: m.date.map(|d| d.to_utc()).unwrap_or(now),
+                    targets: vec![mb.id],
+                    flags: m.flags,
+                }
             })
             .collect();
         // One message goes through the group-committing deliverer like SMTP mail;

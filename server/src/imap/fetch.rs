@@ -453,8 +453,9 @@ impl FetchPlan {
         let needs_body = items
             .iter()
             .any(|i| matches!(i, I::BodyExt { .. } | I::Rfc822 | I::Rfc822Header | I::Rfc822Text));
+        // INTERNALDATE's zone is in the metadata (the bodies path has sizes only).
         let needs_parts = items.iter().any(|i| match i {
-            I::Envelope | I::Body | I::BodyStructure => true,
+            I::Envelope | I::Body | I::BodyStructure | I::InternalDate => true,
             I::BodyExt { section: Some(section), .. } => section_in_part(section),
             _ => false,
         });
@@ -513,7 +514,8 @@ fn fetch_line(
                 let _ = write!(out, "FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
             }
             I::InternalDate => {
-                let _ = write!(out, "INTERNALDATE {}", encode::internal_date(m.internal_date));
+                let date = m.meta.internal_in_zone(m.internal_date);
+                let _ = write!(out, "INTERNALDATE {}", encode::internal_date(&date));
             }
             I::Rfc822Size => {
                 let _ = write!(out, "RFC822.SIZE {}", m.meta.size);

@@ -154,7 +154,10 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
     let meta_str = |get: fn(&MessageMeta) -> &str, needle: &AString<'_>| {
         c.meta.is_some_and(|m| contains_ci(get(m), &lower(needle)))
     };
-    let internal = c.internal_date.map(|d| d.date_naive());
+    let internal = c.internal_date.map(|d| match c.meta {
+        Some(m) => m.internal_in_zone(&d).date_naive(),
+        None => d.date_naive(),
+    });
     let sent = c.meta.and_then(|m| m.sent_day()).or(internal);
     match key {
         SearchKey::And(keys) => keys.as_ref().iter().all(|k| eval(k, c, b)),

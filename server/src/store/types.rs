@@ -242,9 +242,24 @@ pub struct MessageMeta {
     /// None in rows stored before it was kept (those compare in UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_offset_minutes: Option<i32>,
+    /// The zone an APPEND gave the internal date in, in minutes east of UTC:
+    /// INTERNALDATE is sent back as the client wrote it, and BEFORE/ON/SINCE
+    /// compare its day there (RFC 3501 §6.4.4 "disregarding time and timezone").
+    /// None for delivered mail (UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_offset_minutes: Option<i32>,
 }
 
 impl MessageMeta {
+    /// The internal date `utc` in the zone it was given in.
+    pub fn internal_in_zone(&self, utc: &DateTime<Utc>) -> DateTime<chrono::FixedOffset> {
+        let offset = self
+            .internal_offset_minutes
+            .and_then(|m| chrono::FixedOffset::east_opt(m.saturating_mul(60)))
+            .unwrap_or(chrono::FixedOffset::east_opt(0).expect("UTC"));
+        utc.with_timezone(&offset)
+    }
+
     /// The calendar day of the Date: header, in the header's own zone.
     pub fn sent_day(&self) -> Option<chrono::NaiveDate> {
         let utc = self.sent_date?;

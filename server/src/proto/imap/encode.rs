@@ -67,9 +67,9 @@ pub fn sequence_set(nums: &[u32]) -> String {
     uid_ranges(&ranges)
 }
 
-/// `dd-Mon-yyyy hh:mm:ss +zzzz` (INTERNALDATE), always in UTC.
-pub fn internal_date(date: &chrono::DateTime<chrono::Utc>) -> String {
-    format!("\"{}\"", date.format("%d-%b-%Y %H:%M:%S +0000"))
+/// `dd-Mon-yyyy hh:mm:ss +zzzz` (INTERNALDATE), in the date's own zone.
+pub fn internal_date(date: &chrono::DateTime<chrono::FixedOffset>) -> String {
+    format!("\"{}\"", date.format("%d-%b-%Y %H:%M:%S %z"))
 }
 
 /// True when `flags` holds `flag` (for search evaluation).

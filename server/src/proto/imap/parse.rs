@@ -209,7 +209,8 @@ pub enum Request<'a> {
 #[derive(Debug)]
 pub struct AppendMessage<'a> {
     pub flags: FlagSet,
-    pub date: Option<chrono::DateTime<chrono::Utc>>,
+    /// The internal date asked for, in the zone the client wrote it in.
+    pub date: Option<chrono::DateTime<chrono::FixedOffset>>,
     pub data: &'a [u8],
 }
 
@@ -1065,9 +1066,9 @@ fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
 }
 
 /// `dd-Mon-yyyy hh:mm:ss +zzzz` (day may be space-padded).
-pub fn parse_date_time(s: Vec<u8>) -> Option<chrono::DateTime<chrono::Utc>> {
+pub fn parse_date_time(s: Vec<u8>) -> Option<chrono::DateTime<chrono::FixedOffset>> {
     let s = String::from_utf8(s).ok()?;
-    chrono::DateTime::parse_from_str(s.trim_start(), "%d-%b-%Y %H:%M:%S %z").ok().map(|d| d.to_utc())
+    chrono::DateTime::parse_from_str(s.trim_start(), "%d-%b-%Y %H:%M:%S %z").ok()
 }
 
 /// A cursor over a complete command for the few hand-parsed commands.
