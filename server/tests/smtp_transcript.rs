@@ -85,8 +85,6 @@ async fn recipient_errors_and_cache(b: Backend) {
     c.cmd("MAIL FROM:<x@remote.test>", "503 5.5.1").await;
     c.cmd("RCPT TO:<nobody@example.test>", "550 5.1.1").await;
     c.cmd("RCPT TO:<someone@elsewhere.test>", "550 5.7.1 Relaying denied").await;
-    // no postmaster account and none configured: unknown, not a relay attempt
-    c.cmd("RCPT TO:<postmaster>", "550 5.1.1").await;
     c.cmd("RCPT TO:<nobody>", "501 5.1.3").await;
     c.cmd("RCPT TO:<>", "501 5.1.3").await;
     c.cmd("RCPT TO:alice@example.test", "501 5.5.4").await;
@@ -116,6 +114,23 @@ async fn postmaster_is_always_accepted(b: Backend) {
     assert!(h.messages("alice@example.test").await.is_empty());
 }
 
+/// With no `smtp.postmaster` and no postmaster account, postmaster mail is still
+/// accepted (RFC 5321 §4.5.1 MUST): it goes to `postmaster@` the domain, created
+/// for it, and every form of the name reaches that one mailbox.
+async fn postmaster_gets_a_mailbox_of_its_own(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("reporter@remote.test", "postmaster").await;
+    c.cmd("RCPT TO:<PostMaster@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<postmaster@elsewhere.test>", "550 5.7.1").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
+    assert_eq!(h.messages("postmaster@example.test").await.len(), 1, "delivered once");
+    // A second message finds the account made for the first.
+    c.envelope("reporter@remote.test", "POSTMASTER@EXAMPLE.TEST").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
+    assert_eq!(h.messages("postmaster@example.test").await.len(), 2);
+}
+
 /// The group-commit linger applies only while other commits are in flight: a lone
 /// message on an idle server is acknowledged without waiting for company.
 async fn lone_message_does_not_linger(b: Backend) {
@@ -142,6 +157,8 @@ async fn sequence_errors_before_greeting(b: Backend) {
     c.cmd("VRFY alice@example.test", "252 2.5.0").await;
     c.cmd("EXPN staff", "502 5.5.1").await;
     c.cmd("STARTTLS", "454 4.7.0").await;
+    // RFC 3207 §4: no parameters.
+    c.cmd("STARTTLS now", "501 5.5.4").await;
     c.cmd("AUTH PLAIN AGFsaWNlAHB3", "502 5.5.1").await;
 }
 
@@ -266,7 +283,8 @@ async fn bdat_chunks_exact_sizes(b: Backend) {
     c.send("BDAT 3\r\nabc").await;
     c.expect("250 2.0.0 3 octets").await;
     c.cmd("BDAT 0 LAST", "250 2.0.0 OK").await;
-    assert!(h.messages("bob@example.test").await[0].ends_with(b"abc"));
+    // A last chunk without a final CRLF gets one: a message ends with a line.
+    assert!(h.messages("bob@example.test").await[0].ends_with(b"\r\nabc\r\n"));
     c.cmd("BDAT x", "501 5.5.4").await;
 }
 
@@ -417,6 +435,11 @@ async fn submission_auth_exchanges(b: Backend) {
     c.cmd("not base64!", "501 5.5.2").await;
     c.cmd("AUTH PLAIN", "334 ").await;
     c.cmd("Zm9v", "501 5.5.2 Invalid PLAIN").await;
+    // Well-formed, but acting for another identity: an authorization failure
+    // (RFC 4954 §6), not a syntax error.
+    c.cmd("AUTH PLAIN", "334 ").await;
+    let other = base64_encode(&format!("bob@example.test\0alice@example.test\0{PASSWORD}"));
+    c.cmd(&other, "535 5.7.8").await;
     c.cmd("AUTH LOGIN", "334 VXNlcm5hbWU6").await;
     c.cmd("YWxpY2VAZXhhbXBsZS50ZXN0", "334 UGFzc3dvcmQ6").await;
     c.cmd("d3Jvbmc=", "535 5.7.8").await;
@@ -598,6 +621,7 @@ both_backends!(
     mx_delivery_stores_once_with_trace_headers,
     recipient_errors_and_cache,
     postmaster_is_always_accepted,
+    postmaster_gets_a_mailbox_of_its_own,
     lone_message_does_not_linger,
     sequence_errors_before_greeting,
     too_many_recipients,

@@ -18,7 +18,7 @@ use crate::proto::frame::LineFramer;
 use crate::proto::pop3::{
     Command, ParseError, encode_message, parse_command, sent_as_stored, stored_terminator,
 };
-use crate::proto::smtp::{sasl_decode, sasl_plain};
+use crate::proto::smtp::{SaslPlain, sasl_decode, sasl_plain};
 use crate::store::StoreError;
 
 /// Answers are flushed early once this much is queued, so one RETR of a large
@@ -310,10 +310,13 @@ impl Session {
         if response.trim() == "*" {
             return Ok(self.err("Authentication cancelled"));
         }
-        let Some((user, password)) = sasl_decode(&response).as_deref().and_then(sasl_plain) else {
-            return Ok(self.err("[AUTH] Malformed PLAIN response"));
-        };
-        Ok(self.login(&user, &password).await)
+        match sasl_decode(&response).as_deref().and_then(sasl_plain) {
+            Some(SaslPlain::Credentials(user, password)) => Ok(self.login(&user, &password).await),
+            Some(SaslPlain::OtherIdentity) => {
+                Ok(self.err("[AUTH] Authorization as another identity is not supported"))
+            }
+            None => Ok(self.err("[AUTH] Malformed PLAIN response")),
+        }
     }
 
     async fn login(&mut self, user: &str, password: &str) -> Step {

@@ -136,6 +136,23 @@ pub fn sanitize(text: &str, max: usize) -> String {
     text.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').take(max).collect()
 }
 
+/// The HELO/EHLO name as a trace header's `from` names it: a domain or address
+/// literal keeps its letters, digits, `.`, `-` and (in a literal) `:` and the
+/// brackets; anything else a client sent becomes `_`, so that it can neither
+/// end the clause (`;`), open or close a comment (`(`, `)`) nor quote
+/// (`"`, `\`) in the header it is written into (RFC 5322 §3.6.7).
+pub fn trace_name(helo: &str) -> String {
+    let literal = helo.starts_with('[') && helo.ends_with(']');
+    helo.chars()
+        .take(255)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' => c,
+            ':' | '[' | ']' if literal => c,
+            _ => '_',
+        })
+        .collect()
+}
+
 /// Splits `local@domain`; the domain is lower-cased. `None` when there is no `@`, an
 /// empty part, or a domain that is not a plausible host name or address literal.
 pub fn split_address(address: &str) -> Option<(&str, String)> {
@@ -181,7 +198,7 @@ pub fn sasl_encode(text: &str) -> String {
 /// RFC 4616 PLAIN message `authzid NUL authcid NUL passwd` → (authcid, passwd).
 /// An authorization identity different from the authentication identity is
 /// refused: this server has no proxy-authorization.
-pub fn sasl_plain(decoded: &[u8]) -> Option<(String, String)> {
+pub fn sasl_plain(decoded: &[u8]) -> Option<SaslPlain> {
     let mut parts = decoded.split(|b| *b == 0);
     let authzid = parts.next()?;
     let authcid = parts.next()?;
@@ -191,9 +208,20 @@ pub fn sasl_plain(decoded: &[u8]) -> Option<(String, String)> {
     }
     let authcid = std::str::from_utf8(authcid).ok()?;
     if !authzid.is_empty() && std::str::from_utf8(authzid).ok()? != authcid {
-        return None;
+        return Some(SaslPlain::OtherIdentity);
     }
-    Some((authcid.to_string(), std::str::from_utf8(passwd).ok()?.to_string()))
+    Some(SaslPlain::Credentials(authcid.to_string(), std::str::from_utf8(passwd).ok()?.to_string()))
+}
+
+/// A well-formed SASL PLAIN message (RFC 4616).
+#[derive(Debug, PartialEq, Eq)]
+pub enum SaslPlain {
+    /// The user (authcid) and password, acting as themselves.
+    Credentials(String, String),
+    /// An authorization identity other than the user's: acting for someone
+    /// else, which is not supported. Refused as an authorization failure, not as
+    /// a malformed message.
+    OtherIdentity,
 }
 
 /// What a DATA body contained that RFC 5321 forbids.
@@ -422,10 +450,20 @@ mod tests {
     }
 
     #[test]
+    fn trace_names_cannot_break_the_header() {
+        assert_eq!(trace_name("mail.example.org"), "mail.example.org");
+        assert_eq!(trace_name("[IPv6:2001:db8::1]"), "[IPv6:2001:db8::1]");
+        assert_eq!(trace_name("a;b"), "a_b");
+        assert_eq!(trace_name("evil) by fake.example (x"), "evil__by_fake.example__x");
+        assert_eq!(trace_name("a\"b\\c:d"), "a_b_c_d");
+        assert_eq!(trace_name(&"x".repeat(300)).len(), 255);
+    }
+
+    #[test]
     fn sasl_plain_forms() {
-        assert_eq!(sasl_plain(b"\0u@x\0pw"), Some(("u@x".into(), "pw".into())));
-        assert_eq!(sasl_plain(b"u@x\0u@x\0pw"), Some(("u@x".into(), "pw".into())));
-        assert_eq!(sasl_plain(b"other\0u@x\0pw"), None);
+        assert_eq!(sasl_plain(b"\0u@x\0pw"), Some(SaslPlain::Credentials("u@x".into(), "pw".into())));
+        assert_eq!(sasl_plain(b"u@x\0u@x\0pw"), Some(SaslPlain::Credentials("u@x".into(), "pw".into())));
+        assert_eq!(sasl_plain(b"other\0u@x\0pw"), Some(SaslPlain::OtherIdentity));
         assert_eq!(sasl_plain(b"\0\0pw"), None);
         assert_eq!(sasl_plain(b"nonul"), None);
         assert_eq!(sasl_decode("="), Some(Vec::new()));

@@ -4,7 +4,7 @@
 
 use super::session::{Session, Step};
 use crate::auth::AuthOutcome;
-use crate::proto::smtp::{Reply, SaslMechanism, replies, sasl_decode, sasl_encode, sasl_plain};
+use crate::proto::smtp::{Reply, SaslMechanism, SaslPlain, replies, sasl_decode, sasl_encode, sasl_plain};
 
 /// An AUTH exchange waiting for the client's next line.
 #[derive(Debug)]
@@ -83,7 +83,16 @@ impl Session {
         };
         match exchange {
             AuthExchange::Plain => match sasl_plain(&decoded) {
-                Some((user, password)) => self.auth_verify(&user, &password).await,
+                Some(SaslPlain::Credentials(user, password)) => self.auth_verify(&user, &password).await,
+                // RFC 4954 §6: the identity may not act as another.
+                Some(SaslPlain::OtherIdentity) => {
+                    self.reply(Reply::new(
+                        535,
+                        "5.7.8",
+                        "Authorization as another identity is not supported",
+                    ));
+                    Step::Continue
+                }
                 None => {
                     self.reply(Reply::new(501, "5.5.2", "Invalid PLAIN message"));
                     Step::Continue

@@ -20,7 +20,7 @@ use super::envelope::{Envelope, Target};
 use super::session::{Session, Step};
 use crate::cache::MailboxEvent;
 use crate::proto::frame::take_octets;
-use crate::proto::smtp::{DataDecoder, Reply, replies, sanitize};
+use crate::proto::smtp::{DataDecoder, Reply, replies, trace_name};
 use crate::relay::deliver_dsn;
 use crate::relay::dsn::{self, Action, RecipientReport};
 use crate::store::{FlagSet, NewDelivery, NewQueueItem};
@@ -169,6 +169,12 @@ impl Session {
             self.bdat = Some(body);
             return Step::Continue;
         }
+        // A message ends with CRLF (RFC 5322 §2.1); DATA's terminator guarantees
+        // one, a last chunk may not. Added here, so that every reader (POP3's
+        // exact LIST size, IMAP's RFC822.SIZE) sees the octets it will send.
+        if !body.buf.ends_with(b"\r\n") && body.seen > 0 {
+            body.buf.extend_from_slice(b"\r\n");
+        }
         let reply = self.finish_message(body.buf, body.seen).await;
         self.reply(reply);
         Step::Continue
@@ -196,7 +202,7 @@ impl Session {
         out.push_str(">\r\n");
         out.push_str(&format!(
             "Received: from {} ([{}])\r\n\tby {} (Mailcluster) with {} id {}",
-            sanitize(helo, 255),
+            trace_name(helo),
             self.conn.remote.ip(),
             self.hostname(),
             with,

@@ -209,30 +209,87 @@ impl Session {
     }
 
     /// [`Self::lookup_recipient`] with the postmaster rules of RFC 5321 §4.5.1: the
-    /// bare `<postmaster>` is always a local recipient (the configured postmaster
-    /// address), and so is `postmaster@` a local domain without such an account.
+    /// bare `<postmaster>` is always a local recipient, and so is `postmaster@`
+    /// every local domain. They go to `smtp.postmaster` when it is set; else to
+    /// the domain's own `postmaster@` account (the bare form: the hostname's
+    /// domain when it is local, else the first local domain), which is created,
+    /// without a known password, the first time mail for it arrives and nobody
+    /// made it: the mail is kept until an administrator sets a password.
     async fn resolve_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
         let configured = &self.config().postmaster;
-        if address.eq_ignore_ascii_case("postmaster") {
-            let target = if configured.is_empty() {
-                format!("postmaster@{}", self.app.config.hostname)
-            } else {
-                configured.clone()
-            };
-            return Ok(Some(match self.lookup_recipient(&target).await? {
+        let bare = address.eq_ignore_ascii_case("postmaster");
+        let postmaster_of = split_address(address)
+            .filter(|(local, _)| local.eq_ignore_ascii_case("postmaster"))
+            .map(|(_, d)| d);
+        if !bare && postmaster_of.is_none() {
+            return self.lookup_recipient(address).await;
+        }
+        if !bare
+            && let found @ Some(Lookup::Mailbox { .. } | Lookup::NotLocal) =
+                self.lookup_recipient(address).await?
+        {
+            return Ok(found);
+        }
+        if !configured.is_empty() {
+            return Ok(Some(match self.lookup_recipient(configured).await? {
                 Some(found @ Lookup::Mailbox { .. }) => found,
                 // Not deliverable here: refuse as unknown, never as a relay attempt.
                 _ => Lookup::NoSuchUser,
             }));
         }
-        let found = self.lookup_recipient(address).await?;
-        if let Some(Lookup::NoSuchUser) = found
-            && !configured.is_empty()
-            && split_address(address).is_some_and(|(local, _)| local.eq_ignore_ascii_case("postmaster"))
-        {
-            return self.lookup_recipient(configured).await;
+        let domain = match postmaster_of {
+            Some(d) => d.to_ascii_lowercase(),
+            None => {
+                let hostname = self.app.config.hostname.to_ascii_lowercase();
+                if self.app.store.domain_exists(&hostname).await? {
+                    hostname
+                } else {
+                    match self.app.store.domain_list().await?.into_iter().min() {
+                        Some(d) => d,
+                        None => return Ok(Some(Lookup::NoSuchUser)),
+                    }
+                }
+            }
+        };
+        let target = format!("postmaster@{domain}");
+        match self.lookup_recipient(&target).await? {
+            Some(Lookup::NoSuchUser) => {}
+            found => return Ok(found),
         }
-        Ok(found)
+        self.create_postmaster(&target).await?;
+        let _ = self.app.cache.value_del(&format!("smtp:rcpt:{target}")).await;
+        Ok(Some(match self.lookup_recipient(&target).await? {
+            Some(found @ Lookup::Mailbox { .. }) => found,
+            _ => Lookup::NoSuchUser,
+        }))
+    }
+
+    /// Creates `postmaster@domain` with the hash of a random secret nobody holds
+    /// (logging in needs `mailcluster user passwd`). Another session creating it
+    /// at the same moment is not an error: the lookup after finds it.
+    async fn create_postmaster(&self, email: &str) -> StoreResult<()> {
+        let hash = tokio::task::spawn_blocking(|| {
+            let mut secret = [0u8; 32];
+            rand::fill(&mut secret);
+            crate::auth::hash_password(&crate::cache::hex(&secret))
+        })
+        .await
+        .map_err(|e| crate::store::StoreError::Internal(format!("hashing: {e}")))?
+        .map_err(|e| crate::store::StoreError::Internal(e.to_string()))?;
+        match self.app.store.account_create(email, &hash).await {
+            Ok(_) => {
+                tracing::warn!(
+                    account = email,
+                    "mail for postmaster arrived and no such account existed: created it without a password \
+                     (RFC 5321 §4.5.1); set one with `mailcluster user passwd` or set smtp.postmaster"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, account = email, "postmaster account not created (it may exist now)");
+                Ok(())
+            }
+        }
     }
 
     /// Checks a recipient: `None` for an address without a domain.

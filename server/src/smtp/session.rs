@@ -208,7 +208,7 @@ impl Session {
                     Request::Auth { mechanism, initial_response } => {
                         self.cmd_auth(mechanism, &initial_response).await
                     }
-                    Request::StartTls => self.cmd_starttls(),
+                    Request::StartTls => self.cmd_starttls(line),
                     Request::Rset => self.cmd_rset(),
                     Request::Noop { .. } => self.cmd_noop(),
                     Request::Vrfy { .. } => self.cmd_vrfy(),

@@ -4,7 +4,12 @@ use super::session::{Session, Step};
 use crate::proto::smtp::Reply;
 
 impl Session {
-    pub(super) fn cmd_starttls(&mut self) -> Step {
+    pub(super) fn cmd_starttls(&mut self, line: &[u8]) -> Step {
+        // RFC 3207 §4: STARTTLS takes no parameters.
+        if line.trim_ascii().len() != b"STARTTLS".len() {
+            self.reply(Reply::new(501, "5.5.4", "Syntax error (no parameters allowed)"));
+            return Step::Continue;
+        }
         if self.is_tls {
             self.reply(Reply::new(503, "5.5.1", "TLS already active"));
             return Step::Continue;
