@@ -473,7 +473,23 @@ async fn submission_login_and_send(b: Backend) {
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].recipients, vec!["friend@elsewhere.test".to_string()]);
     assert_eq!(queued[0].sender, "BOB@example.test");
-    assert!(queued[0].raw.ends_with(b"Subject: out\r\n\r\nhello\r\n"));
+    // The submission agent completed the header (RFC 6409 §8.2, §8.3): the
+    // client's fields first, then Date and Message-ID; the body as sent.
+    let out = String::from_utf8_lossy(&queued[0].raw).into_owned();
+    let (header, body) = out.split_once("\r\n\r\n").expect("header and body");
+    assert_eq!(body, "hello\r\n");
+    let fields: Vec<&str> = header.split("\r\n").collect();
+    assert!(fields.iter().rev().nth(2) == Some(&"Subject: out"), "{out}");
+    assert!(fields.iter().rev().nth(1).is_some_and(|f| f.starts_with("Date: ")), "{out}");
+    assert!(
+        fields.last().is_some_and(|f| f.starts_with("Message-ID: <") && f.ends_with("@mx.test>")),
+        "{out}"
+    );
+    assert_eq!(
+        local[0].as_ref().windows(12).filter(|w| w == b"Message-ID: ").count(),
+        1,
+        "the local copy too"
+    );
 }
 
 /// Local and remote recipients in one message: when the local delivery fails, the

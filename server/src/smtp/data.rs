@@ -229,6 +229,12 @@ impl Session {
         if let Some(reply) = self.authenticate_sender(&envelope, &mut raw, &mut junk).await {
             return reply;
         }
+        if self.account.is_some() {
+            // A message submission agent completes what a client left out
+            // (RFC 6409 §8.2, §8.3): RFC 5322 §3.6 requires Date, and replies and
+            // threading need a Message-ID.
+            complete_submitted_header(&mut raw, self.hostname());
+        }
         let raw = Bytes::from(raw);
         let mut locals: Vec<(i64, i64)> = Vec::new();
         let mut remotes: Vec<String> = Vec::new();
@@ -465,11 +471,96 @@ fn header_safe(s: &str) -> String {
     s.chars().filter(|c| !c.is_control()).take(512).collect()
 }
 
+/// Adds `Date:` and `Message-ID:` to a submitted message's header when it has
+/// none, as its last fields (the trace fields stay first).
+fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
+    let end = crate::message::find_header_end(raw).unwrap_or(raw.len());
+    let header = &raw[..end];
+    let has = |name: &[u8]| {
+        header.split(|&b| b == b'\n').any(|line| {
+            line.len() > name.len()
+                && line[..name.len()].eq_ignore_ascii_case(name)
+                && line[name.len()] == b':'
+        })
+    };
+    let mut added = String::new();
+    if !has(b"Date") {
+        added.push_str(&format!("Date: {}\r\n", Utc::now().format("%a, %d %b %Y %H:%M:%S +0000")));
+    }
+    if !has(b"Message-ID") {
+        let mut random = [0u8; 12];
+        rand::fill(&mut random);
+        added.push_str(&format!(
+            "Message-ID: <{}.{}@{hostname}>\r\n",
+            Utc::now().timestamp_millis(),
+            crate::cache::hex(&random)
+        ));
+    }
+    if added.is_empty() {
+        return;
+    }
+    // Before the blank line that ends the header, or at the end of a message
+    // that is all header.
+    let at = if end == raw.len() && !raw.ends_with(b"\n\n") && !raw.ends_with(b"\r\n\r\n") {
+        if !raw.is_empty() && !raw.ends_with(b"\n") {
+            raw.extend_from_slice(b"\r\n");
+        }
+        raw.len()
+    } else if raw[..end].ends_with(b"\r\n\r\n") || raw[..end] == *b"\r\n" {
+        end - 2
+    } else {
+        end - 1
+    };
+    raw.splice(at..at, added.into_bytes());
+}
+
 /// Where the `Return-Path` line that [`Session::trace_headers`] writes first ends.
 fn return_path_end(raw: &[u8]) -> usize {
     if raw.starts_with(b"Return-Path:") {
         memchr::memmem::find(raw, b"\r\n").map(|p| p + 2).unwrap_or(0)
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::complete_submitted_header;
+
+    fn completed(raw: &str) -> String {
+        let mut raw = raw.as_bytes().to_vec();
+        complete_submitted_header(&mut raw, "mx.example.org");
+        String::from_utf8(raw).unwrap()
+    }
+
+    #[test]
+    fn submitted_mail_gets_date_and_message_id_when_missing() {
+        let out = completed("Received: x\r\nSubject: hi\r\n\r\nbody\r\n");
+        let (header, body) = out.split_once("\r\n\r\n").unwrap();
+        assert_eq!(body, "body\r\n");
+        let lines: Vec<&str> = header.split("\r\n").collect();
+        assert_eq!(lines[..2], ["Received: x", "Subject: hi"]);
+        assert!(lines[2].starts_with("Date: ") && lines[2].ends_with(" +0000"), "{out}");
+        assert!(lines[3].starts_with("Message-ID: <") && lines[3].ends_with("@mx.example.org>"), "{out}");
+        assert_eq!(lines.len(), 4);
+        let parsed = mail_parser::MessageParser::default().parse(out.as_bytes()).unwrap();
+        assert!(parsed.date().is_some() && parsed.message_id().is_some());
+    }
+
+    #[test]
+    fn fields_the_client_wrote_are_left_alone() {
+        let given = "DATE: Sat, 5 Dec 2026 10:00:00 +0100\r\nmessage-id: <a@b>\r\n\r\nbody\r\n";
+        assert_eq!(completed(given), given);
+        // A header field named like it (X-Date) is not it.
+        assert!(completed("X-Date: 1\r\nMessage-ID: <a@b>\r\n\r\n").contains("\r\nDate: "));
+    }
+
+    #[test]
+    fn messages_without_a_body_or_a_header() {
+        let out = completed("Subject: only a header\r\n");
+        assert!(out.starts_with("Subject: only a header\r\nDate: "), "{out}");
+        assert!(out.ends_with(">\r\n"), "{out}");
+        let out = completed("\r\nbody only\r\n");
+        assert!(out.starts_with("Date: ") && out.ends_with(">\r\n\r\nbody only\r\n"), "{out}");
     }
 }
