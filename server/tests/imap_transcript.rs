@@ -806,6 +806,20 @@ async fn sort_orders_by_the_rfc_keys() {
     assert_eq!(sort(&mut c, "h", "(TO SUBJECT) UTF-8 ALL").await, "* SORT 2 3 1 4");
     let r = c.cmd("u", "UID SORT (REVERSE DATE) UTF-8 ALL").await;
     assert_eq!(r, ["* SORT 5 3 2 4", "u OK UID SORT completed"].map(String::from));
+    // ESORT (RFC 5267 §3.2): the same order as an ESEARCH answer; MIN and MAX are
+    // the first and last in that order, ALL keeps it.
+    let r = c.cmd("es1", "SORT RETURN (MIN MAX COUNT ALL) (SUBJECT) UTF-8 ALL").await;
+    assert_eq!(
+        r,
+        ["* ESEARCH (TAG \"es1\") MIN 2 MAX 4 COUNT 4 ALL 2:3,1,4", "es1 OK SORT completed"]
+            .map(String::from)
+    );
+    let r = c.cmd("es2", "UID SORT RETURN (ALL) (REVERSE DATE) UTF-8 ALL").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"es2\") UID ALL 5,3,2,4");
+    let r = c.cmd("es3", "SORT RETURN (COUNT) (SUBJECT) UTF-8 SUBJECT nothing").await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"es3\") COUNT 0");
+    let r = c.cmd("es4", "SORT RETURN (SAVE) (SUBJECT) UTF-8 ALL").await;
+    assert!(r[0].starts_with("es4 BAD"), "{r:?}");
     // The mailbox changes after a sort by the same keys (and a narrow one between):
     // arrivals take their place in the order, the expunged leave it.
     let r = c.cmd("u1", "UID SORT (SUBJECT) UTF-8 ALL").await;
@@ -1256,10 +1270,16 @@ async fn binary_fetch_decodes_sections_and_append_takes_literal8() {
     assert_eq!(r[..2], ["* 1 FETCH (BINARY[2]<4> ~{3}", "\0ab)"]);
     let r = c.cmd("f", "FETCH 1 (BINARY.PEEK[2]<1.2>)").await;
     assert_eq!(r[..2], ["* 1 FETCH (BINARY[2]<1> {2}", "\u{1}\u{2})"]);
-    // An encoding the server cannot remove fails the command.
-    let r = c.cmd("g", "FETCH 1 (BINARY.PEEK[3])").await;
-    assert_eq!(r[0], "* 1 FETCH (BINARY[3] NIL)");
-    assert!(tagged(&r).starts_with("g NO [UNKNOWN-CTE]"), "{r:?}");
+    // An encoding the server cannot remove fails the command, with no FETCH
+    // data for that message (not even the items it could answer).
+    for (tag, items) in [("g", "BINARY.PEEK[3]"), ("g2", "UID BINARY.SIZE[3]")] {
+        let r = c.cmd(tag, &format!("FETCH 1 ({items})")).await;
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(tagged(&r).starts_with(&format!("{tag} NO [UNKNOWN-CTE]")), "{r:?}");
+    }
+    // An offset alone (as Dovecot allows) reads to the end.
+    let r = c.cmd("g3", "FETCH 1 (BINARY.PEEK[2]<5>)").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[2]<5> {2}", "ab)"]);
     // No encoding (7bit), and a MIME header: sent as they are.
     let r = c.cmd("h", "FETCH 1 (BINARY.PEEK[4] BINARY.PEEK[1.MIME])").await;
     let mime =

@@ -157,8 +157,8 @@ impl Session {
             }
             expunge_issued = run.expunge_issued;
             if run.unknown_cte {
-                // RFC 3516 §4.2: the command fails; the lines already sent carry
-                // NIL for the section that could not be decoded.
+                // RFC 3516 §4.2: the command fails; the messages whose section
+                // could not be decoded got no FETCH line.
                 return Outcome::no("[UNKNOWN-CTE] A section's content-transfer-encoding cannot be decoded");
             }
         }
@@ -488,7 +488,8 @@ struct Message<'a> {
 
 /// Appends `* seq FETCH (...)` for the requested items. `seen_set`: \Seen was
 /// just set by this FETCH, so FLAGS are reported even when not asked for.
-/// Returns whether a BINARY section could not be decoded (it is sent as NIL).
+/// Returns whether a BINARY section could not be decoded: then nothing is
+/// written for the message (the command fails, RFC 3516 §4.2).
 fn fetch_line(
     out: &mut Output,
     seq: u32,
@@ -498,9 +499,32 @@ fn fetch_line(
     seen_set: bool,
 ) -> bool {
     use MessageDataItemName as I;
+    // BINARY sections first, decoded once: one that cannot be stops the line
+    // before anything of it is written.
+    let raw: &[u8] = m.body.map(|b| &b[..]).unwrap_or_default();
+    let mut decoded: Vec<Option<(String, Cow<'_, [u8]>)>> = Vec::new();
+    for (n, item) in items.iter().enumerate() {
+        let section = match item {
+            I::BodyExt { section, .. } if binary.get(n).copied().flatten().is_some() => section,
+            _ => {
+                decoded.push(None);
+                continue;
+            }
+        };
+        let (spec, data) = section_bytes(raw, m.meta, section.as_ref());
+        let data = match section {
+            Some(Section::Part(p)) => decode_cte(data, &part_encoding(raw, m.meta, &path_of(p))),
+            // Headers, MIME headers, TEXT and the whole message carry no
+            // encoding of their own: sent as BODY sends them.
+            _ => Some(data),
+        };
+        match data {
+            Some(data) => decoded.push(Some((spec, data))),
+            None => return true,
+        }
+    }
     let _ = write!(out, "* {seq} FETCH (");
     let mut flags_sent = false;
-    let mut unknown_cte = false;
     for (n, item) in items.iter().enumerate() {
         if n > 0 {
             out.push(b' ');
@@ -529,20 +553,8 @@ fn fetch_line(
             I::BodyStructure => {
                 let _ = write!(out, "BODYSTRUCTURE {}", m.meta.body_structure);
             }
-            I::BodyExt { section, partial, .. } if binary.get(n).copied().flatten().is_some() => {
-                let raw: &[u8] = m.body.map(|b| &b[..]).unwrap_or_default();
-                let (spec, data) = section_bytes(raw, m.meta, section.as_ref());
-                let decoded = match section {
-                    Some(Section::Part(p)) => decode_cte(data, &part_encoding(raw, m.meta, &path_of(p))),
-                    // Headers, MIME headers, TEXT and the whole message carry no
-                    // encoding of their own: sent as BODY sends them.
-                    _ => Some(data),
-                };
-                let Some(decoded) = decoded else {
-                    unknown_cte = true;
-                    let _ = write!(out, "BINARY[{spec}] NIL");
-                    continue;
-                };
+            I::BodyExt { partial, .. } if decoded.get(n).is_some_and(Option::is_some) => {
+                let Some((spec, decoded)) = decoded[n].take() else { continue };
                 if binary.get(n).copied().flatten() == Some(BinaryItem::Size) {
                     let _ = write!(out, "BINARY.SIZE[{spec}] {}", decoded.len());
                     continue;
@@ -592,7 +604,7 @@ fn fetch_line(
         let _ = write!(out, "{sep}MODSEQ ({modseq})");
     }
     out.extend_from_slice(b")\r\n");
-    unknown_cte
+    false
 }
 
 fn slice_cow(data: Cow<'_, [u8]>, start: usize, end: usize) -> Cow<'_, [u8]> {

@@ -412,7 +412,7 @@ pub(crate) fn numbers_line(head: &str, numbers: &[u32]) -> String {
 
 /// `* ESEARCH (TAG "a") [UID] MIN … MAX … COUNT … ALL …`, the items `options`
 /// asks for (none means ALL); MIN, MAX and ALL are left out when nothing matched.
-fn esearch_line(tag: &str, options: &[ReturnOption], uid: bool, numbers: &[u32]) -> String {
+pub(crate) fn esearch_line(tag: &str, options: &[ReturnOption], uid: bool, numbers: &[u32]) -> String {
     let mut line = format!("* ESEARCH (TAG \"{tag}\")");
     if uid {
         line.push_str(" UID");

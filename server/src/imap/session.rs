@@ -372,7 +372,10 @@ impl Session {
                         SearchKind::ESearch(options) => {
                             self.cmd_search(Some((&tag, options)), charset, &criteria, uid).await
                         }
-                        SearchKind::Sort(keys) => self.cmd_sort(charset, &criteria, keys, uid).await,
+                        SearchKind::Sort(keys, returns) => {
+                            let esort = returns.as_deref().map(|r| (tag.as_str(), r));
+                            self.cmd_sort(esort, charset, &criteria, keys, uid).await
+                        }
                         SearchKind::Thread(algorithm) => {
                             match self.matching_rows(charset, &criteria, uid).await {
                                 Ok(rows) => self.cmd_thread(*algorithm, rows, uid).await,
@@ -661,8 +664,8 @@ fn request_name(r: &Request<'_>) -> &'static str {
         Request::Searching { uid, kind, .. } => match (kind, uid) {
             (SearchKind::ESearch(_), true) => "UID SEARCH",
             (SearchKind::ESearch(_), false) => "SEARCH",
-            (SearchKind::Sort(_), true) => "UID SORT",
-            (SearchKind::Sort(_), false) => "SORT",
+            (SearchKind::Sort(..), true) => "UID SORT",
+            (SearchKind::Sort(..), false) => "SORT",
             (SearchKind::Thread(_), true) => "UID THREAD",
             (SearchKind::Thread(_), false) => "THREAD",
         },

@@ -6,17 +6,20 @@ use std::cmp::Ordering;
 use imap_codec::imap_types::core::Charset;
 use imap_codec::imap_types::search::SearchKey;
 
-use super::search::numbers_line;
+use super::search::{esearch_line, numbers_line};
 use super::session::{Outcome, Session, store_error};
-use crate::proto::imap::parse::{SortKey, SortKind};
+use crate::proto::imap::parse::{ReturnOption, SortKey, SortKind};
 use std::sync::Arc;
 
 use super::sort_cache::{Order, SortKeys};
 use crate::store::UidSet;
 
 impl Session {
+    /// `esort`: the tag and RETURN options of an ESORT (RFC 5267): the answer is
+    /// an ESEARCH line, MIN and MAX the first and last in the sorted order.
     pub(crate) async fn cmd_sort(
         &mut self,
+        esort: Option<(&str, &[ReturnOption])>,
         charset: Option<&Charset<'_>>,
         criteria: &SearchKey<'_>,
         keys: &[SortKey],
@@ -62,7 +65,10 @@ impl Session {
                 Some(if uid { order.members[r as usize] } else { seq })
             })
             .collect();
-        let line = numbers_line("* SORT", &numbers);
+        let line = match esort {
+            Some((tag, options)) => esearch_line(tag, options, uid, &numbers),
+            None => numbers_line("* SORT", &numbers),
+        };
         self.push(&line);
         Outcome::ok(if uid { "UID SORT completed" } else { "SORT completed" })
     }

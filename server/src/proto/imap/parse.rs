@@ -102,7 +102,8 @@ pub struct ListExtended {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SearchKind {
     ESearch(Vec<ReturnOption>),
-    Sort(Vec<SortKey>),
+    /// SORT, with `RETURN (…)` (ESORT, RFC 5267 §3) when given.
+    Sort(Vec<SortKey>, Option<Vec<ReturnOption>>),
     Thread(ThreadAlgorithm),
 }
 
@@ -573,6 +574,19 @@ fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Optio
         Sort(Vec<SortKey>),
         Thread(ThreadAlgorithm),
     }
+    // ESORT (RFC 5267 §3.2): `SORT RETURN (options) (keys) …`; SAVE is not one
+    // of its options.
+    let mut returns = None;
+    if verb == b"SORT" {
+        let mut look = Tok { s: cmd, pos: tok.pos };
+        if look.sp() && look.atom().eq_ignore_ascii_case(b"RETURN") {
+            match return_option_list(&mut look) {
+                Some(options) if !options.contains(&ReturnOption::Save) => returns = Some(options),
+                _ => return Some(None),
+            }
+            tok = look;
+        }
+    }
     let head = match verb.as_slice() {
         b"SORT" => sort_keys(&mut tok).map(Head::Sort),
         b"THREAD" => {
@@ -604,7 +618,7 @@ fn parse_sort_head<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Optio
     search.push(b' ');
     search.extend_from_slice(&cmd[tok.pos..]);
     let kind = match head {
-        Head::Sort(keys) => SearchKind::Sort(keys),
+        Head::Sort(keys) => SearchKind::Sort(keys, returns),
         Head::Thread(algorithm) => SearchKind::Thread(algorithm),
     };
     Some(Some(Request::Searching { uid, kind, search }))
@@ -667,35 +681,7 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
     if !look.sp() || !look.atom().eq_ignore_ascii_case(b"RETURN") {
         return None;
     }
-    let options = (|| {
-        if !look.sp() || look.peek() != Some(b'(') {
-            return None;
-        }
-        look.pos += 1;
-        let mut options = Vec::new();
-        loop {
-            if look.peek() == Some(b')') {
-                look.pos += 1;
-                break;
-            }
-            if !options.is_empty() && !look.sp() {
-                return None;
-            }
-            let option = match look.atom().to_ascii_uppercase().as_slice() {
-                b"MIN" => ReturnOption::Min,
-                b"MAX" => ReturnOption::Max,
-                b"ALL" => ReturnOption::All,
-                b"COUNT" => ReturnOption::Count,
-                b"SAVE" => ReturnOption::Save,
-                _ => return None,
-            };
-            if !options.contains(&option) {
-                options.push(option);
-            }
-        }
-        Some(options)
-    })();
-    let Some(options) = options else { return Some(None) };
+    let Some(options) = return_option_list(&mut look) else { return Some(None) };
     if !look.sp() {
         return Some(None);
     }
@@ -704,6 +690,37 @@ fn parse_esearch<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<
     search.push(b' ');
     search.extend_from_slice(&cmd[look.pos..]);
     Some(Some(Request::Searching { uid, kind: SearchKind::ESearch(options), search }))
+}
+
+/// ` (MIN MAX …)` after RETURN (RFC 4731 §3.1), duplicates dropped; the cursor
+/// ends after the closing parenthesis.
+fn return_option_list(look: &mut Tok<'_>) -> Option<Vec<ReturnOption>> {
+    if !look.sp() || look.peek() != Some(b'(') {
+        return None;
+    }
+    look.pos += 1;
+    let mut options = Vec::new();
+    loop {
+        if look.peek() == Some(b')') {
+            look.pos += 1;
+            break;
+        }
+        if !options.is_empty() && !look.sp() {
+            return None;
+        }
+        let option = match look.atom().to_ascii_uppercase().as_slice() {
+            b"MIN" => ReturnOption::Min,
+            b"MAX" => ReturnOption::Max,
+            b"ALL" => ReturnOption::All,
+            b"COUNT" => ReturnOption::Count,
+            b"SAVE" => ReturnOption::Save,
+            _ => return None,
+        };
+        if !options.contains(&option) {
+            options.push(option);
+        }
+    }
+    Some(options)
 }
 
 /// ASCII case-insensitive substring test (the fast check before the CONDSTORE
@@ -856,6 +873,17 @@ fn binary_as_body(item: &[u8]) -> Option<Option<(BinaryItem, Vec<u8>)>> {
     let tail = &item[item.len() - rest.len()..];
     if kind == BinaryItem::Size && tail.ends_with(b">") {
         return Some(None);
+    }
+    // `<offset>` alone, as Dovecot takes it: from the offset to the end.
+    if tail.ends_with(b">")
+        && let Some(open) = tail.iter().rposition(|&b| b == b'<')
+        && !tail[open..].contains(&b'.')
+    {
+        let offset = &tail[open + 1..tail.len() - 1];
+        if offset.is_empty() || !offset.iter().all(u8::is_ascii_digit) {
+            return Some(None);
+        }
+        return Some(Some((kind, [body, &tail[..open + 1], offset, b".4294967295>"].concat())));
     }
     Some(Some((kind, [body, tail].concat())))
 }
@@ -1429,11 +1457,19 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(parse(b"a FETCH 1 BODY[HEADER.FIELDS (X-BINARY)]\r\n"), Ok((_, Request::Codec(_)))));
+        // `<offset>` without a length reads to the end.
+        match parse(b"a FETCH 1 BINARY.PEEK[5]<15>\r\n") {
+            Ok((_, Request::Fetch { fetch, .. })) => {
+                assert_eq!(fetch, b"a FETCH 1 (BODY.PEEK[5]<15.4294967295>)\r\n")
+            }
+            other => panic!("{other:?}"),
+        }
         for bad in [
             &b"a FETCH 1 BINARY.SIZE[1]<0.5>\r\n"[..],
             b"a FETCH 1 (BINARY)\r\n",
             b"a FETCH 1 (BINARY.FOO[1])\r\n",
             b"a FETCH 1 (BINARY[1\r\n",
+            b"a FETCH 1 (BINARY[1]<x>)\r\n",
         ] {
             assert!(parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
