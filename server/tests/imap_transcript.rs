@@ -279,6 +279,19 @@ async fn append_literals_and_limits() {
         let r = c.cmd(tag, &format!("SEARCH {key}")).await;
         assert!(r.iter().any(|l| l == expect), "{key}: {r:?}");
     }
+    // WITHIN (RFC 5032): by internal date, to the second; nested like any key.
+    for (tag, key, expect) in [
+        ("w1", "YOUNGER 3600", "* SEARCH 1"),
+        ("w2", "OLDER 3600", "* SEARCH 2 3"),
+        ("w3", "NOT YOUNGER 3600 SINCE 1-Jan-2010", "* SEARCH 2"),
+        ("w4", "RETURN (COUNT) OR YOUNGER 60 OLDER 600000000", "* ESEARCH (TAG \"w4\") COUNT 2"),
+    ] {
+        let r = c.cmd(tag, &format!("SEARCH {key}")).await;
+        assert!(r.iter().any(|l| l == expect), "{key}: {r:?}");
+        assert!(!r.iter().any(|l| l.contains("MODSEQ")), "no MODSEQ without a MODSEQ key: {r:?}");
+    }
+    let r = c.cmd("w5", "SEARCH YOUNGER 0").await;
+    assert!(tagged(&r).starts_with("w5 BAD"), "{r:?}");
     c.cmd("p4u", "UNSELECT").await;
     // Over the limit, synchronising: refused before the data, no "+".
     c.send("p5 APPEND INBOX {2000000}\r\n").await;

@@ -248,12 +248,12 @@ impl Session {
                 return Ok(true);
             }
         };
-        let with_modseqs;
-        let cmd = match self.with_modseq_criteria(cmd).await {
-            Some(c) => {
-                with_modseqs = c;
-                self.search_modseq = true;
-                with_modseqs.as_slice()
+        let rewritten;
+        let cmd = match self.with_rewritten_criteria(cmd).await {
+            Some((c, modseq)) => {
+                rewritten = c;
+                self.search_modseq = modseq;
+                rewritten.as_slice()
             }
             None => cmd,
         };
@@ -457,30 +457,57 @@ impl Session {
     }
 
     /// MODSEQ search criteria (RFC 7162 §3.1.5) replaced by the UIDs they match,
-    /// from each message's modseq in the session's map: nested in OR or NOT
-    /// (`OR NOT MODSEQ n LARGER 5`) as well as alone, with one search grammar.
-    /// `None`: no MODSEQ criterion, or nothing selected (the command then fails
-    /// as usual).
-    async fn with_modseq_criteria(&mut self, cmd: &[u8]) -> Option<Vec<u8>> {
-        let criteria = parse::modseq_criteria(cmd);
+    /// from each message's modseq in the session's map, and YOUNGER/OLDER (RFC
+    /// 5032) from each message's internal date (the sort keys' cache): nested in
+    /// OR or NOT (`OR NOT MODSEQ n LARGER 5`) as well as alone, with one search
+    /// grammar. `None`: no such criterion, or nothing selected (the command then
+    /// fails as usual); else the command and whether a MODSEQ was among them.
+    async fn with_rewritten_criteria(&mut self, cmd: &[u8]) -> Option<(Vec<u8>, bool)> {
+        let criteria = parse::rewritten_criteria(cmd);
         if criteria.is_empty() || self.selected.is_none() {
             return None;
         }
         // Current first, without announcing EXPUNGE (the search syncs again and
         // reports a store error if there is one).
         let _ = self.sync(false).await;
-        self.enable_condstore();
+        let modseq = criteria.iter().any(|(_, k)| matches!(k, parse::Rewritten::Modseq(_)));
+        if modseq {
+            self.enable_condstore();
+        }
+        // Internal dates (microseconds) of the messages in view, when asked for.
+        let mut arrivals: Option<Vec<(u32, i64)>> = None;
+        if criteria.iter().any(|(_, k)| !matches!(k, parse::Rewritten::Modseq(_))) {
+            let sel = self.selected.as_ref()?;
+            let mailbox = (sel.mailbox.id, sel.mailbox.uid_validity);
+            let uids = sel.uids.clone();
+            let keys = self.keys_of(mailbox, &uids).await.ok()?;
+            arrivals = Some(keys.iter().map(|k| (k.uid, k.arrival)).collect());
+        }
+        let now = chrono::Utc::now().timestamp_micros();
         let sel = self.selected.as_ref()?;
         let mut out = Vec::with_capacity(cmd.len());
         let mut last = 0;
-        for (range, n) in criteria {
-            let uids: Vec<u32> = sel
-                .uids
-                .iter()
-                .zip(&sel.modseqs)
-                .filter(|&(u, &m)| m >= n && !sel.pending_expunge.contains(u))
-                .map(|(&u, _)| u)
-                .collect();
+        for (range, key) in criteria {
+            let within = |seconds: u32, younger: bool| -> Vec<u32> {
+                let cutoff = now - i64::from(seconds) * 1_000_000;
+                arrivals
+                    .iter()
+                    .flatten()
+                    .filter(|&&(_, at)| if younger { at >= cutoff } else { at < cutoff })
+                    .map(|&(u, _)| u)
+                    .collect()
+            };
+            let uids: Vec<u32> = match key {
+                parse::Rewritten::Modseq(n) => sel
+                    .uids
+                    .iter()
+                    .zip(&sel.modseqs)
+                    .filter(|&(u, &m)| m >= n && !sel.pending_expunge.contains(u))
+                    .map(|(&u, _)| u)
+                    .collect(),
+                parse::Rewritten::Younger(s) => within(s, true),
+                parse::Rewritten::Older(s) => within(s, false),
+            };
             out.extend_from_slice(&cmd[last..range.start]);
             if uids.is_empty() {
                 out.extend_from_slice(b"NOT ALL");
@@ -490,7 +517,7 @@ impl Session {
             last = range.end;
         }
         out.extend_from_slice(&cmd[last..]);
-        Some(out)
+        Some((out, modseq))
     }
 
     fn count(&self, command: &str, result: &str, took: Duration) {

@@ -89,7 +89,11 @@ impl Session {
 
     /// The sort keys of `uids` (ascending), in their order: from the process's sort
     /// cache, the missing ones read from the store and added to it.
-    async fn keys_of(&self, mailbox: (i64, u32), uids: &[u32]) -> Result<Vec<Arc<SortKeys>>, Outcome> {
+    pub(crate) async fn keys_of(
+        &self,
+        mailbox: (i64, u32),
+        uids: &[u32],
+    ) -> Result<Vec<Arc<SortKeys>>, Outcome> {
         let cache = &self.shared.reads.sort_cache;
         let mut keys = cache.get(mailbox, uids);
         let missing: Vec<u32> =

@@ -1007,20 +1007,23 @@ fn parse_store_unchanged_since<'a>(cmd: &[u8], tag: &str) -> Option<Option<Reque
     Some(Some(Request::Store { unchanged_since, store }))
 }
 
-/// Every `MODSEQ [entry-name entry-type] n` search criterion (RFC 7162 §3.1.5) of
-/// a `[UID] SEARCH`, `SORT` or `THREAD` command, at any depth (`OR NOT MODSEQ n
-/// LARGER 5`): the byte range of each and its value. The session replaces each
-/// with the UIDs it matches (it keeps every message's modseq), so the criteria
-/// keep one grammar. One modseq is kept per message, so an entry (a flag's own
+/// Every `MODSEQ [entry-name entry-type] n` search criterion (RFC 7162 §3.1.5),
+/// and every `YOUNGER n` / `OLDER n` (RFC 5032), of a `[UID] SEARCH`, `SORT` or
+/// `THREAD` command, at any depth (`OR NOT MODSEQ n LARGER 5`): the byte range
+/// of each and its value. The session replaces each with the UIDs it matches
+/// (from every message's modseq, or its internal date), so the criteria keep
+/// one grammar. One modseq is kept per message, so an entry (a flag's own
 /// modseq) is accepted and answered with the message's. Empty for other
-/// commands, and when a MODSEQ is malformed (the command then fails to parse).
-pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
+/// commands, and when a key is malformed (the command then fails to parse).
+pub fn rewritten_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, Rewritten)> {
     let mut out = Vec::new();
     // Every command passes through here: the verb first, so an APPEND's literal is
     // never scanned.
     let tag = super::tag_of(cmd);
     let Some((_, verb, _)) = uid_verb(cmd, &tag) else { return out };
-    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") || !contains_ci(cmd, b"MODSEQ") {
+    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD")
+        || !(contains_ci(cmd, b"MODSEQ") || contains_ci(cmd, b"YOUNGER") || contains_ci(cmd, b"OLDER"))
+    {
         return out;
     }
     let mut i = tag.len() + 1;
@@ -1051,7 +1054,22 @@ pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
                     }
                 }
                 let Some(n) = modseq_value(&mut t, true) else { return Vec::new() };
-                out.push((i + 1..t.pos, n));
+                out.push((i + 1..t.pos, Rewritten::Modseq(n)));
+                i = t.pos;
+                continue;
+            }
+            // WITHIN (RFC 5032): `YOUNGER n` / `OLDER n`, n seconds.
+            b' ' | b'(' if within_key(&cmd[i + 1..]).is_some() => {
+                let Some((len, younger)) = within_key(&cmd[i + 1..]) else { return Vec::new() };
+                let mut t = Tok { s: cmd, pos: i + 1 + len };
+                let digits = t.atom();
+                let Some(n) =
+                    std::str::from_utf8(digits).ok().and_then(|d| d.parse::<u32>().ok()).filter(|&n| n > 0)
+                else {
+                    return Vec::new();
+                };
+                let key = if younger { Rewritten::Younger(n) } else { Rewritten::Older(n) };
+                out.push((i + 1..t.pos, key));
                 i = t.pos;
                 continue;
             }
@@ -1060,6 +1078,28 @@ pub fn modseq_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, u64)> {
         i += 1;
     }
     out
+}
+
+/// A search key the command is rewritten around before `imap-codec` parses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewritten {
+    /// `MODSEQ n` (RFC 7162 §3.1.5), with or without an entry name.
+    Modseq(u64),
+    /// `YOUNGER n` (RFC 5032): internal date within the last n seconds.
+    Younger(u32),
+    /// `OLDER n` (RFC 5032): internal date more than n seconds ago.
+    Older(u32),
+}
+
+/// `YOUNGER ` or `OLDER ` at the start of `s`: its length and which.
+fn within_key(s: &[u8]) -> Option<(usize, bool)> {
+    if s.len() > 8 && s[..7].eq_ignore_ascii_case(b"YOUNGER") && s[7] == b' ' {
+        Some((8, true))
+    } else if s.len() > 6 && s[..5].eq_ignore_ascii_case(b"OLDER") && s[5] == b' ' {
+        Some((6, false))
+    } else {
+        None
+    }
 }
 
 fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
@@ -1485,9 +1525,12 @@ mod tests {
         assert!(parse(b"a STORE 1 (UNCHANGEDSINCE x) +FLAGS (\\Seen)\r\n").is_err());
 
         let found = |cmd: &[u8]| {
-            modseq_criteria(cmd)
+            rewritten_criteria(cmd)
                 .into_iter()
-                .map(|(r, n)| (String::from_utf8_lossy(&cmd[r]).into_owned(), n))
+                .filter_map(|(r, k)| match k {
+                    Rewritten::Modseq(n) => Some((String::from_utf8_lossy(&cmd[r]).into_owned(), n)),
+                    _ => None,
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(
@@ -1503,6 +1546,24 @@ mod tests {
         assert!(found(b"a SEARCH BODY {8}\r\nMODSEQ 5\r\n").is_empty());
         assert!(found(b"a FETCH 1 (MODSEQ)\r\n").is_empty());
         assert!(found(b"a SEARCH MODSEQ x\r\n").is_empty());
+        // WITHIN (RFC 5032).
+        let within = |cmd: &[u8]| {
+            rewritten_criteria(cmd)
+                .into_iter()
+                .map(|(r, k)| (String::from_utf8_lossy(&cmd[r]).into_owned(), k))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            within(b"a UID SEARCH OR YOUNGER 3600 (older 60 MODSEQ 4)\r\n"),
+            [
+                ("YOUNGER 3600".to_string(), Rewritten::Younger(3600)),
+                ("older 60".to_string(), Rewritten::Older(60)),
+                ("MODSEQ 4".to_string(), Rewritten::Modseq(4)),
+            ]
+        );
+        assert!(within(b"a SEARCH SUBJECT \"OLDER 5\"\r\n").is_empty());
+        assert!(within(b"a SEARCH YOUNGER 0\r\n").is_empty(), "n is a nz-number");
+        assert!(within(b"a SEARCH OLDER x\r\n").is_empty());
         assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
         let (_, status) = parse(b"a STATUS INBOX (HIGHESTMODSEQ UIDNEXT)\r\n").expect("status");
         assert!(
