@@ -817,6 +817,11 @@ async fn sort_orders_by_the_rfc_keys() {
     assert_eq!(sort(&mut c, "f", "(ARRIVAL) US-ASCII ALL").await, "* SORT 1 2 3 4");
     assert_eq!(sort(&mut c, "g", "(SIZE) UTF-8 FROM alice").await, "* SORT 4 2");
     assert_eq!(sort(&mut c, "h", "(TO SUBJECT) UTF-8 ALL").await, "* SORT 2 3 1 4");
+    // SORT=DISPLAY (RFC 5957): the display name, else the address; "Doe, Bob"
+    // after Carol, where FROM puts bob before carol.
+    assert_eq!(sort(&mut c, "i", "(DISPLAYFROM) UTF-8 ALL").await, "* SORT 2 4 1 3");
+    assert_eq!(sort(&mut c, "j", "(REVERSE DISPLAYFROM) UTF-8 ALL").await, "* SORT 3 1 2 4");
+    assert_eq!(sort(&mut c, "k", "(DISPLAYTO) UTF-8 ALL").await, "* SORT 1 2 3 4");
     let r = c.cmd("u", "UID SORT (REVERSE DATE) UTF-8 ALL").await;
     assert_eq!(r, ["* SORT 5 3 2 4", "u OK UID SORT completed"].map(String::from));
     // ESORT (RFC 5267 §3.2): the same order as an ESEARCH answer; MIN and MAX are

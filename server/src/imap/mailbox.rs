@@ -548,7 +548,9 @@ impl Session {
             Err(e) => return store_error(e),
         };
         // A CONDSTORE-enabling command (RFC 7162 §3.1).
-        self.condstore |= items.contains(&StatusItem::HighestModseq);
+        if items.contains(&StatusItem::HighestModseq) {
+            self.enable_condstore();
+        }
         match self.status_line(&mb.name, mb.id, Some(status), items).await {
             Ok(line) => {
                 self.push(&line);

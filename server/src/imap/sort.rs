@@ -172,6 +172,8 @@ fn compare(kind: SortKind, a: &SortKeys, b: &SortKeys) -> Ordering {
         SortKind::From => a.from.as_bytes().cmp(b.from.as_bytes()),
         SortKind::To => a.to.as_bytes().cmp(b.to.as_bytes()),
         SortKind::Cc => a.cc.as_bytes().cmp(b.cc.as_bytes()),
+        SortKind::DisplayFrom => a.display_from.cmp(&b.display_from),
+        SortKind::DisplayTo => a.display_to.cmp(&b.display_to),
     }
 }
 
@@ -183,6 +185,29 @@ pub(crate) fn first_mailbox(summary: &str) -> &str {
         None => summary.split(',').next().unwrap_or("").trim(),
     };
     address.rsplit_once('@').map_or(address, |(local, _)| local)
+}
+
+/// The display name of the first address of a summary (`Name <a@b>, …`, see
+/// `message::address_summary`), else its addr-spec (RFC 5957 §3). Names are
+/// stored decoded and may hold commas: a first segment with an `@` and no `<`
+/// is a bare address, one with neither belongs to a name that runs on to the
+/// first `<`. A group's name is not a display name: its first member's is.
+pub(crate) fn first_display(summary: &str) -> &str {
+    let first = summary.split(", ").next().unwrap_or("");
+    let named = if first.contains('<') {
+        first
+    } else if first.contains('@') {
+        return first.trim();
+    } else {
+        match summary.find('<') {
+            Some(open) => &summary[..summary[open..].find('>').map_or(summary.len(), |c| open + c + 1)],
+            None => return first.trim(),
+        }
+    };
+    let Some(open) = named.find('<') else { return named.trim() };
+    let name = named[..open].trim();
+    let address = named[open + 1..].split('>').next().unwrap_or("").trim();
+    if name.is_empty() || name.ends_with(':') { address } else { name }
 }
 
 /// The base subject (RFC 5256 §2.1): whitespace runs made single spaces, and the
@@ -306,6 +331,8 @@ mod tests {
             from: ["X", "Y"][(h >> 55) as usize % 2].into(),
             to: "".into(),
             cc: "".into(),
+            display_from: ["B", "A"][(h >> 58) as usize % 2].into(),
+            display_to: "".into(),
             message_id_header: "".into(),
         })
     }
@@ -317,6 +344,7 @@ mod tests {
             vec![key(SortKind::Subject, false)],
             vec![key(SortKind::Date, true), key(SortKind::From, false)],
             vec![key(SortKind::Size, false), key(SortKind::Arrival, true), key(SortKind::Subject, false)],
+            vec![key(SortKind::DisplayFrom, true), key(SortKind::Size, false)],
         ];
         for (round, keys_list) in lists.iter().enumerate() {
             let seed = round as u64 + 1;
@@ -339,6 +367,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn first_display_is_the_name_else_the_address() {
+        assert_eq!(first_display("Alice Smith <alice@example.com>, bob@example.org"), "Alice Smith");
+        assert_eq!(first_display("bob@example.org, Alice <alice@example.com>"), "bob@example.org");
+        assert_eq!(first_display("Doe, John <john@example.com>, x@y"), "Doe, John");
+        assert_eq!(first_display("Team: <x@example.com>, <y@example.com>;"), "x@example.com");
+        assert_eq!(first_display("Grüße <g@example.de>"), "Grüße");
+        assert_eq!(first_display(""), "");
     }
 
     #[test]

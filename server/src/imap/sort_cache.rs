@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::sort::{base_subject_of, first_mailbox};
+use super::sort::{base_subject_of, first_display, first_mailbox};
 use crate::proto::imap::parse::SortKey;
 use crate::store::SortRow;
 
@@ -69,6 +69,10 @@ pub struct SortKeys {
     pub from: Box<str>,
     pub to: Box<str>,
     pub cc: Box<str>,
+    /// The display name of the first From / To address, else its addr-spec,
+    /// upper-cased (SORT=DISPLAY, RFC 5957).
+    pub display_from: Box<str>,
+    pub display_to: Box<str>,
     /// The Message-ID header without its angle brackets.
     pub message_id_header: Box<str>,
 }
@@ -88,6 +92,8 @@ impl SortKeys {
             from: upper(first_mailbox(&row.from)),
             to: upper(first_mailbox(&row.to)),
             cc: upper(first_mailbox(&row.cc)),
+            display_from: first_display(&row.from).to_uppercase().into_boxed_str(),
+            display_to: first_display(&row.to).to_uppercase().into_boxed_str(),
             message_id_header: row.message_id_header.trim().trim_matches(['<', '>']).into(),
         }
     }
@@ -218,6 +224,8 @@ mod tests {
             from: "".into(),
             to: "".into(),
             cc: "".into(),
+            display_from: "".into(),
+            display_to: "".into(),
             message_id_header: "".into(),
         })
     }

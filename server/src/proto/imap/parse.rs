@@ -130,6 +130,10 @@ pub enum SortKind {
     Size,
     Subject,
     To,
+    /// SORT=DISPLAY (RFC 5957): the first From / To address's display name,
+    /// else its addr-spec.
+    DisplayFrom,
+    DisplayTo,
 }
 
 /// ESEARCH RETURN options (RFC 4731 §3.1).
@@ -648,6 +652,8 @@ fn sort_keys(tok: &mut Tok<'_>) -> Option<Vec<SortKey>> {
             b"SIZE" => SortKind::Size,
             b"SUBJECT" => SortKind::Subject,
             b"TO" => SortKind::To,
+            b"DISPLAYFROM" => SortKind::DisplayFrom,
+            b"DISPLAYTO" => SortKind::DisplayTo,
             _ => return None,
         };
         keys.push(SortKey { reverse, kind });
