@@ -50,6 +50,11 @@ const IMAP_CORPUS: &[&[u8]] = &[
     b"c7 CREATE \"a/b/c\"\r\nc8 RENAME a z\r\nc9 DELETE z\r\n",
     b"d1 SUBSCRIBE INBOX\r\nd2 LSUB \"\" %\r\nd3 NAMESPACE\r\nd4 UNSELECT\r\nd5 CLOSE\r\nd6 LOGOUT\r\n",
     b"d7 STARTTLS\r\nd8 NOOP\r\nd9 CHECK\r\n",
+    b"e1 FETCH 1 (BINARY.PEEK[2]<5> BINARY[1.2]<0.10> BINARY.SIZE[] UID)\r\n",
+    b"e2 APPEND INBOX ~{5}\r\na\x00b\r\n\r\n",
+    b"e3 UID SORT RETURN (MIN MAX COUNT ALL) (REVERSE DISPLAYFROM DATE) UTF-8 OR YOUNGER 60 OLDER 3600\r\n",
+    b"e4 SEARCH RETURN (MIN) MODSEQ 5 NOT YOUNGER 10\r\n",
+    b"e5 STATUS INBOX (APPENDLIMIT HIGHESTMODSEQ)\r\n",
 ];
 
 const SMTP_CORPUS: &[&[u8]] = &[
