@@ -221,6 +221,14 @@ async fn smuggling_bare_lf_does_not_end_data(b: Backend) {
         c.expect("550 5.6.0").await;
     }
     assert_eq!(h.total_messages().await, 0);
+
+    // Commands end with CRLF too (RFC 5321 §2.3.8): one ended by a bare LF is
+    // refused and not run; the session goes on.
+    c.send("MAIL FROM:<a@remote.test>\nRCPT TO:<alice@example.test>\n").await;
+    c.expect("500 5.5.2").await;
+    c.expect("500 5.5.2").await;
+    c.cmd("RCPT TO:<alice@example.test>", "503 5.5.1").await;
+    c.cmd("NOOP", "250 2.0.0").await;
 }
 
 async fn oversized_data_is_refused_and_not_buffered(b: Backend) {

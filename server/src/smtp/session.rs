@@ -183,6 +183,15 @@ impl Session {
 
     async fn dispatch(&mut self, line: &[u8], stream: &mut SessionStream) -> Step {
         self.cmd_started = Instant::now();
+        // RFC 5321 §2.3.8: CRLF is the only line ending a server may recognise.
+        // A command ended by a bare LF is refused, not run: the same rule as
+        // message content, so no line means one thing here and another to the
+        // next hop.
+        if !line.ends_with(b"\r\n") {
+            self.reply(Reply::new(500, "5.5.2", "Command lines must end with CRLF"));
+            self.record(label_of(line));
+            return Step::Continue;
+        }
         if let Some(exchange) = self.auth_exchange.take() {
             let step = self.auth_continue(exchange, line).await;
             self.record("AUTH");
