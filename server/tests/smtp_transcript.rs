@@ -131,6 +131,22 @@ async fn postmaster_gets_a_mailbox_of_its_own(b: Backend) {
     assert_eq!(h.messages("postmaster@example.test").await.len(), 2);
 }
 
+/// RFC 5321 §4.1.3: a sender at an address literal is accepted and kept as sent;
+/// a recipient at one is refused as a policy (5.1.2), never as a syntax error.
+async fn address_literals(b: Backend) {
+    let h = harness(b).await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.cmd("MAIL FROM:<monitor@[192.0.2.7]>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@[127.0.0.1]>", "550 5.1.2").await;
+    c.cmd("RCPT TO:<alice@[IPv6:::1]>", "550 5.1.2").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
+    let stored = h.messages("alice@example.test").await;
+    assert!(stored[0].starts_with(b"Return-Path: <monitor@[192.0.2.7]>\r\n"), "{:?}", stored[0]);
+    // Not an address literal: still a syntax error.
+    c.cmd("MAIL FROM:<a@[999.0.0.1]>", "501 5.1.7").await;
+}
+
 /// The group-commit linger applies only while other commits are in flight: a lone
 /// message on an idle server is acknowledged without waiting for company.
 async fn lone_message_does_not_linger(b: Backend) {
@@ -646,6 +662,7 @@ both_backends!(
     recipient_errors_and_cache,
     postmaster_is_always_accepted,
     postmaster_gets_a_mailbox_of_its_own,
+    address_literals,
     lone_message_does_not_linger,
     sequence_errors_before_greeting,
     too_many_recipients,

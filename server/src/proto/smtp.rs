@@ -125,6 +125,39 @@ pub fn names_bare_postmaster(line: &[u8]) -> bool {
     line.windows(12).any(|w| w.eq_ignore_ascii_case(b"<postmaster>"))
 }
 
+/// What stands in for an address literal while smtp-proto parses the line.
+pub const LITERAL_STAND_IN: &str = "address-literal.invalid";
+
+/// A MAIL or RCPT line whose address ends in an address literal
+/// (`user@[192.0.2.1]`, `user@[IPv6:2001:db8::1]`, RFC 5321 §4.1.3), which
+/// smtp-proto does not read: the line with [`LITERAL_STAND_IN`] in its place,
+/// and the literal, to put back into the parsed address.
+pub fn address_literal(line: &[u8]) -> Option<(Vec<u8>, String)> {
+    let verb = line.get(..4)?;
+    if !verb.eq_ignore_ascii_case(b"MAIL") && !verb.eq_ignore_ascii_case(b"RCPT") {
+        return None;
+    }
+    let open = line.iter().position(|&b| b == b'<')?;
+    let close = open + line[open..].iter().position(|&b| b == b'>')?;
+    let at = open + memchr::memmem::find(&line[open..close], b"@[")?;
+    if line[close - 1] != b']' {
+        return None;
+    }
+    let literal = std::str::from_utf8(&line[at + 1..close]).ok()?;
+    let inner = &literal[1..literal.len() - 1];
+    let valid = match inner.strip_prefix("IPv6:") {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => inner.parse::<std::net::Ipv4Addr>().is_ok(),
+    };
+    if !valid {
+        return None;
+    }
+    let mut patched = line[..at + 1].to_vec();
+    patched.extend_from_slice(LITERAL_STAND_IN.as_bytes());
+    patched.extend_from_slice(&line[close..]);
+    Some((patched, literal.to_string()))
+}
+
 /// The command name used in metric labels and logs: bounded to the names SMTP has,
 /// never client-chosen text (label cardinality).
 pub fn command_label(req: &Request<Cow<'_, str>>) -> &'static str {
@@ -447,6 +480,18 @@ mod tests {
         Reply::new(250, "2.0.0", "one\ntwo").write_to(&mut out);
         Reply::new(220, "", "host ESMTP").write_to(&mut out);
         assert_eq!(out, b"250-2.0.0 one\r\n250 2.0.0 two\r\n220 host ESMTP\r\n");
+    }
+
+    #[test]
+    fn address_literals_are_read_around() {
+        let (line, literal) = address_literal(b"MAIL FROM:<a@[192.0.2.1]> SIZE=10\r\n").expect("v4");
+        assert_eq!(line, b"MAIL FROM:<a@address-literal.invalid> SIZE=10\r\n");
+        assert_eq!(literal, "[192.0.2.1]");
+        let (_, literal) = address_literal(b"rcpt to:<b@[IPv6:2001:db8::1]>\r\n").expect("v6");
+        assert_eq!(literal, "[IPv6:2001:db8::1]");
+        assert!(address_literal(b"MAIL FROM:<a@[999.1.1.1]>\r\n").is_none());
+        assert!(address_literal(b"MAIL FROM:<a@example.org>\r\n").is_none());
+        assert!(address_literal(b"VRFY <a@[192.0.2.1]>\r\n").is_none());
     }
 
     #[test]

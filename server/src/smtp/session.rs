@@ -197,7 +197,21 @@ impl Session {
             self.record("AUTH");
             return step;
         }
-        let (label, step) = match proto::parse_command(line) {
+        // An address literal is parsed around, then put back.
+        let patched;
+        let (parsed_line, literal) = match proto::address_literal(line) {
+            Some((p, literal)) => {
+                patched = p;
+                (patched.as_slice(), Some(literal))
+            }
+            None => (line, None),
+        };
+        let restore = |address: &mut std::borrow::Cow<'_, str>| {
+            if let Some(literal) = &literal {
+                *address = std::borrow::Cow::Owned(address.replace(proto::LITERAL_STAND_IN, literal));
+            }
+        };
+        let (label, step) = match proto::parse_command(parsed_line) {
             Err(err) => {
                 self.reply(proto::parse_error_reply(&err));
                 (label_of(line), Step::Continue)
@@ -207,7 +221,21 @@ impl Session {
                 let step = match req {
                     Request::Ehlo { host } => self.cmd_hello(&host, true),
                     Request::Helo { host } => self.cmd_hello(&host, false),
-                    Request::Mail { from } => self.cmd_mail(from).await,
+                    Request::Mail { mut from } => {
+                        restore(&mut from.address);
+                        self.cmd_mail(from).await
+                    }
+                    // A mailbox at an address literal is nobody's here (mail is
+                    // delivered by domain): refused as a policy, not as a syntax
+                    // error (RFC 5321 §4.1.3 allows literals).
+                    Request::Rcpt { .. } if literal.is_some() => {
+                        self.reply(Reply::new(
+                            550,
+                            "5.1.2",
+                            "Address literals are not accepted as recipients",
+                        ));
+                        Step::Continue
+                    }
                     Request::Rcpt { to } => {
                         let bare_postmaster = to.address.is_empty() && proto::names_bare_postmaster(line);
                         self.cmd_rcpt(to, bare_postmaster).await
