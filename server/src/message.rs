@@ -374,12 +374,16 @@ fn memchr_count(hay: &[u8], needle: u8) -> usize {
 fn envelope(raw: &[u8], message: &Message<'_>) -> String {
     let root = &message.parts[0];
     let text = |name: HeaderName<'static>| nstring(header_raw(raw, root, name).as_deref());
-    let from = addresses(header_value(root, HeaderName::From));
-    let sender = match addresses(header_value(root, HeaderName::Sender)) {
+    let field = |name: HeaderName<'static>| {
+        let phrases = header_raw(raw, root, name.clone()).map(|v| raw_phrases(&v)).unwrap_or_default();
+        addresses(header_value(root, name), &phrases)
+    };
+    let from = field(HeaderName::From);
+    let sender = match field(HeaderName::Sender) {
         s if s == "NIL" => from.clone(),
         s => s,
     };
-    let reply_to = match addresses(header_value(root, HeaderName::ReplyTo)) {
+    let reply_to = match field(HeaderName::ReplyTo) {
         s if s == "NIL" => from.clone(),
         s => s,
     };
@@ -390,23 +394,32 @@ fn envelope(raw: &[u8], message: &Message<'_>) -> String {
         from,
         sender,
         reply_to,
-        addresses(header_value(root, HeaderName::To)),
-        addresses(header_value(root, HeaderName::Cc)),
-        addresses(header_value(root, HeaderName::Bcc)),
+        field(HeaderName::To),
+        field(HeaderName::Cc),
+        field(HeaderName::Bcc),
         text(HeaderName::InReplyTo),
         text(HeaderName::MessageId),
     )
 }
 
-fn addresses(value: Option<&HeaderValue<'_>>) -> String {
+/// The ENVELOPE address list of a header. `phrases`: the display names as the
+/// header writes them (see [`raw_phrases`]); a name written as RFC 2047 encoded
+/// words is sent in that form, as the header has it, rather than decoded and
+/// encoded again (RFC 3501 §7.4.2: the envelope carries the header's text).
+fn addresses(value: Option<&HeaderValue<'_>>, phrases: &[Option<String>]) -> String {
     let Some(HeaderValue::Address(addr)) = value else {
         return "NIL".into();
     };
     let mut out = String::from("(");
     match addr {
         Address::List(list) => {
-            for a in list {
-                push_addr(&mut out, a.name.as_deref(), a.address.as_deref());
+            let raw_names = phrases.len() == list.len();
+            for (i, a) in list.iter().enumerate() {
+                let written = phrases.get(i).cloned().flatten().filter(|p| raw_names && p.contains("=?"));
+                match (written, a.name.as_deref()) {
+                    (Some(phrase), Some(_)) => push_addr_named(&mut out, &phrase, a.address.as_deref()),
+                    _ => push_addr(&mut out, a.name.as_deref(), a.address.as_deref()),
+                }
             }
         }
         Address::Group(groups) => {
@@ -436,7 +449,53 @@ fn addresses(value: Option<&HeaderValue<'_>>) -> String {
     out
 }
 
+/// The display name of each address of a raw (unfolded) address-list value, in
+/// order: the phrase before its `<`, unquoted; None for an address without one.
+/// Commas and angle brackets inside quoted strings and comments do not count.
+fn raw_phrases(value: &[u8]) -> Vec<Option<String>> {
+    let text = String::from_utf8_lossy(value);
+    let mut out = Vec::new();
+    let (mut quoted, mut escaped, mut comment, mut angle) = (false, false, 0u32, false);
+    let mut segment_start = 0;
+    let mut phrase: Option<String> = None;
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted || comment > 0 => escaped = true,
+            '"' if comment == 0 => quoted = !quoted,
+            '(' if !quoted => comment += 1,
+            ')' if !quoted && comment > 0 => comment -= 1,
+            '<' if !quoted && comment == 0 => {
+                angle = true;
+                let p = text[segment_start..i].trim();
+                let p = p.strip_prefix('"').and_then(|q| q.strip_suffix('"')).unwrap_or(p);
+                phrase = (!p.is_empty()).then(|| p.to_string());
+            }
+            '>' if !quoted && comment == 0 => angle = false,
+            ',' if !quoted && comment == 0 && !angle => {
+                out.push(phrase.take());
+                segment_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !text[segment_start..].trim().is_empty() {
+        out.push(phrase.take());
+    }
+    out
+}
+
+/// An address whose display name is written as the header has it (encoded words).
+fn push_addr_named(out: &mut String, phrase: &str, address: Option<&str>) {
+    push_addr_as(out, Some(phrase.to_string()), address);
+}
+
 fn push_addr(out: &mut String, name: Option<&str>, address: Option<&str>) {
+    push_addr_as(out, name.filter(|n| !n.is_empty()).map(encode_word), address);
+}
+
+/// `(name adl mailbox host)`, the name as it goes out.
+fn push_addr_as(out: &mut String, name: Option<String>, address: Option<&str>) {
     let (mailbox, host) = match address {
         Some(a) => match a.rsplit_once('@') {
             Some((m, h)) => (Some(m), Some(h)),
@@ -456,7 +515,6 @@ fn push_addr(out: &mut String, name: Option<&str>, address: Option<&str>) {
         },
         m => (None, m),
     };
-    let name = name.filter(|n| !n.is_empty()).map(encode_word);
     let _ = write!(
         out,
         "({} {} {} {})",
@@ -631,7 +689,8 @@ inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
         assert!(attachment.trim_end().ends_with('='), "base64 body: {attachment}");
 
         assert!(
-            meta.envelope.contains("(\"=?utf-8?b?Wm/Dqw==?=\" NIL \"zoe\" \"example.com\")"),
+            // The name as the header writes it (mail-builder's encoded word).
+            meta.envelope.contains("(\"=?utf-8?B?Wm/Dqw==?=\" NIL \"zoe\" \"example.com\")"),
             "{}",
             meta.envelope
         );
@@ -733,6 +792,29 @@ inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
         assert!(meta.envelope.contains("{7}\r\nGrüße"), "{}", meta.envelope);
         assert_eq!(meta.subject, "Grüße");
         assert!(meta.body.ends_with(" 4 1)"), "{}", meta.body);
+    }
+
+    #[test]
+    fn encoded_display_names_go_out_as_the_header_writes_them() {
+        let meta = parse_meta(
+            b"From: =?UTF-8?Q?=C3=84lice?= <a@example.com>\r\nTo: \"Doe, John\" <j@example.com>, =?utf-8?b?w5Zsw6E=?=\r\n <o@example.com>, bare@example.com\r\n\r\n",
+        );
+        assert!(
+            meta.envelope.contains("((\"=?UTF-8?Q?=C3=84lice?=\" NIL \"a\" \"example.com\"))"),
+            "{}",
+            meta.envelope
+        );
+        assert!(
+            meta.envelope.contains(
+                "((\"Doe, John\" NIL \"j\" \"example.com\")(\"=?utf-8?b?w5Zsw6E=?=\" NIL \"o\" \"example.com\")(NIL NIL \"bare\" \"example.com\"))"
+            ),
+            "{}",
+            meta.envelope
+        );
+        assert_eq!(
+            raw_phrases(b"\"a, <b>\" <x@y>, (c, d) e@f, G <g@h>"),
+            [Some("a, <b>".to_string()), None, Some("G".to_string())]
+        );
     }
 
     #[test]
