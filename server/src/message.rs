@@ -374,8 +374,13 @@ fn memchr_count(hay: &[u8], needle: u8) -> usize {
 fn envelope(raw: &[u8], message: &Message<'_>) -> String {
     let root = &message.parts[0];
     let text = |name: HeaderName<'static>| nstring(header_raw(raw, root, name).as_deref());
+    // The raw display names are read only where one can differ from the
+    // decoded one: a header holding an encoded word (rare; delivery is hot).
     let field = |name: HeaderName<'static>| {
-        let phrases = header_raw(raw, root, name.clone()).map(|v| raw_phrases(&v)).unwrap_or_default();
+        let phrases = header_raw(raw, root, name.clone())
+            .filter(|v| memchr::memmem::find(v, b"=?").is_some())
+            .map(|v| raw_phrases(&v))
+            .unwrap_or_default();
         addresses(header_value(root, name), &phrases)
     };
     let from = field(HeaderName::From);
@@ -415,9 +420,12 @@ fn addresses(value: Option<&HeaderValue<'_>>, phrases: &[Option<String>]) -> Str
         Address::List(list) => {
             let raw_names = phrases.len() == list.len();
             for (i, a) in list.iter().enumerate() {
-                let written = phrases.get(i).cloned().flatten().filter(|p| raw_names && p.contains("=?"));
+                let written =
+                    phrases.get(i).and_then(Option::as_deref).filter(|p| raw_names && p.contains("=?"));
                 match (written, a.name.as_deref()) {
-                    (Some(phrase), Some(_)) => push_addr_named(&mut out, &phrase, a.address.as_deref()),
+                    (Some(phrase), Some(_)) => {
+                        push_addr_as(&mut out, Some(string(phrase.as_bytes())), a.address.as_deref())
+                    }
                     _ => push_addr(&mut out, a.name.as_deref(), a.address.as_deref()),
                 }
             }
@@ -485,16 +493,12 @@ fn raw_phrases(value: &[u8]) -> Vec<Option<String>> {
     out
 }
 
-/// An address whose display name is written as the header has it (encoded words).
-fn push_addr_named(out: &mut String, phrase: &str, address: Option<&str>) {
-    push_addr_as(out, Some(phrase.to_string()), address);
-}
-
 fn push_addr(out: &mut String, name: Option<&str>, address: Option<&str>) {
-    push_addr_as(out, name.filter(|n| !n.is_empty()).map(encode_word), address);
+    let name = name.filter(|n| !n.is_empty()).map(|n| string(encode_word(n).as_bytes()));
+    push_addr_as(out, name, address);
 }
 
-/// `(name adl mailbox host)`, the name as it goes out.
+/// `(name adl mailbox host)`; `name` already in response syntax.
 fn push_addr_as(out: &mut String, name: Option<String>, address: Option<&str>) {
     let (mailbox, host) = match address {
         Some(a) => match a.rsplit_once('@') {
@@ -518,7 +522,7 @@ fn push_addr_as(out: &mut String, name: Option<String>, address: Option<&str>) {
     let _ = write!(
         out,
         "({} {} {} {})",
-        nstring(name.as_deref().map(str::as_bytes)),
+        name.as_deref().unwrap_or("NIL"),
         nstring(route.map(str::as_bytes)),
         nstring(mailbox.map(str::as_bytes)),
         nstring(host.map(str::as_bytes))

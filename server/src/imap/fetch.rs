@@ -57,8 +57,10 @@ impl Session {
                 binary.insert(0, None);
             }
         }
-        // One entry per item from here on.
-        binary.resize(items.len(), None);
+        // One entry per item from here on (none at all without BINARY items).
+        if !binary.is_empty() {
+            binary.resize(items.len(), None);
+        }
         let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
             return Outcome::bad("No mailbox selected");
         };
@@ -500,12 +502,13 @@ fn fetch_line(
 ) -> bool {
     use MessageDataItemName as I;
     // BINARY sections first, decoded once: one that cannot be stops the line
-    // before anything of it is written.
+    // before anything of it is written. A FETCH without them (`binary` empty)
+    // skips this, with no allocation.
     let raw: &[u8] = m.body.map(|b| &b[..]).unwrap_or_default();
     let mut decoded: Vec<Option<(String, Cow<'_, [u8]>)>> = Vec::new();
-    for (n, item) in items.iter().enumerate() {
-        let section = match item {
-            I::BodyExt { section, .. } if binary.get(n).copied().flatten().is_some() => section,
+    for (item, kind) in items.iter().zip(binary) {
+        let section = match (item, kind) {
+            (I::BodyExt { section, .. }, Some(_)) => section,
             _ => {
                 decoded.push(None);
                 continue;

@@ -234,29 +234,24 @@ impl Session {
             Err(o) => return o,
         };
         let search_modseq = self.search_modseq;
-        let min_max_hits: Vec<u32>;
         let Some(sel) = self.selected.as_mut() else { return Outcome::bad("No mailbox selected") };
         // With MODSEQ criteria (RFC 7162 §3.1.5) the answer names the highest
         // modseq among the messages it returns: with only MIN and/or MAX asked
         // for, those one or two (RFC 4731 §3.2); else every match.
-        let returned: &[u32] = match esearch {
+        let highest = match esearch {
+            _ if !search_modseq => None,
             Some((_, options))
                 if options.iter().any(|o| matches!(o, ReturnOption::Min | ReturnOption::Max))
                     && options
                         .iter()
                         .all(|o| matches!(o, ReturnOption::Min | ReturnOption::Max | ReturnOption::Save)) =>
             {
-                let ends = [
-                    hits.first().filter(|_| options.contains(&ReturnOption::Min)),
-                    hits.last().filter(|_| options.contains(&ReturnOption::Max)),
-                ];
-                min_max_hits = ends.into_iter().flatten().copied().collect::<Vec<u32>>();
-                &min_max_hits
+                let min = hits.first().filter(|_| options.contains(&ReturnOption::Min));
+                let max = hits.last().filter(|_| options.contains(&ReturnOption::Max));
+                min.into_iter().chain(max).filter_map(|&u| sel.modseq_of(u)).max()
             }
-            _ => &hits,
+            _ => hits.iter().filter_map(|&u| sel.modseq_of(u)).max(),
         };
-        let highest =
-            if search_modseq { returned.iter().filter_map(|&u| sel.modseq_of(u)).max() } else { None };
         let numbers: Vec<u32> =
             if uid { hits.clone() } else { hits.iter().filter_map(|&u| sel.seq_of(u)).collect() };
         if let Some((_, options)) = esearch

@@ -472,10 +472,11 @@ fn header_safe(s: &str) -> String {
 }
 
 /// Adds `Date:` and `Message-ID:` to a submitted message's header when it has
-/// none, as its last fields (the trace fields stay first).
+/// none, as its last fields (the trace fields stay first); both written by
+/// mail-builder.
 fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
-    let end = crate::message::find_header_end(raw).unwrap_or(raw.len());
-    let header = &raw[..end];
+    let header_end = crate::message::find_header_end(raw);
+    let header = &raw[..header_end.unwrap_or(raw.len())];
     let has = |name: &[u8]| {
         header.split(|&b| b == b'\n').any(|line| {
             line.len() > name.len()
@@ -483,35 +484,33 @@ fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
                 && line[name.len()] == b':'
         })
     };
-    let mut added = String::new();
+    let mut added = Vec::new();
     if !has(b"Date") {
-        added.push_str(&format!("Date: {}\r\n", Utc::now().format("%a, %d %b %Y %H:%M:%S +0000")));
+        added.extend_from_slice(b"Date: ");
+        added.extend_from_slice(mail_builder::headers::date::Date::now().to_rfc822().as_bytes());
+        added.extend_from_slice(b"\r\n");
     }
     if !has(b"Message-ID") {
-        let mut random = [0u8; 12];
-        rand::fill(&mut random);
-        added.push_str(&format!(
-            "Message-ID: <{}.{}@{hostname}>\r\n",
-            Utc::now().timestamp_millis(),
-            crate::cache::hex(&random)
-        ));
+        added.extend_from_slice(b"Message-ID: ");
+        mail_builder::headers::message_id::generate_message_id_header(&mut added, hostname);
+        added.extend_from_slice(b"\r\n");
     }
     if added.is_empty() {
         return;
     }
-    // Before the blank line that ends the header, or at the end of a message
-    // that is all header.
-    let at = if end == raw.len() && !raw.ends_with(b"\n\n") && !raw.ends_with(b"\r\n\r\n") {
-        if !raw.is_empty() && !raw.ends_with(b"\n") {
-            raw.extend_from_slice(b"\r\n");
+    // Before the blank line that ends the header, or after the last line of a
+    // message that is all header.
+    let at = match header_end {
+        Some(end) if raw[..end].ends_with(b"\r\n") => end - 2,
+        Some(end) => end - 1,
+        None => {
+            if !raw.is_empty() && !raw.ends_with(b"\n") {
+                raw.extend_from_slice(b"\r\n");
+            }
+            raw.len()
         }
-        raw.len()
-    } else if raw[..end].ends_with(b"\r\n\r\n") || raw[..end] == *b"\r\n" {
-        end - 2
-    } else {
-        end - 1
     };
-    raw.splice(at..at, added.into_bytes());
+    raw.splice(at..at, added);
 }
 
 /// Where the `Return-Path` line that [`Session::trace_headers`] writes first ends.

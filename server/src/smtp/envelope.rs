@@ -218,12 +218,14 @@ impl Session {
     async fn resolve_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
         let configured = &self.config().postmaster;
         let bare = address.eq_ignore_ascii_case("postmaster");
-        let postmaster_of = split_address(address)
-            .filter(|(local, _)| local.eq_ignore_ascii_case("postmaster"))
-            .map(|(_, d)| d);
-        if !bare && postmaster_of.is_none() {
+        // Every RCPT passes here: the local part is looked at before anything
+        // is allocated.
+        let postmaster_local =
+            address.rsplit_once('@').is_some_and(|(l, _)| l.eq_ignore_ascii_case("postmaster"));
+        if !bare && !postmaster_local {
             return self.lookup_recipient(address).await;
         }
+        let postmaster_of = split_address(address).map(|(_, d)| d);
         if !bare
             && let found @ Some(Lookup::Mailbox { .. } | Lookup::NotLocal) =
                 self.lookup_recipient(address).await?
