@@ -586,22 +586,29 @@ pub fn nstring(v: Option<&[u8]>) -> String {
 /// literal (8-bit, CR/LF or NUL content).
 pub fn string(v: &[u8]) -> String {
     if v.iter().all(|&b| (0x01..0x80).contains(&b) && b != b'\r' && b != b'\n') {
-        let mut out = String::with_capacity(v.len() + 2);
-        out.push('"');
-        for &b in v {
-            if b == b'"' || b == b'\\' {
-                out.push('\\');
-            }
-            out.push(b as char);
-        }
-        out.push('"');
-        out
+        // All ASCII, so UTF-8.
+        quoted(std::str::from_utf8(v).unwrap_or_default())
     } else {
         // Literal bytes that are not UTF-8 cannot live in a Rust String; replace
         // them (and count the replaced length) rather than corrupt the framing.
         let text = String::from_utf8_lossy(v).replace('\0', " ");
         format!("{{{}}}\r\n{}", text.len(), text)
     }
+}
+
+/// `text` as a quoted string, `"` and `\\` escaped. The caller knows that it
+/// holds no CR, LF or NUL.
+pub fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]

@@ -88,6 +88,17 @@ async fn python_imaplib_quota() {
     assert!(ok, "imaplib QUOTA session failed:\n{out}");
 }
 
+/// UTF8=ACCEPT (RFC 9755) through imaplib's UTF-8 mode, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_imaplib_utf8_accept() {
+    let (_app, imaps, _imap, _dir) = setup().await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/imaplib_utf8.py");
+    let (ok, out) =
+        run_client(tokio::process::Command::new("python3").args([script, &imaps.port().to_string()])).await;
+    println!("{out}");
+    assert!(ok, "imaplib UTF8=ACCEPT session failed:\n{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_imaps() {
     let (_app, imaps, imap, _dir) = setup().await;

@@ -116,8 +116,81 @@ async fn mailbox_commands() {
     assert!(r[0].starts_with("* STATUS \"INBOX\" (MESSAGES 0 UNSEEN 0 UIDNEXT 1 UIDVALIDITY "), "{r:?}");
     let r = c.cmd("m14", "SELECT Nope").await;
     assert!(tagged(&r).starts_with("m14 NO [NONEXISTENT]"), "{r:?}");
-    let r = c.cmd("m15", "ENABLE UTF8=ACCEPT").await;
+    let r = c.cmd("m15", "ENABLE X-UNKNOWN").await;
     assert_eq!(r[0], "* ENABLED");
+}
+
+/// UTF8=ACCEPT (RFC 9755): once enabled, mailbox names are UTF-8 both ways (an
+/// `&` is itself), APPEND takes `UTF8 (literal8)`, and a SEARCH charset other
+/// than UTF-8 is refused as a contradiction. A session that did not enable it
+/// keeps seeing the same mailbox in modified UTF-7.
+#[tokio::test]
+async fn utf8_accept() {
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("u0", "CAPABILITY").await;
+    assert!(r[0].contains(" UTF8=ACCEPT"), "{r:?}");
+    let r = c.cmd("u1", "ENABLE UTF8=ACCEPT").await;
+    assert_eq!(r, ["* ENABLED UTF8=ACCEPT", "u1 OK ENABLE completed"]);
+    let r = c.cmd("u2", "ENABLE UTF8=ACCEPT").await;
+    assert_eq!(r[0], "* ENABLED", "only what this command newly enabled is listed");
+    let r = c.cmd("u3", "CREATE \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\"").await;
+    assert_eq!(tagged(&r), "u3 OK CREATE completed");
+    let r = c.cmd("u4", "LIST \"\" \"Gr\u{fc}*\"").await;
+    assert_eq!(
+        r,
+        [
+            "* LIST (\\HasChildren) \"/\" \"Gr\u{fc}\u{df}e\"",
+            "* LIST (\\HasNoChildren) \"/\" \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\"",
+            "u4 OK LIST completed",
+        ]
+    );
+    // The message: a UTF-8 header (RFC 6532), as a literal8 in the UTF8 item.
+    let msg = "Subject: Gr\u{fc}\u{df}e aus K\u{f6}ln\r\nFrom: j\u{f6}rg@example.org\r\n\r\nHallo\r\n";
+    let r = c
+        .cmd(
+            "u5",
+            &format!("APPEND \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\" (\\Seen) UTF8 (~{{{}+}}\r\n{msg})", msg.len()),
+        )
+        .await;
+    assert!(tagged(&r).starts_with("u5 OK [APPENDUID "), "{r:?}");
+    let r = c.cmd("u6", "STATUS \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\" (MESSAGES)").await;
+    assert_eq!(r[0], "* STATUS \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\" (MESSAGES 1)");
+    let r = c.cmd("u7", "SELECT \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\"").await;
+    assert!(tagged(&r).starts_with("u7 OK [READ-WRITE]"), "{r:?}");
+    let r = c.cmd("u8", "SEARCH SUBJECT \"k\u{f6}ln\"").await;
+    assert_eq!(r, ["* SEARCH 1", "u8 OK SEARCH completed"]);
+    let r = c.cmd("u9", "SEARCH CHARSET UTF-8 FROM \"j\u{f6}rg\"").await;
+    assert_eq!(r, ["* SEARCH 1", "u9 OK SEARCH completed"]);
+    let r = c.cmd("u10", "SEARCH CHARSET ISO-8859-1 ALL").await;
+    assert!(tagged(&r).starts_with("u10 BAD"), "{r:?}");
+    let r = c.cmd("u11", "FETCH 1 (RFC822.SIZE BODY.PEEK[HEADER.FIELDS (SUBJECT)])").await;
+    assert!(
+        r[0].starts_with(&format!("* 1 FETCH (RFC822.SIZE {} BODY[HEADER.FIELDS (SUBJECT)] {{", msg.len())),
+        "{r:?}"
+    );
+    assert_eq!(r[1], "Subject: Gr\u{fc}\u{df}e aus K\u{f6}ln");
+
+    // Another session, without UTF8=ACCEPT: the same names in modified UTF-7,
+    // and the UTF-7 spelling selects the same mailbox.
+    let (mut d, _tx2) = login(&app, "bob@example.org", "pw").await;
+    let r = d.cmd("v1", "LIST \"\" Gr*").await;
+    assert_eq!(r[1], "* LIST (\\HasNoChildren) \"/\" \"Gr&APwA3w-e/A&-B \\\"q\\\"\"", "{r:?}");
+    let r = d.cmd("v2", "STATUS \"Gr&APwA3w-e/A&-B \\\"q\\\"\" (MESSAGES)").await;
+    assert_eq!(r[0], "* STATUS \"Gr&APwA3w-e/A&-B \\\"q\\\"\" (MESSAGES 1)");
+    // A raw UTF-8 name from a client without the extension is taken as the
+    // common servers take it, and told back in modified UTF-7.
+    let r = d.cmd("v3", "CREATE \"K\u{f6}ln\"").await;
+    assert_eq!(tagged(&r), "v3 OK CREATE completed");
+    let r = d.cmd("v3b", "LIST \"\" K*").await;
+    assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"K&APY-ln\"", "{r:?}");
+    // With it, an `&` is not modified UTF-7: `&APw-` names a mailbox of its own.
+    let r = c.cmd("u12", "CREATE \"Gr&APwA3w-e\"").await;
+    assert_eq!(tagged(&r), "u12 OK CREATE completed");
+    let r = c.cmd("u13", "LIST \"\" \"Gr*\"").await;
+    assert!(has(&r, "\"Gr&APwA3w-e\""), "{r:?}");
+    let r = d.cmd("v4", "LIST \"\" \"Gr&-*\"").await;
+    assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"Gr&-APwA3w-e\"", "{r:?}");
 }
 
 #[tokio::test]

@@ -10,8 +10,17 @@ use crate::store::common::normalize_flagset;
 use crate::store::{FlagRow, NewDelivery, StoreResult};
 
 impl Session {
-    pub(crate) async fn cmd_append(&mut self, mailbox: &[u8], messages: Vec<AppendMessage<'_>>) -> Outcome {
-        let name = match name_from_bytes(mailbox) {
+    pub(crate) async fn cmd_append(
+        &mut self,
+        mailbox: &[u8],
+        mut messages: Vec<AppendMessage<'_>>,
+    ) -> Outcome {
+        if self.utf8 {
+            for m in &mut messages {
+                m.data = unwrap_utf8_in_literal(m.data);
+            }
+        }
+        let name = match name_from_bytes(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -129,5 +138,17 @@ impl Session {
             self.push(&line);
         }
         Ok(())
+    }
+}
+
+/// Python's imaplib (3.11–3.13) in UTF8=ACCEPT mode puts the `UTF8 (…)` wrapper of
+/// RFC 9755 §4 inside the literal instead of around it. No message starts with
+/// `UTF8 (` (a header field name ends at a colon, and a body needs a header
+/// before it), so such a literal is the client's message in that wrapper, and
+/// storing the wrapper would hand every reader a message without a header.
+fn unwrap_utf8_in_literal(data: &[u8]) -> &[u8] {
+    match data.strip_prefix(b"UTF8 (").and_then(|d| d.strip_suffix(b")")) {
+        Some(message) => message,
+        None => data,
     }
 }

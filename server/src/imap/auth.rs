@@ -21,7 +21,7 @@ impl Session {
 
     pub(crate) fn capabilities(&self) -> String {
         let mut caps = String::from(
-            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT SORT=DISPLAY ESORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE BINARY WITHIN CONDSTORE QRESYNC QUOTA QUOTA=RES-STORAGE",
+            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT SORT=DISPLAY ESORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE BINARY WITHIN CONDSTORE QRESYNC QUOTA QUOTA=RES-STORAGE UTF8=ACCEPT",
         );
         // RFC 7889: one limit for every mailbox, the literal limit APPEND meets.
         let _ = write!(caps, " APPENDLIMIT={}", self.app.config.imap.max_literal_bytes);
@@ -217,6 +217,10 @@ impl Session {
                     self.qresync = true;
                     self.enable_condstore();
                     enabled.push("QRESYNC");
+                }
+                "UTF8=ACCEPT" if !self.utf8 => {
+                    self.utf8 = true;
+                    enabled.push("UTF8=ACCEPT");
                 }
                 _ => {}
             }

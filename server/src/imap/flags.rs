@@ -170,7 +170,7 @@ impl Session {
             return Outcome::bad("Invalid sequence number");
         };
         let src = sel.mailbox.id;
-        let name = match mailbox_name(dest) {
+        let name = match mailbox_name(dest, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };

@@ -24,18 +24,21 @@ use crate::store::{Flags, MailboxIndex, MailboxStatus, StoreError};
 pub const SEP: char = '/';
 const MAX_NAME: usize = 512;
 
-/// A wire mailbox name → validated UTF-8 store name.
-pub fn mailbox_name(m: &WireMailbox<'_>) -> Result<String, Outcome> {
+/// A wire mailbox name → validated UTF-8 store name. `utf8`: the client enabled
+/// UTF8=ACCEPT, so names come as UTF-8 rather than modified UTF-7.
+pub fn mailbox_name(m: &WireMailbox<'_>, utf8: bool) -> Result<String, Outcome> {
     match m {
         WireMailbox::Inbox => Ok("INBOX".into()),
-        WireMailbox::Other(o) => name_from_bytes(o.as_ref()),
+        WireMailbox::Other(o) => name_from_bytes(o.as_ref(), utf8),
     }
 }
 
-pub fn name_from_bytes(raw: &[u8]) -> Result<String, Outcome> {
+pub fn name_from_bytes(raw: &[u8], utf8: bool) -> Result<String, Outcome> {
     let invalid = || Outcome::no("[CANNOT] Invalid mailbox name");
     let s = std::str::from_utf8(raw).map_err(|_| invalid())?;
-    let name = utf7::decode(s).ok_or_else(invalid)?;
+    // RFC 9755 §3: once UTF8=ACCEPT is enabled a name is UTF-8 as written, so an
+    // `&` stands for itself; before, non-ASCII must arrive as modified UTF-7.
+    let name = if utf8 { s.to_owned() } else { utf7::decode(s).ok_or_else(invalid)? };
     let name = name.strip_suffix(SEP).unwrap_or(&name);
     if name.eq_ignore_ascii_case("INBOX") {
         return Ok("INBOX".into());
@@ -53,9 +56,12 @@ pub fn name_from_bytes(raw: &[u8]) -> Result<String, Outcome> {
 /// Decoded LIST pattern (wildcards kept). A pattern is not a mailbox name: an `&`
 /// that does not start a valid modified-UTF-7 run (`&`, `a&b`) stands for itself
 /// and the pattern is matched as written — never an error (RFC 3501 §6.3.8
-/// allows any list-char in a pattern).
-fn pattern_text(raw: &[u8]) -> Option<String> {
+/// allows any list-char in a pattern). Under UTF8=ACCEPT the pattern is UTF-8.
+fn pattern_text(raw: &[u8], utf8: bool) -> Option<String> {
     let text = std::str::from_utf8(raw).ok()?;
+    if utf8 {
+        return Some(text.to_owned());
+    }
     Some(utf7::decode(text).unwrap_or_else(|| text.to_owned()))
 }
 
@@ -119,7 +125,7 @@ impl Session {
         if self.selected.take().is_some() {
             self.push("* OK [CLOSED] Previous mailbox closed");
         }
-        let name = match mailbox_name(mailbox) {
+        let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -265,7 +271,7 @@ impl Session {
     }
 
     pub(crate) async fn cmd_create(&mut self, mailbox: &WireMailbox<'_>) -> Outcome {
-        let name = match mailbox_name(mailbox) {
+        let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -282,7 +288,7 @@ impl Session {
     }
 
     pub(crate) async fn cmd_delete(&mut self, mailbox: &WireMailbox<'_>) -> Outcome {
-        let name = match mailbox_name(mailbox) {
+        let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -299,7 +305,7 @@ impl Session {
     }
 
     pub(crate) async fn cmd_rename(&mut self, from: &WireMailbox<'_>, to: &WireMailbox<'_>) -> Outcome {
-        let (from, to) = match (mailbox_name(from), mailbox_name(to)) {
+        let (from, to) = match (mailbox_name(from, self.utf8), mailbox_name(to, self.utf8)) {
             (Ok(f), Ok(t)) => (f, t),
             (Err(o), _) | (_, Err(o)) => return o,
         };
@@ -319,7 +325,7 @@ impl Session {
     }
 
     pub(crate) async fn cmd_subscribe(&mut self, mailbox: &WireMailbox<'_>, subscribe: bool) -> Outcome {
-        let name = match mailbox_name(mailbox) {
+        let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -351,12 +357,12 @@ impl Session {
         };
         let reference = match reference {
             WireMailbox::Inbox => "INBOX".to_string(),
-            WireMailbox::Other(o) => match pattern_text(o.as_ref()) {
+            WireMailbox::Other(o) => match pattern_text(o.as_ref(), self.utf8) {
                 Some(r) => r,
                 None => return Outcome::no("[CANNOT] Invalid reference"),
             },
         };
-        let Some(pattern) = pattern_text(pattern_raw) else {
+        let Some(pattern) = pattern_text(pattern_raw, self.utf8) else {
             return Outcome::no("[CANNOT] Invalid pattern");
         };
         if pattern.is_empty() {
@@ -390,7 +396,7 @@ impl Session {
                     listed.insert(name);
                     let attrs =
                         if all.get(name).is_some_and(|(id, _)| id.is_some()) { "" } else { "\\Noselect" };
-                    lines.push(format!("* LSUB ({attrs}) \"/\" {}", encode::mailbox(name)));
+                    lines.push(format!("* LSUB ({attrs}) \"/\" {}", encode::mailbox(name, self.utf8)));
                 }
             }
             let hidden: Vec<&String> = subscribed.iter().filter(|n| !listed.contains(n.as_str())).collect();
@@ -399,7 +405,7 @@ impl Session {
                 while let Some((p, _)) = parent.rsplit_once(SEP) {
                     parent = p;
                     if !subscribed.contains(p) && name_matches(&full, p) && listed.insert(p) {
-                        lines.push(format!("* LSUB (\\Noselect) \"/\" {}", encode::mailbox(p)));
+                        lines.push(format!("* LSUB (\\Noselect) \"/\" {}", encode::mailbox(p, self.utf8)));
                     }
                 }
             }
@@ -416,7 +422,11 @@ impl Session {
                 if let Some(s) = special {
                     attrs.push(s);
                 }
-                lines.push(format!("* LIST ({}) \"/\" {}", attrs.join(" "), encode::mailbox(name)));
+                lines.push(format!(
+                    "* LIST ({}) \"/\" {}",
+                    attrs.join(" "),
+                    encode::mailbox(name, self.utf8)
+                ));
             }
         }
         for l in lines {
@@ -447,12 +457,12 @@ impl Session {
     /// LIST with RFC 5258 selection and return options, several patterns, and
     /// LIST-STATUS (RFC 5819).
     pub(crate) async fn cmd_list_extended(&mut self, list: &ListExtended) -> Outcome {
-        let Some(reference) = pattern_text(&list.reference) else {
+        let Some(reference) = pattern_text(&list.reference, self.utf8) else {
             return Outcome::no("[CANNOT] Invalid reference");
         };
         let mut patterns = Vec::new();
         for p in &list.patterns {
-            match pattern_text(p) {
+            match pattern_text(p, self.utf8) {
                 Some(p) => patterns.push(full_pattern(&reference, &p)),
                 None => return Outcome::no("[CANNOT] Invalid pattern"),
             }
@@ -519,7 +529,7 @@ impl Session {
             if let Some(s) = special {
                 attrs.push(s);
             }
-            let mut line = format!("* LIST ({}) \"/\" {}", attrs.join(" "), encode::mailbox(name));
+            let mut line = format!("* LIST ({}) \"/\" {}", attrs.join(" "), encode::mailbox(name, self.utf8));
             if childinfo.contains(name) {
                 line.push_str(" (\"CHILDINFO\" (\"SUBSCRIBED\"))");
             }
@@ -538,7 +548,7 @@ impl Session {
     }
 
     pub(crate) async fn cmd_status(&mut self, mailbox: &WireMailbox<'_>, items: &[StatusItem]) -> Outcome {
-        let name = match mailbox_name(mailbox) {
+        let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -592,7 +602,7 @@ impl Session {
                 StatusItem::AppendLimit => format!("APPENDLIMIT {}", self.app.config.imap.max_literal_bytes),
             });
         }
-        Ok(format!("* STATUS {} ({})", encode::mailbox(name), parts.join(" ")))
+        Ok(format!("* STATUS {} ({})", encode::mailbox(name, self.utf8), parts.join(" ")))
     }
 }
 
@@ -633,10 +643,10 @@ mod tests {
     #[test]
     fn names_cannot_escape_the_account() {
         for bad in ["../bob", "a/../b", "", "/", "a//b", "/abs", "x*", "y%", "./a", "a\u{1}b"] {
-            assert!(name_from_bytes(bad.as_bytes()).is_err(), "{bad:?}");
+            assert!(name_from_bytes(bad.as_bytes(), false).is_err(), "{bad:?}");
         }
-        assert_eq!(name_from_bytes(b"inbox").ok().as_deref(), Some("INBOX"));
-        assert_eq!(name_from_bytes(b"Work/").ok().as_deref(), Some("Work"));
-        assert_eq!(name_from_bytes(b"Entw&APw-rfe").ok().as_deref(), Some("Entwürfe"));
+        assert_eq!(name_from_bytes(b"inbox", false).ok().as_deref(), Some("INBOX"));
+        assert_eq!(name_from_bytes(b"Work/", false).ok().as_deref(), Some("Work"));
+        assert_eq!(name_from_bytes(b"Entw&APw-rfe", false).ok().as_deref(), Some("Entwürfe"));
     }
 }

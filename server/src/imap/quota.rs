@@ -25,7 +25,7 @@ pub(crate) fn over_quota() -> Outcome {
 
 impl Session {
     pub(crate) async fn cmd_getquotaroot(&mut self, mailbox: &[u8]) -> Outcome {
-        let name = match name_from_bytes(mailbox) {
+        let name = match name_from_bytes(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
         };
@@ -39,7 +39,7 @@ impl Session {
             Ok(q) => q,
             Err(e) => return quota_error(e),
         };
-        let mailbox = encode::mailbox(&name);
+        let mailbox = encode::mailbox(&name, self.utf8);
         match quota_line(&quota) {
             Some(line) => {
                 self.push(&format!("* QUOTAROOT {mailbox} {ROOT}"));

@@ -291,6 +291,12 @@ impl Session {
         if let Some(cs) = charset {
             let cs = cs.as_ref();
             if !cs.eq_ignore_ascii_case("UTF-8") && !cs.eq_ignore_ascii_case("US-ASCII") {
+                // Under UTF8=ACCEPT every string is UTF-8, so another label
+                // contradicts it: BAD (RFC 9755 §3). A redundant `CHARSET UTF-8`
+                // is taken, as clients written for both modes send it.
+                if self.utf8 {
+                    return Err(Outcome::bad("Strings are UTF-8 once UTF8=ACCEPT is enabled"));
+                }
                 return Err(Outcome::no("[BADCHARSET (UTF-8 US-ASCII)] Unsupported charset"));
             }
         }

@@ -80,6 +80,9 @@ pub struct Session {
     pub(crate) condstore: bool,
     /// QRESYNC is enabled (RFC 7162 §3.2): expunges are told as VANISHED.
     pub(crate) qresync: bool,
+    /// The client enabled UTF8=ACCEPT (RFC 9755): mailbox names are UTF-8 on the
+    /// wire both ways, and strings in commands may hold UTF-8.
+    pub(crate) utf8: bool,
     /// The command being run had MODSEQ search criteria: its SEARCH answer names
     /// the highest modseq found (RFC 7162 §3.1.5).
     pub(crate) search_modseq: bool,
@@ -111,6 +114,7 @@ impl Session {
             user_slot: None,
             condstore: false,
             qresync: false,
+            utf8: false,
             search_modseq: false,
             rate_window: Instant::now(),
             rate_count: 0,

@@ -2,12 +2,15 @@
 
 use crate::store::{FlagSet, Flags};
 
-pub use crate::message::{nstring, string};
+pub use crate::message::{nstring, quoted, string};
 
-/// A mailbox name as it goes on the wire: modified UTF-7, always quoted (every
-/// client accepts a quoted name; atoms would need the astring rules checked).
-pub fn mailbox(name: &str) -> String {
-    string(super::utf7::encode(name).as_bytes())
+/// A mailbox name as it goes on the wire, always quoted (every client accepts a
+/// quoted name; atoms would need the astring rules checked): modified UTF-7, or
+/// UTF-8 as stored once the client enabled UTF8=ACCEPT (RFC 9755 §3 allows UTF-8
+/// in a quoted string then; a literal would be valid too, but clients look for
+/// the quoted form in LIST). Stored names hold no control characters.
+pub fn mailbox(name: &str, utf8: bool) -> String {
+    if utf8 { quoted(name) } else { string(super::utf7::encode(name).as_bytes()) }
 }
 
 /// `(\Seen \Flagged $Keyword)`.

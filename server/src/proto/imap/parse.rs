@@ -1129,11 +1129,23 @@ fn parse_append<'a>(tok: &mut Tok<'a>) -> Option<Request<'a>> {
                 return None;
             }
         }
+        // `UTF8 (literal8)` (RFC 9755 §4): a message whose header may hold UTF-8
+        // (RFC 6532). Stored as any other; the parentheses only frame it.
+        let utf8 = tok.s.get(tok.pos..tok.pos + 6).is_some_and(|w| w.eq_ignore_ascii_case(b"UTF8 ("));
+        if utf8 {
+            tok.pos += 6;
+        }
         // A literal8 (`~{n}`, RFC 3516 §4.4): binary content, NUL octets and all.
         if tok.peek() == Some(b'~') {
             tok.pos += 1;
         }
         let data = tok.literal()?;
+        if utf8 {
+            if tok.peek() != Some(b')') {
+                return None;
+            }
+            tok.pos += 1;
+        }
         messages.push(AppendMessage { flags, date, data });
     }
     (tok.end() && !messages.is_empty()).then_some(Request::Append { mailbox, messages })
@@ -1603,5 +1615,22 @@ mod tests {
         }
         assert!(parse(b"x APPEND INBOX {10}\r\nshort\r\n").is_err());
         assert!(parse(b"x APPEND INBOX (\\Bogus) {1}\r\na\r\n").is_err());
+    }
+
+    #[test]
+    fn append_utf8_data_item() {
+        // RFC 9755 §4: `UTF8 (literal8)`, beside plain messages in one MULTIAPPEND.
+        let cmd = "x APPEND INBOX (\\Seen) UTF8 (~{6}\r\nS\u{fc}b:\r) {3}\r\nabc utf8 ({2+}\r\nhi)\r\n";
+        match parse(cmd.as_bytes()) {
+            Ok((_, Request::Append { messages, .. })) => {
+                let data: Vec<&[u8]> = messages.iter().map(|m| m.data).collect();
+                assert_eq!(data, vec!["S\u{fc}b:\r".as_bytes(), b"abc", b"hi"]);
+                assert_eq!(messages[0].flags.system, Flags::SEEN);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The parenthesis must close right after the literal.
+        assert!(parse(b"x APPEND INBOX UTF8 (~{2}\r\nhi\r\n").is_err());
+        assert!(parse(b"x APPEND INBOX UTF8 (~{2}\r\nhi x)\r\n").is_err());
     }
 }
