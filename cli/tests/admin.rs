@@ -125,6 +125,7 @@ fn queue_commands_on_an_empty_and_a_filled_queue() {
                 account_id: None,
                 not_before: now + chrono::Duration::hours(1),
                 expires_at: now + chrono::Duration::days(5),
+                dsn: Default::default(),
             })
             .await
             .unwrap();

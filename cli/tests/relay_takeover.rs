@@ -62,6 +62,7 @@ fn claim_of_a_killed_pod_is_taken_over_after_its_lease() {
                 account_id: None,
                 not_before: now,
                 expires_at: now + chrono::Duration::days(1),
+                dsn: Default::default(),
             })
             .await
             .unwrap();

@@ -19,7 +19,9 @@ use mailcluster_server::dns::Dns;
 use mailcluster_server::metrics::Metrics;
 use mailcluster_server::net::ShutdownController;
 use mailcluster_server::relay::Relay;
-use mailcluster_server::store::{NewQueueItem, RecipientStatus, Store};
+use mailcluster_server::store::{
+    DsnNotify, DsnRequest, DsnRet, NewQueueItem, RecipientDsn, RecipientStatus, Store,
+};
 use mailcluster_testkit::dns::TestDns;
 use mailcluster_testkit::smtp::{Greeting, ScriptedRemote};
 
@@ -82,6 +84,16 @@ impl Setup {
     }
 
     async fn enqueue(&self, sender: &str, rcpts: &[&str], expires_in: chrono::Duration) -> i64 {
+        self.enqueue_dsn(sender, rcpts, expires_in, DsnRequest::default()).await
+    }
+
+    async fn enqueue_dsn(
+        &self,
+        sender: &str,
+        rcpts: &[&str],
+        expires_in: chrono::Duration,
+        dsn: DsnRequest,
+    ) -> i64 {
         let now = Utc::now();
         let id = self
             .store()
@@ -94,6 +106,7 @@ impl Setup {
                 account_id: None,
                 not_before: now,
                 expires_at: now + expires_in,
+                dsn,
             })
             .await
             .unwrap();
@@ -199,6 +212,138 @@ async fn rejection_bounces_to_local_sender_with_original_headers_and_null_sender
     s.stop().await;
 }
 
+fn notify(success: bool, failure: bool, delay: bool) -> Option<DsnNotify> {
+    Some(DsnNotify { success, failure, delay })
+}
+
+/// RFC 3461 §5.2.1: to a server offering DSN the request goes along (RET,
+/// ENVID in xtext; each recipient's NOTIFY and ORCPT), and reporting success is
+/// then that server's job: no report from here.
+#[tokio::test]
+async fn dsn_request_goes_to_a_remote_offering_dsn_which_then_reports_success() {
+    let s = Setup::start("", |_| {}).await;
+    s.remote.set_dsn(true);
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    let dsn = DsnRequest {
+        ret: Some(DsnRet::Full),
+        envid: Some("QQ 3+1".into()),
+        recipients: vec![RecipientDsn {
+            recipient: "x@remote.test".into(),
+            notify: notify(true, true, false),
+            orcpt: Some("X=Y@Remote.test".into()),
+        }],
+    };
+    s.enqueue_dsn("alice@local.test", &["x@remote.test", "y@remote.test"], chrono::Duration::days(1), dsn)
+        .await;
+    s.until("delivery", Duration::from_secs(10), async || queue_empty(&s).await).await;
+    let got = s.remote.received();
+    assert_eq!(got[0].mail_line, "MAIL FROM:<alice@local.test> SIZE=86 RET=FULL ENVID=QQ+203+2B1");
+    assert_eq!(
+        got[0].rcpt_lines,
+        [
+            "RCPT TO:<x@remote.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;X+3DY@Remote.test",
+            "RCPT TO:<y@remote.test>"
+        ]
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(s.inbox("alice@local.test").await.is_empty(), "the remote reports success, not we");
+    s.stop().await;
+}
+
+/// RFC 3461 §5.2.2: a server without DSN cannot report; a recipient whose
+/// sender asked for success is told "relayed", with its ENVID and ORCPT. One
+/// who did not ask is not.
+#[tokio::test]
+async fn remote_without_dsn_gets_a_relayed_report_for_recipients_that_asked() {
+    let s = Setup::start("", |_| {}).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    let dsn = DsnRequest {
+        ret: None,
+        envid: Some("env-7".into()),
+        recipients: vec![RecipientDsn {
+            recipient: "x@remote.test".into(),
+            notify: notify(true, false, false),
+            orcpt: Some("X@Remote.test".into()),
+        }],
+    };
+    s.enqueue_dsn("alice@local.test", &["x@remote.test", "y@remote.test"], chrono::Duration::days(1), dsn)
+        .await;
+    s.until("the report", Duration::from_secs(10), async || !s.inbox("alice@local.test").await.is_empty())
+        .await;
+    let got = s.remote.received();
+    assert_eq!(
+        got[0].mail_line, "MAIL FROM:<alice@local.test> SIZE=86",
+        "no DSN parameters to a non-DSN server"
+    );
+    assert_eq!(got[0].rcpt_lines, ["RCPT TO:<x@remote.test>", "RCPT TO:<y@remote.test>"]);
+    let reports = s.inbox("alice@local.test").await;
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert!(r.contains("Subject: Successful Mail Delivery Report"), "{r}");
+    assert!(r.contains("Original-Envelope-Id: env-7\r\n"), "{r}");
+    assert!(
+        r.contains("Original-Recipient: rfc822; X@Remote.test\r\nFinal-Recipient: rfc822; x@remote.test\r\nAction: relayed\r\nStatus: 2.0.0\r\nRemote-MTA: dns; mx.remote.test"),
+        "{r}"
+    );
+    assert!(!r.contains("y@remote.test"), "y did not ask: {r}");
+    assert!(!r.contains(".leading dot"), "a success report has the header only: {r}");
+    s.stop().await;
+}
+
+/// NOTIFY=NEVER silences a failure; NOTIFY=FAILURE with RET=FULL gets the
+/// whole message back (RFC 3461 §4.1, §4.3).
+#[tokio::test]
+async fn notify_never_silences_and_ret_full_returns_the_message() {
+    let s = Setup::start("", |_| {}).await;
+    s.store().account_create("alice@local.test", "x").await.unwrap();
+    s.remote.set_rcpt_reply("550 5.1.1 no such user here");
+    let dsn = DsnRequest {
+        ret: Some(DsnRet::Full),
+        envid: None,
+        recipients: vec![
+            RecipientDsn {
+                recipient: "quiet@remote.test".into(),
+                notify: notify(false, false, false),
+                orcpt: None,
+            },
+            RecipientDsn {
+                recipient: "loud@remote.test".into(),
+                notify: notify(false, true, false),
+                orcpt: None,
+            },
+        ],
+    };
+    s.enqueue_dsn(
+        "alice@local.test",
+        &["quiet@remote.test", "loud@remote.test"],
+        chrono::Duration::days(1),
+        dsn,
+    )
+    .await;
+    s.until("the bounce", Duration::from_secs(10), async || !s.inbox("alice@local.test").await.is_empty())
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reports = s.inbox("alice@local.test").await;
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert!(r.contains("Final-Recipient: rfc822; loud@remote.test"), "{r}");
+    assert!(!r.contains("quiet@remote.test"), "NOTIFY=NEVER: {r}");
+    assert!(r.contains("Content-Type: message/rfc822\r\n\r\nFrom: alice@local.test"), "{r}");
+    assert!(r.contains(".leading dot\r\nbody\r\n"), "the whole message: {r}");
+    // A silenced failure is still a failure on the queue's record.
+    assert!(queue_empty(&s).await);
+
+    // Without NOTIFY a failure is reported, with the header section only.
+    s.enqueue("alice@local.test", &["quiet@remote.test"], chrono::Duration::days(1)).await;
+    s.until("the second bounce", Duration::from_secs(10), async || {
+        s.inbox("alice@local.test").await.len() == 2
+    })
+    .await;
+    let r = &s.inbox("alice@local.test").await[1];
+    assert!(r.contains("Content-Type: text/rfc822-headers") && !r.contains(".leading dot"), "{r}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn remote_sender_gets_its_dsn_sent_with_the_null_sender() {
     let s = Setup::start("", |_| {}).await;
@@ -222,12 +367,23 @@ async fn expiry_and_delay_notice_reach_the_sender() {
     s.store().account_create("alice@local.test", "x").await.unwrap();
     s.remote.set_rcpt_reply("452 4.2.2 mailbox full");
     s.enqueue("alice@local.test", &["x@remote.test"], chrono::Duration::seconds(4)).await;
+    // NOTIFY=FAILURE alone (RFC 3461 §4.1): no delay notice for y.
+    let failure_only = DsnRequest {
+        recipients: vec![RecipientDsn {
+            recipient: "y@remote.test".into(),
+            notify: notify(false, true, false),
+            orcpt: None,
+        }],
+        ..Default::default()
+    };
+    s.enqueue_dsn("alice@local.test", &["y@remote.test"], chrono::Duration::seconds(4), failure_only).await;
     s.until("expiry", Duration::from_secs(20), async || queue_empty(&s).await).await;
     let inbox = s.inbox("alice@local.test").await;
     let delayed: Vec<_> = inbox.iter().filter(|m| m.contains("Action: delayed")).collect();
     let failed: Vec<_> = inbox.iter().filter(|m| m.contains("Action: failed")).collect();
     assert_eq!(delayed.len(), 1, "one delay notice: {inbox:#?}");
-    assert_eq!(failed.len(), 1, "one failure notice: {inbox:#?}");
+    assert!(delayed[0].contains("x@remote.test") && !delayed[0].contains("y@remote.test"), "{}", delayed[0]);
+    assert_eq!(failed.len(), 2, "a failure notice for each: {inbox:#?}");
     assert!(
         failed[0].contains("Status: 4.4.7") && failed[0].contains("452 4.2.2 mailbox full"),
         "{}",

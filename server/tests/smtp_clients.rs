@@ -172,6 +172,41 @@ async fn python_smtplib_over_quota(b: Backend) {
     assert_eq!(h.messages("bob@example.test").await.len(), 1);
 }
 
+const SMTPLIB_DSN: &str = r#"
+port = int(sys.argv[1])
+with smtplib.SMTP("127.0.0.1", port, timeout=60) as s:
+    s.ehlo("py.test")
+    assert s.has_extn("dsn"), s.esmtp_features
+    refused = s.sendmail(
+        "alice@example.test", ["bob@example.test"], "Subject: dsn test\r\n\r\nhello\r\n",
+        mail_options=["RET=HDRS", "ENVID=py-1"],
+        rcpt_options=["NOTIFY=SUCCESS,FAILURE", "ORCPT=rfc822;Bob@example.test"])
+    assert not refused, refused
+    try:
+        s.sendmail("alice@example.test", ["bob@example.test"], "x", rcpt_options=["NOTIFY=NEVER,DELAY"])
+        raise AssertionError("NEVER with DELAY must be refused")
+    except smtplib.SMTPRecipientsRefused as e:
+        assert e.recipients["bob@example.test"][0] == 501, e.recipients
+print("OK")
+"#;
+
+/// The DSN extension (RFC 3461) through smtplib's mail and rcpt options: the
+/// local sender finds the report of delivery in its INBOX.
+async fn python_smtplib_dsn_success(b: Backend) {
+    let h = Harness::new(b, config(|_| {})).await;
+    let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
+    let out = python(SMTPLIB_DSN, &[&addr.port().to_string()]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK"));
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+    let reports = h.messages("alice@example.test").await;
+    assert_eq!(reports.len(), 1, "one report of delivery");
+    let r = String::from_utf8_lossy(&reports[0]);
+    assert!(r.starts_with("Return-Path: <>\r\n"), "{r}");
+    assert!(r.contains("Original-Envelope-Id: py-1\r\n"), "{r}");
+    assert!(r.contains("Original-Recipient: rfc822; Bob@example.test\r\nFinal-Recipient: rfc822; bob@example.test\r\nAction: delivered"), "{r}");
+    assert!(r.contains("Subject: dsn test"), "{r}");
+}
+
 async fn swaks_pipelining_over_starttls(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
     let addr = listen(h.mx.clone(), tls_provider(), false, h.shutdown.clone()).await;
@@ -453,6 +488,7 @@ async fn swaks_auth_login_submission(b: Backend) {
 }
 
 both_backends!(
+    python_smtplib_dsn_success,
     python_smtplib_over_quota,
     python_smtplib_starttls_smtputf8_attachment,
     swaks_pipelining_over_starttls,

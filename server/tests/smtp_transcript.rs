@@ -23,7 +23,9 @@ async fn ehlo_lists_extensions_for_mx(b: Backend) {
     assert_eq!(greeting.len(), 1);
     let ehlo = c.cmd("EHLO client.test", "250 HELP").await;
     assert_eq!(ehlo[0], "250-mx.test Hello client.test [192.0.2.10]");
-    for ext in ["PIPELINING", "SIZE 26214400", "8BITMIME", "SMTPUTF8", "ENHANCEDSTATUSCODES", "CHUNKING"] {
+    for ext in
+        ["PIPELINING", "SIZE 26214400", "8BITMIME", "SMTPUTF8", "ENHANCEDSTATUSCODES", "CHUNKING", "DSN"]
+    {
         assert!(ehlo.iter().any(|l| l[4..] == *ext), "{ext} missing from {ehlo:?}");
     }
     // No TLS configured and MX: neither STARTTLS nor AUTH.
@@ -189,12 +191,63 @@ async fn too_many_recipients(b: Backend) {
 async fn unsupported_parameters(b: Backend) {
     let h = harness(b).await;
     let mut c = h.connect_ehlo(&h.mx).await;
-    c.cmd("MAIL FROM:<a@remote.test> RET=FULL", "555 5.5.4").await;
+    c.cmd("MAIL FROM:<a@remote.test> REQUIRETLS", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> BODY=BINARYMIME", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> FOO=BAR", "555 5.5.4").await;
     c.cmd("MAIL FROM:<a@remote.test> SIZE=99999999999", "552 5.3.4").await;
     c.cmd("MAIL FROM:<a@remote.test>", "250 ").await;
-    c.cmd("RCPT TO:<alice@example.test> NOTIFY=NEVER", "555 5.5.4").await;
+    c.cmd("RCPT TO:<alice@example.test> RRVS=2030-01-01T00:00:00Z", "555 5.5.4").await;
+}
+
+/// The DSN extension (RFC 3461): its parameters are checked; a local delivery
+/// whose sender asked for success is reported with the ENVID and ORCPT given,
+/// to that sender (queued: it is remote) with the null sender; NOTIFY=NEVER
+/// silences the report of a recipient without room.
+async fn dsn_parameters_and_success_reports(b: Backend) {
+    let h = harness(b).await;
+    // Room for the first message, not for the second.
+    h.store.account_set_quota("alice@example.test", Some(2500)).await.expect("quota");
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.cmd("MAIL FROM:<sender@remote.test> RET=FULL RET=HDRS", "501 5.5.4").await;
+    c.cmd(&format!("MAIL FROM:<sender@remote.test> ENVID={}", "x".repeat(101)), "501 ").await;
+    c.cmd("MAIL FROM:<sender@remote.test> RET=HDRS ENVID=QQ+2B1", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice@example.test> NOTIFY=NEVER,SUCCESS", "501 5.5.4").await;
+    c.cmd("RCPT TO:<alice@example.test> NOTIFY=SOMETIMES", "501 ").await;
+    c.cmd(
+        "RCPT TO:<alice@example.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;Alice+40example.test",
+        "250 2.1.5",
+    )
+    .await;
+    c.cmd("RCPT TO:<bob@example.test> NOTIFY=NEVER", "250 2.1.5").await;
+    c.data("Subject: report me\r\n\r\nthe body\r\n.\r\n", "250 2.0.0").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1);
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+    let queued = h.store.queue_list(10).await.expect("queue");
+    assert_eq!(queued.len(), 1, "one report: {queued:?}");
+    assert_eq!(
+        (queued[0].sender.as_str(), queued[0].recipients.as_slice()),
+        ("", &["sender@remote.test".to_string()][..])
+    );
+    let (_, report) = h.store.queue_get(queued[0].id).await.expect("queue entry").expect("queued");
+    let report = String::from_utf8_lossy(&report);
+    assert!(report.contains("Subject: Successful Mail Delivery Report"), "{report}");
+    assert!(report.contains("Original-Envelope-Id: QQ+1\r\n"), "{report}");
+    assert!(
+        report.contains("Original-Recipient: rfc822; Alice@example.test\r\nFinal-Recipient: rfc822; alice@example.test\r\nAction: delivered\r\nStatus: 2.0.0"),
+        "{report}"
+    );
+    assert!(!report.contains("bob@example.test"), "bob asked for nothing: {report}");
+    assert!(report.contains("Subject: report me") && !report.contains("the body"), "{report}");
+    h.store.queue_delete(queued[0].id).await.expect("delete");
+
+    // No room for alice, who asked to hear of nothing: no report at all.
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<bob@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<alice@example.test> NOTIFY=NEVER", "250 2.1.5").await;
+    c.data(&data_of(3000), "250 2.0.0").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1, "no room for alice");
+    assert!(h.store.queue_list(10).await.expect("queue").is_empty(), "NOTIFY=NEVER: no report");
+    c.cmd("QUIT", "221").await;
 }
 
 async fn smtputf8_addresses(b: Backend) {
@@ -652,6 +705,7 @@ async fn quota_at_delivery(b: Backend) {
 }
 
 both_backends!(
+    dsn_parameters_and_success_reports,
     quota_at_delivery,
     submission_login_and_send,
     submission_initial_response,

@@ -1284,6 +1284,7 @@ fn queue_item(tag: &str, not_before: DateTime<Utc>) -> NewQueueItem {
         account_id: None,
         not_before,
         expires_at: Utc::now() + chrono::Duration::days(5),
+        dsn: Default::default(),
     }
 }
 
@@ -1293,6 +1294,15 @@ async fn queue_lifecycle(ctx: Ctx) {
     let past = Utc::now() - chrono::Duration::seconds(10);
     let mut first = queue_item("first", past);
     first.account_id = Some(acc);
+    first.dsn = mailcluster_server::store::DsnRequest {
+        ret: Some(mailcluster_server::store::DsnRet::Full),
+        envid: Some("env \u{e9}".into()),
+        recipients: vec![mailcluster_server::store::RecipientDsn {
+            recipient: "x@remote.net".into(),
+            notify: Some(Default::default()),
+            orcpt: Some("X@remote.net".into()),
+        }],
+    };
     let id1 = s.queue_enqueue(&first).await.expect("enqueue");
     let id2 = s.queue_enqueue(&queue_item("second", past)).await.expect("enqueue");
     let _later =
@@ -1306,6 +1316,8 @@ async fn queue_lifecycle(ctx: Ctx) {
     assert_eq!(c1.recipients, vec!["x@remote.net", "y@remote.net"]);
     assert_eq!(c1.raw, first.raw);
     assert_eq!(c1.account_id, Some(acc));
+    assert_eq!(c1.dsn, first.dsn, "the DSN request is kept with the message");
+    assert_eq!(claimed[1].dsn, Default::default());
     assert_eq!(c1.attempts, 1);
     assert!(c1.last_error.is_none());
     assert!(

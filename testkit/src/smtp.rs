@@ -35,6 +35,8 @@ struct Behaviour {
     data_without_recipients: bool,
     /// The end of DATA gets no answer (the connection is held, then dropped).
     hold: bool,
+    /// EHLO offers DSN (RFC 3461).
+    dsn: bool,
 }
 
 /// A message the remote took, answered or not.
@@ -47,6 +49,10 @@ pub struct Received {
     pub acknowledged: bool,
     /// The message came over TLS (after STARTTLS).
     pub tls: bool,
+    /// The MAIL command line as sent, parameters and all.
+    pub mail_line: String,
+    /// The accepted RCPT command lines as sent.
+    pub rcpt_lines: Vec<String>,
 }
 
 pub struct ScriptedRemote {
@@ -75,6 +81,7 @@ impl ScriptedRemote {
             data_without_recipients: false,
             starttls_refused: false,
             hold: false,
+            dsn: false,
         }));
         let received = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
@@ -118,6 +125,11 @@ impl ScriptedRemote {
 
     pub fn set_hold(&self, hold: bool) {
         lock(&self.behaviour).hold = hold;
+    }
+
+    /// Offers DSN in the EHLO reply, or not.
+    pub fn set_dsn(&self, on: bool) {
+        lock(&self.behaviour).dsn = on;
     }
 
     pub fn received(&self) -> Vec<Received> {
@@ -175,6 +187,7 @@ async fn serve_one(
         let _ = r.write_all(b"220 remote.test ESMTP\r\n").await;
     }
     let (mut from, mut rcpts, mut in_transaction) = (String::new(), Vec::new(), false);
+    let (mut mail_line, mut rcpt_lines) = (String::new(), Vec::new());
     let mut line = String::new();
     loop {
         line.clear();
@@ -186,7 +199,8 @@ async fn serve_one(
         let reply = if upper.starts_with("EHLO") {
             let offer = (tls.is_some() || lock(&b).starttls_refused) && !is_tls;
             let starttls = if offer { "250-STARTTLS\r\n" } else { "" };
-            format!("250-remote.test\r\n{starttls}250-PIPELINING\r\n250 SIZE 10000000\r\n")
+            let dsn = if lock(&b).dsn { "250-DSN\r\n" } else { "" };
+            format!("250-remote.test\r\n{starttls}{dsn}250-PIPELINING\r\n250 SIZE 10000000\r\n")
         } else if upper == "STARTTLS" && !is_tls && lock(&b).starttls_refused {
             "454 4.7.0 TLS not available due to temporary reason\r\n".to_string()
         } else if upper == "STARTTLS" && !is_tls {
@@ -202,6 +216,8 @@ async fn serve_one(
         } else if upper.starts_with("MAIL FROM:") {
             from = address_of(&cmd[10..]);
             rcpts.clear();
+            rcpt_lines.clear();
+            mail_line = cmd.clone();
             let reply = lock(&b).mail_reply.clone();
             in_transaction = reply.starts_with('2');
             format!("{reply}\r\n")
@@ -216,6 +232,7 @@ async fn serve_one(
             let reply = if unknown { "550 5.1.1 no such user".to_string() } else { behaviour.rcpt_reply };
             if reply.starts_with('2') {
                 rcpts.push(rcpt);
+                rcpt_lines.push(cmd.clone());
             }
             format!("{reply}\r\n")
         } else if upper == "DATA" {
@@ -248,6 +265,8 @@ async fn serve_one(
                     data,
                     acknowledged: !hold,
                     tls: is_tls,
+                    mail_line: mail_line.clone(),
+                    rcpt_lines: rcpt_lines.clone(),
                 });
                 if hold {
                     tokio::time::sleep(Duration::from_secs(120)).await;

@@ -13,6 +13,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::store::{DsnNotify, DsnRequest, DsnRet};
+
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
@@ -77,6 +79,9 @@ pub struct Extensions {
     pub eightbitmime: bool,
     pub size: Option<u64>,
     pub auth_plain: bool,
+    /// RFC 3461: the server takes NOTIFY, ORCPT, RET and ENVID, and so the duty
+    /// of reporting on the recipients it accepts.
+    pub dsn: bool,
 }
 
 pub struct Timeouts {
@@ -92,6 +97,8 @@ pub struct Sent {
     /// One reply per recipient, in order: the RCPT reply when it refused, else the
     /// reply to the message content (or to MAIL / DATA when those refused).
     pub per_recipient: Vec<Reply>,
+    /// The sender's DSN request went along (the server offered DSN).
+    pub dsn_passed: bool,
 }
 
 pub struct Client {
@@ -213,8 +220,33 @@ impl Client {
     /// One transaction. `Err` means the connection broke or the server answered
     /// out of protocol: the outcome of the message is unknown to the caller only
     /// if the content had been sent (see [`ClientError`]); it is never reused.
-    pub async fn send(&mut self, from: &str, rcpts: &[String], message: &[u8]) -> Result<Sent, ClientError> {
+    /// `dsn`: what the sender asked of delivery status notifications, passed on
+    /// when the server offers DSN (RFC 3461 §5.2.1).
+    pub async fn send(
+        &mut self,
+        from: &str,
+        rcpts: &[String],
+        message: &[u8],
+        dsn: &DsnRequest,
+    ) -> Result<Sent, ClientError> {
         self.content_sent = false;
+        let dsn_passed = self.ext.dsn;
+        let sent = |per_recipient| Sent { per_recipient, dsn_passed };
+        let rcpt_line = |r: &str| {
+            let mut line = format!("RCPT TO:<{r}>");
+            if dsn_passed && let Some(d) = dsn.recipient(r) {
+                if let Some(n) = d.notify {
+                    line.push_str(" NOTIFY=");
+                    line.push_str(&notify_value(n));
+                }
+                if let Some(orcpt) = &d.orcpt {
+                    line.push_str(" ORCPT=rfc822;");
+                    line.push_str(&xtext(orcpt));
+                }
+            }
+            line.push_str("\r\n");
+            line
+        };
         let mut mail = format!("MAIL FROM:<{from}>");
         if self.ext.size.is_some() {
             mail.push_str(&format!(" SIZE={}", message.len()));
@@ -226,6 +258,17 @@ impl Client {
         if self.ext.eightbitmime && !message.is_ascii() {
             mail.push_str(" BODY=8BITMIME");
         }
+        if dsn_passed {
+            match dsn.ret {
+                Some(DsnRet::Full) => mail.push_str(" RET=FULL"),
+                Some(DsnRet::Hdrs) => mail.push_str(" RET=HDRS"),
+                None => {}
+            }
+            if let Some(envid) = &dsn.envid {
+                mail.push_str(" ENVID=");
+                mail.push_str(&xtext(envid));
+            }
+        }
         mail.push_str("\r\n");
         let mut replies_to_rcpt = Vec::with_capacity(rcpts.len());
         let mut accepted = Vec::new();
@@ -233,7 +276,7 @@ impl Client {
         if self.ext.pipelining {
             let mut batch = mail.into_bytes();
             for r in rcpts {
-                batch.extend_from_slice(format!("RCPT TO:<{r}>\r\n").as_bytes());
+                batch.extend_from_slice(rcpt_line(r).as_bytes());
             }
             batch.extend_from_slice(b"DATA\r\n");
             self.write(&batch).await?;
@@ -256,17 +299,17 @@ impl Client {
                 }
                 self.reset().await?;
                 if !mail_reply.is_positive() {
-                    return Ok(Sent { per_recipient: vec![mail_reply; rcpts.len()] });
+                    return Ok(sent(vec![mail_reply; rcpts.len()]));
                 }
-                return Ok(Sent { per_recipient: replies_to_rcpt });
+                return Ok(sent(replies_to_rcpt));
             }
         } else {
             let mail_reply = self.command(mail.as_bytes(), "the MAIL reply").await?;
             if !mail_reply.is_positive() {
-                return Ok(Sent { per_recipient: vec![mail_reply; rcpts.len()] });
+                return Ok(sent(vec![mail_reply; rcpts.len()]));
             }
             for (i, r) in rcpts.iter().enumerate() {
-                let reply = self.command(format!("RCPT TO:<{r}>\r\n").as_bytes(), "a RCPT reply").await?;
+                let reply = self.command(rcpt_line(r).as_bytes(), "a RCPT reply").await?;
                 if reply.is_positive() {
                     accepted.push(i);
                 }
@@ -274,7 +317,7 @@ impl Client {
             }
             if accepted.is_empty() {
                 self.reset().await?;
-                return Ok(Sent { per_recipient: replies_to_rcpt });
+                return Ok(sent(replies_to_rcpt));
             }
             data_reply = self.command(b"DATA\r\n", "the DATA reply").await?;
         }
@@ -288,7 +331,7 @@ impl Client {
                 }
             }
             self.reset().await?;
-            return Ok(Sent { per_recipient: replies_to_rcpt });
+            return Ok(sent(replies_to_rcpt));
         }
         // DATA's transparency (RFC 5321 §4.5.2) is POP3's multi-line encoding.
         let mut stuffed = Vec::new();
@@ -302,7 +345,7 @@ impl Client {
             replies_to_rcpt[i] = final_reply.clone();
         }
         self.transactions += 1;
-        Ok(Sent { per_recipient: replies_to_rcpt })
+        Ok(sent(replies_to_rcpt))
     }
 
     async fn reset(&mut self) -> Result<(), ClientError> {
@@ -394,6 +437,26 @@ impl Client {
     }
 }
 
+/// RFC 3461 §4.1's NOTIFY value.
+fn notify_value(n: DsnNotify) -> String {
+    let events = [(n.success, "SUCCESS"), (n.failure, "FAILURE"), (n.delay, "DELAY")];
+    let named: Vec<&str> = events.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+    if named.is_empty() { "NEVER".into() } else { named.join(",") }
+}
+
+/// RFC 3461 §4's xtext: `+`, `=` and what is not printable ASCII as `+XX`.
+fn xtext(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (b'!'..=b'~').contains(&b) && b != b'+' && b != b'=' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("+{b:02X}"));
+        }
+    }
+    out
+}
+
 fn parse_extensions(reply: &Reply) -> Extensions {
     let mut ext = Extensions::default();
     for line in reply.lines.iter().skip(1) {
@@ -406,6 +469,7 @@ fn parse_extensions(reply: &Reply) -> Extensions {
             "8BITMIME" => ext.eightbitmime = true,
             "SIZE" => ext.size = Some(words.next().and_then(|s| s.parse().ok()).unwrap_or(0)),
             "AUTH" => ext.auth_plain = words.any(|m| m.eq_ignore_ascii_case("PLAIN")),
+            "DSN" => ext.dsn = true,
             _ => {}
         }
     }
@@ -449,7 +513,18 @@ mod tests {
             ],
         };
         let e = parse_extensions(&r);
-        assert!(e.pipelining && e.starttls && e.auth_plain && !e.smtputf8);
+        assert!(e.pipelining && e.starttls && e.auth_plain && !e.smtputf8 && !e.dsn);
         assert_eq!(e.size, Some(1000));
+        let r = Reply { code: 250, lines: vec!["mx.test".into(), "DSN".into()] };
+        assert!(parse_extensions(&r).dsn);
+    }
+
+    #[test]
+    fn dsn_parameters_are_written_as_rfc_3461_has_them() {
+        assert_eq!(xtext("a+b=c d@\u{e9}.test"), "a+2Bb+3Dc+20d@+C3+A9.test");
+        let n = |success, failure, delay| notify_value(DsnNotify { success, failure, delay });
+        assert_eq!(n(false, false, false), "NEVER");
+        assert_eq!(n(true, true, false), "SUCCESS,FAILURE");
+        assert_eq!(n(false, true, true), "FAILURE,DELAY");
     }
 }

@@ -1,6 +1,8 @@
 //! Delivery status notifications (RFC 3464 in a multipart/report, RFC 6522) to
-//! the sender of a message that failed or is late. The original header section
-//! goes along as text/rfc822-headers, never the content.
+//! the sender of a message that failed or is late, or that was delivered or
+//! relayed when the sender asked for that (RFC 3461 NOTIFY=SUCCESS). The
+//! original header section goes along as text/rfc822-headers; the whole message
+//! only in a failure report the sender asked to get it back in (RET=FULL).
 
 use chrono::{DateTime, Utc};
 
@@ -14,12 +16,18 @@ pub struct RecipientReport {
     pub remote_mta: Option<String>,
     /// The reply (an SMTP diagnostic) or why there was none.
     pub diagnostic: String,
+    /// The address as the original sender gave it (RFC 3461 ORCPT).
+    pub original_recipient: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Failed,
     Delayed,
+    /// Put into the recipient's mailbox here.
+    Delivered,
+    /// Handed to a server that does not report on it (no DSN extension).
+    Relayed,
 }
 
 impl Action {
@@ -27,6 +35,8 @@ impl Action {
         match self {
             Action::Failed => "failed",
             Action::Delayed => "delayed",
+            Action::Delivered => "delivered",
+            Action::Relayed => "relayed",
         }
     }
 }
@@ -40,6 +50,11 @@ pub struct Report<'a> {
     pub recipients: &'a [RecipientReport],
     /// The queued message (its header section is quoted).
     pub original: &'a [u8],
+    /// The sender's ENVID (RFC 3461 §4.4), returned as Original-Envelope-Id.
+    pub envid: Option<&'a str>,
+    /// RET=FULL: a failure report returns the whole message (RFC 3461 §4.3;
+    /// other reports return the header section whatever RET said).
+    pub return_full: bool,
 }
 
 /// The complete DSN message (header and body, CRLF line endings).
@@ -58,6 +73,15 @@ pub fn build(report: &Report<'_>) -> Vec<u8> {
             "Delayed Mail (still being retried)",
             "Your message has not been delivered yet to one or more recipients.\r\n\
              Delivery is still being tried; you do not need to send it again.",
+        ),
+        Action::Delivered => (
+            "Successful Mail Delivery Report",
+            "Your message was delivered to the mailbox of the recipients below.",
+        ),
+        Action::Relayed => (
+            "Successful Mail Delivery Report",
+            "Your message was passed on to the recipients' mail servers below.\r\n\
+             They do not report deliveries, so no further notice will come from them.",
         ),
     };
     let mut out = String::with_capacity(2048 + report.original.len().min(64 * 1024));
@@ -86,9 +110,15 @@ pub fn build(report: &Report<'_>) -> Vec<u8> {
 
     out.push_str(&format!("--{boundary}\r\nContent-Type: message/delivery-status\r\n\r\n"));
     out.push_str(&format!("Reporting-MTA: dns; {host}\r\n"));
+    if let Some(envid) = report.envid {
+        out.push_str(&format!("Original-Envelope-Id: {}\r\n", clean(envid)));
+    }
     out.push_str(&format!("Arrival-Date: {}\r\n", report.arrival.to_rfc2822()));
     for r in report.recipients {
         out.push_str("\r\n");
+        if let Some(orcpt) = &r.original_recipient {
+            out.push_str(&format!("Original-Recipient: rfc822; {}\r\n", clean(orcpt)));
+        }
         out.push_str(&format!("Final-Recipient: rfc822; {}\r\n", clean(&r.recipient)));
         out.push_str(&format!("Action: {}\r\n", report.action.name()));
         out.push_str(&format!("Status: {}\r\n", clean(&r.status)));
@@ -103,9 +133,11 @@ pub fn build(report: &Report<'_>) -> Vec<u8> {
     }
     out.push_str("\r\n");
 
-    out.push_str(&format!("--{boundary}\r\nContent-Type: text/rfc822-headers\r\n\r\n"));
+    let full = report.return_full && report.action == Action::Failed;
+    let returned = if full { "message/rfc822" } else { "text/rfc822-headers" };
+    out.push_str(&format!("--{boundary}\r\nContent-Type: {returned}\r\n\r\n"));
     let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(header_section(report.original));
+    bytes.extend_from_slice(if full { report.original } else { header_section(report.original) });
     if !bytes.ends_with(b"\r\n") {
         bytes.extend_from_slice(b"\r\n");
     }
@@ -146,6 +178,7 @@ mod tests {
             status: "5.1.1".into(),
             remote_mta: Some("mx.org-b.test".into()),
             diagnostic: "550 5.1.1 no such user".into(),
+            original_recipient: None,
         }];
         let msg = build(&Report {
             action: Action::Failed,
@@ -155,6 +188,8 @@ mod tests {
             expires: Utc::now(),
             recipients: &rcpts,
             original,
+            envid: None,
+            return_full: false,
         });
         use mail_parser::MimeHeaders;
         let parsed = mail_parser::MessageParser::new().parse(&msg).expect("parses");
@@ -170,5 +205,47 @@ mod tests {
         assert!(text.contains("Subject: hello"), "original headers quoted");
         assert!(!text.contains("secret body"), "never the content");
         assert!(text.contains("Auto-Submitted: auto-replied"));
+    }
+
+    /// RFC 3461: ENVID and ORCPT come back in the report; RET=FULL returns the
+    /// whole message in a failure report and only the header section in others.
+    #[test]
+    fn report_carries_envid_orcpt_and_the_message_when_asked() {
+        let original = b"From: a@org-a.test\r\nSubject: hello\r\n\r\nthe body\r\n";
+        let rcpts = vec![RecipientReport {
+            recipient: "b@org-b.test".into(),
+            status: "5.1.1".into(),
+            remote_mta: None,
+            diagnostic: "550 5.1.1 no such user".into(),
+            original_recipient: Some("B@Org-B.test".into()),
+        }];
+        let report = |action| {
+            let msg = build(&Report {
+                action,
+                reporting_mta: "mx.org-a.test",
+                sender: "a@org-a.test",
+                arrival: Utc::now(),
+                expires: Utc::now(),
+                recipients: &rcpts,
+                original,
+                envid: Some("QQ314159"),
+                return_full: true,
+            });
+            String::from_utf8(msg).expect("utf-8")
+        };
+        let failed = report(Action::Failed);
+        assert!(failed.contains("Reporting-MTA: dns; mx.org-a.test\r\nOriginal-Envelope-Id: QQ314159\r\n"));
+        assert!(failed.contains(
+            "Original-Recipient: rfc822; B@Org-B.test\r\nFinal-Recipient: rfc822; b@org-b.test\r\nAction: failed"
+        ));
+        assert!(failed.contains("Content-Type: message/rfc822\r\n\r\nFrom: a@org-a.test"));
+        assert!(failed.contains("the body"));
+        let delivered = report(Action::Delivered);
+        assert!(delivered.contains("Subject: Successful Mail Delivery Report"));
+        assert!(delivered.contains("Action: delivered"));
+        assert!(delivered.contains("Content-Type: text/rfc822-headers"));
+        assert!(!delivered.contains("the body"), "only failures return the content");
+        let parsed = mail_parser::MessageParser::new().parse(delivered.as_bytes()).expect("parses");
+        assert_eq!(parsed.parts.len(), 4, "multipart/report with its three parts");
     }
 }

@@ -43,9 +43,10 @@ use crate::cache::MailboxEvent;
 use crate::dns::{Dns, Route};
 use crate::net::ShutdownController;
 use crate::store::{
-    FlagSet, NewDelivery, NewQueueItem, QueueAttempt, QueueItem, RecipientOutcome, RecipientStatus,
+    DsnEvent, DsnRequest, DsnRet, FlagSet, NewDelivery, NewQueueItem, QueueAttempt, QueueItem,
+    RecipientOutcome, RecipientStatus,
 };
-use client::{Client, ClientError, Reply, Timeouts};
+use client::{Client, ClientError, Timeouts};
 use dsn::{Action, RecipientReport};
 use mailcluster_api::config::split_host_port;
 
@@ -110,9 +111,15 @@ struct Destination {
 /// One recipient's result in one attempt.
 #[derive(Debug, Clone)]
 enum RcptResult {
-    Sent(String),
+    /// Accepted by the next hop; `true` when it took the DSN request along (it
+    /// reports success itself).
+    Sent(String, bool),
     Deferred(String),
-    Failed { status: String, diagnostic: String, remote: Option<String> },
+    Failed {
+        status: String,
+        diagnostic: String,
+        remote: Option<String>,
+    },
 }
 
 pub struct Relay {
@@ -315,45 +322,70 @@ impl Relay {
         let mut remaining = Vec::new();
         let mut failed = Vec::new();
         let mut deferred_reports = Vec::new();
+        let mut relayed = Vec::new();
         let mut last_error = None;
+        let dsn = &item.dsn;
+        let orcpt = |rcpt: &str| dsn.recipient(rcpt).and_then(|d| d.orcpt.clone());
         for (rcpt, result) in results {
             let (status, reply) = match result {
-                RcptResult::Sent(reply) => {
+                RcptResult::Sent(reply, dsn_passed) => {
                     self.metrics.deliveries.with_label_values(&["sent"]).inc();
+                    // RFC 3461 §5.2.2: a next hop without DSN ends the chain of
+                    // reports here, so the success asked for is told now.
+                    if !dsn_passed && dsn.wants(&rcpt, DsnEvent::Success) {
+                        // `reply` is "host: the reply".
+                        let (host, answer) = reply.split_once(": ").unwrap_or(("", reply.as_str()));
+                        relayed.push(RecipientReport {
+                            recipient: rcpt.clone(),
+                            status: "2.0.0".into(),
+                            remote_mta: (!host.is_empty()).then(|| host.to_string()),
+                            diagnostic: answer.to_string(),
+                            original_recipient: orcpt(&rcpt),
+                        });
+                    }
                     (RecipientStatus::Sent, reply)
                 }
                 RcptResult::Deferred(reason) if expired => {
                     self.metrics.deliveries.with_label_values(&["bounced"]).inc();
                     let diagnostic =
                         format!("message expired after {} attempts; last error: {reason}", item.attempts);
-                    failed.push(RecipientReport {
-                        recipient: rcpt.clone(),
-                        status: "4.4.7".into(),
-                        remote_mta: None,
-                        diagnostic: diagnostic.clone(),
-                    });
+                    if dsn.wants(&rcpt, DsnEvent::Failure) {
+                        failed.push(RecipientReport {
+                            recipient: rcpt.clone(),
+                            status: "4.4.7".into(),
+                            remote_mta: None,
+                            diagnostic: diagnostic.clone(),
+                            original_recipient: orcpt(&rcpt),
+                        });
+                    }
                     (RecipientStatus::Failed, diagnostic)
                 }
                 RcptResult::Deferred(reason) => {
                     self.metrics.deliveries.with_label_values(&["deferred"]).inc();
                     remaining.push(rcpt.clone());
                     last_error = Some(reason.clone());
-                    deferred_reports.push(RecipientReport {
-                        recipient: rcpt.clone(),
-                        status: "4.0.0".into(),
-                        remote_mta: None,
-                        diagnostic: reason.clone(),
-                    });
+                    if dsn.wants(&rcpt, DsnEvent::Delay) {
+                        deferred_reports.push(RecipientReport {
+                            recipient: rcpt.clone(),
+                            status: "4.0.0".into(),
+                            remote_mta: None,
+                            diagnostic: reason.clone(),
+                            original_recipient: orcpt(&rcpt),
+                        });
+                    }
                     (RecipientStatus::Deferred, reason)
                 }
                 RcptResult::Failed { status, diagnostic, remote } => {
                     self.metrics.deliveries.with_label_values(&["bounced"]).inc();
-                    failed.push(RecipientReport {
-                        recipient: rcpt.clone(),
-                        status,
-                        remote_mta: remote,
-                        diagnostic: diagnostic.clone(),
-                    });
+                    if dsn.wants(&rcpt, DsnEvent::Failure) {
+                        failed.push(RecipientReport {
+                            recipient: rcpt.clone(),
+                            status,
+                            remote_mta: remote,
+                            diagnostic: diagnostic.clone(),
+                            original_recipient: orcpt(&rcpt),
+                        });
+                    }
                     (RecipientStatus::Failed, diagnostic)
                 }
             };
@@ -361,6 +393,9 @@ impl Relay {
         }
         if !failed.is_empty() {
             self.notify_sender(&item, Action::Failed, &failed).await;
+        }
+        if !relayed.is_empty() {
+            self.notify_sender(&item, Action::Relayed, &relayed).await;
         }
         let config = &self.app.config.relay;
         let mut delay_notified = item.delay_notified;
@@ -495,8 +530,8 @@ impl Relay {
             // A pooled connection first; if it broke while idle (before anything of
             // this message was sent), a fresh one.
             if let Some(mut client) = self.take_idle(&pool_key) {
-                match client.send(&item.sender, rcpts, &item.raw).await {
-                    Ok(sent) => return self.sent(client, pool_key, host, rcpts, sent.per_recipient),
+                match client.send(&item.sender, rcpts, &item.raw, &item.dsn).await {
+                    Ok(sent) => return self.sent(client, pool_key, host, rcpts, sent),
                     Err(e) if !client.content_sent => {
                         tracing::debug!(host, error = %e, "pooled connection unusable; opening another");
                     }
@@ -511,8 +546,8 @@ impl Relay {
                     continue;
                 }
             };
-            return match client.send(&item.sender, rcpts, &item.raw).await {
-                Ok(sent) => self.sent(client, pool_key, host, rcpts, sent.per_recipient),
+            return match client.send(&item.sender, rcpts, &item.raw, &item.dsn).await {
+                Ok(sent) => self.sent(client, pool_key, host, rcpts, sent),
                 // The connection broke during the transaction: whether the server
                 // took the message is unknown, so it is retried later (at least
                 // once) rather than sent to the next host now.
@@ -528,7 +563,7 @@ impl Relay {
         pool_key: String,
         host: &str,
         rcpts: &[String],
-        replies: Vec<Reply>,
+        sent: client::Sent,
     ) -> Vec<(String, RcptResult)> {
         if client.transactions < self.app.config.relay.max_messages_per_connection {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -538,10 +573,10 @@ impl Relay {
         }
         rcpts
             .iter()
-            .zip(replies)
+            .zip(sent.per_recipient)
             .map(|(rcpt, reply)| {
                 let result = if reply.is_positive() {
-                    RcptResult::Sent(format!("{host}: {reply}"))
+                    RcptResult::Sent(format!("{host}: {reply}"), sent.dsn_passed)
                 } else if reply.is_permanent() {
                     RcptResult::Failed {
                         status: dsn::status_of(reply.code, reply.enhanced()),
@@ -635,6 +670,8 @@ impl Relay {
             expires: item.expires_at,
             recipients,
             original: &item.raw,
+            envid: item.dsn.envid.as_deref(),
+            return_full: item.dsn.ret == Some(DsnRet::Full),
         });
         let result = deliver_dsn(&self.app, &self.wake, &item.sender, message).await;
         match result {
@@ -680,6 +717,8 @@ pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec
             account_id: None,
             not_before: now,
             expires_at: now + expiry,
+            // A report is sent with the null sender and never reported on.
+            dsn: DsnRequest::default(),
         })
         .await?;
     wake.notify_one();

@@ -23,7 +23,7 @@ use crate::proto::frame::take_octets;
 use crate::proto::smtp::{DataDecoder, Reply, replies, trace_name};
 use crate::relay::deliver_dsn;
 use crate::relay::dsn::{self, Action, RecipientReport};
-use crate::store::{FlagSet, NewDelivery, NewQueueItem};
+use crate::store::{DsnEvent, DsnRet, FlagSet, NewDelivery, NewQueueItem};
 
 /// Messages larger than this are parsed on the blocking pool, so a big attachment
 /// does not stall the other sessions of this worker thread.
@@ -267,6 +267,11 @@ impl Session {
         }
         // The header section a DSN quotes (a reference, not a copy).
         let original = (!over_quota.is_empty()).then(|| raw.clone());
+        // The same for a report of delivery, when a local recipient asked for one.
+        let asked_success = envelope.rcpts.iter().any(|r| {
+            matches!(r.target, Target::Local { .. }) && envelope.dsn.wants(&r.address, DsnEvent::Success)
+        });
+        let delivered_original = asked_success.then(|| raw.clone());
         if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
             // Every recipient is over quota: one answer says it all (RFC 9208 at
             // delivery; RFC 5321 §4.2.2's "exceeded storage allocation").
@@ -284,6 +289,7 @@ impl Session {
                 chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
             let item = NewQueueItem {
                 sender: envelope.from.clone(),
+                dsn: envelope.dsn.only(&remotes),
                 recipients: remotes,
                 raw: self.outbound_copy(&raw),
                 account_id: self.account.as_ref().map(|a| a.id),
@@ -349,6 +355,9 @@ impl Session {
         if let Some(original) = original {
             self.report_over_quota(&envelope, &original, &over_quota).await;
         }
+        if let Some(original) = delivered_original {
+            self.report_delivered(&envelope, &original, &over_quota).await;
+        }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();
         self.metrics.bytes_total.inc_by(content_octets as u64);
@@ -360,30 +369,66 @@ impl Session {
     /// it, so the transaction's one reply is 250 and these are told to the sender
     /// by a DSN, as any MTA does for a recipient that fails after acceptance.
     async fn report_over_quota(&self, envelope: &Envelope, raw: &Bytes, recipients: &[String]) {
-        if envelope.from.is_empty() {
+        let failed = recipients.iter().filter(|r| envelope.dsn.wants(r, DsnEvent::Failure));
+        self.report(envelope, raw, Action::Failed, failed, "5.2.2", "552 5.2.2 Quota exceeded").await;
+    }
+
+    /// The local recipients whose sender asked to hear of their delivery
+    /// (RFC 3461 NOTIFY=SUCCESS) are told it is done: the mailbox has the
+    /// message, so no other server will report on it.
+    async fn report_delivered(&self, envelope: &Envelope, raw: &Bytes, over_quota: &[String]) {
+        let delivered = envelope.rcpts.iter().filter_map(|r| {
+            let local = matches!(r.target, Target::Local { .. });
+            (local && !over_quota.contains(&r.address) && envelope.dsn.wants(&r.address, DsnEvent::Success))
+                .then_some(&r.address)
+        });
+        self.report(
+            envelope,
+            raw,
+            Action::Delivered,
+            delivered,
+            "2.0.0",
+            "250 2.0.0 delivered to the mailbox",
+        )
+        .await;
+    }
+
+    /// One DSN to the sender about `recipients` (none: nothing is sent).
+    async fn report(
+        &self,
+        envelope: &Envelope,
+        raw: &Bytes,
+        action: Action,
+        recipients: impl Iterator<Item = &String>,
+        status: &str,
+        diagnostic: &str,
+    ) {
+        let reports: Vec<RecipientReport> = recipients
+            .map(|r| RecipientReport {
+                recipient: r.clone(),
+                status: status.into(),
+                remote_mta: None,
+                diagnostic: diagnostic.into(),
+                original_recipient: envelope.dsn.recipient(r).and_then(|d| d.orcpt.clone()),
+            })
+            .collect();
+        if envelope.from.is_empty() || reports.is_empty() {
             return;
         }
         let now = Utc::now();
-        let reports: Vec<RecipientReport> = recipients
-            .iter()
-            .map(|r| RecipientReport {
-                recipient: r.clone(),
-                status: "5.2.2".into(),
-                remote_mta: None,
-                diagnostic: "smtp; 552 5.2.2 Quota exceeded".into(),
-            })
-            .collect();
         let message = dsn::build(&dsn::Report {
-            action: Action::Failed,
+            action,
             reporting_mta: &self.app.config.hostname,
             sender: &envelope.from,
             arrival: now,
             expires: now,
             recipients: &reports,
             original: raw,
+            envid: envelope.dsn.envid.as_deref(),
+            return_full: envelope.dsn.ret == Some(DsnRet::Full),
         });
         if let Err(err) = deliver_dsn(&self.app, &self.app.mail.relay_wake, &envelope.from, message).await {
-            tracing::error!(error = %err, id = %envelope.id, "over-quota DSN to {} not sent", envelope.from);
+            tracing::error!(error = %err, id = %envelope.id, "{} DSN to {} not sent", action.name(), envelope.from);
         }
     }
 

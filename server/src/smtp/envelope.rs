@@ -9,7 +9,7 @@ use smtp_proto::{MailFrom, RcptTo};
 
 use super::session::{Session, Step};
 use crate::proto::smtp::{Reply, replies, split_address};
-use crate::store::StoreResult;
+use crate::store::{DsnNotify, DsnRequest, DsnRet, RecipientDsn, StoreResult};
 
 /// The open transaction.
 #[derive(Debug)]
@@ -22,6 +22,8 @@ pub(super) struct Envelope {
     pub rcpts: Vec<Recipient>,
     /// Identifies the message in logs, the Received header and the 250 reply.
     pub id: String,
+    /// RET, ENVID and the recipients' NOTIFY and ORCPT (RFC 3461).
+    pub dsn: DsnRequest,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,11 +49,21 @@ pub(super) enum Lookup {
     NotLocal,
 }
 
-/// MAIL parameters we implement: BODY=7BIT/8BITMIME and SMTPUTF8 (plus SIZE and
-/// AUTH=, which are fields, not flags). DSN, REQUIRETLS, BINARYMIME, … are not
-/// advertised, so a client using them gets 555 (RFC 5321 §4.1.1.11).
-const MAIL_FLAGS_SUPPORTED: u64 =
-    smtp_proto::MAIL_BODY_7BIT | smtp_proto::MAIL_BODY_8BITMIME | smtp_proto::MAIL_SMTPUTF8;
+/// MAIL parameters we implement: BODY=7BIT/8BITMIME, SMTPUTF8 and DSN's RET
+/// (plus SIZE, ENVID and AUTH=, which are fields, not flags). REQUIRETLS,
+/// BINARYMIME, … are not advertised, so a client using them gets 555 (RFC 5321
+/// §4.1.1.11).
+const MAIL_FLAGS_SUPPORTED: u64 = smtp_proto::MAIL_BODY_7BIT
+    | smtp_proto::MAIL_BODY_8BITMIME
+    | smtp_proto::MAIL_SMTPUTF8
+    | smtp_proto::MAIL_RET_FULL
+    | smtp_proto::MAIL_RET_HDRS;
+
+/// DSN's NOTIFY values, the RCPT parameters we implement besides ORCPT.
+const RCPT_NOTIFY: u64 = smtp_proto::RCPT_NOTIFY_SUCCESS
+    | smtp_proto::RCPT_NOTIFY_FAILURE
+    | smtp_proto::RCPT_NOTIFY_DELAY
+    | smtp_proto::RCPT_NOTIFY_NEVER;
 
 fn new_message_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +89,6 @@ impl Session {
         }
         let unsupported = from.flags & !MAIL_FLAGS_SUPPORTED != 0
             || from.trans_id.is_some()
-            || from.env_id.is_some()
             || from.solicit.is_some()
             || from.mtrk.is_some()
             || from.by != 0
@@ -88,6 +99,18 @@ impl Session {
             self.reply(Reply::new(555, "5.5.4", "Unsupported MAIL parameter"));
             return Step::Continue;
         }
+        let ret = match (
+            from.flags & smtp_proto::MAIL_RET_FULL != 0,
+            from.flags & smtp_proto::MAIL_RET_HDRS != 0,
+        ) {
+            (true, true) => {
+                self.reply(Reply::new(501, "5.5.4", "RET may be given once"));
+                return Step::Continue;
+            }
+            (true, false) => Some(DsnRet::Full),
+            (false, true) => Some(DsnRet::Hdrs),
+            (false, false) => None,
+        };
         if from.size > self.config().max_message_size {
             self.reply(replies::message_too_big());
             return Step::Continue;
@@ -115,6 +138,11 @@ impl Session {
             declared_size: from.size as u64,
             rcpts: Vec::new(),
             id: new_message_id(),
+            dsn: DsnRequest {
+                ret,
+                envid: from.env_id.as_deref().map(str::to_string),
+                recipients: Vec::new(),
+            },
         });
         self.reply(Reply::new(250, "2.1.0", "Sender OK"));
         Step::Continue
@@ -125,8 +153,20 @@ impl Session {
             self.reply(replies::bad_sequence("Need MAIL before RCPT"));
             return Step::Continue;
         };
-        if to.flags != 0 || to.orcpt.is_some() || to.rrvs != 0 {
+        if to.flags & !RCPT_NOTIFY != 0 || to.rrvs != 0 {
             self.reply(Reply::new(555, "5.5.4", "Unsupported RCPT parameter"));
+            return Step::Continue;
+        }
+        let notify = (to.flags & RCPT_NOTIFY != 0).then_some(DsnNotify {
+            success: to.flags & smtp_proto::RCPT_NOTIFY_SUCCESS != 0,
+            failure: to.flags & smtp_proto::RCPT_NOTIFY_FAILURE != 0,
+            delay: to.flags & smtp_proto::RCPT_NOTIFY_DELAY != 0,
+        });
+        if to.flags & smtp_proto::RCPT_NOTIFY_NEVER != 0
+            && to.flags & RCPT_NOTIFY != smtp_proto::RCPT_NOTIFY_NEVER
+        {
+            // RFC 3461 §4.1: NEVER stands alone.
+            self.reply(Reply::new(501, "5.5.4", "NOTIFY=NEVER cannot be combined with other values"));
             return Step::Continue;
         }
         if envelope.rcpts.len() >= self.config().max_recipients {
@@ -176,6 +216,13 @@ impl Session {
         };
         if let Some(envelope) = self.envelope.as_mut() {
             envelope.rcpts.push(Recipient { address: address.to_string(), target });
+            if notify.is_some() || to.orcpt.is_some() {
+                envelope.dsn.recipients.push(RecipientDsn {
+                    recipient: address.to_string(),
+                    notify,
+                    orcpt: to.orcpt.as_deref().map(str::to_string),
+                });
+            }
         }
         self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
         Step::Continue

@@ -19,7 +19,7 @@ impl Session {
         if extended {
             text.push_str("\nPIPELINING");
             text.push_str(&format!("\nSIZE {}", self.config().max_message_size));
-            text.push_str("\n8BITMIME\nSMTPUTF8\nENHANCEDSTATUSCODES\nCHUNKING");
+            text.push_str("\n8BITMIME\nSMTPUTF8\nENHANCEDSTATUSCODES\nCHUNKING\nDSN");
             if self.starttls_available() {
                 text.push_str("\nSTARTTLS");
             }

@@ -277,6 +277,7 @@ fn queue_item_of<B: Backend>(r: &B::Row) -> StoreResult<QueueItem> {
         created_at: B::date(r, "created_at")?,
         expires_at: B::date(r, "expires_at")?,
         delay_notified: r.boolean("delay_notified")?,
+        dsn: from_json(&r.text("dsn")?, "dsn")?,
     })
 }
 
@@ -705,6 +706,7 @@ impl<B: Backend> Store for B {
 
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
         let recipients = json_of(&item.recipients)?;
+        let dsn = json_of(&item.dsn)?;
         let params = [
             Param::Text(&item.sender),
             Param::Text(&recipients),
@@ -712,6 +714,7 @@ impl<B: Backend> Store for B {
             Param::OptInt(item.account_id),
             B::time(item.not_before),
             B::time(item.expires_at),
+            Param::Text(&dsn),
         ];
         let rows = self.fetch(true, B::ENQUEUE, &[&params[..], &B::clock()].concat()).await?;
         first(rows, || "queued item".into())?.int("id")

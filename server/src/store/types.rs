@@ -466,6 +466,95 @@ pub struct NewQueueItem {
     pub account_id: Option<i64>,
     pub not_before: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    pub dsn: DsnRequest,
+}
+
+/// What the sender asked of delivery status notifications with the SMTP DSN
+/// extension (RFC 3461), kept with the message until every recipient is done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DsnRequest {
+    /// `RET`: whether a failure report returns the whole message or only its
+    /// header section; `None`: not asked (the header section is returned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ret: Option<DsnRet>,
+    /// `ENVID`: the sender's identifier of the transaction, decoded from xtext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envid: Option<String>,
+    /// Recipients that came with NOTIFY or ORCPT; the others have the defaults.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recipients: Vec<RecipientDsn>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DsnRet {
+    #[serde(rename = "FULL")]
+    Full,
+    #[serde(rename = "HDRS")]
+    Hdrs,
+}
+
+/// One recipient's `NOTIFY` and `ORCPT` (RFC 3461 §4.1, §4.2).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecipientDsn {
+    pub recipient: String,
+    /// `None`: no NOTIFY, so failures and delays are reported (§4.1 leaves
+    /// DELAY to the MTA). `Some` with nothing set: NOTIFY=NEVER.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<DsnNotify>,
+    /// `ORCPT=rfc822;…`: the address as the original sender wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orcpt: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DsnNotify {
+    #[serde(default)]
+    pub success: bool,
+    #[serde(default)]
+    pub failure: bool,
+    #[serde(default)]
+    pub delay: bool,
+}
+
+/// The events a DSN reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DsnEvent {
+    Success,
+    Failure,
+    Delay,
+}
+
+impl DsnRequest {
+    pub fn recipient(&self, address: &str) -> Option<&RecipientDsn> {
+        self.recipients.iter().find(|r| r.recipient.eq_ignore_ascii_case(address))
+    }
+
+    /// Whether the sender wants to hear of `event` for `address`.
+    pub fn wants(&self, address: &str, event: DsnEvent) -> bool {
+        match self.recipient(address).and_then(|r| r.notify) {
+            None => event != DsnEvent::Success,
+            Some(n) => match event {
+                DsnEvent::Success => n.success,
+                DsnEvent::Failure => n.failure,
+                DsnEvent::Delay => n.delay,
+            },
+        }
+    }
+
+    /// What goes on with the recipients in `addresses` (a queue item split off
+    /// from a transaction with more).
+    pub fn only(&self, addresses: &[String]) -> DsnRequest {
+        DsnRequest {
+            ret: self.ret,
+            envid: self.envid.clone(),
+            recipients: self
+                .recipients
+                .iter()
+                .filter(|r| addresses.iter().any(|a| a.eq_ignore_ascii_case(&r.recipient)))
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -481,6 +570,7 @@ pub struct QueueItem {
     pub expires_at: DateTime<Utc>,
     /// The sender was already told the message is late.
     pub delay_notified: bool,
+    pub dsn: DsnRequest,
 }
 
 /// What became of one recipient in one attempt.

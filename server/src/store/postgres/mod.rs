@@ -796,7 +796,7 @@ impl Backend for PgStore {
          CASE WHEN locked_until > now() THEN locked_by END AS locked_by, outcomes, raw \
          FROM outbound_queue WHERE id = $1";
     const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
-         expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id";
+         expires_at, dsn) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id";
     // SKIP LOCKED: concurrent claimers on other pods pass over rows another
     // claimer is taking right now instead of waiting for (and then re-taking) them.
     const CLAIM: &'static str = "WITH due AS ( \
@@ -809,7 +809,7 @@ impl Backend for PgStore {
            attempts = q.attempts + 1 \
          FROM due WHERE q.id = due.id \
          RETURNING q.id, q.sender, q.recipients, q.raw, q.account_id, q.attempts, q.last_error, \
-           q.created_at, q.expires_at, q.delay_notified";
+           q.created_at, q.expires_at, q.delay_notified, q.dsn";
     // `outcomes || new`: jsonb concatenation of the two arrays, stored as text.
     const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
          outcomes = (outcomes::jsonb || $4::jsonb)::text, last_error = $5, next_attempt = $6, \

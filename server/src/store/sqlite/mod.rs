@@ -467,13 +467,13 @@ impl Backend for SqliteStore {
          created_at, expires_at, last_error, CASE WHEN locked_until > $1 THEN locked_by END AS locked_by, outcomes, \
          raw FROM outbound_queue WHERE id = $2";
     const ENQUEUE: &'static str = "INSERT INTO outbound_queue (sender, recipients, raw, account_id, next_attempt, \
-         expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id";
+         expires_at, dsn, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id";
     // The single writer connection makes this UPDATE the only claimer at a time.
     const CLAIM: &'static str = "UPDATE outbound_queue SET locked_by = $1, locked_until = $3, attempts = attempts + 1 \
          WHERE id IN (SELECT id FROM outbound_queue WHERE status = 'queued' AND next_attempt <= $4 \
            AND (locked_until IS NULL OR locked_until <= $4) ORDER BY next_attempt, id LIMIT $2) \
          RETURNING id, sender, recipients, raw, account_id, attempts, last_error, created_at, expires_at, \
-           delay_notified";
+           delay_notified, dsn";
     // json_group_array over both arrays' elements: their concatenation.
     const RESCHEDULE: &'static str = "UPDATE outbound_queue SET recipients = $3, \
          outcomes = (SELECT json_group_array(json(value)) FROM \
