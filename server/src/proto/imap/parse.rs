@@ -1033,57 +1033,104 @@ pub fn rewritten_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, Rewritten)
         return out;
     }
     let mut i = tag.len() + 1;
+    // Tokens still to come that are arguments of the key before them, so that
+    // `SUBJECT OLDER 5` searches for "OLDER" and is not rewritten.
+    let mut args = 0usize;
     while i < cmd.len() {
         match cmd[i] {
-            b'"' => i = closing_quote(cmd, i),
+            b' ' | b'(' | b')' => i += 1,
+            b'\r' | b'\n' => break,
+            b'"' => {
+                i = closing_quote(cmd, i) + 1;
+                args = args.saturating_sub(1);
+            }
             b'{' => {
                 let mut t = Tok { s: cmd, pos: i };
                 if t.literal().is_none() {
                     return Vec::new();
                 }
                 i = t.pos;
-                continue;
+                args = args.saturating_sub(1);
             }
-            b' ' | b'('
-                if cmd
-                    .get(i + 1..i + 8)
-                    .is_some_and(|w| w[..6].eq_ignore_ascii_case(b"MODSEQ") && w[6] == b' ') =>
-            {
-                let mut t = Tok { s: cmd, pos: i + 8 };
-                if t.peek() == Some(b'"') {
-                    if t.quoted().is_none() || !t.sp() {
-                        return Vec::new();
+            _ => {
+                let end = cmd[i..]
+                    .iter()
+                    .position(|b| matches!(b, b' ' | b'(' | b')' | b'\r' | b'\n'))
+                    .map_or(cmd.len(), |p| i + p);
+                let word = &cmd[i..end];
+                if args > 0 {
+                    args -= 1;
+                } else if word.eq_ignore_ascii_case(b"MODSEQ") && cmd.get(end) == Some(&b' ') {
+                    let mut t = Tok { s: cmd, pos: end + 1 };
+                    if t.peek() == Some(b'"') {
+                        if t.quoted().is_none() || !t.sp() {
+                            return Vec::new();
+                        }
+                        let kind = t.atom().to_ascii_uppercase();
+                        if !matches!(kind.as_slice(), b"PRIV" | b"SHARED" | b"ALL") || !t.sp() {
+                            return Vec::new();
+                        }
                     }
-                    let kind = t.atom().to_ascii_uppercase();
-                    if !matches!(kind.as_slice(), b"PRIV" | b"SHARED" | b"ALL") || !t.sp() {
+                    let Some(n) = modseq_value(&mut t, true) else { return Vec::new() };
+                    out.push((i..t.pos, Rewritten::Modseq(n)));
+                    i = t.pos;
+                    continue;
+                } else if let Some((len, younger)) = within_key(&cmd[i..]) {
+                    // WITHIN (RFC 5032): `YOUNGER n` / `OLDER n`, n seconds.
+                    let mut t = Tok { s: cmd, pos: i + len };
+                    let digits = t.atom();
+                    let Some(n) = std::str::from_utf8(digits)
+                        .ok()
+                        .and_then(|d| d.parse::<u32>().ok())
+                        .filter(|&n| n > 0)
+                    else {
                         return Vec::new();
-                    }
+                    };
+                    let key = if younger { Rewritten::Younger(n) } else { Rewritten::Older(n) };
+                    out.push((i..t.pos, key));
+                    i = t.pos;
+                    continue;
+                } else {
+                    args = search_key_arguments(word);
                 }
-                let Some(n) = modseq_value(&mut t, true) else { return Vec::new() };
-                out.push((i + 1..t.pos, Rewritten::Modseq(n)));
-                i = t.pos;
-                continue;
+                i = end;
             }
-            // WITHIN (RFC 5032): `YOUNGER n` / `OLDER n`, n seconds.
-            b' ' | b'(' if within_key(&cmd[i + 1..]).is_some() => {
-                let Some((len, younger)) = within_key(&cmd[i + 1..]) else { return Vec::new() };
-                let mut t = Tok { s: cmd, pos: i + 1 + len };
-                let digits = t.atom();
-                let Some(n) =
-                    std::str::from_utf8(digits).ok().and_then(|d| d.parse::<u32>().ok()).filter(|&n| n > 0)
-                else {
-                    return Vec::new();
-                };
-                let key = if younger { Rewritten::Younger(n) } else { Rewritten::Older(n) };
-                out.push((i + 1..t.pos, key));
-                i = t.pos;
-                continue;
-            }
-            _ => {}
         }
-        i += 1;
     }
     out
+}
+
+/// How many arguments follow a search key (RFC 3501 §6.4.4, RFC 5032, RFC
+/// 7162), and the SEARCH, SORT and THREAD words that take one (CHARSET).
+fn search_key_arguments(word: &[u8]) -> usize {
+    const ONE: [&[u8]; 19] = [
+        b"BCC",
+        b"BEFORE",
+        b"BODY",
+        b"CC",
+        b"FROM",
+        b"KEYWORD",
+        b"LARGER",
+        b"ON",
+        b"SENTBEFORE",
+        b"SENTON",
+        b"SENTSINCE",
+        b"SINCE",
+        b"SMALLER",
+        b"SUBJECT",
+        b"TEXT",
+        b"TO",
+        b"UID",
+        b"UNKEYWORD",
+        b"CHARSET",
+    ];
+    if word.eq_ignore_ascii_case(b"HEADER") {
+        2
+    } else if ONE.iter().any(|k| word.eq_ignore_ascii_case(k)) {
+        1
+    } else {
+        0
+    }
 }
 
 /// A search key the command is rewritten around before `imap-codec` parses it.
@@ -1580,6 +1627,17 @@ mod tests {
             ]
         );
         assert!(within(b"a SEARCH SUBJECT \"OLDER 5\"\r\n").is_empty());
+        // A key-like word that is another key's argument is that argument.
+        assert!(within(b"a SEARCH SUBJECT OLDER 5\r\n").is_empty());
+        assert!(within(b"a SEARCH OR FROM younger TEXT MODSEQ 1:5\r\n").is_empty());
+        assert_eq!(
+            within(b"a SEARCH HEADER X-Age YOUNGER OLDER 5 CHARSET OLDER\r\n"),
+            [("OLDER 5".to_string(), Rewritten::Older(5))]
+        );
+        assert_eq!(
+            within(b"a UID SORT (DATE) UTF-8 NOT SUBJECT {5}\r\nOLDER YOUNGER 9\r\n"),
+            [("YOUNGER 9".to_string(), Rewritten::Younger(9))]
+        );
         assert!(within(b"a SEARCH YOUNGER 0\r\n").is_empty(), "n is a nz-number");
         assert!(within(b"a SEARCH OLDER x\r\n").is_empty());
         assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
