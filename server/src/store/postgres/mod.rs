@@ -39,7 +39,9 @@ use super::steps::{
 };
 use super::*;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+/// See [`super::common::rollback_tolerant`].
+static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| super::common::rollback_tolerant(sqlx::migrate!("./migrations/postgres")));
 
 /// Pooled connections idle longer than this are pinged before use.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(30);

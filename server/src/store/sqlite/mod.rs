@@ -47,7 +47,9 @@ use super::*;
 mod gate;
 use gate::{WriteGate, WriteTx};
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+/// See [`super::common::rollback_tolerant`].
+static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> =
+    std::sync::LazyLock::new(|| super::common::rollback_tolerant(sqlx::migrate!("./migrations/sqlite")));
 
 /// How long a write waits for another process's write lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
