@@ -193,6 +193,44 @@ async fn utf8_accept() {
     assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"Gr&-APwA3w-e\"", "{r:?}");
 }
 
+/// IMAP4rev2 (RFC 9051) once enabled: no RECENT response and no \\Recent flag
+/// (and so no claim on them: an IMAP4rev1 session still gets them), no UNSEEN
+/// code, SEARCH answered with ESEARCH, UTF-8 mailbox names.
+#[tokio::test]
+async fn imap4rev2_when_enabled() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    deliver(&app, &bob, "INBOX", &sample("one", "first body"), FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "second body"), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("r0", "CAPABILITY").await;
+    assert!(r[0].starts_with("* CAPABILITY IMAP4rev1 IMAP4rev2 "), "{r:?}");
+    let r = c.cmd("r1", "ENABLE IMAP4rev2").await;
+    assert_eq!(r, ["* ENABLED IMAP4rev2", "r1 OK ENABLE completed"]);
+    let r = c.cmd("r2", "SELECT INBOX").await;
+    assert!(has(&r, "* 2 EXISTS") && tagged(&r).starts_with("r2 OK [READ-WRITE]"), "{r:?}");
+    assert!(!has(&r, "RECENT") && !has(&r, "[UNSEEN"), "{r:?}");
+    let r = c.cmd("r3", "SEARCH ALL").await;
+    assert_eq!(r, ["* ESEARCH (TAG \"r3\") ALL 1:2", "r3 OK SEARCH completed"]);
+    let r = c.cmd("r4", "UID SEARCH SEEN").await;
+    assert_eq!(r, ["* ESEARCH (TAG \"r4\") UID", "r4 OK UID SEARCH completed"]);
+    let r = c.cmd("r5", "FETCH 1:2 FLAGS").await;
+    assert_eq!(r[..2], ["* 1 FETCH (FLAGS ())", "* 2 FETCH (FLAGS ())"]);
+    deliver(&app, &bob, "INBOX", &sample("three", "third body"), FlagSet::default()).await;
+    let r = c.cmd("r6", "NOOP").await;
+    assert!(has(&r, "* 3 EXISTS") && !has(&r, "RECENT"), "{r:?}");
+    let r = c.cmd("r7", "CREATE \"Gr\u{fc}\u{df}e\"").await;
+    assert_eq!(tagged(&r), "r7 OK CREATE completed");
+    let r = c.cmd("r8", "LIST \"\" \"Gr*\"").await;
+    assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"Gr\u{fc}\u{df}e\"");
+
+    // An IMAP4rev1 session gets the three as \Recent: none was claimed.
+    let (mut d, _tx2) = login(&app, "bob@example.org", "pw").await;
+    let r = d.cmd("s1", "SELECT INBOX").await;
+    assert!(has(&r, "* 3 RECENT") && has(&r, "[UNSEEN 1]"), "{r:?}");
+    let r = d.cmd("s2", "SEARCH ALL").await;
+    assert_eq!(r[0], "* SEARCH 1 2 3");
+}
+
 #[tokio::test]
 async fn select_fetch_store_search_expunge() {
     let (app, _dir, bob) = embedded_app_with_bob().await;

@@ -21,7 +21,7 @@ impl Session {
 
     pub(crate) fn capabilities(&self) -> String {
         let mut caps = String::from(
-            "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT SORT=DISPLAY ESORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE BINARY WITHIN CONDSTORE QRESYNC QUOTA QUOTA=RES-STORAGE UTF8=ACCEPT",
+            "IMAP4rev1 IMAP4rev2 LITERAL+ SASL-IR ID ENABLE IDLE NAMESPACE UIDPLUS MOVE UNSELECT CHILDREN SPECIAL-USE MULTIAPPEND ESEARCH SEARCHRES SORT SORT=DISPLAY ESORT THREAD=ORDEREDSUBJECT THREAD=REFERENCES LIST-EXTENDED LIST-STATUS STATUS=SIZE BINARY WITHIN CONDSTORE QRESYNC QUOTA QUOTA=RES-STORAGE UTF8=ACCEPT",
         );
         // RFC 7889: one limit for every mailbox, the literal limit APPEND meets.
         let _ = write!(caps, " APPENDLIMIT={}", self.app.config.imap.max_literal_bytes);
@@ -221,6 +221,14 @@ impl Session {
                 "UTF8=ACCEPT" if !self.utf8 => {
                     self.utf8 = true;
                     enabled.push("UTF8=ACCEPT");
+                }
+                // RFC 9051 §6.3.1; its mailbox names are UTF-8 (§5.1) as with
+                // UTF8=ACCEPT. A session that enabled it is not announced
+                // \Recent, so it claims none and leaves them to IMAP4rev1 ones.
+                "IMAP4REV2" if !self.rev2 => {
+                    self.rev2 = true;
+                    self.utf8 = true;
+                    enabled.push("IMAP4rev2");
                 }
                 _ => {}
             }

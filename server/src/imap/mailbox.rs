@@ -175,7 +175,7 @@ impl Session {
         // atomic claim, so exactly one session in the cluster gets each); EXAMINE
         // only looks, leaving them to the next SELECT (RFC 3501 §6.3.2).
         let max = sel.max_uid();
-        if max > recent_floor {
+        if max > recent_floor && !self.rev2 {
             let from = if read_only {
                 recent_floor
             } else {
@@ -202,8 +202,12 @@ impl Session {
             self.push(&line);
         }
         self.push(&format!("* {} EXISTS", sel.uids.len()));
-        self.push(&sel.recent_line());
-        if let Some(pos) = sel.flags.iter().position(|f| !f.contains(Flags::SEEN)) {
+        if !self.rev2 {
+            self.push(&sel.recent_line());
+        }
+        // IMAP4rev2 dropped the UNSEEN code (RFC 9051 §7.1): a client asks STATUS
+        // or SEARCH for what it needs.
+        if let Some(pos) = sel.flags.iter().position(|f| !f.contains(Flags::SEEN)).filter(|_| !self.rev2) {
             let seq = pos + 1;
             self.push(&format!("* OK [UNSEEN {seq}] First unseen message"));
         }

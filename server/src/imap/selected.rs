@@ -457,6 +457,9 @@ impl Session {
             }
         }
         let new_max = sel.max_uid();
+        if self.rev2 {
+            return vec![format!("* {} EXISTS", sel.uids.len())];
+        }
         let from = if sel.read_only {
             max
         } else {

@@ -83,6 +83,9 @@ pub struct Session {
     /// The client enabled UTF8=ACCEPT (RFC 9755): mailbox names are UTF-8 on the
     /// wire both ways, and strings in commands may hold UTF-8.
     pub(crate) utf8: bool,
+    /// The client enabled IMAP4rev2 (RFC 9051): no \Recent and no RECENT
+    /// response, SEARCH answered with ESEARCH, no UNSEEN code on SELECT.
+    pub(crate) rev2: bool,
     /// The command being run had MODSEQ search criteria: its SEARCH answer names
     /// the highest modseq found (RFC 7162 §3.1.5).
     pub(crate) search_modseq: bool,
@@ -115,6 +118,7 @@ impl Session {
             condstore: false,
             qresync: false,
             utf8: false,
+            rev2: false,
             search_modseq: false,
             rate_window: Instant::now(),
             rate_count: 0,
@@ -630,7 +634,10 @@ impl Session {
             C::Close => self.cmd_close(true).await,
             C::Expunge => self.cmd_expunge(None).await,
             C::Search { charset, criteria, uid } => {
-                self.cmd_search(None, charset.as_ref(), &criteria, uid).await
+                // IMAP4rev2 has no SEARCH response: a SEARCH without RETURN is
+                // answered as `RETURN (ALL)` would be (RFC 9051 §6.4.4).
+                let esearch = self.rev2.then_some((tag, &[][..]));
+                self.cmd_search(esearch, charset.as_ref(), &criteria, uid).await
             }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
                 self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default(), Vec::new())
