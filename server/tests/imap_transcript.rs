@@ -193,6 +193,31 @@ async fn utf8_accept() {
     assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"Gr&-APwA3w-e\"", "{r:?}");
 }
 
+/// CREATE-SPECIAL-USE (RFC 6154 §3): the attribute is kept and listed; one the
+/// server cannot give (unknown, or a second one) is NO [USEATTR] and creates
+/// nothing; an unknown CREATE parameter is BAD.
+#[tokio::test]
+async fn create_special_use() {
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("c0", "CAPABILITY").await;
+    assert!(r[0].contains(" CREATE-SPECIAL-USE "), "{r:?}");
+    let r = c.cmd("c1", "CREATE \"Old mail/2025\" (USE (\\Archive))").await;
+    assert_eq!(tagged(&r), "c1 OK CREATE completed");
+    let r = c.cmd("c2", "CREATE Both (USE (\\Sent \\Drafts))").await;
+    assert!(tagged(&r).starts_with("c2 NO [USEATTR]"), "{r:?}");
+    let r = c.cmd("c3", "CREATE Important (use (\\Important))").await;
+    assert!(tagged(&r).starts_with("c3 NO [USEATTR]"), "{r:?}");
+    let r = c.cmd("c4", "CREATE Odd (COLOR (red))").await;
+    assert!(tagged(&r).starts_with("c4 BAD"), "{r:?}");
+    let r = c.cmd("c5", "CREATE Plain (USE ())").await;
+    assert_eq!(tagged(&r), "c5 OK CREATE completed");
+    let r = c.cmd("c6", "LIST \"\" * RETURN (SPECIAL-USE)").await;
+    assert!(has(&r, "* LIST (\\HasNoChildren \\Archive) \"/\" \"Old mail/2025\""), "{r:?}");
+    assert!(has(&r, "* LIST (\\HasNoChildren) \"/\" \"Plain\""), "{r:?}");
+    assert!(!has(&r, "Both") && !has(&r, "Important") && !has(&r, "Odd"), "nothing else created: {r:?}");
+}
+
 /// IMAP4rev2 (RFC 9051) once enabled: no RECENT response and no \\Recent flag
 /// (and so no claim on them: an IMAP4rev1 session still gets them), no UNSEEN
 /// code, SEARCH answered with ESEARCH, UTF-8 mailbox names.

@@ -18,7 +18,7 @@ use crate::cache::MailboxEvent;
 use crate::imap::shared_snapshot::SharedSnapshots;
 use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
-use crate::store::{Flags, MailboxIndex, MailboxStatus, StoreError};
+use crate::store::{Flags, MailboxIndex, MailboxStatus, SpecialUse, StoreError};
 
 /// Hierarchy separator, in the store and on the wire.
 pub const SEP: char = '/';
@@ -274,10 +274,21 @@ impl Session {
         Ok(())
     }
 
-    pub(crate) async fn cmd_create(&mut self, mailbox: &WireMailbox<'_>) -> Outcome {
+    /// CREATE, with the special use asked for by CREATE-SPECIAL-USE (RFC 6154
+    /// §3) in `uses`: one of the attributes a mailbox here can carry, else NO
+    /// [USEATTR] and nothing created.
+    pub(crate) async fn cmd_create(&mut self, mailbox: &WireMailbox<'_>, uses: &[String]) -> Outcome {
         let name = match mailbox_name(mailbox, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
+        };
+        let special_use = match uses {
+            [] => None,
+            [one] => match SpecialUse::ALL.into_iter().find(|u| u.attribute().eq_ignore_ascii_case(one)) {
+                Some(u) => Some(u),
+                None => return Outcome::no(format!("[USEATTR] {one} is not a special use supported here")),
+            },
+            _ => return Outcome::no("[USEATTR] A mailbox has one special use here"),
         };
         if name == "INBOX" {
             return Outcome::no("[ALREADYEXISTS] INBOX always exists");
@@ -285,7 +296,7 @@ impl Session {
         if let Err(e) = self.create_parents(&name).await {
             return store_error(e);
         }
-        match self.app.store.mailbox_create(self.account_id(), &name, None).await {
+        match self.app.store.mailbox_create(self.account_id(), &name, special_use).await {
             Ok(_) => Outcome::ok("CREATE completed"),
             Err(e) => store_error(e),
         }

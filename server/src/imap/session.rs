@@ -287,6 +287,15 @@ impl Session {
                 Some(o) => o,
                 None => self.cmd_append(&mailbox, messages).await,
             },
+            Request::Create { uses, create } => match self.require_auth() {
+                Some(o) => o,
+                None => match imap_codec::CommandCodec::default().decode(&create) {
+                    Ok((b"", Command { body: CommandBody::Create { mailbox }, .. })) => {
+                        self.cmd_create(&mailbox, &uses).await
+                    }
+                    _ => Outcome::bad("Invalid CREATE arguments"),
+                },
+            },
             Request::GetQuota(root) => match self.require_auth() {
                 Some(o) => o,
                 None => self.cmd_getquota(&root).await,
@@ -600,7 +609,7 @@ impl Session {
             C::Enable { capabilities } => self.cmd_enable(capabilities.as_ref()),
             C::Select { mailbox } => self.cmd_select(&mailbox, false, None).await,
             C::Examine { mailbox } => self.cmd_select(&mailbox, true, None).await,
-            C::Create { mailbox } => self.cmd_create(&mailbox).await,
+            C::Create { mailbox } => self.cmd_create(&mailbox, &[]).await,
             C::Delete { mailbox } => self.cmd_delete(&mailbox).await,
             C::Rename { from, to } => self.cmd_rename(&from, &to).await,
             C::Subscribe { mailbox } => self.cmd_subscribe(&mailbox, true).await,
@@ -685,6 +694,7 @@ fn request_name(r: &Request<'_>) -> &'static str {
         },
         Request::Id => "ID",
         Request::Namespace => "NAMESPACE",
+        Request::Create { .. } => "CREATE",
         Request::GetQuota(_) => "GETQUOTA",
         Request::GetQuotaRoot(_) => "GETQUOTAROOT",
         Request::SetQuota => "SETQUOTA",

@@ -198,6 +198,13 @@ pub enum Request<'a> {
         items: Vec<StatusItem>,
         status: Vec<u8>,
     },
+    /// `CREATE mailbox (USE (attr …))` (RFC 6154 §3, CREATE-SPECIAL-USE): the
+    /// attributes asked for, and the command without its parameters for
+    /// `imap-codec` to parse the mailbox name.
+    Create {
+        uses: Vec<String>,
+        create: Vec<u8>,
+    },
     /// `GETQUOTA root` (RFC 9208 §4.1.1): the root's name as sent.
     GetQuota(Vec<u8>),
     /// `GETQUOTAROOT mailbox` (RFC 9208 §4.1.2): the mailbox name as sent.
@@ -362,6 +369,11 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
         }
         b"APPEND" => {
             return parse_append(&mut tok).map(|r| (tag.clone(), r)).ok_or(bad("Invalid APPEND arguments"));
+        }
+        b"CREATE" => {
+            if let Some(request) = parse_create_params(cmd, tok.pos) {
+                return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid CREATE parameters"));
+            }
         }
         _ => {}
     }
@@ -551,6 +563,35 @@ fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Opt
     status.extend_from_slice(&cmd[after_name..open]);
     status.extend_from_slice(b"(MESSAGES)\r\n");
     Some(Some(Request::Status { items, status }))
+}
+
+/// CREATE with parameters (RFC 4466 §2.2); USE (RFC 6154 §3) is the one known.
+/// `None`: no parameters (plain CREATE); `Some(None)`: malformed or unknown.
+fn parse_create_params<'a>(cmd: &[u8], after_name: usize) -> Option<Option<Request<'a>>> {
+    let mut tok = Tok { s: cmd, pos: after_name };
+    if !tok.sp() {
+        return None;
+    }
+    tok.astring()?;
+    let mailbox_end = tok.pos;
+    if !tok.sp() || tok.peek() != Some(b'(') {
+        return None;
+    }
+    let params = paren_list(&mut tok, |t| {
+        if !t.atom().eq_ignore_ascii_case(b"USE") || !t.sp() {
+            return None;
+        }
+        paren_list(t, |t| {
+            (t.peek() == Some(b'\\')).then_some(())?;
+            t.pos += 1;
+            let name = std::str::from_utf8(t.atom()).ok().filter(|n| !n.is_empty())?;
+            Some(format!("\\{name}"))
+        })
+    });
+    let Some(params) = params.filter(|_| tok.end()) else { return Some(None) };
+    let mut create = cmd[..mailbox_end].to_vec();
+    create.extend_from_slice(b"\r\n");
+    Some(Some(Request::Create { uses: params.into_iter().flatten().collect(), create }))
 }
 
 /// `SP root SP (resource limit …)`: the resources are atoms and the limits
