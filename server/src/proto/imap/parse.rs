@@ -565,18 +565,22 @@ fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Opt
     Some(Some(Request::Status { items, status }))
 }
 
-/// CREATE with parameters (RFC 4466 §2.2); USE (RFC 6154 §3) is the one known.
-/// `None`: no parameters (plain CREATE); `Some(None)`: malformed or unknown.
-fn parse_create_params<'a>(cmd: &[u8], after_name: usize) -> Option<Option<Request<'a>>> {
-    let mut tok = Tok { s: cmd, pos: after_name };
+/// ` mailbox (`: where the mailbox name ends, with `tok` at the parenthesis of
+/// the parameters that follow it; `None` when no parameter list follows.
+fn mailbox_then_params(tok: &mut Tok<'_>) -> Option<usize> {
     if !tok.sp() {
         return None;
     }
     tok.astring()?;
     let mailbox_end = tok.pos;
-    if !tok.sp() || tok.peek() != Some(b'(') {
-        return None;
-    }
+    (tok.sp() && tok.peek() == Some(b'(')).then_some(mailbox_end)
+}
+
+/// CREATE with parameters (RFC 4466 §2.2); USE (RFC 6154 §3) is the one known.
+/// `None`: no parameters (plain CREATE); `Some(None)`: malformed or unknown.
+fn parse_create_params<'a>(cmd: &[u8], after_name: usize) -> Option<Option<Request<'a>>> {
+    let mut tok = Tok { s: cmd, pos: after_name };
+    let mailbox_end = mailbox_then_params(&mut tok)?;
     let params = paren_list(&mut tok, |t| {
         if !t.atom().eq_ignore_ascii_case(b"USE") || !t.sp() {
             return None;
@@ -791,14 +795,7 @@ fn modseq_value(tok: &mut Tok<'_>, zero: bool) -> Option<u64> {
 fn parse_select_params<'a>(cmd: &[u8], tag: &str, read_only: bool) -> Option<Option<Request<'a>>> {
     let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
     tok.atom();
-    if !tok.sp() {
-        return None;
-    }
-    tok.astring()?;
-    let mailbox_end = tok.pos;
-    if !tok.sp() || tok.peek() != Some(b'(') {
-        return None;
-    }
+    let mailbox_end = mailbox_then_params(&mut tok)?;
     let mut params = SelectParams::default();
     let parsed = paren_list(&mut tok, |t| {
         match t.atom().to_ascii_uppercase().as_slice() {
