@@ -476,11 +476,12 @@ pub(crate) fn json_of<T: serde::Serialize + ?Sized>(value: &T) -> StoreResult<St
     serde_json::to_string(value).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
-/// The schema migrations only add (tables, columns with defaults, indexes), so
-/// a release runs on the schema of a later one. Its migrator therefore accepts a
-/// database with migrations it does not know: rolling a MailCluster back to the
-/// previous image (whose migration Job runs first) or starting an older binary
-/// on an upgraded embedded store must not be refused for it.
+/// A migration keeps the release before it working on the schema it leaves
+/// (`server/migrations/README.md`), so a release runs on the schema of the next
+/// one. Its migrator therefore accepts a database with migrations it does not
+/// know: rolling a MailCluster back to the previous image (whose migration Job
+/// runs first) or starting the previous binary on an upgraded embedded store
+/// must not be refused for it.
 pub(crate) fn rollback_tolerant(mut migrator: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
     migrator.set_ignore_missing(true);
     migrator
