@@ -55,6 +55,9 @@ const IMAP_CORPUS: &[&[u8]] = &[
     b"e3 UID SORT RETURN (MIN MAX COUNT ALL) (REVERSE DISPLAYFROM DATE) UTF-8 OR YOUNGER 60 OLDER 3600\r\n",
     b"e4 SEARCH RETURN (MIN) MODSEQ 5 NOT YOUNGER 10\r\n",
     b"e5 STATUS INBOX (APPENDLIMIT HIGHESTMODSEQ)\r\n",
+    b"e6 ENABLE IMAP4rev2 UTF8=ACCEPT\r\ne7 CREATE \"Gr\xc3\xbc\xc3\x9fe\" (USE (\\Archive))\r\n",
+    b"e8 APPEND INBOX (\\Seen) UTF8 (~{6}\r\nS\xc3\xbcb:\r)\r\n",
+    b"e9 SEARCH SUBJECT OLDER 5 HEADER X-A YOUNGER OLDER 9 CHARSET MODSEQ\r\n",
 ];
 
 const SMTP_CORPUS: &[&[u8]] = &[
@@ -63,6 +66,7 @@ const SMTP_CORPUS: &[&[u8]] = &[
     b"AUTH PLAIN AGFsaWNlAHB3\r\nAUTH LOGIN\r\nYWxpY2U=\r\nSTARTTLS\r\nBDAT 10 LAST\r\n",
     b"Subject: x\r\n\r\n..leading dot\r\nbody\r\n.\r\nQUIT\r\n",
     b"\x00.\r\nline\rbare\nlf\r\n.\r\n",
+    b"MAIL FROM:<a@b.example> RET=FULL ENVID=QQ+2B1\r\nRCPT TO:<c@d.example> NOTIFY=SUCCESS,FAILURE,DELAY ORCPT=rfc822;C+40d.example\r\n",
     b".\r\n",
 ];
 
