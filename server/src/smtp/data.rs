@@ -267,11 +267,19 @@ impl Session {
         }
         // The header section a DSN quotes (a reference, not a copy).
         let original = (!over_quota.is_empty()).then(|| raw.clone());
-        // The same for a report of delivery, when a local recipient asked for one.
-        let asked_success = envelope.rcpts.iter().any(|r| {
-            matches!(r.target, Target::Local { .. }) && envelope.dsn.wants(&r.address, DsnEvent::Success)
-        });
-        let delivered_original = asked_success.then(|| raw.clone());
+        // The local recipients whose sender asked to hear of their delivery (RFC
+        // 3461 NOTIFY=SUCCESS), and the message their report quotes.
+        let delivered: Vec<&String> = envelope
+            .rcpts
+            .iter()
+            .filter(|r| {
+                matches!(r.target, Target::Local { .. })
+                    && !over_quota.contains(&r.address)
+                    && envelope.dsn.wants(&r.address, DsnEvent::Success)
+            })
+            .map(|r| &r.address)
+            .collect();
+        let delivered_original = (!delivered.is_empty()).then(|| raw.clone());
         if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
             // Every recipient is over quota: one answer says it all (RFC 9208 at
             // delivery; RFC 5321 §4.2.2's "exceeded storage allocation").
@@ -356,7 +364,10 @@ impl Session {
             self.report_over_quota(&envelope, &original, &over_quota).await;
         }
         if let Some(original) = delivered_original {
-            self.report_delivered(&envelope, &original, &over_quota).await;
+            // The mailbox has the message, so no other server will report on it.
+            let diagnostic = "250 2.0.0 delivered to the mailbox";
+            let delivered = delivered.into_iter();
+            self.report(&envelope, &original, Action::Delivered, delivered, "2.0.0", diagnostic).await;
         }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();
@@ -371,26 +382,6 @@ impl Session {
     async fn report_over_quota(&self, envelope: &Envelope, raw: &Bytes, recipients: &[String]) {
         let failed = recipients.iter().filter(|r| envelope.dsn.wants(r, DsnEvent::Failure));
         self.report(envelope, raw, Action::Failed, failed, "5.2.2", "552 5.2.2 Quota exceeded").await;
-    }
-
-    /// The local recipients whose sender asked to hear of their delivery
-    /// (RFC 3461 NOTIFY=SUCCESS) are told it is done: the mailbox has the
-    /// message, so no other server will report on it.
-    async fn report_delivered(&self, envelope: &Envelope, raw: &Bytes, over_quota: &[String]) {
-        let delivered = envelope.rcpts.iter().filter_map(|r| {
-            let local = matches!(r.target, Target::Local { .. });
-            (local && !over_quota.contains(&r.address) && envelope.dsn.wants(&r.address, DsnEvent::Success))
-                .then_some(&r.address)
-        });
-        self.report(
-            envelope,
-            raw,
-            Action::Delivered,
-            delivered,
-            "2.0.0",
-            "250 2.0.0 delivered to the mailbox",
-        )
-        .await;
     }
 
     /// One DSN to the sender about `recipients` (none: nothing is sent).
