@@ -223,7 +223,10 @@ pub fn base_subject_of(subject: &str) -> (String, bool) {
         // (2) trailers
         loop {
             let t = s.trim_end();
-            if t.len() >= 5 && t[t.len() - 5..].eq_ignore_ascii_case("(fwd)") {
+            // Compared as bytes: the subject is UTF-8, and a byte offset counted
+            // from the end may fall inside a character (slicing there panics);
+            // an ASCII match ends and starts on character boundaries.
+            if t.len() >= 5 && t.as_bytes()[t.len() - 5..].eq_ignore_ascii_case(b"(fwd)") {
                 s = t[..t.len() - 5].to_string();
                 reply = true;
             } else {
@@ -248,7 +251,7 @@ pub fn base_subject_of(subject: &str) -> (String, bool) {
             }
         }
         // (6) a forward wrapper
-        if s.len() >= 6 && s[..5].eq_ignore_ascii_case("[fwd:") && s.ends_with(']') {
+        if s.len() >= 6 && s.as_bytes()[..5].eq_ignore_ascii_case(b"[fwd:") && s.ends_with(']') {
             s = s[5..s.len() - 1].to_string();
             reply = true;
             continue;
@@ -310,8 +313,20 @@ mod tests {
             ("Reply to all", "Reply to all"),
             ("Fwd", "Fwd"),
             ("", ""),
+            // Multi-byte characters where a marker's byte offset would fall.
+            ("Grüße", "Grüße"),
+            ("ßßß", "ßßß"),
+            ("Re: Größe (fwd)", "Größe"),
+            ("[Fwd: Grüße]", "Grüße"),
+            ("[Fwd: ßß]", "ßß"),
         ] {
             assert_eq!(base_subject_of(subject).0, base, "{subject:?}");
+        }
+        // No offset panics, wherever the characters fall.
+        let mixed = "[Fwd: Ré: ünïcödé ßß (fwd)]€";
+        for (at, _) in mixed.char_indices() {
+            base_subject_of(&mixed[at..]);
+            base_subject_of(&mixed[..at]);
         }
     }
 
