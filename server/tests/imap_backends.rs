@@ -189,6 +189,9 @@ async fn full_session(app: App) {
     assert!(has(&r, "* 1 FETCH (FLAGS (\\Seen \\Deleted \\Recent $Later))"), "{r:?}");
     let r = c.cmd("cp", "UID COPY 2:3 Archive").await;
     assert!(tagged(&r).starts_with("cp OK [COPYUID "), "{r:?}");
+    let r = c.cmd("oe", "FETCH 3 EMAILID").await;
+    let moved = r[0].strip_prefix("* 3 FETCH (EMAILID (").and_then(|l| l.strip_suffix("))"));
+    let moved = moved.unwrap_or_else(|| panic!("{r:?}")).to_string();
     let r = c.cmd("mv", "MOVE 3 Trash").await;
     assert!(r[0].starts_with("* OK [COPYUID ") && r[1] == "* 3 EXPUNGE", "{r:?}");
     let r = c.cmd("x", "EXPUNGE").await;
@@ -216,10 +219,24 @@ async fn full_session(app: App) {
     assert_eq!(other.line().await, "i OK IDLE terminated");
     let r = c.cmd("d", "DELETE Archive").await;
     assert_eq!(tagged(&r), "d OK DELETE completed");
+    let r = c.cmd("oi", "STATUS INBOX (MAILBOXID)").await;
+    let inbox = r[0].clone();
     let r = c.cmd("rn", "RENAME INBOX Old").await;
     assert_eq!(tagged(&r), "rn OK RENAME completed");
     let r = c.cmd("st4", "STATUS Old (MESSAGES)").await;
     assert_eq!(r[0], "* STATUS \"Old\" (MESSAGES 3)");
+
+    // OBJECTID (RFC 8474): INBOX stays the mailbox it was (its messages went to a
+    // new one); a moved message keeps its EMAILID, and SEARCH finds it by it.
+    let r = c.cmd("oi2", "STATUS INBOX (MAILBOXID)").await;
+    assert_eq!(r[0], inbox);
+    let r = c.cmd("oo", "STATUS Old (MAILBOXID)").await;
+    assert_ne!(r[0].replace("\"Old\"", "\"INBOX\""), inbox, "{r:?}");
+    c.cmd("ot", "SELECT Trash").await;
+    let r = c.cmd("of", "FETCH 1:* EMAILID").await;
+    assert!(has(&r, &format!(" FETCH (EMAILID ({moved}))")), "{moved} {r:?}");
+    let r = c.cmd("os", &format!("UID SEARCH EMAILID {moved}")).await;
+    assert!(r[0].starts_with("* SEARCH ") && r[0].len() > "* SEARCH ".len(), "{r:?}");
 }
 
 /// A STORE answers the session's own change once and still reports what other

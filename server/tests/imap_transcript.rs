@@ -22,6 +22,20 @@ fn has(lines: &[String], needle: &str) -> bool {
     lines.iter().any(|l| l.contains(needle))
 }
 
+/// The MAILBOXID a successful CREATE's tagged OK carries (RFC 8474 §4.1).
+fn created(lines: &[String], tag: &str) -> String {
+    let line = tagged(lines);
+    let rest = line.strip_prefix(&format!("{tag} OK [MAILBOXID (")).unwrap_or_else(|| panic!("{lines:?}"));
+    let (id, text) = rest.split_once(")] ").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!(text, "CREATE completed");
+    assert!(
+        (1..=255).contains(&id.len())
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+        "objectid syntax: {id}"
+    );
+    id.to_string()
+}
+
 #[tokio::test]
 async fn plaintext_login_is_disabled_without_tls() {
     let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = false).await;
@@ -87,7 +101,7 @@ async fn mailbox_commands() {
     let r = c.cmd("m1", "LIST \"\" \"\"").await;
     assert_eq!(r[0], "* LIST (\\Noselect) \"/\" \"\"");
     let r = c.cmd("m2", "CREATE Work/Projects/Entw&APw-rfe").await;
-    assert_eq!(tagged(&r), "m2 OK CREATE completed");
+    created(&r, "m2");
     let r = c.cmd("m3", "LIST \"\" *").await;
     assert!(has(&r, "* LIST (\\HasNoChildren) \"/\" \"INBOX\""), "{r:?}");
     assert!(has(&r, "* LIST (\\HasNoChildren \\Sent) \"/\" \"Sent\""), "{r:?}");
@@ -135,7 +149,7 @@ async fn utf8_accept() {
     let r = c.cmd("u2", "ENABLE UTF8=ACCEPT").await;
     assert_eq!(r[0], "* ENABLED", "only what this command newly enabled is listed");
     let r = c.cmd("u3", "CREATE \"Gr\u{fc}\u{df}e/A&B \\\"q\\\"\"").await;
-    assert_eq!(tagged(&r), "u3 OK CREATE completed");
+    created(&r, "u3");
     let r = c.cmd("u4", "LIST \"\" \"Gr\u{fc}*\"").await;
     assert_eq!(
         r,
@@ -181,12 +195,12 @@ async fn utf8_accept() {
     // A raw UTF-8 name from a client without the extension is taken as the
     // common servers take it, and told back in modified UTF-7.
     let r = d.cmd("v3", "CREATE \"K\u{f6}ln\"").await;
-    assert_eq!(tagged(&r), "v3 OK CREATE completed");
+    created(&r, "v3");
     let r = d.cmd("v3b", "LIST \"\" K*").await;
     assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"K&APY-ln\"", "{r:?}");
     // With it, an `&` is not modified UTF-7: `&APw-` names a mailbox of its own.
     let r = c.cmd("u12", "CREATE \"Gr&APwA3w-e\"").await;
-    assert_eq!(tagged(&r), "u12 OK CREATE completed");
+    created(&r, "u12");
     let r = c.cmd("u13", "LIST \"\" \"Gr*\"").await;
     assert!(has(&r, "\"Gr&APwA3w-e\""), "{r:?}");
     let r = d.cmd("v4", "LIST \"\" \"Gr&-*\"").await;
@@ -203,7 +217,7 @@ async fn create_special_use() {
     let r = c.cmd("c0", "CAPABILITY").await;
     assert!(r[0].contains(" CREATE-SPECIAL-USE "), "{r:?}");
     let r = c.cmd("c1", "CREATE \"Old mail/2025\" (USE (\\Archive))").await;
-    assert_eq!(tagged(&r), "c1 OK CREATE completed");
+    created(&r, "c1");
     let r = c.cmd("c2", "CREATE Both (USE (\\Sent \\Drafts))").await;
     assert!(tagged(&r).starts_with("c2 NO [USEATTR]"), "{r:?}");
     let r = c.cmd("c3", "CREATE Important (use (\\Important))").await;
@@ -211,7 +225,7 @@ async fn create_special_use() {
     let r = c.cmd("c4", "CREATE Odd (COLOR (red))").await;
     assert!(tagged(&r).starts_with("c4 BAD"), "{r:?}");
     let r = c.cmd("c5", "CREATE Plain (USE ())").await;
-    assert_eq!(tagged(&r), "c5 OK CREATE completed");
+    created(&r, "c5");
     let r = c.cmd("c6", "LIST \"\" * RETURN (SPECIAL-USE)").await;
     assert!(has(&r, "* LIST (\\HasNoChildren \\Archive) \"/\" \"Old mail/2025\""), "{r:?}");
     assert!(has(&r, "* LIST (\\HasNoChildren) \"/\" \"Plain\""), "{r:?}");
@@ -244,7 +258,7 @@ async fn imap4rev2_when_enabled() {
     let r = c.cmd("r6", "NOOP").await;
     assert!(has(&r, "* 3 EXISTS") && !has(&r, "RECENT"), "{r:?}");
     let r = c.cmd("r7", "CREATE \"Gr\u{fc}\u{df}e\"").await;
-    assert_eq!(tagged(&r), "r7 OK CREATE completed");
+    created(&r, "r7");
     let r = c.cmd("r8", "LIST \"\" \"Gr*\"").await;
     assert_eq!(r[0], "* LIST (\\HasNoChildren) \"/\" \"Gr\u{fc}\u{df}e\"");
 
@@ -439,6 +453,95 @@ async fn append_literals_and_limits() {
     assert_eq!(c.line().await, "p7 BAD [TOOBIG] Literal of 2000000 octets exceeds the limit");
     assert_eq!(c.line().await, "* BYE Closing connection");
     assert!(c.closed().await);
+}
+
+/// OBJECTID (RFC 8474): MAILBOXID on CREATE, SELECT/EXAMINE, STATUS and
+/// LIST-STATUS, kept by RENAME and never given to another mailbox; EMAILID kept
+/// by COPY and MOVE and searchable; THREADID NIL and matching nothing.
+#[tokio::test]
+async fn object_ids() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    deliver(&app, &bob, "INBOX", &sample("one", "first body"), FlagSet::default()).await;
+    deliver(&app, &bob, "INBOX", &sample("two", "second body"), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    let r = c.cmd("o0", "CAPABILITY").await;
+    assert!(r[0].split(' ').any(|w| w == "OBJECTID"), "{r:?}");
+
+    // Mailboxes.
+    let r = c.cmd("o1", "CREATE Projects").await;
+    let projects = created(&r, "o1");
+    let r = c.cmd("o2", "CREATE Later").await;
+    let later = created(&r, "o2");
+    assert_ne!(projects, later);
+    let r = c.cmd("o3", "STATUS Projects (MESSAGES MAILBOXID)").await;
+    assert_eq!(r[0], format!("* STATUS \"Projects\" (MESSAGES 0 MAILBOXID ({projects}))"));
+    let r = c.cmd("o4", "EXAMINE Projects").await;
+    assert!(has(&r, &format!("* OK [MAILBOXID ({projects})]")), "{r:?}");
+    let r = c.cmd("o5", "RENAME Projects Done").await;
+    assert_eq!(tagged(&r), "o5 OK RENAME completed");
+    let r = c.cmd("o6", "LIST \"\" \"Done\" RETURN (STATUS (MAILBOXID UIDNEXT))").await;
+    assert!(has(&r, &format!("* STATUS \"Done\" (MAILBOXID ({projects}) UIDNEXT 1)")), "{r:?}");
+    c.cmd("o7", "DELETE Done").await;
+    let r = c.cmd("o8", "CREATE Projects").await;
+    let again = created(&r, "o8");
+    assert!(again != projects && again != later, "a MAILBOXID is never reused: {again}");
+    let r = c.cmd("o9", "STATUS INBOX (MAILBOXID)").await;
+    let inbox = r[0].strip_prefix("* STATUS \"INBOX\" (MAILBOXID (").and_then(|x| x.strip_suffix("))"));
+    let inbox = inbox.unwrap_or_else(|| panic!("{r:?}")).to_string();
+    let r = c.cmd("o10", "SELECT INBOX").await;
+    assert!(has(&r, &format!("* OK [MAILBOXID ({inbox})]")), "{r:?}");
+    assert!(![&projects, &later, &again].contains(&&inbox));
+
+    // Messages.
+    let r = c.cmd("e1", "FETCH 1:2 (FLAGS EMAILID THREADID)").await;
+    let email_id = |line: &str| -> String {
+        let at = line.find("EMAILID (").unwrap_or_else(|| panic!("{line}")) + "EMAILID (".len();
+        line[at..at + line[at..].find(')').unwrap()].to_string()
+    };
+    assert!(r[0].starts_with("* 1 FETCH (FLAGS (\\Recent) ") && r[0].ends_with(" THREADID NIL)"), "{r:?}");
+    let (first, second) = (email_id(&r[0]), email_id(&r[1]));
+    assert_ne!(first, second);
+    assert!(![&inbox, &projects].contains(&&first), "mailbox and message ids do not collide");
+    let r = c.cmd("e2", "FETCH 2 EMAILID").await;
+    assert_eq!(r[0], format!("* 2 FETCH (EMAILID ({second}))"));
+    let r = c.cmd("e3", "UID FETCH 1 (EMAILID)").await;
+    assert_eq!(r[0], format!("* 1 FETCH (UID 1 EMAILID ({first}))"));
+    let r = c.cmd("e4", "FETCH 1 (THREADID)").await;
+    assert_eq!(r[0], "* 1 FETCH (THREADID NIL)");
+    let r = c.cmd("e5", "FETCH 2 (RFC822.SIZE EMAILID BODY.PEEK[HEADER.FIELDS (Subject)])").await;
+    assert!(
+        r[0].starts_with("* 2 FETCH (RFC822.SIZE ") && has(&r, &format!(" EMAILID ({second}))")),
+        "{r:?}"
+    );
+
+    // A copy and a moved message keep the EMAILID (§5.1).
+    c.cmd("e6", "COPY 1 Later").await;
+    c.cmd("e7", "MOVE 2 Later").await;
+    let r = c.cmd("e8", "SELECT Later").await;
+    assert!(has(&r, &format!("* OK [MAILBOXID ({later})]")), "{r:?}");
+    let r = c.cmd("e9", "UID FETCH 1:* EMAILID").await;
+    assert_eq!(
+        r[..2],
+        [format!("* 1 FETCH (UID 1 EMAILID ({first}))"), format!("* 2 FETCH (UID 2 EMAILID ({second}))")]
+    );
+
+    // SEARCH (§6).
+    let r = c.cmd("s1", &format!("SEARCH EMAILID {second}")).await;
+    assert_eq!(r[0], "* SEARCH 2");
+    let r = c.cmd("s2", &format!("UID SEARCH OR EMAILID {first} EMAILID {second}")).await;
+    assert_eq!(r[0], "* SEARCH 1 2");
+    let r = c.cmd("s3", &format!("SEARCH NOT EMAILID {first}")).await;
+    assert_eq!(r[0], "* SEARCH 2");
+    let r = c.cmd("s4", &format!("SEARCH THREADID T{}", &first[1..])).await;
+    assert_eq!(r[0], "* SEARCH");
+    let r = c.cmd("s5", &format!("SEARCH EMAILID {}", first.to_lowercase())).await;
+    assert_eq!(r[0], "* SEARCH", "object ids are case sensitive");
+    let r = c.cmd("s6", "SEARCH SUBJECT EMAILID").await;
+    assert_eq!(r[0], "* SEARCH", "an argument named like the key is not the key");
+    let r = c.cmd("s7", "SEARCH EMAILID M1.2").await;
+    assert!(tagged(&r).starts_with("s7 BAD"), "{r:?}");
+    let r = c.cmd("s8", "SEARCH EMAILID").await;
+    assert!(tagged(&r).starts_with("s8 BAD"), "{r:?}");
 }
 
 #[tokio::test]
@@ -1004,6 +1107,27 @@ async fn sort_orders_by_the_rfc_keys() {
 /// THREAD (RFC 5256 §2, §4): REFERENCES from Message-ID / References /
 /// In-Reply-To read from the stored headers, ORDEREDSUBJECT by base subject, the
 /// response nesting, UID THREAD, and the search criteria applied first.
+/// Subjects in UTF-8 (RFC 6532 headers, or RFC 2047 words decoded) sort and
+/// thread like any other; a marker test counting bytes used to panic the
+/// session's task on them (`Grüße`, `[Fwd: ßß]`).
+#[tokio::test]
+async fn sort_and_thread_take_utf8_subjects() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for subject in ["Grüße", "=?UTF-8?Q?Gr=C3=BC=C3=9Fe?= (fwd)", "[Fwd: ßß]", "Apfel"] {
+        deliver(&app, &bob, "INBOX", &sample(subject, "x"), FlagSet::default()).await;
+    }
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("o1", "SORT (SUBJECT) UTF-8 ALL").await;
+    assert_eq!(r, ["* SORT 4 1 2 3", "o1 OK SORT completed"]);
+    let r = c.cmd("o2", "THREAD ORDEREDSUBJECT UTF-8 ALL").await;
+    // Threads in the order of their first message's date (all equal here: then by
+    // sequence number).
+    assert_eq!(r, ["* THREAD (1 2)(3)(4)", "o2 OK THREAD completed"]);
+    let r = c.cmd("o3", "SEARCH YOUNGER 3600").await;
+    assert_eq!(r[0], "* SEARCH 1 2 3 4");
+}
+
 #[tokio::test]
 async fn thread_by_references_and_by_subject() {
     let (app, _dir, bob) = embedded_app_with_bob().await;

@@ -58,6 +58,8 @@ const IMAP_CORPUS: &[&[u8]] = &[
     b"e6 ENABLE IMAP4rev2 UTF8=ACCEPT\r\ne7 CREATE \"Gr\xc3\xbc\xc3\x9fe\" (USE (\\Archive))\r\n",
     b"e8 APPEND INBOX (\\Seen) UTF8 (~{6}\r\nS\xc3\xbcb:\r)\r\n",
     b"e9 SEARCH SUBJECT OLDER 5 HEADER X-A YOUNGER OLDER 9 CHARSET MODSEQ\r\n",
+    b"f1 UID FETCH 1:* (EMAILID THREADID MODSEQ) (CHANGEDSINCE 1)\r\nf2 STATUS INBOX (MAILBOXID SIZE)\r\n",
+    b"f3 SEARCH OR EMAILID M1 NOT THREADID \"T-_9\" SUBJECT EMAILID\r\nf4 LIST \"\" * RETURN (STATUS (MAILBOXID))\r\n",
 ];
 
 const SMTP_CORPUS: &[&[u8]] = &[

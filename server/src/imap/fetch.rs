@@ -24,7 +24,7 @@ use super::session::{Outcome, Session, store_error};
 use crate::message::find_header_end;
 use crate::net::output::Output;
 use crate::proto::imap::encode;
-use crate::proto::imap::parse::{BinaryItem, FetchModseq, SeqSet};
+use crate::proto::imap::parse::{BinaryItem, FetchExtension, SeqSet};
 use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 
 /// Output is flushed to the client whenever this much is queued, so a large FETCH
@@ -41,14 +41,14 @@ impl Session {
         set: &SequenceSet,
         items: MacroOrMessageDataItemNames<'_>,
         uid: bool,
-        modseq: FetchModseq,
+        ext: FetchExtension,
         mut binary: Vec<Option<BinaryItem>>,
     ) -> Outcome {
         let mut items: Vec<MessageDataItemName<'_>> = match items {
             MacroOrMessageDataItemNames::Macro(m) => m.expand().into_iter().map(static_item).collect(),
             MacroOrMessageDataItemNames::MessageDataItemNames(v) => v,
         };
-        if modseq.only_modseq && !uid {
+        if ext.only_extension && !uid {
             items.clear();
         }
         if uid && !items.contains(&MessageDataItemName::Uid) {
@@ -64,7 +64,7 @@ impl Session {
         let Some(read_only) = self.selected.as_ref().map(|s| s.read_only) else {
             return Outcome::bad("No mailbox selected");
         };
-        let FetchPlan { source, needs_body, sets_seen } = FetchPlan::of(&items, read_only);
+        let FetchPlan { source, needs_body, sets_seen } = FetchPlan::of(&items, read_only, ext.email_id);
         let from_bodies = source == FetchSource::Bodies;
         // Brought up to date first (without EXPUNGE, RFC 3501 §7.4.1): FLAGS are
         // answered from the session's flag map. The body query reports the
@@ -78,7 +78,7 @@ impl Session {
         // content for ever. It gets no FETCH line and the command says why.
         let mut expunge_issued = false;
         // MODSEQ and CHANGEDSINCE are answered from the session's map: current first.
-        if !from_bodies || sets_seen || modseq.item {
+        if !from_bodies || sets_seen || ext.item {
             if let Err(e) = self.sync(false).await {
                 return store_error(e);
             }
@@ -89,10 +89,10 @@ impl Session {
             return Outcome::bad("Invalid sequence number");
         };
         let mailbox_id = sel.mailbox.id;
-        if let Some(since) = modseq.changed_since {
+        if let Some(since) = ext.changed_since {
             // CHANGEDSINCE (RFC 7162 §3.1.4.1): only what changed after `since`;
             // VANISHED (§3.2.6) first tells which UIDs of the set were expunged.
-            if modseq.vanished {
+            if ext.vanished {
                 let changes = match self.app.store.changes_since(mailbox_id, since).await {
                     Ok(c) => c,
                     Err(e) => return store_error(e),
@@ -143,7 +143,9 @@ impl Session {
                 items: &items,
                 binary: &binary,
                 needs_body,
-                modseq: modseq.item,
+                modseq: ext.item,
+                email_id: ext.email_id,
+                thread_id: ext.thread_id,
                 seen_changed,
                 synced,
                 expunge_issued: false,
@@ -224,6 +226,8 @@ impl Session {
                 let message = Message {
                     uid: link.uid,
                     modseq: self.modseq_item(link.uid, run.modseq),
+                    email_id: run.email_id.then_some(link.message_id),
+                    thread_id: run.thread_id,
                     flags: &link.flags,
                     recent: self.is_recent(link.uid),
                     internal_date: &link.internal_date,
@@ -280,6 +284,8 @@ impl Session {
                 let message = Message {
                     uid,
                     modseq: self.modseq_item(uid, run.modseq),
+                    email_id: run.email_id.then_some(cached.message_id),
+                    thread_id: run.thread_id,
                     flags: &flags,
                     recent: self.is_recent(uid),
                     internal_date: &cached.internal_date,
@@ -339,7 +345,7 @@ impl Session {
         Ok(found)
     }
 
-    /// FLAGS, UID and MODSEQ: from the session's map, no query.
+    /// FLAGS, UID, MODSEQ and THREADID: from the session's map, no query.
     async fn fetch_from_flag_map(&mut self, run: &FetchRun<'_, '_>, uids: &[u32]) -> Result<(), Outcome> {
         use MessageDataItemName as I;
         // FLAGS and UID only: from the flag map, no query.
@@ -371,6 +377,10 @@ impl Session {
                 if run.modseq {
                     let sep = if run.items.is_empty() { "" } else { " " };
                     let _ = write!(lines, "{sep}MODSEQ ({})", sel.modseqs[pos]);
+                }
+                if run.thread_id {
+                    let sep = if run.items.is_empty() && !run.modseq { "" } else { " " };
+                    let _ = write!(lines, "{sep}THREADID NIL");
                 }
                 lines.push_str(")\r\n");
             }
@@ -415,6 +425,9 @@ struct FetchRun<'a, 'i> {
     needs_body: bool,
     /// MODSEQ goes in every line.
     modseq: bool,
+    /// EMAILID and THREADID (RFC 8474 §5.3) go in every line.
+    email_id: bool,
+    thread_id: bool,
     /// Messages whose \Seen this FETCH set: FLAGS go in their lines.
     seen_changed: Vec<u32>,
     /// The session is up to date (else the first link query tells whether it is).
@@ -449,9 +462,11 @@ struct FetchPlan {
 }
 
 impl FetchPlan {
-    fn of(items: &[MessageDataItemName<'_>], read_only: bool) -> FetchPlan {
+    /// `email_id`: EMAILID is asked for; the flag map does not hold the stored
+    /// message's id, the links and the metadata do.
+    fn of(items: &[MessageDataItemName<'_>], read_only: bool, email_id: bool) -> FetchPlan {
         use MessageDataItemName as I;
-        let needs_meta = items.iter().any(|i| !matches!(i, I::Flags | I::Uid));
+        let needs_meta = email_id || items.iter().any(|i| !matches!(i, I::Flags | I::Uid));
         let needs_body = items
             .iter()
             .any(|i| matches!(i, I::BodyExt { .. } | I::Rfc822 | I::Rfc822Header | I::Rfc822Text));
@@ -479,6 +494,10 @@ struct Message<'a> {
     uid: u32,
     /// MODSEQ, when asked for (CONDSTORE).
     modseq: Option<u64>,
+    /// The stored message's id, when EMAILID is asked for.
+    email_id: Option<i64>,
+    /// THREADID is asked for.
+    thread_id: bool,
     flags: &'a FlagSet,
     /// `\Recent` for this session.
     recent: bool,
@@ -602,9 +621,24 @@ fn fetch_line(
     if !flags_sent && seen_set {
         let _ = write!(out, " FLAGS {}", encode::flag_list_recent(m.flags, m.recent));
     }
+    let mut first = items.is_empty() && !flags_sent && !seen_set;
+    let mut sep = |out: &mut Output| {
+        if !std::mem::take(&mut first) {
+            out.push(b' ');
+        }
+    };
     if let Some(modseq) = m.modseq {
-        let sep = if items.is_empty() && !flags_sent && !seen_set { "" } else { " " };
-        let _ = write!(out, "{sep}MODSEQ ({modseq})");
+        sep(out);
+        let _ = write!(out, "MODSEQ ({modseq})");
+    }
+    if let Some(id) = m.email_id {
+        sep(out);
+        let _ = write!(out, "EMAILID ({})", encode::email_id(id));
+    }
+    if m.thread_id {
+        // No thread ids here: NIL, as RFC 8474 §5.2 asks of such a server.
+        sep(out);
+        out.extend_from_slice(b"THREADID NIL");
     }
     out.extend_from_slice(b")\r\n");
     false

@@ -212,6 +212,8 @@ impl Session {
             self.push(&format!("* OK [UNSEEN {seq}] First unseen message"));
         }
         self.push(&format!("* OK [UIDVALIDITY {}] UIDs valid", sel.mailbox.uid_validity));
+        // OBJECTID (RFC 8474 §4.2).
+        self.push(&format!("* OK [MAILBOXID ({})] Ok", encode::mailbox_id(sel.mailbox.id)));
         self.push(&format!("* OK [UIDNEXT {}] Predicted next UID", sel.uid_next));
         self.push(&format!("* OK [HIGHESTMODSEQ {}] Highest", sel.modseq.max(1)));
         // QRESYNC (RFC 7162 §3.2.5): what changed since the client's modseq, for a
@@ -297,7 +299,8 @@ impl Session {
             return store_error(e);
         }
         match self.app.store.mailbox_create(self.account_id(), &name, special_use).await {
-            Ok(_) => Outcome::ok("CREATE completed"),
+            // OBJECTID (RFC 8474 §4.1).
+            Ok(mb) => Outcome::ok(format!("[MAILBOXID ({})] CREATE completed", encode::mailbox_id(mb.id))),
             Err(e) => store_error(e),
         }
     }
@@ -615,6 +618,7 @@ impl Session {
                     format!("DELETED-STORAGE {}", self.app.store.mailbox_deleted(mailbox_id).await?.1)
                 }
                 StatusItem::AppendLimit => format!("APPENDLIMIT {}", self.app.config.imap.max_literal_bytes),
+                StatusItem::MailboxId => format!("MAILBOXID ({})", encode::mailbox_id(mailbox_id)),
             });
         }
         Ok(format!("* STATUS {} ({})", encode::mailbox(name, self.utf8), parts.join(" ")))

@@ -18,7 +18,7 @@ use crate::net::output::Output;
 use crate::net::{SessionCtx, SessionStream};
 use crate::proto::frame::Limits;
 use crate::proto::imap::encode;
-use crate::proto::imap::parse::{self, FetchModseq, Request, SearchKind, StatusItem};
+use crate::proto::imap::parse::{self, FetchExtension, Request, SearchKind, StatusItem};
 use crate::store::{Account, StoreError};
 
 /// The tagged result of a command; untagged data has already been queued.
@@ -344,9 +344,9 @@ impl Session {
                     _ => Outcome::bad("Invalid SELECT arguments"),
                 },
             },
-            Request::Fetch { modseq, binary, fetch } => match self.require_selected() {
+            Request::Fetch { ext, binary, fetch } => match self.require_selected() {
                 Some(o) => o,
-                None if modseq.vanished && !self.qresync => Outcome::bad("VANISHED without ENABLE QRESYNC"),
+                None if ext.vanished && !self.qresync => Outcome::bad("VANISHED without ENABLE QRESYNC"),
                 None => match imap_codec::CommandCodec::default().decode(&fetch) {
                     Ok((
                         b"",
@@ -356,10 +356,10 @@ impl Session {
                     )) => {
                         // A MODSEQ item enables CONDSTORE (RFC 7162 §3.1); BINARY
                         // items alone do not.
-                        if modseq.item {
+                        if ext.item {
                             self.enable_condstore();
                         }
-                        self.cmd_fetch(&sequence_set, macro_or_item_names, uid, modseq, binary).await
+                        self.cmd_fetch(&sequence_set, macro_or_item_names, uid, ext, binary).await
                     }
                     _ => Outcome::bad("Invalid FETCH arguments"),
                 },
@@ -475,7 +475,8 @@ impl Session {
 
     /// MODSEQ search criteria (RFC 7162 §3.1.5) replaced by the UIDs they match,
     /// from each message's modseq in the session's map, and YOUNGER/OLDER (RFC
-    /// 5032) from each message's internal date (the sort keys' cache): nested in
+    /// 5032) from each message's internal date and EMAILID/THREADID (RFC 8474 §6)
+    /// from its stored message id (the sort keys' cache): nested in
     /// OR or NOT (`OR NOT MODSEQ n LARGER 5`) as well as alone, with one search
     /// grammar. `None`: no such criterion, or nothing selected (the command then
     /// fails as usual); else the command and whether a MODSEQ was among them.
@@ -491,14 +492,22 @@ impl Session {
         if modseq {
             self.enable_condstore();
         }
-        // Internal dates (microseconds) of the messages in view, when asked for.
-        let mut arrivals: Option<Vec<(u32, i64)>> = None;
-        if criteria.iter().any(|(_, k)| !matches!(k, parse::Rewritten::Modseq(_))) {
+        // Internal dates (microseconds) and stored message ids of the messages in
+        // view, when asked for.
+        let mut arrivals: Option<Vec<(u32, i64, i64)>> = None;
+        if criteria.iter().any(|(_, k)| {
+            matches!(
+                k,
+                parse::Rewritten::Younger(_)
+                    | parse::Rewritten::Older(_)
+                    | parse::Rewritten::EmailId(Some(_))
+            )
+        }) {
             let sel = self.selected.as_ref()?;
             let mailbox = (sel.mailbox.id, sel.mailbox.uid_validity);
             let uids = sel.uids.clone();
             let keys = self.keys_of(mailbox, &uids).await.ok()?;
-            arrivals = Some(keys.iter().map(|k| (k.uid, k.arrival)).collect());
+            arrivals = Some(keys.iter().map(|k| (k.uid, k.arrival, k.message_id)).collect());
         }
         let now = chrono::Utc::now().timestamp_micros();
         let sel = self.selected.as_ref()?;
@@ -510,8 +519,8 @@ impl Session {
                 arrivals
                     .iter()
                     .flatten()
-                    .filter(|&&(_, at)| if younger { at >= cutoff } else { at < cutoff })
-                    .map(|&(u, _)| u)
+                    .filter(|&&(_, at, _)| if younger { at >= cutoff } else { at < cutoff })
+                    .map(|&(u, _, _)| u)
                     .collect()
             };
             let uids: Vec<u32> = match key {
@@ -524,6 +533,10 @@ impl Session {
                     .collect(),
                 parse::Rewritten::Younger(s) => within(s, true),
                 parse::Rewritten::Older(s) => within(s, false),
+                parse::Rewritten::EmailId(Some(id)) => {
+                    arrivals.iter().flatten().filter(|&&(_, _, m)| m == id).map(|&(u, _, _)| u).collect()
+                }
+                parse::Rewritten::EmailId(None) | parse::Rewritten::ThreadId => Vec::new(),
             };
             out.extend_from_slice(&cmd[last..range.start]);
             if uids.is_empty() {
@@ -649,7 +662,7 @@ impl Session {
                 self.cmd_search(esearch, charset.as_ref(), &criteria, uid).await
             }
             C::Fetch { sequence_set, macro_or_item_names, uid } => {
-                self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchModseq::default(), Vec::new())
+                self.cmd_fetch(&sequence_set, macro_or_item_names, uid, FetchExtension::default(), Vec::new())
                     .await
             }
             C::Store { sequence_set, kind, response, flags, uid } => {

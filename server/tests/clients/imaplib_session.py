@@ -1,6 +1,7 @@
 """Python imaplib against the server: implicit TLS, STARTTLS, and IDLE on a raw
 socket. argv: imaps_port imap_port. Exits non-zero (assertion) on any mismatch."""
 import imaplib
+import re
 import socket
 import ssl
 import sys
@@ -31,6 +32,10 @@ assert typ == "OK" and any(b'"INBOX"' in d for d in data), data
 assert any(b"\\Sent" in d for d in data), data
 typ, data = m.select("INBOX")
 assert typ == "OK" and data == [b"2"], data
+# OBJECTID (RFC 8474): SELECT's untagged OK carries the MAILBOXID code.
+OBJECTID = rb"\(([A-Za-z0-9_-]{1,255})\)"
+typ, data = m.response("MAILBOXID")
+assert typ == "MAILBOXID" and data and re.fullmatch(OBJECTID, data[-1]), (typ, data)
 typ, data = m.search(None, "UNSEEN")
 assert data == [b"1 2"], data
 typ, data = m.uid("SEARCH", "SUBJECT", "second")
@@ -43,6 +48,9 @@ typ, data = m.fetch("2", "(BODY.PEEK[HEADER.FIELDS (SUBJECT)] ENVELOPE BODYSTRUC
 assert typ == "OK" and b"Subject: second" in data[0][1], data
 typ, data = m.store("2", "+FLAGS", "\\Flagged")
 assert typ == "OK" and b"\\Flagged" in data[0], data
+typ, data = m.fetch("1", "(EMAILID)")
+email_id = re.fullmatch(rb"1 \(EMAILID " + OBJECTID + rb"\)", data[0])
+assert typ == "OK" and email_id, data
 typ, data = m.copy("1", "Archive")
 assert typ == "OK", data
 typ, data = m._simple_command("MOVE", "2", "Trash")
@@ -72,6 +80,11 @@ typ, data = m.append("Archive", None, None, greeting.encode())
 assert typ == "OK", data
 typ, data = m.select("Archive")
 assert data == [b"2"], data
+# The copy keeps the EMAILID, and SEARCH finds it by it.
+typ, data = m.fetch("1", "(EMAILID THREADID)")
+assert data == [b"1 (EMAILID (" + email_id.group(1) + b") THREADID NIL)"], data
+typ, data = m.search(None, "EMAILID", email_id.group(1))
+assert data == [b"1"], data
 m.literal = "gr\u00fc\u00dfe".encode()
 typ, data = m.search("UTF-8", "SUBJECT")
 assert (typ, data) == ("OK", [b"2"]), (typ, data)

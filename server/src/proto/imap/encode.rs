@@ -14,6 +14,29 @@ pub fn mailbox(name: &str, utf8: bool) -> String {
 }
 
 /// `(\Seen \Flagged $Keyword)`.
+/// MAILBOXID (RFC 8474 §4) of the mailbox with this store id. Object ids are
+/// built from the store's row ids: never reused (PostgreSQL sequences, SQLite
+/// AUTOINCREMENT), kept by RENAME (the row is renamed in place) and the same from
+/// every pod. The leading letter keeps them from being all digits and keeps a
+/// mailbox's id apart from a message's (§8.1).
+pub fn mailbox_id(id: i64) -> String {
+    format!("F{id}")
+}
+
+/// EMAILID (RFC 8474 §5.1) of the stored message with this id: COPY and MOVE
+/// link the same stored message, so a copy keeps its EMAILID as §5.1 asks.
+pub fn email_id(id: i64) -> String {
+    format!("M{id}")
+}
+
+/// The stored message an EMAILID names, when it is one [`email_id`] gives out
+/// (ids are case sensitive and compared exactly: `M042` names nothing).
+pub fn email_id_value(id: &[u8]) -> Option<i64> {
+    let digits = std::str::from_utf8(id.strip_prefix(b"M")?).ok()?;
+    let value: i64 = digits.parse().ok().filter(|&v| v > 0)?;
+    (email_id(value).as_bytes() == id).then_some(value)
+}
+
 pub fn flag_list(flags: &FlagSet) -> String {
     flag_list_recent(flags, false)
 }

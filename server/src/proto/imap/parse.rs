@@ -24,6 +24,8 @@ pub enum StatusItem {
     DeletedStorage,
     /// APPENDLIMIT (RFC 7889): the largest message APPEND accepts.
     AppendLimit,
+    /// MAILBOXID (RFC 8474 §4.3).
+    MailboxId,
 }
 
 impl StatusItem {
@@ -36,6 +38,7 @@ impl StatusItem {
                 | StatusItem::Deleted
                 | StatusItem::DeletedStorage
                 | StatusItem::AppendLimit
+                | StatusItem::MailboxId
         )
     }
 }
@@ -56,17 +59,23 @@ pub struct Qresync {
     pub known_uids: Option<SeqSet>,
 }
 
-/// What CONDSTORE/QRESYNC add to FETCH (RFC 7162 §3.1.4, §3.2.6).
+/// What FETCH asks for beyond what `imap-codec` parses: CONDSTORE/QRESYNC's
+/// item and modifiers (RFC 7162 §3.1.4, §3.2.6) and OBJECTID's items (RFC 8474
+/// §5.3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FetchModseq {
+pub struct FetchExtension {
     /// The MODSEQ data item was asked for (CHANGEDSINCE implies it).
     pub item: bool,
     pub changed_since: Option<u64>,
     /// `VANISHED`: expunged UIDs of the set as `VANISHED (EARLIER)` first.
     pub vanished: bool,
-    /// MODSEQ was the only item: the `UID` standing in for it in the rewritten
-    /// command is not part of the answer (UID FETCH sends UID anyway).
-    pub only_modseq: bool,
+    /// The EMAILID data item.
+    pub email_id: bool,
+    /// The THREADID data item.
+    pub thread_id: bool,
+    /// These items were the only ones: the `UID` standing in for them in the
+    /// rewritten command is not part of the answer (UID FETCH sends UID anyway).
+    pub only_extension: bool,
 }
 
 /// A FETCH item of the BINARY extension (RFC 3516 §4.2), read as the BODY item of
@@ -174,12 +183,12 @@ pub enum Request<'a> {
         params: SelectParams,
         select: Vec<u8>,
     },
-    /// FETCH with the MODSEQ item or modifiers, or BINARY items; `fetch` is the
-    /// command without the MODSEQ parts (an item list left empty holds `UID`) and
-    /// with each BINARY item as its BODY twin; `binary` marks those, one entry per
-    /// item of `fetch`'s list.
+    /// FETCH with the MODSEQ item or modifiers, EMAILID or THREADID, or BINARY
+    /// items; `fetch` is the command without the MODSEQ, EMAILID and THREADID
+    /// parts (an item list left empty holds `UID`) and with each BINARY item as
+    /// its BODY twin; `binary` marks those, one entry per item of `fetch`'s list.
     Fetch {
-        modseq: FetchModseq,
+        ext: FetchExtension,
         binary: Vec<Option<BinaryItem>>,
         fetch: Vec<u8>,
     },
@@ -384,9 +393,9 @@ pub fn parse(cmd: &[u8]) -> Result<(String, Request<'_>), ParseError> {
             }
         }
         b"FETCH" | b"UID"
-            if contains_ci(cmd, b"MODSEQ")
-                || contains_ci(cmd, b"CHANGEDSINCE")
-                || contains_ci(cmd, b"BINARY") =>
+            if [&b"MODSEQ"[..], b"CHANGEDSINCE", b"BINARY", b"EMAILID", b"THREADID"]
+                .iter()
+                .any(|k| contains_ci(cmd, k)) =>
         {
             if let Some(request) = parse_fetch_ext(cmd, &tag) {
                 return request.map(|r| (tag.clone(), r)).ok_or(bad("Invalid FETCH modifiers"));
@@ -543,13 +552,15 @@ fn status_items(tok: &mut Tok<'_>) -> Option<Vec<StatusItem>> {
             b"DELETED" => Some(StatusItem::Deleted),
             b"DELETED-STORAGE" => Some(StatusItem::DeletedStorage),
             b"APPENDLIMIT" => Some(StatusItem::AppendLimit),
+            b"MAILBOXID" => Some(StatusItem::MailboxId),
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
     (!items.is_empty()).then_some(items)
 }
 
-/// `STATUS mailbox (… SIZE …)` or with HIGHESTMODSEQ: `None` without either
+/// `STATUS mailbox (… SIZE …)`, or with another item `imap-codec` does not know
+/// (HIGHESTMODSEQ, MAILBOXID, …): `None` without one
 /// (`imap-codec` parses it).
 fn parse_status_size<'a>(cmd: &[u8], tag: &str, after_name: usize) -> Option<Option<Request<'a>>> {
     let open = cmd.iter().rposition(|&b| b == b'(')?;
@@ -932,17 +943,18 @@ fn binary_as_body(item: &[u8]) -> Option<Option<(BinaryItem, Vec<u8>)>> {
     Some(Some((kind, [body, tail].concat())))
 }
 
-/// `[UID] FETCH set items [(CHANGEDSINCE n [VANISHED])]` with the MODSEQ item,
-/// modifiers or BINARY items: `None` when it has none of them, `Some(None)` when
-/// malformed.
+/// `[UID] FETCH set items [(CHANGEDSINCE n [VANISHED])]` with the MODSEQ,
+/// EMAILID or THREADID item, modifiers or BINARY items: `None` when it has none
+/// of them, `Some(None)` when malformed.
 fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
     let (uid, mut tok) = after_set(cmd, tag, b"FETCH")?;
     let set_end = tok.pos;
     if !tok.sp() {
         return None;
     }
-    // The items: kept, except MODSEQ; BINARY ones as their BODY twins.
-    let mut modseq = FetchModseq::default();
+    // The items: kept, except MODSEQ, EMAILID and THREADID; BINARY ones as
+    // their BODY twins.
+    let mut ext = FetchExtension::default();
     let mut items: Vec<Cow<'_, [u8]>> = Vec::new();
     let mut binary: Vec<Option<BinaryItem>> = Vec::new();
     let list = tok.peek() == Some(b'(');
@@ -954,7 +966,11 @@ fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
         }
         let item = &cmd[p..end];
         if item.eq_ignore_ascii_case(b"MODSEQ") {
-            modseq.item = true;
+            ext.item = true;
+        } else if item.eq_ignore_ascii_case(b"EMAILID") {
+            ext.email_id = true;
+        } else if item.eq_ignore_ascii_case(b"THREADID") {
+            ext.thread_id = true;
         } else {
             match binary_as_body(item) {
                 None => {
@@ -983,10 +999,10 @@ fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
     if tok.sp() {
         let parsed = paren_list(&mut tok, |t| {
             match t.atom().to_ascii_uppercase().as_slice() {
-                b"CHANGEDSINCE" if modseq.changed_since.is_none() && t.sp() => {
-                    modseq.changed_since = Some(modseq_value(t, true)?)
+                b"CHANGEDSINCE" if ext.changed_since.is_none() && t.sp() => {
+                    ext.changed_since = Some(modseq_value(t, true)?)
                 }
-                b"VANISHED" if !modseq.vanished => modseq.vanished = true,
+                b"VANISHED" if !ext.vanished => ext.vanished = true,
                 _ => return None,
             }
             Some(())
@@ -998,22 +1014,24 @@ fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
     if !tok.end() {
         return Some(None);
     }
-    if !modseq.item
-        && modseq.changed_since.is_none()
-        && !modseq.vanished
+    if !ext.item
+        && ext.changed_since.is_none()
+        && !ext.vanished
+        && !ext.email_id
+        && !ext.thread_id
         && binary.iter().all(Option::is_none)
     {
         return None;
     }
     // VANISHED: UID FETCH with CHANGEDSINCE only (RFC 7162 §3.2.6).
-    if modseq.vanished && (!uid || modseq.changed_since.is_none()) {
+    if ext.vanished && (!uid || ext.changed_since.is_none()) {
         return Some(None);
     }
-    modseq.item |= modseq.changed_since.is_some();
+    ext.item |= ext.changed_since.is_some();
     let mut fetch = cmd[..set_end].to_vec();
     fetch.push(b' ');
     if items.is_empty() {
-        modseq.only_modseq = true;
+        ext.only_extension = true;
         fetch.extend_from_slice(b"UID");
     } else {
         fetch.push(b'(');
@@ -1021,7 +1039,7 @@ fn parse_fetch_ext<'a>(cmd: &[u8], tag: &str) -> Option<Option<Request<'a>>> {
         fetch.push(b')');
     }
     fetch.extend_from_slice(b"\r\n");
-    Some(Some(Request::Fetch { modseq, binary, fetch }))
+    Some(Some(Request::Fetch { ext, binary, fetch }))
 }
 
 /// `[UID] STORE set (UNCHANGEDSINCE n) …`: `None` without modifiers,
@@ -1066,7 +1084,9 @@ pub fn rewritten_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, Rewritten)
     let tag = super::tag_of(cmd);
     let Some((_, verb, _)) = uid_verb(cmd, &tag) else { return out };
     if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD")
-        || !(contains_ci(cmd, b"MODSEQ") || contains_ci(cmd, b"YOUNGER") || contains_ci(cmd, b"OLDER"))
+        || ![&b"MODSEQ"[..], b"YOUNGER", b"OLDER", b"EMAILID", b"THREADID"]
+            .iter()
+            .any(|k| contains_ci(cmd, k))
     {
         return out;
     }
@@ -1128,6 +1148,21 @@ pub fn rewritten_criteria(cmd: &[u8]) -> Vec<(std::ops::Range<usize>, Rewritten)
                     out.push((i..t.pos, key));
                     i = t.pos;
                     continue;
+                } else if (word.eq_ignore_ascii_case(b"EMAILID") || word.eq_ignore_ascii_case(b"THREADID"))
+                    && cmd.get(end) == Some(&b' ')
+                {
+                    // OBJECTID (RFC 8474 §6): `EMAILID objectid`, `THREADID objectid`;
+                    // quoted too, as clients that send every argument as a string do.
+                    let mut t = Tok { s: cmd, pos: end + 1 };
+                    let Some(id) = t.astring().filter(|id| is_object_id(id)) else { return Vec::new() };
+                    let key = if word.eq_ignore_ascii_case(b"EMAILID") {
+                        Rewritten::EmailId(super::encode::email_id_value(&id))
+                    } else {
+                        Rewritten::ThreadId
+                    };
+                    out.push((i..t.pos, key));
+                    i = t.pos;
+                    continue;
                 } else {
                     args = search_key_arguments(word);
                 }
@@ -1180,6 +1215,17 @@ pub enum Rewritten {
     Younger(u32),
     /// `OLDER n` (RFC 5032): internal date more than n seconds ago.
     Older(u32),
+    /// `EMAILID objectid` (RFC 8474 §6): the stored message it names, `None`
+    /// when it names none this server gave out (it matches nothing).
+    EmailId(Option<i64>),
+    /// `THREADID objectid`: THREADID is always NIL here, so it matches nothing
+    /// (RFC 8474 §5.2).
+    ThreadId,
+}
+
+/// `objectid = 1*255(ALPHA / DIGIT / "_" / "-")` (RFC 8474 §7).
+fn is_object_id(s: &[u8]) -> bool {
+    (1..=255).contains(&s.len()) && s.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `YOUNGER ` or `OLDER ` at the start of `s`: its length and which.
@@ -1557,7 +1603,7 @@ mod tests {
         }
 
         let fetch = |cmd: &[u8]| match parse(cmd) {
-            Ok((_, Request::Fetch { modseq, fetch, .. })) => {
+            Ok((_, Request::Fetch { ext: modseq, fetch, .. })) => {
                 Some((modseq, String::from_utf8(fetch).unwrap()))
             }
             _ => None,
@@ -1570,6 +1616,14 @@ mod tests {
         assert_eq!(f, "a UID FETCH 300:500 (FLAGS)\r\n");
         let (_, f) = fetch(b"a FETCH 2 MODSEQ\r\n").unwrap();
         assert_eq!(f, "a FETCH 2 UID\r\n");
+        // OBJECTID's items (RFC 8474 §5.3).
+        let (m, f) = fetch(b"a FETCH 1:* (FLAGS emailid THREADID)\r\n").unwrap();
+        assert!(m.email_id && m.thread_id && !m.item && !m.only_extension);
+        assert_eq!(f, "a FETCH 1:* (FLAGS)\r\n");
+        let (m, f) = fetch(b"a UID FETCH 5 EMAILID\r\n").unwrap();
+        assert!(m.email_id && !m.thread_id && m.only_extension);
+        assert_eq!(f, "a UID FETCH 5 UID\r\n");
+        assert!(matches!(parse(b"a FETCH 1 BODY[HEADER.FIELDS (EMAILID)]\r\n"), Ok((_, Request::Codec(_)))));
         assert!(matches!(parse(b"a FETCH 1 BODY[HEADER.FIELDS (X-MODSEQ)]\r\n"), Ok((_, Request::Codec(_)))));
         assert!(
             parse(b"a FETCH 1 (FLAGS) (CHANGEDSINCE 5 VANISHED)\r\n").is_err(),
@@ -1582,7 +1636,7 @@ mod tests {
 
         // BINARY (RFC 3516): the BODY twin of each item, marked.
         match parse(b"a UID FETCH 1 (FLAGS binary.peek[1.2]<0.10> BINARY[] BINARY.SIZE[2] MODSEQ)\r\n") {
-            Ok((_, Request::Fetch { modseq, binary, fetch })) => {
+            Ok((_, Request::Fetch { ext: modseq, binary, fetch })) => {
                 assert!(modseq.item);
                 assert_eq!(
                     binary,
@@ -1678,10 +1732,40 @@ mod tests {
         );
         assert!(within(b"a SEARCH YOUNGER 0\r\n").is_empty(), "n is a nz-number");
         assert!(within(b"a SEARCH OLDER x\r\n").is_empty());
+        // OBJECTID (RFC 8474 §6): ids this server gave out, quoted or not.
+        assert_eq!(
+            within(b"a UID SEARCH OR EMAILID M42 emailid \"M7\" NOT THREADID T42 EMAILID Mx_-9\r\n"),
+            [
+                ("EMAILID M42".to_string(), Rewritten::EmailId(Some(42))),
+                ("emailid \"M7\"".to_string(), Rewritten::EmailId(Some(7))),
+                ("THREADID T42".to_string(), Rewritten::ThreadId),
+                ("EMAILID Mx_-9".to_string(), Rewritten::EmailId(None)),
+            ]
+        );
+        assert_eq!(
+            within(b"a SEARCH EMAILID M042 EMAILID m42\r\n")
+                .iter()
+                .filter(|(_, k)| k == &Rewritten::EmailId(None))
+                .count(),
+            2
+        );
+        assert!(within(b"a SEARCH SUBJECT EMAILID\r\n").is_empty());
+        assert!(
+            within(b"a SEARCH EMAILID M1.2\r\n").is_empty(),
+            "not an objectid: left for the parser to refuse"
+        );
+        assert!(
+            within(&[&b"a SEARCH EMAILID M"[..], &[b'1'; 255], b"\r\n"].concat()).is_empty(),
+            "256 characters"
+        );
         assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
         let (_, status) = parse(b"a STATUS INBOX (HIGHESTMODSEQ UIDNEXT)\r\n").expect("status");
         assert!(
             matches!(status, Request::Status { items, .. } if items == [StatusItem::HighestModseq, StatusItem::UidNext])
+        );
+        let (_, status) = parse(b"a STATUS \"a b\" (MAILBOXID)\r\n").expect("status");
+        assert!(
+            matches!(status, Request::Status { items, status } if items == [StatusItem::MailboxId] && status == b"a STATUS \"a b\" (MESSAGES)\r\n")
         );
     }
 
