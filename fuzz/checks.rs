@@ -8,10 +8,13 @@
 #![allow(dead_code)]
 
 use bytes::BytesMut;
+use mailcluster_server::imap::sort::base_subject_of;
+use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
 use mailcluster_server::proto::imap::parse::parse;
 use mailcluster_server::proto::smtp::{DataDecoder, parse_command};
+use mailcluster_server::store::SortRow;
 
 /// Limits small enough that short inputs reach them.
 pub const IMAP_LIMITS: Limits = Limits { max_line: 1024, max_literal: 4096 };
@@ -146,5 +149,26 @@ pub fn message_meta(data: &[u8]) {
     for p in &meta.parts {
         assert!(p.header_start <= p.body_start && p.body_start <= p.body_end);
         assert!(p.body_end as usize <= data.len());
+    }
+    // What SORT and THREAD derive from the headers: base subject, first
+    // addresses, display names. The subject rules also get the whole input as
+    // text, so any character lands where a marker is looked for.
+    let row = SortRow {
+        uid: 1,
+        message_id: 1,
+        internal_date: Default::default(),
+        size: meta.size,
+        sent_date: meta.sent_date,
+        subject: meta.subject.clone(),
+        from: meta.from.clone(),
+        to: meta.to.clone(),
+        cc: meta.cc.clone(),
+        message_id_header: meta.message_id.clone(),
+    };
+    SortKeys::of(&row);
+    let text = String::from_utf8_lossy(data);
+    for line in text.lines().take(64) {
+        let (base, _) = base_subject_of(line);
+        assert!(base.len() <= line.len());
     }
 }

@@ -76,6 +76,7 @@ const MESSAGE_CORPUS: &[&[u8]] = &[
     b"From: a@b\r\nTo: c@d\r\nSubject: hi\r\n\r\nbody\r\n",
     b"Content-Type: multipart/mixed; boundary=\"b1\"\r\n\r\npre\r\n--b1\r\nContent-Type: text/plain\r\n\r\none\r\n--b1\r\nContent-Type: multipart/alternative; boundary=b2\r\n\r\n--b2\r\n\r\ntwo\r\n--b2--\r\n--b1\r\nContent-Type: message/rfc822\r\n\r\nSubject: inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n",
     b"Subject: =?utf-8?B?w6k=?=\r\nContent-Transfer-Encoding: base64\r\n\r\naGVsbG8=\r\n",
+    "Subject: [Fwd: Re: Gr\u{fc}\u{df}e (fwd)]\r\nFrom: \"J\u{f6}rg\" <j@b>\r\n\r\n\u{df}\u{df}\u{df}\r\n".as_bytes(),
 ];
 
 /// Tokens that matter to the grammars, spliced in by the mutator.
@@ -123,6 +124,11 @@ const TOKENS: &[&[u8]] = &[
     b"?=",
     b"&",
     b"-",
+    b"Re: ",
+    b"[Fwd: ",
+    b" (fwd)",
+    "\u{df}".as_bytes(),
+    "\u{20ac}".as_bytes(),
 ];
 
 /// xorshift64*: no dependency and reproducible from the printed seed.
