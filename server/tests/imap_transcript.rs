@@ -132,6 +132,12 @@ async fn mailbox_commands() {
     assert!(tagged(&r).starts_with("m14 NO [NONEXISTENT]"), "{r:?}");
     let r = c.cmd("m15", "ENABLE X-UNKNOWN").await;
     assert_eq!(r[0], "* ENABLED");
+    // Many wildcards that match nothing: answered at once (a matcher that tries
+    // every split per wildcard never finishes on this one).
+    let r = c.cmd("m16", &format!("LIST \"\" \"{}x\"", "*%".repeat(1000))).await;
+    assert_eq!(r, ["m16 OK LIST completed"]);
+    let r = c.cmd("m17", &format!("LSUB \"\" \"{}x\"", "%*".repeat(1000))).await;
+    assert_eq!(r, ["m17 OK LSUB completed"]);
 }
 
 /// UTF8=ACCEPT (RFC 9755): once enabled, mailbox names are UTF-8 both ways (an

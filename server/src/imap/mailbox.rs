@@ -66,16 +66,43 @@ fn pattern_text(raw: &[u8], utf8: bool) -> Option<String> {
 }
 
 /// RFC 3501 §6.3.8 wildcards: `*` matches anything, `%` anything but the separator.
+/// One pass over the pattern keeping every name prefix it can match, so the cost
+/// is at most pattern × name characters whatever the wildcards (trying each
+/// split of the name per wildcard, as a recursive matcher does, is exponential
+/// in their number, and the pattern is the client's).
 pub fn matches(pattern: &[char], name: &[char]) -> bool {
-    match pattern.split_first() {
-        None => name.is_empty(),
-        Some(('*', rest)) => (0..=name.len()).any(|i| matches(rest, &name[i..])),
-        Some(('%', rest)) => {
-            let limit = name.iter().position(|&c| c == SEP).unwrap_or(name.len());
-            (0..=limit).any(|i| matches(rest, &name[i..]))
+    // reach[j]: the pattern read so far matches name[..j].
+    let mut reach = vec![false; name.len() + 1];
+    reach[0] = true;
+    let mut next = vec![false; name.len() + 1];
+    for &p in pattern {
+        match p {
+            '*' => {
+                let mut any = false;
+                for (n, r) in next.iter_mut().zip(&reach) {
+                    any |= *r;
+                    *n = any;
+                }
+            }
+            '%' => {
+                next[0] = reach[0];
+                for j in 1..=name.len() {
+                    next[j] = reach[j] || (next[j - 1] && name[j - 1] != SEP);
+                }
+            }
+            c => {
+                next[0] = false;
+                for j in 1..=name.len() {
+                    next[j] = reach[j - 1] && name[j - 1] == c;
+                }
+            }
         }
-        Some((c, rest)) => name.first() == Some(c) && matches(rest, &name[1..]),
+        std::mem::swap(&mut reach, &mut next);
+        if !reach.contains(&true) {
+            return false;
+        }
     }
+    reach[name.len()]
 }
 
 fn name_matches(pattern: &str, name: &str) -> bool {
@@ -657,6 +684,24 @@ mod tests {
         assert!(name_matches("inbox", "INBOX"));
         assert!(name_matches("Inbox/%", "INBOX/x"));
         assert!(!name_matches("Sent", "Sent Items"));
+        assert!(name_matches("%/%", "a/b") && !name_matches("%/%", "a/b/c") && !name_matches("%/%", "ab"));
+        assert!(name_matches("*/c", "a/b/c") && !name_matches("%/c", "a/b/c"));
+        assert!(name_matches("a%%b*", "axb/y") && !name_matches("a%b", "a/b"));
+        assert!(name_matches("", "") && !name_matches("", "a") && name_matches("*", ""));
+        assert!(name_matches("Entw*e", "Entwürfe") && name_matches("Entw%rfe", "Entwürfe"));
+    }
+
+    /// A pattern of many wildcards that does not match must not cost time
+    /// exponential in its length: a client sends any pattern it likes, and LIST
+    /// runs it against every mailbox name.
+    #[test]
+    fn wildcards_cost_at_most_pattern_times_name() {
+        let name = "Work/Projects/2026/Quarterly reports/Drafts and more drafts";
+        let pattern = format!("{}x", "*%".repeat(2000));
+        assert!(!name_matches(&pattern, name));
+        let pattern = format!("{}s", "*a".repeat(40));
+        assert!(!name_matches(&pattern, name));
+        assert!(name_matches(&format!("{}s", "%*".repeat(2000)), name));
     }
 
     #[test]
