@@ -12,7 +12,7 @@ use mailcluster_server::imap::sort::base_subject_of;
 use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
-use mailcluster_server::proto::imap::parse::parse;
+use mailcluster_server::proto::imap::parse::{parse, rewritten_criteria, shallow_or_chains};
 use mailcluster_server::proto::smtp::{DataDecoder, parse_command};
 use mailcluster_server::store::SortRow;
 
@@ -85,6 +85,16 @@ pub fn imap_command(data: &[u8]) {
             assert!(cmd.len() <= limits.max_literal + 2 * limits.max_line, "{} bytes", cmd.len());
             assert_eq!(cmd.last(), Some(&b'\n'));
             let _ = parse(cmd);
+            // The session's rewrites before parsing: the criteria it replaces lie
+            // within the command, and a shallower OR chain still ends its line
+            // and goes to the parser.
+            for (range, _) in rewritten_criteria(cmd) {
+                assert!(range.start < range.end && range.end <= cmd.len());
+            }
+            if let Some(c) = shallow_or_chains(cmd) {
+                assert_eq!(c.last(), Some(&b'\n'));
+                let _ = parse(&c);
+            }
         }
     }
 }

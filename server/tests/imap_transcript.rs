@@ -550,6 +550,22 @@ async fn object_ids() {
     assert!(tagged(&r).starts_with("s8 BAD"), "{r:?}");
 }
 
+/// Lines without a tag or command, a bare LF among them, get `* BAD` and the
+/// session goes on (a bare LF used to end it: its cursor ran past the line).
+#[tokio::test]
+async fn untagged_and_empty_lines_get_bad() {
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    for line in ["\n", "\r\n", " \r\n", "\t\n", "*\n"] {
+        c.send(line).await;
+        assert_eq!(c.line().await, "* BAD Missing or invalid tag", "{line:?}");
+    }
+    c.send("a\n").await;
+    assert_eq!(c.line().await, "a BAD Missing command");
+    let r = c.cmd("n", "NOOP").await;
+    assert_eq!(r, ["n OK NOOP completed"]);
+}
+
 #[tokio::test]
 async fn copy_move_and_uid_expunge() {
     let (app, _dir, bob) = embedded_app_with_bob().await;
@@ -1132,6 +1148,55 @@ async fn sort_and_thread_take_utf8_subjects() {
     assert_eq!(r, ["* THREAD (1 2)(3)(4)", "o2 OK THREAD completed"]);
     let r = c.cmd("o3", "SEARCH YOUNGER 3600").await;
     assert_eq!(r[0], "* SEARCH 1 2 3 4");
+}
+
+/// "Any of these" searches as clients write them: n alternatives as n − 1
+/// nested ORs, chained either way, deeper than the parser's nine levels.
+#[tokio::test]
+async fn long_or_chains_search_sort_and_thread() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for i in 0..30 {
+        let raw = format!(
+            "From: sender{i}@example.com\r\nTo: bob@example.org\r\nSubject: note {i}\r\nMessage-ID: <m{i}@example.com>\r\n\r\nbody {i}\r\n"
+        );
+        deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    }
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    // Right-nested: OR a (OR b (OR c …)).
+    let wanted = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29];
+    let keys: Vec<String> = wanted.iter().map(|i| format!("FROM sender{i}@")).collect();
+    let right = format!("{}{}", "OR ".repeat(keys.len() - 1), keys.join(" "));
+    let seqs: Vec<String> = wanted.iter().map(|i| (i + 1).to_string()).collect();
+    let r = c.cmd("o1", &format!("SEARCH {right}")).await;
+    assert_eq!(r, [format!("* SEARCH {}", seqs.join(" ")), "o1 OK SEARCH completed".into()]);
+    // A Message-ID as clients search for it: with its angle brackets, as the
+    // field holds it, or any part of it.
+    let r = c.cmd("h1", "SEARCH HEADER Message-ID <m3@example.com>").await;
+    assert_eq!(r[0], "* SEARCH 4");
+    let r = c.cmd("h2", "SEARCH HEADER MESSAGE-ID \"m4@EXAMPLE.com>\"").await;
+    assert_eq!(r[0], "* SEARCH 5");
+    let r = c.cmd("h3", "SEARCH HEADER Message-ID <m3@example.co>").await;
+    assert_eq!(r[0], "* SEARCH");
+    // Left-nested, Message-IDs, one in a literal, under NOT and in parentheses.
+    let mut left = String::from("HEADER Message-ID <m0@example.com>");
+    for i in 1..25 {
+        let id = format!("<m{i}@example.com>");
+        let id = if i == 12 { format!("{{{}+}}\r\n{id}", id.len()) } else { id };
+        left = format!("OR {left} HEADER Message-ID {id}");
+    }
+    let r = c.cmd("o2", &format!("UID SEARCH NOT ({left})")).await;
+    assert_eq!(r, ["* SEARCH 26 27 28 29 30", "o2 OK UID SEARCH completed"]);
+    let r = c.cmd("o3", &format!("SORT (REVERSE ARRIVAL) UTF-8 {right}")).await;
+    let reversed: Vec<String> = seqs.iter().rev().cloned().collect();
+    assert_eq!(r[0], format!("* SORT {}", reversed.join(" ")));
+    let r = c.cmd("o4", &format!("UID THREAD ORDEREDSUBJECT UTF-8 SEEN {right}")).await;
+    assert_eq!(r, ["* THREAD", "o4 OK UID THREAD completed"], "nothing is \\Seen");
+    let r = c.cmd("o5", &format!("SEARCH RETURN (COUNT) {right}")).await;
+    assert_eq!(r[0], "* ESEARCH (TAG \"o5\") COUNT 10");
+    // Nesting that is not an OR chain keeps the parser's limit.
+    let r = c.cmd("o6", &format!("SEARCH {}ALL", "NOT ".repeat(12))).await;
+    assert!(tagged(&r).starts_with("o6 BAD"), "{r:?}");
 }
 
 #[tokio::test]

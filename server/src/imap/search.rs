@@ -192,6 +192,15 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
         SearchKey::To(s) => meta_str(|m| m.to.as_str(), s),
         SearchKey::Cc(s) => meta_str(|m| m.cc.as_str(), s),
         SearchKey::Bcc(s) => meta_str(|m| m.bcc.as_str(), s),
+        // The summary keeps the id without its angle brackets (as the parser
+        // gives it); the field holds them, and clients search for `<id>`.
+        SearchKey::Header(name, value)
+            if name.as_ref().eq_ignore_ascii_case(b"message-id") && !value.as_ref().is_empty() =>
+        {
+            c.meta.is_some_and(|m| {
+                !m.message_id.is_empty() && contains_ci(&format!("<{}>", m.message_id), &lower(value))
+            })
+        }
         SearchKey::Header(name, value) => match summary_field(name.as_ref()) {
             Some(get) if !value.as_ref().is_empty() => meta_str(get, value),
             _ => match (c.raw, c.meta) {

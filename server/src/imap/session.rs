@@ -265,6 +265,14 @@ impl Session {
             }
             None => cmd,
         };
+        let shallow;
+        let cmd = match parse::shallow_or_chains(cmd) {
+            Some(c) => {
+                shallow = c;
+                shallow.as_slice()
+            }
+            None => cmd,
+        };
         let (tag, request) = match parse::parse(cmd) {
             Ok(v) => v,
             Err(e) => {

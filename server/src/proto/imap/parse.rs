@@ -1206,6 +1206,193 @@ fn search_key_arguments(word: &[u8]) -> usize {
     }
 }
 
+/// How deep `imap-codec` lets search keys nest: its parser stops at nine levels
+/// (a key inside `OR`, `NOT` or parentheses is one level deeper).
+const CODEC_SEARCH_DEPTH: usize = 9;
+/// How deep [`shallow_or_chains`] follows keys (its own recursion's bound).
+const MAX_SEARCH_DEPTH: usize = 256;
+
+/// A `[UID] SEARCH`, `SORT` or `THREAD` whose criteria nest deeper than
+/// `imap-codec` parses, rewritten so that they do not: every chain of ORs of
+/// three or more alternatives becomes `NOT (NOT a NOT b NOT c …)`, the same
+/// messages at constant depth. Clients write "any of these n" as n − 1 nested
+/// ORs (`OR OR OR FROM a FROM b FROM c FROM d`, or a list of Message-IDs), so a
+/// tenth alternative would otherwise get BAD. `None` when nothing needs it
+/// (the command is parsed as it came) or it cannot be read as search keys.
+pub fn shallow_or_chains(cmd: &[u8]) -> Option<Vec<u8>> {
+    let tag = super::tag_of(cmd);
+    let (_, verb, _) = uid_verb(cmd, &tag)?;
+    if !matches!(verb.as_slice(), b"SEARCH" | b"SORT" | b"THREAD") || !contains_ci(cmd, b"OR ") {
+        return None;
+    }
+    // The whole command after the tag as keys: the verb, RETURN options, sort
+    // criteria and charset read as keys too and are written back as they came.
+    let mut tok = Tok { s: cmd, pos: tag.len() + 1 };
+    let mut keys = Vec::new();
+    loop {
+        keys.push(search_key(&mut tok, 1)?);
+        if !tok.sp() {
+            break;
+        }
+    }
+    if !tok.end() || keys.iter().map(SearchNode::depth).max()? < CODEC_SEARCH_DEPTH {
+        return None;
+    }
+    let mut out = cmd[..tag.len() + 1].to_vec();
+    for (n, key) in keys.iter().enumerate() {
+        if n > 0 {
+            out.push(b' ');
+        }
+        key.write(cmd, &mut out);
+    }
+    out.extend_from_slice(b"\r\n");
+    Some(out)
+}
+
+/// A search key as it stands in a command: byte ranges of the command.
+enum SearchNode {
+    /// A key with its arguments, or any other token, kept as it is.
+    Leaf(std::ops::Range<usize>),
+    Not(Box<SearchNode>),
+    Or(Box<SearchNode>, Box<SearchNode>),
+    Group(Vec<SearchNode>),
+}
+
+impl SearchNode {
+    fn depth(&self) -> usize {
+        match self {
+            SearchNode::Leaf(_) => 1,
+            SearchNode::Not(k) => 1 + k.depth(),
+            SearchNode::Or(a, b) => 1 + a.depth().max(b.depth()),
+            SearchNode::Group(keys) => 1 + keys.iter().map(SearchNode::depth).max().unwrap_or(0),
+        }
+    }
+
+    /// The alternatives of an OR chain, however it nests (`OR OR a b c`,
+    /// `OR a (OR b c)`).
+    fn alternatives<'n>(&'n self, out: &mut Vec<&'n SearchNode>) {
+        match self {
+            SearchNode::Or(a, b) => {
+                a.alternatives(out);
+                b.alternatives(out);
+            }
+            SearchNode::Group(keys) if matches!(keys.as_slice(), [SearchNode::Or(..)]) => {
+                keys[0].alternatives(out)
+            }
+            other => out.push(other),
+        }
+    }
+
+    fn write(&self, cmd: &[u8], out: &mut Vec<u8>) {
+        match self {
+            SearchNode::Leaf(range) => out.extend_from_slice(&cmd[range.clone()]),
+            SearchNode::Not(k) => {
+                out.extend_from_slice(b"NOT ");
+                k.write(cmd, out);
+            }
+            SearchNode::Group(keys) => {
+                out.push(b'(');
+                for (n, k) in keys.iter().enumerate() {
+                    if n > 0 {
+                        out.push(b' ');
+                    }
+                    k.write(cmd, out);
+                }
+                out.push(b')');
+            }
+            SearchNode::Or(a, b) => {
+                let mut alternatives = Vec::new();
+                self.alternatives(&mut alternatives);
+                if alternatives.len() == 2 {
+                    out.extend_from_slice(b"OR ");
+                    a.write(cmd, out);
+                    out.push(b' ');
+                    b.write(cmd, out);
+                    return;
+                }
+                // De Morgan: none of them fails to match.
+                out.extend_from_slice(b"NOT (");
+                for (n, k) in alternatives.iter().enumerate() {
+                    if n > 0 {
+                        out.push(b' ');
+                    }
+                    out.extend_from_slice(b"NOT ");
+                    k.write(cmd, out);
+                }
+                out.push(b')');
+            }
+        }
+    }
+}
+
+/// One search key (RFC 3501 §6.4.4 and the extensions here) at `tok`.
+fn search_key(tok: &mut Tok<'_>, depth: usize) -> Option<SearchNode> {
+    if depth > MAX_SEARCH_DEPTH {
+        return None;
+    }
+    let start = tok.pos;
+    if tok.peek()? == b'(' {
+        tok.pos += 1;
+        let mut keys = Vec::new();
+        loop {
+            keys.push(search_key(tok, depth + 1)?);
+            if tok.peek() == Some(b')') {
+                tok.pos += 1;
+                return Some(SearchNode::Group(keys));
+            }
+            if !tok.sp() {
+                return None;
+            }
+        }
+    }
+    let word = search_token(tok)?;
+    let upper = word.to_ascii_uppercase();
+    match upper.as_slice() {
+        b"OR" => {
+            let a = tok.sp().then(|| search_key(tok, depth + 1))??;
+            let b = tok.sp().then(|| search_key(tok, depth + 1))??;
+            return Some(SearchNode::Or(Box::new(a), Box::new(b)));
+        }
+        b"NOT" => {
+            let k = tok.sp().then(|| search_key(tok, depth + 1))??;
+            return Some(SearchNode::Not(Box::new(k)));
+        }
+        _ => {}
+    }
+    let arguments = match upper.as_slice() {
+        // `MODSEQ ["entry-name" entry-type] n` (RFC 7162 §3.1.5).
+        b"MODSEQ" if tok.s.get(tok.pos..tok.pos + 2) == Some(b" \"") => 3,
+        b"MODSEQ" | b"YOUNGER" | b"OLDER" | b"EMAILID" | b"THREADID" => 1,
+        _ => search_key_arguments(&upper),
+    };
+    for _ in 0..arguments {
+        if !tok.sp() {
+            return None;
+        }
+        search_token(tok)?;
+    }
+    Some(SearchNode::Leaf(start..tok.pos))
+}
+
+/// An atom, quoted string or literal.
+fn search_token<'a>(tok: &mut Tok<'a>) -> Option<&'a [u8]> {
+    let start = tok.pos;
+    match tok.peek()? {
+        b'"' => {
+            tok.quoted()?;
+        }
+        b'{' => {
+            tok.literal()?;
+        }
+        _ => {
+            if tok.atom().is_empty() {
+                return None;
+            }
+        }
+    }
+    Some(&tok.s[start..tok.pos])
+}
+
 /// A search key the command is rewritten around before `imap-codec` parses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rewritten {
@@ -1311,7 +1498,10 @@ impl<'a> Tok<'a> {
         matches!(&self.s[self.pos.min(self.s.len())..], b"\r\n" | b"\n")
     }
     fn atom(&mut self) -> &'a [u8] {
-        let start = self.pos;
+        // A cursor may start past the end: after the tag and its space, on a
+        // line that is a bare LF.
+        let start = self.pos.min(self.s.len());
+        self.pos = start;
         while let Some(b) = self.peek() {
             if b <= b' ' || b >= 0x7f || b"(){\"".contains(&b) {
                 break;
@@ -1759,6 +1949,43 @@ mod tests {
             "256 characters"
         );
         assert!(matches!(parse(b"a SEARCH SUBJECT \"MODSEQ 5\"\r\n"), Ok((_, Request::Codec(_)))));
+        // OR chains deeper than imap-codec parses, in De Morgan form.
+        let shallow = |cmd: &str| shallow_or_chains(cmd.as_bytes()).map(|c| String::from_utf8(c).unwrap());
+        let chain = |n: usize| {
+            let keys: Vec<String> = (0..n).map(|i| format!("FROM a{i}")).collect();
+            format!("{}{}", "OR ".repeat(n - 1), keys.join(" "))
+        };
+        assert_eq!(shallow(&format!("a SEARCH {}\r\n", chain(8))), None, "imap-codec takes it as it is");
+        assert!(parse(format!("a SEARCH {}\r\n", chain(9)).as_bytes()).is_ok());
+        assert!(parse(format!("a SEARCH {}\r\n", chain(10)).as_bytes()).is_err(), "imap-codec's limit");
+        let keys: Vec<String> = (0..9).map(|i| format!("NOT FROM a{i}")).collect();
+        assert_eq!(
+            shallow(&format!("a SEARCH {}\r\n", chain(9))),
+            Some(format!("a SEARCH NOT ({})\r\n", keys.join(" ")))
+        );
+        let deep = format!(
+            "t UID SORT RETURN (COUNT) (REVERSE DATE) UTF-8 UNSEEN {} HEADER Message-ID {{4}}\r\n<x>  OR SEEN (OR DRAFT {})\r\n",
+            chain(12),
+            chain(10)
+        );
+        let flat = shallow(&deep).expect("rewritten");
+        assert!(
+            flat.starts_with("t UID SORT RETURN (COUNT) (REVERSE DATE) UTF-8 UNSEEN NOT (NOT FROM a0 "),
+            "{flat}"
+        );
+        assert!(
+            flat.contains(" HEADER Message-ID {4}\r\n<x>  NOT (NOT SEEN NOT DRAFT NOT FROM a0 "),
+            "{flat}"
+        );
+        assert!(parse(flat.as_bytes()).is_ok(), "{flat}");
+        assert_eq!(shallow("a SEARCH OR OR SEEN DRAFT FLAGGED\r\n"), None, "shallow enough already");
+        assert_eq!(shallow(&format!("a FETCH 1 {}\r\n", chain(12))), None, "SEARCH, SORT and THREAD only");
+        assert_eq!(
+            shallow(&format!("a SEARCH {} FROM\r\n", chain(12))),
+            None,
+            "malformed: left to the parser"
+        );
+        assert_eq!(shallow(&format!("a SEARCH {}{}\r\n", "(".repeat(300), ")".repeat(300))), None);
         let (_, status) = parse(b"a STATUS INBOX (HIGHESTMODSEQ UIDNEXT)\r\n").expect("status");
         assert!(
             matches!(status, Request::Status { items, .. } if items == [StatusItem::HighestModseq, StatusItem::UidNext])
