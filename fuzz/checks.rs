@@ -182,3 +182,32 @@ pub fn message_meta(data: &[u8]) {
         assert!(base.len() <= line.len());
     }
 }
+
+/// xorshift64*: no dependency and reproducible from the printed seed (the
+/// bounded runs in `server/tests/`).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// A bounded run's seed and seconds: MAILCLUSTER_FUZZ_SEED replays one (odd,
+/// for xorshift), else the clock; MAILCLUSTER_FUZZ_SECS, default 4.
+pub fn budget() -> (u64, u64) {
+    let seed =
+        std::env::var("MAILCLUSTER_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        }) | 1;
+    let secs = std::env::var("MAILCLUSTER_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    (seed, secs)
+}

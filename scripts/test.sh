@@ -15,7 +15,8 @@
 #   5. cargo fmt --check, cargo clippy -D warnings, the whole test suite
 #      (cargo-nextest when installed, else cargo test). The suite includes a
 #      bounded fuzz run of the protocol parsers (server/tests/proto_fuzz.rs,
-#      MAILCLUSTER_FUZZ_SECS per target, run in parallel); the libFuzzer targets
+#      MAILCLUSTER_FUZZ_SECS per target, run in parallel) and of whole IMAP
+#      sessions (server/tests/session_fuzz.rs, as long); the libFuzzer targets
 #      in fuzz/ are run by scripts/fuzz.sh, outside CI (see there why).
 # CI (.ci/run) calls exactly this script.
 set -euo pipefail
@@ -107,7 +108,8 @@ fi
 ensure_postgres
 ensure_redis
 
-# Seconds of random and mutated input per parser in server/tests/proto_fuzz.rs.
+# Seconds of random and mutated input per parser in server/tests/proto_fuzz.rs,
+# and of mutated commands in server/tests/session_fuzz.rs.
 export MAILCLUSTER_FUZZ_SECS="${MAILCLUSTER_FUZZ_SECS:-10}"
 
 log "DATABASE_URL=$(sed -E 's#(//[^:/@]*):[^@]*@#\1:<redacted>@#' <<<"$DATABASE_URL") REDIS_URL=$REDIS_URL"

@@ -133,22 +133,7 @@ const TOKENS: &[&[u8]] = &[
     "\u{20ac}".as_bytes(),
 ];
 
-/// xorshift64*: no dependency and reproducible from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn mutate(rng: &mut Rng, corpus: &[&[u8]]) -> Vec<u8> {
+fn mutate(rng: &mut checks::Rng, corpus: &[&[u8]]) -> Vec<u8> {
     let mut data = corpus[rng.below(corpus.len())].to_vec();
     for _ in 0..=rng.below(8) {
         let at = rng.below(data.len() + 1);
@@ -195,16 +180,10 @@ fn escaped(data: &[u8]) -> String {
 }
 
 fn run(name: &str, corpus: &[&[u8]], check: fn(&[u8])) {
-    let seed =
-        std::env::var("MAILCLUSTER_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        }) | 1;
-    let secs = std::env::var("MAILCLUSTER_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let (seed, secs) = checks::budget();
     println!("{name}: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
     let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut rng = Rng(seed);
+    let mut rng = checks::Rng(seed);
     // The corpus itself first, then mutations.
     let inputs =
         corpus.iter().map(|c| c.to_vec()).chain(std::iter::from_fn(|| Some(mutate(&mut rng, corpus))));

@@ -1,0 +1,197 @@
+//! Whole IMAP sessions under mutated commands: what `proto_fuzz` does for the
+//! parsers, done to the command handlers behind them. A logged-in session with
+//! a mailbox of varied messages (multipart, nested message/rfc822, UTF-8 and
+//! encoded subjects, 8-bit and base64 bodies, no Date, a folded header) gets
+//! commands a client would send, mutated, each followed by a NOOP; nothing in
+//! the process may panic. Bounded like `proto_fuzz`: MAILCLUSTER_FUZZ_SECS
+//! seconds (default 4), MAILCLUSTER_FUZZ_SEED to replay a run.
+
+#[path = "../../fuzz/checks.rs"]
+mod checks;
+mod common;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use checks::Rng;
+use common::*;
+use mailcluster_server::store::FlagSet;
+use tokio::io::AsyncBufReadExt;
+
+/// Commands of a logged-in session, as clients send them.
+const COMMANDS: &[&str] = &[
+    "FETCH 1:* (FLAGS UID RFC822.SIZE INTERNALDATE ENVELOPE BODYSTRUCTURE)",
+    "UID FETCH 1:* (BODY.PEEK[HEADER.FIELDS (From Subject Date Message-ID)] EMAILID THREADID MODSEQ)",
+    "FETCH 2 (BODY[1.2] BODY.PEEK[2.MIME] BODY[3.1.HEADER] BODY[TEXT]<10.20> BODY[]<0>)",
+    "FETCH 3 (BINARY.PEEK[1] BINARY.SIZE[2] BINARY[2]<0.100> BODY.PEEK[1.TEXT])",
+    "UID FETCH 1:* (FLAGS) (CHANGEDSINCE 1 VANISHED)",
+    "FETCH 1,3:4 (RFC822 RFC822.HEADER RFC822.TEXT BODY)",
+    "SEARCH CHARSET UTF-8 OR SUBJECT Grüße (NOT FROM alice) HEADER Message-ID <m2@example.com>",
+    "UID SEARCH RETURN (MIN MAX COUNT ALL SAVE) OR OR SEEN FLAGGED (LARGER 100 SMALLER 100000) UID 1:*",
+    "SEARCH SENTBEFORE 1-Jan-2030 SINCE 1-Feb-1990 ON 5-Dec-2026 BODY umlaut TEXT x KEYWORD $Label",
+    "SEARCH MODSEQ 1 YOUNGER 3600 OLDER 1 EMAILID M1 THREADID T1 NOT $",
+    "SORT (REVERSE ARRIVAL SUBJECT DISPLAYFROM SIZE CC TO DATE) UTF-8 ALL",
+    "UID THREAD REFERENCES UTF-8 OR FROM a TO b",
+    "THREAD ORDEREDSUBJECT US-ASCII UNDELETED",
+    "STORE 1:2 +FLAGS (\\Seen $Label \\Flagged)",
+    "UID STORE 1:* (UNCHANGEDSINCE 5) -FLAGS.SILENT (\\Deleted)",
+    "STORE 4 FLAGS.SILENT ()",
+    "COPY 1:2 Archive",
+    "UID MOVE 3 Trash",
+    "UID EXPUNGE 1:2",
+    "EXPUNGE",
+    "CREATE Work/Sub (USE (\\Archive))",
+    "RENAME Work/Sub \"Other/Grüße\"",
+    "DELETE Other",
+    "LIST \"\" * RETURN (CHILDREN SPECIAL-USE STATUS (MESSAGES UNSEEN SIZE MAILBOXID))",
+    "LIST (SUBSCRIBED RECURSIVEMATCH) \"\" (INBOX \"%\")",
+    "LSUB \"\" *%",
+    "STATUS INBOX (MESSAGES RECENT UIDNEXT UIDVALIDITY UNSEEN HIGHESTMODSEQ SIZE DELETED APPENDLIMIT)",
+    "SELECT INBOX (QRESYNC (1 1 1:5 (1:3 1:3)))",
+    "EXAMINE Archive (CONDSTORE)",
+    "APPEND INBOX (\\Seen) \"05-Dec-2026 10:00:00 +0100\" {25+}\r\nSubject: appended\r\n\r\nbody",
+    "APPEND Archive UTF8 (~{21+}\r\nSubject: Grüße\r\n\r\nx)",
+    "ENABLE QRESYNC UTF8=ACCEPT IMAP4rev2",
+    "GETQUOTAROOT INBOX",
+    "NAMESPACE",
+    "ID (\"name\" \"fuzz\")",
+    "UNSELECT",
+    "CLOSE",
+    "CHECK",
+];
+
+/// Pieces the mutator splices in: what the grammars turn on.
+const TOKENS: &[&str] = &[
+    "0",
+    "1",
+    "*",
+    "4294967295",
+    "4294967296",
+    "-1",
+    "1:*",
+    "*:1",
+    "$",
+    "[",
+    "]",
+    "<",
+    ">",
+    "<0.0>",
+    "<4294967295.1>",
+    "(",
+    ")",
+    "\"",
+    "\\",
+    "{0}\r\n",
+    "{3+}\r\nabc",
+    " ",
+    "NIL",
+    "1.",
+    ".MIME",
+    ".HEADER.FIELDS.NOT (",
+    ".TEXT",
+    "HEADER",
+    "OR ",
+    "NOT ",
+    "UID ",
+    "ü",
+    "€",
+    "\u{0}",
+    "%",
+    "&",
+    "&AOQ-",
+    "UTF-8",
+    "X-UNKNOWN",
+];
+
+/// Messages of many shapes, so that FETCH, SEARCH and SORT reach every path.
+fn messages() -> Vec<String> {
+    vec![
+        "From: Alice <alice@example.com>\r\nTo: bob@example.org\r\nSubject: plain\r\nDate: Tue, 1 Jul 2003 10:52:37 +0200\r\nMessage-ID: <m1@example.com>\r\n\r\nhello\r\n".into(),
+        "From: =?UTF-8?Q?J=C3=B6rg?= <j@example.com>\r\nSubject: Re: [Fwd: Grüße (fwd)]\r\nMessage-ID: <m2@example.com>\r\nIn-Reply-To: <m1@example.com>\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\"b1\"\r\n\r\n--b1\r\nContent-Type: multipart/alternative; boundary=b2\r\n\r\n--b2\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\numlaut =C3=BC\r\n--b2\r\nContent-Type: text/html\r\n\r\n<p>x</p>\r\n--b2--\r\n--b1\r\nContent-Type: application/octet-stream; name=a.bin\r\nContent-Transfer-Encoding: base64\r\n\r\nAAECAwQ=\r\n--b1--\r\n".into(),
+        "From: a@example.com\r\nSubject: nested\r\nContent-Type: multipart/mixed; boundary=x\r\n\r\n--x\r\nContent-Type: text/plain\r\n\r\none\r\n--x\r\nContent-Type: message/rfc822\r\n\r\nSubject: inner\r\nContent-Type: multipart/mixed; boundary=y\r\n\r\n--y\r\n\r\ndeep\r\n--y--\r\n--x--\r\n".into(),
+        "Subject: no date, folded\r\n\tsubject line\r\nX-Header: ä raw 8-bit\r\nReferences: <m1@example.com>\r\n <m2@example.com>\r\n\r\n8-bit body: ß€\r\n".into(),
+        format!("From: big@example.com\r\nSubject: big\r\n\r\n{}\r\n", "line of text\r\n".repeat(2000)),
+    ]
+}
+
+/// A command of the list with one to three mutations: a token spliced in, a
+/// range dropped, or a range repeated.
+fn mutated(rng: &mut Rng, tag: &str) -> Vec<u8> {
+    let mut cmd = COMMANDS[rng.below(COMMANDS.len())].as_bytes().to_vec();
+    for _ in 0..1 + rng.below(3) {
+        let at = rng.below(cmd.len() + 1);
+        match rng.below(3) {
+            0 => {
+                let token = TOKENS[rng.below(TOKENS.len())].as_bytes();
+                cmd.splice(at..at, token.iter().copied());
+            }
+            1 => {
+                let end = (at + 1 + rng.below(8)).min(cmd.len());
+                cmd.drain(at.min(end)..end);
+            }
+            _ => {
+                let end = (at + 1 + rng.below(12)).min(cmd.len());
+                let piece = cmd[at.min(end)..end].to_vec();
+                cmd.splice(at..at, piece);
+            }
+        }
+    }
+    [tag.as_bytes(), b" ", &cmd, b"\r\n"].concat()
+}
+
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+static LAST_SENT: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imap_sessions_survive_mutated_commands() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, Ordering::SeqCst);
+        let last = LAST_SENT.lock().map(|l| l.clone()).unwrap_or_default();
+        eprintln!("panic after sending: {:?}", String::from_utf8_lossy(&last));
+        default_hook(info);
+    }));
+    let (seed, secs) = checks::budget();
+    println!("imap sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
+    let mut rng = Rng(seed);
+
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for raw in messages() {
+        for mailbox in ["INBOX", "Archive"] {
+            deliver(&app, &bob, mailbox, raw.as_bytes(), FlagSet::default()).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let (mut commands, mut sessions) = (0usize, 0usize);
+    while Instant::now() < deadline {
+        sessions += 1;
+        let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+        c.cmd("s", if rng.below(2) == 0 { "SELECT INBOX" } else { "SELECT Archive" }).await;
+        'session: for n in 0..25 {
+            let cmd = mutated(&mut rng, &format!("f{n}"));
+            let sentinel = format!("z{n} NOOP\r\n");
+            if let Ok(mut last) = LAST_SENT.lock() {
+                last.clone_from(&cmd);
+            }
+            commands += 1;
+            c.send_bytes(&[cmd.as_slice(), sentinel.as_bytes()].concat()).await;
+            // Read up to the sentinel's answer; a session left waiting (for a
+            // literal, DONE or a SASL response) or closed (LOGOUT, BYE) is
+            // replaced by a new one.
+            loop {
+                let mut line = Vec::new();
+                match tokio::time::timeout(Duration::from_secs(2), c.io.read_until(b'\n', &mut line)).await {
+                    Ok(Ok(read)) if read > 0 => {
+                        if line.starts_with(format!("z{n} ").as_bytes()) {
+                            break;
+                        }
+                    }
+                    _ => break 'session,
+                }
+            }
+        }
+    }
+    println!("{sessions} sessions, {commands} mutated commands");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a session panicked (seed {seed}); see above");
+}
