@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl, postfix (for smtp-sink), and as root iproute2,
+#      python3, swaks, curl, isync (mbsync), fetchmail, postfix (for
+#      smtp-sink), and as root iproute2,
 #      iptables, prometheus; (pip)
 #      kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
@@ -34,6 +35,9 @@ missing=()
 for tool in python3 swaks curl openssl; do
     command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
+# Mail clients run by the IMAP and POP3 client tests (package names differ).
+command -v mbsync >/dev/null 2>&1 || missing+=(isync)
+command -v fetchmail >/dev/null 2>&1 || missing+=(fetchmail)
 # swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
 # --no-install-recommends skips).
 perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)

@@ -1,6 +1,6 @@
 //! Real clients against the real server (net listeners, SQLite store, in-process
 //! cache) over TCP and TLS on 127.0.0.1:0: Python's imaplib (implicit TLS,
-//! STARTTLS, IDLE on a raw socket) and curl's imap(s)://.
+//! STARTTLS, IDLE on a raw socket), curl's imap(s):// and mbsync (isync).
 
 mod common;
 
@@ -12,6 +12,7 @@ use mailcluster_server::app::App;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
+use mailcluster_server::store::FlagSet;
 
 /// Serves `imaps` (implicit TLS) and `imap` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.
@@ -125,4 +126,120 @@ async fn curl_imaps() {
     ))
     .await;
     assert!(ok && out.contains("* SEARCH 1 2"), "STARTTLS: {out}");
+}
+
+/// mbsync (isync), the two-way IMAP/Maildir synchroniser, over implicit TLS
+/// trusting the server's certificate: a first pull; local changes pushed (a new
+/// message, a flag, a deletion, a new folder); server changes pulled (a flag,
+/// a new message, an expunge); and a run with nothing to do that changes
+/// nothing. Each mbsync run must succeed; the server's state is read back
+/// through an IMAP session, the local one from the Maildir file names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mbsync_two_way_sync() {
+    // Plaintext logins for the in-memory session that reads the server's state.
+    let (app, dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    let bob = bob_with_two_messages(&app).await;
+    let (tls, pem) = tls_provider_with_pem();
+    let (imaps, _imap) = serve(app.clone(), tls);
+    let work = tempfile::tempdir().expect("tempdir");
+    let cert = work.path().join("cert.pem");
+    std::fs::write(&cert, pem).expect("write cert");
+    let maildir = work.path().join("mail");
+    std::fs::create_dir(&maildir).expect("maildir");
+    let rc = work.path().join("mbsyncrc");
+    std::fs::write(
+        &rc,
+        format!(
+            "IMAPAccount mc\nHost 127.0.0.1\nPort {}\nUser bob@example.org\nPass pw\nSSLType IMAPS\nCertificateFile {}\n\n\
+             IMAPStore remote\nAccount mc\n\n\
+             MaildirStore local\nPath {m}/\nInbox {m}/INBOX\nSubFolders Verbatim\n\n\
+             Channel mc\nFar :remote:\nNear :local:\nPatterns *\nCreate Both\nExpunge Both\nSyncState *\n",
+            imaps.port(),
+            cert.display(),
+            m = maildir.display()
+        ),
+    )
+    .expect("write mbsyncrc");
+    let sync = || async {
+        let (ok, out) = run_client(tokio::process::Command::new("mbsync").arg("-c").arg(&rc).arg("-a")).await;
+        assert!(ok, "mbsync failed:\n{out}");
+        assert!(!out.to_lowercase().contains("warning"), "{out}");
+    };
+    // Local messages of a folder: (file name, Maildir flags after ":2,").
+    let local = |folder: &str| -> Vec<(std::path::PathBuf, String)> {
+        let mut found = Vec::new();
+        for sub in ["new", "cur"] {
+            let Ok(entries) = std::fs::read_dir(maildir.join(folder).join(sub)) else { continue };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let flags = name.split_once(":2,").map(|(_, f)| f.to_string()).unwrap_or_default();
+                found.push((e.path(), flags));
+            }
+        }
+        found.sort();
+        found
+    };
+    let body_of = |path: &std::path::Path| std::fs::read_to_string(path).expect("read message");
+
+    // 1. The first pull: the two messages, unseen.
+    sync().await;
+    let inbox = local("INBOX");
+    assert_eq!(inbox.len(), 2, "{inbox:?}");
+    assert!(inbox.iter().all(|(_, f)| f.is_empty()), "{inbox:?}");
+    assert!(["Sent", "Drafts", "Trash"].iter().all(|f| maildir.join(f).is_dir()), "folders created");
+
+    // 2. Local changes pushed.
+    let first = inbox.iter().find(|(p, _)| body_of(p).contains("first body")).expect("first").0.clone();
+    let second = inbox.iter().find(|(p, _)| body_of(p).contains("second body")).expect("second").0.clone();
+    let cur = maildir.join("INBOX/cur");
+    let name = |p: &std::path::Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    let base = |p: &std::path::Path| name(p).split_once(":2,").map_or(name(p), |(b, _)| b.to_string());
+    std::fs::rename(&first, cur.join(format!("{}:2,FS", base(&first)))).expect("flag");
+    std::fs::rename(&second, cur.join(format!("{}:2,T", base(&second)))).expect("trash");
+    std::fs::write(
+        maildir.join("INBOX/new/1800000000.1_1.local"),
+        "From: bob@example.org\r\nSubject: written offline\r\nMessage-ID: <offline-1@example.org>\r\n\r\nfrom the maildir\r\n",
+    )
+    .expect("new message");
+    for sub in ["cur", "new", "tmp"] {
+        std::fs::create_dir_all(maildir.join("Projekte").join(sub)).expect("folder");
+    }
+    std::fs::write(maildir.join("Projekte/new/1800000001.1_1.local"), "Subject: filed\r\n\r\nx\r\n")
+        .expect("filed");
+    sync().await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s1", "SELECT INBOX").await;
+    let r = c.cmd("f1", "UID FETCH 1:* (FLAGS BODY.PEEK[HEADER.FIELDS (Subject)])").await;
+    let joined = r.join("\n");
+    assert!(joined.contains("FLAGS (\\Seen \\Flagged)") && joined.contains("Subject: first"), "{r:?}");
+    assert!(!joined.contains("Subject: second"), "trashed locally, expunged here: {r:?}");
+    assert!(joined.contains("Subject: written offline"), "{r:?}");
+    let r = c.cmd("st", "STATUS Projekte (MESSAGES)").await;
+    assert_eq!(r[0], "* STATUS \"Projekte\" (MESSAGES 1)");
+
+    // 3. Server changes pulled.
+    let r = c.cmd("se", "UID SEARCH HEADER Message-ID <offline-1@example.org>").await;
+    let uid = r[0].strip_prefix("* SEARCH ").expect("found").to_string();
+    c.cmd("fl", &format!("UID STORE {uid} +FLAGS (\\Answered)")).await;
+    let r = c.cmd("sf", "UID SEARCH SUBJECT first").await;
+    let first_uid = r[0].strip_prefix("* SEARCH ").expect("found").to_string();
+    c.cmd("dl", &format!("UID STORE {first_uid} +FLAGS.SILENT (\\Deleted)")).await;
+    c.cmd("ex", "EXPUNGE").await;
+    deliver(&app, &bob, "INBOX", &sample("third", "third body"), FlagSet::default()).await;
+    sync().await;
+    let inbox = local("INBOX");
+    assert_eq!(inbox.len(), 2, "{inbox:?}");
+    let offline = inbox.iter().find(|(p, _)| body_of(p).contains("from the maildir")).expect("offline");
+    assert!(offline.1.contains('R'), "\\Answered as R: {inbox:?}");
+    assert!(inbox.iter().any(|(p, _)| body_of(p).contains("third body")), "{inbox:?}");
+    assert!(!inbox.iter().any(|(p, _)| body_of(p).contains("first body")), "expunged there, gone here");
+
+    // 4. Nothing to do: nothing changes on either side.
+    c.cmd("n0", "NOOP").await;
+    let before = (local("INBOX"), local("Projekte"));
+    sync().await;
+    assert_eq!((local("INBOX"), local("Projekte")), before);
+    let r = c.cmd("n", "NOOP").await;
+    assert_eq!(r, ["n OK NOOP completed"], "no change reached the server");
+    drop(dir);
 }

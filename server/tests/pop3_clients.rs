@@ -1,6 +1,6 @@
 //! Real clients against the real POP3 listeners (net layer, SQLite store,
 //! in-process cache) over TCP and TLS on 127.0.0.1:0: Python's poplib (STLS and
-//! implicit TLS) and curl's pop3(s)://; and large messages through POP3 and
+//! implicit TLS), curl's pop3(s):// and fetchmail; and large messages through POP3 and
 //! IMAP alike, which leave the server without being copied into the session.
 
 mod common;
@@ -153,4 +153,100 @@ async fn large_messages_reach_imaplib_and_poplib_whole() {
     let (ok, out) = run_client(&mut cmd).await;
     println!("{out}");
     assert!(ok && out.contains("large bodies: ok"), "large-message session failed:\n{out}");
+}
+
+/// fetchmail, the POP3 retriever, over implicit TLS, delivering to a command
+/// (its MDA): with `uidl` and `keep`, a second run takes nothing it already
+/// took; without `keep`, a run takes the rest and deletes what it took, and the
+/// maildrop is empty after. Bodies arrive whole, dot-stuffed lines restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetchmail_keeps_then_deletes() {
+    let s = setup().await;
+    let bob = s.app.store.account_get("bob@example.org").await.expect("get").expect("bob");
+    let big: String = (0..4000).map(|i| format!("line {i}\r\n.line starting with a dot {i}\r\n")).collect();
+    let raw =
+        format!("From: alice@example.com\r\nSubject: big\r\nMessage-ID: <big@example.com>\r\n\r\n{big}");
+    deliver(&s.app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).expect("out");
+    let rc = work.path().join("fetchmailrc");
+    let write_rc = |keep: &str| {
+        std::fs::write(
+            &rc,
+            format!(
+                "set no bouncemail\npoll 127.0.0.1 service {} protocol pop3 uidl timeout 30\n  \
+                 user \"bob@example.org\" password \"pw\" ssl no sslcertck {keep}\n  \
+                 mda \"/bin/sh -c 'cat > $(mktemp {}/msg.XXXXXX)'\"\n",
+                s.pop3s.port(),
+                out.display()
+            ),
+        )
+        .expect("write rc");
+        // fetchmail refuses a run control file others can read.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rc, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    };
+    let run = |expect: i32| {
+        let (rc, ids, home) = (rc.clone(), work.path().join("fetchids"), work.path().to_path_buf());
+        async move {
+            let out = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                tokio::process::Command::new("fetchmail")
+                    .env("HOME", &home)
+                    .arg("-f")
+                    .arg(&rc)
+                    .arg("-i")
+                    .arg(&ids)
+                    .args(["--nosyslog", "--nodetach", "-v"])
+                    .output(),
+            )
+            .await
+            .expect("fetchmail within 60 s")
+            .expect("fetchmail started");
+            let text =
+                format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            // 0: mail retrieved; 1: no mail.
+            assert_eq!(out.status.code(), Some(expect), "fetchmail:\n{text}");
+            text
+        }
+    };
+    let fetched = || -> Vec<String> {
+        let mut all: Vec<String> = std::fs::read_dir(&out)
+            .expect("out")
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).expect("read"))
+            .collect();
+        all.sort();
+        all
+    };
+
+    write_rc("keep");
+    run(0).await;
+    let first = fetched();
+    assert_eq!(first.len(), 3, "{} messages", first.len());
+    let whole = first.iter().find(|m| m.contains("Subject: big")).expect("the big one");
+    assert!(whole.contains(&big.replace("\r\n", "\n")) || whole.contains(&big), "body intact, dots restored");
+    assert!(
+        first.iter().any(|m| m.contains("first body")) && first.iter().any(|m| m.contains("second body"))
+    );
+    // Kept on the server, and known by UIDL: the next run takes nothing.
+    let text = run(1).await;
+    assert_eq!(fetched().len(), 3, "{text}");
+    assert_eq!(s.app.store.mailbox_status(s.inbox).await.expect("status").messages, 3);
+
+    // A new message, then a run that deletes what it takes: only the new one
+    // is taken and deleted; then `flush` deletes the old ones too.
+    deliver(&s.app, &bob, "INBOX", &sample("fourth", "fourth body"), FlagSet::default()).await;
+    write_rc("no keep");
+    run(0).await;
+    let all = fetched();
+    assert_eq!(all.len(), 4);
+    assert_eq!(all.iter().filter(|m| m.contains("fourth body")).count(), 1);
+    let left = || async { s.app.store.mailbox_status(s.inbox).await.expect("status").messages };
+    assert_eq!(left().await, 3, "the one taken is deleted");
+    write_rc("no keep flush");
+    run(1).await;
+    assert_eq!(left().await, 0, "flushed");
+    assert_eq!(fetched().len(), 4, "nothing taken twice");
 }

@@ -180,8 +180,14 @@ pub async fn login(
 
 /// A TLS provider with a fresh self-signed certificate for "localhost".
 pub fn tls_provider() -> TlsProvider {
+    tls_provider_with_pem().0
+}
+
+/// [`tls_provider`] and its certificate in PEM, for clients told to trust it.
+pub fn tls_provider_with_pem() -> (TlsProvider, String) {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+    let pem = ck.cert.pem();
     let cert = CertificateDer::from(ck.cert.der().to_vec());
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
     let config =
@@ -191,7 +197,7 @@ pub fn tls_provider() -> TlsProvider {
             .with_no_client_auth()
             .with_single_cert(vec![cert], key)
             .expect("server config");
-    TlsProvider::from_config(Arc::new(config))
+    (TlsProvider::from_config(Arc::new(config)), pem)
 }
 
 /// Serves each (listener name, TLS mode, protocol) with the production listeners
