@@ -1,14 +1,20 @@
-//! Whole IMAP sessions under mutated commands: what `proto_fuzz` does for the
-//! parsers, done to the command handlers behind them. A logged-in session with
-//! a mailbox of varied messages (multipart, nested message/rfc822, UTF-8 and
-//! encoded subjects, 8-bit and base64 bodies, no Date, a folded header) gets
-//! commands a client would send, mutated, each followed by a NOOP; nothing in
-//! the process may panic. Bounded like `proto_fuzz`: MAILCLUSTER_FUZZ_SECS
-//! seconds (default 4), MAILCLUSTER_FUZZ_SEED to replay a run.
+//! Whole sessions under mutated input: what `proto_fuzz` does for the parsers,
+//! done to the command handlers behind them.
+//! - IMAP: a logged-in session with a mailbox of varied messages (multipart,
+//!   nested message/rfc822, UTF-8 and encoded subjects, 8-bit and base64
+//!   bodies, no Date, a folded header) gets commands a client would send,
+//!   mutated, each followed by a NOOP.
+//! - SMTP: inbound and submission sessions get mutated dialogues (EHLO, MAIL
+//!   and RCPT with their parameters, DATA, BDAT, AUTH, RSET, VRFY …).
+//!
+//! Nothing in the process may panic. Bounded like `proto_fuzz`:
+//! MAILCLUSTER_FUZZ_SECS seconds each (default 4), MAILCLUSTER_FUZZ_SEED to
+//! replay a run.
 
 #[path = "../../fuzz/checks.rs"]
 mod checks;
 mod common;
+mod smtp_support;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -115,43 +121,75 @@ fn messages() -> Vec<String> {
     ]
 }
 
-/// A command of the list with one to three mutations: a token spliced in, a
-/// range dropped, or a range repeated.
-fn mutated(rng: &mut Rng, tag: &str) -> Vec<u8> {
-    let mut cmd = COMMANDS[rng.below(COMMANDS.len())].as_bytes().to_vec();
-    for _ in 0..1 + rng.below(3) {
-        let at = rng.below(cmd.len() + 1);
+/// `data` with up to `times` mutations: a token spliced in, a range of up to
+/// `span` bytes dropped, or a range of up to `span` repeated up to `repeat`
+/// times (long lines, many parameters, stacked commands).
+fn mutate(
+    rng: &mut Rng,
+    mut data: Vec<u8>,
+    tokens: &[&str],
+    times: usize,
+    span: usize,
+    repeat: usize,
+) -> Vec<u8> {
+    for _ in 0..1 + rng.below(times) {
+        let at = rng.below(data.len() + 1);
         match rng.below(3) {
             0 => {
-                let token = TOKENS[rng.below(TOKENS.len())].as_bytes();
-                cmd.splice(at..at, token.iter().copied());
+                let token = tokens[rng.below(tokens.len())].as_bytes();
+                data.splice(at..at, token.iter().copied());
             }
             1 => {
-                let end = (at + 1 + rng.below(8)).min(cmd.len());
-                cmd.drain(at.min(end)..end);
+                let end = (at + 1 + rng.below(span)).min(data.len());
+                data.drain(at.min(end)..end);
             }
             _ => {
-                let end = (at + 1 + rng.below(12)).min(cmd.len());
-                let piece = cmd[at.min(end)..end].to_vec();
-                cmd.splice(at..at, piece);
+                let end = (at + 1 + rng.below(span)).min(data.len());
+                let piece = data[at.min(end)..end].to_vec();
+                for _ in 0..1 + rng.below(repeat) {
+                    data.splice(at..at, piece.iter().copied());
+                }
             }
         }
     }
+    data
+}
+
+/// A command of the list, mutated, with `tag`.
+fn mutated(rng: &mut Rng, tag: &str) -> Vec<u8> {
+    let cmd = COMMANDS[rng.below(COMMANDS.len())].as_bytes().to_vec();
+    let cmd = mutate(rng, cmd, TOKENS, 3, 12, 1);
     [tag.as_bytes(), b" ", &cmd, b"\r\n"].concat()
 }
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 static LAST_SENT: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
+/// Counts every panic of the process (a session's task included) and prints
+/// what was sent last. Both tests of this binary install it; once is enough.
+fn count_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            let last = LAST_SENT.lock().map(|l| l.clone()).unwrap_or_default();
+            eprintln!("panic after sending: {:?}", String::from_utf8_lossy(&last));
+            default_hook(info);
+        }));
+    });
+}
+
+fn remember(sent: &[u8]) {
+    if let Ok(mut last) = LAST_SENT.lock() {
+        last.clear();
+        last.extend_from_slice(sent);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imap_sessions_survive_mutated_commands() {
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        PANICS.fetch_add(1, Ordering::SeqCst);
-        let last = LAST_SENT.lock().map(|l| l.clone()).unwrap_or_default();
-        eprintln!("panic after sending: {:?}", String::from_utf8_lossy(&last));
-        default_hook(info);
-    }));
+    count_panics();
     let (seed, secs) = checks::budget();
     println!("imap sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
     let mut rng = Rng(seed);
@@ -171,9 +209,7 @@ async fn imap_sessions_survive_mutated_commands() {
         'session: for n in 0..25 {
             let cmd = mutated(&mut rng, &format!("f{n}"));
             let sentinel = format!("z{n} NOOP\r\n");
-            if let Ok(mut last) = LAST_SENT.lock() {
-                last.clone_from(&cmd);
-            }
+            remember(&cmd);
             commands += 1;
             c.send_bytes(&[cmd.as_slice(), sentinel.as_bytes()].concat()).await;
             // Read up to the sentinel's answer; a session left waiting (for a
@@ -193,5 +229,97 @@ async fn imap_sessions_survive_mutated_commands() {
         }
     }
     println!("{sessions} sessions, {commands} mutated commands");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a session panicked (seed {seed}); see above");
+}
+
+/// SMTP dialogues as clients hold them, inbound (`mx`) and submission.
+fn smtp_dialogues() -> Vec<(bool, String)> {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let plain = b64(&format!("\0alice@example.test\0{}", smtp_support::PASSWORD));
+    vec![
+        (false, "EHLO c.test\r\nMAIL FROM:<a@remote.test> SIZE=300 BODY=8BITMIME RET=HDRS ENVID=x+2By\r\n\
+             RCPT TO:<alice@example.test> NOTIFY=SUCCESS,DELAY ORCPT=rfc822;alice@example.test\r\n\
+             RCPT TO:<bob@example.test>\r\nDATA\r\nFrom: a@remote.test\r\nSubject: hi\r\n\r\nbody\r\n..dot\r\n.\r\nQUIT\r\n".into()),
+        (false, "EHLO c\r\nMAIL FROM:<>\r\nRCPT TO:<bob@example.test>\r\nBDAT 22\r\nSubject: x\r\n\r\nbody\r\n\r\nBDAT 0 LAST\r\nNOOP\r\n".into()),
+        (false, "HELO c\r\nMAIL FROM:<a@b.test>\r\nRCPT TO:<postmaster>\r\nRSET\r\nVRFY bob\r\nEXPN x\r\nHELP\r\nNOOP\r\nQUIT\r\n".into()),
+        (true, format!("EHLO c\r\nAUTH PLAIN {plain}\r\nMAIL FROM:<alice@example.test> SMTPUTF8\r\nRCPT TO:<bob@example.test>\r\n\
+             RCPT TO:<someone@remote.test> NOTIFY=NEVER\r\nDATA\r\nSubject: Grüße\r\n\r\nx\r\n.\r\nQUIT\r\n")),
+        (true, format!("EHLO c\r\nAUTH LOGIN\r\n{}\r\n{}\r\nMAIL FROM:<alice@example.test>\r\nRCPT TO:<bob@example.test>\r\n\
+             BDAT 9 LAST\r\nSubject:\r\nRSET\r\n", b64("alice@example.test"), b64(smtp_support::PASSWORD))),
+    ]
+}
+
+const SMTP_TOKENS: &[&str] = &[
+    "\r\n",
+    "\n",
+    ".",
+    "\r\n.\r\n",
+    "<",
+    ">",
+    "@",
+    ":",
+    "=",
+    " ",
+    "\t",
+    "SIZE=",
+    "BDAT ",
+    " LAST",
+    "0",
+    "4294967296",
+    "99999999999999999999",
+    "NOTIFY=",
+    "ORCPT=",
+    "rfc822;",
+    "utf-8;",
+    "+2B",
+    "+",
+    "\u{0}",
+    "ü",
+    "MAIL FROM:",
+    "RCPT TO:",
+    "DATA\r\n",
+    "AUTH PLAIN =\r\n",
+    "*\r\n",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_sessions_survive_mutated_dialogues() {
+    count_panics();
+    let (seed, secs) = checks::budget();
+    println!("smtp sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
+    let mut rng = Rng(seed);
+    let h = smtp_support::Harness::new(smtp_support::Backend::Sqlite, smtp_support::config(|_| {})).await;
+    let dialogues = smtp_dialogues();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut sessions = 0usize;
+    while Instant::now() < deadline {
+        sessions += 1;
+        let (submission, dialogue) = &dialogues[rng.below(dialogues.len())];
+        let data = mutate(&mut rng, dialogue.as_bytes().to_vec(), SMTP_TOKENS, 4, 40, 20);
+        remember(&data);
+        let mut c = h.connect(if *submission { &h.submission } else { &h.mx });
+        c.send_bytes(&data).await;
+        // Replies until the session goes quiet or ends; then the client leaves.
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(Ok(n)) = tokio::time::timeout(
+            Duration::from_millis(100),
+            tokio::io::AsyncReadExt::read(&mut c.io, &mut buf),
+        )
+        .await
+        {
+            if n == 0 {
+                break;
+            }
+        }
+        let task = c.task.take();
+        drop(c);
+        if let Some(task) = task
+            && let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), task).await
+        {
+            assert!(!e.is_panic(), "an SMTP session panicked (seed {seed}): {e}");
+        }
+    }
+    println!("{sessions} mutated dialogues");
     assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a session panicked (seed {seed}); see above");
 }
