@@ -13,7 +13,7 @@ use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
 use mailcluster_server::proto::imap::parse::{parse, rewritten_criteria, shallow_or_chains};
-use mailcluster_server::proto::smtp::{DataDecoder, parse_command};
+use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcpt, parse_command};
 use mailcluster_server::store::SortRow;
 
 /// Limits small enough that short inputs reach them.
@@ -127,6 +127,14 @@ pub fn smtp(data: &[u8]) {
     for line in frame_lines(data, std::iter::once(data.len())) {
         if let Line::Complete(line) = line {
             let _ = parse_command(&line);
+            // The session's patches before parsing: what they leave is shorter
+            // and parsed as any line.
+            for patched in [address_literal(&line).map(|(p, _)| p), foreign_orcpt(&line).map(|(p, _, _)| p)]
+                .into_iter()
+                .flatten()
+            {
+                let _ = parse_command(&patched);
+            }
         }
     }
     let limit = 512;

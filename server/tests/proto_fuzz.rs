@@ -71,6 +71,7 @@ const SMTP_CORPUS: &[&[u8]] = &[
     b"Subject: x\r\n\r\n..leading dot\r\nbody\r\n.\r\nQUIT\r\n",
     b"\x00.\r\nline\rbare\nlf\r\n.\r\n",
     b"MAIL FROM:<a@b.example> RET=FULL ENVID=QQ+2B1\r\nRCPT TO:<c@d.example> NOTIFY=SUCCESS,FAILURE,DELAY ORCPT=rfc822;C+40d.example\r\n",
+    b"RCPT TO:<c@d.example> ORCPT=utf-8;c\\x{E9}@d.example NOTIFY=DELAY\r\nRCPT TO:<e@[192.0.2.1]> ORCPT=x-y;z\r\n",
     b".\r\n",
 ];
 

@@ -227,11 +227,21 @@ async fn dsn_request_goes_to_a_remote_offering_dsn_which_then_reports_success() 
     let dsn = DsnRequest {
         ret: Some(DsnRet::Full),
         envid: Some("QQ 3+1".into()),
-        recipients: vec![RecipientDsn {
-            recipient: "x@remote.test".into(),
-            notify: notify(true, true, false),
-            orcpt: Some("X=Y@Remote.test".into()),
-        }],
+        recipients: vec![
+            RecipientDsn {
+                recipient: "x@remote.test".into(),
+                notify: notify(true, true, false),
+                orcpt: Some("X=Y@Remote.test".into()),
+                ..Default::default()
+            },
+            // RFC 6533's type travels as it came.
+            RecipientDsn {
+                recipient: "y@remote.test".into(),
+                orcpt: Some("j\\x{F6}rg@Remote.test".into()),
+                orcpt_type: Some("utf-8".into()),
+                ..Default::default()
+            },
+        ],
     };
     s.enqueue_dsn("alice@local.test", &["x@remote.test", "y@remote.test"], chrono::Duration::days(1), dsn)
         .await;
@@ -242,7 +252,7 @@ async fn dsn_request_goes_to_a_remote_offering_dsn_which_then_reports_success() 
         got[0].rcpt_lines,
         [
             "RCPT TO:<x@remote.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;X+3DY@Remote.test",
-            "RCPT TO:<y@remote.test>"
+            "RCPT TO:<y@remote.test> ORCPT=utf-8;j\\x{F6}rg@Remote.test"
         ]
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -264,6 +274,7 @@ async fn remote_without_dsn_gets_a_relayed_report_for_recipients_that_asked() {
             recipient: "x@remote.test".into(),
             notify: notify(true, false, false),
             orcpt: Some("X@Remote.test".into()),
+            ..Default::default()
         }],
     };
     s.enqueue_dsn("alice@local.test", &["x@remote.test", "y@remote.test"], chrono::Duration::days(1), dsn)
@@ -305,11 +316,13 @@ async fn notify_never_silences_and_ret_full_returns_the_message() {
                 recipient: "quiet@remote.test".into(),
                 notify: notify(false, false, false),
                 orcpt: None,
+                ..Default::default()
             },
             RecipientDsn {
                 recipient: "loud@remote.test".into(),
                 notify: notify(false, true, false),
                 orcpt: None,
+                ..Default::default()
             },
         ],
     };
@@ -373,6 +386,7 @@ async fn expiry_and_delay_notice_reach_the_sender() {
             recipient: "y@remote.test".into(),
             notify: notify(false, true, false),
             orcpt: None,
+            ..Default::default()
         }],
         ..Default::default()
     };

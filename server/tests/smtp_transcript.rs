@@ -247,6 +247,21 @@ async fn dsn_parameters_and_success_reports(b: Backend) {
     c.data(&data_of(3000), "250 2.0.0").await;
     assert_eq!(h.messages("alice@example.test").await.len(), 1, "no room for alice");
     assert!(h.store.queue_list(10).await.expect("queue").is_empty(), "NOTIFY=NEVER: no report");
+
+    // An ORCPT of RFC 6533's utf-8 type (RFC 3461 §4.2 allows any type) is
+    // taken and comes back in the report as it was given.
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<bob@example.test> ORCPT=utf-8;", "501 ").await;
+    c.cmd("RCPT TO:<bob@example.test> NOTIFY=SUCCESS ORCPT=UTF-8;b\\x{F6}b@example.test", "250 2.1.5").await;
+    c.data("Subject: utf-8 orcpt\r\n\r\nx\r\n.\r\n", "250 2.0.0").await;
+    let queued = h.store.queue_list(10).await.expect("queue");
+    assert_eq!(queued.len(), 1, "{queued:?}");
+    let (_, report) = h.store.queue_get(queued[0].id).await.expect("queue entry").expect("queued");
+    let report = String::from_utf8_lossy(&report);
+    assert!(
+        report.contains("Original-Recipient: utf-8; b\\x{F6}b@example.test\r\nFinal-Recipient: rfc822; bob@example.test\r\n"),
+        "{report}"
+    );
     c.cmd("QUIT", "221").await;
 }
 

@@ -1311,7 +1311,8 @@ async fn queue_lifecycle(ctx: Ctx) {
         recipients: vec![mailcluster_server::store::RecipientDsn {
             recipient: "x@remote.net".into(),
             notify: Some(Default::default()),
-            orcpt: Some("X@remote.net".into()),
+            orcpt: Some("x\\x{E9}@remote.net".into()),
+            orcpt_type: Some("utf-8".into()),
         }],
     };
     let id1 = s.queue_enqueue(&first).await.expect("enqueue");

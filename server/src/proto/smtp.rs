@@ -125,6 +125,37 @@ pub fn names_bare_postmaster(line: &[u8]) -> bool {
     line.windows(12).any(|w| w.eq_ignore_ascii_case(b"<postmaster>"))
 }
 
+/// A RCPT line whose ORCPT names an address type other than rfc822, which
+/// smtp-proto refuses although RFC 3461 §4.2 allows any type (`utf-8`, RFC
+/// 6533, is the one SMTPUTF8 senders use): the line without that parameter, the
+/// type (lower case) and the address as sent. `None` for any other line, and
+/// for a malformed parameter (smtp-proto then refuses the line).
+pub fn foreign_orcpt(line: &[u8]) -> Option<(Vec<u8>, String, String)> {
+    if !line.get(..4)?.eq_ignore_ascii_case(b"RCPT") {
+        return None;
+    }
+    // Parameters follow the address.
+    let close = line.iter().position(|&b| b == b'>')?;
+    let at = close + line[close..].windows(7).position(|w| w.eq_ignore_ascii_case(b" ORCPT="))?;
+    let start = at + 7;
+    let end = line[start..]
+        .iter()
+        .position(|&b| matches!(b, b' ' | b'\r' | b'\n'))
+        .map_or(line.len(), |p| start + p);
+    let (kind, value) = std::str::from_utf8(&line[start..end]).ok()?.split_once(';')?;
+    let kind_ok = !kind.is_empty() && kind.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !kind_ok
+        || kind.eq_ignore_ascii_case("rfc822")
+        || !(1..=500).contains(&value.len())
+        || value.chars().any(char::is_control)
+    {
+        return None;
+    }
+    let mut patched = line[..at].to_vec();
+    patched.extend_from_slice(&line[end..]);
+    Some((patched, kind.to_ascii_lowercase(), value.to_string()))
+}
+
 /// What stands in for an address literal while smtp-proto parses the line.
 pub const LITERAL_STAND_IN: &str = "address-literal.invalid";
 
@@ -402,6 +433,27 @@ impl DataDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn orcpt_of_another_address_type() {
+        let (line, kind, address) =
+            foreign_orcpt(b"RCPT TO:<b@x.test> ORCPT=UTF-8;b\\x{F6}b@x.test NOTIFY=SUCCESS\r\n").unwrap();
+        assert_eq!(line, b"RCPT TO:<b@x.test> NOTIFY=SUCCESS\r\n");
+        assert_eq!((kind.as_str(), address.as_str()), ("utf-8", "b\\x{F6}b@x.test"));
+        assert!(parse_command(&line).is_ok());
+        // rfc822 is smtp-proto's; malformed ones are left to it to refuse.
+        for keep in [
+            &b"RCPT TO:<b@x.test> ORCPT=rfc822;b@x.test\r\n"[..],
+            b"RCPT TO:<b@x.test> ORCPT=utf-8;\r\n",
+            b"RCPT TO:<b@x.test> ORCPT=;b@x.test\r\n",
+            b"RCPT TO:<b@x.test> ORCPT=ut f-8;b\r\n",
+            b"RCPT TO:<b@x.test> ORCPT=x_y;b\r\n",
+            b"MAIL FROM:<b@x.test> ORCPT=utf-8;b\r\n",
+            b"RCPT TO:<b@x.test>\r\n",
+        ] {
+            assert!(foreign_orcpt(keep).is_none(), "{}", String::from_utf8_lossy(keep));
+        }
+    }
 
     fn decode_all(chunks: &[&[u8]], limit: usize) -> (Vec<u8>, DataFlaws, bool, Vec<u8>) {
         let mut d = DataDecoder::new(limit);

@@ -239,9 +239,17 @@ impl Client {
                     line.push_str(" NOTIFY=");
                     line.push_str(&notify_value(n));
                 }
-                if let Some(orcpt) = &d.orcpt {
-                    line.push_str(" ORCPT=rfc822;");
-                    line.push_str(&xtext(orcpt));
+                match (&d.orcpt, &d.orcpt_type) {
+                    (Some(orcpt), None) => {
+                        line.push_str(" ORCPT=rfc822;");
+                        line.push_str(&xtext(orcpt));
+                    }
+                    // Another address type travels as it came (it is already in
+                    // that type's own encoding).
+                    (Some(orcpt), Some(kind)) => {
+                        line.push_str(&format!(" ORCPT={kind};{orcpt}"));
+                    }
+                    (None, _) => {}
                 }
             }
             line.push_str("\r\n");

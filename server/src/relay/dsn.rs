@@ -16,7 +16,8 @@ pub struct RecipientReport {
     pub remote_mta: Option<String>,
     /// The reply (an SMTP diagnostic) or why there was none.
     pub diagnostic: String,
-    /// The address as the original sender gave it (RFC 3461 ORCPT).
+    /// The address as the original sender gave it (RFC 3461 ORCPT), with its
+    /// type: `rfc822; a@b.example`.
     pub original_recipient: Option<String>,
 }
 
@@ -117,7 +118,7 @@ pub fn build(report: &Report<'_>) -> Vec<u8> {
     for r in report.recipients {
         out.push_str("\r\n");
         if let Some(orcpt) = &r.original_recipient {
-            out.push_str(&format!("Original-Recipient: rfc822; {}\r\n", clean(orcpt)));
+            out.push_str(&format!("Original-Recipient: {}\r\n", clean(orcpt)));
         }
         out.push_str(&format!("Final-Recipient: rfc822; {}\r\n", clean(&r.recipient)));
         out.push_str(&format!("Action: {}\r\n", report.action.name()));
@@ -217,7 +218,7 @@ mod tests {
             status: "5.1.1".into(),
             remote_mta: None,
             diagnostic: "550 5.1.1 no such user".into(),
-            original_recipient: Some("B@Org-B.test".into()),
+            original_recipient: Some("rfc822; B@Org-B.test".into()),
         }];
         let report = |action| {
             let msg = build(&Report {

@@ -325,7 +325,7 @@ impl Relay {
         let mut relayed = Vec::new();
         let mut last_error = None;
         let dsn = &item.dsn;
-        let orcpt = |rcpt: &str| dsn.recipient(rcpt).and_then(|d| d.orcpt.clone());
+        let orcpt = |rcpt: &str| dsn.recipient(rcpt).and_then(|d| d.original_recipient());
         for (rcpt, result) in results {
             let (status, reply) = match result {
                 RcptResult::Sent(reply, dsn_passed) => {

@@ -400,7 +400,7 @@ impl Session {
                 status: status.into(),
                 remote_mta: None,
                 diagnostic: diagnostic.into(),
-                original_recipient: envelope.dsn.recipient(r).and_then(|d| d.orcpt.clone()),
+                original_recipient: envelope.dsn.recipient(r).and_then(|d| d.original_recipient()),
             })
             .collect();
         if envelope.from.is_empty() || reports.is_empty() {

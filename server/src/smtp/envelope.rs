@@ -148,7 +148,14 @@ impl Session {
         Step::Continue
     }
 
-    pub(super) async fn cmd_rcpt(&mut self, to: RcptTo<Cow<'_, str>>, bare_postmaster: bool) -> Step {
+    /// `foreign_orcpt`: an ORCPT of another address type than rfc822 (type,
+    /// address), read around smtp-proto.
+    pub(super) async fn cmd_rcpt(
+        &mut self,
+        to: RcptTo<Cow<'_, str>>,
+        bare_postmaster: bool,
+        foreign_orcpt: Option<(String, String)>,
+    ) -> Step {
         let Some(envelope) = self.envelope.as_ref() else {
             self.reply(replies::bad_sequence("Need MAIL before RCPT"));
             return Step::Continue;
@@ -216,11 +223,16 @@ impl Session {
         };
         if let Some(envelope) = self.envelope.as_mut() {
             envelope.rcpts.push(Recipient { address: address.to_string(), target });
-            if notify.is_some() || to.orcpt.is_some() {
+            let (orcpt, orcpt_type) = match foreign_orcpt {
+                Some((kind, address)) => (Some(address), Some(kind)),
+                None => (to.orcpt.as_deref().map(str::to_string), None),
+            };
+            if notify.is_some() || orcpt.is_some() {
                 envelope.dsn.recipients.push(RecipientDsn {
                     recipient: address.to_string(),
                     notify,
-                    orcpt: to.orcpt.as_deref().map(str::to_string),
+                    orcpt,
+                    orcpt_type,
                 });
             }
         }

@@ -211,6 +211,15 @@ impl Session {
                 *address = std::borrow::Cow::Owned(address.replace(proto::LITERAL_STAND_IN, literal));
             }
         };
+        // So is an ORCPT of an address type smtp-proto does not read.
+        let orcpt_patched;
+        let (parsed_line, foreign_orcpt) = match proto::foreign_orcpt(parsed_line) {
+            Some((p, kind, address)) => {
+                orcpt_patched = p;
+                (orcpt_patched.as_slice(), Some((kind, address)))
+            }
+            None => (parsed_line, None),
+        };
         let (label, step) = match proto::parse_command(parsed_line) {
             Err(err) => {
                 self.reply(proto::parse_error_reply(&err));
@@ -238,7 +247,7 @@ impl Session {
                     }
                     Request::Rcpt { to } => {
                         let bare_postmaster = to.address.is_empty() && proto::names_bare_postmaster(line);
-                        self.cmd_rcpt(to, bare_postmaster).await
+                        self.cmd_rcpt(to, bare_postmaster, foreign_orcpt).await
                     }
                     Request::Data => self.cmd_data(stream).await,
                     Request::Bdat { chunk_size, is_last } => self.cmd_bdat(chunk_size, is_last, stream).await,

@@ -501,9 +501,23 @@ pub struct RecipientDsn {
     /// DELAY to the MTA). `Some` with nothing set: NOTIFY=NEVER.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<DsnNotify>,
-    /// `ORCPT=rfc822;…`: the address as the original sender wrote it.
+    /// `ORCPT=rfc822;…`: the address as the original sender wrote it
+    /// (xtext decoded); with another [`orcpt_type`](Self::orcpt_type), as sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orcpt: Option<String>,
+    /// The ORCPT's address type when it is not rfc822 (`utf-8`, RFC 6533; any
+    /// type RFC 3461 §4.2 allows): passed on and reported as it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orcpt_type: Option<String>,
+}
+
+impl RecipientDsn {
+    /// The ORCPT as a report's `Original-Recipient` field holds it (RFC 3464
+    /// §2.3.1): `address-type; address`.
+    pub fn original_recipient(&self) -> Option<String> {
+        let orcpt = self.orcpt.as_ref()?;
+        Some(format!("{}; {orcpt}", self.orcpt_type.as_deref().unwrap_or("rfc822")))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
