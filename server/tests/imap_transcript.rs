@@ -566,6 +566,33 @@ async fn untagged_and_empty_lines_get_bad() {
     assert_eq!(r, ["n OK NOOP completed"]);
 }
 
+/// 4294967295 is a number like any other (the largest UID a client may name),
+/// not `*`: `n:*` takes the last message even past it (RFC 9051 §6.4.9),
+/// `n:4294967295` does not.
+#[tokio::test]
+async fn the_largest_number_is_not_star() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for i in 0..3 {
+        deliver(&app, &bob, "INBOX", &sample(&format!("m{i}"), "x"), FlagSet::default()).await;
+    }
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("u1", "UID SEARCH UID 4294967295").await;
+    assert_eq!(r[0], "* SEARCH");
+    let r = c.cmd("u2", "UID SEARCH UID 2:4294967295").await;
+    assert_eq!(r[0], "* SEARCH 2 3");
+    let r = c.cmd("u3", "UID FETCH 4:4294967295 UID").await;
+    assert_eq!(r, ["u3 OK UID FETCH completed"]);
+    let r = c.cmd("u4", "UID FETCH 4:* UID").await;
+    assert_eq!(r, ["* 3 FETCH (UID 3)", "u4 OK UID FETCH completed"]);
+    let r = c.cmd("u5", "UID STORE 4294967295 +FLAGS (\\Seen)").await;
+    assert_eq!(r, ["u5 OK UID STORE completed"]);
+    let r = c.cmd("u6", "FETCH 4294967295 FLAGS").await;
+    assert!(tagged(&r).starts_with("u6 BAD"), "{r:?}");
+    let r = c.cmd("u7", "SEARCH 3:4294967295").await;
+    assert_eq!(r[0], "* SEARCH 3");
+}
+
 #[tokio::test]
 async fn copy_move_and_uid_expunge() {
     let (app, _dir, bob) = embedded_app_with_bob().await;

@@ -293,7 +293,7 @@ impl Selected {
             let n = self.uids.len() as u32;
             if n == 0 {
                 // "*" or "1:*" on an empty mailbox match nothing; concrete numbers fail.
-                return set.0.iter().all(|&(a, b)| a == u32::MAX || b == u32::MAX).then_some(out);
+                return set.0.iter().all(|&(a, b)| a == SeqSet::STAR || b == SeqSet::STAR).then_some(out);
             }
             for (lo, hi) in set.ranges(n) {
                 if lo == 0 || hi > n {
@@ -512,14 +512,14 @@ mod tests {
     fn resolve_sequence_and_uid_sets() {
         let s = sel(&[3, 7, 9, 20]);
         assert_eq!(s.resolve(&SeqSet(vec![(2, 3)]), false), Some(vec![7, 9]));
-        assert_eq!(s.resolve(&SeqSet(vec![(u32::MAX, 3)]), false), Some(vec![9, 20]));
+        assert_eq!(s.resolve(&SeqSet(vec![(SeqSet::STAR, 3)]), false), Some(vec![9, 20]));
         assert_eq!(s.resolve(&SeqSet(vec![(5, 5)]), false), None);
-        assert_eq!(s.resolve(&SeqSet(vec![(8, u32::MAX)]), true), Some(vec![9, 20]));
+        assert_eq!(s.resolve(&SeqSet(vec![(8, SeqSet::STAR)]), true), Some(vec![9, 20]));
         assert_eq!(s.resolve(&SeqSet(vec![(1, 4), (21, 30)]), true), Some(vec![3]));
         // "UID 25:*" still names the last message when 25 > max (RFC 3501 §6.4.8).
-        assert_eq!(s.resolve(&SeqSet(vec![(25, u32::MAX)]), true), Some(vec![20]));
+        assert_eq!(s.resolve(&SeqSet(vec![(25, SeqSet::STAR)]), true), Some(vec![20]));
         let empty = sel(&[]);
-        assert_eq!(empty.resolve(&SeqSet(vec![(1, u32::MAX)]), false), Some(vec![]));
+        assert_eq!(empty.resolve(&SeqSet(vec![(1, SeqSet::STAR)]), false), Some(vec![]));
         assert_eq!(empty.resolve(&SeqSet(vec![(1, 1)]), false), None);
     }
 }

@@ -242,15 +242,21 @@ pub struct ParseError {
     pub text: &'static str,
 }
 
-/// A sequence (or UID) set; `u32::MAX` stands for `*`.
+/// A sequence (or UID) set; [`SeqSet::STAR`] stands for `*`. Wider than the
+/// numbers themselves: 4294967295 is a number a client may send (`UID SEARCH
+/// UID 4294967295`, `n:4294967295`), and it is not `*` (`n:*` takes the last
+/// message even when n is past it; `n:4294967295` does not).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeqSet(pub Vec<(u32, u32)>);
+pub struct SeqSet(pub Vec<(u64, u64)>);
 
 impl SeqSet {
+    /// `*`.
+    pub const STAR: u64 = u64::MAX;
+
     pub fn from_codec(set: &SequenceSet) -> SeqSet {
         let v = |s: &SeqOrUid| match s {
-            SeqOrUid::Value(n) => n.get(),
-            SeqOrUid::Asterisk => u32::MAX,
+            SeqOrUid::Value(n) => u64::from(n.get()),
+            SeqOrUid::Asterisk => Self::STAR,
         };
         SeqSet(
             set.0
@@ -266,9 +272,10 @@ impl SeqSet {
 
     /// Resolves `*` to `max` and orders each range (RFC 3501: `4:2` = `2:4`).
     pub fn ranges(&self, max: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        // Numbers are u32 (nz-number) and `*` becomes `max`: the casts are exact.
+        let resolve = move |n: u64| if n == Self::STAR { max } else { n as u32 };
         self.0.iter().map(move |&(a, b)| {
-            let a = if a == u32::MAX { max } else { a };
-            let b = if b == u32::MAX { max } else { b };
+            let (a, b) = (resolve(a), resolve(b));
             (a.min(b), a.max(b))
         })
     }
@@ -278,12 +285,12 @@ impl SeqSet {
     }
 
     fn parse(s: &[u8]) -> Option<SeqSet> {
-        let num = |p: &[u8]| -> Option<u32> {
+        let num = |p: &[u8]| -> Option<u64> {
             if p == b"*" {
-                return Some(u32::MAX);
+                return Some(Self::STAR);
             }
             let n: u32 = std::str::from_utf8(p).ok()?.parse().ok()?;
-            (n > 0 && p.iter().all(u8::is_ascii_digit)).then_some(n)
+            (n > 0 && p.iter().all(u8::is_ascii_digit)).then_some(u64::from(n))
         };
         let mut out = Vec::new();
         for item in s.split(|&b| b == b',') {
@@ -2002,7 +2009,7 @@ mod tests {
         assert!(matches!(parse(b"x namespace\r\n"), Ok((_, Request::Namespace))));
         match parse(b"x UID EXPUNGE 3:5,9,*\r\n") {
             Ok((_, Request::UidExpunge(set))) => {
-                assert_eq!(set.0, vec![(3, 5), (9, 9), (u32::MAX, u32::MAX)])
+                assert_eq!(set.0, vec![(3, 5), (9, 9), (SeqSet::STAR, SeqSet::STAR)])
             }
             other => panic!("{other:?}"),
         }
