@@ -3,7 +3,8 @@
 //! - IMAP: a logged-in session with a mailbox of varied messages (multipart,
 //!   nested message/rfc822, UTF-8 and encoded subjects, 8-bit and base64
 //!   bodies, no Date, a folded header) gets commands a client would send,
-//!   mutated, each followed by a NOOP.
+//!   mutated, each followed by a NOOP; every fourth session first gets mutated
+//!   commands of the not-authenticated state (LOGIN, AUTHENTICATE, …).
 //! - SMTP: inbound and submission sessions get mutated dialogues (EHLO, MAIL
 //!   and RCPT with their parameters, DATA, BDAT, AUTH, RSET, VRFY …).
 //!
@@ -187,6 +188,37 @@ fn remember(sent: &[u8]) {
     }
 }
 
+/// Commands before authentication.
+const PRE_AUTH: &[&str] = &[
+    "LOGIN bob@example.org pw",
+    "LOGIN \"bob@example.org\" {2+}\r\npw",
+    "AUTHENTICATE PLAIN AGJvYkBleGFtcGxlLm9yZwBwdw==",
+    "AUTHENTICATE PLAIN\r\nAGJvYkBleGFtcGxlLm9yZwBwdw==",
+    "AUTHENTICATE PLAIN\r\n*",
+    "AUTHENTICATE LOGIN",
+    "CAPABILITY",
+    "ID (\"name\" \"fuzz\" \"version\" NIL)",
+    "ENABLE UTF8=ACCEPT",
+    "STARTTLS",
+    "SELECT INBOX",
+];
+
+/// Reads up to the tagged answer of `tag` (with its space): false when the
+/// session went quiet for 2 s or ended first.
+async fn answered(c: &mut Client<tokio::io::DuplexStream>, tag: &str) -> bool {
+    loop {
+        let mut line = Vec::new();
+        match tokio::time::timeout(Duration::from_secs(2), c.io.read_until(b'\n', &mut line)).await {
+            Ok(Ok(read)) if read > 0 => {
+                if line.starts_with(tag.as_bytes()) {
+                    return true;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn imap_sessions_survive_mutated_commands() {
     count_panics();
@@ -204,6 +236,24 @@ async fn imap_sessions_survive_mutated_commands() {
     let (mut commands, mut sessions) = (0usize, 0usize);
     while Instant::now() < deadline {
         sessions += 1;
+        if sessions % 4 == 0 {
+            // Before authentication: LOGIN, AUTHENTICATE (with and without an
+            // initial response, and its continuation), CAPABILITY, ID, ENABLE.
+            let (mut c, _tx) = connect(&app);
+            c.line().await;
+            for n in 0..6 {
+                let cmd = PRE_AUTH[rng.below(PRE_AUTH.len())].as_bytes().to_vec();
+                let cmd =
+                    [&format!("p{n} ").into_bytes()[..], &mutate(&mut rng, cmd, TOKENS, 3, 12, 1), b"\r\n"]
+                        .concat();
+                remember(&cmd);
+                commands += 1;
+                c.send_bytes(&[&cmd[..], format!("q{n} NOOP\r\n").as_bytes()].concat()).await;
+                if !answered(&mut c, &format!("q{n} ")).await {
+                    break;
+                }
+            }
+        }
         let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
         c.cmd("s", if rng.below(2) == 0 { "SELECT INBOX" } else { "SELECT Archive" }).await;
         'session: for n in 0..25 {
@@ -212,19 +262,10 @@ async fn imap_sessions_survive_mutated_commands() {
             remember(&cmd);
             commands += 1;
             c.send_bytes(&[cmd.as_slice(), sentinel.as_bytes()].concat()).await;
-            // Read up to the sentinel's answer; a session left waiting (for a
-            // literal, DONE or a SASL response) or closed (LOGOUT, BYE) is
-            // replaced by a new one.
-            loop {
-                let mut line = Vec::new();
-                match tokio::time::timeout(Duration::from_secs(2), c.io.read_until(b'\n', &mut line)).await {
-                    Ok(Ok(read)) if read > 0 => {
-                        if line.starts_with(format!("z{n} ").as_bytes()) {
-                            break;
-                        }
-                    }
-                    _ => break 'session,
-                }
+            // A session left waiting (for a literal, DONE or a SASL response)
+            // or closed (LOGOUT, BYE) is replaced by a new one.
+            if !answered(&mut c, &format!("z{n} ")).await {
+                break 'session;
             }
         }
     }
