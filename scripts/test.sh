@@ -17,7 +17,7 @@
 #      (cargo-nextest when installed, else cargo test). The suite includes a
 #      bounded fuzz run of the protocol parsers (server/tests/proto_fuzz.rs,
 #      MAILCLUSTER_FUZZ_SECS per target, run in parallel) and of whole IMAP
-#      sessions (server/tests/session_fuzz.rs, as long); the libFuzzer targets
+#      sessions (server/tests/session_fuzz.rs, as long per protocol); the libFuzzer targets
 #      in fuzz/ are run by scripts/fuzz.sh, outside CI (see there why).
 # CI (.ci/run) calls exactly this script.
 set -euo pipefail
