@@ -93,6 +93,32 @@ async fn idle_wakes_across_pods() {
     .await;
 }
 
+/// Six sessions on one INBOX, alternately on two pods, each checking what it
+/// is told against what the others did (APPEND, UID STORE, EXPUNGE, FETCH, UID
+/// SEARCH): the cross-pod notifications and each pod's caches must give every
+/// session one consistent mailbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_on_two_pods_agree_on_the_mailbox() {
+    use mailcluster_server::imap::ImapProtocol;
+    use mailcluster_server::net::listener::TlsMode;
+    with_pg_database(|url| async move {
+        let (a, b, _dir) = two_pods(&url).await;
+        let bob = account(&a, "bob@example.org", "pw").await;
+        for n in 0..2 {
+            deliver(&a, &bob, "INBOX", &sample(&format!("m{n}"), "body"), FlagSet::default()).await;
+        }
+        let ports: Vec<u16> = [&a, &b]
+            .iter()
+            .map(|app| {
+                let imap = Arc::new(ImapProtocol::new((*app).clone(), false));
+                serve_loopback(app, tls_provider(), vec![("imap", TlsMode::Plain, imap)])[0].port()
+            })
+            .collect();
+        imap_consistency(&ports).await;
+    })
+    .await;
+}
+
 /// `UID FETCH n BODY.PEEK[]` answers from one query that also reports the
 /// mailbox's modseq: a change made on another pod since the last command must
 /// still be announced first (flags, new mail), and an unchanged mailbox adds

@@ -36,6 +36,16 @@ async fn setup() -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
     (app, imaps, imap, dir)
 }
 
+/// Six sessions on one INBOX at once (APPEND, UID STORE, EXPUNGE, FETCH,
+/// UID SEARCH), each checking what it is told against what the others did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_agree_on_the_mailbox() {
+    let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
+    bob_with_two_messages(&app).await;
+    let (_imaps, imap) = serve(app.clone(), tls_provider());
+    imap_consistency(&[imap.port()]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_imaplib() {
     let (_app, imaps, imap, _dir) = setup().await;

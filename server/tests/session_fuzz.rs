@@ -7,6 +7,9 @@
 //!   commands of the not-authenticated state (LOGIN, AUTHENTICATE, …).
 //! - SMTP: inbound and submission sessions get mutated dialogues (EHLO, MAIL
 //!   and RCPT with their parameters, DATA, BDAT, AUTH, RSET, VRFY …).
+//! - POP3: mutated dialogues over a maildrop of the same messages (USER/PASS,
+//!   AUTH PLAIN with and without an initial response, LIST, UIDL, RETR, TOP,
+//!   DELE, RSET, QUIT), refilled when deletions have emptied it.
 //!
 //! Nothing in the process may panic. Bounded like `proto_fuzz`:
 //! MAILCLUSTER_FUZZ_SECS seconds per protocol, one after the other (default 4),
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use checks::Rng;
 use common::*;
-use mailcluster_server::store::FlagSet;
+use mailcluster_server::store::{Account, FlagSet};
 use tokio::io::AsyncBufReadExt;
 
 /// Commands of a logged-in session, as clients send them.
@@ -63,6 +66,7 @@ const COMMANDS: &[&str] = &[
     "GETQUOTAROOT INBOX",
     "NAMESPACE",
     "ID (\"name\" \"fuzz\")",
+    "IDLE\r\nDONE",
     "UNSELECT",
     "CLOSE",
     "CHECK",
@@ -227,21 +231,39 @@ async fn sessions_survive_mutated_input() {
     let (seed, secs) = checks::budget();
     imap_sessions(seed, secs).await;
     smtp_sessions(seed, secs).await;
+    pop3_sessions(seed, secs).await;
 }
 
-async fn imap_sessions(seed: u64, secs: u64) {
-    println!("imap sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
-    let mut rng = Rng(seed);
-
-    // No lockout: the fuzzer's failed logins, all from one address, would lock
-    // bob and the address out (the limits have tests of their own).
-    let (app, _dir) = embedded_app(|c| {
+/// The embedded default with bob@example.org (password "pw") and no login
+/// lockout: the fuzzer's failed logins, all from one address, would lock bob
+/// and the address out (the limits have tests of their own).
+async fn fuzzed_app() -> (mailcluster_server::app::App, tempfile::TempDir, Account) {
+    let (app, dir) = embedded_app(|c| {
         c.tls.allow_plaintext_auth = true;
         c.auth.max_failures_per_user = 0;
         c.auth.max_failures_per_ip = 0;
     })
     .await;
     let bob = account(&app, "bob@example.org", "pw").await;
+    (app, dir, bob)
+}
+
+/// Reads replies until the session goes quiet for 100 ms or ends.
+async fn drain(io: &mut (impl tokio::io::AsyncRead + Unpin)) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(Ok(n)) =
+        tokio::time::timeout(Duration::from_millis(100), tokio::io::AsyncReadExt::read(io, &mut buf)).await
+    {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+async fn imap_sessions(seed: u64, secs: u64) {
+    println!("imap sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
+    let mut rng = Rng(seed);
+    let (app, _dir, bob) = fuzzed_app().await;
     for raw in messages() {
         for mailbox in ["INBOX", "Archive"] {
             deliver(&app, &bob, mailbox, raw.as_bytes(), FlagSet::default()).await;
@@ -361,24 +383,87 @@ async fn smtp_sessions(seed: u64, secs: u64) {
         remember(&data);
         let mut c = h.connect(if *submission { &h.submission } else { &h.mx });
         c.send_bytes(&data).await;
-        // Replies until the session goes quiet or ends; then the client leaves.
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(Ok(n)) = tokio::time::timeout(
-            Duration::from_millis(100),
-            tokio::io::AsyncReadExt::read(&mut c.io, &mut buf),
-        )
-        .await
-        {
-            if n == 0 {
-                break;
-            }
-        }
+        drain(&mut c.io).await;
         let task = c.task.take();
         drop(c);
         if let Some(task) = task
             && let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), task).await
         {
             assert!(!e.is_panic(), "an SMTP session panicked (seed {seed}): {e}");
+        }
+    }
+    println!("{sessions} mutated dialogues");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a session panicked (seed {seed}); see above");
+}
+
+/// POP3 dialogues as clients hold them: a mail client's download-and-delete,
+/// a header preview, SASL logins, a session that ends without QUIT.
+const POP3_DIALOGUES: &[&str] = &[
+    "CAPA\r\nUSER bob@example.org\r\nPASS pw\r\nSTAT\r\nLIST\r\nUIDL\r\nRETR 1\r\nDELE 1\r\nQUIT\r\n",
+    "USER bob@example.org\r\nPASS pw\r\nUIDL 2\r\nLIST 3\r\nTOP 2 0\r\nTOP 3 5\r\nRETR 5\r\nNOOP\r\nRSET\r\nQUIT\r\n",
+    "AUTH PLAIN AGJvYkBleGFtcGxlLm9yZwBwdw==\r\nDELE 2\r\nDELE 2\r\nRETR 2\r\nRSET\r\nSTAT\r\nQUIT\r\n",
+    "AUTH PLAIN\r\nAGJvYkBleGFtcGxlLm9yZwBwdw==\r\nLIST\r\nRETR 4\r\nDELE 4\r\nDELE 5\r\nQUIT\r\n",
+    "AUTH\r\nAUTH PLAIN\r\n*\r\nAPOP bob 0123456789abcdef\r\nUSER bob@example.org\r\nPASS pw\r\nTOP 1 99999\r\nUIDL\r\n",
+    "STLS\r\nUSER x\r\nUSER bob@example.org\r\nPASS wrong\r\nPASS pw\r\nSTAT\r\nQUIT\r\n",
+];
+
+const POP3_TOKENS: &[&str] = &[
+    "\r\n",
+    "\n",
+    " ",
+    "0",
+    "1",
+    "-1",
+    "4294967295",
+    "18446744073709551616",
+    "99999999999999999999",
+    ".",
+    "=",
+    "\u{0}",
+    "ü",
+    "*",
+    "+",
+    "DELE ",
+    "RETR ",
+    "TOP ",
+    "PASS ",
+    "USER ",
+    "AUTH PLAIN ",
+];
+
+async fn pop3_sessions(seed: u64, secs: u64) {
+    use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
+    use mailcluster_server::pop3::Pop3Protocol;
+
+    println!("pop3 sessions: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
+    let mut rng = Rng(seed);
+    let (app, _dir, bob) = fuzzed_app().await;
+    let inbox = app.store.mailbox_get(bob.id, "INBOX").await.expect("get").expect("INBOX").id;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut sessions = 0usize;
+    while Instant::now() < deadline {
+        sessions += 1;
+        // QUIT commits the dialogues' DELEs: keep something to fetch and delete.
+        if app.store.mailbox_uids(inbox).await.expect("uids").len() < 3 {
+            for raw in messages() {
+                deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+            }
+        }
+        let dialogue = POP3_DIALOGUES[rng.below(POP3_DIALOGUES.len())];
+        let data = mutate(&mut rng, dialogue.as_bytes().to_vec(), POP3_TOKENS, 4, 20, 20);
+        remember(&data);
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (tx, shutdown) = Shutdown::new();
+        let proto = Pop3Protocol::new(app.clone(), false);
+        let task =
+            tokio::spawn(async move { proto.handle(SessionStream::Memory(server), ctx(shutdown)).await });
+        let mut c = Client::new(client);
+        c.send_bytes(&data).await;
+        drain(&mut c.io).await;
+        drop(c);
+        drop(tx);
+        if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), task).await {
+            assert!(!e.is_panic(), "a POP3 session panicked (seed {seed}): {e}");
         }
     }
     println!("{sessions} mutated dialogues");

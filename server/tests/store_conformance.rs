@@ -167,6 +167,7 @@ conformance!(
     rename_with_children,
     rename_inbox,
     subscriptions,
+    subscriptions_follow_rename,
     deliver_and_read,
     deliver_errors_store_nothing,
     deliver_stops_at_the_last_uid,
@@ -603,6 +604,28 @@ async fn subscriptions(ctx: Ctx) {
     let subs = s.subscriptions(acc).await.expect("subs");
     assert!(!subs.contains(&"Zeta".to_string()));
     assert!(is_not_found(s.mailbox_subscribe(i64::MAX, "X", true).await));
+}
+
+async fn subscriptions_follow_rename(ctx: Ctx) {
+    let s = &ctx.store;
+    let (acc, _) = account(s, "a@example.com").await;
+    for name in ["Work", "Work/Old", "Work/Quiet", "Workshop"] {
+        s.mailbox_create(acc, name, None).await.expect("create");
+    }
+    for name in ["Work", "Work/Old", "Workshop", "Done/Old"] {
+        s.mailbox_subscribe(acc, name, true).await.expect("subscribe");
+    }
+    s.mailbox_rename(acc, "Work", "Done").await.expect("rename");
+    let subs = s.subscriptions(acc).await.expect("subs");
+    let has = |n: &str| subs.iter().any(|x| x == n);
+    assert!(has("Done") && has("Done/Old"), "subscribed folders stay subscribed: {subs:?}");
+    assert!(!has("Work") && !has("Work/Old"), "the old names go: {subs:?}");
+    assert_eq!(subs.iter().filter(|x| *x == "Done/Old").count(), 1, "{subs:?}");
+    assert!(!has("Done/Quiet"), "an unsubscribed child stays unsubscribed: {subs:?}");
+    assert!(has("Workshop"), "a name sharing the prefix is not a child: {subs:?}");
+    // a failed rename leaves the subscriptions as they were
+    assert!(s.mailbox_rename(acc, "Workshop", "Done").await.is_err());
+    assert_eq!(s.subscriptions(acc).await.expect("subs"), subs);
 }
 
 async fn deliver_and_read(ctx: Ctx) {

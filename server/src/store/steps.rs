@@ -356,6 +356,10 @@ const MOVE_ALL_LINKS: &str = "UPDATE mailbox_messages SET mailbox_id = $1 WHERE 
 const MAILBOX_ID: &str = "SELECT id FROM mailboxes WHERE account_id = $1 AND name = $2";
 const LINKED_BODIES: &str = "SELECT DISTINCT message_id FROM mailbox_messages WHERE mailbox_id = $1";
 const DELETE_MAILBOX: &str = "DELETE FROM mailboxes WHERE id = $1";
+/// Subscribes account `$1` to `$3` when it is subscribed to `$2`.
+const MOVE_SUBSCRIPTION: &str = "INSERT INTO subscriptions (account_id, name) SELECT account_id, $3 \
+     FROM subscriptions WHERE account_id = $1 AND name = $2 ON CONFLICT DO NOTHING";
+const DROP_SUBSCRIPTION: &str = "DELETE FROM subscriptions WHERE account_id = $1 AND name = $2";
 
 /// An open write transaction of one backend: the primitives the steps are made of.
 /// Dropping it without [`StoreTx::commit`] rolls it back.
@@ -669,6 +673,16 @@ pub(crate) async fn mailbox_rename<T: StoreTx>(
         let names: Vec<String> =
             sources.iter().map(|(_, name)| format!("{to}{}", &name[from.len()..])).collect();
         tx.rename_mailboxes(&ids, &names, first, &to).await?;
+        // A subscribed folder stays subscribed under its new name, as in Cyrus
+        // and Dovecot: clients that list subscribed folders only (Thunderbird's
+        // default) would otherwise lose it from view. A subscription to the new
+        // name that already existed (subscriptions may name mailboxes that do
+        // not exist, RFC 9051 §6.3.7) is kept once.
+        for ((_, old), new) in sources.iter().zip(&names) {
+            let params = [Param::Int(account_id), Param::Text(old), Param::Text(new)];
+            tx.run(MOVE_SUBSCRIPTION, &params).await?;
+            tx.run(DROP_SUBSCRIPTION, &params[..2]).await?;
+        }
     }
     tx.commit().await
 }
