@@ -18,7 +18,10 @@ a token of its own), EXPUNGE, UID MOVE, UID SEARCH and IDLE. It fails on:
 - at the end, after every session has caught up: views that differ from the
   mailbox, flags that differ between sessions, a message APPENDed that no one
   marked \\Deleted nor moved that is gone, a moved message whose COPYUID
-  names another message.
+  names another message;
+- a client that took a snapshot mid-run (UIDVALIDITY, HIGHESTMODSEQ, every
+  UID's flags) and resyncs at the end with SELECT (QRESYNC …) not ending up
+  with the mailbox as it is (RFC 7162 §3.2.5).
 
 Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...]
 (clients are spread over the ports in turn: several pods of one cluster).
@@ -40,6 +43,8 @@ DELETED_MARKED = set()
 # uid in INBOX -> uid in MOVED_TO, of every UID MOVE that answered COPYUID
 MOVED = {}
 MOVED_TO = "Moved"
+# (client, UIDVALIDITY, HIGHESTMODSEQ, {uid: flags}) an offline client resyncs from
+SNAPSHOTS = []
 
 FAILURES = []
 COUNTS = {}
@@ -110,10 +115,31 @@ def tokenize(data):
     return value()
 
 
+def parse_uid_set(text):
+    uids = set()
+    for part in text.split(b","):
+        lo, _, hi = part.partition(b":")
+        lo, hi = int(lo), int(hi or lo)
+        uids.update(range(min(lo, hi), max(lo, hi) + 1))
+    return uids
+
+
+def response_code(untagged, name):
+    """The value of an untagged OK's response code, e.g. [HIGHESTMODSEQ 7]."""
+    for u in untagged:
+        if u[0] == "other":
+            m = re.match(rb"OK \[" + name.encode() + rb" (\d+)\]", u[1])
+            if m:
+                return int(m.group(1))
+    return None
+
+
 class Session:
-    def __init__(self, who, port, user, password, rng):
+    def __init__(self, who, port, user, password, rng, select=True):
         self.who = who
         self.rng = rng
+        self.login = (port, user, password)
+        self.snapshots = 0
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.buf = b""
         self.tagn = 0
@@ -123,6 +149,8 @@ class Session:
         self.defined = set()  # the last FLAGS response
         self.readline()  # greeting
         self.command(f"LOGIN {user} {password}")
+        if not select:
+            return
         if who == 0:
             self.command(f"CREATE {MOVED_TO}")  # NO [ALREADYEXISTS] is fine
         self.command("SELECT INBOX")
@@ -347,6 +375,25 @@ class Session:
                     MOVED[uid] = int(m.group(2))
                 count("move")
 
+    def op_snapshot(self):
+        """What an offline client keeps: UIDVALIDITY, HIGHESTMODSEQ and the
+        flags of every UID, from a connection of its own (RFC 7162 §3.1)."""
+        if self.snapshots >= 2:
+            return
+        self.snapshots += 1
+        s = Session(self.who, *self.login, self.rng, select=False)
+        _, untagged = s.command("SELECT INBOX (CONDSTORE)")
+        uv, modseq = response_code(untagged, "UIDVALIDITY"), response_code(untagged, "HIGHESTMODSEQ")
+        if uv is None or modseq is None:
+            fail(self.who, f"SELECT (CONDSTORE) without UIDVALIDITY or HIGHESTMODSEQ: {untagged}")
+        s.command("UID FETCH 1:* (UID FLAGS)")
+        cache = {uid: s.flags[uid] for uid in s.view if uid is not None}
+        s.command("LOGOUT")
+        s.sock.close()
+        with LOCK:
+            SNAPSHOTS.append((self.who, uv, modseq, cache))
+        count("snapshot")
+
     def op_idle(self):
         self.tagn += 1
         tag = f"c{self.tagn}".encode()
@@ -387,8 +434,8 @@ class Session:
     def step(self):
         op = self.rng.choices(
             [self.op_noop, self.op_fetch_all, self.op_fetch_header, self.op_store, self.op_append,
-             self.op_expunge, self.op_search, self.op_idle, self.op_move],
-            weights=[3, 3, 3, 6, 3, 2, 2, 1, 1])[0]
+             self.op_expunge, self.op_search, self.op_idle, self.op_move, self.op_snapshot],
+            weights=[3, 3, 3, 6, 3, 2, 2, 1, 1, 1])[0]
         op()
         count("commands")
 
@@ -400,6 +447,37 @@ class Session:
         found = next([int(x) for x in u[1].split()[1:]] for u in untagged
                      if u[0] == "other" and u[1].startswith(b"SEARCH"))
         return found
+
+
+def resync(who, port, login, uv, modseq, cache, truth):
+    """A client back online (RFC 7162 §3.2.5): SELECT with QRESYNC from its
+    snapshot, then VANISHED (EARLIER) and the FETCHes of what changed must
+    turn the snapshot into the mailbox as it is."""
+    s = Session(f"{who}-resync", port, *login, random.Random(0), select=False)
+    s.command("ENABLE QRESYNC")
+    _, untagged = s.command(f"SELECT INBOX (QRESYNC ({uv} {modseq}))")
+    if response_code(untagged, "UIDVALIDITY") != uv:
+        print(f"client {who}: UIDVALIDITY changed: {untagged}")
+        sys.exit(1)
+    cache = dict(cache)
+    changed = 0
+    for u in untagged:
+        if u[0] == "other" and u[1].startswith(b"VANISHED (EARLIER) "):
+            for uid in parse_uid_set(u[1][len(b"VANISHED (EARLIER) "):].strip()):
+                cache.pop(uid, None)
+        elif u[0] == "fetch" and b"UID" in u[2] and b"FLAGS" in u[2]:
+            uid = int(u[2][b"UID"])
+            cache[uid] = s.flags[uid]
+            changed += 1
+    s.command("LOGOUT")
+    if cache != truth:
+        extra = sorted(set(cache) - set(truth))
+        missing = sorted(set(truth) - set(cache))
+        wrong = sorted(u for u in set(cache) & set(truth) if cache[u] != truth[u])
+        print(f"client {who}: QRESYNC from HIGHESTMODSEQ {modseq} left UIDs {extra[:10]} that are gone, "
+              f"missed UIDs {missing[:10]}, and has other flags on {[(u, cache[u], truth[u]) for u in wrong[:5]]}")
+        sys.exit(1)
+    count("resync")
 
 
 def client(who, port, args, seconds, seed):
@@ -461,6 +539,9 @@ def main():
         if any(f != flags[0] for f in flags):
             print(f"UID {uid}: sessions disagree on its flags: {flags}")
             sys.exit(1)
+    truth = {uid: sessions[0].flags[uid] for uid in final}
+    for who, uv, modseq, cache in SNAPSHOTS:
+        resync(who, ports[who % len(ports)], (user, password), uv, modseq, cache, truth)
     lost = sorted(set(TOKENS) - set(final) - DELETED_MARKED - set(MOVED))
     if lost:
         print(f"APPENDed, never \\Deleted, and gone: UIDs {lost[:10]}")
@@ -503,7 +584,8 @@ def main():
                 sys.exit(1)
     print(f"ok: {CLIENTS} clients over {len(ports)} port(s), {seconds} s, seed {seed}: "
           f"{COUNTS.get('commands', 0)} commands, {COUNTS.get('append', 0)} APPENDs, "
-          f"{COUNTS.get('expunge', 0)} EXPUNGEs, {COUNTS.get('move', 0)} MOVEs, {len(final)} messages at the end, "
+          f"{COUNTS.get('expunge', 0)} EXPUNGEs, {COUNTS.get('move', 0)} MOVEs, "
+          f"{COUNTS.get('resync', 0)} QRESYNCs, {len(final)} messages at the end, "
           f"{len(set(TOKENS) - set(final))} expunged")
 
 
