@@ -24,9 +24,11 @@ a token of its own), EXPUNGE, UID MOVE, UID SEARCH and IDLE. It fails on:
   with the mailbox as it is (RFC 7162 §3.2.5).
 
 Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...]
-(clients are spread over the ports in turn: several pods of one cluster).
+(clients are spread over the ports in turn: several pods of one cluster;
+MAILCLUSTER_CONSISTENCY_CLIENTS of them, default 6).
 """
 
+import os
 import random
 import re
 import socket
@@ -34,7 +36,7 @@ import sys
 import threading
 import time
 
-CLIENTS = 6
+CLIENTS = int(os.environ.get("MAILCLUSTER_CONSISTENCY_CLIENTS", "6"))
 LOCK = threading.Lock()
 # uid -> token of every message whose APPEND returned APPENDUID
 TOKENS = {}

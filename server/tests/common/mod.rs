@@ -288,7 +288,8 @@ pub async fn bob_with_two_messages(app: &App) -> Account {
 /// Runs `clients/imap_consistency.py` (many sessions on bob@example.org's
 /// INBOX, each checking the server's answers against the others' commands)
 /// over the given plain IMAP ports for MAILCLUSTER_CONSISTENCY_SECS seconds
-/// (default 8), seed MAILCLUSTER_CONSISTENCY_SEED (default random, printed).
+/// (default 8), seed MAILCLUSTER_CONSISTENCY_SEED (default random, printed),
+/// MAILCLUSTER_CONSISTENCY_CLIENTS sessions (default 6).
 #[allow(dead_code)] // not every test binary serves IMAP over TCP
 pub async fn imap_consistency(ports: &[u16]) {
     let secs = std::env::var("MAILCLUSTER_CONSISTENCY_SECS").unwrap_or_else(|_| "8".into());
