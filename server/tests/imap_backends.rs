@@ -94,27 +94,35 @@ async fn idle_wakes_across_pods() {
 }
 
 /// Six sessions on one INBOX, alternately on two pods, each checking what it
-/// is told against what the others did (APPEND, UID STORE, EXPUNGE, FETCH, UID
-/// SEARCH): the cross-pod notifications and each pod's caches must give every
-/// session one consistent mailbox.
+/// is told against what the others did (APPEND, UID STORE, EXPUNGE, UID MOVE,
+/// FETCH, UID SEARCH, IDLE, QRESYNC), while each pod takes mail over SMTP: the
+/// cross-pod notifications and each pod's caches must give every session one
+/// consistent mailbox, and every accepted message must be there once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sessions_on_two_pods_agree_on_the_mailbox() {
     use mailcluster_server::imap::ImapProtocol;
     use mailcluster_server::net::listener::TlsMode;
+    use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
     with_pg_database(|url| async move {
         let (a, b, _dir) = two_pods(&url).await;
         let bob = account(&a, "bob@example.org", "pw").await;
         for n in 0..2 {
             deliver(&a, &bob, "INBOX", &sample(&format!("m{n}"), "body"), FlagSet::default()).await;
         }
-        let ports: Vec<u16> = [&a, &b]
-            .iter()
-            .map(|app| {
-                let imap = Arc::new(ImapProtocol::new((*app).clone(), false));
-                serve_loopback(app, tls_provider(), vec![("imap", TlsMode::Plain, imap)])[0].port()
-            })
-            .collect();
-        imap_consistency(&ports).await;
+        let (mut imap, mut smtp) = (Vec::new(), Vec::new());
+        for app in [&a, &b] {
+            let ports = serve_loopback(
+                app,
+                tls_provider(),
+                vec![
+                    ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
+                    ("smtp", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx))),
+                ],
+            );
+            imap.push(ports[0].port());
+            smtp.push(ports[1].port());
+        }
+        imap_consistency(&imap, &smtp).await;
     })
     .await;
 }

@@ -12,6 +12,7 @@ use mailcluster_server::app::App;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
+use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
 use mailcluster_server::store::FlagSet;
 
 /// Serves `imaps` (implicit TLS) and `imap` with the production listeners on
@@ -36,14 +37,22 @@ async fn setup() -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
     (app, imaps, imap, dir)
 }
 
-/// Six sessions on one INBOX at once (APPEND, UID STORE, EXPUNGE, FETCH,
-/// UID SEARCH), each checking what it is told against what the others did.
+/// Six sessions on one INBOX at once (APPEND, UID STORE, EXPUNGE, UID MOVE,
+/// FETCH, UID SEARCH, IDLE, QRESYNC) while mail arrives over SMTP, each
+/// checking what it is told against what the others did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sessions_agree_on_the_mailbox() {
     let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
     bob_with_two_messages(&app).await;
-    let (_imaps, imap) = serve(app.clone(), tls_provider());
-    imap_consistency(&[imap.port()]).await;
+    let ports = serve_loopback(
+        &app,
+        tls_provider(),
+        vec![
+            ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
+            ("smtp", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx))),
+        ],
+    );
+    imap_consistency(&[ports[0].port()], &[ports[1].port()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

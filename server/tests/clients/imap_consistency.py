@@ -23,14 +23,18 @@ a token of its own), EXPUNGE, UID MOVE, UID SEARCH and IDLE. It fails on:
   UID's flags) and resyncs at the end with SELECT (QRESYNC …) not ending up
   with the mailbox as it is (RFC 7162 §3.2.5).
 
-Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...]
-(clients are spread over the ports in turn: several pods of one cluster;
-MAILCLUSTER_CONSISTENCY_CLIENTS of them, default 6).
+Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...] [smtp=PORT ...]
+(clients are spread over the IMAP ports in turn: several pods of one cluster;
+MAILCLUSTER_CONSISTENCY_CLIENTS of them, default 6). Each smtp=PORT gets a
+sender delivering to USER meanwhile; every message it was answered 250 for must
+end up in the INBOX or the folder messages were moved to, exactly once, unless
+a session deleted it.
 """
 
 import os
 import random
 import re
+import smtplib
 import socket
 import sys
 import threading
@@ -45,6 +49,12 @@ DELETED_MARKED = set()
 # uid in INBOX -> uid in MOVED_TO, of every UID MOVE that answered COPYUID
 MOVED = {}
 MOVED_TO = "Moved"
+# tokens of the messages some session set \Deleted on, looked up just before
+DELETED_TOKENS = set()
+# uid in MOVED_TO -> token, looked up just before the MOVE
+MOVED_TOKENS = {}
+# tokens of the messages an SMTP server answered 250 for
+SMTP_ACKED = set()
 # (client, UIDVALIDITY, HIGHESTMODSEQ, {uid: flags}) an offline client resyncs from
 SNAPSHOTS = []
 
@@ -295,6 +305,23 @@ class Session:
         if missing:
             fail(self.who, f"FETCH 1:* left out sequence numbers {missing[:5]}")
 
+    def tokens(self, uids):
+        """{uid: X-Token} of those of `uids` the server still has."""
+        found = {}
+        for i in range(0, len(uids), 50):
+            chunk = ",".join(map(str, uids[i:i + 50]))
+            _, untagged = self.command(f"UID FETCH {chunk} (UID BODY.PEEK[HEADER.FIELDS (X-Token)])")
+            for u in untagged:
+                if u[0] == "fetch" and b"UID" in u[2]:
+                    body = next((v for k, v in u[2].items() if k.startswith(b"BODY[")), None)
+                    m = re.search(rb"X-Token: (\S+)", body or b"")
+                    if m:
+                        found[int(u[2][b"UID"])] = m.group(1).decode()
+        return found
+
+    def token_of(self, uid):
+        return self.tokens([uid]).get(uid)
+
     def op_fetch_header(self):
         uids = self.known()
         if not uids:
@@ -323,11 +350,14 @@ class Session:
         uid = self.rng.choice(uids)
         flag = self.rng.choice(["\\Seen", "\\Deleted", "$Work", "\\Flagged"])
         sign = "-" if flag in ("$Work", "\\Flagged") and self.rng.random() < 0.5 else "+"
-        if flag == "\\Deleted":
+        if flag == "\\Deleted" and sign == "+":
             # another session's EXPUNGE may remove it before this one hears
-            # of the flag
+            # of the flag: what it was is known from here on
+            token = self.token_of(uid)
             with LOCK:
                 DELETED_MARKED.add(uid)
+                if token:
+                    DELETED_TOKENS.add(token)
         _, untagged = self.command(f"UID STORE {uid} {sign}FLAGS ({flag})")
         for u in untagged:
             if u[0] == "fetch" and b"UID" in u[2] and int(u[2][b"UID"]) == uid and b"FLAGS" in u[2]:
@@ -338,7 +368,7 @@ class Session:
             count("deleted")
 
     def op_append(self):
-        token = f"{self.who}-{self.rng.getrandbits(48):012x}"
+        token = f"{self.who}-{os.urandom(6).hex()}"  # unique across runs too
         body = (f"From: c{self.who}@example.org\r\nSubject: {token}\r\nX-Token: {token}\r\n\r\n"
                 f"{'text ' * self.rng.randint(1, 200)}\r\n").encode()
         status, _ = self.command("APPEND INBOX", literal=body)
@@ -361,6 +391,7 @@ class Session:
         if not uids:
             return
         uid = self.rng.choice(uids)
+        token = self.token_of(uid)
         status, untagged = self.command(f"UID MOVE {uid} {MOVED_TO}")
         # COPYUID comes in an untagged OK, before the EXPUNGE (RFC 6851 §4.3)
         # or, less usefully, in the tagged one
@@ -375,6 +406,8 @@ class Session:
                     if uid in MOVED:
                         fail(self.who, f"UID {uid} moved twice: {status!r}")
                     MOVED[uid] = int(m.group(2))
+                    if token:
+                        MOVED_TOKENS[int(m.group(2))] = token
                 count("move")
 
     def op_snapshot(self):
@@ -482,6 +515,38 @@ def resync(who, port, login, uv, modseq, cache, truth):
     count("resync")
 
 
+def smtp_sender(port, recipient, seconds):
+    """Inbound mail for the mailbox while the sessions work on it, one
+    connection kept open, a few dozen messages a second."""
+    deadline = time.monotonic() + seconds
+    run = os.urandom(4).hex()  # another run's messages may still be there
+    n = 0
+    conn = None
+    while time.monotonic() < deadline:
+        n += 1
+        token = f"smtp{port}-{run}-{n}"
+        msg = (f"From: sender@remote.test\r\nTo: {recipient}\r\nSubject: {token}\r\n"
+               f"X-Token: {token}\r\n\r\ninbound {n}\r\n")
+        try:
+            if conn is None:
+                conn = smtplib.SMTP("127.0.0.1", port, timeout=30)
+            conn.sendmail("sender@remote.test", [recipient], msg)
+        except (smtplib.SMTPException, OSError) as e:
+            # not acknowledged: it may or may not have been stored
+            conn = None
+            count("smtp-error")
+            if isinstance(e, smtplib.SMTPResponseException) and e.smtp_code >= 500:
+                with LOCK:
+                    FAILURES.append(f"SMTP {port}: {e!r}")
+                return
+            continue
+        with LOCK:
+            SMTP_ACKED.add(token)
+        time.sleep(0.03)
+    if conn is not None:
+        conn.quit()
+
+
 def client(who, port, args, seconds, seed):
     rng = random.Random(seed * 1000 + who)
     try:
@@ -502,13 +567,15 @@ def client(who, port, args, seconds, seed):
 def main():
     seconds, seed = float(sys.argv[1]), int(sys.argv[2])
     user, password = sys.argv[3], sys.argv[4]
-    ports = [int(p) for p in sys.argv[5:]]
+    ports = [int(p) for p in sys.argv[5:] if not p.startswith("smtp=")]
+    smtp_ports = [int(p[5:]) for p in sys.argv[5:] if p.startswith("smtp=")]
     sessions = [None] * CLIENTS
 
     def run(i):
         sessions[i] = client(i, ports[i % len(ports)], (user, password), seconds, seed)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
+    threads += [threading.Thread(target=smtp_sender, args=(p, user, seconds)) for p in smtp_ports]
     for t in threads:
         t.start()
     for t in threads:
@@ -517,6 +584,9 @@ def main():
         print("\n".join(FAILURES))
         sys.exit(1)
 
+    # A queueing MTA in front of the store (the reference: Postfix, then LMTP)
+    # answers 250 before the message is in the mailbox: give it time.
+    time.sleep(float(os.environ.get("MAILCLUSTER_CONSISTENCY_SETTLE_SECS", "0")))
     # Every session catches up (another pod's changes reach a session within
     # the notification delay, so allow a few rounds), then all must agree.
     deadline = time.monotonic() + 10
@@ -548,46 +618,36 @@ def main():
     if lost:
         print(f"APPENDed, never \\Deleted, and gone: UIDs {lost[:10]}")
         sys.exit(1)
-    appended_here = [u for u in final if u in TOKENS]
-    if appended_here:
-        s = sessions[0]
-        for i in range(0, len(appended_here), 50):
-            chunk = appended_here[i:i + 50]
-            _, untagged = s.command(f"UID FETCH {','.join(map(str, chunk))} (UID BODY.PEEK[HEADER.FIELDS (X-Token)])")
-            seen = {}
-            for u in untagged:
-                if u[0] != "fetch":
-                    continue
-                body = next((v for k, v in u[2].items() if k.startswith(b"BODY[")), b"")
-                m = re.search(rb"X-Token: (\S+)", body or b"")
-                seen[int(u[2][b"UID"])] = m.group(1).decode() if m else None
-            for uid in chunk:
-                if seen.get(uid) != TOKENS[uid]:
-                    print(f"UID {uid}: header token {seen.get(uid)}, APPENDed as {TOKENS[uid]}")
-                    sys.exit(1)
-    moved = {src: dst for src, dst in MOVED.items() if src in TOKENS}
-    if moved:
-        s = sessions[0]
-        s.view, s.flags = [], {}
-        s.command(f"EXAMINE {MOVED_TO}")
-        dsts = sorted(moved.values())
-        seen = {}
-        for i in range(0, len(dsts), 50):
-            chunk = dsts[i:i + 50]
-            _, untagged = s.command(f"UID FETCH {','.join(map(str, chunk))} (UID BODY.PEEK[HEADER.FIELDS (X-Token)])")
-            for u in untagged:
-                if u[0] == "fetch" and b"UID" in u[2]:
-                    body = next((v for k, v in u[2].items() if k.startswith(b"BODY[")), b"")
-                    m = re.search(rb"X-Token: (\S+)", body or b"")
-                    seen[int(u[2][b"UID"])] = m.group(1).decode() if m else None
-        for src, dst in moved.items():
-            if seen.get(dst) != TOKENS[src]:
-                print(f"UID {src} moved to {MOVED_TO} UID {dst}: token {seen.get(dst)}, APPENDed as {TOKENS[src]}")
-                sys.exit(1)
+    # Every message by its token: APPENDed ones under their APPENDUID, moved
+    # ones under their COPYUID, none twice, and no SMTP-accepted one missing
+    # unless a session deleted it.
+    s = sessions[0]
+    inbox = s.tokens(final)
+    for uid in final:
+        if uid in TOKENS and inbox.get(uid) != TOKENS[uid]:
+            print(f"UID {uid}: header token {inbox.get(uid)}, APPENDed as {TOKENS[uid]}")
+            sys.exit(1)
+    s.view, s.flags = [], {}
+    s.command(f"EXAMINE {MOVED_TO}")
+    s.command("UID FETCH 1:* (UID)")
+    moved = s.tokens(s.known())
+    for dst, token in MOVED_TOKENS.items():
+        if moved.get(dst) != token:
+            print(f"{MOVED_TO} UID {dst}: token {moved.get(dst)}, moved there as {token}")
+            sys.exit(1)
+    everywhere = list(inbox.values()) + list(moved.values())
+    twice = sorted({t for t in everywhere if everywhere.count(t) > 1})
+    if twice:
+        print(f"stored twice: {twice[:10]}")
+        sys.exit(1)
+    missing = sorted(SMTP_ACKED - set(everywhere) - DELETED_TOKENS)
+    if missing:
+        print(f"accepted over SMTP, never deleted, and not in INBOX or {MOVED_TO}: {missing[:10]}")
+        sys.exit(1)
     print(f"ok: {CLIENTS} clients over {len(ports)} port(s), {seconds} s, seed {seed}: "
           f"{COUNTS.get('commands', 0)} commands, {COUNTS.get('append', 0)} APPENDs, "
           f"{COUNTS.get('expunge', 0)} EXPUNGEs, {COUNTS.get('move', 0)} MOVEs, "
-          f"{COUNTS.get('resync', 0)} QRESYNCs, {len(final)} messages at the end, "
+          f"{COUNTS.get('resync', 0)} QRESYNCs, {len(SMTP_ACKED)} SMTP deliveries, {len(final)} messages at the end, "
           f"{len(set(TOKENS) - set(final))} expunged")
 
 
