@@ -95,13 +95,15 @@ async fn idle_wakes_across_pods() {
 
 /// Six sessions on one INBOX, alternately on two pods, each checking what it
 /// is told against what the others did (APPEND, UID STORE, EXPUNGE, UID MOVE,
-/// FETCH, UID SEARCH, IDLE, QRESYNC), while each pod takes mail over SMTP: the
+/// FETCH, UID SEARCH, IDLE, QRESYNC), while each pod takes mail over SMTP and
+/// serves a POP3 client that reads and deletes: the
 /// cross-pod notifications and each pod's caches must give every session one
 /// consistent mailbox, and every accepted message must be there once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sessions_on_two_pods_agree_on_the_mailbox() {
     use mailcluster_server::imap::ImapProtocol;
     use mailcluster_server::net::listener::TlsMode;
+    use mailcluster_server::pop3::Pop3Protocol;
     use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
     with_pg_database(|url| async move {
         let (a, b, _dir) = two_pods(&url).await;
@@ -109,7 +111,7 @@ async fn concurrent_sessions_on_two_pods_agree_on_the_mailbox() {
         for n in 0..2 {
             deliver(&a, &bob, "INBOX", &sample(&format!("m{n}"), "body"), FlagSet::default()).await;
         }
-        let (mut imap, mut smtp) = (Vec::new(), Vec::new());
+        let (mut imap, mut smtp, mut pop3) = (Vec::new(), Vec::new(), Vec::new());
         for app in [&a, &b] {
             let ports = serve_loopback(
                 app,
@@ -117,12 +119,14 @@ async fn concurrent_sessions_on_two_pods_agree_on_the_mailbox() {
                 vec![
                     ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
                     ("smtp", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx))),
+                    ("pop3", TlsMode::Plain, Arc::new(Pop3Protocol::new(app.clone(), false))),
                 ],
             );
             imap.push(ports[0].port());
             smtp.push(ports[1].port());
+            pop3.push(ports[2].port());
         }
-        imap_consistency(&imap, &smtp).await;
+        imap_consistency(&imap, &smtp, &pop3).await;
     })
     .await;
 }

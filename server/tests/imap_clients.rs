@@ -12,6 +12,7 @@ use mailcluster_server::app::App;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
+use mailcluster_server::pop3::Pop3Protocol;
 use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
 use mailcluster_server::store::FlagSet;
 
@@ -38,8 +39,9 @@ async fn setup() -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
 }
 
 /// Six sessions on one INBOX at once (APPEND, UID STORE, EXPUNGE, UID MOVE,
-/// FETCH, UID SEARCH, IDLE, QRESYNC) while mail arrives over SMTP, each
-/// checking what it is told against what the others did.
+/// FETCH, UID SEARCH, IDLE, QRESYNC) while mail arrives over SMTP and a POP3
+/// client reads and deletes, each checking what it is told against what the
+/// others did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sessions_agree_on_the_mailbox() {
     let (app, _dir) = embedded_app(|c| c.tls.allow_plaintext_auth = true).await;
@@ -50,9 +52,10 @@ async fn concurrent_sessions_agree_on_the_mailbox() {
         vec![
             ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
             ("smtp", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx))),
+            ("pop3", TlsMode::Plain, Arc::new(Pop3Protocol::new(app.clone(), false))),
         ],
     );
-    imap_consistency(&[ports[0].port()], &[ports[1].port()]).await;
+    imap_consistency(&[ports[0].port()], &[ports[1].port()], &[ports[2].port()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,16 +23,19 @@ a token of its own), EXPUNGE, UID MOVE, UID SEARCH and IDLE. It fails on:
   UID's flags) and resyncs at the end with SELECT (QRESYNC …) not ending up
   with the mailbox as it is (RFC 7162 §3.2.5).
 
-Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...] [smtp=PORT ...]
+Usage: imap_consistency.py SECONDS SEED USER PASSWORD PORT [PORT ...] [smtp=PORT ...] [pop3=PORT ...]
 (clients are spread over the IMAP ports in turn: several pods of one cluster;
 MAILCLUSTER_CONSISTENCY_CLIENTS of them, default 6). Each smtp=PORT gets a
 sender delivering to USER meanwhile; every message it was answered 250 for must
 end up in the INBOX or the folder messages were moved to, exactly once, unless
-a session deleted it.
+a session deleted it. Each pop3=PORT gets a POP3 client that reads and deletes
+some of the mailbox meanwhile: one unique-id per message for ever, and what
+its QUIT deleted gone from the INBOX.
 """
 
 import os
 import random
+import poplib
 import re
 import smtplib
 import socket
@@ -55,6 +58,10 @@ DELETED_TOKENS = set()
 MOVED_TOKENS = {}
 # tokens of the messages an SMTP server answered 250 for
 SMTP_ACKED = set()
+# POP3 unique-id -> token and back; tokens a POP3 QUIT deleted
+UIDLS = {}
+TOKEN_UIDLS = {}
+POP3_DELETED = set()
 # (client, UIDVALIDITY, HIGHESTMODSEQ, {uid: flags}) an offline client resyncs from
 SNAPSHOTS = []
 
@@ -547,6 +554,53 @@ def smtp_sender(port, recipient, seconds):
         conn.quit()
 
 
+def pop3_client(port, login, seconds, seed):
+    """A POP3 client on the same mailbox (a phone on IMAP, a desktop on POP3):
+    UIDL, RETR of a few, DELE of some, QUIT. A unique-id names one message for
+    ever (RFC 1939 §7); what QUIT deleted is gone from the INBOX."""
+    rng = random.Random(seed * 1000 + port)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.05, 0.2))
+        try:
+            p = poplib.POP3("127.0.0.1", port, timeout=30)
+            p.user(login[0])
+            try:
+                p.pass_(login[1])
+            except poplib.error_proto as e:
+                if b"IN-USE" in e.args[0]:
+                    count("pop3-in-use")  # another POP3 session has the maildrop
+                    p.quit()
+                    continue
+                raise
+            _, listing, _ = p.uidl()
+            listing = [line.split() for line in listing]
+            deleted = []
+            for num, uidl in rng.sample(listing, min(3, len(listing))):
+                _, lines, _ = p.retr(int(num))
+                token = next((ln.split()[1].decode() for ln in lines if ln.startswith(b"X-Token: ")), None)
+                if token is None:
+                    continue
+                with LOCK:
+                    if UIDLS.setdefault(uidl, token) != token or TOKEN_UIDLS.setdefault(token, uidl) != uidl:
+                        FAILURES.append(f"POP3: unique-id {uidl!r} is {token}, was {UIDLS[uidl]} "
+                                        f"(and {token} was {TOKEN_UIDLS[token]!r})")
+                        return
+                if rng.random() < 0.5:
+                    p.dele(int(num))
+                    deleted.append(token)
+                    with LOCK:
+                        DELETED_TOKENS.add(token)
+            p.quit()
+            with LOCK:
+                POP3_DELETED.update(deleted)
+            count("pop3")
+        except (poplib.error_proto, OSError) as e:
+            with LOCK:
+                FAILURES.append(f"POP3: {e!r}")
+            return
+
+
 def client(who, port, args, seconds, seed):
     rng = random.Random(seed * 1000 + who)
     try:
@@ -567,8 +621,10 @@ def client(who, port, args, seconds, seed):
 def main():
     seconds, seed = float(sys.argv[1]), int(sys.argv[2])
     user, password = sys.argv[3], sys.argv[4]
-    ports = [int(p) for p in sys.argv[5:] if not p.startswith("smtp=")]
+    ports = [int(p) for p in sys.argv[5:] if p.isdigit()]
     smtp_ports = [int(p[5:]) for p in sys.argv[5:] if p.startswith("smtp=")]
+    pop3_ports = [int(p[5:]) for p in sys.argv[5:] if p.startswith("pop3=")]
+    ports = [p for p in ports if p not in smtp_ports + pop3_ports]
     sessions = [None] * CLIENTS
 
     def run(i):
@@ -576,6 +632,7 @@ def main():
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(CLIENTS)]
     threads += [threading.Thread(target=smtp_sender, args=(p, user, seconds)) for p in smtp_ports]
+    threads += [threading.Thread(target=pop3_client, args=(p, (user, password), seconds, seed)) for p in pop3_ports]
     for t in threads:
         t.start()
     for t in threads:
@@ -614,9 +671,11 @@ def main():
     truth = {uid: sessions[0].flags[uid] for uid in final}
     for who, uv, modseq, cache in SNAPSHOTS:
         resync(who, ports[who % len(ports)], (user, password), uv, modseq, cache, truth)
-    lost = sorted(set(TOKENS) - set(final) - DELETED_MARKED - set(MOVED))
+    lost = sorted(uid for uid, token in TOKENS.items()
+                  if uid not in final and uid not in DELETED_MARKED and uid not in MOVED
+                  and token not in DELETED_TOKENS)
     if lost:
-        print(f"APPENDed, never \\Deleted, and gone: UIDs {lost[:10]}")
+        print(f"APPENDed, never deleted nor moved, and gone: UIDs {lost[:10]}")
         sys.exit(1)
     # Every message by its token: APPENDed ones under their APPENDUID, moved
     # ones under their COPYUID, none twice, and no SMTP-accepted one missing
@@ -640,6 +699,10 @@ def main():
     if twice:
         print(f"stored twice: {twice[:10]}")
         sys.exit(1)
+    back = sorted(POP3_DELETED & set(inbox.values()))
+    if back:
+        print(f"deleted by a POP3 QUIT and still in the INBOX: {back[:10]}")
+        sys.exit(1)
     missing = sorted(SMTP_ACKED - set(everywhere) - DELETED_TOKENS)
     if missing:
         print(f"accepted over SMTP, never deleted, and not in INBOX or {MOVED_TO}: {missing[:10]}")
@@ -647,7 +710,8 @@ def main():
     print(f"ok: {CLIENTS} clients over {len(ports)} port(s), {seconds} s, seed {seed}: "
           f"{COUNTS.get('commands', 0)} commands, {COUNTS.get('append', 0)} APPENDs, "
           f"{COUNTS.get('expunge', 0)} EXPUNGEs, {COUNTS.get('move', 0)} MOVEs, "
-          f"{COUNTS.get('resync', 0)} QRESYNCs, {len(SMTP_ACKED)} SMTP deliveries, {len(final)} messages at the end, "
+          f"{COUNTS.get('resync', 0)} QRESYNCs, {len(SMTP_ACKED)} SMTP deliveries, "
+          f"{COUNTS.get('pop3', 0)} POP3 sessions, {len(final)} messages at the end, "
           f"{len(set(TOKENS) - set(final))} expunged")
 
 

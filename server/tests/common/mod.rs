@@ -287,11 +287,12 @@ pub async fn bob_with_two_messages(app: &App) -> Account {
 
 /// Runs `clients/imap_consistency.py` (many sessions on bob@example.org's
 /// INBOX, each checking the server's answers against the others' commands,
-/// while a sender per SMTP port delivers to him) over the given plain IMAP ports for MAILCLUSTER_CONSISTENCY_SECS seconds
+/// while a sender per SMTP port delivers to him and a client per POP3 port
+/// reads and deletes) over the given plain IMAP ports for MAILCLUSTER_CONSISTENCY_SECS seconds
 /// (default 8), seed MAILCLUSTER_CONSISTENCY_SEED (default random, printed),
 /// MAILCLUSTER_CONSISTENCY_CLIENTS sessions (default 6).
 #[allow(dead_code)] // not every test binary serves IMAP over TCP
-pub async fn imap_consistency(ports: &[u16], smtp_ports: &[u16]) {
+pub async fn imap_consistency(ports: &[u16], smtp_ports: &[u16], pop3_ports: &[u16]) {
     let secs = std::env::var("MAILCLUSTER_CONSISTENCY_SECS").unwrap_or_else(|_| "8".into());
     let seed = std::env::var("MAILCLUSTER_CONSISTENCY_SEED")
         .unwrap_or_else(|_| (rand::random::<u32>() % 1_000_000).to_string());
@@ -300,6 +301,7 @@ pub async fn imap_consistency(ports: &[u16], smtp_ports: &[u16]) {
     cmd.args([script, &secs, &seed, "bob@example.org", "pw"]);
     cmd.args(ports.iter().map(u16::to_string));
     cmd.args(smtp_ports.iter().map(|p| format!("smtp={p}")));
+    cmd.args(pop3_ports.iter().map(|p| format!("pop3={p}")));
     let (ok, out) = run_client(&mut cmd).await;
     println!("{out}");
     assert!(ok, "sessions disagreed (MAILCLUSTER_CONSISTENCY_SEED={seed}):\n{out}");
