@@ -133,6 +133,31 @@ async fn postmaster_gets_a_mailbox_of_its_own(b: Backend) {
     assert_eq!(h.messages("postmaster@example.test").await.len(), 2);
 }
 
+/// Subaddressing (RFC 5233): `alice+detail@` reaches alice when no account has
+/// the full address; an account that does keeps its mail; a leading delimiter
+/// is part of the user; `smtp.recipient_delimiter = ""` turns it off.
+async fn subaddresses_reach_their_user(b: Backend) {
+    let h = harness(b).await;
+    h.add_account("bob+lists@example.test").await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("sender@remote.test", "alice+news@example.test").await;
+    c.cmd("RCPT TO:<Alice+Other+Tag@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<alice+@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<+alice@example.test>", "550 5.1.1").await;
+    c.cmd("RCPT TO:<nobody+news@example.test>", "550 5.1.1").await;
+    c.cmd("RCPT TO:<bob+lists@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<someone+x@elsewhere.test>", "550 5.7.1").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1, "three forms, one mailbox, once");
+    assert_eq!(h.messages("bob+lists@example.test").await.len(), 1);
+    assert!(h.messages("bob@example.test").await.is_empty(), "the exact account wins");
+
+    let h = Harness::new(b, config(|c| c.smtp.recipient_delimiter = String::new())).await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<alice+news@example.test>", "550 5.1.1").await;
+}
+
 /// RFC 5321 §4.1.3: a sender at an address literal is accepted and kept as sent;
 /// a recipient at one is refused as a policy (5.1.2), never as a syntax error.
 async fn address_literals(b: Backend) {
@@ -731,6 +756,7 @@ both_backends!(
     recipient_errors_and_cache,
     postmaster_is_always_accepted,
     postmaster_gets_a_mailbox_of_its_own,
+    subaddresses_reach_their_user,
     address_literals,
     lone_message_does_not_linger,
     sequence_errors_before_greeting,

@@ -46,6 +46,11 @@ pub struct SmtpConfig {
     /// domain that has no such account (RFC 5321 §4.5.1 requires both to work).
     /// Empty: `postmaster@` the server's hostname.
     pub postmaster: String,
+    /// Subaddressing (RFC 5233): the characters that end a local part's user
+    /// and start its detail, so that mail to `alice+lists@example.com` reaches
+    /// `alice@example.com` when no account has the full address (as Postfix's
+    /// `recipient_delimiter`). Empty: off.
+    pub recipient_delimiter: String,
 }
 
 impl Default for SmtpConfig {
@@ -68,6 +73,7 @@ impl Default for SmtpConfig {
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
             postmaster: String::new(),
+            recipient_delimiter: "+".into(),
         }
     }
 }

@@ -354,6 +354,15 @@ impl Session {
     }
 
     /// Checks a recipient: `None` for an address without a domain.
+    /// `user@domain` of `user+detail@domain` (RFC 5233), when the local part
+    /// has one of the configured delimiters after its first character.
+    fn without_detail(&self, address: &str) -> Option<String> {
+        let delimiters = &self.config().recipient_delimiter;
+        let (local, domain) = address.rsplit_once('@')?;
+        let at = local.char_indices().skip(1).find(|(_, c)| delimiters.contains(*c))?.0;
+        Some(format!("{}@{domain}", &local[..at]))
+    }
+
     async fn lookup_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
         let Some((_, domain)) = split_address(address) else { return Ok(None) };
         let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
@@ -369,7 +378,14 @@ impl Session {
         let found = if !store.domain_exists(&domain).await? {
             Lookup::NotLocal
         } else {
-            match store.account_get(address).await? {
+            let account = match store.account_get(address).await? {
+                None => match self.without_detail(address) {
+                    Some(user) => store.account_get(&user).await?,
+                    None => None,
+                },
+                found => found,
+            };
+            match account {
                 None => Lookup::NoSuchUser,
                 Some(account) => match store.mailbox_get(account.id, "INBOX").await? {
                     Some(inbox) => Lookup::Mailbox {
