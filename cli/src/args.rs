@@ -40,6 +40,13 @@ pub enum Command {
         #[command(subcommand)]
         command: DomainCommand,
     },
+    /// Manage aliases: addresses whose mail goes to one or more accounts.
+    Alias {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: AliasCommand,
+    },
     /// Run load scenarios against a server and check them against SLOs
     /// (exit 0 all SLOs met, 3 an SLO missed, 1 the run failed).
     Stress(Box<mailcluster_stress::StressArgs>),
@@ -182,6 +189,25 @@ pub struct PasswordArgs {
     /// prefer stdin or --password-file.
     #[arg(long, value_name = "VALUE")]
     pub password: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AliasCommand {
+    /// Send mail for ADDRESS (at a local domain, no account's) to each TARGET
+    /// account too, e.g. `alias add info@example.com alice@example.com bob@example.com`.
+    Add {
+        address: String,
+        #[arg(required = true)]
+        targets: Vec<String>,
+    },
+    /// Remove TARGET from the alias, or the whole alias without one.
+    Del { address: String, target: Option<String> },
+    /// List aliases, one `address target` pair per line.
+    List {
+        /// Only aliases of this domain.
+        #[arg(long)]
+        domain: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,7 +12,8 @@ use mailcluster_server::store::{Quota, Store, StoreError};
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
-    ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting, ServeArgs, UserCommand,
+    AliasCommand, ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting, ServeArgs,
+    UserCommand,
 };
 use crate::failure::Failure;
 
@@ -122,6 +123,39 @@ async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
         store.migrate().await.context("migration failed")?;
     }
     Ok(store)
+}
+
+pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failure> {
+    let store = admin_store(config).await?;
+    match command {
+        AliasCommand::Add { address, targets } => {
+            // said back as stored: addresses are kept lower-cased
+            let address = address.trim().to_lowercase();
+            for target in targets.iter().map(|t| t.trim().to_lowercase()) {
+                store
+                    .alias_add(&address, &target)
+                    .await
+                    .with_context(|| format!("cannot add alias {address} → {target}"))?;
+                eprintln!("alias {address} → {target} added");
+            }
+        }
+        AliasCommand::Del { address, target } => {
+            store
+                .alias_del(address, target.as_deref())
+                .await
+                .with_context(|| format!("cannot delete alias {address}"))?;
+            eprintln!("alias {address} deleted");
+        }
+        AliasCommand::List { domain } => {
+            let mut out = std::io::stdout().lock();
+            for (address, target) in
+                store.alias_list(domain.as_deref()).await.context("cannot list aliases")?
+            {
+                writeln!(out, "{address} {target}")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Failure> {

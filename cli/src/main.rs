@@ -87,13 +87,17 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Migrate(ref args) => &args.config,
         Command::User { ref config, .. }
         | Command::Domain { ref config, .. }
+        | Command::Alias { ref config, .. }
         | Command::Queue { ref config, .. } => config,
     };
     let config = commands::load_config(config_arg)?;
     let rust_log = std::env::var("RUST_LOG").ok();
     // The admin commands print their result for a person; the server's progress
     // lines ("store opened") only when asked for with --log-level or RUST_LOG.
-    let admin = matches!(cli.command, Command::User { .. } | Command::Domain { .. } | Command::Queue { .. });
+    let admin = matches!(
+        cli.command,
+        Command::User { .. } | Command::Domain { .. } | Command::Alias { .. } | Command::Queue { .. }
+    );
     let default_level = if admin { "warn" } else { config.log.level.as_str() };
     let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), default_level)
         .map_err(Failure::usage)?;
@@ -105,6 +109,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Command::Migrate(args) => commands::migrate(&config, &args.domains).await,
             Command::User { command, .. } => commands::user(&config, command).await,
             Command::Domain { command, .. } => commands::domain(&config, command).await,
+            Command::Alias { command, .. } => commands::alias(&config, command).await,
             Command::Queue { command, .. } => commands::queue(&config, command).await,
             Command::Version
             | Command::Dkim { .. }

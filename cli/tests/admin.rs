@@ -1,4 +1,4 @@
-//! `domain`, `user` and `migrate` against real stores: the embedded SQLite default
+//! `domain`, `user`, `alias` and `migrate` against real stores: the embedded SQLite default
 //! in a temporary directory and a fresh PostgreSQL database; and what an operator
 //! sees when the database or Redis cannot be reached.
 
@@ -75,6 +75,36 @@ fn administer(cwd: &Path, env: &[(&str, &str)]) {
     let out = run(cwd, &["user", "quota", "nobody@example.com", "1G"], env);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.error_line().contains("nobody@example.com"), "{}", out.stderr);
+
+    // Aliases: to accounts, listed per domain, taken apart a target at a time.
+    let out = run(cwd, &["alias", "add", "Team@example.org", "alice@example.com", "bob@example.org"], env);
+    out.ok();
+    assert_eq!(
+        out.stderr,
+        "alias team@example.org → alice@example.com added\nalias team@example.org → bob@example.org added\n"
+    );
+    let out = run(cwd, &["alias", "list"], env);
+    assert_eq!(out.stdout, "team@example.org alice@example.com\nteam@example.org bob@example.org\n");
+    let out = run(cwd, &["alias", "list", "--domain", "example.com"], env);
+    assert_eq!(out.stdout, "");
+    for refused in [
+        ["alias", "add", "alice@example.com", "bob@example.org"],
+        ["alias", "add", "x@example.org", "nobody@example.org"],
+        ["alias", "add", "x@unknown.test", "alice@example.com"],
+        ["alias", "add", "team@example.org", "alice@example.com"],
+    ] {
+        let out = run(cwd, &refused, env);
+        assert_eq!(out.code, Some(1), "{refused:?}: {}", out.stderr);
+        out.assert_no_panic();
+    }
+    let out = run(cwd, &["alias", "add", "team@example.org"], env);
+    assert_eq!(out.code, Some(2), "an alias needs a target: {}", out.stderr);
+    run(cwd, &["alias", "del", "team@example.org", "bob@example.org"], env).ok();
+    let out = run(cwd, &["alias", "list", "--domain", "example.org"], env);
+    assert_eq!(out.stdout, "team@example.org alice@example.com\n");
+    run(cwd, &["alias", "del", "team@example.org"], env).ok();
+    assert_eq!(run(cwd, &["alias", "list"], env).stdout, "");
+    assert_eq!(run(cwd, &["alias", "del", "team@example.org"], env).code, Some(1));
 
     with_password(cwd, &["user", "passwd", "alice@example.com"], env, "new password").ok();
     run(cwd, &["user", "del", "bob@example.org"], env).ok();

@@ -80,6 +80,18 @@ impl Store for DownStore {
     async fn account_list(&self, _: Option<&str>) -> StoreResult<Vec<Account>> {
         down_store()
     }
+    async fn alias_add(&self, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn alias_del(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn alias_list(&self, _: Option<&str>) -> StoreResult<Vec<(String, String)>> {
+        down_store()
+    }
+    async fn alias_targets(&self, _: &str) -> StoreResult<Vec<String>> {
+        down_store()
+    }
     async fn mailbox_list(&self, _: i64) -> StoreResult<Vec<Mailbox>> {
         down_store()
     }

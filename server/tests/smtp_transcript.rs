@@ -158,6 +158,29 @@ async fn subaddresses_reach_their_user(b: Backend) {
     c.cmd("RCPT TO:<alice+news@example.test>", "550 5.1.1").await;
 }
 
+/// An alias delivers to each of its accounts, once per mailbox whatever else
+/// the envelope names; its subaddresses too; an account deleted since is passed
+/// over, and an alias with none left is unknown.
+async fn aliases_reach_their_accounts(b: Backend) {
+    let h = harness(b).await;
+    h.add_account("carol@example.test").await;
+    h.store.alias_add("team@example.test", "alice@example.test").await.expect("alias");
+    h.store.alias_add("team@example.test", "bob@example.test").await.expect("alias");
+    h.store.alias_add("gone@example.test", "carol@example.test").await.expect("alias");
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.envelope("sender@remote.test", "team@example.test").await;
+    c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    c.cmd("RCPT TO:<Team+Plans@example.test>", "250 2.1.5").await;
+    c.data(&format!("{MSG}.\r\n"), "250 2.0.0").await;
+    assert_eq!(h.messages("alice@example.test").await.len(), 1, "once, named three ways");
+    assert_eq!(h.messages("bob@example.test").await.len(), 1);
+
+    h.store.account_delete("carol@example.test").await.expect("delete");
+    let mut c = h.connect_ehlo(&h.mx).await;
+    c.cmd("MAIL FROM:<sender@remote.test>", "250 2.1.0").await;
+    c.cmd("RCPT TO:<gone@example.test>", "550 5.1.1").await;
+}
+
 /// RFC 5321 §4.1.3: a sender at an address literal is accepted and kept as sent;
 /// a recipient at one is refused as a policy (5.1.2), never as a syntax error.
 async fn address_literals(b: Backend) {
@@ -757,6 +780,7 @@ both_backends!(
     postmaster_is_always_accepted,
     postmaster_gets_a_mailbox_of_its_own,
     subaddresses_reach_their_user,
+    aliases_reach_their_accounts,
     address_literals,
     lone_message_does_not_linger,
     sequence_errors_before_greeting,

@@ -168,6 +168,7 @@ conformance!(
     rename_inbox,
     subscriptions,
     subscriptions_follow_rename,
+    aliases,
     deliver_and_read,
     deliver_errors_store_nothing,
     deliver_stops_at_the_last_uid,
@@ -626,6 +627,39 @@ async fn subscriptions_follow_rename(ctx: Ctx) {
     // a failed rename leaves the subscriptions as they were
     assert!(s.mailbox_rename(acc, "Workshop", "Done").await.is_err());
     assert_eq!(s.subscriptions(acc).await.expect("subs"), subs);
+}
+
+async fn aliases(ctx: Ctx) {
+    let s = &ctx.store;
+    account(s, "a@example.com").await;
+    account(s, "b@example.com").await;
+    s.alias_add("Team@Example.COM", "a@example.com").await.expect("add");
+    s.alias_add("team@example.com", "B@example.com").await.expect("add a second target");
+    assert!(matches!(
+        s.alias_add("team@example.com", "a@example.com").await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(matches!(s.alias_add("a@example.com", "b@example.com").await, Err(StoreError::Invalid(_))));
+    assert!(is_not_found(s.alias_add("x@example.com", "nobody@example.com").await));
+    assert!(is_not_found(s.alias_add("x@unknown.test", "a@example.com").await));
+    assert_eq!(
+        s.alias_targets("TEAM@example.com").await.expect("targets"),
+        ["a@example.com", "b@example.com"]
+    );
+    assert!(s.alias_targets("nobody@example.com").await.expect("targets").is_empty());
+    assert!(s.alias_targets("not an address").await.expect("targets").is_empty());
+    let pairs =
+        |v: &[(&str, &str)]| v.iter().map(|(a, t)| (a.to_string(), t.to_string())).collect::<Vec<_>>();
+    let both = pairs(&[("team@example.com", "a@example.com"), ("team@example.com", "b@example.com")]);
+    assert_eq!(s.alias_list(None).await.expect("list"), both);
+    assert_eq!(s.alias_list(Some("example.com")).await.expect("list"), both);
+    assert!(s.alias_list(Some("example.org")).await.expect("list").is_empty());
+    s.alias_del("team@example.com", Some("a@example.com")).await.expect("del one target");
+    assert_eq!(s.alias_targets("team@example.com").await.expect("targets"), ["b@example.com"]);
+    assert!(is_not_found(s.alias_del("team@example.com", Some("a@example.com")).await));
+    s.alias_del("team@example.com", None).await.expect("del all");
+    assert!(s.alias_list(None).await.expect("list").is_empty());
+    assert!(is_not_found(s.alias_del("team@example.com", None).await));
 }
 
 async fn deliver_and_read(ctx: Ctx) {

@@ -42,9 +42,15 @@ pub(super) enum Target {
 }
 
 /// Result of checking an address against the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Lookup {
-    Mailbox { account_id: i64, mailbox_id: i64, limited: bool },
+    Mailbox {
+        account_id: i64,
+        mailbox_id: i64,
+        limited: bool,
+    },
+    /// An alias: the accounts its mail goes to, each looked up in turn.
+    Alias(Vec<String>),
     NoSuchUser,
     NotLocal,
 }
@@ -194,7 +200,7 @@ impl Session {
             self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
             return Step::Continue;
         }
-        let target = match self.resolve_recipient(address).await {
+        let targets = match self.resolve_recipient(address).await {
             Err(err) => {
                 tracing::warn!(error = %err, "recipient lookup failed");
                 self.reply(replies::temp_failure());
@@ -209,20 +215,29 @@ impl Session {
                     self.reply(reply);
                     return Step::Continue;
                 }
-                Target::Local { account_id, mailbox_id, limited }
+                vec![Target::Local { account_id, mailbox_id, limited }]
             }
+            Ok(Some(Lookup::Alias(accounts))) => match self.alias_targets(&accounts).await {
+                Ok(targets) => targets,
+                Err(reply) => {
+                    self.reply(reply);
+                    return Step::Continue;
+                }
+            },
             Ok(Some(Lookup::NoSuchUser)) => {
                 self.reply(Reply::new(550, "5.1.1", "Mailbox unavailable"));
                 return Step::Continue;
             }
-            Ok(Some(Lookup::NotLocal)) if self.kind.is_submission() => Target::Remote,
+            Ok(Some(Lookup::NotLocal)) if self.kind.is_submission() => vec![Target::Remote],
             Ok(Some(Lookup::NotLocal)) => {
                 self.reply(Reply::new(550, "5.7.1", "Relaying denied"));
                 return Step::Continue;
             }
         };
         if let Some(envelope) = self.envelope.as_mut() {
-            envelope.rcpts.push(Recipient { address: address.to_string(), target });
+            for target in targets {
+                envelope.rcpts.push(Recipient { address: address.to_string(), target });
+            }
             let (orcpt, orcpt_type) = match foreign_orcpt {
                 Some((kind, address)) => (Some(address), Some(kind)),
                 None => (to.orcpt.as_deref().map(str::to_string), None),
@@ -238,6 +253,39 @@ impl Session {
         }
         self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
         Step::Continue
+    }
+
+    /// The INBOXes of an alias's accounts. An account deleted since the alias
+    /// was made is passed over; an alias with none left is unknown (550), and
+    /// one whose every account is refused by its quota gets the first refusal.
+    async fn alias_targets(&self, accounts: &[String]) -> Result<Vec<Target>, Reply> {
+        let mut targets = Vec::new();
+        let mut refusal = None;
+        for account in accounts {
+            match self.lookup_recipient(account).await {
+                Err(err) => {
+                    tracing::warn!(error = %err, "alias target lookup failed");
+                    return Err(replies::temp_failure());
+                }
+                Ok(Some(Lookup::Mailbox { account_id, mailbox_id, limited })) => {
+                    if limited && let Some(reply) = self.quota_refusal(account_id).await {
+                        refusal.get_or_insert(reply);
+                        continue;
+                    }
+                    let target = Target::Local { account_id, mailbox_id, limited };
+                    if !targets.contains(&target) {
+                        targets.push(target);
+                    }
+                }
+                // aliases name accounts, not other aliases
+                Ok(_) => {}
+            }
+        }
+        match (targets.is_empty(), refusal) {
+            (false, _) => Ok(targets),
+            (true, Some(reply)) => Err(reply),
+            (true, None) => Err(Reply::new(550, "5.1.1", "Mailbox unavailable")),
+        }
     }
 
     /// RFC 9208 at delivery: a recipient whose account is already at its storage
@@ -386,7 +434,15 @@ impl Session {
                 found => found,
             };
             match account {
-                None => Lookup::NoSuchUser,
+                None => {
+                    let mut targets = store.alias_targets(address).await?;
+                    if targets.is_empty()
+                        && let Some(user) = self.without_detail(address)
+                    {
+                        targets = store.alias_targets(&user).await?;
+                    }
+                    if targets.is_empty() { Lookup::NoSuchUser } else { Lookup::Alias(targets) }
+                }
                 Some(account) => match store.mailbox_get(account.id, "INBOX").await? {
                     Some(inbox) => Lookup::Mailbox {
                         account_id: account.id,
@@ -402,17 +458,19 @@ impl Session {
             // refused for long. Cache trouble only costs a store lookup.
             let ttl =
                 if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(Duration::from_secs(5)) };
-            let _ = cache.value_put(&key, encode_lookup(found).as_bytes(), ttl).await;
+            let _ = cache.value_put(&key, encode_lookup(&found).as_bytes(), ttl).await;
         }
         Ok(Some(found))
     }
 }
 
-fn encode_lookup(l: Lookup) -> String {
+fn encode_lookup(l: &Lookup) -> String {
     match l {
         Lookup::Mailbox { account_id, mailbox_id, limited } => {
-            format!("m:{account_id}:{mailbox_id}:{}", u8::from(limited))
+            format!("m:{account_id}:{mailbox_id}:{}", u8::from(*limited))
         }
+        // addresses hold no control characters: a line per target
+        Lookup::Alias(targets) => format!("a:{}", targets.join("\n")),
         Lookup::NoSuchUser => "u".into(),
         Lookup::NotLocal => "r".into(),
     }
@@ -423,6 +481,7 @@ fn decode_lookup(v: &[u8]) -> Option<Lookup> {
     match s {
         "u" => Some(Lookup::NoSuchUser),
         "r" => Some(Lookup::NotLocal),
+        _ if s.starts_with("a:") => Some(Lookup::Alias(s[2..].split('\n').map(str::to_string).collect())),
         _ => {
             let mut it = s.strip_prefix("m:")?.split(':');
             let account_id = it.next()?.parse().ok()?;
@@ -446,10 +505,12 @@ mod tests {
         for l in [
             Lookup::Mailbox { account_id: 7, mailbox_id: 42, limited: false },
             Lookup::Mailbox { account_id: 7, mailbox_id: 42, limited: true },
+            Lookup::Alias(vec!["a@example.com".into()]),
+            Lookup::Alias(vec!["a@example.com".into(), "b@example.com".into()]),
             Lookup::NoSuchUser,
             Lookup::NotLocal,
         ] {
-            assert_eq!(decode_lookup(encode_lookup(l).as_bytes()), Some(l));
+            assert_eq!(decode_lookup(encode_lookup(&l).as_bytes()), Some(l));
         }
         assert_eq!(decode_lookup(b"m:x:1:0"), None);
         // an entry cached by a pod without quotas is a miss, not a wrong answer

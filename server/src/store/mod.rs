@@ -99,6 +99,20 @@ pub trait Store: Send + Sync + 'static {
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
 
+    // ---- aliases ----
+    /// Mail to `address` (at a local domain, no account's) also goes to the
+    /// account `target`. NotFound when the domain or the account does not
+    /// exist, Invalid when `address` is an account's, AlreadyExists when the
+    /// pair does.
+    async fn alias_add(&self, address: &str, target: &str) -> StoreResult<()>;
+    /// Removes the alias's target `target`, or all of its targets: NotFound
+    /// when there was none.
+    async fn alias_del(&self, address: &str, target: Option<&str>) -> StoreResult<()>;
+    /// `(address, target)` of every alias (of `domain`), in address order.
+    async fn alias_list(&self, domain: Option<&str>) -> StoreResult<Vec<(String, String)>>;
+    /// The targets of `address`; empty when it is no alias.
+    async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>>;
+
     // ---- mailboxes ----
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>>;
     /// Exact name match; "INBOX" is matched case-insensitively.

@@ -464,6 +464,75 @@ impl<B: Backend> Store for B {
         rows.iter().map(account_of::<B>).collect()
     }
 
+    async fn alias_add(&self, address: &str, target: &str) -> StoreResult<()> {
+        let (address, domain) = normalize_email(address)?;
+        let (target, _) = normalize_email(target)?;
+        let mut tx = self.begin().await?;
+        let domain_id = tx
+            .fetch_int("SELECT id FROM domains WHERE name = $1", &[Param::Text(&domain)])
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
+        let account = "SELECT id FROM accounts WHERE email = $1";
+        if tx.fetch_int(account, &[Param::Text(&address)]).await?.is_some() {
+            return Err(StoreError::Invalid(format!("{address} is an account")));
+        }
+        if tx.fetch_int(account, &[Param::Text(&target)]).await?.is_none() {
+            return Err(StoreError::NotFound(format!("account {target}")));
+        }
+        let sql = "INSERT INTO aliases (domain_id, address, target) VALUES ($1, $2, $3)";
+        let params = [Param::Int(domain_id), Param::Text(&address), Param::Text(&target)];
+        tx.execute(sql, &params).await.map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::AlreadyExists(format!("alias {address} → {target}"))
+            } else if is_foreign_key_violation(&e) {
+                StoreError::NotFound(format!("domain {domain}"))
+            } else {
+                db_err(e)
+            }
+        })?;
+        tx.commit().await
+    }
+
+    async fn alias_del(&self, address: &str, target: Option<&str>) -> StoreResult<()> {
+        let (address, _) = normalize_email(address)?;
+        let removed = match target {
+            Some(t) => {
+                let (t, _) = normalize_email(t)?;
+                let sql = "DELETE FROM aliases WHERE address = $1 AND target = $2";
+                self.execute(sql, &[Param::Text(&address), Param::Text(&t)]).await
+            }
+            None => self.execute("DELETE FROM aliases WHERE address = $1", &[Param::Text(&address)]).await,
+        }
+        .map_err(db_err)?;
+        if removed == 0 {
+            return Err(StoreError::NotFound(format!("alias {address}")));
+        }
+        Ok(())
+    }
+
+    async fn alias_list(&self, domain: Option<&str>) -> StoreResult<Vec<(String, String)>> {
+        let rows = match domain {
+            Some(d) => {
+                let d = normalize_domain(d)?;
+                let sql = "SELECT a.address, a.target FROM aliases a JOIN domains d ON d.id = a.domain_id \
+                           WHERE d.name = $1 ORDER BY a.address, a.target";
+                self.fetch(false, sql, &[Param::Text(&d)]).await?
+            }
+            None => {
+                let sql = "SELECT address, target FROM aliases ORDER BY address, target";
+                self.fetch(false, sql, &[]).await?
+            }
+        };
+        rows.iter().map(|r| Ok((r.text("address")?, r.text("target")?))).collect()
+    }
+
+    async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>> {
+        let Ok((address, _)) = normalize_email(address) else { return Ok(Vec::new()) };
+        let sql = "SELECT target FROM aliases WHERE address = $1 ORDER BY target";
+        let rows = self.fetch(false, sql, &[Param::Text(&address)]).await?;
+        rows.iter().map(|r| r.text("target")).collect()
+    }
+
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         self.fetch(false, B::MAILBOX_LIST, &[Param::Int(account_id)])
             .await?

@@ -99,6 +99,18 @@ impl Store for FaultyStore {
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
         self.inner.account_list(domain).await
     }
+    async fn alias_add(&self, address: &str, target: &str) -> StoreResult<()> {
+        self.inner.alias_add(address, target).await
+    }
+    async fn alias_del(&self, address: &str, target: Option<&str>) -> StoreResult<()> {
+        self.inner.alias_del(address, target).await
+    }
+    async fn alias_list(&self, domain: Option<&str>) -> StoreResult<Vec<(String, String)>> {
+        self.inner.alias_list(domain).await
+    }
+    async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>> {
+        self.inner.alias_targets(address).await
+    }
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         self.inner.mailbox_list(account_id).await
     }
