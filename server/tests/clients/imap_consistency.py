@@ -577,7 +577,13 @@ def pop3_client(port, login, seconds, seed):
             listing = [line.split() for line in listing]
             deleted = []
             for num, uidl in rng.sample(listing, min(3, len(listing))):
-                _, lines, _ = p.retr(int(num))
+                try:
+                    _, lines, _ = p.retr(int(num))
+                except poplib.error_proto:
+                    # an IMAP session expunged it after this one listed it:
+                    # -ERR is the answer (RFC 1939 has no better one)
+                    count("pop3-retr-gone")
+                    continue
                 token = next((ln.split()[1].decode() for ln in lines if ln.startswith(b"X-Token: ")), None)
                 if token is None:
                     continue
