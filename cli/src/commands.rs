@@ -140,11 +140,16 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
             }
         }
         AliasCommand::Del { address, target } => {
+            let address = address.trim().to_lowercase();
+            let target = target.as_deref().map(|t| t.trim().to_lowercase());
             store
-                .alias_del(address, target.as_deref())
+                .alias_del(&address, target.as_deref())
                 .await
                 .with_context(|| format!("cannot delete alias {address}"))?;
-            eprintln!("alias {address} deleted");
+            match target {
+                Some(target) => eprintln!("alias {address} → {target} deleted"),
+                None => eprintln!("alias {address} deleted"),
+            }
         }
         AliasCommand::List { domain } => {
             let mut out = std::io::stdout().lock();

@@ -401,7 +401,6 @@ impl Session {
         }
     }
 
-    /// Checks a recipient: `None` for an address without a domain.
     /// `user@domain` of `user+detail@domain` (RFC 5233), when the local part
     /// has one of the configured delimiters after its first character.
     fn without_detail(&self, address: &str) -> Option<String> {
@@ -411,6 +410,10 @@ impl Session {
         Some(format!("{}@{domain}", &local[..at]))
     }
 
+    /// Checks a recipient: `None` for an address without a domain. An account's
+    /// address wins over its subaddressed user, which wins over an alias (of
+    /// the address, then of its user); the alias table is read only for
+    /// addresses no account has.
     async fn lookup_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
         let Some((_, domain)) = split_address(address) else { return Ok(None) };
         let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
@@ -426,20 +429,18 @@ impl Session {
         let found = if !store.domain_exists(&domain).await? {
             Lookup::NotLocal
         } else {
-            let account = match store.account_get(address).await? {
-                None => match self.without_detail(address) {
-                    Some(user) => store.account_get(&user).await?,
-                    None => None,
-                },
-                found => found,
+            let user = self.without_detail(address);
+            let account = match (store.account_get(address).await?, &user) {
+                (None, Some(user)) => store.account_get(user).await?,
+                (found, _) => found,
             };
             match account {
                 None => {
                     let mut targets = store.alias_targets(address).await?;
                     if targets.is_empty()
-                        && let Some(user) = self.without_detail(address)
+                        && let Some(user) = &user
                     {
-                        targets = store.alias_targets(&user).await?;
+                        targets = store.alias_targets(user).await?;
                     }
                     if targets.is_empty() { Lookup::NoSuchUser } else { Lookup::Alias(targets) }
                 }
