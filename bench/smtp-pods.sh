@@ -22,10 +22,13 @@
 # share those same cores (equal capacity, one worker thread each when there is
 # one core). Both services get every core back when the script ends.
 #
+# FORWARD=1 makes the second of the two pods hand its deliveries to the first
+# (smtp.group_commit_leader / group_commit_port): batches formed across pods.
+#
 # POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
 # keeps mc_start's), to see what two pods need to match one.
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= POD_ENV=)
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=0 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -37,6 +40,12 @@ CLI=target/release/examples/smtp_bench_client
 source bench/lib.sh
 
 nice cargo build -q --release -p mailcluster-server --example smtp_bench_client || exit 1
+if [ "${FORWARD:-0}" = 1 ] && [ "${SPLIT:-0}" != 1 ] && [ -z "${SERVICES_CORE:-}" ]; then
+  # Pod A is both the one pod and the leader of the two: it listens for the
+  # other pod's deliveries in every round (no cost while nobody forwards).
+  export MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600
+  LEADER=a FOLLOWER=b
+fi
 mc_start 1000 smtp
 machine_line
 echo "## mailcluster at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'); configuration (everything else default):"
@@ -45,10 +54,17 @@ echo "##   $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e R
 # Another pod: the same binary and configuration on ports of its own, pinned to
 # the cores given if any.
 start_pod() { # name smtp_port admin_port [cpu list]
-  local pin=()
+  local pin=() role=()
   [ -n "${4:-}" ] && pin=(-- taskset -c "$4")
+  if [ "${FORWARD:-0}" = 1 ]; then
+    # The first of the two pods leads, the second forwards to it.
+    case "$1" in
+      "$LEADER") role=(MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600) ;;
+      "$FOLLOWER") role=(MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=0 MAILCLUSTER_SMTP__GROUP_COMMIT_LEADER=127.0.0.1:13600) ;;
+    esac
+  fi
   # shellcheck disable=SC2086 # POD_ENV is a list of NAME=value words
-  mc_pod "$1" "$3" ${POD_ENV:-} MAILCLUSTER_SMTP_PORT="$2" "${pin[@]}"
+  mc_pod "$1" "$3" ${POD_ENV:-} "${role[@]}" MAILCLUSTER_SMTP_PORT="$2" "${pin[@]}"
 }
 ONE="127.0.0.1:$(mc_port smtp)"
 CLIENT_PIN=()
@@ -64,6 +80,7 @@ if [ -n "${SERVICES_CORE:-}" ]; then
   pin_services "$SERVICES_CORE"
   # The one pod (B) and the two pods (C and D), all on the pods' cores; A, from
   # mc_start, only warms up and then idles.
+  LEADER=c FOLLOWER=d
   start_pod b 13025 19091 "$pod_cores"
   start_pod c 14025 19092 "$pod_cores"
   start_pod d 15025 19093 "$pod_cores"
@@ -73,6 +90,7 @@ if [ -n "${SERVICES_CORE:-}" ]; then
   echo "## SERVICES_CORE=$SERVICES_CORE: PostgreSQL and Redis pinned to core $SERVICES_CORE; the one pod, the two pods and the client share cores $pod_cores"
 elif [ "${SPLIT:-0}" = 1 ]; then
   # The one pod (A, from mc_start) keeps every core; B and C get one each.
+  LEADER=b FOLLOWER=c
   start_pod b 13025 19091 0
   start_pod c 14025 19092 1
   TWO="127.0.0.1:13025,127.0.0.1:14025"
@@ -81,6 +99,7 @@ else
   start_pod b 13025 19091
   TWO="$ONE,127.0.0.1:13025"
 fi
+[ "${FORWARD:-0}" = 1 ] && echo "## FORWARD=1: pod $FOLLOWER hands its deliveries to pod $LEADER (group commit across pods)"
 # Transactions committed in the pods' database so far: how many messages went
 # into each group commit.
 commits() { psql "$MC_DB_URL" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }

@@ -48,9 +48,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     store.set_acquire_observer(Arc::new(move |wait| acquire.observe(wait.as_secs_f64())));
     let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
-    let deliverer =
-        Arc::new(Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp)));
+    let mut deliverer = Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp));
+    // Group commit across pods (delivery/forward.rs): every pod may both lead
+    // and follow; which one leads is the lowest address of the leader's name.
+    let smtp = &config.smtp;
+    let group = (!smtp.group_commit_leader.is_empty() || smtp.group_commit_port != 0).then(|| {
+        let url = config.database.url.as_ref().map(|u| u.0.as_str()).unwrap_or("");
+        crate::delivery::forward::group_key(&smtp.group_commit_secret, url)
+    });
+    let group_key = match group {
+        Some(Some(key)) => Some(key),
+        Some(None) => {
+            anyhow::bail!("group commit across pods needs smtp.group_commit_secret or a database URL")
+        }
+        None => None,
+    };
+    let instance = crate::delivery::forward::instance_id();
+    if let (Some(key), false) = (&group_key, smtp.group_commit_leader.is_empty()) {
+        deliverer = deliverer.forwarding_to(smtp.group_commit_leader.clone(), key.clone(), instance.clone());
+    }
+    let deliverer = Arc::new(deliverer);
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
+    if let (Some(key), true) = (group_key, smtp.group_commit_port != 0) {
+        let addr = std::net::SocketAddr::new(config.listen_addr, smtp.group_commit_port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for group commit on {addr}"))?;
+        tokio::spawn(crate::delivery::forward::accept(
+            listener,
+            deliverer.clone(),
+            key,
+            instance,
+            smtp.max_message_size,
+        ));
+    }
     // Without nameservers configured and without a usable /etc/resolv.conf, the
     // pod still serves local mail; it only cannot send to other domains or check
     // senders, and says so.

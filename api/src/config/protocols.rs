@@ -38,6 +38,18 @@ pub struct SmtpConfig {
     pub group_commit_max_wait_ms: u64,
     /// Group commit: store transactions in flight at once.
     pub group_commit_max_concurrent: usize,
+    /// Group commit across pods: `host:port` of the pod that commits this pod's
+    /// deliveries in its own batches (fewer, larger transactions than every pod
+    /// batching its share alone). The host may name every delivering pod (a
+    /// headless Service): the lowest address leads, and that pod commits its own
+    /// mail. Empty: commit here. Deliveries that cannot be sent are committed here.
+    pub group_commit_leader: String,
+    /// Group commit across pods: the port on which this pod accepts other pods'
+    /// deliveries (0 = it does not).
+    pub group_commit_port: u16,
+    /// The key followers prove to the leader (HMAC of a challenge). Empty: one
+    /// derived from the database URL, which every pod of a cluster shares.
+    pub group_commit_secret: String,
     /// How long a recipient lookup (exists / does not exist) is cached.
     pub recipient_cache_ttl_secs: u64,
     /// Outbound queue: give up (and bounce) after this long.
@@ -70,6 +82,9 @@ impl Default for SmtpConfig {
             group_commit_max_batch: 256,
             group_commit_max_wait_ms: 1,
             group_commit_max_concurrent: 4,
+            group_commit_leader: String::new(),
+            group_commit_port: 0,
+            group_commit_secret: String::new(),
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
             postmaster: String::new(),

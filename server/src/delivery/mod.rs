@@ -27,6 +27,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::store::{DeliveredTo, NewDelivery, Store, StoreError, StoreResult};
 
+pub mod forward;
+
 /// Tuning of the group commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeliveryOptions {
@@ -58,6 +60,8 @@ pub struct Deliverer {
     /// Taken by the collector task when it starts (first `deliver`).
     rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
     batch_size: prometheus::Histogram,
+    /// The pod that commits this pod's deliveries in its batches, if any.
+    forward: Option<forward::Forwarder>,
 }
 
 impl Deliverer {
@@ -80,7 +84,14 @@ impl Deliverer {
             max_concurrent: options.max_concurrent.max(1),
             ..options
         };
-        Deliverer { store, options, tx, rx: Mutex::new(Some(rx)), batch_size }
+        Deliverer { store, options, tx, rx: Mutex::new(Some(rx)), batch_size, forward: None }
+    }
+
+    /// Hands deliveries to the group-commit leader at `leader` (see [`forward`]);
+    /// `instance` is this process's id, as the leader's greeting would show it.
+    pub fn forwarding_to(mut self, leader: String, key: Vec<u8>, instance: String) -> Self {
+        self.forward = Some(forward::Forwarder::new(leader, key, instance));
+        self
     }
 
     pub fn options(&self) -> DeliveryOptions {
@@ -89,12 +100,28 @@ impl Deliverer {
 
     /// Registers `mail_group_commit_batch_size` (once, at start: `serve`).
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        if let Some(forward) = &self.forward {
+            forward.register_metrics(registry)?;
+        }
         registry.register(Box::new(self.batch_size.clone()))
     }
 
     /// Stores `delivery` durably; returns the UIDs it got. Returns only after the
     /// transaction holding it has committed (or failed: then nothing of it is stored).
     pub async fn deliver(&self, delivery: NewDelivery) -> StoreResult<Vec<DeliveredTo>> {
+        let delivery = match &self.forward {
+            Some(forward) => match forward.deliver(delivery).await {
+                forward::Forwarded::Answered(result) => return result,
+                forward::Forwarded::NotSent(delivery) => *delivery,
+            },
+            None => delivery,
+        };
+        self.deliver_here(delivery).await
+    }
+
+    /// As [`Deliverer::deliver`], in this pod's own batches whatever the
+    /// configuration (the leader's side of [`forward`]).
+    pub async fn deliver_here(&self, delivery: NewDelivery) -> StoreResult<Vec<DeliveredTo>> {
         self.start_collector();
         let (reply, answer) = oneshot::channel();
         self.tx

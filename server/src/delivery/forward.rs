@@ -1,0 +1,698 @@
+//! Batches formed across pods: a pod may hand its deliveries to one other pod
+//! (the group-commit leader), which commits them in its own batches together
+//! with its own mail.
+//!
+//! Why: each pod's group commit forms batches from the traffic that pod
+//! receives, so N pods sharing a load commit about N times the transactions of
+//! one pod for the same mail, and PostgreSQL pays a fixed cost per statement
+//! (executor start, commit, WAL flush; bench/RESULTS.md, "Two pods against one").
+//! Sending each message to the leader costs a loopback-or-LAN round trip instead.
+//!
+//! Correctness does not depend on there being one leader: any pod may commit any
+//! delivery, so pods that disagree on the leader (or a leader that is down) only
+//! form smaller batches. A delivery that could not be sent is committed locally;
+//! one that was sent and got no answer (the connection broke, or the leader took
+//! too long) fails as `Unavailable`, which the SMTP session answers with a 451:
+//! the client retries, and at worst the message is stored twice, never lost.
+//!
+//! Which pod leads: `smtp.group_commit_leader` is `host:port`, and the host may
+//! name several addresses (in Kubernetes, a headless Service over the pods that
+//! deliver): every pod takes the lowest address, looked up again every few
+//! seconds, so they agree without an election. The pod that finds itself there
+//! (the leader's greeting carries its instance id) commits its own mail.
+//!
+//! Wire format, over one TCP connection per follower (requests pipelined,
+//! answered in any order): the leader greets with `MCGC1 <instance> <nonce>\n`;
+//! the follower answers `<instance> <HMAC-SHA256(key, nonce) in hex>\n`, the
+//! key being `smtp.group_commit_secret` or, when that is empty, one derived from
+//! the database URL (whoever knows that can write mail into the database
+//! anyway); the leader says `OK\n`. A request is `u32 length | u64 id | u32 header length |
+//! header (JSON) | message`; an answer is `u32 length | u64 id | u8 status |
+//! payload`: status 0 carries `(i64 mailbox, u32 uid, u64 modseq, u32 added)` per
+//! target, any other status an error text (1 not found, 2 invalid, 3 unavailable,
+//! 4 internal). Integers are big-endian.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::Deliverer;
+use crate::store::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery, StoreError, StoreResult};
+
+const GREETING: &str = "MCGC1";
+/// How long a follower waits for the leader to connect and accept it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// After a failed connection, deliveries are committed locally for this long
+/// before the leader is tried again (no connect attempt per message).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest a sent delivery may wait for its answer: the SMTP client's own
+/// DATA timeout is minutes; a leader that takes this long is failing.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the leader's name is looked up again (pods come and go).
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The key followers prove they hold: the configured secret, else one derived
+/// from the database URL that every pod of the cluster is given.
+pub fn group_key(secret: &str, database_url: &str) -> Option<Vec<u8>> {
+    match (secret.is_empty(), database_url.is_empty()) {
+        (false, _) => Some(secret.as_bytes().to_vec()),
+        (true, false) => {
+            let mut hash = Sha256::new();
+            hash.update(b"mailcluster group commit\0");
+            hash.update(database_url.as_bytes());
+            Some(hash.finalize().to_vec())
+        }
+        (true, true) => None,
+    }
+}
+
+/// A random id of this process, to tell a pod that resolved its own address.
+pub fn instance_id() -> String {
+    let mut id = [0u8; 8];
+    rand::fill(&mut id);
+    hex(&id)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn proof(key: &[u8], nonce: &str) -> Option<Hmac<Sha256>> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).ok()?;
+    mac.update(nonce.as_bytes());
+    Some(mac)
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    targets: Vec<i64>,
+    internal_date: DateTime<Utc>,
+    flags: u32,
+    keywords: Vec<String>,
+    meta: MessageMeta,
+}
+
+type Answer = oneshot::Sender<StoreResult<Vec<DeliveredTo>>>;
+
+/// What became of a delivery offered to the leader.
+pub enum Forwarded {
+    /// The leader answered (or the delivery was sent and its fate is unknown:
+    /// `Unavailable`).
+    Answered(StoreResult<Vec<DeliveredTo>>),
+    /// Never sent: commit it here.
+    NotSent(Box<NewDelivery>),
+}
+
+/// The follower's side: one connection to the leader, opened on first use and
+/// again after it breaks.
+pub struct Forwarder {
+    leader: String,
+    key: Vec<u8>,
+    instance: String,
+    state: tokio::sync::Mutex<State>,
+    /// Deliveries sent to the leader / committed here (leader unreachable, or
+    /// this pod is the leader).
+    forwarded: prometheus::IntCounter,
+    local: prometheus::IntCounter,
+}
+
+#[derive(Default)]
+struct State {
+    /// The leader's address as last looked up, and when.
+    target: Option<SocketAddr>,
+    resolved_at: Option<Instant>,
+    /// This pod's own address, once a greeting showed it.
+    own: Option<SocketAddr>,
+    conn: Option<Arc<Conn>>,
+    retry_at: Option<Instant>,
+}
+
+struct Conn {
+    addr: SocketAddr,
+    /// Taken when the connection is retired: the writer then ends once the
+    /// queue is drained, and the leader answers what it has before closing.
+    frames: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+    /// Answers awaited, by request id; `None` once the connection is closed.
+    pending: Mutex<Option<HashMap<u64, Answer>>>,
+    next_id: AtomicU64,
+}
+
+impl Conn {
+    fn close(&self, why: &str) {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
+        for (_, answer) in pending.into_iter().flatten() {
+            let _ = answer.send(Err(StoreError::Unavailable(format!("group-commit leader: {why}"))));
+        }
+    }
+    fn is_closed(&self) -> bool {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+    fn retire(&self) {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+    fn send(&self, frame: Bytes) -> bool {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|f| f.send(frame).is_ok())
+    }
+}
+
+impl Forwarder {
+    pub fn new(leader: String, key: Vec<u8>, instance: String) -> Self {
+        let counter = |result: &str| {
+            prometheus::IntCounter::with_opts(
+                prometheus::Opts::new(
+                    "mail_group_commit_forwarded_total",
+                    "Deliveries offered to the group-commit leader, by where they were committed",
+                )
+                .const_label("committed", result),
+            )
+            .expect("valid metric")
+        };
+        Forwarder {
+            leader,
+            key,
+            instance,
+            state: tokio::sync::Mutex::new(State::default()),
+            forwarded: counter("leader"),
+            local: counter("here"),
+        }
+    }
+
+    pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.forwarded.clone()))?;
+        registry.register(Box::new(self.local.clone()))
+    }
+
+    pub async fn deliver(&self, delivery: NewDelivery) -> Forwarded {
+        let Some(conn) = self.connection().await else {
+            self.local.inc();
+            return Forwarded::NotSent(Box::new(delivery));
+        };
+        match self.send(&conn, delivery).await {
+            Forwarded::NotSent(delivery) => {
+                self.local.inc();
+                Forwarded::NotSent(delivery)
+            }
+            answered => {
+                self.forwarded.inc();
+                answered
+            }
+        }
+    }
+
+    async fn send(&self, conn: &Conn, delivery: NewDelivery) -> Forwarded {
+        let (answer, answered) = oneshot::channel();
+        let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut pending = conn.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(pending) = pending.as_mut() else { return Forwarded::NotSent(Box::new(delivery)) };
+            pending.insert(id, answer);
+        }
+        let frame = match encode_request(id, &delivery) {
+            Ok(frame) => frame,
+            Err(e) => {
+                conn.pending.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|p| p.remove(&id));
+                tracing::warn!(error = %e, "cannot encode a delivery for the group-commit leader");
+                return Forwarded::NotSent(Box::new(delivery));
+            }
+        };
+        if !conn.send(frame) {
+            // The writer is gone; `close` answers the entry (Unavailable) unless
+            // it already did, and this delivery was never written.
+            let removed =
+                conn.pending.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|p| p.remove(&id));
+            if removed.is_some() {
+                return Forwarded::NotSent(Box::new(delivery));
+            }
+        }
+        match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
+            Ok(Ok(result)) => Forwarded::Answered(result),
+            Ok(Err(_)) => {
+                Forwarded::Answered(Err(StoreError::Unavailable("group-commit leader: no answer".into())))
+            }
+            Err(_) => {
+                conn.pending.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|p| p.remove(&id));
+                Forwarded::Answered(Err(StoreError::Unavailable(
+                    "group-commit leader: answer timed out".into(),
+                )))
+            }
+        }
+    }
+
+    /// The open connection to the leader, or a new one; None while the leader
+    /// is unreachable or is this pod.
+    async fn connection(&self) -> Option<Arc<Conn>> {
+        let mut state = self.state.lock().await;
+        let now = Instant::now();
+        if state.resolved_at.is_none_or(|at| now.duration_since(at) >= RESOLVE_EVERY) {
+            state.resolved_at = Some(now);
+            match tokio::net::lookup_host(self.leader.as_str()).await {
+                Ok(addrs) => state.target = addrs.min(),
+                Err(e) => {
+                    tracing::warn!(leader = %self.leader, error = %e, "cannot look up the group-commit leader");
+                    state.target = None;
+                }
+            }
+        }
+        let target = state.target?;
+        if state.own == Some(target) {
+            return None;
+        }
+        if let Some(conn) = state.conn.as_ref() {
+            if conn.addr == target && !conn.is_closed() {
+                return Some(conn.clone());
+            }
+            // The leader moved (or the connection broke): answers still owed on
+            // the old connection arrive; new deliveries go to the new leader.
+            conn.retire();
+            state.conn = None;
+        }
+        if state.retry_at.is_some_and(|at| now < at) {
+            return None;
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect(target, &self.key, &self.instance)).await {
+            Ok(Ok(Some(conn))) => {
+                state.retry_at = None;
+                state.conn = Some(conn.clone());
+                Some(conn)
+            }
+            Ok(Ok(None)) => {
+                tracing::info!(%target, "this pod is the group-commit leader");
+                state.own = Some(target);
+                None
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "connect timed out".to_string(),
+                };
+                tracing::warn!(%target, error = %why, "group-commit leader unreachable; committing here");
+                state.retry_at = Some(now + RETRY_AFTER);
+                None
+            }
+        }
+    }
+}
+
+/// Connects and proves the key; None when the greeting shows this very process.
+async fn connect(addr: SocketAddr, key: &[u8], instance: &str) -> std::io::Result<Option<Arc<Conn>>> {
+    let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_string());
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut line = String::new();
+    (&mut read).take(256).read_line(&mut line).await?;
+    let mut words = line.trim_end().split(' ');
+    let (Some(GREETING), Some(leader), Some(nonce), None) =
+        (words.next(), words.next(), words.next(), words.next())
+    else {
+        return Err(refused("not a group-commit leader"));
+    };
+    if leader == instance {
+        return Ok(None);
+    }
+    let mac = proof(key, nonce).ok_or_else(|| refused("unusable key"))?;
+    write.write_all(format!("{instance} {}\n", hex(&mac.finalize().into_bytes())).as_bytes()).await?;
+    line.clear();
+    (&mut read).take(64).read_line(&mut line).await?;
+    if line != "OK\n" {
+        return Err(refused("the leader refused this pod's key"));
+    }
+    let (frames, queue) = mpsc::unbounded_channel();
+    let conn = Arc::new(Conn {
+        addr,
+        frames: Mutex::new(Some(frames)),
+        pending: Mutex::new(Some(HashMap::new())),
+        next_id: AtomicU64::new(1),
+    });
+    tokio::spawn(write_frames(queue, BufWriter::new(write), Some(conn.clone())));
+    tokio::spawn(read_answers(read, conn.clone()));
+    Ok(Some(conn))
+}
+
+/// Writes queued frames, flushing when the queue is empty (frames queued
+/// together leave in one write).
+async fn write_frames<W: AsyncWrite + Unpin>(
+    mut queue: mpsc::UnboundedReceiver<Bytes>,
+    mut out: BufWriter<W>,
+    conn: Option<Arc<Conn>>,
+) {
+    while let Some(frame) = queue.recv().await {
+        let mut result = out.write_all(&frame).await;
+        while result.is_ok() {
+            match queue.try_recv() {
+                Ok(frame) => result = out.write_all(&frame).await,
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = match result {
+            Ok(()) => out.flush().await,
+            Err(e) => Err(e),
+        } {
+            if let Some(conn) = &conn {
+                conn.close(&e.to_string());
+            }
+            return;
+        }
+    }
+    let _ = out.shutdown().await;
+}
+
+async fn read_answers<R: AsyncRead + Unpin>(mut read: R, conn: Arc<Conn>) {
+    let why = loop {
+        let frame = match read_frame(&mut read, 1 << 20).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break "connection closed".to_string(),
+            Err(e) => break e.to_string(),
+        };
+        match decode_answer(frame) {
+            Ok((id, result)) => {
+                let answer = conn
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_mut()
+                    .and_then(|p| p.remove(&id));
+                if let Some(answer) = answer {
+                    let _ = answer.send(result);
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    conn.close(&why);
+}
+
+/// Reads one length-prefixed frame; None at a clean end of stream.
+async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, max: usize) -> std::io::Result<Option<BytesMut>> {
+    let len = match read.read_u32().await {
+        Ok(len) => len as usize,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if len > max {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {len} bytes")));
+    }
+    let mut frame = BytesMut::zeroed(len);
+    read.read_exact(&mut frame).await?;
+    Ok(Some(frame))
+}
+
+fn encode_request(id: u64, delivery: &NewDelivery) -> serde_json::Result<Bytes> {
+    let header = serde_json::to_vec(&Header {
+        targets: delivery.targets.clone(),
+        internal_date: delivery.internal_date,
+        flags: delivery.flags.system.0,
+        keywords: delivery.flags.keywords.clone(),
+        meta: delivery.meta.clone(),
+    })?;
+    let len = 8 + 4 + header.len() + delivery.raw.len();
+    let mut frame = BytesMut::with_capacity(4 + len);
+    frame.put_u32(len as u32);
+    frame.put_u64(id);
+    frame.put_u32(header.len() as u32);
+    frame.put_slice(&header);
+    frame.put_slice(&delivery.raw);
+    Ok(frame.freeze())
+}
+
+fn decode_request(mut frame: BytesMut) -> Result<(u64, NewDelivery), String> {
+    if frame.len() < 12 {
+        return Err("short request".into());
+    }
+    let id = frame.get_u64();
+    let header_len = frame.get_u32() as usize;
+    if frame.len() < header_len {
+        return Err("short request header".into());
+    }
+    let header: Header = serde_json::from_slice(&frame.split_to(header_len)).map_err(|e| e.to_string())?;
+    let delivery = NewDelivery {
+        raw: frame.freeze(),
+        meta: header.meta,
+        internal_date: header.internal_date,
+        targets: header.targets,
+        flags: FlagSet { system: Flags(header.flags), keywords: header.keywords },
+    };
+    Ok((id, delivery))
+}
+
+fn encode_answer(id: u64, result: &StoreResult<Vec<DeliveredTo>>) -> Bytes {
+    let mut body = BytesMut::new();
+    body.put_u64(id);
+    match result {
+        Ok(delivered) => {
+            body.put_u8(0);
+            for d in delivered {
+                body.put_i64(d.mailbox_id);
+                body.put_u32(d.uid);
+                body.put_u64(d.modseq);
+                body.put_u32(d.added);
+            }
+        }
+        Err(e) => {
+            let (code, text) = match e {
+                StoreError::NotFound(t) | StoreError::AlreadyExists(t) => (1, t),
+                StoreError::Invalid(t) => (2, t),
+                StoreError::Unavailable(t) => (3, t),
+                StoreError::Internal(t) => (4, t),
+            };
+            body.put_u8(code);
+            body.put_slice(text.as_bytes());
+        }
+    }
+    let mut frame = BytesMut::with_capacity(4 + body.len());
+    frame.put_u32(body.len() as u32);
+    frame.put_slice(&body);
+    frame.freeze()
+}
+
+fn decode_answer(mut frame: BytesMut) -> Result<(u64, StoreResult<Vec<DeliveredTo>>), String> {
+    if frame.len() < 9 {
+        return Err("short answer".into());
+    }
+    let id = frame.get_u64();
+    let status = frame.get_u8();
+    if status == 0 {
+        if !frame.len().is_multiple_of(24) {
+            return Err("malformed answer".into());
+        }
+        let mut delivered = Vec::with_capacity(frame.len() / 24);
+        while frame.has_remaining() {
+            delivered.push(DeliveredTo {
+                mailbox_id: frame.get_i64(),
+                uid: frame.get_u32(),
+                modseq: frame.get_u64(),
+                added: frame.get_u32(),
+            });
+        }
+        return Ok((id, Ok(delivered)));
+    }
+    let text = String::from_utf8_lossy(&frame).into_owned();
+    let err = match status {
+        1 => StoreError::NotFound(text),
+        2 => StoreError::Invalid(text),
+        3 => StoreError::Unavailable(text),
+        _ => StoreError::Internal(text),
+    };
+    Ok((id, Err(err)))
+}
+
+/// The leader's side: accepts followers that prove the key and commits what
+/// they send with its own deliveries (never forwarding it on).
+pub async fn accept(
+    listener: TcpListener,
+    deliverer: Arc<Deliverer>,
+    key: Vec<u8>,
+    instance: String,
+    max_message: usize,
+) {
+    let shared = Arc::new((key, instance));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "group-commit accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (deliverer, shared) = (deliverer.clone(), shared.clone());
+        tokio::spawn(async move {
+            if let Err(e) = follower(stream, deliverer, &shared.0, &shared.1, max_message).await {
+                tracing::debug!(%peer, error = %e, "group-commit follower connection ended");
+            }
+        });
+    }
+}
+
+async fn follower(
+    stream: TcpStream,
+    deliverer: Arc<Deliverer>,
+    key: &[u8],
+    instance: &str,
+    max_message: usize,
+) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let (read, mut write) = stream.into_split();
+    let mut nonce = [0u8; 16];
+    rand::fill(&mut nonce);
+    let nonce = hex(&nonce);
+    write.write_all(format!("{GREETING} {instance} {nonce}\n").as_bytes()).await?;
+    let mut read = BufReader::new(read);
+    let mut line = String::new();
+    tokio::time::timeout(CONNECT_TIMEOUT * 5, (&mut read).take(256).read_line(&mut line))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to the greeting"))??;
+    let given = line.trim_end().split_once(' ').map(|(_, mac)| mac).unwrap_or("");
+    let proven = decode_hex(given)
+        .and_then(|given| proof(key, &nonce).map(|mac| mac.verify_slice(&given).is_ok()))
+        .unwrap_or(false);
+    if !proven {
+        let _ = write.write_all(b"NO\n").await;
+        return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "wrong group-commit key"));
+    }
+    write.write_all(b"OK\n").await?;
+    let (answers, queue) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_frames(queue, BufWriter::new(write), None));
+    // The message plus its header (the parsed metadata is a fraction of it).
+    let max_frame = max_message.saturating_mul(2).saturating_add(1 << 20);
+    let result = loop {
+        let frame = match read_frame(&mut read, max_frame).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let (id, delivery) = match decode_request(frame) {
+            Ok(request) => request,
+            Err(e) => break Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        };
+        let (deliverer, answers) = (deliverer.clone(), answers.clone());
+        tokio::spawn(async move {
+            let result = deliverer.deliver_here(delivery).await;
+            let _ = answers.send(encode_answer(id, &result));
+        });
+    };
+    // Answers still being committed keep the writer's queue open until sent.
+    drop(answers);
+    let _ = writer.await;
+    result
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery() -> NewDelivery {
+        NewDelivery {
+            raw: Bytes::from_static(b"Subject: hi\r\n\r\nbody\r\n"),
+            meta: MessageMeta { subject: "hi".into(), ..Default::default() },
+            internal_date: Utc::now(),
+            targets: vec![7, 9],
+            flags: FlagSet { system: Flags::SEEN, keywords: vec!["$Label1".into()] },
+        }
+    }
+
+    #[test]
+    fn requests_and_answers_survive_the_wire() {
+        let sent = delivery();
+        let mut frame = BytesMut::from(&encode_request(42, &sent).unwrap()[..]);
+        assert_eq!(frame.get_u32() as usize, frame.len());
+        let (id, got) = decode_request(frame).unwrap();
+        assert_eq!(id, 42);
+        assert_eq!((got.raw, got.meta, got.targets, got.flags), (sent.raw, sent.meta, sent.targets, sent.flags));
+        assert_eq!(got.internal_date, sent.internal_date);
+
+        let delivered = vec![
+            DeliveredTo { mailbox_id: 7, uid: 3, modseq: 11, added: 2 },
+            DeliveredTo { mailbox_id: -1, uid: u32::MAX, modseq: u64::MAX, added: 0 },
+        ];
+        for result in [Ok(delivered), Err(StoreError::Unavailable("down".into())), Err(StoreError::Invalid("x".into()))]
+        {
+            let mut frame = BytesMut::from(&encode_answer(9, &result)[..]);
+            frame.get_u32();
+            let (id, got) = decode_answer(frame).unwrap();
+            assert_eq!(id, 9);
+            assert_eq!(format!("{got:?}"), format!("{result:?}"));
+        }
+        assert!(decode_request(BytesMut::from(&b"short"[..])).is_err());
+        assert!(decode_answer(BytesMut::from(&[0u8; 8 + 1 + 5][..])).is_err(), "a partial delivered entry");
+        assert_eq!(decode_hex("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(decode_hex("0"), None);
+        assert_eq!(decode_hex("zz"), None);
+    }
+
+    #[test]
+    fn the_key_is_the_secret_or_comes_from_the_database_url() {
+        assert_eq!(group_key("s3cret", "postgres://x").unwrap(), b"s3cret");
+        let derived = group_key("", "postgres://u:p@db/mail").unwrap();
+        assert_eq!(derived.len(), 32);
+        assert_ne!(derived, group_key("", "postgres://u:other@db/mail").unwrap());
+        assert!(group_key("", "").is_none());
+    }
+
+    /// A leader over an embedded store, and a raw connection to it.
+    async fn leader(key: &[u8]) -> (SocketAddr, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();
+        store.migrate().await.unwrap();
+        let deliverer = Arc::new(Deliverer::new(store));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept(listener, deliverer, key.to_vec(), "leader".into(), 1024));
+        (addr, dir)
+    }
+
+    async fn greet(addr: SocketAddr, key: &[u8]) -> (BufReader<TcpStream>, String) {
+        let mut stream = BufReader::new(TcpStream::connect(addr).await.unwrap());
+        let mut greeting = String::new();
+        stream.read_line(&mut greeting).await.unwrap();
+        let nonce = greeting.trim_end().rsplit(' ').next().unwrap().to_string();
+        let mac = proof(key, &nonce).unwrap().finalize().into_bytes();
+        stream.get_mut().write_all(format!("follower {}\n", hex(&mac)).as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_line(&mut answer).await.unwrap();
+        (stream, answer)
+    }
+
+    #[tokio::test]
+    async fn the_leader_refuses_a_wrong_key_and_closes_on_oversized_frames() {
+        let (addr, _dir) = leader(b"right").await;
+        let (_, answer) = greet(addr, b"wrong").await;
+        assert_eq!(answer, "NO\n");
+        // A follower that is itself: its connect sees its own instance id.
+        assert!(connect(addr, b"right", "leader").await.unwrap().is_none());
+        // A frame longer than a message may be: the connection ends, nothing read.
+        let (mut stream, answer) = greet(addr, b"right").await;
+        assert_eq!(answer, "OK\n");
+        stream.get_mut().write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
+        // A delivery to a mailbox that does not exist is answered, not dropped.
+        let forwarder = Forwarder::new(addr.to_string(), b"right".to_vec(), "follower".into());
+        match forwarder.deliver(delivery()).await {
+            Forwarded::Answered(Err(_)) => {}
+            Forwarded::Answered(Ok(d)) => panic!("delivered to no mailbox: {d:?}"),
+            Forwarded::NotSent(_) => panic!("not sent to a reachable leader"),
+        }
+        assert_eq!(forwarder.forwarded.get(), 1);
+    }
+}
