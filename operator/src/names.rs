@@ -11,8 +11,8 @@ pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 pub const CONFIG_HASH_ANNOTATION: &str = "mailcluster.dev/config-hash";
 pub const IMAGE_ANNOTATION: &str = "mailcluster.dev/image";
 
-/// Longest `MailCluster` name: children append at most `-submission` (11) or
-/// `-migrate-<10 hex>` (19) and Service names must stay DNS labels (63).
+/// Longest `MailCluster` name: children append at most `-submission-commit`
+/// (18) or `-migrate-<10 hex>` (19) and Service names must stay DNS labels (63).
 pub const MAX_NAME_LEN: usize = 40;
 
 /// Where the pods find things (read-only root filesystem: only these are writable or mounted).
@@ -26,6 +26,9 @@ pub fn dkim_key_path(domain: &str) -> std::path::PathBuf {
 }
 pub const DATA_DIR: &str = "/var/lib/mailcluster";
 pub const ADMIN_PORT: i32 = 9090;
+/// Where the pods that deliver take each other's deliveries (group commit
+/// across pods: the server's `smtp.group_commit_port`).
+pub const GROUP_COMMIT_PORT: i32 = 7025;
 
 pub fn cluster_name(mc: &MailCluster) -> &str {
     mc.metadata.name.as_deref().unwrap_or("")
@@ -84,6 +87,17 @@ pub fn all_pods_selector(mc: &MailCluster) -> BTreeMap<String, String> {
 
 pub fn protocol_object(mc: &MailCluster, p: Protocol) -> String {
     format!("{}-{}", cluster_name(mc), p.name())
+}
+
+/// The headless Service naming every ready pod of a delivering protocol: its
+/// lowest address is the group-commit leader.
+pub fn group_commit_service(mc: &MailCluster, p: Protocol) -> String {
+    format!("{}-commit", protocol_object(mc, p))
+}
+
+/// The protocols whose pods store mail they receive (and so group-commit it).
+pub fn delivers(p: Protocol) -> bool {
+    matches!(p, Protocol::Smtp | Protocol::Submission)
 }
 
 pub fn config_map(mc: &MailCluster) -> String {

@@ -43,7 +43,14 @@ fn minimal_builds_every_default_object() {
     assert_eq!(names_of(&b, ChildKind::Deployment), ["mail-imap", "mail-smtp", "mail-submission"]);
     assert_eq!(
         names_of(&b, ChildKind::Service),
-        ["mail-imap", "mail-metrics", "mail-smtp", "mail-submission"]
+        [
+            "mail-imap",
+            "mail-metrics",
+            "mail-smtp",
+            "mail-smtp-commit",
+            "mail-submission",
+            "mail-submission-commit"
+        ]
     );
     assert_eq!(
         names_of(&b, ChildKind::HorizontalPodAutoscaler),
@@ -62,6 +69,41 @@ fn minimal_builds_every_default_object() {
     }
     assert_eq!(b.rollout, Rollout::Current);
     assert!(b.warnings.is_empty(), "{:?}", b.warnings);
+}
+
+/// The pods that deliver find their group-commit leader through a headless
+/// Service of their own Deployment's pods, on a port they all open.
+#[test]
+fn delivering_pods_group_commit_through_their_headless_service() {
+    let mc = fixture("minimal");
+    let b = steady(&mc);
+    let svc: Service = get(&b, ChildKind::Service, "mail-smtp-commit");
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"), "headless: one address per ready pod");
+    let deployment: Deployment = get(&b, ChildKind::Deployment, "mail-smtp");
+    let pod_labels =
+        deployment.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap();
+    for (k, v) in spec.selector.unwrap() {
+        assert_eq!(pod_labels.get(&k), Some(&v), "selects the smtp pods");
+    }
+    let port = &spec.ports.unwrap()[0];
+    let target = port.target_port.clone().unwrap();
+    let opened = container(&deployment).ports.unwrap();
+    assert!(
+        opened.iter().any(|p| IntOrString::String(p.name.clone().unwrap_or_default()) == target
+            && p.container_port == port.port),
+        "the pods open the Service's port: {opened:?}"
+    );
+    let config =
+        mailcluster_operator::build::pod_config::pod_config(&mc, Some(mailcluster_api::Protocol::Smtp));
+    let namespace = mc.metadata.namespace.clone().unwrap();
+    assert_eq!(config.smtp.group_commit_leader, format!("mail-smtp-commit.{namespace}.svc:{}", port.port));
+    assert_eq!(i32::from(config.smtp.group_commit_port), port.port);
+    // IMAP pods deliver nothing: no port, no Service, no leader.
+    let imap =
+        mailcluster_operator::build::pod_config::pod_config(&mc, Some(mailcluster_api::Protocol::Imap));
+    assert_eq!((imap.smtp.group_commit_leader.as_str(), imap.smtp.group_commit_port), ("", 0));
+    assert!(b.get(ChildKind::Service, "mail-imap-commit").is_none());
 }
 
 #[test]

@@ -303,7 +303,15 @@ async fn controller_runs_a_cluster_from_create_to_delete() {
     eventually("the config", || async { get::<ConfigMap>(&client, "mail-config").await }).await;
     eventually("the stress CronJob", || async { get::<CronJob>(&client, "mail-stress").await }).await;
     eventually("the Services", || async {
-        let want = ["mail-imap", "mail-metrics", "mail-pop3", "mail-smtp", "mail-submission"];
+        let want = [
+            "mail-imap",
+            "mail-metrics",
+            "mail-pop3",
+            "mail-smtp",
+            "mail-smtp-commit",
+            "mail-submission",
+            "mail-submission-commit",
+        ];
         (names::<Service>(&client).await == want).then_some(())
     })
     .await;

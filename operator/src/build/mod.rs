@@ -137,6 +137,9 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
 
     for p in mc.spec.enabled_protocols() {
         out.push((ChildKind::Service, value(&workload::service(mc, p))));
+        if names::delivers(p) {
+            out.push((ChildKind::Service, value(&workload::group_commit_service(mc, p))));
+        }
         let Some(image) = running_image else { continue };
         let pb = &budget.protocols[&p];
         out.push((ChildKind::Deployment, value(&workload::deployment(mc, p, image, &config_map, pb))));

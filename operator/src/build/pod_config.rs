@@ -36,6 +36,17 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
             c.net.max_connections = ps.max_connections as usize;
             c.net.max_connections_per_ip = ps.max_connections_per_ip as usize;
             c.database.pool_size = spec.postgres.pool_size;
+            if names::delivers(p) {
+                // Batches formed across the Deployment's pods: fewer, larger
+                // transactions as it scales out (server delivery/forward.rs).
+                c.smtp.group_commit_port = names::GROUP_COMMIT_PORT as u16;
+                c.smtp.group_commit_leader = format!(
+                    "{}.{}.svc:{}",
+                    names::group_commit_service(mc, p),
+                    names::namespace(mc),
+                    names::GROUP_COMMIT_PORT
+                );
+            }
         }
         None => {
             // The Job serves nothing; its pool only runs the migration.

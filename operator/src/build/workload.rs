@@ -276,6 +276,9 @@ pub fn deployment(
     let mut ports: Vec<ContainerPort> =
         p.listeners().iter().map(|l| port(l.name(), l.container_port())).collect();
     ports.push(port("admin", ADMIN_PORT));
+    if names::delivers(p) {
+        ports.push(port("group-commit", names::GROUP_COMMIT_PORT));
+    }
 
     let selector = names::selector_labels(mc, p);
     let spread = |key: &str| TopologySpreadConstraint {
@@ -403,6 +406,28 @@ pub fn service(mc: &MailCluster, p: Protocol) -> Service {
         }
     }
     Service { metadata: meta, spec: Some(spec), ..Default::default() }
+}
+
+/// Headless Service over the ready pods of a delivering protocol: the pods look
+/// its name up and hand their deliveries to the lowest address (group commit
+/// across pods). Not-ready pods are left out, so a draining pod stops leading.
+pub fn group_commit_service(mc: &MailCluster, p: Protocol) -> Service {
+    Service {
+        metadata: metadata(mc, &names::group_commit_service(mc, p), p.name()),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(names::selector_labels(mc, p)),
+            ports: Some(vec![ServicePort {
+                name: Some("group-commit".into()),
+                port: names::GROUP_COMMIT_PORT,
+                target_port: Some(IntOrString::String("group-commit".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// ClusterIP Service over the admin port of every pod: the scrape target. Kept apart
@@ -565,6 +590,14 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
                 NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
                 // The admin port (metrics, health) only from this namespace and monitoring.
                 NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
+                // Deliveries handed to the group-commit leader: from this cluster's pods only.
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(match_labels(names::all_pods_selector(mc))),
+                        ..Default::default()
+                    }]),
+                    ports: Some(vec![tcp(names::GROUP_COMMIT_PORT)]),
+                },
             ]),
             egress,
         }),

@@ -255,14 +255,24 @@ impl Forwarder {
         let mut state = self.state.lock().await;
         let now = Instant::now();
         if state.resolved_at.is_none_or(|at| now.duration_since(at) >= RESOLVE_EVERY) {
-            state.resolved_at = Some(now);
-            match tokio::net::lookup_host(self.leader.as_str()).await {
-                Ok(addrs) => state.target = addrs.min(),
-                Err(e) => {
-                    tracing::warn!(leader = %self.leader, error = %e, "cannot look up the group-commit leader");
-                    state.target = None;
+            let found = match tokio::net::lookup_host(self.leader.as_str()).await {
+                Ok(addrs) => addrs.min().ok_or_else(|| "no address".to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            // Said once per change, not at every lookup.
+            match (&found, state.target) {
+                (Ok(addr), old) if old != Some(*addr) => {
+                    tracing::info!(leader = %self.leader, %addr, "group-commit leader");
                 }
+                (Err(e), Some(_)) | (Err(e), None)
+                    if state.resolved_at.is_none() || state.target.is_some() =>
+                {
+                    tracing::warn!(leader = %self.leader, error = %e, "cannot look up the group-commit leader; committing here");
+                }
+                _ => {}
             }
+            state.target = found.ok();
+            state.resolved_at = Some(now);
         }
         let target = state.target?;
         if state.own == Some(target) {
@@ -617,14 +627,18 @@ mod tests {
         assert_eq!(frame.get_u32() as usize, frame.len());
         let (id, got) = decode_request(frame).unwrap();
         assert_eq!(id, 42);
-        assert_eq!((got.raw, got.meta, got.targets, got.flags), (sent.raw, sent.meta, sent.targets, sent.flags));
+        assert_eq!(
+            (got.raw, got.meta, got.targets, got.flags),
+            (sent.raw, sent.meta, sent.targets, sent.flags)
+        );
         assert_eq!(got.internal_date, sent.internal_date);
 
         let delivered = vec![
             DeliveredTo { mailbox_id: 7, uid: 3, modseq: 11, added: 2 },
             DeliveredTo { mailbox_id: -1, uid: u32::MAX, modseq: u64::MAX, added: 0 },
         ];
-        for result in [Ok(delivered), Err(StoreError::Unavailable("down".into())), Err(StoreError::Invalid("x".into()))]
+        for result in
+            [Ok(delivered), Err(StoreError::Unavailable("down".into())), Err(StoreError::Invalid("x".into()))]
         {
             let mut frame = BytesMut::from(&encode_answer(9, &result)[..]);
             frame.get_u32();
