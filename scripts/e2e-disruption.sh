@@ -7,6 +7,9 @@
 #      PodDisruptionBudget allows, never more than one surge Pod);
 #   2. one SMTP Pod's process is killed with SIGKILL: the node restarts it;
 #   3. one SMTP Pod is deleted at once (grace 0): the ReplicaSet replaces it.
+# The Pod lost in 2 and 3 is the group-commit leader (the lowest address of the
+# headless Service $MC-smtp-commit), which commits the other Pod's deliveries:
+# before the rollouts the other Pod must have handed it some.
 # The rollouts and the Pod loss each get a load run of their own. Then every
 # message acknowledged with 250 must be in the store exactly once, no delivery may
 # have had a 5xx reply, and during the rollouts no delivery may have failed other
@@ -106,23 +109,46 @@ roll() { # what patch
         "[ \$(kubectl get deployment -n $NS $MC-smtp -o jsonpath='{.metadata.generation}') -gt $gen ]"
     until_true "the rollout ($1)" rolled_to "$((gen + 1))"
 }
+# Ready SMTP Pods not being deleted, as "name address", the lowest address first:
+# the group-commit leader first.
+ready_smtp_pods() {
+    kubectl get pods -n "$NS" -l "$SMTP_SELECTOR" -o json | python3 -c '
+import ipaddress, json, sys
+pods = []
+for p in json.load(sys.stdin)["items"]:
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    if ready and not p["metadata"].get("deletionTimestamp") and p["status"].get("podIP"):
+        pods.append((ipaddress.ip_address(p["status"]["podIP"]), p["metadata"]["name"]))
+for ip, name in sorted(pods):
+    print(name, ip)
+'
+}
+# Deliveries the Pods handed to the leader so far (their metrics, summed).
+forwarded_to_leader() {
+    local total=0 name ip n
+    while read -r name ip; do
+        n=$(curl -sf --max-time 5 "http://$ip:9090/metrics" |
+            awk '/^mail_group_commit_forwarded_total\{committed="leader"\}/ {print $2}')
+        echo "  $name ($ip): ${n:-0} deliveries handed to the leader" >&2
+        total=$((total + ${n:-0}))
+    done < <(ready_smtp_pods)
+    echo "$total"
+}
+
 start_load rollouts "$ROLL_SECS"
+step "group commit across pods: the SMTP Pods hand their deliveries to the leader"
+forwarded=$(forwarded_to_leader)
+[ "$forwarded" -gt 0 ] || die "no SMTP Pod handed a delivery to the group-commit leader"
 roll "image tag e2e -> e2e-2" '{"spec":{"image":{"tag":"e2e-2"}}}'
 roll "smtp.maxConnections 5000 -> 4000 (a configuration value)" '{"spec":{"smtp":{"maxConnections":4000}}}'
 finish_load rollouts
 
 start_load pod-loss "$LOSS_SECS"
 
-step "pod loss under load: SIGKILL of an SMTP Pod's process"
+step "pod loss under load: SIGKILL of the group-commit leader's process"
 phase "SIGKILL of a Pod's process"
-# A Pod of the current revision: Pods of the old one may still be draining.
-pod=$(kubectl get pods -n "$NS" -l "$SMTP_SELECTOR" -o json | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["items"]:
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    if ready and not p["metadata"].get("deletionTimestamp"):
-        print(p["metadata"]["name"]); break
-')
+# The leader, of the current revision (Pods of the old one may still be draining).
+pod=$(ready_smtp_pods | awk 'NR == 1 {print $1}')
 [ -n "$pod" ] || die "no Ready SMTP Pod"
 uid=$(kubectl get pod -n "$NS" "$pod" -o jsonpath='{.metadata.uid}')
 restarts=$(kubectl get pod -n "$NS" "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')

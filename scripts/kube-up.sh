@@ -257,7 +257,10 @@ if [ "$MAILCLUSTER_KUBE_NODE" = 1 ]; then
         --proxy-mode iptables --cluster-cidr "$NODE_CIDR" \
         --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
         --conntrack-max-per-core 0
-    start mailcluster-test-node --kubeconfig "$DIR/node.kubeconfig" --name "$NODE_NAME" \
+    # Its cluster DNS reads EndpointSlices (headless Services) with kube-proxy's
+    # credentials, as CoreDNS reads them with an account of its own.
+    start mailcluster-test-node --kubeconfig "$DIR/node.kubeconfig" --dns-kubeconfig "$DIR/kube-proxy.kubeconfig" \
+        --name "$NODE_NAME" \
         --dir "$DIR/node" --bridge "$NODE_BRIDGE" --pod-cidr "$NODE_CIDR" \
         --image "ghcr.io/mailcluster/mailcluster=$ROOT/target/$PROFILE/mailcluster" \
         --host-port 5432 --host-port 6379 ${NODE_TAINT:+--taint "$NODE_TAINT"}

@@ -3,8 +3,10 @@
 //! leader, `smtp.group_commit_port` open), as the operator configures a
 //! Deployment's pods. The follower hands its deliveries to the leader, which
 //! finds itself under the leader's name and commits its own; a pod without the
-//! key commits its own; and when the leader is killed mid-load no message that
-//! got a 250 is lost or stored twice, while the follower goes on delivering.
+//! key commits its own; when the leader is killed mid-load no message that got
+//! a 250 is lost or stored twice, while the follower goes on delivering; and a
+//! leader that drains (SIGTERM) declines what it is sent, so that its follower
+//! commits it and no delivery fails.
 
 mod common;
 
@@ -49,39 +51,125 @@ fn inbox_subjects(imap: SocketAddr) -> BTreeMap<String, usize> {
     subjects
 }
 
+/// One database with alice, and the environment every pod shares: the leader
+/// named at a loopback port of its own.
+struct Cluster {
+    _db: TestDatabase,
+    _dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    /// The group-commit port: only the pod started with it leads.
+    port: String,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let db = TestDatabase::create_blocking("mc_group_commit");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port().to_string();
+        let mut env: Vec<(String, String)> =
+            ephemeral_ports().into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        env.extend(
+            [
+                ("MAILCLUSTER_DATABASE_URL", db.url.clone()),
+                ("MAILCLUSTER_REDIS_URL", redis_url()),
+                ("MAILCLUSTER_REDIS__KEY_PREFIX", format!("{}:", unique("mcgc"))),
+                ("MAILCLUSTER_PROTOCOLS", "smtp,imap".into()),
+                ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true".into()),
+                ("MAILCLUSTER_SMTP__GROUP_COMMIT_LEADER", format!("127.0.0.1:{port}")),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
+        let cluster = Cluster { _db: db, _dir: dir, env, port };
+        let env = cluster.with(&[]);
+        let dir = cluster._dir.path();
+        run(dir, &["migrate"], &env).ok();
+        run(dir, &["domain", "add", "example.org"], &env).ok();
+        run_with(dir, &["user", "add", "alice@example.org"], &env, "alicepw\n", Duration::from_secs(120))
+            .ok();
+        cluster
+    }
+
+    fn with<'a>(&'a self, more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(more.iter().copied()).collect()
+    }
+
+    /// A pod with every pod's configuration, and `port` as its group-commit port.
+    fn pod(&self, dir: &tempfile::TempDir, port: &str, more: &[(&str, &str)]) -> ServeProcess {
+        let mut env = self.with(&[("MAILCLUSTER_SMTP__GROUP_COMMIT_PORT", port)]);
+        env.extend_from_slice(more);
+        ServeProcess::start(dir.path(), &env, 2)
+    }
+}
+
+/// Senders delivering to `smtp` until stopped: what got a 250, what a 451.
+struct Load {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<Vec<usize>>>,
+    failed: Arc<Mutex<Vec<usize>>>,
+    senders: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(smtp: SocketAddr, senders: usize) -> Load {
+        let (stop, next) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(100)));
+        let (accepted, failed) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let senders = (0..senders)
+            .map(|_| {
+                let (accepted, stop, next, failed) =
+                    (accepted.clone(), stop.clone(), next.clone(), failed.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        match smtp_try(smtp, "alice@example.org", n) {
+                            Ok((verdict, _)) if verdict.starts_with("250") => {
+                                accepted.lock().unwrap().push(n)
+                            }
+                            // A delivery sent to the leader and never answered: the
+                            // client must retry (it may then be stored twice).
+                            Ok((verdict, _)) if verdict.starts_with("451") => failed.lock().unwrap().push(n),
+                            other => panic!("delivery {n}: {other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, accepted, failed, senders }
+    }
+
+    /// Stops the senders: (accepted, failed with 451).
+    fn stop(self) -> (Vec<usize>, Vec<usize>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for s in self.senders {
+            s.join().expect("sender");
+        }
+        (self.accepted.lock().unwrap().clone(), self.failed.lock().unwrap().clone())
+    }
+}
+
+/// Every message that got a 250 is stored once; nothing is stored that no
+/// sender tried, and nothing twice but what got a 451.
+fn assert_exactly_once(imap: SocketAddr, accepted: &[usize], failed: &[usize]) {
+    let subjects = inbox_subjects(imap);
+    for n in accepted {
+        assert_eq!(subjects.get(&format!("load {n}")), Some(&1), "message {n} got a 250: stored once");
+    }
+    for (subject, count) in &subjects {
+        let n: usize = subject.strip_prefix("load ").and_then(|n| n.parse().ok()).expect("a load subject");
+        if n >= 100 {
+            assert!(accepted.contains(&n) || failed.contains(&n), "{subject} was never sent");
+            assert!(*count == 1 || failed.contains(&n), "{subject} stored {count} times");
+        }
+    }
+}
+
 #[test]
 fn followers_commit_through_the_leader_and_survive_its_death() {
-    let db = TestDatabase::create_blocking("mc_group_commit");
-    let prefix = format!("{}:", unique("mcgc"));
-    let redis = redis_url();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port().to_string();
-    let leader = format!("127.0.0.1:{port}");
-    let mut env = ephemeral_ports();
-    env.extend([
-        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
-        ("MAILCLUSTER_REDIS_URL", redis.as_str()),
-        ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix.as_str()),
-        ("MAILCLUSTER_PROTOCOLS", "smtp,imap"),
-        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
-        ("MAILCLUSTER_SMTP__GROUP_COMMIT_LEADER", leader.as_str()),
-    ]);
-    run(dir.path(), &["migrate"], &env).ok();
-    run(dir.path(), &["domain", "add", "example.org"], &env).ok();
-    run_with(dir.path(), &["user", "add", "alice@example.org"], &env, "alicepw\n", Duration::from_secs(120))
-        .ok();
-
-    // The same configuration for every pod; only the leader's address can bind the port.
-    let with_port = |port: &'static str| {
-        let mut env = env.clone();
-        env.push(("MAILCLUSTER_SMTP__GROUP_COMMIT_PORT", port));
-        env
-    };
-    let port: &'static str = Box::leak(port.into_boxed_str());
+    let cluster = Cluster::new();
     let (dir_a, dir_b, dir_c) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = ServeProcess::start(dir_a.path(), &with_port(port), 2);
-    let b = ServeProcess::start(dir_b.path(), &with_port("0"), 2);
+    // The same configuration for every pod; only the leader's address can bind the port.
+    let mut a = cluster.pod(&dir_a, &cluster.port, &[]);
+    let b = cluster.pod(&dir_b, "0", &[]);
 
     // The follower's mail goes to the leader; the leader commits its own.
     for n in 0..10 {
@@ -102,9 +190,7 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     assert!(subjects.values().all(|&n| n == 1), "{subjects:?}");
 
     // A pod with another key is refused and commits its own mail.
-    let mut wrong = with_port("0");
-    wrong.push(("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", "not the cluster's"));
-    let c = ServeProcess::start(dir_c.path(), &wrong, 2);
+    let c = cluster.pod(&dir_c, "0", &[("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", "not the cluster's")]);
     let (verdict, _) = smtp_try(c.addr("smtp"), "alice@example.org", 13).expect("delivery via c");
     assert!(verdict.starts_with("250"), "{verdict}");
     assert_eq!((forwarded(&c, "leader"), forwarded(&c, "here")), (0, 1));
@@ -112,28 +198,7 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     drop(c);
 
     // Four senders on the follower; the leader dies under them.
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let (stop, next, failures) =
-        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(100)), Arc::new(Mutex::new(Vec::new())));
-    let b_smtp = b.addr("smtp");
-    let senders: Vec<_> = (0..4)
-        .map(|_| {
-            let (accepted, stop, next, failures) =
-                (accepted.clone(), stop.clone(), next.clone(), failures.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    match smtp_try(b_smtp, "alice@example.org", n) {
-                        Ok((verdict, _)) if verdict.starts_with("250") => accepted.lock().unwrap().push(n),
-                        // A delivery sent to the leader and never answered: the
-                        // client must retry (it may then be stored twice).
-                        Ok((verdict, _)) if verdict.starts_with("451") => failures.lock().unwrap().push(n),
-                        other => panic!("delivery {n}: {other:?}"),
-                    }
-                }
-            })
-        })
-        .collect();
+    let load = Load::start(b.addr("smtp"), 4);
     std::thread::sleep(Duration::from_millis(1500));
     let before = forwarded(&b, "leader");
     assert!(before > 10, "the follower forwarded under load");
@@ -144,29 +209,48 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
         assert!(killed.elapsed() < Duration::from_secs(20), "follower never committed on its own");
         std::thread::sleep(Duration::from_millis(100));
     }
-    stop.store(true, Ordering::Relaxed);
-    for s in senders {
-        s.join().expect("sender");
-    }
-
-    let subjects = inbox_subjects(b.addr("imap"));
-    let accepted = accepted.lock().unwrap().clone();
-    let failed = failures.lock().unwrap().clone();
+    let (accepted, failed) = load.stop();
     println!(
-        "{} accepted, {} answered 451 when the leader died; {} forwarded before the kill",
+        "{} accepted, {} answered 451 when the leader died; {before} forwarded before",
         accepted.len(),
-        failed.len(),
-        before
+        failed.len()
     );
-    for n in &accepted {
-        assert_eq!(subjects.get(&format!("load {n}")), Some(&1), "message {n} got a 250: stored once");
-    }
-    // Nothing is stored that no sender tried, and nothing twice but what got a 451.
-    for (subject, count) in &subjects {
-        let n: usize = subject.strip_prefix("load ").and_then(|n| n.parse().ok()).expect("a load subject");
-        if n >= 100 {
-            assert!(accepted.contains(&n) || failed.contains(&n), "{subject} was never sent");
-            assert!(*count == 1 || failed.contains(&n), "{subject} stored {count} times");
+    assert_exactly_once(b.addr("imap"), &accepted, &failed);
+}
+
+#[test]
+fn a_draining_leader_declines_and_no_delivery_fails() {
+    let cluster = Cluster::new();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = cluster.pod(&dir_a, &cluster.port, &[("MAILCLUSTER_SHUTDOWN_GRACE_SECS", "20")]);
+    let b = cluster.pod(&dir_b, "0", &[]);
+    let load = Load::start(b.addr("smtp"), 4);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(forwarded(&b, "leader") > 0, "the follower forwarded");
+    let here_before = forwarded(&b, "here");
+    let term = std::process::Command::new("kill").args(["-TERM", &a.child.id().to_string()]).status();
+    assert!(term.expect("kill").success());
+    let termed = Instant::now();
+    let status = loop {
+        if let Some(status) = a.child.try_wait().expect("wait") {
+            break status;
         }
-    }
+        assert!(termed.elapsed() < Duration::from_secs(30), "the leader never stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stopped_after = termed.elapsed();
+    // Deliveries go on after the leader is gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (accepted, failed) = load.stop();
+    println!(
+        "leader stopped {stopped_after:?} after SIGTERM; {} accepted, {} failed",
+        accepted.len(),
+        failed.len()
+    );
+    assert!(status.success(), "a drained leader exits cleanly: {status:?}\n{}", a.log_text());
+    assert!(a.log_contains("drained; stopping"), "{}", a.log_text());
+    assert!(failed.is_empty(), "no delivery failed while the leader drained: {failed:?}");
+    assert!(forwarded(&b, "here") > here_before, "the follower committed what the leader declined");
+    assert!(b.log_contains("the group-commit leader is draining"), "{}", b.log_text());
+    assert_exactly_once(b.addr("imap"), &accepted, &failed);
 }

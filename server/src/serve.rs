@@ -69,19 +69,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let deliverer = Arc::new(deliverer);
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    if let (Some(key), true) = (group_key, smtp.group_commit_port != 0) {
-        let addr = std::net::SocketAddr::new(config.listen_addr, smtp.group_commit_port);
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen for group commit on {addr}"))?;
-        tokio::spawn(crate::delivery::forward::accept(
-            listener,
-            deliverer.clone(),
-            key,
-            instance,
-            smtp.max_message_size,
-        ));
-    }
+    let group_listener = match (group_key, smtp.group_commit_port) {
+        (Some(key), port) if port != 0 => {
+            let addr = std::net::SocketAddr::new(config.listen_addr, port);
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for group commit on {addr}"))?;
+            Some((listener, key))
+        }
+        _ => None,
+    };
     // Without nameservers configured and without a usable /etc/resolv.conf, the
     // pod still serves local mail; it only cannot send to other domains or check
     // senders, and says so.
@@ -110,6 +107,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = ShutdownController::new(Duration::from_secs(config.shutdown_grace_secs));
     // From here on SIGTERM/SIGINT start a drain instead of killing the process.
     shutdown.spawn_signal_handler().context("cannot install the SIGTERM/SIGINT handler")?;
+    let followers = group_listener.map(|(listener, key)| {
+        // Other pods' deliveries, declined once this pod drains.
+        let followers = Arc::new(crate::delivery::forward::Followers::default());
+        tokio::spawn(crate::delivery::forward::accept(
+            listener,
+            app.deliverer.clone(),
+            key,
+            instance,
+            config.smtp.max_message_size,
+            shutdown.subscribe(),
+            followers.clone(),
+        ));
+        followers
+    });
 
     // Bind everything before serving anything: a taken port fails the start with
     // its name instead of leaving a half-working pod.
@@ -146,7 +157,25 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     tracing::info!(hostname = %config.hostname, store = store.backend(), cache = cache.backend(), "mailcluster serving");
+    let drain_started = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.triggered().await;
+            Instant::now()
+        })
+    };
     net::serve(bound, Some(tls), metrics, shutdown.clone()).await;
+    if let Some(followers) = followers {
+        // Pods that led others stay until those have moved on (their headless
+        // Service drops this pod once `/readyz` fails), so that nothing they
+        // send meets a closed port: what arrives meanwhile is declined, and
+        // they commit it themselves. Within the drain's own grace.
+        let started = match drain_started.is_finished() {
+            true => drain_started.await.unwrap_or_else(|_| Instant::now()),
+            false => Instant::now(),
+        };
+        followers.quiet(crate::delivery::forward::FOLLOWERS_QUIET, started + shutdown.grace()).await;
+    }
     if let Some(task) = relay_task {
         // It began its drain with the listeners'; it has had the same grace.
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;

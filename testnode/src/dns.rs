@@ -1,5 +1,6 @@
 //! Cluster DNS on the node's address, port 53: Service names
-//! (`name.namespace.svc.<domain>`) answer with their cluster IP; every other name is
+//! (`name.namespace.svc.<domain>`) answer with their cluster IP, headless ones
+//! with the ready addresses of their EndpointSlices; every other name is
 //! NXDOMAIN at once. The test machine has no network: the node's DNS is the whole
 //! world the Pods see, and a fast negative answer is what lets a mail server's SPF
 //! and DMARC checks finish (as with an empty root zone) rather than time out.
@@ -57,11 +58,11 @@ fn answer(query: &[u8], hosts: &Hosts) -> anyhow::Result<Vec<u8>> {
     let name = question.name().clone();
     r.add_query(question.clone());
     match hosts.lookup(&name.to_ascii()) {
-        Some(ip) => {
-            if question.query_type() == RecordType::A
-                && let Ok(ip) = ip.parse::<Ipv4Addr>()
-            {
-                r.add_answer(Record::from_rdata(name.clone(), 5, RData::A(A(ip))));
+        Some(ips) => {
+            if question.query_type() == RecordType::A {
+                for ip in ips {
+                    r.add_answer(Record::from_rdata(name.clone(), 5, RData::A(A(ip))));
+                }
             }
         }
         None => {

@@ -4,7 +4,7 @@
 //! `name` within the Pod's namespace), and rewrites the files in place whenever a
 //! Service changes, so the bind mount in the Pod sees the new content.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -22,6 +22,10 @@ struct Entry {
 struct Inner {
     /// (namespace, name) → cluster IP.
     services: BTreeMap<(String, String), String>,
+    /// Services without a cluster IP: DNS answers with their ready addresses.
+    headless: BTreeSet<(String, String)>,
+    /// (namespace, EndpointSlice) → (its Service's name, ready addresses).
+    slices: BTreeMap<(String, String), (String, Vec<Ipv4Addr>)>,
     files: BTreeMap<PathBuf, Entry>,
 }
 
@@ -84,6 +88,11 @@ impl Hosts {
     pub fn set_service(&self, namespace: &str, name: &str, cluster_ip: Option<String>) {
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
+        if cluster_ip.as_deref() == Some("None") {
+            inner.headless.insert(key.clone());
+        } else {
+            inner.headless.remove(&key);
+        }
         let changed = match cluster_ip.filter(|ip| !ip.is_empty() && ip != "None") {
             Some(ip) => inner.services.insert(key, ip.clone()).as_deref() != Some(ip.as_str()),
             None => inner.services.remove(&key).is_some(),
@@ -97,12 +106,38 @@ impl Hosts {
         }
     }
 
-    /// The cluster IP of `name.namespace.svc.<domain>` (any case, trailing dot or not).
-    pub fn lookup(&self, fqdn: &str) -> Option<String> {
+    /// An EndpointSlice's ready addresses (`service` None: the slice is gone).
+    pub fn set_slice(&self, namespace: &str, slice: &str, service: Option<String>, ready: Vec<Ipv4Addr>) {
+        let mut inner = self.lock();
+        let key = (namespace.to_string(), slice.to_string());
+        match service {
+            Some(service) => inner.slices.insert(key, (service, ready)),
+            None => inner.slices.remove(&key),
+        };
+    }
+
+    /// The addresses of `name.namespace.svc.<domain>` (any case, trailing dot or
+    /// not): its cluster IP, or for a headless Service its ready endpoints (no
+    /// address while none is ready); None for a name that is no Service.
+    pub fn lookup(&self, fqdn: &str) -> Option<Vec<Ipv4Addr>> {
         let name = fqdn.trim_end_matches('.').to_ascii_lowercase();
         let rest = name.strip_suffix(&format!(".svc.{}", self.domain))?;
         let (svc, ns) = rest.split_once('.')?;
-        self.lock().services.get(&(ns.to_string(), svc.to_string())).cloned()
+        let key = (ns.to_string(), svc.to_string());
+        let inner = self.lock();
+        if let Some(ip) = inner.services.get(&key) {
+            return Some(ip.parse().into_iter().collect());
+        }
+        if !inner.headless.contains(&key) {
+            return None;
+        }
+        let ready: BTreeSet<Ipv4Addr> = inner
+            .slices
+            .iter()
+            .filter(|((slice_ns, _), (service, _))| *slice_ns == key.0 && *service == key.1)
+            .flat_map(|(_, (_, ready))| ready.iter().copied())
+            .collect();
+        Some(ready.into_iter().collect())
     }
 
     /// /etc/resolv.conf of a Pod in `namespace` (dnsPolicy ClusterFirst).
@@ -132,5 +167,36 @@ impl Hosts {
             ]);
         }
         env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> Ipv4Addr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn headless_services_answer_with_their_ready_endpoints() {
+        let hosts = Hosts::new("cluster.local");
+        hosts.set_service("ns", "api", Some("10.96.0.5".into()));
+        hosts.set_service("ns", "pods", Some("None".into()));
+        assert_eq!(hosts.lookup("API.ns.svc.cluster.local."), Some(vec![ip("10.96.0.5")]));
+        assert_eq!(hosts.lookup("pods.ns.svc.cluster.local"), Some(vec![]), "no Pod ready yet");
+        hosts.set_slice("ns", "pods-abc", Some("pods".into()), vec![ip("10.244.0.9"), ip("10.244.0.3")]);
+        hosts.set_slice("ns", "pods-def", Some("pods".into()), vec![ip("10.244.0.7")]);
+        hosts.set_slice("other", "pods-x", Some("pods".into()), vec![ip("10.244.0.2")]);
+        assert_eq!(
+            hosts.lookup("pods.ns.svc.cluster.local"),
+            Some(vec![ip("10.244.0.3"), ip("10.244.0.7"), ip("10.244.0.9")]),
+            "every slice of the Service, not another namespace's"
+        );
+        hosts.set_slice("ns", "pods-abc", None, Vec::new());
+        assert_eq!(hosts.lookup("pods.ns.svc.cluster.local"), Some(vec![ip("10.244.0.7")]));
+        hosts.set_service("ns", "pods", None);
+        assert_eq!(hosts.lookup("pods.ns.svc.cluster.local"), None, "the Service is gone");
+        assert_eq!(hosts.lookup("nothing.ns.svc.cluster.local"), None);
     }
 }

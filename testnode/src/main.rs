@@ -24,6 +24,7 @@ use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -60,6 +61,11 @@ struct Args {
     host_ports: Vec<u16>,
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// Credentials of the cluster DNS, which reads EndpointSlices (the ready
+    /// addresses of headless Services) as CoreDNS does with its own account; a
+    /// node's credentials may not. Default: the node's.
+    #[arg(long)]
+    dns_kubeconfig: Option<PathBuf>,
     /// What the node offers the scheduler. Pods are processes sharing this machine:
     /// requests are bookkeeping, not isolation.
     #[arg(long, default_value = "16")]
@@ -99,9 +105,11 @@ async fn main() -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     std::fs::create_dir_all(args.dir.join("pods"))?;
 
-    let kubeconfig = Kubeconfig::read_from(&args.kubeconfig)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    let client = Client::try_from(config)?;
+    let client = client_from(&args.kubeconfig).await?;
+    let dns_client = match &args.dns_kubeconfig {
+        Some(path) => client_from(path).await?,
+        None => client.clone(),
+    };
 
     for port in &args.host_ports {
         tokio::spawn(forward(bridge.gateway, *port));
@@ -121,6 +129,7 @@ async fn main() -> Result<()> {
     register(&ctx, &args).await.context("register the Node")?;
     tokio::spawn(heartbeat(ctx.clone()));
     tokio::spawn(watch_services(client.clone(), hosts.clone()));
+    tokio::spawn(watch_endpoint_slices(dns_client, hosts.clone()));
     // Containers need the API server's Service address in their environment.
     for _ in 0..100 {
         if hosts.api_server_env().len() > 1 {
@@ -254,6 +263,50 @@ async fn heartbeat(ctx: Arc<NodeCtx>) {
         }
         tick += 1;
         tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}
+
+async fn client_from(path: &std::path::Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// The ready addresses behind each Service, for the DNS answers of headless ones.
+async fn watch_endpoint_slices(client: Client, hosts: Arc<hosts::Hosts>) {
+    let api: Api<EndpointSlice> = Api::all(client);
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(watcher::Event::Apply(slice) | watcher::Event::InitApply(slice)) => {
+                let service =
+                    slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).cloned();
+                // Ready, or not saying (the API's default for a missing condition).
+                let ready = slice
+                    .endpoints
+                    .iter()
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                    .flat_map(|e| e.addresses.iter().filter_map(|a| a.parse::<Ipv4Addr>().ok()))
+                    .collect();
+                hosts.set_slice(
+                    slice.metadata.namespace.as_deref().unwrap_or(""),
+                    slice.metadata.name.as_deref().unwrap_or(""),
+                    service,
+                    ready,
+                );
+            }
+            Ok(watcher::Event::Delete(slice)) => hosts.set_slice(
+                slice.metadata.namespace.as_deref().unwrap_or(""),
+                slice.metadata.name.as_deref().unwrap_or(""),
+                None,
+                Vec::new(),
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("endpointslices watch: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 

@@ -29,8 +29,14 @@
 //! anyway); the leader says `OK\n`. A request is `u32 length | u64 id | u32 header length |
 //! header (JSON) | message`; an answer is `u32 length | u64 id | u8 status |
 //! payload`: status 0 carries `(i64 mailbox, u32 uid, u64 modseq, u32 added)` per
-//! target, any other status an error text (1 not found, 2 invalid, 3 unavailable,
-//! 4 internal). Integers are big-endian.
+//! target, 5 says the leader is draining and stored nothing (the follower then
+//! commits the delivery itself and looks for the next leader), any other status
+//! an error text (1 not found, 2 invalid, 3 unavailable, 4 internal). Integers
+//! are big-endian.
+//!
+//! A draining leader (SIGTERM) declines new deliveries with status 5 rather
+//! than closing, so that what a follower sends in the seconds before the
+//! headless Service drops the leader's address is committed, not failed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -48,6 +54,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Deliverer;
+use crate::net::Shutdown;
 use crate::store::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery, StoreError, StoreResult};
 
 const GREETING: &str = "MCGC1";
@@ -61,6 +68,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the leader's name is looked up again (pods come and go).
 const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+/// How long a leader found draining is passed over: longer than its drain
+/// waits for followers to go quiet, so that it can stop.
+const AVOID_DRAINING: Duration = Duration::from_secs(30);
 
 /// The key followers prove they hold: the configured secret, else one derived
 /// from the database URL that every pod of the cluster is given.
@@ -103,7 +113,12 @@ struct Header {
     meta: MessageMeta,
 }
 
-type Answer = oneshot::Sender<StoreResult<Vec<DeliveredTo>>>;
+/// The leader's answer to one delivery; None: declined (draining), nothing stored.
+type Outcome = Option<StoreResult<Vec<DeliveredTo>>>;
+type Answer = oneshot::Sender<Outcome>;
+
+/// Status of a declined delivery.
+const DECLINED: u8 = 5;
 
 /// What became of a delivery offered to the leader.
 pub enum Forwarded {
@@ -121,6 +136,9 @@ pub struct Forwarder {
     key: Vec<u8>,
     instance: String,
     state: tokio::sync::Mutex<State>,
+    /// The addresses of the leader's name, ascending, as a task looks them up
+    /// every few seconds (never on a delivery's path but the first).
+    addrs: Arc<tokio::sync::OnceCell<tokio::sync::watch::Receiver<Vec<SocketAddr>>>>,
     /// Deliveries sent to the leader / committed here (leader unreachable, or
     /// this pod is the leader).
     forwarded: prometheus::IntCounter,
@@ -129,9 +147,11 @@ pub struct Forwarder {
 
 #[derive(Default)]
 struct State {
-    /// The leader's address as last looked up, and when.
+    /// Addresses that declined deliveries (draining), and until when to pass
+    /// them over.
+    draining: HashMap<SocketAddr, Instant>,
+    /// The leader chosen last (to log a change once).
     target: Option<SocketAddr>,
-    resolved_at: Option<Instant>,
     /// This pod's own address, once a greeting showed it.
     own: Option<SocketAddr>,
     conn: Option<Arc<Conn>>,
@@ -146,13 +166,15 @@ struct Conn {
     /// Answers awaited, by request id; `None` once the connection is closed.
     pending: Mutex<Option<HashMap<u64, Answer>>>,
     next_id: AtomicU64,
+    /// The leader declined a delivery: it is draining; look for another.
+    declined: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
     fn close(&self, why: &str) {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
         for (_, answer) in pending.into_iter().flatten() {
-            let _ = answer.send(Err(StoreError::Unavailable(format!("group-commit leader: {why}"))));
+            let _ = answer.send(Some(Err(StoreError::Unavailable(format!("group-commit leader: {why}")))));
         }
     }
     fn is_closed(&self) -> bool {
@@ -183,6 +205,7 @@ impl Forwarder {
             key,
             instance,
             state: tokio::sync::Mutex::new(State::default()),
+            addrs: Arc::new(tokio::sync::OnceCell::new()),
             forwarded: counter("leader"),
             local: counter("here"),
         }
@@ -236,7 +259,11 @@ impl Forwarder {
             }
         }
         match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
-            Ok(Ok(result)) => Forwarded::Answered(result),
+            Ok(Ok(Some(result))) => Forwarded::Answered(result),
+            Ok(Ok(None)) => {
+                conn.declined.store(true, Ordering::Relaxed);
+                Forwarded::NotSent(Box::new(delivery))
+            }
             Ok(Err(_)) => {
                 Forwarded::Answered(Err(StoreError::Unavailable("group-commit leader: no answer".into())))
             }
@@ -249,38 +276,61 @@ impl Forwarder {
         }
     }
 
+    /// The leader name's addresses, ascending; the first call looks them up
+    /// and starts the task that keeps them current.
+    async fn addresses(&self) -> Vec<SocketAddr> {
+        let watch = self
+            .addrs
+            .get_or_init(|| async {
+                let name = self.leader.clone();
+                let first = lookup(&name, true).await.unwrap_or_default();
+                let (tx, rx) = tokio::sync::watch::channel(first);
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(RESOLVE_EVERY).await;
+                        let had = !tx.borrow().is_empty();
+                        let found = lookup(&name, had).await.unwrap_or_default();
+                        if tx.send(found).is_err() {
+                            return; // the Forwarder is gone
+                        }
+                    }
+                });
+                rx
+            })
+            .await;
+        watch.borrow().clone()
+    }
+
     /// The open connection to the leader, or a new one; None while the leader
     /// is unreachable or is this pod.
     async fn connection(&self) -> Option<Arc<Conn>> {
+        let addrs = self.addresses().await;
         let mut state = self.state.lock().await;
         let now = Instant::now();
-        if state.resolved_at.is_none_or(|at| now.duration_since(at) >= RESOLVE_EVERY) {
-            let found = match tokio::net::lookup_host(self.leader.as_str()).await {
-                Ok(addrs) => addrs.min().ok_or_else(|| "no address".to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            // Said once per change, not at every lookup.
-            match (&found, state.target) {
-                (Ok(addr), old) if old != Some(*addr) => {
-                    tracing::info!(leader = %self.leader, %addr, "group-commit leader");
-                }
-                (Err(e), Some(_)) | (Err(e), None)
-                    if state.resolved_at.is_none() || state.target.is_some() =>
-                {
-                    tracing::warn!(leader = %self.leader, error = %e, "cannot look up the group-commit leader; committing here");
-                }
-                _ => {}
-            }
-            state.target = found.ok();
-            state.resolved_at = Some(now);
+        // A leader that declined (draining) is passed over until it is gone
+        // from the name; meanwhile the next address leads, as it will then.
+        if let Some(conn) = state.conn.clone().filter(|c| c.declined.load(Ordering::Relaxed)) {
+            tracing::info!(leader = %conn.addr, "the group-commit leader is draining");
+            state.draining.insert(conn.addr, now + AVOID_DRAINING);
+            conn.retire();
+            state.conn = None;
         }
-        let target = state.target?;
+        state.draining.retain(|_, until| now < *until);
+        let target = addrs.iter().copied().find(|a| !state.draining.contains_key(a));
+        if target != state.target {
+            match target {
+                Some(addr) => tracing::info!(leader = %self.leader, %addr, "group-commit leader"),
+                None => tracing::info!(leader = %self.leader, "no group-commit leader; committing here"),
+            }
+            state.target = target;
+        }
+        let target = target?;
         if state.own == Some(target) {
             return None;
         }
-        if let Some(conn) = state.conn.as_ref() {
+        if let Some(conn) = state.conn.clone() {
             if conn.addr == target && !conn.is_closed() {
-                return Some(conn.clone());
+                return Some(conn);
             }
             // The leader moved (or the connection broke): answers still owed on
             // the old connection arrive; new deliveries go to the new leader.
@@ -310,6 +360,25 @@ impl Forwarder {
                 state.retry_at = Some(now + RETRY_AFTER);
                 None
             }
+        }
+    }
+}
+
+/// The addresses of `name`, ascending; a failure is logged when `say` (once
+/// per failure spell, not at every lookup).
+async fn lookup(name: &str, say: bool) -> Option<Vec<SocketAddr>> {
+    match tokio::net::lookup_host(name).await {
+        Ok(addrs) => {
+            let mut addrs: Vec<SocketAddr> = addrs.collect();
+            addrs.sort();
+            addrs.dedup();
+            Some(addrs)
+        }
+        Err(e) => {
+            if say {
+                tracing::warn!(leader = %name, error = %e, "cannot look up the group-commit leader; committing here");
+            }
+            None
         }
     }
 }
@@ -345,6 +414,7 @@ async fn connect(addr: SocketAddr, key: &[u8], instance: &str) -> std::io::Resul
         frames: Mutex::new(Some(frames)),
         pending: Mutex::new(Some(HashMap::new())),
         next_id: AtomicU64::new(1),
+        declined: std::sync::atomic::AtomicBool::new(false),
     });
     tokio::spawn(write_frames(queue, BufWriter::new(write), Some(conn.clone())));
     tokio::spawn(read_answers(read, conn.clone()));
@@ -457,11 +527,12 @@ fn decode_request(mut frame: BytesMut) -> Result<(u64, NewDelivery), String> {
     Ok((id, delivery))
 }
 
-fn encode_answer(id: u64, result: &StoreResult<Vec<DeliveredTo>>) -> Bytes {
+fn encode_answer(id: u64, result: Option<&StoreResult<Vec<DeliveredTo>>>) -> Bytes {
     let mut body = BytesMut::new();
     body.put_u64(id);
     match result {
-        Ok(delivered) => {
+        None => body.put_u8(DECLINED),
+        Some(Ok(delivered)) => {
             body.put_u8(0);
             for d in delivered {
                 body.put_i64(d.mailbox_id);
@@ -470,7 +541,7 @@ fn encode_answer(id: u64, result: &StoreResult<Vec<DeliveredTo>>) -> Bytes {
                 body.put_u32(d.added);
             }
         }
-        Err(e) => {
+        Some(Err(e)) => {
             let (code, text) = match e {
                 StoreError::NotFound(t) | StoreError::AlreadyExists(t) => (1, t),
                 StoreError::Invalid(t) => (2, t),
@@ -487,7 +558,7 @@ fn encode_answer(id: u64, result: &StoreResult<Vec<DeliveredTo>>) -> Bytes {
     frame.freeze()
 }
 
-fn decode_answer(mut frame: BytesMut) -> Result<(u64, StoreResult<Vec<DeliveredTo>>), String> {
+fn decode_answer(mut frame: BytesMut) -> Result<(u64, Outcome), String> {
     if frame.len() < 9 {
         return Err("short answer".into());
     }
@@ -506,7 +577,10 @@ fn decode_answer(mut frame: BytesMut) -> Result<(u64, StoreResult<Vec<DeliveredT
                 added: frame.get_u32(),
             });
         }
-        return Ok((id, Ok(delivered)));
+        return Ok((id, Some(Ok(delivered))));
+    }
+    if status == DECLINED {
+        return Ok((id, None));
     }
     let text = String::from_utf8_lossy(&frame).into_owned();
     let err = match status {
@@ -515,8 +589,39 @@ fn decode_answer(mut frame: BytesMut) -> Result<(u64, StoreResult<Vec<DeliveredT
         3 => StoreError::Unavailable(text),
         _ => StoreError::Internal(text),
     };
-    Ok((id, Err(err)))
+    Ok((id, Some(Err(err))))
 }
+
+/// What the leader's side has going: a draining pod stays until its followers
+/// have gone elsewhere ([`Followers::quiet`]).
+#[derive(Default)]
+pub struct Followers {
+    /// Deliveries received and not yet answered.
+    in_flight: std::sync::atomic::AtomicUsize,
+    last_frame: Mutex<Option<Instant>>,
+}
+
+impl Followers {
+    /// Resolves once no follower has sent anything for `quiet` and every
+    /// delivery is answered, or at `deadline`. Followers that were declined
+    /// come back after [`RETRY_AFTER`] while the leader's address is still
+    /// listed, so `quiet` must be longer than that.
+    pub async fn quiet(&self, quiet: Duration, deadline: Instant) {
+        loop {
+            let last = *self.last_frame.lock().unwrap_or_else(|p| p.into_inner());
+            let idle = last.is_none_or(|at| at.elapsed() >= quiet);
+            if (idle && self.in_flight.load(Ordering::Acquire) == 0) || Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// How long a draining leader waits for its followers to stop sending (they
+/// pass it over once declined; one that had nothing to send meanwhile may
+/// still come, and then finds the port closed and commits its own).
+pub const FOLLOWERS_QUIET: Duration = Duration::from_secs(2);
 
 /// The leader's side: accepts followers that prove the key and commits what
 /// they send with its own deliveries (never forwarding it on).
@@ -526,6 +631,8 @@ pub async fn accept(
     key: Vec<u8>,
     instance: String,
     max_message: usize,
+    draining: Shutdown,
+    followers: Arc<Followers>,
 ) {
     let shared = Arc::new((key, instance));
     loop {
@@ -537,9 +644,11 @@ pub async fn accept(
                 continue;
             }
         };
-        let (deliverer, shared) = (deliverer.clone(), shared.clone());
+        let (deliverer, shared, draining, followers) =
+            (deliverer.clone(), shared.clone(), draining.clone(), followers.clone());
         tokio::spawn(async move {
-            if let Err(e) = follower(stream, deliverer, &shared.0, &shared.1, max_message).await {
+            let served = follower(stream, deliverer, &shared.0, &shared.1, max_message, draining, followers);
+            if let Err(e) = served.await {
                 tracing::debug!(%peer, error = %e, "group-commit follower connection ended");
             }
         });
@@ -552,6 +661,8 @@ async fn follower(
     key: &[u8],
     instance: &str,
     max_message: usize,
+    draining: Shutdown,
+    followers: Arc<Followers>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let (read, mut write) = stream.into_split();
@@ -587,10 +698,17 @@ async fn follower(
             Ok(request) => request,
             Err(e) => break Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
         };
-        let (deliverer, answers) = (deliverer.clone(), answers.clone());
+        *followers.last_frame.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if draining.is_signalled() {
+            let _ = answers.send(encode_answer(id, None));
+            continue;
+        }
+        followers.in_flight.fetch_add(1, Ordering::AcqRel);
+        let (deliverer, answers, followers) = (deliverer.clone(), answers.clone(), followers.clone());
         tokio::spawn(async move {
             let result = deliverer.deliver_here(delivery).await;
-            let _ = answers.send(encode_answer(id, &result));
+            let _ = answers.send(encode_answer(id, Some(&result)));
+            followers.in_flight.fetch_sub(1, Ordering::AcqRel);
         });
     };
     // Answers still being committed keep the writer's queue open until sent.
@@ -640,12 +758,15 @@ mod tests {
         for result in
             [Ok(delivered), Err(StoreError::Unavailable("down".into())), Err(StoreError::Invalid("x".into()))]
         {
-            let mut frame = BytesMut::from(&encode_answer(9, &result)[..]);
+            let mut frame = BytesMut::from(&encode_answer(9, Some(&result))[..]);
             frame.get_u32();
             let (id, got) = decode_answer(frame).unwrap();
             assert_eq!(id, 9);
-            assert_eq!(format!("{got:?}"), format!("{result:?}"));
+            assert_eq!(format!("{got:?}"), format!("{:?}", Some(result)));
         }
+        let mut frame = BytesMut::from(&encode_answer(10, None)[..]);
+        frame.get_u32();
+        assert!(matches!(decode_answer(frame), Ok((10, None))), "declined");
         assert!(decode_request(BytesMut::from(&b"short"[..])).is_err());
         assert!(decode_answer(BytesMut::from(&[0u8; 8 + 1 + 5][..])).is_err(), "a partial delivered entry");
         assert_eq!(decode_hex("00ff10"), Some(vec![0, 255, 16]));
@@ -663,15 +784,17 @@ mod tests {
     }
 
     /// A leader over an embedded store, and a raw connection to it.
-    async fn leader(key: &[u8]) -> (SocketAddr, tempfile::TempDir) {
+    async fn leader(key: &[u8]) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();
         store.migrate().await.unwrap();
         let deliverer = Arc::new(Deliverer::new(store));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(accept(listener, deliverer, key.to_vec(), "leader".into(), 1024));
-        (addr, dir)
+        let (drain, draining) = Shutdown::new();
+        let followers = Arc::new(Followers::default());
+        tokio::spawn(accept(listener, deliverer, key.to_vec(), "leader".into(), 1024, draining, followers));
+        (addr, dir, drain)
     }
 
     async fn greet(addr: SocketAddr, key: &[u8]) -> (BufReader<TcpStream>, String) {
@@ -688,7 +811,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_leader_refuses_a_wrong_key_and_closes_on_oversized_frames() {
-        let (addr, _dir) = leader(b"right").await;
+        let (addr, _dir, drain) = leader(b"right").await;
         let (_, answer) = greet(addr, b"wrong").await;
         assert_eq!(answer, "NO\n");
         // A follower that is itself: its connect sees its own instance id.
@@ -708,5 +831,13 @@ mod tests {
             Forwarded::NotSent(_) => panic!("not sent to a reachable leader"),
         }
         assert_eq!(forwarder.forwarded.get(), 1);
+        // A draining leader stores nothing more: the follower commits itself.
+        drain.send_replace(true);
+        assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)), "declined");
+        assert_eq!((forwarder.forwarded.get(), forwarder.local.get()), (1, 1));
+        // …and does not offer it the next one.
+        assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)));
+        assert_eq!(forwarder.local.get(), 2);
+        assert!(forwarder.state.lock().await.conn.is_none(), "no connection to a draining leader");
     }
 }
