@@ -22,13 +22,15 @@
 # share those same cores (equal capacity, one worker thread each when there is
 # one core). Both services get every core back when the script ends.
 #
-# FORWARD=1 makes the second of the two pods hand its deliveries to the first
-# (smtp.group_commit_leader / group_commit_port): batches formed across pods.
+# FORWARD=1 (the default) makes the second of the two pods hand its deliveries
+# to the first (smtp.group_commit_leader / group_commit_port: batches formed
+# across pods, as the operator configures a Deployment's pods); FORWARD=0 lets
+# each pod batch its own share.
 #
 # POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
 # keeps mc_start's), to see what two pods need to match one.
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=0 POD_ENV=)
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=1 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -36,11 +38,12 @@ DUR=${DUR:-20}
 S=${S:-50}
 SIZE=${SIZE:-4096}
 ROUNDS=${ROUNDS:-2}
+FORWARD=${FORWARD:-1}
 CLI=target/release/examples/smtp_bench_client
 source bench/lib.sh
 
 nice cargo build -q --release -p mailcluster-server --example smtp_bench_client || exit 1
-if [ "${FORWARD:-0}" = 1 ] && [ "${SPLIT:-0}" != 1 ] && [ -z "${SERVICES_CORE:-}" ]; then
+if [ "$FORWARD" = 1 ] && [ "${SPLIT:-0}" != 1 ] && [ -z "${SERVICES_CORE:-}" ]; then
   # Pod A is both the one pod and the leader of the two: it listens for the
   # other pod's deliveries in every round (no cost while nobody forwards).
   export MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600
@@ -56,7 +59,7 @@ echo "##   $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e R
 start_pod() { # name smtp_port admin_port [cpu list]
   local pin=() role=()
   [ -n "${4:-}" ] && pin=(-- taskset -c "$4")
-  if [ "${FORWARD:-0}" = 1 ]; then
+  if [ "$FORWARD" = 1 ]; then
     # The first of the two pods leads, the second forwards to it.
     case "$1" in
       "$LEADER") role=(MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600) ;;
@@ -99,7 +102,7 @@ else
   start_pod b 13025 19091
   TWO="$ONE,127.0.0.1:13025"
 fi
-[ "${FORWARD:-0}" = 1 ] && echo "## FORWARD=1: pod $FOLLOWER hands its deliveries to pod $LEADER (group commit across pods)"
+[ "$FORWARD" = 1 ] && echo "## FORWARD=1: pod $FOLLOWER hands its deliveries to pod $LEADER (group commit across pods)"
 # Transactions committed in the pods' database so far: how many messages went
 # into each group commit.
 commits() { psql "$MC_DB_URL" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"; }
