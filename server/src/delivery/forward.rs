@@ -250,13 +250,10 @@ impl Forwarder {
             }
         };
         if !conn.send(frame) {
-            // The writer is gone; `close` answers the entry (Unavailable) unless
-            // it already did, and this delivery was never written.
-            let removed =
-                conn.pending.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|p| p.remove(&id));
-            if removed.is_some() {
-                return Forwarded::NotSent(Box::new(delivery));
-            }
+            // The writer is gone (or the connection retired): this delivery was
+            // never written, whatever `close` may have answered its entry.
+            conn.pending.lock().unwrap_or_else(|p| p.into_inner()).as_mut().map(|p| p.remove(&id));
+            return Forwarded::NotSent(Box::new(delivery));
         }
         match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
             Ok(Ok(Some(result))) => Forwarded::Answered(result),
