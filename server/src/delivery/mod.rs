@@ -98,7 +98,8 @@ impl Deliverer {
         self.options
     }
 
-    /// Registers `mail_group_commit_batch_size` (once, at start: `serve`).
+    /// Registers `mail_group_commit_batch_size`, and when forwarding
+    /// `mail_group_commit_forwarded_total` (once, at start: `serve`).
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
         if let Some(forward) = &self.forward {
             forward.register_metrics(registry)?;
@@ -107,7 +108,10 @@ impl Deliverer {
     }
 
     /// Stores `delivery` durably; returns the UIDs it got. Returns only after the
-    /// transaction holding it has committed (or failed: then nothing of it is stored).
+    /// transaction holding it has committed (or failed: then nothing of it is
+    /// stored — but for a delivery handed to the leader whose answer was lost,
+    /// `Unavailable`, stored or not: the client is told to retry, a copy may
+    /// then be stored twice, none is lost).
     pub async fn deliver(&self, delivery: NewDelivery) -> StoreResult<Vec<DeliveredTo>> {
         let delivery = match &self.forward {
             Some(forward) => match forward.deliver(delivery).await {
