@@ -6,7 +6,8 @@
 //! MailCluster's status. Each of the script's waits is bounded; so is the whole.
 //!
 //! Then disruption under load (`scripts/e2e-disruption.sh`): rolling updates, a
-//! killed Pod process and a deleted Pod while deliveries run, every acknowledged
+//! killed Pod process and a deleted Pod (the group-commit leader, to which the
+//! other Pod hands its deliveries) while deliveries run, every acknowledged
 //! message stored exactly once.
 //!
 //! And the HPA on pool health (`scripts/e2e-autoscale.sh`): Prometheus scrapes the
@@ -92,9 +93,10 @@ fn rolling_updates_and_pod_loss_under_load_lose_nothing() {
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("==> ")).collect();
     for want in [
         "open-loop deliver",
+        "group commit across pods: the SMTP Pods hand their deliveries to the leader",
         "rolling update under load: image tag",
         "rolling update under load: smtp.maxConnections",
-        "SIGKILL of an SMTP Pod's process",
+        "SIGKILL of the group-commit leader's process",
         "deleted at once (grace 0)",
         "every acknowledged message is stored exactly once",
     ] {
