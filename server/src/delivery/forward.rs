@@ -54,6 +54,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Deliverer;
+use crate::cache::hex;
 use crate::net::Shutdown;
 use crate::store::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery, StoreError, StoreResult};
 
@@ -94,17 +95,14 @@ pub fn instance_id() -> String {
     hex(&id)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn proof(key: &[u8], nonce: &str) -> Option<Hmac<Sha256>> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).ok()?;
     mac.update(nonce.as_bytes());
     Some(mac)
 }
 
-#[derive(Serialize, Deserialize)]
+/// What a request's header carries, as the leader reads it.
+#[derive(Deserialize)]
 struct Header {
     targets: Vec<i64>,
     internal_date: DateTime<Utc>,
@@ -116,6 +114,17 @@ struct Header {
 /// The leader's answer to one delivery; None: declined (draining), nothing stored.
 type Outcome = Option<StoreResult<Vec<DeliveredTo>>>;
 type Answer = oneshot::Sender<Outcome>;
+
+/// [`Header`] as the follower writes it, borrowed from the delivery (no copy of
+/// the metadata per forwarded message).
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    targets: &'a [i64],
+    internal_date: DateTime<Utc>,
+    flags: u32,
+    keywords: &'a [String],
+    meta: &'a MessageMeta,
+}
 
 /// Status of a declined delivery.
 const DECLINED: u8 = 5;
@@ -275,9 +284,8 @@ impl Forwarder {
 
     /// The leader name's addresses, ascending; the first call looks them up
     /// and starts the task that keeps them current.
-    async fn addresses(&self) -> Vec<SocketAddr> {
-        let watch = self
-            .addrs
+    async fn addresses(&self) -> &tokio::sync::watch::Receiver<Vec<SocketAddr>> {
+        self.addrs
             .get_or_init(|| async {
                 let name = self.leader.clone();
                 let first = lookup(&name, true).await.unwrap_or_default();
@@ -294,8 +302,7 @@ impl Forwarder {
                 });
                 rx
             })
-            .await;
-        watch.borrow().clone()
+            .await
     }
 
     /// The open connection to the leader, or a new one; None while the leader
@@ -313,7 +320,7 @@ impl Forwarder {
             state.conn = None;
         }
         state.draining.retain(|_, until| now < *until);
-        let target = addrs.iter().copied().find(|a| !state.draining.contains_key(a));
+        let target = addrs.borrow().iter().copied().find(|a| !state.draining.contains_key(a));
         if target != state.target {
             match target {
                 Some(addr) => tracing::info!(leader = %self.leader, %addr, "group-commit leader"),
@@ -487,12 +494,12 @@ async fn read_frame<R: AsyncRead + Unpin>(read: &mut R, max: usize) -> std::io::
 }
 
 fn encode_request(id: u64, delivery: &NewDelivery) -> serde_json::Result<Bytes> {
-    let header = serde_json::to_vec(&Header {
-        targets: delivery.targets.clone(),
+    let header = serde_json::to_vec(&HeaderRef {
+        targets: &delivery.targets,
         internal_date: delivery.internal_date,
         flags: delivery.flags.system.0,
-        keywords: delivery.flags.keywords.clone(),
-        meta: delivery.meta.clone(),
+        keywords: &delivery.flags.keywords,
+        meta: &delivery.meta,
     })?;
     let len = 8 + 4 + header.len() + delivery.raw.len();
     let mut frame = BytesMut::with_capacity(4 + len);
