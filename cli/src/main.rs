@@ -44,7 +44,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), "warn")
                 .map_err(Failure::usage)?;
             logging::init(filter, "auto");
-            let code = runtime()?.block_on(commands::stress(*args))?;
+            let code = runtime(0)?.block_on(commands::stress(*args))?;
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }
         Command::Crd => {
@@ -76,7 +76,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 leader_election: !args.no_leader_election,
                 ..Default::default()
             };
-            runtime()?.block_on(mailcluster_operator::run(opts))?;
+            runtime(0)?.block_on(mailcluster_operator::run(opts))?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Dkim { command } => {
@@ -103,7 +103,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         .map_err(Failure::usage)?;
     logging::init(filter, &config.log.format);
 
-    runtime()?.block_on(async {
+    runtime(config.worker_threads)?.block_on(async {
         match &cli.command {
             Command::Serve(args) => commands::serve(args, config).await,
             Command::Migrate(args) => commands::migrate(&config, &args.domains).await,
@@ -122,8 +122,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
-    tokio::runtime::Builder::new_multi_thread()
+/// The async runtime: `workers` threads, or 0 for tokio's default of one per CPU
+/// this process may use.
+fn runtime(workers: usize) -> Result<tokio::runtime::Runtime, Failure> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    builder
         .enable_all()
         .thread_name("mailcluster")
         .build()

@@ -90,3 +90,32 @@ fn embedded_default_serves_health_and_drains_on_sigterm() {
     assert_eq!(code, Some(0), "log:\n{}", server.log_text());
     assert!(!server.log_contains("panicked"), "{}", server.log_text());
 }
+
+/// `worker_threads` (what the operator sets from a pod's CPU request) sizes the
+/// runtime; unset, the runtime takes one thread per CPU this process may use,
+/// which the test process shares (same affinity, same cgroup).
+#[test]
+fn the_runtime_has_the_threads_it_is_given() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (setting, expected) in [(None, cpus), (Some("3"), 3), (Some("1"), 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = ephemeral_ports();
+        env.push(("MAILCLUSTER_PROTOCOLS", "smtp"));
+        if let Some(n) = setting {
+            env.push(("MAILCLUSTER_WORKER_THREADS", n));
+        }
+        let server = ServeProcess::start(dir.path(), &env, 1);
+        let metrics = http_get(server.admin, "/metrics");
+        let workers = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("mail_runtime_worker_threads "))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        assert_eq!(workers, Some(expected), "{setting:?}:\n{metrics}");
+        // The pod still serves with a single thread.
+        let mut conn = TcpStream::connect(server.addr("smtp")).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut greeting = String::new();
+        BufReader::new(&mut conn).read_line(&mut greeting).unwrap();
+        assert!(greeting.starts_with("220 "), "{setting:?}: {greeting}");
+    }
+}

@@ -178,6 +178,12 @@ fn deployment_pod_is_locked_down_and_probed() {
     let redis = var("MAILCLUSTER_REDIS_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!(redis.name, "mail-redis");
     assert!(env.iter().all(|e| !e.name.starts_with("MAILCLUSTER_TLS")), "no TLS configured");
+    // Threads from the CPU request in whole cores (the kubelet rounds up), not
+    // one per core of whatever node the pod lands on.
+    let workers =
+        var("MAILCLUSTER_WORKER_THREADS").value_from.as_ref().unwrap().resource_field_ref.as_ref().unwrap();
+    assert_eq!(workers.resource, "requests.cpu");
+    assert_eq!(workers.divisor.as_ref().map(|q| q.0.as_str()), Some("1"));
 
     // The config hash is the hash of this protocol's file in the ConfigMap.
     let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "mail-config");

@@ -39,6 +39,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let (cache, resilient) = open_serving_cache(&config, store.clone()).await?;
 
     let metrics = Arc::new(Metrics::new());
+    // What the runtime was given (`worker_threads`, or one per CPU): a pod whose
+    // CPU request and thread count disagree shows it here.
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let worker_gauge = prometheus::IntGauge::new(
+        "mail_runtime_worker_threads",
+        "Threads of the async runtime that run sessions",
+    )
+    .context("worker gauge")?;
+    worker_gauge.set(workers as i64);
+    metrics.registry.register(Box::new(worker_gauge)).context("registering the worker gauge")?;
     if let Some(r) = &resilient {
         r.register_metrics(&metrics.registry).context("registering cache metrics")?;
     }
@@ -156,7 +166,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None
     };
 
-    tracing::info!(hostname = %config.hostname, store = store.backend(), cache = cache.backend(), "mailcluster serving");
+    tracing::info!(
+        hostname = %config.hostname,
+        store = store.backend(),
+        cache = cache.backend(),
+        workers,
+        "mailcluster serving"
+    );
     let drain_started = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {

@@ -548,6 +548,16 @@ mod tests {
     }
 
     #[test]
+    fn worker_threads_default_to_every_cpu_and_refuse_a_millicore_value() {
+        assert_eq!(load_env(&[]).unwrap().worker_threads, 0);
+        assert_eq!(load_env(&[("MAILCLUSTER_WORKER_THREADS", "3")]).unwrap().worker_threads, 3);
+        // What a CPU request of "1500m" would read as without the divisor.
+        let err = load_env(&[("MAILCLUSTER_WORKER_THREADS", "1500")]).unwrap_err();
+        assert!(err.to_string().contains("worker_threads must be at most 1024"), "{err}");
+        assert!(load_env(&[("MAILCLUSTER_WORKER_THREADS", "-1")]).is_err());
+    }
+
+    #[test]
     fn unknown_variable_is_named() {
         for var in ["MAILCLUSTER_DATABSE_URL", "MAILCLUSTER_DATABASE__POOLSIZE", "MAILCLUSTER_NOPE__X__Y"] {
             let err = load_env(&[(var, "1")]).unwrap_err();

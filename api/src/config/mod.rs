@@ -23,6 +23,9 @@ pub use load::ConfigError;
 pub use mail::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig, RelayConfig, split_host_port};
 pub use protocols::{AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, Pop3Config, SmtpConfig};
 
+/// Most threads `worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -43,6 +46,11 @@ pub struct Config {
     pub log: LogConfig,
     /// Seconds sessions get to finish after SIGTERM before they are told goodbye.
     pub shutdown_grace_secs: u64,
+    /// `MAILCLUSTER_WORKER_THREADS`: threads that run sessions. 0: one per CPU
+    /// this process may use (its affinity and cgroup CPU quota). A pod without a
+    /// CPU limit would otherwise start one per core of its node, however small
+    /// its share: the operator sets this from the container's CPU request.
+    pub worker_threads: usize,
     pub smtp: SmtpConfig,
     pub imap: ImapConfig,
     pub pop3: Pop3Config,
@@ -67,6 +75,7 @@ impl Default for Config {
             net: NetConfig::default(),
             log: LogConfig::default(),
             shutdown_grace_secs: 25,
+            worker_threads: 0,
             smtp: Default::default(),
             imap: Default::default(),
             pop3: Default::default(),
@@ -360,6 +369,12 @@ impl Config {
         // with nobody trusted would refuse every connection.
         if self.net.proxy_protocol.enabled && self.net.proxy_protocol.trusted_cidrs.is_empty() {
             problems.push("net.proxy_protocol.enabled needs at least one entry in trusted_cidrs".into());
+        }
+
+        // A thread per connection is not the model: more workers than cores only
+        // add switching, and a number this large is a typo (a millicore value).
+        if self.worker_threads > MAX_WORKER_THREADS {
+            problems.push(format!("worker_threads must be at most {MAX_WORKER_THREADS} (0: one per CPU)"));
         }
 
         if !["auto", "json", "text"].contains(&self.log.format.as_str()) {

@@ -14,8 +14,8 @@ use k8s_openapi::api::autoscaling::v2::{
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource,
-    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, SleepAction,
+    PodTemplateSpec, Probe, ResourceFieldSelector, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, SleepAction,
     TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
@@ -78,6 +78,26 @@ fn secret_env(name: &str, r: &mailcluster_api::SecretKeyRef) -> EnvVar {
             secret_key_ref: Some(SecretKeySelector {
                 name: r.name.clone(),
                 key: r.key.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The server's `worker_threads` from the container's CPU request, in whole
+/// cores rounded up (the kubelet's rounding; 0 when nothing is requested: then
+/// the server takes one per CPU it may use). Without a CPU limit a pod sees
+/// every core of its node, and a runtime with a thread per core of a large node
+/// only adds switching to a pod that was given a fraction of one.
+fn worker_threads_env() -> EnvVar {
+    EnvVar {
+        name: "MAILCLUSTER_WORKER_THREADS".into(),
+        value_from: Some(EnvVarSource {
+            resource_field_ref: Some(ResourceFieldSelector {
+                resource: "requests.cpu".into(),
+                divisor: Some(Quantity("1".into())),
                 ..Default::default()
             }),
             ..Default::default()
@@ -213,8 +233,11 @@ pub fn deployment(
     let config_hash = names::hash_hex(config_text);
     let listeners: Vec<&str> = p.listeners().iter().map(|l| l.name()).collect();
 
-    let mut envs =
-        vec![env("MAILCLUSTER_PROTOCOLS", listeners.join(",")), env("MAILCLUSTER_DATA_DIR", DATA_DIR)];
+    let mut envs = vec![
+        env("MAILCLUSTER_PROTOCOLS", listeners.join(",")),
+        env("MAILCLUSTER_DATA_DIR", DATA_DIR),
+        worker_threads_env(),
+    ];
     envs.extend(secret_envs(mc));
     let mut volumes = vec![config_map_volume("config", names::config_map(mc), &key)];
     volumes.extend(scratch_volumes());

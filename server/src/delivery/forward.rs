@@ -30,9 +30,15 @@
 //! header (JSON) | message`; an answer is `u32 length | u64 id | u8 status |
 //! payload`: status 0 carries `(i64 mailbox, u32 uid, u64 modseq, u32 added)` per
 //! target, 5 says the leader is draining and stored nothing (the follower then
-//! commits the delivery itself and looks for the next leader), any other status
-//! an error text (1 not found, 2 invalid, 3 unavailable, 4 internal). Integers
-//! are big-endian.
+//! commits the delivery itself and looks for the next leader), 6 that it is
+//! behind and stored nothing (the follower commits that one itself and goes on
+//! offering), any other status an error text (1 not found, 2 invalid, 3
+//! unavailable, 4 internal). Integers are big-endian.
+//!
+//! A leader is behind when a full round of commits (`max_batch` ×
+//! `max_concurrent` deliveries) is already waiting on it: one leader commits a
+//! whole Deployment's mail, and past that point a follower's own commit is
+//! sooner than a place in the leader's queue.
 //!
 //! A draining leader (SIGTERM) declines new deliveries with status 5 rather
 //! than closing, so that what a follower sends in the seconds before the
@@ -111,8 +117,16 @@ struct Header {
     meta: MessageMeta,
 }
 
-/// The leader's answer to one delivery; None: declined (draining), nothing stored.
-type Outcome = Option<StoreResult<Vec<DeliveredTo>>>;
+/// The leader's answer to one delivery.
+#[derive(Debug)]
+enum Outcome {
+    Done(StoreResult<Vec<DeliveredTo>>),
+    /// Nothing stored: the leader is draining (look for the next one).
+    Declined,
+    /// Nothing stored: the leader has a full round of commits waiting (commit
+    /// this one here, keep offering the next ones).
+    Busy,
+}
 type Answer = oneshot::Sender<Outcome>;
 
 /// [`Header`] as the follower writes it, borrowed from the delivery (no copy of
@@ -126,8 +140,10 @@ struct HeaderRef<'a> {
     meta: &'a MessageMeta,
 }
 
-/// Status of a declined delivery.
+/// Status of a delivery declined by a draining leader.
 const DECLINED: u8 = 5;
+/// Status of a delivery shed by a leader that is behind.
+const BUSY: u8 = 6;
 
 /// What became of a delivery offered to the leader.
 pub enum Forwarded {
@@ -183,7 +199,8 @@ impl Conn {
     fn close(&self, why: &str) {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
         for (_, answer) in pending.into_iter().flatten() {
-            let _ = answer.send(Some(Err(StoreError::Unavailable(format!("group-commit leader: {why}")))));
+            let _ = answer
+                .send(Outcome::Done(Err(StoreError::Unavailable(format!("group-commit leader: {why}")))));
         }
     }
     fn is_closed(&self) -> bool {
@@ -265,11 +282,12 @@ impl Forwarder {
             return Forwarded::NotSent(Box::new(delivery));
         }
         match tokio::time::timeout(ANSWER_TIMEOUT, answered).await {
-            Ok(Ok(Some(result))) => Forwarded::Answered(result),
-            Ok(Ok(None)) => {
+            Ok(Ok(Outcome::Done(result))) => Forwarded::Answered(result),
+            Ok(Ok(Outcome::Declined)) => {
                 conn.declined.store(true, Ordering::Relaxed);
                 Forwarded::NotSent(Box::new(delivery))
             }
+            Ok(Ok(Outcome::Busy)) => Forwarded::NotSent(Box::new(delivery)),
             Ok(Err(_)) => {
                 Forwarded::Answered(Err(StoreError::Unavailable("group-commit leader: no answer".into())))
             }
@@ -531,12 +549,13 @@ fn decode_request(mut frame: BytesMut) -> Result<(u64, NewDelivery), String> {
     Ok((id, delivery))
 }
 
-fn encode_answer(id: u64, result: Option<&StoreResult<Vec<DeliveredTo>>>) -> Bytes {
+fn encode_answer(id: u64, outcome: &Outcome) -> Bytes {
     let mut body = BytesMut::new();
     body.put_u64(id);
-    match result {
-        None => body.put_u8(DECLINED),
-        Some(Ok(delivered)) => {
+    match outcome {
+        Outcome::Declined => body.put_u8(DECLINED),
+        Outcome::Busy => body.put_u8(BUSY),
+        Outcome::Done(Ok(delivered)) => {
             body.put_u8(0);
             for d in delivered {
                 body.put_i64(d.mailbox_id);
@@ -545,7 +564,7 @@ fn encode_answer(id: u64, result: Option<&StoreResult<Vec<DeliveredTo>>>) -> Byt
                 body.put_u32(d.added);
             }
         }
-        Some(Err(e)) => {
+        Outcome::Done(Err(e)) => {
             let (code, text) = match e {
                 StoreError::NotFound(t) | StoreError::AlreadyExists(t) => (1, t),
                 StoreError::Invalid(t) => (2, t),
@@ -581,10 +600,12 @@ fn decode_answer(mut frame: BytesMut) -> Result<(u64, Outcome), String> {
                 added: frame.get_u32(),
             });
         }
-        return Ok((id, Some(Ok(delivered))));
+        return Ok((id, Outcome::Done(Ok(delivered))));
     }
-    if status == DECLINED {
-        return Ok((id, None));
+    match status {
+        DECLINED => return Ok((id, Outcome::Declined)),
+        BUSY => return Ok((id, Outcome::Busy)),
+        _ => {}
     }
     let text = String::from_utf8_lossy(&frame).into_owned();
     let err = match status {
@@ -593,7 +614,7 @@ fn decode_answer(mut frame: BytesMut) -> Result<(u64, Outcome), String> {
         3 => StoreError::Unavailable(text),
         _ => StoreError::Internal(text),
     };
-    Ok((id, Some(Err(err))))
+    Ok((id, Outcome::Done(Err(err))))
 }
 
 /// What the leader's side has going: a draining pod stays until its followers
@@ -704,14 +725,30 @@ async fn follower(
         };
         *followers.last_frame.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if draining.is_signalled() {
-            let _ = answers.send(encode_answer(id, None));
+            let _ = answers.send(encode_answer(id, &Outcome::Declined));
             continue;
         }
+        // A full round of commits is already waiting here: this one would wait
+        // at least a round more, and the follower commits it sooner itself.
+        if deliverer.backlog() >= deliverer.round() {
+            let _ = answers.send(encode_answer(id, &Outcome::Busy));
+            continue;
+        }
+        // Queued before the next frame is read, so that the backlog above
+        // counts every delivery this loop has taken.
+        let queued = match deliverer.submit(delivery) {
+            Ok(queued) => queued,
+            Err(e) => {
+                let _ = answers.send(encode_answer(id, &Outcome::Done(Err(e))));
+                continue;
+            }
+        };
         followers.in_flight.fetch_add(1, Ordering::AcqRel);
-        let (deliverer, answers, followers) = (deliverer.clone(), answers.clone(), followers.clone());
+        let (answers, followers) = (answers.clone(), followers.clone());
         tokio::spawn(async move {
-            let result = deliverer.deliver_here(delivery).await;
-            let _ = answers.send(encode_answer(id, Some(&result)));
+            let result =
+                queued.await.unwrap_or_else(|_| Err(StoreError::Internal("delivery task ended".into())));
+            let _ = answers.send(encode_answer(id, &Outcome::Done(result)));
             followers.in_flight.fetch_sub(1, Ordering::AcqRel);
         });
     };
@@ -762,15 +799,19 @@ mod tests {
         for result in
             [Ok(delivered), Err(StoreError::Unavailable("down".into())), Err(StoreError::Invalid("x".into()))]
         {
-            let mut frame = BytesMut::from(&encode_answer(9, Some(&result))[..]);
+            let outcome = Outcome::Done(result);
+            let mut frame = BytesMut::from(&encode_answer(9, &outcome)[..]);
             frame.get_u32();
             let (id, got) = decode_answer(frame).unwrap();
             assert_eq!(id, 9);
-            assert_eq!(format!("{got:?}"), format!("{:?}", Some(result)));
+            assert_eq!(format!("{got:?}"), format!("{outcome:?}"));
         }
-        let mut frame = BytesMut::from(&encode_answer(10, None)[..]);
+        let mut frame = BytesMut::from(&encode_answer(10, &Outcome::Declined)[..]);
         frame.get_u32();
-        assert!(matches!(decode_answer(frame), Ok((10, None))), "declined");
+        assert!(matches!(decode_answer(frame), Ok((10, Outcome::Declined))), "declined");
+        let mut frame = BytesMut::from(&encode_answer(11, &Outcome::Busy)[..]);
+        frame.get_u32();
+        assert!(matches!(decode_answer(frame), Ok((11, Outcome::Busy))), "busy");
         assert!(decode_request(BytesMut::from(&b"short"[..])).is_err());
         assert!(decode_answer(BytesMut::from(&[0u8; 8 + 1 + 5][..])).is_err(), "a partial delivered entry");
         assert_eq!(decode_hex("00ff10"), Some(vec![0, 255, 16]));
@@ -789,10 +830,17 @@ mod tests {
 
     /// A leader over an embedded store, and a raw connection to it.
     async fn leader(key: &[u8]) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>) {
+        leader_with(key, crate::delivery::DeliveryOptions::default()).await
+    }
+
+    async fn leader_with(
+        key: &[u8],
+        options: crate::delivery::DeliveryOptions,
+    ) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();
         store.migrate().await.unwrap();
-        let deliverer = Arc::new(Deliverer::new(store));
+        let deliverer = Arc::new(Deliverer::with_options(store, options));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (drain, draining) = Shutdown::new();
@@ -843,5 +891,24 @@ mod tests {
         assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)));
         assert_eq!(forwarder.local.get(), 2);
         assert!(forwarder.state.lock().await.conn.is_none(), "no connection to a draining leader");
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_is_behind_sheds_and_the_follower_commits_those_itself() {
+        // One delivery per commit and one commit at a time: a round is one
+        // delivery, so whatever arrives while one is committing is shed.
+        let options =
+            crate::delivery::DeliveryOptions { max_batch: 1, max_concurrent: 1, max_wait: Duration::ZERO };
+        let (addr, _dir, _drain) = leader_with(b"k", options).await;
+        let forwarder = Forwarder::new(addr.to_string(), b"k".to_vec(), "follower".into());
+        let outcomes = futures::future::join_all((0..20).map(|_| forwarder.deliver(delivery()))).await;
+        let shed = outcomes.iter().filter(|o| matches!(o, Forwarded::NotSent(_))).count();
+        assert!(shed > 0, "nothing shed by a leader 20 deliveries behind");
+        assert!(shed < 20, "the first delivery is the leader's to commit");
+        assert_eq!((forwarder.forwarded.get(), forwarder.local.get()), (20 - shed as u64, shed as u64));
+        // Unlike a draining leader, a busy one keeps the follower's next ones.
+        let conn = forwarder.state.lock().await.conn.clone().expect("still connected");
+        assert!(!conn.declined.load(Ordering::Relaxed));
+        assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::Answered(_)), "offered again");
     }
 }

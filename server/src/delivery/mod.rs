@@ -20,6 +20,7 @@
 //! The collector task is started on first use, inside whatever runtime the caller
 //! runs on, so that a `Deliverer` can be built before the runtime exists.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,8 @@ pub struct Deliverer {
     /// Taken by the collector task when it starts (first `deliver`).
     rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
     batch_size: prometheus::Histogram,
+    /// Deliveries queued or being committed.
+    backlog: Arc<AtomicUsize>,
     /// The pod that commits this pod's deliveries in its batches, if any.
     forward: Option<forward::Forwarder>,
 }
@@ -84,7 +87,15 @@ impl Deliverer {
             max_concurrent: options.max_concurrent.max(1),
             ..options
         };
-        Deliverer { store, options, tx, rx: Mutex::new(Some(rx)), batch_size, forward: None }
+        Deliverer {
+            store,
+            options,
+            tx,
+            rx: Mutex::new(Some(rx)),
+            batch_size,
+            backlog: Arc::new(AtomicUsize::new(0)),
+            forward: None,
+        }
     }
 
     /// Hands deliveries to the group-commit leader at `leader` (see [`forward`]);
@@ -96,6 +107,16 @@ impl Deliverer {
 
     pub fn options(&self) -> DeliveryOptions {
         self.options
+    }
+
+    /// Deliveries queued or being committed here.
+    pub fn backlog(&self) -> usize {
+        self.backlog.load(Ordering::Acquire)
+    }
+
+    /// The most deliveries one round of commits takes (every slot, full batches).
+    pub fn round(&self) -> usize {
+        self.options.max_batch.saturating_mul(self.options.max_concurrent)
     }
 
     /// Registers `mail_group_commit_batch_size`, and when forwarding
@@ -126,18 +147,31 @@ impl Deliverer {
     /// As [`Deliverer::deliver`], in this pod's own batches whatever the
     /// configuration (the leader's side of [`forward`]).
     pub async fn deliver_here(&self, delivery: NewDelivery) -> StoreResult<Vec<DeliveredTo>> {
+        let answer = self.submit(delivery)?;
+        answer.await.map_err(|_| StoreError::Internal("delivery task ended".into()))?
+    }
+
+    /// Queues `delivery` for this pod's next batch at once (it counts in
+    /// [`Deliverer::backlog`] before this returns); the receiver gets the result.
+    pub fn submit(
+        &self,
+        delivery: NewDelivery,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<Vec<DeliveredTo>>>> {
         self.start_collector();
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Job { delivery, reply })
-            .map_err(|_| StoreError::Unavailable("delivery queue closed".into()))?;
-        answer.await.map_err(|_| StoreError::Internal("delivery task ended".into()))?
+        self.backlog.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(Job { delivery, reply }).is_err() {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Unavailable("delivery queue closed".into()));
+        }
+        Ok(answer)
     }
 
     fn start_collector(&self) {
         let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(rx) = rx {
-            tokio::spawn(collect(rx, self.store.clone(), self.options, self.batch_size.clone()));
+            let batch_size = self.batch_size.clone();
+            tokio::spawn(collect(rx, self.store.clone(), self.options, batch_size, self.backlog.clone()));
         }
     }
 }
@@ -149,6 +183,7 @@ async fn collect(
     store: Arc<dyn Store>,
     options: DeliveryOptions,
     batch_size: prometheus::Histogram,
+    backlog: Arc<AtomicUsize>,
 ) {
     let slots = Arc::new(Semaphore::new(options.max_concurrent));
     loop {
@@ -178,9 +213,11 @@ async fn collect(
             }
         }
         batch_size.observe(batch.len() as f64);
-        let store = store.clone();
+        let (store, backlog) = (store.clone(), backlog.clone());
         tokio::spawn(async move {
+            let jobs = batch.len();
             commit(store.as_ref(), batch).await;
+            backlog.fetch_sub(jobs, Ordering::AcqRel);
             drop(permit);
         });
     }
