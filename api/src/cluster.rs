@@ -117,6 +117,9 @@ pub struct MailClusterSpec {
     pub network_policy: NetworkPolicySpec,
     #[serde(default)]
     pub monitoring: MonitoringSpec,
+    /// How the smtp and submission pods batch their deliveries.
+    #[serde(default)]
+    pub group_commit: GroupCommitSpec,
     /// Seconds sessions get to finish after SIGTERM before the server says goodbye.
     #[serde(default = "default_grace")]
     #[schemars(range(min = 1, max = 3600))]
@@ -642,6 +645,24 @@ pub struct ProxyProtocolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub trusted_cidrs: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupCommitSpec {
+    /// Each pod hands its deliveries to one pod of its Deployment (the lowest
+    /// ready address of a headless Service, port 7025), which commits them in
+    /// its batches: PostgreSQL then commits as many transactions for N pods as
+    /// for one, at the cost of a hop between pods per message. Off: each pod
+    /// commits its own.
+    #[serde(default = "yes")]
+    pub across_pods: bool,
+}
+
+impl Default for GroupCommitSpec {
+    fn default() -> Self {
+        GroupCommitSpec { across_pods: true }
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]

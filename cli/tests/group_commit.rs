@@ -6,7 +6,9 @@
 //! key commits its own; when the leader is killed mid-load no message that got
 //! a 250 is lost or stored twice, while the follower goes on delivering; and a
 //! leader that drains (SIGTERM) declines what it is sent, so that its follower
-//! commits it and no delivery fails.
+//! commits it and no delivery fails; and a leader the network cuts off (packets
+//! dropped, no reset) is given up within seconds, failing only what was in
+//! flight.
 
 mod common;
 
@@ -31,6 +33,16 @@ fn forwarded(pod: &ServeProcess, committed: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&needle))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {needle} in\n{body}"))
+}
+
+/// Waits until `pod` has logged `needle` (pods connect to their leader in the
+/// background from the start: what comes before must not race that).
+fn wait_log(pod: &ServeProcess, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pod.log_contains(needle) {
+        assert!(Instant::now() < deadline, "no {needle:?} in\n{}", pod.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Subject → how many messages in alice's INBOX have it.
@@ -170,6 +182,8 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     // The same configuration for every pod; only the leader's address can bind the port.
     let mut a = cluster.pod(&dir_a, &cluster.port, &[]);
     let b = cluster.pod(&dir_b, "0", &[]);
+    wait_log(&a, "this pod is the group-commit leader");
+    wait_log(&b, "connected to the group-commit leader");
 
     // The follower's mail goes to the leader; the leader commits its own.
     for n in 0..10 {
@@ -184,17 +198,16 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     assert_eq!(forwarded(&b, "here"), 0);
     assert_eq!(forwarded(&a, "leader"), 0, "a does not forward to itself");
     assert_eq!(forwarded(&a, "here"), 3);
-    assert!(a.log_contains("this pod is the group-commit leader"), "{}", a.log_text());
     let subjects = inbox_subjects(b.addr("imap"));
     assert_eq!(subjects.len(), 13, "{subjects:?}");
     assert!(subjects.values().all(|&n| n == 1), "{subjects:?}");
 
     // A pod with another key is refused and commits its own mail.
     let c = cluster.pod(&dir_c, "0", &[("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", "not the cluster's")]);
+    wait_log(&c, "refused this pod's key");
     let (verdict, _) = smtp_try(c.addr("smtp"), "alice@example.org", 13).expect("delivery via c");
     assert!(verdict.starts_with("250"), "{verdict}");
     assert_eq!((forwarded(&c, "leader"), forwarded(&c, "here")), (0, 1));
-    assert!(c.log_contains("refused this pod's key"), "{}", c.log_text());
     drop(c);
 
     // Four senders on the follower; the leader dies under them.
@@ -218,16 +231,29 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     assert_exactly_once(b.addr("imap"), &accepted, &failed);
 }
 
-#[test]
-fn a_draining_leader_declines_and_no_delivery_fails() {
-    let cluster = Cluster::new();
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = cluster.pod(&dir_a, &cluster.port, &[("MAILCLUSTER_SHUTDOWN_GRACE_SECS", "20")]);
-    let b = cluster.pod(&dir_b, "0", &[]);
+/// A leader (with `leader_env`) and a follower under four senders, once the
+/// follower has forwarded: (leader, follower, load, the follower's own commits
+/// so far).
+fn forwarding_under_load(
+    cluster: &Cluster,
+    (dir_a, dir_b): &(tempfile::TempDir, tempfile::TempDir),
+    leader_env: &[(&str, &str)],
+) -> (ServeProcess, ServeProcess, Load, u64) {
+    let a = cluster.pod(dir_a, &cluster.port, leader_env);
+    let b = cluster.pod(dir_b, "0", &[]);
+    wait_log(&b, "connected to the group-commit leader");
     let load = Load::start(b.addr("smtp"), 4);
     std::thread::sleep(Duration::from_millis(1000));
     assert!(forwarded(&b, "leader") > 0, "the follower forwarded");
     let here_before = forwarded(&b, "here");
+    (a, b, load, here_before)
+}
+
+#[test]
+fn a_draining_leader_declines_and_no_delivery_fails() {
+    let (cluster, dirs) = (Cluster::new(), (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()));
+    let (mut a, b, load, here_before) =
+        forwarding_under_load(&cluster, &dirs, &[("MAILCLUSTER_SHUTDOWN_GRACE_SECS", "20")]);
     let term = std::process::Command::new("kill").args(["-TERM", &a.child.id().to_string()]).status();
     assert!(term.expect("kill").success());
     let termed = Instant::now();
@@ -252,5 +278,57 @@ fn a_draining_leader_declines_and_no_delivery_fails() {
     assert!(failed.is_empty(), "no delivery failed while the leader drained: {failed:?}");
     assert!(forwarded(&b, "here") > here_before, "the follower committed what the leader declined");
     assert!(b.log_contains("the group-commit leader is draining"), "{}", b.log_text());
+    assert_exactly_once(b.addr("imap"), &accepted, &failed);
+}
+
+/// Drops every packet sent to a port (iptables, root), as a network does when
+/// the leader's node is gone: nothing answers, nothing resets. Lifted on drop.
+struct Blackhole(String);
+
+impl Blackhole {
+    fn port(port: &str) -> Blackhole {
+        let rule = |op: &str| {
+            std::process::Command::new("iptables")
+                .args([op, "INPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", port, "-j", "DROP"])
+                .status()
+        };
+        let status = rule("-I").expect("iptables (this test needs root and iptables)");
+        assert!(status.success(), "iptables refused the rule");
+        Blackhole(port.to_string())
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("iptables")
+            .args(["-D", "INPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", &self.0, "-j", "DROP"])
+            .status();
+    }
+}
+
+#[test]
+fn a_leader_cut_off_by_the_network_is_left_within_seconds() {
+    let (cluster, dirs) = (Cluster::new(), (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()));
+    let (_a, b, load, here_before) = forwarding_under_load(&cluster, &dirs, &[]);
+    let cut = Blackhole::port(&cluster.port);
+    let cut_at = Instant::now();
+    // What was in flight waits for the kernel to give the connection up (no
+    // reset comes); after that the follower commits its own, and reconnecting
+    // (SYNs dropped too) holds up nobody.
+    while forwarded(&b, "here") < here_before + 50 {
+        assert!(cut_at.elapsed() < Duration::from_secs(20), "the follower never left its silent leader");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left_after = cut_at.elapsed();
+    let (accepted, failed) = load.stop();
+    drop(cut);
+    println!(
+        "left the leader after {left_after:?}: {} accepted, {} answered 451",
+        accepted.len(),
+        failed.len()
+    );
+    // At most what the four senders had in flight when the network went, and
+    // what they sent before the connection was given up, fails; not the rest.
+    assert!(failed.len() <= 8, "{} deliveries failed", failed.len());
     assert_exactly_once(b.addr("imap"), &accepted, &failed);
 }

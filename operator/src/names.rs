@@ -100,6 +100,12 @@ pub fn delivers(p: Protocol) -> bool {
     matches!(p, Protocol::Smtp | Protocol::Submission)
 }
 
+/// Whether `p`'s pods hand their deliveries to a leader among them (and get
+/// the headless Service, port and NetworkPolicy rules for it).
+pub fn groups_commits(mc: &MailCluster, p: Protocol) -> bool {
+    delivers(p) && mc.spec.group_commit.across_pods
+}
+
 pub fn config_map(mc: &MailCluster) -> String {
     format!("{}-config", cluster_name(mc))
 }

@@ -107,6 +107,44 @@ fn delivering_pods_group_commit_through_their_headless_service() {
 }
 
 #[test]
+fn group_commit_across_pods_can_be_turned_off() {
+    let mut mc = fixture("minimal");
+    mc.spec.network_policy.enabled = true;
+    mc.spec.network_policy.restrict_egress = true;
+    let name = names::cluster_name(&mc).to_string();
+    let policy_ports = |b: &Built| {
+        let policy: k8s_openapi::api::networking::v1::NetworkPolicy = get(b, ChildKind::NetworkPolicy, &name);
+        let spec = policy.spec.unwrap();
+        let port_list = |ports: &Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPort>>| {
+            ports.iter().flatten().filter_map(|p| p.port.clone()).collect::<Vec<_>>()
+        };
+        let ingress: Vec<IntOrString> =
+            spec.ingress.iter().flatten().flat_map(|r| port_list(&r.ports)).collect();
+        let egress: Vec<IntOrString> =
+            spec.egress.iter().flatten().flat_map(|r| port_list(&r.ports)).collect();
+        (ingress, egress)
+    };
+    let commit = IntOrString::Int(names::GROUP_COMMIT_PORT);
+    // On (the default): followers may reach the leader even where egress is
+    // denied by default, and the leader takes them.
+    let (ingress, egress) = policy_ports(&steady(&mc));
+    assert!(ingress.contains(&commit) && egress.contains(&commit), "{ingress:?} / {egress:?}");
+
+    mc.spec.group_commit.across_pods = false;
+    let b = steady(&mc);
+    assert!(b.get(ChildKind::Service, "mail-smtp-commit").is_none());
+    assert!(b.get(ChildKind::Service, "mail-submission-commit").is_none());
+    let deployment: Deployment = get(&b, ChildKind::Deployment, "mail-smtp");
+    let ports = container(&deployment).ports.unwrap();
+    assert!(ports.iter().all(|p| p.container_port != names::GROUP_COMMIT_PORT), "{ports:?}");
+    let config =
+        mailcluster_operator::build::pod_config::pod_config(&mc, Some(mailcluster_api::Protocol::Smtp));
+    assert_eq!((config.smtp.group_commit_leader.as_str(), config.smtp.group_commit_port), ("", 0));
+    let (ingress, egress) = policy_ports(&b);
+    assert!(!ingress.contains(&commit) && !egress.contains(&commit), "{ingress:?} / {egress:?}");
+}
+
+#[test]
 fn every_child_has_owner_reference_and_labels() {
     for f in ["minimal", "full"] {
         let mc = fixture(f);

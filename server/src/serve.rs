@@ -79,6 +79,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let deliverer = Arc::new(deliverer);
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
+    deliverer.start_forwarding().await;
     let group_listener = match (group_key, smtp.group_commit_port) {
         (Some(key), port) if port != 0 => {
             let addr = std::net::SocketAddr::new(config.listen_addr, port);

@@ -137,7 +137,7 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
 
     for p in mc.spec.enabled_protocols() {
         out.push((ChildKind::Service, value(&workload::service(mc, p))));
-        if names::delivers(p) {
+        if names::groups_commits(mc, p) {
             out.push((ChildKind::Service, value(&workload::group_commit_service(mc, p))));
         }
         let Some(image) = running_image else { continue };

@@ -36,7 +36,7 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
             c.net.max_connections = ps.max_connections as usize;
             c.net.max_connections_per_ip = ps.max_connections_per_ip as usize;
             c.database.pool_size = spec.postgres.pool_size;
-            if names::delivers(p) {
+            if names::groups_commits(mc, p) {
                 // Batches formed across the Deployment's pods: fewer, larger
                 // transactions as it scales out (server delivery/forward.rs).
                 c.smtp.group_commit_port = names::GROUP_COMMIT_PORT as u16;

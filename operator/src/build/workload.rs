@@ -299,7 +299,7 @@ pub fn deployment(
     let mut ports: Vec<ContainerPort> =
         p.listeners().iter().map(|l| port(l.name(), l.container_port())).collect();
     ports.push(port("admin", ADMIN_PORT));
-    if names::delivers(p) {
+    if names::groups_commits(mc, p) {
         ports.push(port("group-commit", names::GROUP_COMMIT_PORT));
     }
 
@@ -587,6 +587,23 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             ..Default::default()
         });
     }
+    let group_commit = mc.spec.enabled_protocols().into_iter().any(|p| names::groups_commits(mc, p));
+    let mut ingress = vec![
+        // Mail is public: anyone may connect to the mail listeners.
+        NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
+        // The admin port (metrics, health) only from this namespace and monitoring.
+        NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
+    ];
+    if group_commit {
+        // Deliveries handed to the group-commit leader: from this cluster's pods only.
+        ingress.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(match_labels(names::all_pods_selector(mc))),
+                ..Default::default()
+            }]),
+            ports: Some(vec![tcp(names::GROUP_COMMIT_PORT)]),
+        });
+    }
     // DNS for MX lookups and sender authentication, SMTP for the relay, and the
     // stores, to any address: where they live is not the operator's to know.
     let egress = mc.spec.network_policy.restrict_egress.then(|| {
@@ -596,6 +613,10 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             ..Default::default()
         };
         let mut ports = vec![udp, tcp(53), tcp(25), tcp(465), tcp(587), tcp(5432), tcp(6379), tcp(26379)];
+        // Followers reach their group-commit leader (a pod of this cluster).
+        if group_commit {
+            ports.push(tcp(names::GROUP_COMMIT_PORT));
+        }
         ports.extend(mc.spec.network_policy.egress_ports.iter().map(|p| tcp(*p)));
         vec![NetworkPolicyEgressRule { ports: Some(ports), to: None }]
     });
@@ -608,20 +629,7 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             } else {
                 vec!["Ingress".into()]
             }),
-            ingress: Some(vec![
-                // Mail is public: anyone may connect to the mail listeners.
-                NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
-                // The admin port (metrics, health) only from this namespace and monitoring.
-                NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
-                // Deliveries handed to the group-commit leader: from this cluster's pods only.
-                NetworkPolicyIngressRule {
-                    from: Some(vec![NetworkPolicyPeer {
-                        pod_selector: Some(match_labels(names::all_pods_selector(mc))),
-                        ..Default::default()
-                    }]),
-                    ports: Some(vec![tcp(names::GROUP_COMMIT_PORT)]),
-                },
-            ]),
+            ingress: Some(ingress),
             egress,
         }),
     }

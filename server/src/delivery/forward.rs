@@ -73,6 +73,8 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The longest a sent delivery may wait for its answer: the SMTP client's own
 /// DATA timeout is minutes; a leader that takes this long is failing.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long sent data may stay unacknowledged before a peer is taken for dead.
+const DEAD_AFTER: Duration = Duration::from_secs(5);
 /// How often the leader's name is looked up again (pods come and go).
 const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 /// How long a leader found draining is passed over: longer than its drain
@@ -154,13 +156,13 @@ pub enum Forwarded {
     NotSent(Box<NewDelivery>),
 }
 
-/// The follower's side: one connection to the leader, opened on first use and
-/// again after it breaks.
+/// The follower's side: one connection to the leader, opened by a task of its
+/// own (at start, and again after it breaks), never on a delivery's path.
 pub struct Forwarder {
     leader: String,
-    key: Vec<u8>,
-    instance: String,
-    state: tokio::sync::Mutex<State>,
+    key: Arc<[u8]>,
+    instance: Arc<str>,
+    state: Arc<Mutex<State>>,
     /// The addresses of the leader's name, ascending, as a task looks them up
     /// every few seconds (never on a delivery's path but the first).
     addrs: Arc<tokio::sync::OnceCell<tokio::sync::watch::Receiver<Vec<SocketAddr>>>>,
@@ -180,6 +182,8 @@ struct State {
     /// This pod's own address, once a greeting showed it.
     own: Option<SocketAddr>,
     conn: Option<Arc<Conn>>,
+    /// A task is connecting to the leader.
+    connecting: bool,
     retry_at: Option<Instant>,
 }
 
@@ -228,9 +232,9 @@ impl Forwarder {
         };
         Forwarder {
             leader,
-            key,
-            instance,
-            state: tokio::sync::Mutex::new(State::default()),
+            key: key.into(),
+            instance: instance.into(),
+            state: Arc::new(Mutex::new(State::default())),
             addrs: Arc::new(tokio::sync::OnceCell::new()),
             forwarded: counter("leader"),
             local: counter("here"),
@@ -240,6 +244,12 @@ impl Forwarder {
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.forwarded.clone()))?;
         registry.register(Box::new(self.local.clone()))
+    }
+
+    /// Looks the leader up and starts connecting to it, so that the first
+    /// deliveries find the connection open (`serve`, at start).
+    pub async fn start(&self) {
+        let _ = self.connection().await;
     }
 
     pub async fn deliver(&self, delivery: NewDelivery) -> Forwarded {
@@ -323,11 +333,13 @@ impl Forwarder {
             .await
     }
 
-    /// The open connection to the leader, or a new one; None while the leader
-    /// is unreachable or is this pod.
+    /// The open connection to the leader; None while there is none (the
+    /// delivery is then committed here), or the leader is this pod. A task of
+    /// its own connects, so that a leader that does not answer (its node gone,
+    /// packets dropped) holds up no delivery.
     async fn connection(&self) -> Option<Arc<Conn>> {
         let addrs = self.addresses().await;
-        let mut state = self.state.lock().await;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         // A leader that declined (draining) is passed over until it is gone
         // from the name; meanwhile the next address leads, as it will then.
@@ -359,30 +371,40 @@ impl Forwarder {
             conn.retire();
             state.conn = None;
         }
-        if state.retry_at.is_some_and(|at| now < at) {
+        if state.connecting || state.retry_at.is_some_and(|at| now < at) {
             return None;
         }
-        match tokio::time::timeout(CONNECT_TIMEOUT, connect(target, &self.key, &self.instance)).await {
-            Ok(Ok(Some(conn))) => {
-                state.retry_at = None;
-                state.conn = Some(conn.clone());
-                Some(conn)
+        state.connecting = true;
+        let (shared, key, instance) = (self.state.clone(), self.key.clone(), self.instance.clone());
+        tokio::spawn(async move {
+            let result = tokio::time::timeout(CONNECT_TIMEOUT, connect(target, &key, &instance)).await;
+            let mut state = shared.lock().unwrap_or_else(|p| p.into_inner());
+            state.connecting = false;
+            match result {
+                Ok(Ok(Some(conn))) => {
+                    state.retry_at = None;
+                    if state.target == Some(target) {
+                        tracing::info!(%target, "connected to the group-commit leader");
+                        state.conn = Some(conn);
+                    } else {
+                        conn.retire();
+                    }
+                }
+                Ok(Ok(None)) => {
+                    tracing::info!(%target, "this pod is the group-commit leader");
+                    state.own = Some(target);
+                }
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "connect timed out".to_string(),
+                    };
+                    tracing::warn!(%target, error = %why, "group-commit leader unreachable; committing here");
+                    state.retry_at = Some(Instant::now() + RETRY_AFTER);
+                }
             }
-            Ok(Ok(None)) => {
-                tracing::info!(%target, "this pod is the group-commit leader");
-                state.own = Some(target);
-                None
-            }
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "connect timed out".to_string(),
-                };
-                tracing::warn!(%target, error = %why, "group-commit leader unreachable; committing here");
-                state.retry_at = Some(now + RETRY_AFTER);
-                None
-            }
-        }
+        });
+        None
     }
 }
 
@@ -405,11 +427,26 @@ async fn lookup(name: &str, say: bool) -> Option<Vec<SocketAddr>> {
     }
 }
 
+/// A peer whose node is gone sends no reset: the kernel ends the connection
+/// once what was sent stays unacknowledged for [`DEAD_AFTER`], or an idle one
+/// answers no keepalive probe, so that pending deliveries fail (451) and new
+/// ones are committed here instead of being sent into the void.
+fn detect_dead_peer(stream: &TcpStream) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(DEAD_AFTER / 2)
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    socket.set_tcp_keepalive(&probes)?;
+    socket.set_tcp_user_timeout(Some(DEAD_AFTER))
+}
+
 /// Connects and proves the key; None when the greeting shows this very process.
 async fn connect(addr: SocketAddr, key: &[u8], instance: &str) -> std::io::Result<Option<Arc<Conn>>> {
     let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_string());
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    detect_dead_peer(&stream)?;
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut line = String::new();
@@ -690,6 +727,7 @@ async fn follower(
     followers: Arc<Followers>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    detect_dead_peer(&stream)?;
     let (read, mut write) = stream.into_split();
     let mut nonce = [0u8; 16];
     rand::fill(&mut nonce);
@@ -849,6 +887,17 @@ mod tests {
         (addr, dir, drain)
     }
 
+    /// Waits for the forwarder's connecting task to be done.
+    async fn connected(forwarder: &Forwarder) {
+        for _ in 0..500 {
+            if forwarder.connection().await.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never connected to the leader");
+    }
+
     async fn greet(addr: SocketAddr, key: &[u8]) -> (BufReader<TcpStream>, String) {
         let mut stream = BufReader::new(TcpStream::connect(addr).await.unwrap());
         let mut greeting = String::new();
@@ -877,6 +926,7 @@ mod tests {
         assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
         // A delivery to a mailbox that does not exist is answered, not dropped.
         let forwarder = Forwarder::new(addr.to_string(), b"right".to_vec(), "follower".into());
+        connected(&forwarder).await;
         match forwarder.deliver(delivery()).await {
             Forwarded::Answered(Err(_)) => {}
             Forwarded::Answered(Ok(d)) => panic!("delivered to no mailbox: {d:?}"),
@@ -890,7 +940,7 @@ mod tests {
         // …and does not offer it the next one.
         assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)));
         assert_eq!(forwarder.local.get(), 2);
-        assert!(forwarder.state.lock().await.conn.is_none(), "no connection to a draining leader");
+        assert!(forwarder.state.lock().unwrap().conn.is_none(), "no connection to a draining leader");
     }
 
     #[tokio::test]
@@ -901,14 +951,34 @@ mod tests {
             crate::delivery::DeliveryOptions { max_batch: 1, max_concurrent: 1, max_wait: Duration::ZERO };
         let (addr, _dir, _drain) = leader_with(b"k", options).await;
         let forwarder = Forwarder::new(addr.to_string(), b"k".to_vec(), "follower".into());
+        connected(&forwarder).await;
         let outcomes = futures::future::join_all((0..20).map(|_| forwarder.deliver(delivery()))).await;
         let shed = outcomes.iter().filter(|o| matches!(o, Forwarded::NotSent(_))).count();
         assert!(shed > 0, "nothing shed by a leader 20 deliveries behind");
         assert!(shed < 20, "the first delivery is the leader's to commit");
         assert_eq!((forwarder.forwarded.get(), forwarder.local.get()), (20 - shed as u64, shed as u64));
         // Unlike a draining leader, a busy one keeps the follower's next ones.
-        let conn = forwarder.state.lock().await.conn.clone().expect("still connected");
+        let conn = forwarder.state.lock().unwrap().conn.clone().expect("still connected");
         assert!(!conn.declined.load(Ordering::Relaxed));
         assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::Answered(_)), "offered again");
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_does_not_answer_holds_up_no_delivery() {
+        // Connections complete in the kernel's backlog and nobody greets them:
+        // a hung process, or packets answered by nobody behind it.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let forwarder = Forwarder::new(addr.to_string(), b"k".to_vec(), "follower".into());
+        let started = Instant::now();
+        for _ in 0..20 {
+            assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)));
+        }
+        assert!(started.elapsed() < CONNECT_TIMEOUT / 2, "deliveries waited {:?}", started.elapsed());
+        assert_eq!(forwarder.local.get(), 20);
+        // The connecting task gives up by itself, and tries again later.
+        tokio::time::sleep(CONNECT_TIMEOUT + Duration::from_millis(200)).await;
+        let state = forwarder.state.lock().unwrap();
+        assert!(!state.connecting && state.retry_at.is_some() && state.conn.is_none());
     }
 }

@@ -105,6 +105,14 @@ impl Deliverer {
         self
     }
 
+    /// Starts looking for the group-commit leader, when forwarding, so that the
+    /// first deliveries find it (`serve`, at start).
+    pub async fn start_forwarding(&self) {
+        if let Some(forward) = &self.forward {
+            forward.start().await;
+        }
+    }
+
     pub fn options(&self) -> DeliveryOptions {
         self.options
     }
