@@ -79,7 +79,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let deliverer = Arc::new(deliverer);
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    deliverer.start_forwarding().await;
+    // Looking the leader up may wait on DNS: the listeners do not.
+    let starting = deliverer.clone();
+    tokio::spawn(async move { starting.start_forwarding().await });
     let group_listener = match (group_key, smtp.group_commit_port) {
         (Some(key), port) if port != 0 => {
             let addr = std::net::SocketAddr::new(config.listen_addr, port);
