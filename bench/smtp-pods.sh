@@ -30,6 +30,10 @@
 # POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
 # keeps mc_start's), to see what two pods need to match one.
 #
+# A MAILCLUSTER_* variable in the environment configures every pod, the one pod
+# included: e.g. MAILCLUSTER_WORKER_THREADS=1, the runtime the operator gives a
+# pod that requests up to one CPU (the default request is 100m).
+#
 # Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=1 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
