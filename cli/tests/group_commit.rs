@@ -198,6 +198,9 @@ fn followers_commit_through_the_leader_and_survive_its_death() {
     assert_eq!(forwarded(&b, "here"), 0);
     assert_eq!(forwarded(&a, "leader"), 0, "a does not forward to itself");
     assert_eq!(forwarded(&a, "here"), 3);
+    // Nothing shed: the leader was never a round of commits behind.
+    let (_, metrics) = http_get(a.admin, "/metrics");
+    assert!(metrics.lines().any(|l| l == "mail_group_commit_shed_total 0"), "{metrics}");
     let subjects = inbox_subjects(b.addr("imap"));
     assert_eq!(subjects.len(), 13, "{subjects:?}");
     assert!(subjects.values().all(|&n| n == 1), "{subjects:?}");

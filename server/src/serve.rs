@@ -120,9 +120,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = ShutdownController::new(Duration::from_secs(config.shutdown_grace_secs));
     // From here on SIGTERM/SIGINT start a drain instead of killing the process.
     shutdown.spawn_signal_handler().context("cannot install the SIGTERM/SIGINT handler")?;
-    let followers = group_listener.map(|(listener, key)| {
+    let mut followers = None;
+    if let Some((listener, key)) = group_listener {
         // Other pods' deliveries, declined once this pod drains.
-        let followers = Arc::new(crate::delivery::forward::Followers::default());
+        let taken = Arc::new(crate::delivery::forward::Followers::default());
+        taken.register_metrics(&metrics.registry).context("registering group-commit leader metrics")?;
         tokio::spawn(crate::delivery::forward::accept(
             listener,
             app.deliverer.clone(),
@@ -130,10 +132,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             instance,
             config.smtp.max_message_size,
             shutdown.subscribe(),
-            followers.clone(),
+            taken.clone(),
         ));
-        followers
-    });
+        followers = Some(taken);
+    }
 
     // Bind everything before serving anything: a taken port fails the start with
     // its name instead of leaving a half-working pod.

@@ -656,14 +656,32 @@ fn decode_answer(mut frame: BytesMut) -> Result<(u64, Outcome), String> {
 
 /// What the leader's side has going: a draining pod stays until its followers
 /// have gone elsewhere ([`Followers::quiet`]).
-#[derive(Default)]
 pub struct Followers {
     /// Deliveries received and not yet answered.
     in_flight: std::sync::atomic::AtomicUsize,
     last_frame: Mutex<Option<Instant>>,
+    /// Deliveries shed while a full round of commits was waiting: a leader
+    /// that sheds often carries more than one pod's commits can.
+    shed: prometheus::IntCounter,
+}
+
+impl Default for Followers {
+    fn default() -> Self {
+        let shed = prometheus::IntCounter::new(
+            "mail_group_commit_shed_total",
+            "Deliveries other pods offered while this pod was a full round of commits behind (they committed them)",
+        )
+        .expect("valid metric");
+        Followers { in_flight: Default::default(), last_frame: Mutex::new(None), shed }
+    }
 }
 
 impl Followers {
+    /// Registers `mail_group_commit_shed_total` (once, at start: `serve`).
+    pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.shed.clone()))
+    }
+
     /// Resolves once no follower has sent anything for `quiet` and every
     /// delivery is answered, or at `deadline`. Followers that were declined
     /// come back after [`RETRY_AFTER`] while the leader's address is still
@@ -769,6 +787,7 @@ async fn follower(
         // A full round of commits is already waiting here: this one would wait
         // at least a round more, and the follower commits it sooner itself.
         if deliverer.backlog() >= deliverer.round() {
+            followers.shed.inc();
             let _ = answers.send(encode_answer(id, &Outcome::Busy));
             continue;
         }
@@ -868,13 +887,14 @@ mod tests {
 
     /// A leader over an embedded store, and a raw connection to it.
     async fn leader(key: &[u8]) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>) {
-        leader_with(key, crate::delivery::DeliveryOptions::default()).await
+        let (addr, dir, drain, _) = leader_with(key, crate::delivery::DeliveryOptions::default()).await;
+        (addr, dir, drain)
     }
 
     async fn leader_with(
         key: &[u8],
         options: crate::delivery::DeliveryOptions,
-    ) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>) {
+    ) -> (SocketAddr, tempfile::TempDir, tokio::sync::watch::Sender<bool>, Arc<Followers>) {
         let dir = tempfile::tempdir().unwrap();
         let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();
         store.migrate().await.unwrap();
@@ -883,8 +903,16 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (drain, draining) = Shutdown::new();
         let followers = Arc::new(Followers::default());
-        tokio::spawn(accept(listener, deliverer, key.to_vec(), "leader".into(), 1024, draining, followers));
-        (addr, dir, drain)
+        tokio::spawn(accept(
+            listener,
+            deliverer,
+            key.to_vec(),
+            "leader".into(),
+            1024,
+            draining,
+            followers.clone(),
+        ));
+        (addr, dir, drain, followers)
     }
 
     /// Waits for the forwarder's connecting task to be done.
@@ -949,7 +977,7 @@ mod tests {
         // delivery, so whatever arrives while one is committing is shed.
         let options =
             crate::delivery::DeliveryOptions { max_batch: 1, max_concurrent: 1, max_wait: Duration::ZERO };
-        let (addr, _dir, _drain) = leader_with(b"k", options).await;
+        let (addr, _dir, _drain, followers) = leader_with(b"k", options).await;
         let forwarder = Forwarder::new(addr.to_string(), b"k".to_vec(), "follower".into());
         connected(&forwarder).await;
         let outcomes = futures::future::join_all((0..20).map(|_| forwarder.deliver(delivery()))).await;
@@ -957,6 +985,7 @@ mod tests {
         assert!(shed > 0, "nothing shed by a leader 20 deliveries behind");
         assert!(shed < 20, "the first delivery is the leader's to commit");
         assert_eq!((forwarder.forwarded.get(), forwarder.local.get()), (20 - shed as u64, shed as u64));
+        assert_eq!(followers.shed.get(), shed as u64, "the leader counts what it shed");
         // Unlike a draining leader, a busy one keeps the follower's next ones.
         let conn = forwarder.state.lock().unwrap().conn.clone().expect("still connected");
         assert!(!conn.declined.load(Ordering::Relaxed));
