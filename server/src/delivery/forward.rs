@@ -427,11 +427,14 @@ async fn lookup(name: &str, say: bool) -> Option<Vec<SocketAddr>> {
     }
 }
 
-/// A peer whose node is gone sends no reset: the kernel ends the connection
-/// once what was sent stays unacknowledged for [`DEAD_AFTER`], or an idle one
-/// answers no keepalive probe, so that pending deliveries fail (451) and new
-/// ones are committed here instead of being sent into the void.
-fn detect_dead_peer(stream: &TcpStream) -> std::io::Result<()> {
+/// Both ends of a follower's connection: no Nagle delay (frames are small and
+/// a delivery waits on each), and a peer whose node is gone, which sends no
+/// reset, is given up once what was sent stays unacknowledged for
+/// [`DEAD_AFTER`] or an idle connection answers no keepalive probe, so that
+/// pending deliveries fail (451) and new ones are committed here instead of
+/// being sent into the void.
+fn configure(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
     let socket = socket2::SockRef::from(stream);
     let probes = socket2::TcpKeepalive::new()
         .with_time(DEAD_AFTER / 2)
@@ -445,8 +448,7 @@ fn detect_dead_peer(stream: &TcpStream) -> std::io::Result<()> {
 async fn connect(addr: SocketAddr, key: &[u8], instance: &str) -> std::io::Result<Option<Arc<Conn>>> {
     let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why.to_string());
     let stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    detect_dead_peer(&stream)?;
+    configure(&stream)?;
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut line = String::new();
@@ -744,8 +746,7 @@ async fn follower(
     draining: Shutdown,
     followers: Arc<Followers>,
 ) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
-    detect_dead_peer(&stream)?;
+    configure(&stream)?;
     let (read, mut write) = stream.into_split();
     let mut nonce = [0u8; 16];
     rand::fill(&mut nonce);
