@@ -219,6 +219,14 @@ fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
         metrics.lines().any(|l| l.starts_with("mail_cache_fallbacks_total{op=\"credential_get\"}")),
         "{metrics}"
     );
+    // Back on Redis, recipient lookups are read from the pod's copies again
+    // (four recipients, about 120 deliveries since the reconnect).
+    let copies = |result: &str| -> u64 {
+        let name = format!("mail_cache_client_copies_total{{result=\"{result}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(name.as_str())?.parse().ok()).unwrap_or(0)
+    };
+    assert!(copies("hit") > 50, "copies hit {} times: {metrics}", copies("hit"));
+    assert!(copies("miss") >= 4, "{metrics}");
 
     // Every acknowledged message is stored, once.
     let acknowledged: usize =

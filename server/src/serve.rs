@@ -244,6 +244,7 @@ pub async fn open_serving_cache(
     let opts = cache::resilient::ResilienceOptions {
         budget: Duration::from_millis(config.redis.request_budget_ms),
         retry_after: Duration::from_secs(config.redis.retry_after_secs),
+        client_cache_keys: config.redis.client_cache_keys,
         ..Default::default()
     };
     let timeout = Duration::from_secs(config.redis.connect_timeout_secs);

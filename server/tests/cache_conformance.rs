@@ -57,10 +57,13 @@ impl Pods {
     async fn redis() -> Pods {
         let url = redis_url();
         let prefix = format!("mctest:{}:", random_hex());
+        // As a serving pod connects: RESP3, with client-side copies of hot values.
+        let keys = mailcluster_server::config::RedisConfig::default().client_cache_keys;
         let open = || async {
-            cache::open(Some(&url), &prefix, Duration::from_secs(5))
+            let cache = cache::redis::RedisCache::connect(&url, &prefix, Duration::from_secs(5), keys)
                 .await
-                .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"))
+                .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"));
+            Arc::new(cache) as Arc<dyn Cache>
         };
         let (a, b) = (open().await, open().await);
         assert_eq!(a.backend(), "redis");
@@ -97,6 +100,7 @@ conformance!(
     credentials_touch_extends_live_entries_only,
     counters_count_in_fixed_windows,
     values_put_get_del_expire,
+    hot_values_follow_every_pods_changes,
     publish_reaches_subscribers_of_that_account_only,
     bursts_reach_subscribers_with_each_mailboxs_last_change,
     subscriptions_survive_other_subscribers_leaving,
@@ -230,6 +234,23 @@ async fn values_put_get_del_expire(p: &Pods) {
     assert_eq!(p.a.value_get("rcpt:short").await.unwrap(), None, "expired");
     // Values, counters and locks live in separate namespaces.
     assert_eq!(p.a.counter_get("rcpt:empty").await.unwrap(), 0);
+}
+
+async fn hot_values_follow_every_pods_changes(p: &Pods) {
+    let ttl = Duration::from_secs(60);
+    let read = async || p.a.value_get_hot("rcpt:hot").await.unwrap();
+    assert_eq!(read().await, None);
+    p.b.value_put("rcpt:hot", b"1", ttl).await.unwrap();
+    eventually(read, Some(b"1"), "after a put").await;
+    assert_eq!(read().await.as_deref(), Some(&b"1"[..]), "read again");
+    p.b.value_put("rcpt:hot", b"2", ttl).await.unwrap();
+    eventually(read, Some(b"2"), "after an overwrite").await;
+    p.b.value_del("rcpt:hot").await.unwrap();
+    eventually(read, None, "after a delete").await;
+    p.a.value_put("rcpt:hot", b"3", Duration::from_millis(600)).await.unwrap();
+    assert_eq!(read().await.as_deref(), Some(&b"3"[..]));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(read().await, None, "expired");
 }
 
 async fn publish_reaches_subscribers_of_that_account_only(p: &Pods) {
@@ -587,14 +608,21 @@ impl Proxy {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_outage_ends_streams_fails_fast_and_recovers() {
+/// A proxy in front of `REDIS_URL`, that URL, and a fresh key prefix with its
+/// cleanup.
+async fn proxied_redis() -> (Proxy, String, String, RedisCleanup) {
     let url = redis_url();
     let target =
         ::redis::Client::open(url.as_str()).expect("REDIS_URL").get_connection_info().addr().to_string();
     let proxy = Proxy::start(target).await;
     let prefix = format!("mctest:{}:", random_hex());
-    let _cleanup = RedisCleanup { url: url.clone(), prefix: prefix.clone() };
+    let cleanup = RedisCleanup { url: url.clone(), prefix: prefix.clone() };
+    (proxy, url, prefix, cleanup)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_ends_streams_fails_fast_and_recovers() {
+    let (proxy, url, prefix, _cleanup) = proxied_redis().await;
     let connect_timeout = Duration::from_secs(1);
     let flaky = cache::open(Some(&proxy.url_for(&url)), &prefix, connect_timeout)
         .await
@@ -635,12 +663,7 @@ async fn redis_outage_ends_streams_fails_fast_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_silent_pubsub_connection_is_detected_and_streams_end() {
-    let url = redis_url();
-    let target =
-        ::redis::Client::open(url.as_str()).expect("REDIS_URL").get_connection_info().addr().to_string();
-    let proxy = Proxy::start(target).await;
-    let prefix = format!("mctest:{}:", random_hex());
-    let _cleanup = RedisCleanup { url: url.clone(), prefix: prefix.clone() };
+    let (proxy, url, prefix, _cleanup) = proxied_redis().await;
     let flaky = cache::open(Some(&proxy.url_for(&url)), &prefix, Duration::from_secs(1))
         .await
         .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"));
@@ -652,4 +675,89 @@ async fn redis_silent_pubsub_connection_is_detected_and_streams_end() {
         .await
         .expect("silent pub/sub connection not detected within 25 s");
     assert_eq!(end, None);
+}
+
+/// Polls `read` until it gives `want`, for at most 2 s: how long a pod may go on
+/// reading its copy after another pod changed the value (Redis' invalidation
+/// travels as fast as any reply).
+async fn eventually(read: impl AsyncFn() -> Option<Vec<u8>>, want: Option<&[u8]>, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let got = read().await;
+        if got.as_deref() == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: still {got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hot_values_are_read_in_the_pod_until_redis_reports_a_change() {
+    let (proxy, url, prefix, _cleanup) = proxied_redis().await;
+    // Pod A keeps copies and reaches Redis through the proxy; pod B changes values.
+    let a = cache::redis::RedisCache::connect(&proxy.url_for(&url), &prefix, Duration::from_secs(1), 100)
+        .await
+        .unwrap_or_else(|e| panic!("Redis must be reachable for this test (REDIS_URL): {e}"));
+    let b = cache::open(Some(&url), &prefix, Duration::from_secs(5)).await.expect("direct Redis");
+    let ttl = Duration::from_secs(60);
+    let stats = || a.client_cache_stats().expect("copies are on");
+
+    b.value_put("rcpt:k", b"v1", ttl).await.unwrap();
+    assert_eq!(a.value_get_hot("rcpt:k").await.unwrap().as_deref(), Some(&b"v1"[..]));
+    assert_eq!(stats().misses, 1, "the first read asks Redis");
+    // While nothing reaches Redis any more, the copy still answers at once; a
+    // plain read cannot.
+    proxy.freeze();
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        assert_eq!(a.value_get_hot("rcpt:k").await.unwrap().as_deref(), Some(&b"v1"[..]));
+    }
+    assert!(started.elapsed() < Duration::from_millis(500), "copies took {:?}", started.elapsed());
+    assert_eq!(stats().hits, 3);
+    assert!(a.value_get("rcpt:k").await.is_err(), "a plain read needs Redis");
+    // Redis is reachable again through a fresh connection: the frozen one is
+    // replaced, and with it every copy (invalidations may have been lost).
+    proxy.cut();
+    eventually(async || a.value_get_hot("rcpt:k").await.ok().flatten(), Some(b"v1"), "after the cut").await;
+
+    // Another pod's change, deletion and a value's own expiry all reach the copy.
+    assert_eq!(a.value_get_hot("rcpt:k").await.unwrap().as_deref(), Some(&b"v1"[..]));
+    b.value_put("rcpt:k", b"v2", ttl).await.unwrap();
+    eventually(async || a.value_get_hot("rcpt:k").await.unwrap(), Some(b"v2"), "after another pod's put")
+        .await;
+    assert!(stats().invalidations >= 1, "{:?}", stats());
+    b.value_del("rcpt:k").await.unwrap();
+    eventually(async || a.value_get_hot("rcpt:k").await.unwrap(), None, "after another pod's delete").await;
+    b.value_put("rcpt:short", b"1", Duration::from_millis(600)).await.unwrap();
+    assert!(a.value_get_hot("rcpt:short").await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(a.value_get_hot("rcpt:short").await.unwrap(), None, "a copy outlives no expiry");
+
+    // A copy, then the connection cut while another pod changes the value: the
+    // change is never announced to A, so once A has seen its connection go it
+    // must not answer from its copy (before, it may: as before an invalidation
+    // arrives). While Redis is unreachable, A's reads fail.
+    b.value_put("rcpt:cut", b"old", ttl).await.unwrap();
+    assert_eq!(a.value_get_hot("rcpt:cut").await.unwrap().as_deref(), Some(&b"old"[..]));
+    proxy.set_refusing(true);
+    proxy.cut();
+    b.value_put("rcpt:cut", b"new", ttl).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match a.value_get_hot("rcpt:cut").await {
+            Ok(Some(v)) if v == b"old" => {
+                assert!(std::time::Instant::now() < deadline, "a copy survived the lost connection");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(v) => panic!("Redis is unreachable, yet A read {v:?}"),
+            Err(e) => {
+                assert!(matches!(e, CacheError::Unavailable(_)), "{e:?}");
+                break;
+            }
+        }
+    }
+    proxy.set_refusing(false);
+    eventually(async || a.value_get_hot("rcpt:cut").await.ok().flatten(), Some(b"new"), "after reconnecting")
+        .await;
 }

@@ -66,6 +66,7 @@ const OPTS: ResilienceOptions = ResilienceOptions {
     budget: Duration::from_millis(50),
     retry_after: Duration::from_millis(200),
     publish_queue: 64,
+    client_cache_keys: 0,
 };
 
 async fn store(dir: &tempfile::TempDir) -> Arc<dyn Store> {

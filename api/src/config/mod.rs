@@ -190,6 +190,14 @@ pub struct RedisConfig {
     /// After a Redis failure the pod stops calling Redis and probes it this often
     /// until it answers again.
     pub retry_after_secs: u64,
+    /// Values read far more often than they change (SMTP recipient lookups, DNS
+    /// answers) are kept in the pod, this many keys at most, and read there
+    /// without a round trip. Redis tells the pod when one changes or expires
+    /// (server-assisted client-side caching: `CLIENT TRACKING` over RESP3, Redis
+    /// 6 or later), so a copy is never older than the change plus its
+    /// notification. 0 reads every value from Redis (for a Redis-compatible
+    /// server without tracking).
+    pub client_cache_keys: usize,
 }
 
 impl Default for RedisConfig {
@@ -201,6 +209,7 @@ impl Default for RedisConfig {
             key_prefix: "mc:".into(),
             request_budget_ms: 250,
             retry_after_secs: 2,
+            client_cache_keys: 10_000,
         }
     }
 }

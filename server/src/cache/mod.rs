@@ -30,7 +30,8 @@ pub async fn open(url: Option<&str>, prefix: &str, connect_timeout: Duration) ->
         None => Ok(Arc::new(local::LocalCache::new())),
         Some(url) => {
             let master = target::RedisTarget::parse(url)?.resolve(connect_timeout).await?;
-            Ok(Arc::new(redis::RedisCache::connect(&master, prefix, connect_timeout).await?))
+            // The admin commands read no value twice: no client-side copies.
+            Ok(Arc::new(redis::RedisCache::connect(&master, prefix, connect_timeout, 0).await?))
         }
     }
 }
@@ -54,6 +55,14 @@ pub struct MailboxEvent {
     /// The mailbox's modseq after the change where the sender knows it without a
     /// read (STORE), else 0. Receivers re-check either way.
     pub modseq: u64,
+}
+
+/// See [`Cache::client_cache_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub invalidations: u64,
 }
 
 /// A held lock; pass it back to release. Locks expire by themselves after their TTL
@@ -84,6 +93,12 @@ pub trait Cache: Send + Sync + 'static {
     async fn ping(&self) -> CacheResult<()>;
     /// Connection figures for `mail_cache_pool_connections`.
     fn pool_stats(&self) -> crate::store::PoolStats;
+    /// Reads of [`Cache::value_get_hot`] answered by the pod's copy and by
+    /// Redis, and copies dropped (changed, expired, evicted), since the
+    /// connection was made; None without client-side copies.
+    fn client_cache_stats(&self) -> Option<ClientCacheStats> {
+        None
+    }
 
     // ---- verified credentials ----
     /// Remembers that `key` (a keyed hash of user + password, never the password)
@@ -106,6 +121,14 @@ pub trait Cache: Send + Sync + 'static {
     // ---- generic small values (e.g. recipient-exists cache) ----
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()>;
     async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>>;
+    /// [`Cache::value_get`] for a small value read far more often than it
+    /// changes (a recipient lookup, a DNS answer): Redis lets the pod keep a
+    /// copy and read it without a round trip until Redis reports the key
+    /// changed or expired (`redis.client_cache_keys`). Not for large values:
+    /// the copies are bounded in number, not in bytes.
+    async fn value_get_hot(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
+        self.value_get(key).await
+    }
     async fn value_del(&self, key: &str) -> CacheResult<()>;
 
     // ---- mailbox-change notifications ----

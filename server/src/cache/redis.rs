@@ -40,6 +40,7 @@
 //! allow; Redis Cluster is not supported.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -47,7 +48,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
-use ::redis::{Client, RedisError, Script, ScriptInvocation};
+use ::redis::caching::{CacheConfig, CacheMode};
+use ::redis::{Client, CommandCacheConfig, ProtocolVersion, RedisError, Script, ScriptInvocation};
 use async_trait::async_trait;
 use futures::stream::{BoxStream, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
@@ -61,6 +63,11 @@ const MAX_IN_FLIGHT: u32 = 512;
 /// A single command taking longer than this means Redis is in trouble; the caller
 /// gets `Unavailable` rather than hanging a session.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest a client-side copy is kept even if Redis never reports a change: a
+/// bound on what a lost invalidation could cost (every value kept so also has
+/// a shorter server-side expiry, which caps it first).
+const CLIENT_COPY_TTL: Duration = Duration::from_secs(300);
 /// Events buffered per account for slow local subscribers.
 const EVENTS_PER_ACCOUNT: usize = 256;
 /// How often the shared pub/sub connection proves it is alive.
@@ -250,6 +257,8 @@ impl Subscriber {
 struct Inner {
     client: Client,
     conn: ConnectionManager,
+    /// `value_get_hot` keeps copies (tracking is on for `conn`).
+    client_copies: bool,
     prefix: String,
     /// `host:port` for error messages (the URL may hold a password; this never does).
     addr: String,
@@ -297,7 +306,17 @@ fn decode_event(payload: &[u8]) -> Option<MailboxEvent> {
 
 impl RedisCache {
     /// Connects (commands and, lazily, pub/sub) to the Redis at `url`.
-    pub async fn connect(url: &str, prefix: &str, connect_timeout: Duration) -> CacheResult<Self> {
+    /// With `client_cache_keys` above 0, [`Cache::value_get_hot`] keeps up to
+    /// that many values in this process: the command connection speaks RESP3
+    /// and turns on `CLIENT TRACKING` (opt-in), so Redis pushes an invalidation
+    /// when a kept key changes or expires, and a reconnect drops every copy
+    /// (invalidations may have been missed meanwhile).
+    pub async fn connect(
+        url: &str,
+        prefix: &str,
+        connect_timeout: Duration,
+        client_cache_keys: usize,
+    ) -> CacheResult<Self> {
         // The parser's messages may quote the URL, password included: do not pass
         // them on.
         let client = Client::open(url).map_err(|_| {
@@ -315,12 +334,25 @@ impl RedisCache {
             .await
             .map_err(|_| too_slow())?
             .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
-        let config = ConnectionManagerConfig::new()
+        let mut config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_max_delay(Duration::from_secs(5));
+        let mut commands = client.clone();
+        if let Some(keys) = NonZeroUsize::new(client_cache_keys) {
+            let info = client.get_connection_info().clone();
+            let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+            commands = Client::open(info.set_redis_settings(resp3))
+                .map_err(|e| CacheError::Internal(format!("Redis connection settings: {e}")))?;
+            config = config.set_cache_config(
+                CacheConfig::new()
+                    .set_mode(CacheMode::OptIn)
+                    .set_size(keys)
+                    .set_default_client_ttl(CLIENT_COPY_TTL),
+            );
+        }
         let conn =
-            tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(client.clone(), config))
+            tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(commands, config))
                 .await
                 .map_err(|_| too_slow())?
                 .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
@@ -328,6 +360,7 @@ impl RedisCache {
             inner: Arc::new(Inner {
                 client,
                 conn,
+                client_copies: client_cache_keys > 0,
                 prefix: prefix.to_owned(),
                 addr,
                 connect_timeout,
@@ -366,6 +399,21 @@ impl RedisCache {
     async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> CacheResult<T> {
         let (_permit, mut conn) = self.conn().await?;
         self.bounded(cmd.query_async(&mut conn)).await
+    }
+
+    /// Changes a value. With client-side copies, this pod's own copy of it must
+    /// be gone when the change returns (a read right after a write sees the
+    /// write), but Redis sends the invalidation for a connection's own write
+    /// after that write's reply; a PING behind it in the same pipeline is
+    /// answered after the invalidation, which the connection has then applied.
+    async fn write_value(&self, cmd: ::redis::Cmd) -> CacheResult<()> {
+        if !self.inner.client_copies {
+            return self.query::<()>(&cmd).await;
+        }
+        let mut pipe = ::redis::pipe();
+        pipe.add_command(cmd).ignore().cmd("PING").ignore();
+        let (_permit, mut conn) = self.conn().await?;
+        self.bounded(pipe.query_async::<()>(&mut conn)).await
     }
 
     /// Runs a credential script: KEYS are the credential and its account's index,
@@ -588,6 +636,14 @@ impl Cache for RedisCache {
         PoolStats { max: MAX_IN_FLIGHT, idle, in_use: MAX_IN_FLIGHT.saturating_sub(idle) }
     }
 
+    fn client_cache_stats(&self) -> Option<super::ClientCacheStats> {
+        self.inner.conn.get_cache_statistics().map(|s| super::ClientCacheStats {
+            hits: s.hit as u64,
+            misses: s.miss as u64,
+            invalidations: s.invalidate as u64,
+        })
+    }
+
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
         self.credential_script(&self.inner.scripts.credential_put, key, account_id, ttl).await
     }
@@ -618,15 +674,21 @@ impl Cache for RedisCache {
 
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {
         let cmd = ::redis::cmd("SET").arg(self.key("val", key)).arg(value).arg("PX").arg(millis(ttl)).clone();
-        self.query::<()>(&cmd).await
+        self.write_value(cmd).await
     }
 
     async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
         self.query(::redis::cmd("GET").arg(self.key("val", key))).await
     }
 
+    async fn value_get_hot(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
+        // Without a cache configured on the connection the opt-in is ignored.
+        self.query(::redis::cmd("GET").arg(self.key("val", key)).set_cache_config(CommandCacheConfig::new()))
+            .await
+    }
+
     async fn value_del(&self, key: &str) -> CacheResult<()> {
-        self.query::<()>(::redis::cmd("DEL").arg(self.key("val", key))).await
+        self.write_value(::redis::cmd("DEL").arg(self.key("val", key)).clone()).await
     }
 
     async fn publish(&self, event: MailboxEvent) -> CacheResult<()> {

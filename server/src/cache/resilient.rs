@@ -61,6 +61,8 @@ pub struct ResilienceOptions {
     pub retry_after: Duration,
     /// Mailbox-change events waiting to be published, at most.
     pub publish_queue: usize,
+    /// `redis.client_cache_keys`: values kept in the pod under Redis' tracking.
+    pub client_cache_keys: usize,
 }
 
 impl Default for ResilienceOptions {
@@ -69,6 +71,7 @@ impl Default for ResilienceOptions {
             budget: Duration::from_millis(250),
             retry_after: Duration::from_secs(2),
             publish_queue: 4096,
+            client_cache_keys: 0,
         }
     }
 }
@@ -103,6 +106,42 @@ impl CacheMetrics {
             )
             .expect("valid metric"),
         }
+    }
+}
+
+fn client_copies_vec() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "mail_cache_client_copies_total",
+            "Hot values read from the pod's copy (hit) or from Redis (miss), and copies dropped \
+             because Redis reported a change or they expired (invalidated)",
+        ),
+        &["result"],
+    )
+    .expect("valid metric")
+}
+
+/// `mail_cache_client_copies_total`, read at scrape time from the current
+/// Redis connection. Its figures start again from 0 on a new connection (a
+/// failover), which Prometheus reads as a counter reset.
+struct ClientCopies {
+    shared: std::sync::Weak<Shared>,
+    template: IntCounterVec,
+}
+
+impl prometheus::core::Collector for ClientCopies {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.template.desc()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let stats = self.shared.upgrade().and_then(|s| s.current()).and_then(|p| p.client_cache_stats());
+        let Some(stats) = stats else { return Vec::new() };
+        let counters = client_copies_vec();
+        counters.with_label_values(&["hit"]).inc_by(stats.hits);
+        counters.with_label_values(&["miss"]).inc_by(stats.misses);
+        counters.with_label_values(&["invalidated"]).inc_by(stats.invalidations);
+        counters.collect()
     }
 }
 
@@ -199,7 +238,7 @@ impl ResilientCache {
             reason: Mutex::new("not connected yet".into()),
             metrics: CacheMetrics::new(),
         });
-        match connect(&target, prefix, connect_timeout).await {
+        match connect(&target, prefix, connect_timeout, opts.client_cache_keys).await {
             Ok((redis, master)) => {
                 shared.replace(redis, master);
                 shared.up.store(true, Ordering::Release);
@@ -253,13 +292,17 @@ impl ResilientCache {
         })
     }
 
-    /// Registers `mail_cache_up`, `mail_cache_fallbacks_total` and
-    /// `mail_cache_events_dropped_total`.
+    /// Registers `mail_cache_up`, `mail_cache_fallbacks_total`,
+    /// `mail_cache_events_dropped_total` and `mail_cache_client_copies_total`.
     pub fn register_metrics(&self, registry: &Registry) -> prometheus::Result<()> {
         let m = &self.shared.metrics;
         registry.register(Box::new(m.up.clone()))?;
         registry.register(Box::new(m.fallbacks.clone()))?;
         registry.register(Box::new(m.events_dropped.clone()))?;
+        registry.register(Box::new(ClientCopies {
+            shared: Arc::downgrade(&self.shared),
+            template: client_copies_vec(),
+        }))?;
         Ok(())
     }
 
@@ -389,9 +432,10 @@ async fn connect(
     target: &RedisTarget,
     prefix: &str,
     timeout: Duration,
+    client_cache_keys: usize,
 ) -> CacheResult<(Arc<dyn Cache>, String)> {
     let master = target.resolve(timeout).await?;
-    let redis = super::redis::RedisCache::connect(&master, prefix, timeout).await?;
+    let redis = super::redis::RedisCache::connect(&master, prefix, timeout, client_cache_keys).await?;
     Ok((Arc::new(redis), master))
 }
 
@@ -424,7 +468,14 @@ async fn probe(shared: std::sync::Weak<Shared>, reconnect: Option<Reconnect>, op
             };
             let same = *s.master_url.lock().unwrap_or_else(|e| e.into_inner()) == master;
             if current.is_none() || !same {
-                match super::redis::RedisCache::connect(&master, &r.prefix, r.connect_timeout).await {
+                match super::redis::RedisCache::connect(
+                    &master,
+                    &r.prefix,
+                    r.connect_timeout,
+                    opts.client_cache_keys,
+                )
+                .await
+                {
                     Ok(redis) => {
                         tracing::info!(master = %redact(&master), "cache: connected to the Redis master");
                         s.replace(Arc::new(redis), master);
@@ -472,6 +523,10 @@ impl Cache for ResilientCache {
 
     fn pool_stats(&self) -> PoolStats {
         self.shared.current().map(|p| p.pool_stats()).unwrap_or_default()
+    }
+
+    fn client_cache_stats(&self) -> Option<super::ClientCacheStats> {
+        self.shared.current().and_then(|p| p.client_cache_stats())
     }
 
     async fn credential_put(&self, key: &[u8; 32], account_id: i64, ttl: Duration) -> CacheResult<()> {
@@ -537,6 +592,14 @@ impl Cache for ResilientCache {
 
     async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
         if let Some(r) = on_redis!(self, "value_get", |p| p.value_get(key)) {
+            return r;
+        }
+        self.fallback("value_get");
+        self.local.value_get(key).await
+    }
+
+    async fn value_get_hot(&self, key: &str) -> CacheResult<Option<Vec<u8>>> {
+        if let Some(r) = on_redis!(self, "value_get", |p| p.value_get_hot(key)) {
             return r;
         }
         self.fallback("value_get");

@@ -22,7 +22,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -212,11 +212,19 @@ async fn collect(
         // an idle server is committed at once.
         let others_in_flight = slots.available_permits() + 1 < options.max_concurrent;
         if !options.max_wait.is_zero() && batch.len() < options.max_batch && others_in_flight {
-            let deadline = Instant::now() + options.max_wait;
+            // One timer for the whole linger, not one per message received: a
+            // timer earlier than any other wakes the runtime's driver (a syscall)
+            // each time one is armed.
+            let linger = tokio::time::sleep(options.max_wait);
+            tokio::pin!(linger);
             while batch.len() < options.max_batch {
-                match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
-                    Ok(Some(job)) => batch.push(job),
-                    _ => break,
+                tokio::select! {
+                    biased;
+                    job = rx.recv() => match job {
+                        Some(job) => batch.push(job),
+                        None => break,
+                    },
+                    () = &mut linger => break,
                 }
             }
         }

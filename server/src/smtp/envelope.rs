@@ -420,7 +420,7 @@ impl Session {
         let cache = &self.app.cache;
         let key = format!("smtp:rcpt:{}", address.to_lowercase());
         if !ttl.is_zero()
-            && let Ok(Some(v)) = cache.value_get(&key).await
+            && let Ok(Some(v)) = cache.value_get_hot(&key).await
             && let Some(hit) = decode_lookup(&v)
         {
             return Ok(Some(hit));

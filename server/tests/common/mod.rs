@@ -270,6 +270,7 @@ pub async fn pg_pod(url: &str, prefix: &str, dir: &std::path::Path) -> App {
         &mailcluster_testkit::redis_url(),
         prefix,
         connect,
+        mailcluster_server::config::RedisConfig::default().client_cache_keys,
     )
     .await
     .expect("Redis is reachable");
