@@ -794,18 +794,9 @@ async fn follower(
         }
         // Queued before the next frame is read, so that the backlog above
         // counts every delivery this loop has taken.
-        let queued = match deliverer.submit(delivery) {
-            Ok(queued) => queued,
-            Err(e) => {
-                let _ = answers.send(encode_answer(id, &Outcome::Done(Err(e))));
-                continue;
-            }
-        };
         followers.in_flight.fetch_add(1, Ordering::AcqRel);
         let (answers, followers) = (answers.clone(), followers.clone());
-        tokio::spawn(async move {
-            let result =
-                queued.await.unwrap_or_else(|_| Err(StoreError::Internal("delivery task ended".into())));
+        deliverer.submit_forwarded(delivery, move |result| {
             let _ = answers.send(encode_answer(id, &Outcome::Done(result)));
             followers.in_flight.fetch_sub(1, Ordering::AcqRel);
         });

@@ -47,7 +47,48 @@ impl Default for DeliveryOptions {
     }
 }
 
-type Reply = oneshot::Sender<StoreResult<Vec<DeliveredTo>>>;
+type Outcome = StoreResult<Vec<DeliveredTo>>;
+
+/// Where a delivery's result goes.
+enum Reply {
+    /// A task of this pod awaits it.
+    Waiting(oneshot::Sender<Outcome>),
+    /// Another pod's delivery ([`forward`]): the commit itself hands the result
+    /// to that pod's connection, and before this pod's own, whose senders wait
+    /// for one hop less.
+    Forwarded(ForwardedReply),
+}
+
+impl Reply {
+    fn send(self, outcome: Outcome) {
+        match self {
+            Reply::Waiting(tx) => {
+                // A caller that went away (connection dropped) simply misses the
+                // answer; its message is stored, which is what an
+                // unacknowledged retry tolerates.
+                let _ = tx.send(outcome);
+            }
+            Reply::Forwarded(mut reply) => {
+                if let Some(answer) = reply.0.take() {
+                    answer(outcome);
+                }
+            }
+        }
+    }
+}
+
+/// Answers exactly once: a job dropped unanswered (its collector gone) answers
+/// with an error, so that the other pod does not wait for a result that will
+/// never come.
+struct ForwardedReply(Option<Box<dyn FnOnce(Outcome) + Send>>);
+
+impl Drop for ForwardedReply {
+    fn drop(&mut self) {
+        if let Some(answer) = self.0.take() {
+            answer(Err(StoreError::Internal("delivery task ended".into())));
+        }
+    }
+}
 
 struct Job {
     delivery: NewDelivery,
@@ -165,14 +206,31 @@ impl Deliverer {
         &self,
         delivery: NewDelivery,
     ) -> StoreResult<oneshot::Receiver<StoreResult<Vec<DeliveredTo>>>> {
-        self.start_collector();
         let (reply, answer) = oneshot::channel();
-        self.backlog.fetch_add(1, Ordering::AcqRel);
-        if self.tx.send(Job { delivery, reply }).is_err() {
-            self.backlog.fetch_sub(1, Ordering::AcqRel);
-            return Err(StoreError::Unavailable("delivery queue closed".into()));
-        }
+        self.queue(Job { delivery, reply: Reply::Waiting(reply) }).map_err(|(e, _)| e)?;
         Ok(answer)
+    }
+
+    /// As [`Deliverer::submit`], for another pod's delivery: `answer` gets the
+    /// result, exactly once (an error when it cannot be queued), from the
+    /// commit itself and before the results of this pod's own deliveries.
+    pub fn submit_forwarded(&self, delivery: NewDelivery, answer: impl FnOnce(Outcome) + Send + 'static) {
+        let reply = Reply::Forwarded(ForwardedReply(Some(Box::new(answer))));
+        if let Err((e, reply)) = self.queue(Job { delivery, reply }) {
+            reply.send(Err(e));
+        }
+    }
+
+    /// Counts the job in the backlog and queues it; gives its reply back when
+    /// the queue is closed.
+    fn queue(&self, job: Job) -> Result<(), (StoreError, Reply)> {
+        self.start_collector();
+        self.backlog.fetch_add(1, Ordering::AcqRel);
+        if let Err(mpsc::error::SendError(job)) = self.tx.send(job) {
+            self.backlog.fetch_sub(1, Ordering::AcqRel);
+            return Err((StoreError::Unavailable("delivery queue closed".into()), job.reply));
+        }
+        Ok(())
     }
 
     fn start_collector(&self) {
@@ -244,10 +302,10 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
         batch.into_iter().map(|j| (j.delivery, j.reply)).unzip();
     match store.deliver_batch(&deliveries).await {
         Ok(results) if results.len() == replies.len() => {
-            for (reply, result) in replies.into_iter().zip(results) {
-                // A caller that went away (connection dropped) simply misses the answer;
-                // its message is stored, which is what an unacknowledged retry tolerates.
-                let _ = reply.send(Ok(result));
+            let (forwarded, here): (Vec<_>, Vec<_>) =
+                replies.into_iter().zip(results).partition(|(reply, _)| matches!(reply, Reply::Forwarded(_)));
+            for (reply, result) in forwarded.into_iter().chain(here) {
+                reply.send(Ok(result));
             }
         }
         Ok(results) => {
@@ -257,7 +315,7 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
                 "deliver_batch result count mismatch"
             );
             for reply in replies {
-                let _ = reply.send(Err(StoreError::Internal("deliver_batch result count mismatch".into())));
+                reply.send(Err(StoreError::Internal("deliver_batch result count mismatch".into())));
             }
         }
         Err(err) if replies.len() > 1 && !matches!(err, StoreError::Unavailable(_)) => {
@@ -266,7 +324,7 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
             tracing::warn!(error = %err, batch = replies.len(), "group commit failed, retrying singly");
             for (delivery, reply) in deliveries.into_iter().zip(replies) {
                 let result = store.deliver_batch(std::slice::from_ref(&delivery)).await;
-                let _ = reply.send(result.and_then(|mut r| {
+                reply.send(result.and_then(|mut r| {
                     r.pop().ok_or_else(|| StoreError::Internal("deliver_batch returned nothing".into()))
                 }));
             }
@@ -275,8 +333,84 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
             tracing::warn!(error = %err, batch = replies.len(), "group commit failed");
             let text = err.to_string();
             for reply in replies {
-                let _ = reply.send(Err(StoreError::Unavailable(text.clone())));
+                reply.send(Err(StoreError::Unavailable(text.clone())));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::store::MessageMeta;
+
+    async fn store_with_inbox(dir: &tempfile::TempDir) -> (Arc<dyn Store>, i64) {
+        let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();
+        store.migrate().await.unwrap();
+        store.domain_add("example.test").await.unwrap();
+        let account = store.account_create("a@example.test", "x").await.unwrap();
+        let inbox = store.mailbox_get(account.id, "INBOX").await.unwrap().expect("INBOX");
+        (store, inbox.id)
+    }
+
+    fn delivery(mailbox_id: i64) -> NewDelivery {
+        NewDelivery {
+            raw: Bytes::from_static(b"Subject: hi\r\n\r\nbody\r\n"),
+            meta: MessageMeta { subject: "hi".into(), ..Default::default() },
+            internal_date: chrono::Utc::now(),
+            targets: vec![mailbox_id],
+            flags: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn another_pods_results_are_handed_over_before_this_pods_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, inbox) = store_with_inbox(&dir).await;
+        let deliverer = Deliverer::new(store);
+        // Both queued before the collector runs: one batch, this pod's first.
+        let here = Arc::new(Mutex::new(deliverer.submit(delivery(inbox)).unwrap()));
+        let (done, forwarded) = oneshot::channel();
+        let seen_here = here.clone();
+        deliverer.submit_forwarded(delivery(inbox), move |result| {
+            // Nothing of this pod's own is answered yet.
+            let before = seen_here.lock().unwrap().try_recv().is_err();
+            let _ = done.send((result, before));
+        });
+        let (result, answered_first) = forwarded.await.unwrap();
+        assert_eq!(result.unwrap().len(), 1, "the forwarded delivery is stored");
+        assert!(answered_first, "this pod's delivery was answered before the forwarded one");
+        let mut here = Arc::try_unwrap(here).ok().unwrap().into_inner().unwrap();
+        assert_eq!(here.try_recv().expect("answered after").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_forwarded_delivery_is_answered_once_even_when_its_runtime_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let first = runtime();
+        let (store, inbox) = first.block_on(store_with_inbox(&dir));
+        let deliverer = Deliverer::new(store);
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let answer = || {
+            let answers = answers.clone();
+            move |result: Outcome| answers.lock().unwrap().push(result.map(|d| d.len()))
+        };
+        // Queued, then its collector's runtime shuts down before committing it.
+        first.block_on(async { deliverer.submit_forwarded(delivery(inbox), answer()) });
+        drop(first);
+        // The queue is closed for good now: refused at once. (The store's pool
+        // is dropped in a runtime too.)
+        runtime().block_on(async move {
+            deliverer.submit_forwarded(delivery(inbox), answer());
+            drop(deliverer);
+        });
+        let answers = answers.lock().unwrap();
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert!(answers.iter().all(|a| a.is_err()), "{answers:?}");
     }
 }
