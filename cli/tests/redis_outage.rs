@@ -240,6 +240,39 @@ fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
     drop(server);
 }
 
+/// A Redis that does not speak RESP3 (HELLO renamed away: what a server older
+/// than Redis 6 answers) is used all the same, without client-side copies.
+#[test]
+fn a_redis_without_resp3_is_used_without_client_copies() {
+    let db = TestDatabase::create_blocking("mc_redis_resp2");
+    let port = free_port();
+    let redis_dir = tempfile::tempdir().unwrap();
+    let _redis = data_node(port, redis_dir.path(), &["--rename-command", "HELLO", ""]);
+    let redis_url = format!("redis://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = ephemeral_ports();
+    env.extend([
+        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
+        ("MAILCLUSTER_REDIS_URL", redis_url.as_str()),
+        ("MAILCLUSTER_PROTOCOLS", "smtp"),
+    ]);
+    run(dir.path(), &["migrate"], &env).ok();
+    run(dir.path(), &["domain", "add", "example.test"], &env).ok();
+    run_with(dir.path(), &["user", "add", "user0@example.test"], &env, "secret\n", Duration::from_secs(120))
+        .ok();
+    let server = ServeProcess::start(dir.path(), &env, 1);
+    for n in 0..5 {
+        let (reply, _) = smtp_try(server.addr("smtp"), "user0@example.test", n).unwrap();
+        assert!(reply.starts_with("250"), "message {n}: {reply}");
+    }
+    let health = http_get(server.admin, "/healthz").1;
+    assert!(health.contains("cache (redis): up"), "{health}\n{}", server.log_text());
+    assert!(server.log_contains("Redis refused RESP3 or client tracking"), "{}", server.log_text());
+    let metrics = http_get(server.admin, "/metrics").1;
+    assert!(metrics.contains("mail_cache_up 1"), "{metrics}");
+    assert!(!metrics.contains("mail_cache_client_copies_total"), "no copies without tracking: {metrics}");
+}
+
 /// USER/PASS/STAT/QUIT on `addr`; the PASS reply.
 fn pop3_session(addr: SocketAddr) -> String {
     let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("pop3");

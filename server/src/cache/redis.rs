@@ -49,7 +49,9 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use ::redis::caching::{CacheConfig, CacheMode};
-use ::redis::{Client, CommandCacheConfig, ProtocolVersion, RedisError, Script, ScriptInvocation};
+use ::redis::{
+    AsyncConnectionConfig, Client, CommandCacheConfig, ProtocolVersion, RedisError, Script, ScriptInvocation,
+};
 use async_trait::async_trait;
 use futures::stream::{BoxStream, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
@@ -334,33 +336,67 @@ impl RedisCache {
             .await
             .map_err(|_| too_slow())?
             .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
-        let mut config = ConnectionManagerConfig::new()
+        let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_max_delay(Duration::from_secs(5));
-        let mut commands = client.clone();
-        if let Some(keys) = NonZeroUsize::new(client_cache_keys) {
-            let info = client.get_connection_info().clone();
-            let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
-            commands = Client::open(info.set_redis_settings(resp3))
-                .map_err(|e| CacheError::Internal(format!("Redis connection settings: {e}")))?;
-            config = config.set_cache_config(
-                CacheConfig::new()
+        let attempt = |client: Client, config: ConnectionManagerConfig| {
+            tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(client, config))
+        };
+        let unavailable =
+            |e: RedisError| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}"));
+        let plain = || async {
+            attempt(client.clone(), config.clone()).await.map_err(|_| too_slow())?.map_err(unavailable)
+        };
+        let (conn, client_copies) = match NonZeroUsize::new(client_cache_keys) {
+            None => (plain().await?, false),
+            Some(keys) => {
+                let info = client.get_connection_info().clone();
+                let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+                let tracking = Client::open(info.set_redis_settings(resp3))
+                    .map_err(|e| CacheError::Internal(format!("Redis connection settings: {e}")))?;
+                let copies = CacheConfig::new()
                     .set_mode(CacheMode::OptIn)
                     .set_size(keys)
-                    .set_default_client_ttl(CLIENT_COPY_TTL),
-            );
-        }
-        let conn =
-            tokio::time::timeout(connect_timeout, ConnectionManager::new_with_config(commands, config))
+                    .set_default_client_ttl(CLIENT_COPY_TTL);
+                // One attempt first, as above: the manager would retry a
+                // refusal until the timeout.
+                let once = AsyncConnectionConfig::new().set_cache_config(copies);
+                match tokio::time::timeout(
+                    connect_timeout,
+                    tracking.get_multiplexed_async_connection_with_config(&once),
+                )
                 .await
-                .map_err(|_| too_slow())?
-                .map_err(|e| CacheError::Unavailable(format!("cannot connect to Redis at {addr}: {e}")))?;
+                {
+                    Ok(Ok(_)) => (
+                        attempt(tracking, config.set_cache_config(copies))
+                            .await
+                            .map_err(|_| too_slow())?
+                            .map_err(unavailable)?,
+                        true,
+                    ),
+                    // It answered RESP2 a moment ago (above), and answered now:
+                    // what it refused is RESP3 or tracking (Redis before 6, or a
+                    // server that speaks the protocol without them).
+                    Ok(Err(e)) if !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped()) => {
+                        tracing::warn!(
+                            redis = %addr,
+                            error = %e,
+                            "Redis refused RESP3 or client tracking: every value is read from Redis \
+                             (redis.client_cache_keys has no effect)"
+                        );
+                        (plain().await?, false)
+                    }
+                    Ok(Err(e)) => return Err(unavailable(e)),
+                    Err(_) => return Err(too_slow()),
+                }
+            }
+        };
         let cache = RedisCache {
             inner: Arc::new(Inner {
                 client,
                 conn,
-                client_copies: client_cache_keys > 0,
+                client_copies,
                 prefix: prefix.to_owned(),
                 addr,
                 connect_timeout,
