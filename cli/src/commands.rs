@@ -138,6 +138,7 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
                     .with_context(|| format!("cannot add alias {address} → {target}"))?;
                 eprintln!("alias {address} → {target} added");
             }
+            forget_recipient(config, &address).await;
         }
         AliasCommand::Del { address, target } => {
             let address = address.trim().to_lowercase();
@@ -146,6 +147,7 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
                 .alias_del(&address, target.as_deref())
                 .await
                 .with_context(|| format!("cannot delete alias {address}"))?;
+            forget_recipient(config, &address).await;
             match target {
                 Some(target) => eprintln!("alias {address} → {target} deleted"),
                 None => eprintln!("alias {address} deleted"),
@@ -235,6 +237,7 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
             let account = existing_account(&*store, email).await?;
             store.account_delete(email).await.with_context(|| format!("cannot delete user {email}"))?;
             forget_credentials(config, &[account.id]).await;
+            forget_recipient(config, &account.email).await;
             eprintln!("user {email} deleted");
         }
         (UserCommand::List { domain }, _) => {
@@ -314,8 +317,10 @@ async fn forget_credentials(config: &Config, account_ids: &[i64]) {
     }
 }
 
-/// Drops the SMTP recipient cache's entry for `email`, which says whether the
-/// account has a quota to check (else it expires after `smtp.recipient_cache_ttl_secs`).
+/// Drops the SMTP recipient cache's entry for `email` (whether it is an account,
+/// with a quota to check or not, or an alias and its targets), and with it every
+/// pod's copy (Redis tracks them); else it expires after
+/// `smtp.recipient_cache_ttl_secs`.
 async fn forget_recipient(config: &Config, email: &str) {
     if config.redis.url.is_none() {
         return;

@@ -240,27 +240,56 @@ fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
     drop(server);
 }
 
+/// An SMTP pod's setting-up: a database and a Redis of the test's own (started
+/// with `redis_args`), migrated, with example.test and `users` (password
+/// "secret"); `env()` configures `mailcluster` for them.
+struct OwnBackends {
+    db: TestDatabase,
+    _redis: RedisProcess,
+    _redis_dir: tempfile::TempDir,
+    redis_url: String,
+    dir: tempfile::TempDir,
+}
+
+impl OwnBackends {
+    fn start(name: &str, redis_args: &[&str], users: &[&str]) -> OwnBackends {
+        let port = free_port();
+        let redis_dir = tempfile::tempdir().unwrap();
+        let backends = OwnBackends {
+            db: TestDatabase::create_blocking(name),
+            _redis: data_node(port, redis_dir.path(), redis_args),
+            _redis_dir: redis_dir,
+            redis_url: format!("redis://127.0.0.1:{port}"),
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let (dir, env) = (backends.dir.path(), backends.env());
+        run(dir, &["migrate"], &env).ok();
+        run(dir, &["domain", "add", "example.test"], &env).ok();
+        for user in users {
+            run_with(dir, &["user", "add", user], &env, "secret\n", Duration::from_secs(120)).ok();
+        }
+        backends
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        let mut env = ephemeral_ports();
+        env.extend([
+            ("MAILCLUSTER_DATABASE_URL", self.db.url.as_str()),
+            ("MAILCLUSTER_REDIS_URL", self.redis_url.as_str()),
+            ("MAILCLUSTER_PROTOCOLS", "smtp"),
+        ]);
+        env
+    }
+}
+
 /// A Redis that does not speak RESP3 (HELLO renamed away: what a server older
 /// than Redis 6 answers) is used all the same, without client-side copies.
 #[test]
 fn a_redis_without_resp3_is_used_without_client_copies() {
-    let db = TestDatabase::create_blocking("mc_redis_resp2");
-    let port = free_port();
-    let redis_dir = tempfile::tempdir().unwrap();
-    let _redis = data_node(port, redis_dir.path(), &["--rename-command", "HELLO", ""]);
-    let redis_url = format!("redis://127.0.0.1:{port}");
-    let dir = tempfile::tempdir().unwrap();
-    let mut env = ephemeral_ports();
-    env.extend([
-        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
-        ("MAILCLUSTER_REDIS_URL", redis_url.as_str()),
-        ("MAILCLUSTER_PROTOCOLS", "smtp"),
-    ]);
-    run(dir.path(), &["migrate"], &env).ok();
-    run(dir.path(), &["domain", "add", "example.test"], &env).ok();
-    run_with(dir.path(), &["user", "add", "user0@example.test"], &env, "secret\n", Duration::from_secs(120))
-        .ok();
-    let server = ServeProcess::start(dir.path(), &env, 1);
+    let backends =
+        OwnBackends::start("mc_redis_resp2", &["--rename-command", "HELLO", ""], &["user0@example.test"]);
+    let (dir, env) = (backends.dir.path(), backends.env());
+    let server = ServeProcess::start(dir, &env, 1);
     for n in 0..5 {
         let (reply, _) = smtp_try(server.addr("smtp"), "user0@example.test", n).unwrap();
         assert!(reply.starts_with("250"), "message {n}: {reply}");
@@ -271,6 +300,51 @@ fn a_redis_without_resp3_is_used_without_client_copies() {
     let metrics = http_get(server.admin, "/metrics").1;
     assert!(metrics.contains("mail_cache_up 1"), "{metrics}");
     assert!(!metrics.contains("mail_cache_client_copies_total"), "no copies without tracking: {metrics}");
+}
+
+/// Polls deliveries to `rcpt` until the verdict starts with one of `want`, for at most
+/// 2 s (the recipient entry lives 30 s): a change made by an admin command
+/// reaches the pod's copy at once.
+fn verdict_becomes(smtp: SocketAddr, rcpt: &str, want: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (reply, _) = smtp_try(smtp, rcpt, 0).unwrap();
+        if want.iter().any(|w| reply.starts_with(w)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{rcpt}: still {reply}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn admin_changes_reach_the_pods_copies_of_recipient_lookups_at_once() {
+    let users = ["gone@example.test", "full@example.test", "target@example.test"];
+    let backends = OwnBackends::start("mc_redis_rcpt", &[], &users);
+    let (dir, env) = (backends.dir.path(), backends.env());
+    run(dir, &["alias", "add", "team@example.test", "target@example.test"], &env).ok();
+    let server = ServeProcess::start(dir, &env, 1);
+    let smtp = server.addr("smtp");
+    // Each lookup is made in the store once, then read from Redis (the pod's
+    // own write dropped its copy of "nothing there") and from then on from the
+    // pod's copy.
+    for rcpt in ["gone", "full", "team"].repeat(3) {
+        let (reply, _) = smtp_try(smtp, &format!("{rcpt}@example.test"), 0).unwrap();
+        assert!(reply.starts_with("250"), "{rcpt}: {reply}");
+    }
+    let metrics = http_get(server.admin, "/metrics").1;
+    let hits = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mail_cache_client_copies_total{result=\"hit\"} ")?.parse::<u64>().ok());
+    assert!(hits >= Some(3), "{metrics}");
+
+    run(dir, &["user", "del", "gone@example.test"], &env).ok();
+    verdict_becomes(smtp, "gone@example.test", &["550"]);
+    run(dir, &["user", "quota", "full@example.test", "1"], &env).ok();
+    // Full: 452 at RCPT (RFC 3463 X.2.2), or 552 after DATA.
+    verdict_becomes(smtp, "full@example.test", &["452 4.2.2", "552 5.2.2"]);
+    run(dir, &["alias", "del", "team@example.test"], &env).ok();
+    verdict_becomes(smtp, "team@example.test", &["550"]);
 }
 
 /// USER/PASS/STAT/QUIT on `addr`; the PASS reply.
