@@ -122,7 +122,7 @@ pub trait Cache: Send + Sync + 'static {
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()>;
     async fn value_get(&self, key: &str) -> CacheResult<Option<Vec<u8>>>;
     /// [`Cache::value_get`] for a small value read far more often than it
-    /// changes (a recipient lookup, a DNS answer): Redis lets the pod keep a
+    /// changes (a recipient lookup): Redis lets the pod keep a
     /// copy and read it without a round trip until Redis reports the key
     /// changed or expired (`redis.client_cache_keys`). Not for large values:
     /// the copies are bounded in number, not in bytes.

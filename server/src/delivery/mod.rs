@@ -302,9 +302,15 @@ async fn commit(store: &dyn Store, batch: Vec<Job>) {
         batch.into_iter().map(|j| (j.delivery, j.reply)).unzip();
     match store.deliver_batch(&deliveries).await {
         Ok(results) if results.len() == replies.len() => {
-            let (forwarded, here): (Vec<_>, Vec<_>) =
-                replies.into_iter().zip(results).partition(|(reply, _)| matches!(reply, Reply::Forwarded(_)));
-            for (reply, result) in forwarded.into_iter().chain(here) {
+            // Forwarded results at once, this pod's own after them.
+            let mut here = Vec::with_capacity(replies.len());
+            for (reply, result) in replies.into_iter().zip(results) {
+                match reply {
+                    Reply::Forwarded(_) => reply.send(Ok(result)),
+                    Reply::Waiting(_) => here.push((reply, result)),
+                }
+            }
+            for (reply, result) in here {
                 reply.send(Ok(result));
             }
         }
