@@ -169,6 +169,7 @@ conformance!(
     subscriptions,
     subscriptions_follow_rename,
     aliases,
+    recipients,
     deliver_and_read,
     deliver_errors_store_nothing,
     deliver_stops_at_the_last_uid,
@@ -660,6 +661,67 @@ async fn aliases(ctx: Ctx) {
     s.alias_del("team@example.com", None).await.expect("del all");
     assert!(s.alias_list(None).await.expect("list").is_empty());
     assert!(is_not_found(s.alias_del("team@example.com", None).await));
+}
+
+/// `Store::recipient` gives what the single reads give (and what RFC 5233
+/// subaddressing and the alias rules say), whichever way a store answers it.
+async fn recipients(ctx: Ctx) {
+    use store::Recipient::{Alias, Mailbox, NoSuchUser, NotLocal};
+    let s = &ctx.store;
+    let (ann, ann_inbox) = account(s, "ann@example.com").await;
+    let (ann_box, ann_box_inbox) = account(s, "ann+box@example.com").await;
+    let (bob, bob_inbox) = account(s, "bob@example.com").await;
+    let (lim, lim_inbox) = account(s, "lim@limited.test").await;
+    let (own, own_inbox) = account(s, "own@limited.test").await;
+    let (gone, _) = account(s, "noinbox@example.com").await;
+    s.domain_add("empty.test").await.expect("domain");
+    s.domain_set_quota("limited.test", Some(10_000)).await.expect("domain quota");
+    s.account_set_quota("own@limited.test", Some(store::Quota::UNLIMITED)).await.expect("unlimited");
+    s.account_set_quota("bob@example.com", Some(5_000)).await.expect("own limit");
+    s.alias_add("team@example.com", "bob@example.com").await.expect("alias");
+    s.alias_add("team@example.com", "ann@example.com").await.expect("alias");
+    s.alias_add("list@example.com", "bob@example.com").await.expect("alias");
+    s.alias_add("list+x@example.com", "ann@example.com").await.expect("alias");
+    s.alias_add("ann+alias@example.com", "bob@example.com").await.expect("alias of a subaddress");
+    ctx.exec_sql(&format!("DELETE FROM mailboxes WHERE account_id = {gone} AND name = 'INBOX'")).await;
+
+    let mailbox = |account_id, mailbox_id, limited| Mailbox { account_id, mailbox_id, limited };
+    let cases: &[(&str, Option<&str>, store::Recipient)] = &[
+        ("ann@example.com", None, mailbox(ann, ann_inbox, false)),
+        ("ANN@Example.COM", None, mailbox(ann, ann_inbox, false)),
+        ("bob@example.com", None, mailbox(bob, bob_inbox, true)),
+        // the account's own address wins over its user's
+        ("ann+box@example.com", Some("ann@example.com"), mailbox(ann_box, ann_box_inbox, false)),
+        ("ann+other@example.com", Some("ann@example.com"), mailbox(ann, ann_inbox, false)),
+        // an account (the user's) wins over the address's alias
+        ("ann+alias@example.com", Some("ann@example.com"), mailbox(ann, ann_inbox, false)),
+        ("ann+alias@example.com", None, Alias(vec!["bob@example.com".into()])),
+        ("lim@limited.test", None, mailbox(lim, lim_inbox, true)),
+        ("own@limited.test", None, mailbox(own, own_inbox, false)),
+        ("team@example.com", None, Alias(vec!["ann@example.com".into(), "bob@example.com".into()])),
+        (
+            "team+x@example.com",
+            Some("team@example.com"),
+            Alias(vec!["ann@example.com".into(), "bob@example.com".into()]),
+        ),
+        // the address's own alias wins over its user's
+        ("list+x@example.com", Some("list@example.com"), Alias(vec!["ann@example.com".into()])),
+        ("list+y@example.com", Some("list@example.com"), Alias(vec!["bob@example.com".into()])),
+        ("noinbox@example.com", None, NoSuchUser),
+        ("nobody@example.com", None, NoSuchUser),
+        ("nobody+x@example.com", Some("nobody@example.com"), NoSuchUser),
+        ("anyone@empty.test", None, NoSuchUser),
+        ("anyone@Empty.Test.", None, NoSuchUser),
+        ("ann@elsewhere.test", None, NotLocal),
+        ("no-at-sign", None, NotLocal),
+        ("bad address@example.com", None, NoSuchUser),
+    ];
+    for (address, user, expected) in cases {
+        let found = s.recipient(address, *user).await.expect("recipient");
+        assert_eq!(&found, expected, "{address} (user {user:?})");
+        let by_reads = store::recipient_by_reads(&**s, address, *user).await.expect("single reads");
+        assert_eq!(found, by_reads, "{address}: one answer whichever way it is read");
+    }
 }
 
 async fn deliver_and_read(ctx: Ctx) {

@@ -41,19 +41,9 @@ pub(super) enum Target {
     Remote,
 }
 
-/// Result of checking an address against the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Lookup {
-    Mailbox {
-        account_id: i64,
-        mailbox_id: i64,
-        limited: bool,
-    },
-    /// An alias: the accounts its mail goes to, each looked up in turn.
-    Alias(Vec<String>),
-    NoSuchUser,
-    NotLocal,
-}
+/// Result of checking an address against the store (and the cache before it);
+/// an alias's accounts are each looked up in turn.
+use crate::store::Recipient as Lookup;
 
 /// MAIL parameters we implement: BODY=7BIT/8BITMIME, SMTPUTF8 and DSN's RET
 /// (plus SIZE, ENVID and AUTH=, which are fields, not flags). REQUIRETLS,
@@ -410,12 +400,13 @@ impl Session {
         Some(format!("{}@{domain}", &local[..at]))
     }
 
-    /// Checks a recipient: `None` for an address without a domain. An account's
-    /// address wins over its subaddressed user, which wins over an alias (of
-    /// the address, then of its user); the alias table is read only for
-    /// addresses no account has.
+    /// Checks a recipient: `None` for an address without a domain, else the
+    /// cached answer or [`crate::store::Store::recipient`]'s, with its user
+    /// after the configured delimiters.
     async fn lookup_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
-        let Some((_, domain)) = split_address(address) else { return Ok(None) };
+        if split_address(address).is_none() {
+            return Ok(None);
+        }
         let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
         let cache = &self.app.cache;
         let key = format!("smtp:rcpt:{}", address.to_lowercase());
@@ -425,35 +416,8 @@ impl Session {
         {
             return Ok(Some(hit));
         }
-        let store = &self.app.store;
-        let found = if !store.domain_exists(&domain).await? {
-            Lookup::NotLocal
-        } else {
-            let user = self.without_detail(address);
-            let account = match (store.account_get(address).await?, &user) {
-                (None, Some(user)) => store.account_get(user).await?,
-                (found, _) => found,
-            };
-            match account {
-                None => {
-                    let mut targets = store.alias_targets(address).await?;
-                    if targets.is_empty()
-                        && let Some(user) = &user
-                    {
-                        targets = store.alias_targets(user).await?;
-                    }
-                    if targets.is_empty() { Lookup::NoSuchUser } else { Lookup::Alias(targets) }
-                }
-                Some(account) => match store.mailbox_get(account.id, "INBOX").await? {
-                    Some(inbox) => Lookup::Mailbox {
-                        account_id: account.id,
-                        mailbox_id: inbox.id,
-                        limited: store.quota(account.id).await?.limit().is_some(),
-                    },
-                    None => Lookup::NoSuchUser,
-                },
-            }
-        };
+        let user = self.without_detail(address);
+        let found = self.app.store.recipient(address, user.as_deref()).await?;
         if !ttl.is_zero() {
             // Negative answers are kept briefly so a newly created user is not
             // refused for long. Cache trouble only costs a store lookup.

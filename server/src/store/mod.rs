@@ -113,6 +113,16 @@ pub trait Store: Send + Sync + 'static {
     /// The targets of `address`; empty when it is no alias.
     async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>>;
 
+    /// Where mail for `address` goes. `user` is the address without its
+    /// subaddress detail (RFC 5233), if it has one. An account's own address
+    /// wins over its subaddressed user, which wins over an alias (of the
+    /// address, then of its user). Every RCPT that misses the cache asks this,
+    /// so stores answer it in one round trip where they can; the default is
+    /// [`recipient_by_reads`].
+    async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
+        recipient_by_reads(self, address, user).await
+    }
+
     // ---- mailboxes ----
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>>;
     /// Exact name match; "INBOX" is matched case-insensitively.
@@ -389,6 +399,42 @@ pub trait Store: Send + Sync + 'static {
     async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()>;
     /// Live leases on `key`.
     async fn lease_count(&self, key: &str) -> StoreResult<u64>;
+}
+
+/// [`Store::recipient`] made of the single reads: the domain, the account (by
+/// address, then by user), its INBOX and its limits, else the aliases. Four
+/// round trips or more; the SQL stores answer in one, and their conformance
+/// test holds them to this.
+pub async fn recipient_by_reads<S: Store + ?Sized>(
+    store: &S,
+    address: &str,
+    user: Option<&str>,
+) -> StoreResult<Recipient> {
+    let Some((_, domain)) = address.rsplit_once('@') else { return Ok(Recipient::NotLocal) };
+    if !store.domain_exists(domain).await? {
+        return Ok(Recipient::NotLocal);
+    }
+    let account = match (store.account_get(address).await?, user) {
+        (None, Some(user)) => store.account_get(user).await?,
+        (found, _) => found,
+    };
+    let Some(account) = account else {
+        let mut targets = store.alias_targets(address).await?;
+        if targets.is_empty()
+            && let Some(user) = user
+        {
+            targets = store.alias_targets(user).await?;
+        }
+        return Ok(if targets.is_empty() { Recipient::NoSuchUser } else { Recipient::Alias(targets) });
+    };
+    Ok(match store.mailbox_get(account.id, "INBOX").await? {
+        Some(inbox) => Recipient::Mailbox {
+            account_id: account.id,
+            mailbox_id: inbox.id,
+            limited: store.quota(account.id).await?.limit().is_some(),
+        },
+        None => Recipient::NoSuchUser,
+    })
 }
 
 /// File name of the embedded database inside the data directory.

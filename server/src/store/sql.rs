@@ -193,6 +193,21 @@ const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_valid
      (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
      FROM mailboxes m JOIN accounts a ON a.id = m.account_id JOIN domains d ON d.id = a.domain_id \
      WHERE m.account_id = $1 AND m.name = $2";
+/// What [`Store::recipient`] needs, in one round trip: kind 0 is the account
+/// of address `$1` with its INBOX and limits, 1 that of its user `$2`, 2 and 3
+/// the alias targets of the address `$3` and of the user `$4`, 4 a row when
+/// domain `$5` is ours.
+const RECIPIENT: &str = "SELECT CAST(0 AS BIGINT) AS kind, a.id AS account_id, m.id AS mailbox_id, \
+     a.quota_bytes, d.default_quota_bytes, CAST(NULL AS TEXT) AS target \
+     FROM accounts a JOIN domains d ON d.id = a.domain_id \
+     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $1 \
+     UNION ALL SELECT 1, a.id, m.id, a.quota_bytes, d.default_quota_bytes, NULL \
+     FROM accounts a JOIN domains d ON d.id = a.domain_id \
+     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $2 \
+     UNION ALL SELECT 2, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $3 \
+     UNION ALL SELECT 3, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $4 \
+     UNION ALL SELECT 4, NULL, NULL, NULL, NULL, NULL FROM domains WHERE name = $5 \
+     ORDER BY kind, target";
 const MESSAGE_ROW_COLS: &str =
     "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta";
 const SORT_ROW_COLS: &str = "mm.uid, mm.message_id, mm.internal_date, m.size, m.sent_date, m.subject, \
@@ -531,6 +546,48 @@ impl<B: Backend> Store for B {
         let sql = "SELECT target FROM aliases WHERE address = $1 ORDER BY target";
         let rows = self.fetch(false, sql, &[Param::Text(&address)]).await?;
         rows.iter().map(|r| r.text("target")).collect()
+    }
+
+    async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
+        let Some((_, domain)) = address.rsplit_once('@') else { return Ok(Recipient::NotLocal) };
+        let Ok(domain) = normalize_domain(domain) else { return Ok(Recipient::NotLocal) };
+        let address = normalize_email(address).ok().map(|(a, _)| a);
+        let user = user.and_then(|u| normalize_email(u).ok()).map(|(u, _)| u);
+        let (address, user) = (address.as_deref(), user.as_deref());
+        let params = [
+            Param::OptText(address),
+            Param::OptText(user),
+            Param::OptText(address),
+            Param::OptText(user),
+            Param::Text(&domain),
+        ];
+        let rows = self.fetch(false, RECIPIENT, &params).await?;
+        let mut kinds = Vec::with_capacity(rows.len());
+        for row in &rows {
+            kinds.push(row.int("kind")?);
+        }
+        if !kinds.contains(&4) {
+            return Ok(Recipient::NotLocal);
+        }
+        // rows come in kind order: the first account row is the one that wins
+        if let Some(row) = rows.iter().zip(&kinds).find_map(|(r, &k)| (k <= 1).then_some(r)) {
+            let Some(mailbox_id) = row.opt_int("mailbox_id")? else { return Ok(Recipient::NoSuchUser) };
+            let limits = Quota {
+                account_limit: row.opt_int("quota_bytes")?.map(u64_of),
+                domain_limit: row.opt_int("default_quota_bytes")?.map(u64_of),
+                used: 0,
+            };
+            return Ok(Recipient::Mailbox {
+                account_id: row.int("account_id")?,
+                mailbox_id,
+                limited: limits.limit().is_some(),
+            });
+        }
+        let Some(&first) = kinds.iter().find(|&&k| k == 2 || k == 3) else {
+            return Ok(Recipient::NoSuchUser);
+        };
+        let targets = rows.iter().zip(&kinds).filter(|(_, k)| **k == first).map(|(r, _)| r.text("target"));
+        Ok(Recipient::Alias(targets.collect::<StoreResult<_>>()?))
     }
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {

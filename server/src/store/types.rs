@@ -101,6 +101,19 @@ impl Quota {
     }
 }
 
+/// Where mail for an address goes, as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recipient {
+    /// An account's INBOX; `limited` when a storage limit applies to it.
+    Mailbox { account_id: i64, mailbox_id: i64, limited: bool },
+    /// An alias: the accounts its mail goes to, in address order.
+    Alias(Vec<String>),
+    /// A local domain's address that nobody has (or an account without INBOX).
+    NoSuchUser,
+    /// An address whose domain is not one of ours.
+    NotLocal,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MailboxStatus {
     pub messages: u32,

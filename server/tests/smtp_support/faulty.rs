@@ -69,7 +69,6 @@ impl Store for FaultyStore {
         self.inner.domain_list().await
     }
     async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        self.lookups.fetch_add(1, Ordering::SeqCst);
         self.inner.domain_exists(domain).await
     }
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
@@ -110,6 +109,10 @@ impl Store for FaultyStore {
     }
     async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>> {
         self.inner.alias_targets(address).await
+    }
+    async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        self.inner.recipient(address, user).await
     }
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         self.inner.mailbox_list(account_id).await
