@@ -22,6 +22,9 @@ pub struct App {
     pub imap: ImapState,
     /// Mail exchange with other domains (resolver, DKIM keys, relay wake-up).
     pub mail: Arc<MailExchange>,
+    /// The cached recipient entries being read again before they expire, so
+    /// that one read per entry runs at a time in the process.
+    pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// What exchanging mail with other domains needs.
@@ -55,7 +58,17 @@ impl App {
         deliverer: Arc<Deliverer>,
     ) -> App {
         let imap = ImapState::new(&config, &store, &metrics);
-        App { config, store, cache, metrics, auth, deliverer, imap, mail: Arc::new(MailExchange::disabled()) }
+        App {
+            config,
+            store,
+            cache,
+            metrics,
+            auth,
+            deliverer,
+            imap,
+            mail: Arc::new(MailExchange::disabled()),
+            refreshing_recipients: Arc::default(),
+        }
     }
 
     pub fn with_mail(mut self, mail: MailExchange) -> App {

@@ -102,6 +102,39 @@ async fn recipient_errors_and_cache(b: Backend) {
     c.cmd("BDAT 0 LAST", "503 5.5.1").await;
 }
 
+/// A recipient's entry read in the last quarter of its TTL is looked up again
+/// in the background: mail that keeps coming does not wait for the store when
+/// the entry would have expired. An entry nobody reads then still expires.
+async fn recipient_entries_are_refreshed_before_they_expire(b: Backend) {
+    let h = Harness::new(b, config(|c| c.smtp.recipient_cache_ttl_secs = 4)).await;
+    let mut c = h.connect_ehlo(&h.mx).await;
+    let lookups = || h.store.lookups.load(Ordering::SeqCst);
+    let start = tokio::time::Instant::now();
+    let mut rcpt_at = async |secs: f64| {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(secs)).await;
+        c.cmd("RSET", "250 2.0.0").await;
+        c.cmd("MAIL FROM:<>", "250 2.1.0").await;
+        c.cmd("RCPT TO:<alice@example.test>", "250 2.1.5").await;
+    };
+    let before = lookups();
+    rcpt_at(0.0).await;
+    assert_eq!(lookups(), before + 1, "the first RCPT reads the store");
+    rcpt_at(1.0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(lookups(), before + 1, "a young entry is only read");
+    rcpt_at(3.3).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while lookups() < before + 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lookups(), before + 2, "an entry in its last quarter is read again");
+    rcpt_at(5.0).await;
+    assert_eq!(lookups(), before + 2, "the entry refreshed at 3.3 s serves past the first one's expiry");
+    rcpt_at(7.8).await;
+    assert_eq!(lookups(), before + 3, "an entry nobody read in its last quarter expired");
+    c.cmd("QUIT", "221").await;
+}
+
 /// RFC 5321 §4.5.1: `<postmaster>` without a domain, and postmaster at every local
 /// domain, must be accepted; both go to the configured postmaster address.
 async fn postmaster_is_always_accepted(b: Backend) {
@@ -777,6 +810,7 @@ both_backends!(
     ehlo_lists_extensions_for_mx,
     mx_delivery_stores_once_with_trace_headers,
     recipient_errors_and_cache,
+    recipient_entries_are_refreshed_before_they_expire,
     postmaster_is_always_accepted,
     postmaster_gets_a_mailbox_of_its_own,
     subaddresses_reach_their_user,

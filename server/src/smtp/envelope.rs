@@ -3,11 +3,13 @@
 //! the store, so a burst of mail to one mailbox costs one store lookup.
 
 use std::borrow::Cow;
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use smtp_proto::{MailFrom, RcptTo};
 
 use super::session::{Session, Step};
+use crate::cache::Cache;
 use crate::proto::smtp::{Reply, replies, split_address};
 use crate::store::{DsnNotify, DsnRequest, DsnRet, RecipientDsn, StoreResult};
 
@@ -408,31 +410,76 @@ impl Session {
             return Ok(None);
         }
         let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
-        let cache = &self.app.cache;
+        let user = || self.without_detail(address);
+        if ttl.is_zero() {
+            return Ok(Some(self.app.store.recipient(address, user().as_deref()).await?));
+        }
         let key = format!("smtp:rcpt:{}", address.to_lowercase());
-        if !ttl.is_zero()
-            && let Ok(Some(v)) = cache.value_get_hot(&key).await
-            && let Some(hit) = decode_lookup(&v)
+        if let Ok(Some(v)) = self.app.cache.value_get_hot(&key).await
+            && let Some((hit, written)) = decode_lookup(&v)
         {
+            if written.is_some_and(|written| refresh_due(written, ttl)) {
+                self.refresh_recipient(key, address.to_string(), user());
+            }
             return Ok(Some(hit));
         }
-        let user = self.without_detail(address);
-        let found = self.app.store.recipient(address, user.as_deref()).await?;
-        if !ttl.is_zero() {
-            // Negative answers are kept briefly so a newly created user is not
-            // refused for long. Cache trouble only costs a store lookup.
-            let ttl =
-                if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(Duration::from_secs(5)) };
-            let _ = cache.value_put(&key, encode_lookup(&found).as_bytes(), ttl).await;
-        }
+        let found = self.app.store.recipient(address, user().as_deref()).await?;
+        remember_recipient(&*self.app.cache, &key, &found, ttl).await;
         Ok(Some(found))
+    }
+
+    /// Reads an entry that will soon expire again, in the background, and
+    /// caches the answer anew: a recipient that keeps getting mail is then
+    /// never looked up on its RCPT's path, and entries cached together (by a
+    /// burst, or a pod's start) do not all miss together a TTL later. One read
+    /// per entry at a time in the process; a failed one leaves the entry to
+    /// expire.
+    fn refresh_recipient(&self, key: String, address: String, user: Option<String>) {
+        let refreshing = self.app.refreshing_recipients.clone();
+        if !refreshing.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
+            return;
+        }
+        let (store, cache) = (self.app.store.clone(), self.app.cache.clone());
+        let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
+        tokio::spawn(async move {
+            match store.recipient(&address, user.as_deref()).await {
+                Ok(found) => remember_recipient(&*cache, &key, &found, ttl).await,
+                Err(err) => tracing::debug!(error = %err, "recipient entry not refreshed"),
+            }
+            refreshing.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        });
     }
 }
 
-fn encode_lookup(l: &Lookup) -> String {
+/// Caches a recipient's lookup. Negative answers (and aliases, whose accounts
+/// are cached on their own) are kept briefly so that a newly created user is
+/// not refused for long. Cache trouble only costs a store lookup.
+async fn remember_recipient(cache: &dyn Cache, key: &str, found: &Lookup, ttl: Duration) {
+    let ttl = if matches!(found, Lookup::Mailbox { .. }) { ttl } else { ttl.min(NEGATIVE_TTL) };
+    let _ = cache.value_put(key, encode_lookup(found, unix_millis()).as_bytes(), ttl).await;
+}
+
+/// How long an answer other than an account's INBOX is cached, at most.
+const NEGATIVE_TTL: Duration = Duration::from_secs(5);
+
+/// Whether an account's entry written at `written` (Unix milliseconds) is in
+/// the last quarter of its `ttl`, when it is read again. Entries of a TTL
+/// under 4 s are left to expire.
+fn refresh_due(written: u64, ttl: Duration) -> bool {
+    let ttl = ttl.as_millis() as u64;
+    ttl >= 4_000 && unix_millis().saturating_sub(written) >= ttl - ttl / 4
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An entry: `m:account:mailbox:limited:written` (pods that know only the
+/// first three fields read it too), `a:` and a line per target, `u` or `r`.
+fn encode_lookup(l: &Lookup, written_millis: u64) -> String {
     match l {
         Lookup::Mailbox { account_id, mailbox_id, limited } => {
-            format!("m:{account_id}:{mailbox_id}:{}", u8::from(*limited))
+            format!("m:{account_id}:{mailbox_id}:{}:{written_millis}", u8::from(*limited))
         }
         // addresses hold no control characters: a line per target
         Lookup::Alias(targets) => format!("a:{}", targets.join("\n")),
@@ -441,12 +488,16 @@ fn encode_lookup(l: &Lookup) -> String {
     }
 }
 
-fn decode_lookup(v: &[u8]) -> Option<Lookup> {
+/// An entry and, for an account's, when it was written (absent in entries of
+/// older pods).
+fn decode_lookup(v: &[u8]) -> Option<(Lookup, Option<u64>)> {
     let s = std::str::from_utf8(v).ok()?;
     match s {
-        "u" => Some(Lookup::NoSuchUser),
-        "r" => Some(Lookup::NotLocal),
-        _ if s.starts_with("a:") => Some(Lookup::Alias(s[2..].split('\n').map(str::to_string).collect())),
+        "u" => Some((Lookup::NoSuchUser, None)),
+        "r" => Some((Lookup::NotLocal, None)),
+        _ if s.starts_with("a:") => {
+            Some((Lookup::Alias(s[2..].split('\n').map(str::to_string).collect()), None))
+        }
         _ => {
             let mut it = s.strip_prefix("m:")?.split(':');
             let account_id = it.next()?.parse().ok()?;
@@ -456,7 +507,8 @@ fn decode_lookup(v: &[u8]) -> Option<Lookup> {
                 "1" => true,
                 _ => return None,
             };
-            Some(Lookup::Mailbox { account_id, mailbox_id, limited })
+            let written = it.next().and_then(|w| w.parse().ok());
+            Some((Lookup::Mailbox { account_id, mailbox_id, limited }, written))
         }
     }
 }
@@ -475,11 +527,27 @@ mod tests {
             Lookup::NoSuchUser,
             Lookup::NotLocal,
         ] {
-            assert_eq!(decode_lookup(encode_lookup(&l).as_bytes()), Some(l));
+            let written = matches!(l, Lookup::Mailbox { .. }).then_some(1_700_000_000_123);
+            assert_eq!(decode_lookup(encode_lookup(&l, 1_700_000_000_123).as_bytes()), Some((l, written)));
         }
+        // an entry of a pod that did not write the time is read, and expires
+        let older = Lookup::Mailbox { account_id: 7, mailbox_id: 42, limited: true };
+        assert_eq!(decode_lookup(b"m:7:42:1"), Some((older, None)));
         assert_eq!(decode_lookup(b"m:x:1:0"), None);
         // an entry cached by a pod without quotas is a miss, not a wrong answer
         assert_eq!(decode_lookup(b"m:7:42"), None);
         assert_eq!(decode_lookup(b"garbage"), None);
+    }
+
+    #[test]
+    fn entries_are_refreshed_in_the_last_quarter_of_their_ttl() {
+        let ttl = Duration::from_secs(30);
+        let now = unix_millis();
+        assert!(!refresh_due(now, ttl));
+        assert!(!refresh_due(now - 22_000, ttl));
+        assert!(refresh_due(now - 23_000, ttl));
+        assert!(refresh_due(now - 40_000, ttl), "an entry kept past its time");
+        assert!(!refresh_due(now + 60_000, ttl), "a clock behind the writer's");
+        assert!(!refresh_due(now - 3_000, Duration::from_secs(3)), "short TTLs are left to expire");
     }
 }
