@@ -79,9 +79,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let deliverer = Arc::new(deliverer);
     deliverer.register_metrics(&metrics.registry).context("registering group-commit metrics")?;
-    // Looking the leader up may wait on DNS: the listeners do not.
-    let starting = deliverer.clone();
-    tokio::spawn(async move { starting.start_forwarding().await });
     let group_listener = match (group_key, smtp.group_commit_port) {
         (Some(key), port) if port != 0 => {
             let addr = std::net::SocketAddr::new(config.listen_addr, port);
@@ -92,6 +89,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // Looking the leader up may wait on DNS: the listeners do not. Started
+    // once this pod's own port is bound, so that the leader's first attempt
+    // finds itself there (its handshake waits in the backlog until accepted)
+    // rather than a refused connection, which it would try again only at the
+    // next delivery.
+    let starting = deliverer.clone();
+    tokio::spawn(async move { starting.start_forwarding().await });
     // Without nameservers configured and without a usable /etc/resolv.conf, the
     // pod still serves local mail; it only cannot send to other domains or check
     // senders, and says so.
