@@ -221,6 +221,9 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 .account_create(email, &hash)
                 .await
                 .with_context(|| format!("cannot add user {email}"))?;
+            // A lookup made before the account existed is cached as "no such
+            // user" (550, a permanent refusal) for a few seconds.
+            forget_recipient(config, &account.email).await;
             eprintln!("user {} added", account.email);
         }
         (UserCommand::Passwd { email, .. }, Some(password)) => {

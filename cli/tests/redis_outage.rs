@@ -345,6 +345,12 @@ fn admin_changes_reach_the_pods_copies_of_recipient_lookups_at_once() {
     verdict_becomes(smtp, "full@example.test", &["452 4.2.2", "552 5.2.2"]);
     run(dir, &["alias", "del", "team@example.test"], &env).ok();
     verdict_becomes(smtp, "team@example.test", &["550"]);
+    // Refused while nobody had the address (the answer is kept 5 s), then
+    // accepted as soon as the user is added.
+    let (reply, _) = smtp_try(smtp, "new@example.test", 0).unwrap();
+    assert!(reply.starts_with("550"), "new: {reply}");
+    run(dir, &["user", "add", "new@example.test", "--password", "pw"], &env).ok();
+    verdict_becomes(smtp, "new@example.test", &["250"]);
 }
 
 /// USER/PASS/STAT/QUIT on `addr`; the PASS reply.
