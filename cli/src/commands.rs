@@ -103,7 +103,7 @@ async fn set_passwords(
         };
         ids.push(id);
     }
-    forget_credentials(config, &ids).await;
+    forget_cached(config, &ids, &[]).await;
     Ok(())
 }
 
@@ -138,7 +138,7 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
                     .with_context(|| format!("cannot add alias {address} → {target}"))?;
                 eprintln!("alias {address} → {target} added");
             }
-            forget_recipient(config, &address).await;
+            forget_cached(config, &[], &[&address]).await;
         }
         AliasCommand::Del { address, target } => {
             let address = address.trim().to_lowercase();
@@ -147,7 +147,7 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
                 .alias_del(&address, target.as_deref())
                 .await
                 .with_context(|| format!("cannot delete alias {address}"))?;
-            forget_recipient(config, &address).await;
+            forget_cached(config, &[], &[&address]).await;
             match target {
                 Some(target) => eprintln!("alias {address} → {target} deleted"),
                 None => eprintln!("alias {address} deleted"),
@@ -223,7 +223,7 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 .with_context(|| format!("cannot add user {email}"))?;
             // A lookup made before the account existed is cached as "no such
             // user" (550, a permanent refusal) for a few seconds.
-            forget_recipient(config, &account.email).await;
+            forget_cached(config, &[], &[&account.email]).await;
             eprintln!("user {} added", account.email);
         }
         (UserCommand::Passwd { email, .. }, Some(password)) => {
@@ -233,14 +233,13 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 .account_set_password(email, &hash)
                 .await
                 .with_context(|| format!("cannot change the password of {email}"))?;
-            forget_credentials(config, &[account.id]).await;
+            forget_cached(config, &[account.id], &[]).await;
             eprintln!("password of {email} changed");
         }
         (UserCommand::Del { email }, _) => {
             let account = existing_account(&*store, email).await?;
             store.account_delete(email).await.with_context(|| format!("cannot delete user {email}"))?;
-            forget_credentials(config, &[account.id]).await;
-            forget_recipient(config, &account.email).await;
+            forget_cached(config, &[account.id], &[&account.email]).await;
             eprintln!("user {email} deleted");
         }
         (UserCommand::List { domain }, _) => {
@@ -278,7 +277,7 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 .account_set_quota(email, limit)
                 .await
                 .with_context(|| format!("cannot set the quota of {email}"))?;
-            forget_recipient(config, &account.email).await;
+            forget_cached(config, &[], &[&account.email]).await;
             let quota =
                 store.quota(account.id).await.with_context(|| format!("cannot read the quota of {email}"))?;
             eprintln!("quota of {}: {}", account.email, describe_limit(quota.limit()));
@@ -300,41 +299,30 @@ async fn existing_account(
     }
 }
 
-/// Servers keep verified credentials in the cache for a short while; with a shared
-/// (Redis) cache, drop them so the old password stops working at once. The
-/// in-process cache of a running embedded server is out of reach and expires by
-/// itself. Failing here is a warning: the change itself is already stored.
-async fn forget_credentials(config: &Config, account_ids: &[i64]) {
-    if config.redis.url.is_none() || account_ids.is_empty() {
-        return;
-    }
-    let purge = async {
-        let cache = mailcluster_server::serve::open_cache(config).await?;
-        for id in account_ids {
-            cache.credential_purge_account(*id).await?;
-        }
-        anyhow::Ok(())
-    };
-    if let Err(e) = purge.await {
-        tracing::warn!(error = %format!("{e:#}"), "cannot clear cached credentials; they expire by themselves");
-    }
-}
-
-/// Drops the SMTP recipient cache's entry for `email` (whether it is an account,
-/// with a quota to check or not, or an alias and its targets), and with it every
-/// pod's copy (Redis tracks them); else it expires after
-/// `smtp.recipient_cache_ttl_secs`.
-async fn forget_recipient(config: &Config, email: &str) {
-    if config.redis.url.is_none() {
+/// Drops what the servers cached about an admin change, over one Redis
+/// connection: the verified credentials of `account_ids` (so that an old
+/// password stops working at once), and the SMTP recipient entries of
+/// `recipients` (an account, with a quota to check or not, or an alias and its
+/// targets), and with those every pod's copy (Redis tracks them). The
+/// in-process cache of a running embedded server is out of reach and expires
+/// by itself (`smtp.recipient_cache_ttl_secs` for recipients). Failing here is
+/// a warning: the change itself is already stored.
+async fn forget_cached(config: &Config, account_ids: &[i64], recipients: &[&str]) {
+    if config.redis.url.is_none() || (account_ids.is_empty() && recipients.is_empty()) {
         return;
     }
     let forget = async {
         let cache = mailcluster_server::serve::open_cache(config).await?;
-        cache.value_del(&format!("smtp:rcpt:{}", email.to_lowercase())).await?;
+        for id in account_ids {
+            cache.credential_purge_account(*id).await?;
+        }
+        for address in recipients {
+            cache.value_del(&mailcluster_server::smtp::recipient_key(address)).await?;
+        }
         anyhow::Ok(())
     };
     if let Err(e) = forget.await {
-        tracing::warn!(error = %format!("{e:#}"), "cannot clear the cached recipient; it expires by itself");
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear cached entries; they expire by themselves");
     }
 }
 

@@ -358,7 +358,7 @@ impl Session {
             found => return Ok(found),
         }
         self.create_postmaster(&target).await?;
-        let _ = self.app.cache.value_del(&format!("smtp:rcpt:{target}")).await;
+        let _ = self.app.cache.value_del(&recipient_key(&target)).await;
         Ok(Some(match self.lookup_recipient(&target).await? {
             Some(found @ Lookup::Mailbox { .. }) => found,
             _ => Lookup::NoSuchUser,
@@ -414,12 +414,12 @@ impl Session {
         if ttl.is_zero() {
             return Ok(Some(self.app.store.recipient(address, user().as_deref()).await?));
         }
-        let key = format!("smtp:rcpt:{}", address.to_lowercase());
+        let key = recipient_key(address);
         if let Ok(Some(v)) = self.app.cache.value_get_hot(&key).await
             && let Some((hit, written)) = decode_lookup(&v)
         {
             if written.is_some_and(|written| refresh_due(written, ttl)) {
-                self.refresh_recipient(key, address.to_string(), user());
+                self.refresh_recipient(key, address.to_string(), user(), ttl);
             }
             return Ok(Some(hit));
         }
@@ -434,13 +434,12 @@ impl Session {
     /// burst, or a pod's start) do not all miss together a TTL later. One read
     /// per entry at a time in the process; a failed one leaves the entry to
     /// expire.
-    fn refresh_recipient(&self, key: String, address: String, user: Option<String>) {
+    fn refresh_recipient(&self, key: String, address: String, user: Option<String>, ttl: Duration) {
         let refreshing = self.app.refreshing_recipients.clone();
         if !refreshing.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
             return;
         }
         let (store, cache) = (self.app.store.clone(), self.app.cache.clone());
-        let ttl = Duration::from_secs(self.config().recipient_cache_ttl_secs);
         tokio::spawn(async move {
             match store.recipient(&address, user.as_deref()).await {
                 Ok(found) => remember_recipient(&*cache, &key, &found, ttl).await,
@@ -449,6 +448,11 @@ impl Session {
             refreshing.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
         });
     }
+}
+
+/// The cache key of `address`'s recipient entry (admin commands drop it).
+pub fn recipient_key(address: &str) -> String {
+    format!("smtp:rcpt:{}", address.to_lowercase())
 }
 
 /// Caches a recipient's lookup. Negative answers (and aliases, whose accounts

@@ -562,32 +562,38 @@ impl<B: Backend> Store for B {
             Param::Text(&domain),
         ];
         let rows = self.fetch(false, RECIPIENT, &params).await?;
-        let mut kinds = Vec::with_capacity(rows.len());
-        for row in &rows {
-            kinds.push(row.int("kind")?);
-        }
-        if !kinds.contains(&4) {
+        // Rows come in kind order: the domain's row (4) last, and the first
+        // row is the answer that wins.
+        let (Some(first), Some(last)) = (rows.first(), rows.last()) else { return Ok(Recipient::NotLocal) };
+        if last.int("kind")? != 4 {
             return Ok(Recipient::NotLocal);
         }
-        // rows come in kind order: the first account row is the one that wins
-        if let Some(row) = rows.iter().zip(&kinds).find_map(|(r, &k)| (k <= 1).then_some(r)) {
-            let Some(mailbox_id) = row.opt_int("mailbox_id")? else { return Ok(Recipient::NoSuchUser) };
-            let limits = Quota {
-                account_limit: row.opt_int("quota_bytes")?.map(u64_of),
-                domain_limit: row.opt_int("default_quota_bytes")?.map(u64_of),
-                used: 0,
-            };
-            return Ok(Recipient::Mailbox {
-                account_id: row.int("account_id")?,
-                mailbox_id,
-                limited: limits.limit().is_some(),
-            });
+        match first.int("kind")? {
+            0 | 1 => {
+                let Some(mailbox_id) = first.opt_int("mailbox_id")? else { return Ok(Recipient::NoSuchUser) };
+                let limits = Quota {
+                    account_limit: first.opt_int("quota_bytes")?.map(u64_of),
+                    domain_limit: first.opt_int("default_quota_bytes")?.map(u64_of),
+                    used: 0,
+                };
+                Ok(Recipient::Mailbox {
+                    account_id: first.int("account_id")?,
+                    mailbox_id,
+                    limited: limits.limit().is_some(),
+                })
+            }
+            4 => Ok(Recipient::NoSuchUser),
+            aliases => {
+                let mut targets = Vec::new();
+                for row in &rows {
+                    if row.int("kind")? != aliases {
+                        break;
+                    }
+                    targets.push(row.text("target")?);
+                }
+                Ok(Recipient::Alias(targets))
+            }
         }
-        let Some(&first) = kinds.iter().find(|&&k| k == 2 || k == 3) else {
-            return Ok(Recipient::NoSuchUser);
-        };
-        let targets = rows.iter().zip(&kinds).filter(|(_, k)| **k == first).map(|(r, _)| r.text("target"));
-        Ok(Recipient::Alias(targets.collect::<StoreResult<_>>()?))
     }
 
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
