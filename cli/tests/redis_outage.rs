@@ -173,15 +173,7 @@ fn a_redis_outage_degrades_the_pod_but_never_takes_it_down() {
     // POP3 while Redis is away: the maildrop lock is taken in the store.
     let pop = pop3_session(server.addr("pop3"));
     let redis = Redis::start_on(port, redis_dir);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !http_get(admin, "/healthz").1.contains("cache (redis): up") {
-        assert!(
-            Instant::now() < deadline,
-            "the pod did not return to Redis: {}",
-            http_get(admin, "/healthz").1
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    server.wait_for_cache_up(Duration::from_secs(15));
     let mut after = run_phase(3);
     stop.store(true, Ordering::Relaxed);
     watcher.join().unwrap();
@@ -294,8 +286,7 @@ fn a_redis_without_resp3_is_used_without_client_copies() {
         let (reply, _) = smtp_try(server.addr("smtp"), "user0@example.test", n).unwrap();
         assert!(reply.starts_with("250"), "message {n}: {reply}");
     }
-    let health = http_get(server.admin, "/healthz").1;
-    assert!(health.contains("cache (redis): up"), "{health}\n{}", server.log_text());
+    server.wait_for_cache_up(Duration::from_secs(20));
     assert!(server.log_contains("Redis refused RESP3 or client tracking"), "{}", server.log_text());
     let metrics = http_get(server.admin, "/metrics").1;
     assert!(metrics.contains("mail_cache_up 1"), "{metrics}");

@@ -90,7 +90,7 @@ fn a_sentinel_failover_moves_the_pod_to_the_new_master_without_losing_mail() {
     let serve_dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(serve_dir.path(), &env, 2);
     let (smtp, imap, admin) = (server.addr("smtp"), server.addr("imap"), server.admin);
-    assert!(http_get(admin, "/healthz").1.contains("cache (redis): up"));
+    server.wait_for_cache_up(Duration::from_secs(20));
     assert!(imap_login(imap).unwrap().starts_with("a OK"));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -232,7 +232,7 @@ fn a_tls_only_redis_is_verified_and_used() {
     prepare(&env);
     let serve_dir = tempfile::tempdir().unwrap();
     let server = ServeProcess::start(serve_dir.path(), &env, 2);
-    assert!(http_get(server.admin, "/healthz").1.contains("cache (redis): up"), "{}", server.log_text());
+    server.wait_for_cache_up(Duration::from_secs(20));
     assert!(imap_login(server.addr("imap")).unwrap().starts_with("a OK"));
     let keys = Command::new("redis-cli")
         .args(["--tls", "--cacert", &ca_file, "-p", &port_s, "DBSIZE"])

@@ -98,6 +98,25 @@ impl ServeProcess {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|l| l.contains(needle))
     }
 
+    /// Waits until `/healthz` reports the shared cache up. A pod starts, and stays
+    /// ready, while Redis is slow to answer; it connects (again) in the background
+    /// every `retry_after`, so "up" is a state reached, not one held from the start.
+    pub fn wait_for_cache_up(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let health = super::wire::http_get(self.admin, "/healthz").1;
+            if health.contains("cache (redis): up") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cache is not up within {within:?}: {health}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
     }
