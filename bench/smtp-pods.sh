@@ -22,10 +22,10 @@
 # share those same cores (equal capacity, one worker thread each when there is
 # one core). Both services get every core back when the script ends.
 #
-# FORWARD=1 (the default) makes the second of the two pods hand its deliveries
-# to the first (smtp.group_commit_leader / group_commit_port: batches formed
-# across pods, as the operator configures a Deployment's pods); FORWARD=0 lets
-# each pod batch its own share.
+# FORWARD=0 (the default) lets each pod batch its own share, as the operator
+# configures a Deployment's pods by default; FORWARD=1 makes the second of the
+# two pods hand its deliveries to the first (smtp.group_commit_leader /
+# group_commit_port: batches formed across pods, spec.groupCommit.acrossPods).
 #
 # POD_ENV="NAME=value ..." sets configuration of the two pods only (the one pod
 # keeps mc_start's), to see what two pods need to match one.
@@ -34,7 +34,7 @@
 # included: e.g. MAILCLUSTER_WORKER_THREADS=1, the runtime the operator gives a
 # pod that requests up to one CPU (the default request is 100m).
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=1 POD_ENV=)
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=0 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -42,7 +42,7 @@ DUR=${DUR:-20}
 S=${S:-50}
 SIZE=${SIZE:-4096}
 ROUNDS=${ROUNDS:-2}
-FORWARD=${FORWARD:-1}
+FORWARD=${FORWARD:-0}
 CLI=target/release/examples/smtp_bench_client
 source bench/lib.sh
 

@@ -7,7 +7,8 @@
 #      PodDisruptionBudget allows, never more than one surge Pod);
 #   2. one SMTP Pod's process is killed with SIGKILL: the node restarts it;
 #   3. one SMTP Pod is deleted at once (grace 0): the ReplicaSet replaces it.
-# The Pod lost in 2 and 3 is the group-commit leader (the lowest address of the
+# Group commit across pods is on (spec.groupCommit.acrossPods, off by default):
+# the Pod lost in 2 and 3 is the group-commit leader (the lowest address of the
 # headless Service $MC-smtp-commit), which commits the other Pod's deliveries:
 # before the rollouts the other Pod must have handed it some.
 # The rollouts and the Pod loss each get a load run of their own. Then every
@@ -43,6 +44,7 @@ e2e_prepare
 step "MailCluster $MC: SMTP only, two replicas"
 apply_mailcluster <<YAML
   smtp: {replicas: 2, autoscaling: {enabled: false}}
+  groupCommit: {acrossPods: true}
   submission: {enabled: false}
   imap: {enabled: false}
   pop3: {enabled: false}

@@ -626,15 +626,7 @@ fn operator_with_the_charts_service_account_runs_a_cluster() {
     });
     assert_eq!(
         kube.names(&ns.name, "services"),
-        [
-            "mail-imap",
-            "mail-metrics",
-            "mail-pop3",
-            "mail-smtp",
-            "mail-smtp-commit",
-            "mail-submission",
-            "mail-submission-commit"
-        ]
+        ["mail-imap", "mail-metrics", "mail-pop3", "mail-smtp", "mail-submission"]
     );
     assert!(kube.names(&ns.name, "deployments").is_empty(), "no Deployments before the migration");
     let phase = eventually("status Pending", || {

@@ -43,14 +43,7 @@ fn minimal_builds_every_default_object() {
     assert_eq!(names_of(&b, ChildKind::Deployment), ["mail-imap", "mail-smtp", "mail-submission"]);
     assert_eq!(
         names_of(&b, ChildKind::Service),
-        [
-            "mail-imap",
-            "mail-metrics",
-            "mail-smtp",
-            "mail-smtp-commit",
-            "mail-submission",
-            "mail-submission-commit"
-        ]
+        ["mail-imap", "mail-metrics", "mail-smtp", "mail-submission"]
     );
     assert_eq!(
         names_of(&b, ChildKind::HorizontalPodAutoscaler),
@@ -71,11 +64,13 @@ fn minimal_builds_every_default_object() {
     assert!(b.warnings.is_empty(), "{:?}", b.warnings);
 }
 
-/// The pods that deliver find their group-commit leader through a headless
-/// Service of their own Deployment's pods, on a port they all open.
+/// With group commit across pods, the pods that deliver find their leader
+/// through a headless Service of their own Deployment's pods, on a port they
+/// all open.
 #[test]
 fn delivering_pods_group_commit_through_their_headless_service() {
-    let mc = fixture("minimal");
+    let mut mc = fixture("minimal");
+    mc.spec.group_commit.across_pods = true;
     let b = steady(&mc);
     let svc: Service = get(&b, ChildKind::Service, "mail-smtp-commit");
     let spec = svc.spec.unwrap();
@@ -107,7 +102,7 @@ fn delivering_pods_group_commit_through_their_headless_service() {
 }
 
 #[test]
-fn group_commit_across_pods_can_be_turned_off() {
+fn group_commit_across_pods_is_asked_for() {
     let mut mc = fixture("minimal");
     mc.spec.network_policy.enabled = true;
     mc.spec.network_policy.restrict_egress = true;
@@ -125,12 +120,8 @@ fn group_commit_across_pods_can_be_turned_off() {
         (ingress, egress)
     };
     let commit = IntOrString::Int(names::GROUP_COMMIT_PORT);
-    // On (the default): followers may reach the leader even where egress is
-    // denied by default, and the leader takes them.
-    let (ingress, egress) = policy_ports(&steady(&mc));
-    assert!(ingress.contains(&commit) && egress.contains(&commit), "{ingress:?} / {egress:?}");
-
-    mc.spec.group_commit.across_pods = false;
+    // Off (the default): each pod commits its own; nothing is opened for it.
+    assert!(!mc.spec.group_commit.across_pods, "off unless asked for");
     let b = steady(&mc);
     assert!(b.get(ChildKind::Service, "mail-smtp-commit").is_none());
     assert!(b.get(ChildKind::Service, "mail-submission-commit").is_none());
@@ -142,6 +133,12 @@ fn group_commit_across_pods_can_be_turned_off() {
     assert_eq!((config.smtp.group_commit_leader.as_str(), config.smtp.group_commit_port), ("", 0));
     let (ingress, egress) = policy_ports(&b);
     assert!(!ingress.contains(&commit) && !egress.contains(&commit), "{ingress:?} / {egress:?}");
+
+    // On: followers may reach the leader even where egress is denied by
+    // default, and the leader takes them.
+    mc.spec.group_commit.across_pods = true;
+    let (ingress, egress) = policy_ports(&steady(&mc));
+    assert!(ingress.contains(&commit) && egress.contains(&commit), "{ingress:?} / {egress:?}");
 }
 
 #[test]

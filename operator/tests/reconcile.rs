@@ -321,9 +321,7 @@ async fn create_applies_children_then_status() {
             "configmaps/mail-config".into(),
             "services/mail-metrics".into(),
             "services/mail-smtp".into(),
-            "services/mail-smtp-commit".into(),
             "services/mail-submission".into(),
-            "services/mail-submission-commit".into(),
             "services/mail-imap".into(),
             format!("jobs/{job}"),
         ]
