@@ -4,9 +4,10 @@
 # pod A alone, once as pods A and B (two processes, same configuration, own
 # ports) with the sessions spread over both in turn — what a Service does with
 # connections, without a balancer's own cost in the figure. Open loop at each
-# RATE for DUR seconds, 4 KB messages over 1,000 recipients, S sessions; latency
-# from each message's intended send time (smtp_bench_client). One pod and two pods
-# alternate, ROUNDS times at each rate.
+# RATE for DUR seconds, 4 KB messages over RCPTS recipients (default 1,000;
+# fewer make each mailbox hotter, so that the two pods' batches share more
+# mailbox rows), S sessions; latency from each message's intended send time
+# (smtp_bench_client). One pod and two pods alternate, ROUNDS times at each rate.
 #
 # SPLIT=1 holds the machine's capacity equal between the two cases, as a cluster
 # that splits the same CPU over more pods would: the one pod runs on every core,
@@ -34,7 +35,7 @@
 # included: e.g. MAILCLUSTER_WORKER_THREADS=1, the runtime the operator gives a
 # pod that requests up to one CPU (the default request is 100m).
 #
-# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 SPLIT=0 SERVICES_CORE= FORWARD=0 POD_ENV=)
+# Usage: bench/smtp-pods.sh   (env: RATES="1000 2000" DUR=20 S=50 SIZE=4096 ROUNDS=2 RCPTS=1000 SPLIT=0 SERVICES_CORE= FORWARD=0 POD_ENV=)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATES=${RATES:-1000 2000}
@@ -42,6 +43,7 @@ DUR=${DUR:-20}
 S=${S:-50}
 SIZE=${SIZE:-4096}
 ROUNDS=${ROUNDS:-2}
+RCPTS=${RCPTS:-1000}
 FORWARD=${FORWARD:-0}
 CLI=target/release/examples/smtp_bench_client
 source bench/lib.sh
@@ -119,7 +121,7 @@ pods_cpu() { local s=0 p; for p in "$MC_PID" "${MC_POD_PIDS[@]}"; do s=$(echo "$
 run() { # label rate targets
   local c0 x0 k0 p0 out
   c0=$(pods_cpu) x0=$(commits) k0=$(checkpoints) p0=$(pg_ticks)
-  out=$("${CLIENT_PIN[@]}" "$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count 1000 --rcpt-first 1)
+  out=$("${CLIENT_PIN[@]}" "$CLI" "$3" --sessions "$S" --messages $(($2 * DUR)) --rate "$2" --size "$SIZE" --rcpt-count "$RCPTS" --rcpt-first 1)
   printf '%-9s rate=%-5s %s server_cpu=%s pg_cpu=%s commits=%s checkpoints=%s\n' "$1" "$2" "$out" "$(echo "$(pods_cpu) - $c0" | bc)" "$(echo "scale=1; ($(pg_ticks) - $p0) / $(getconf CLK_TCK)" | bc)" "$(($(commits) - x0))" "$(($(checkpoints) - k0))"
 }
 ROUNDS_LOG="$MC_DIR/rounds.txt"
