@@ -219,6 +219,18 @@ fn deployment_pod_is_locked_down_and_probed() {
         var("MAILCLUSTER_WORKER_THREADS").value_from.as_ref().unwrap().resource_field_ref.as_ref().unwrap();
     assert_eq!(workers.resource, "requests.cpu");
     assert_eq!(workers.divisor.as_ref().map(|q| q.0.as_str()), Some("1"));
+    // The transfer budget is sized from the container's memory limit, in bytes.
+    let memory = var("MAILCLUSTER_NET__MEMORY_LIMIT_BYTES")
+        .value_from
+        .as_ref()
+        .unwrap()
+        .resource_field_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (memory.resource.as_str(), memory.divisor.as_ref().map(|q| q.0.as_str())),
+        ("limits.memory", Some("1"))
+    );
 
     // The config hash is the hash of this protocol's file in the ConfigMap.
     let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "mail-config");

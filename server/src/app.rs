@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::delivery::Deliverer;
 use crate::imap::ImapState;
 use crate::metrics::Metrics;
+use crate::net::budget::TransferBudget;
 use crate::store::Store;
 
 #[derive(Clone)]
@@ -22,6 +23,8 @@ pub struct App {
     pub imap: ImapState,
     /// Mail exchange with other domains (resolver, DKIM keys, relay wake-up).
     pub mail: Arc<MailExchange>,
+    /// Client input held in flight, for the whole process (`net::budget`).
+    pub budget: Arc<TransferBudget>,
     /// The cached recipient entries being read again before they expire, so
     /// that one read per entry runs at a time in the process.
     pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -58,6 +61,7 @@ impl App {
         deliverer: Arc<Deliverer>,
     ) -> App {
         let imap = ImapState::new(&config, &store, &metrics);
+        let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
         App {
             config,
             store,
@@ -67,6 +71,7 @@ impl App {
             deliverer,
             imap,
             mail: Arc::new(MailExchange::disabled()),
+            budget,
             refreshing_recipients: Arc::default(),
         }
     }

@@ -39,6 +39,14 @@ pub struct Metrics {
     /// `mail_connections_refused_total{protocol,reason}`: connections closed by the
     /// network layer before a session started (limits, PROXY header problems).
     pub connections_refused_total: IntCounterVec,
+    /// `mail_transfer_budget_bytes`: client input held in flight now (see
+    /// `net::budget`).
+    pub transfer_budget_in_use: IntGauge,
+    /// `mail_transfer_budget_limit_bytes`: what it may reach.
+    pub transfer_budget_limit: IntGauge,
+    /// `mail_transfer_refusals_total{protocol}`: transfers refused with a
+    /// temporary error because the budget was spent.
+    pub transfer_refusals_total: IntCounterVec,
     pub smtp: SmtpMetricVecs,
     pub imap: ImapMetrics,
 }
@@ -136,6 +144,24 @@ impl Metrics {
             &["protocol", "reason"],
         )
         .expect("valid metric");
+        let transfer_budget_in_use = IntGauge::new(
+            "mail_transfer_budget_bytes",
+            "Bytes of client input held in flight (literals, message content)",
+        )
+        .expect("valid metric");
+        let transfer_budget_limit = IntGauge::new(
+            "mail_transfer_budget_limit_bytes",
+            "Most bytes of client input held in flight at once",
+        )
+        .expect("valid metric");
+        let transfer_refusals_total = IntCounterVec::new(
+            Opts::new(
+                "mail_transfer_refusals_total",
+                "Transfers refused with a temporary error: the pod's transfer budget was spent",
+            ),
+            &["protocol"],
+        )
+        .expect("valid metric");
         let counters = |name: &str, help: &str, labels: &[&str]| {
             IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
         };
@@ -229,6 +255,9 @@ impl Metrics {
             Box::new(tls_handshakes_total.clone()),
             Box::new(tls_handshake_failures_total.clone()),
             Box::new(connections_refused_total.clone()),
+            Box::new(transfer_budget_in_use.clone()),
+            Box::new(transfer_budget_limit.clone()),
+            Box::new(transfer_refusals_total.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -246,6 +275,9 @@ impl Metrics {
             tls_handshakes_total,
             tls_handshake_failures_total,
             connections_refused_total,
+            transfer_budget_in_use,
+            transfer_budget_limit,
+            transfer_refusals_total,
             smtp,
             imap,
         }

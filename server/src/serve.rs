@@ -180,6 +180,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store = store.backend(),
         cache = cache.backend(),
         workers,
+        transfer_budget = app.budget.limit(),
         "mailcluster serving"
     );
     let drain_started = {

@@ -252,6 +252,15 @@ pub struct NetConfig {
     pub max_connections_per_ip: usize,
     pub tcp_keepalive_secs: u64,
     pub proxy_protocol: ProxyProtocolConfig,
+    /// The pod's memory limit in bytes (the operator passes the container's
+    /// limit through the downward API). 0: read from the cgroup
+    /// (`/sys/fs/cgroup/memory.max`).
+    pub memory_limit_bytes: u64,
+    /// Bytes of client input the pod holds at once in transfers (IMAP literals,
+    /// SMTP DATA and BDAT, POP3 command lines); when it is spent, new transfers
+    /// get a temporary error instead of more memory. 0: a quarter of the memory
+    /// limit, or 256 MiB when no limit is known.
+    pub transfer_budget_bytes: u64,
 }
 
 impl Default for NetConfig {
@@ -262,6 +271,8 @@ impl Default for NetConfig {
             max_connections_per_ip: 0,
             tcp_keepalive_secs: 60,
             proxy_protocol: ProxyProtocolConfig::default(),
+            memory_limit_bytes: 0,
+            transfer_budget_bytes: 0,
         }
     }
 }
@@ -356,6 +367,10 @@ impl Config {
             ("tls.ticket_rotation_secs", self.tls.ticket_rotation_secs),
             ("imap.connection_lease_secs", self.imap.connection_lease_secs),
             ("imap.tombstone_prune_interval_secs", self.imap.tombstone_prune_interval_secs),
+            ("imap.preauth_timeout_secs", self.imap.preauth_timeout_secs),
+            ("pop3.preauth_timeout_secs", self.pop3.preauth_timeout_secs),
+            ("smtp.preauth_timeout_secs", self.smtp.preauth_timeout_secs),
+            ("smtp.data_deadline_secs", self.smtp.data_deadline_secs),
         ] {
             if value == 0 {
                 problems.push(format!("{name} must be greater than 0"));
@@ -369,6 +384,10 @@ impl Config {
         // RFC 2449 §4: commands may be up to 255 octets; shorter limits break clients.
         if self.pop3.max_line_bytes < 255 {
             problems.push("pop3.max_line_bytes must be at least 255 (RFC 2449 §4)".into());
+        }
+        // LOGIN with a quoted user name and password, or an AUTHENTICATE line.
+        if self.imap.preauth_max_command_bytes < 1024 {
+            problems.push("imap.preauth_max_command_bytes must be at least 1024".into());
         }
         if self.pop3.lock_ttl_secs == 0 {
             problems.push("pop3.lock_ttl_secs must be greater than 0".into());

@@ -24,6 +24,14 @@ pub struct SmtpConfig {
     pub command_timeout_secs: u64,
     /// Waiting for the next piece of DATA/BDAT content (§4.5.3.2.5: 3 minutes).
     pub data_timeout_secs: u64,
+    /// The whole of a message's content, from DATA (or a transaction's first
+    /// BDAT) to its end: a client that keeps trickling bytes in under
+    /// `data_timeout_secs` is cut with `421 4.4.2` after this long. Five
+    /// minutes lets the largest message arrive at 1 Mbit/s.
+    pub data_deadline_secs: u64,
+    /// Submission listeners: how long a connection may stay without a
+    /// successful AUTH, however busy it keeps itself (`421 4.7.0` then).
+    pub preauth_timeout_secs: u64,
     /// Simultaneous sessions per client IP on one listener (0 = unlimited).
     pub max_connections_per_ip: usize,
     /// AUTH only on TLS connections (unless `tls.allow_plaintext_auth` is set).
@@ -76,6 +84,8 @@ impl Default for SmtpConfig {
             max_junk_commands: 100,
             command_timeout_secs: 300,
             data_timeout_secs: 180,
+            data_deadline_secs: 300,
+            preauth_timeout_secs: 180,
             max_connections_per_ip: 256,
             require_tls_for_auth: true,
             sender_must_match_auth: true,
@@ -103,14 +113,23 @@ pub struct ImapConfig {
     /// literal is refused before the client sends it; a LITERAL+ one closes the
     /// connection.
     pub max_literal_bytes: usize,
+    /// Before login: the longest command line and the largest literal (a
+    /// larger one gets `BAD` and no continuation). A password or a SASL token
+    /// fits; what an unauthenticated client may make the server hold does not
+    /// grow with `max_literal_bytes`.
+    pub preauth_max_command_bytes: usize,
     /// Idle time after which an authenticated session is logged out (RFC 3501
     /// §5.4 asks for at least 30 minutes).
     pub autologout_secs: u64,
-    /// Idle time allowed before authentication. Three minutes, as Dovecot's login
-    /// timeout: clients that open connections ahead of need (and pools that hold
-    /// them) log in within it; a flood of idle sockets is bounded by the
-    /// connection limits, not by this.
+    /// Time from connecting to logging in, however busy the client keeps the
+    /// connection (a deadline, not an idle timer). Three minutes, as Dovecot's
+    /// login timeout: clients that open connections ahead of need (and pools that
+    /// hold them) log in within it.
     pub preauth_timeout_secs: u64,
+    /// Simultaneous connections per client IP on each IMAP listener of a pod
+    /// (0 = unlimited). Generous for offices behind one NAT address (50 people
+    /// with five connections each), small next to a pod's `net.max_connections`.
+    pub max_connections_per_ip: usize,
     /// IDLE is ended by the server after this long (clients re-IDLE; 29 minutes
     /// keeps NAT boxes and the autologout timer happy, RFC 2177).
     pub idle_timeout_secs: u64,
@@ -160,8 +179,10 @@ impl Default for ImapConfig {
         ImapConfig {
             max_line_bytes: 64 * 1024,
             max_literal_bytes: 50 * 1024 * 1024,
+            preauth_max_command_bytes: 8 * 1024,
             autologout_secs: 30 * 60,
             preauth_timeout_secs: 180,
+            max_connections_per_ip: 256,
             idle_timeout_secs: 29 * 60,
             max_connections_per_user: 50,
             connection_lease_secs: 300,
@@ -192,6 +213,12 @@ pub struct Pop3Config {
     /// Inactivity after which the session is closed without entering the UPDATE
     /// state (no deletion applied). At least 600 (RFC 1939 §3).
     pub autologout_secs: u64,
+    /// Time from connecting to logging in, however busy the client keeps the
+    /// connection (as IMAP's `preauth_timeout_secs`).
+    pub preauth_timeout_secs: u64,
+    /// Simultaneous connections per client IP on each POP3 listener of a pod
+    /// (0 = unlimited), as IMAP's.
+    pub max_connections_per_ip: usize,
     /// Erroneous commands (unknown, malformed, wrong state, failed logins) before
     /// the connection is closed.
     pub max_errors: u32,
@@ -219,6 +246,8 @@ impl Default for Pop3Config {
         Pop3Config {
             max_line_bytes: 4096,
             autologout_secs: MIN_AUTOLOGOUT_SECS,
+            preauth_timeout_secs: 180,
+            max_connections_per_ip: 256,
             max_errors: 10,
             lock_ttl_secs: 60,
             mark_seen_on_retr: true,

@@ -106,6 +106,25 @@ fn worker_threads_env() -> EnvVar {
     }
 }
 
+/// The server's `net.memory_limit_bytes` from the container's memory limit (the
+/// node's allocatable memory when it has none), which sizes the pod's budget for
+/// client input in flight: the pod refuses transfers with a temporary error
+/// before it would reach the limit and be killed.
+fn memory_limit_env() -> EnvVar {
+    EnvVar {
+        name: "MAILCLUSTER_NET__MEMORY_LIMIT_BYTES".into(),
+        value_from: Some(EnvVarSource {
+            resource_field_ref: Some(ResourceFieldSelector {
+                resource: "limits.memory".into(),
+                divisor: Some(Quantity("1".into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// Database and Redis URLs, from Secrets: never in the ConfigMap, never in the spec.
 pub(crate) fn secret_envs(mc: &MailCluster) -> Vec<EnvVar> {
     vec![
@@ -237,6 +256,7 @@ pub fn deployment(
         env("MAILCLUSTER_PROTOCOLS", listeners.join(",")),
         env("MAILCLUSTER_DATA_DIR", DATA_DIR),
         worker_threads_env(),
+        memory_limit_env(),
     ];
     envs.extend(secret_envs(mc));
     let mut volumes = vec![config_map_volume("config", names::config_map(mc), &key)];

@@ -52,7 +52,7 @@ impl Session {
                 let mut meta = parse_meta(m.data);
                 meta.internal_offset_minutes = m.date.map(|d| d.offset().local_minus_utc() / 60);
                 NewDelivery {
-                    raw: bytes::Bytes::copy_from_slice(m.data),
+                    raw: shared_or_copied(&self.command, m.data),
                     meta,
                     internal_date: m.date.map(|d| d.to_utc()).unwrap_or(now),
                     targets: vec![mb.id],
@@ -146,6 +146,16 @@ impl Session {
 /// `UTF8 (` (a header field name ends at a colon, and a body needs a header
 /// before it), so such a literal is the client's message in that wrapper, and
 /// storing the wrapper would hand every reader a message without a header.
+/// `data` as a slice of `command` when it lies within it (the message is not
+/// held twice); a copy when the command was rewritten before parsing.
+fn shared_or_copied(command: &bytes::Bytes, data: &[u8]) -> bytes::Bytes {
+    let start = (data.as_ptr() as usize).wrapping_sub(command.as_ptr() as usize);
+    match start.checked_add(data.len()) {
+        Some(end) if start <= command.len() && end <= command.len() => command.slice(start..end),
+        _ => bytes::Bytes::copy_from_slice(data),
+    }
+}
+
 fn unwrap_utf8_in_literal(data: &[u8]) -> &[u8] {
     match data.strip_prefix(b"UTF8 (").and_then(|d| d.strip_suffix(b")")) {
         Some(message) => message,

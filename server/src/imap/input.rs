@@ -4,9 +4,12 @@
 //! before anything is taken from it, so both reads are safe to cancel (IDLE races
 //! the client's DONE against notifications).
 
+use std::sync::Arc;
+
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::net::budget::{Reservation, TransferBudget};
 pub use crate::net::input::LineOutcome;
 use crate::net::input::{fill, read_line};
 use crate::proto::frame::{Command, CommandFramer, Limits};
@@ -21,6 +24,9 @@ pub enum ReadOutcome {
     /// A literal was announced above the limit; `sync` says whether the client
     /// waits for a continuation (and so sent nothing more).
     LiteralTooLarge { tag: String, sync: bool, size: u64 },
+    /// A literal within the limits found the pod's transfer budget spent; `sync`
+    /// as above.
+    Busy { tag: String, sync: bool },
     /// The client closed the connection.
     Eof,
 }
@@ -28,11 +34,23 @@ pub enum ReadOutcome {
 pub struct Input {
     buf: BytesMut,
     framer: CommandFramer,
+    /// The pod's transfer budget held by the literals of the command being read,
+    /// or of the one last returned (it runs until the next is read).
+    literals: Reservation,
 }
 
 impl Input {
-    pub fn new(limits: Limits) -> Self {
-        Input { buf: BytesMut::with_capacity(8 * 1024), framer: CommandFramer::new(limits) }
+    pub fn new(limits: Limits, budget: &Arc<TransferBudget>) -> Self {
+        Input {
+            buf: BytesMut::with_capacity(8 * 1024),
+            framer: CommandFramer::new(limits),
+            literals: budget.start("imap"),
+        }
+    }
+
+    /// Limits for the commands read from now on.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.framer.set_limits(limits);
     }
 
     /// Drops buffered input: after STARTTLS, plaintext the client pipelined must not
@@ -41,6 +59,7 @@ impl Input {
     pub fn discard_buffered(&mut self) {
         self.buf.clear();
         self.framer.reset();
+        self.literals.clear();
     }
 
     /// The next complete command.
@@ -48,12 +67,19 @@ impl Input {
         &mut self,
         s: &mut S,
     ) -> std::io::Result<ReadOutcome> {
+        // The command before this one has been answered: its literals are gone.
+        self.literals.clear();
         loop {
-            match self.framer.next_command(&mut self.buf) {
+            let literals = &mut self.literals;
+            match self.framer.next_command_with(&mut self.buf, |size| literals.grow_to(size)) {
                 Command::Complete(cmd) => return Ok(ReadOutcome::Command(cmd)),
                 Command::LineTooLong => return Ok(ReadOutcome::LineTooLong),
                 Command::LiteralTooLarge { sync, size, tag } => {
                     return Ok(ReadOutcome::LiteralTooLarge { tag, sync, size });
+                }
+                Command::LiteralRefused { sync, tag, .. } => {
+                    self.literals.clear();
+                    return Ok(ReadOutcome::Busy { tag, sync });
                 }
                 Command::SendContinuation => {
                     s.write_all(b"+ Ready for literal data\r\n").await?;
@@ -84,7 +110,8 @@ mod tests {
     async fn a_synchronising_literal_gets_its_continuation_on_the_stream() {
         let (mut client, mut server) = tokio::io::duplex(1024);
         let task = tokio::spawn(async move {
-            let mut input = Input::new(Limits { max_line: 64, max_literal: 100 });
+            let budget = TransferBudget::new(1 << 20, &crate::metrics::Metrics::new());
+            let mut input = Input::new(Limits { max_line: 64, max_literal: 100 }, &budget);
             let a = input.read_command(&mut server).await.expect("read");
             let b = input.read_command(&mut server).await.expect("read");
             let eof = input.read_command(&mut server).await.expect("read");

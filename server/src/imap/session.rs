@@ -91,6 +91,11 @@ pub struct Session {
     pub(crate) search_modseq: bool,
     rate_window: Instant,
     rate_count: u32,
+    /// When an unauthenticated session is logged out, however busy it keeps
+    /// itself (`preauth_timeout_secs`).
+    login_deadline: Instant,
+    /// The command being run, as read: APPEND's messages are slices of it.
+    pub(crate) command: bytes::Bytes,
 }
 
 impl Session {
@@ -102,7 +107,8 @@ impl Session {
         tls: bool,
     ) -> Self {
         let cfg = app.config.imap.clone();
-        let input = Input::new(Limits { max_line: cfg.max_line_bytes, max_literal: cfg.max_literal_bytes });
+        let input = Input::new(preauth_limits(&cfg), &app.budget);
+        let login_deadline = Instant::now() + Duration::from_secs(cfg.preauth_timeout_secs);
         Session {
             app,
             cfg,
@@ -122,6 +128,8 @@ impl Session {
             search_modseq: false,
             rate_window: Instant::now(),
             rate_count: 0,
+            login_deadline,
+            command: bytes::Bytes::new(),
         }
     }
 
@@ -167,10 +175,16 @@ impl Session {
         self.push(&format!("* OK [CAPABILITY {caps}] Mailcluster IMAP4rev1 ready"));
         self.flush().await?;
         loop {
-            let timeout = Duration::from_secs(match self.state {
-                State::Authenticated(_) => self.cfg.autologout_secs,
-                State::NotAuthenticated => self.cfg.preauth_timeout_secs,
-            });
+            let (timeout, limits) = match self.state {
+                State::Authenticated(_) => (
+                    Duration::from_secs(self.cfg.autologout_secs),
+                    Limits { max_line: self.cfg.max_line_bytes, max_literal: self.cfg.max_literal_bytes },
+                ),
+                State::NotAuthenticated => {
+                    (self.login_deadline.saturating_duration_since(Instant::now()), preauth_limits(&self.cfg))
+                }
+            };
+            self.input.set_limits(limits);
             let mut shutdown = self.ctx.shutdown.clone();
             let read = tokio::select! {
                 r = tokio::time::timeout(timeout, self.input.read_command(&mut self.stream)) => r,
@@ -192,6 +206,27 @@ impl Session {
                         self.push("* BYE Closing connection");
                         return self.flush().await;
                     }
+                    // Before login a client has no business sending more than a
+                    // password: refused as a protocol error, as Dovecot's login
+                    // process does, and never continued.
+                    ReadOutcome::LiteralTooLarge { tag, sync: true, size } if self.account().is_none() => {
+                        self.push(&format!(
+                            "{tag} BAD [TOOBIG] Literal of {size} octets not allowed before login"
+                        ));
+                        self.flush().await?;
+                        continue;
+                    }
+                    ReadOutcome::Busy { tag, sync } => {
+                        self.push(&format!("{tag} NO [LIMIT] Server busy, try again later"));
+                        if sync {
+                            self.flush().await?;
+                            continue;
+                        }
+                        // The literal is on its way and will not be read: the
+                        // client cannot be kept in step (RFC 7888 §4).
+                        self.push("* BYE Closing connection");
+                        return self.flush().await;
+                    }
                     ReadOutcome::LiteralTooLarge { tag, sync: true, size } => {
                         // The client waits for "+" and has sent nothing more: refuse
                         // and carry on (RFC 7888 §4).
@@ -207,7 +242,13 @@ impl Session {
                 },
             };
             self.throttle().await;
-            if !self.execute(&cmd).await? {
+            // Shared, so that APPEND stores its literal without copying it.
+            let cmd = bytes::Bytes::from(cmd);
+            self.command = cmd.clone();
+            let keep = self.execute(&cmd).await;
+            self.command = bytes::Bytes::new();
+            drop(cmd);
+            if !keep? {
                 return self.flush().await;
             }
             self.flush().await?;
@@ -693,6 +734,13 @@ impl Session {
         }
         Outcome::ok(format!("{name} completed"))
     }
+}
+
+/// Before login: lines and literals no longer than a password or a SASL token
+/// needs.
+fn preauth_limits(cfg: &ImapConfig) -> Limits {
+    let cap = cfg.preauth_max_command_bytes;
+    Limits { max_line: cfg.max_line_bytes.min(cap), max_literal: cfg.max_literal_bytes.min(cap) }
 }
 
 /// The session state a command is valid in (RFC 3501 §3): any, authenticated

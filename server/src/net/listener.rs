@@ -50,15 +50,26 @@ pub struct ListenerSpec {
 }
 
 impl ListenerSpec {
-    /// A listener on `config.listen_addr:port` with the limits of `[net]`.
+    /// A listener on `config.listen_addr:port` with the limits of `[net]`, and
+    /// for IMAP and POP3 the per-IP cap of their own section too (SMTP's is kept
+    /// by its sessions): the smaller one that is set.
     pub fn from_config(name: &'static str, port: u16, tls: TlsMode, config: &Config) -> ListenerSpec {
         let net = &config.net;
+        let own = match name {
+            "imap" | "imaps" => config.imap.max_connections_per_ip,
+            "pop3" | "pop3s" => config.pop3.max_connections_per_ip,
+            _ => 0,
+        };
+        let max_connections_per_ip = match (net.max_connections_per_ip, own) {
+            (0, n) | (n, 0) => n,
+            (a, b) => a.min(b),
+        };
         ListenerSpec {
             name,
             addr: SocketAddr::new(config.listen_addr, port),
             tls,
             max_connections: net.max_connections,
-            max_connections_per_ip: net.max_connections_per_ip,
+            max_connections_per_ip,
             backlog: net.backlog,
             keepalive: (net.tcp_keepalive_secs > 0).then(|| Duration::from_secs(net.tcp_keepalive_secs)),
             proxy: net.proxy_protocol.enabled.then(|| net.proxy_protocol.trusted_cidrs.clone()),
@@ -200,6 +211,18 @@ impl Drop for GaugeGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imap_and_pop3_listeners_take_the_smaller_per_ip_cap() {
+        let mut config = Config::default();
+        let cap = |name, config: &Config| {
+            ListenerSpec::from_config(name, 0, TlsMode::Plain, config).max_connections_per_ip
+        };
+        assert_eq!((cap("imaps", &config), cap("pop3", &config), cap("smtp", &config)), (256, 256, 0));
+        config.net.max_connections_per_ip = 10;
+        config.pop3.max_connections_per_ip = 0;
+        assert_eq!((cap("imap", &config), cap("pop3s", &config), cap("submission", &config)), (10, 10, 10));
+    }
 
     #[test]
     fn counters_refuse_over_cap_and_release_on_drop() {

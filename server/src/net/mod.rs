@@ -155,6 +155,7 @@ pub struct ConnInfo {
     pub listener: &'static str,
 }
 
+pub mod budget;
 pub mod deflate;
 pub mod input;
 pub mod listener;

@@ -118,15 +118,29 @@ impl Session {
             self.err("[SYS/TEMP] Server shutting down");
             return self.flush().await;
         }
+        // The command line being read, at its longest, held against the pod's
+        // transfer budget for the session's life: POP3 takes nothing larger in.
+        let mut held = self.app.budget.start("pop3");
+        if !held.grow_to(self.lines.max_line()) {
+            self.err("[SYS/TEMP] Server busy, try again later");
+            return self.flush().await;
+        }
         self.ok("Mailcluster POP3 server ready");
         let autologout = Duration::from_secs(self.cfg.autologout_secs);
+        let login_deadline = Instant::now() + Duration::from_secs(self.cfg.preauth_timeout_secs);
         loop {
+            // Before login the session also ends at its deadline, however busy
+            // the client keeps it.
+            let timeout = match self.maildrop {
+                Some(_) => autologout,
+                None => autologout.min(login_deadline.saturating_duration_since(Instant::now())),
+            };
             if !self.lines.has_line(&self.input) || self.out.len() >= FLUSH_AT {
                 self.flush().await?;
             }
             let mut shutdown = self.ctx.shutdown.clone();
             let read = tokio::select! {
-                r = tokio::time::timeout(autologout, read_line(&mut self.stream, &mut self.input, &mut self.lines)) => r,
+                r = tokio::time::timeout(timeout, read_line(&mut self.stream, &mut self.input, &mut self.lines)) => r,
                 _ = shutdown.signalled() => {
                     self.err("[SYS/TEMP] Server shutting down");
                     return self.flush().await;

@@ -136,6 +136,10 @@ pub enum Command {
     /// above `max_literal + max_line`). `sync` says whether the client waits for a
     /// continuation (and so sent nothing more); the command is dropped either way.
     LiteralTooLarge { sync: bool, size: u64, tag: String },
+    /// A literal within the limits was announced, but the caller's admission
+    /// check (the pod's transfer budget) refused it; the command is dropped, and
+    /// `sync` says, as above, whether the client waits for a continuation.
+    LiteralRefused { sync: bool, size: u64, tag: String },
 }
 
 /// Splits IMAP input into commands: a line, and for every `{n}` / `{n+}` it ends
@@ -166,6 +170,12 @@ impl CommandFramer {
         self.literal_left
     }
 
+    /// New limits, for the next command (IMAP's are tighter before login).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.lines.max_line = limits.max_line;
+        self.max_literal = limits.max_literal;
+    }
+
     /// Drops the command being assembled and what is known of the buffer.
     pub fn reset(&mut self) {
         self.lines.reset();
@@ -175,9 +185,17 @@ impl CommandFramer {
 
     /// The next command of `buf`, which it removes from the buffer.
     pub fn next_command(&mut self, buf: &mut BytesMut) -> Command {
+        self.next_command_with(buf, |_| true)
+    }
+
+    /// As [`CommandFramer::next_command`], asking `admit` about every literal
+    /// within the limits, with the size the command takes once it is read,
+    /// before anything of it is kept or a continuation requested.
+    pub fn next_command_with(&mut self, buf: &mut BytesMut, mut admit: impl FnMut(usize) -> bool) -> Command {
         loop {
             if self.literal_left > 0 {
                 let take = self.literal_left.min(buf.len());
+                // Room was made for the whole literal when it was admitted.
                 self.command.extend_from_slice(&buf[..take]);
                 buf.advance(take);
                 self.literal_left -= take;
@@ -193,7 +211,7 @@ impl CommandFramer {
                     return Command::LineTooLong;
                 }
             };
-            self.command.extend_from_slice(&line);
+            extend_by_eighths(&mut self.command, &line);
             let Some((size, sync)) = literal_announcement(&line) else {
                 return Command::Complete(std::mem::take(&mut self.command));
             };
@@ -207,13 +225,29 @@ impl CommandFramer {
                 self.command = Vec::new();
                 return Command::LiteralTooLarge { sync, size, tag };
             }
+            if !admit(self.command.len() + size as usize) {
+                let tag = super::imap::tag_of(&self.command);
+                self.command = Vec::new();
+                return Command::LiteralRefused { sync, size, tag };
+            }
             self.literal_left = size as usize;
-            self.command.reserve(self.literal_left);
+            // Exactly: the admission counted these octets, not a doubled capacity.
+            self.command.reserve_exact(self.literal_left);
             if sync {
                 return Command::SendContinuation;
             }
         }
     }
+}
+
+/// Appends `bytes`, growing `v` by an eighth when it is full rather than
+/// doubling it: a command holding a large literal must not end up with twice its
+/// size in capacity because a short line followed the literal.
+fn extend_by_eighths(v: &mut Vec<u8>, bytes: &[u8]) {
+    if v.capacity() - v.len() < bytes.len() {
+        v.reserve_exact(bytes.len().max(v.len() / 8));
+    }
+    v.extend_from_slice(bytes);
 }
 
 /// `{123}\r\n` → (123, true); `{123+}\r\n` → (123, false). Looks only at the end of
@@ -248,6 +282,29 @@ mod tests {
 
     fn limits() -> Limits {
         Limits { max_line: 64, max_literal: 100 }
+    }
+
+    #[test]
+    fn a_literal_the_caller_refuses_is_dropped_before_its_continuation() {
+        let mut framer = CommandFramer::new(limits());
+        let mut buf = BytesMut::from(&b"a LOGIN {50}\r\n"[..]);
+        let mut asked = Vec::new();
+        let out = framer.next_command_with(&mut buf, |n| {
+            asked.push(n);
+            false
+        });
+        assert_eq!(out, Command::LiteralRefused { sync: true, size: 50, tag: "a".into() });
+        assert_eq!(asked, [b"a LOGIN {50}\r\n".len() + 50]);
+        // The framer is back in step: the next command is read as usual.
+        buf.extend_from_slice(b"b NOOP\r\n");
+        assert_eq!(framer.next_command(&mut buf), Command::Complete(b"b NOOP\r\n".to_vec()));
+        // Tighter limits apply from the next command on.
+        framer.set_limits(Limits { max_line: 64, max_literal: 10 });
+        buf.extend_from_slice(b"c LOGIN {11}\r\n");
+        assert_eq!(
+            framer.next_command(&mut buf),
+            Command::LiteralTooLarge { sync: true, size: 11, tag: "c".into() }
+        );
     }
 
     /// Feeds `input` in pieces of `step` octets, collecting what the framer says;

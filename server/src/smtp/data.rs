@@ -11,7 +11,7 @@
 //! through [`crate::delivery::Deliverer`]); any store failure answers 451 and
 //! nothing is acknowledged.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use chrono::Utc;
@@ -19,6 +19,7 @@ use chrono::Utc;
 use super::envelope::{Envelope, Target};
 use super::session::{Session, Step};
 use crate::cache::MailboxEvent;
+use crate::net::budget::Reservation;
 use crate::proto::frame::take_octets;
 use crate::proto::smtp::{DataDecoder, Reply, replies, trace_name};
 use crate::relay::deliver_dsn;
@@ -29,6 +30,9 @@ use crate::store::{DsnEvent, DsnRet, FlagSet, NewDelivery, NewQueueItem};
 /// does not stall the other sessions of this worker thread.
 const PARSE_INLINE_MAX: usize = 256 * 1024;
 
+/// Octets the first read of DATA content may bring, reserved before the `354`.
+const FIRST_READ: usize = 64 * 1024;
+
 /// A message being assembled from BDAT chunks.
 pub(super) struct BdatBody {
     /// Trace headers followed by the content received so far.
@@ -36,6 +40,16 @@ pub(super) struct BdatBody {
     /// Content octets received (kept or not).
     seen: usize,
     too_big: bool,
+    /// The pod's transfer budget taken by `buf`.
+    held: Reservation,
+    /// When the last chunk must have arrived (`data_deadline_secs`).
+    deadline: Instant,
+}
+
+/// The temporary refusal of a transfer the pod has no memory for now: the
+/// client tries again later, as after Postfix's "insufficient system storage".
+fn no_room() -> Reply {
+    Reply::new(452, "4.3.1", "Insufficient system storage, try again later")
 }
 
 impl Session {
@@ -53,14 +67,46 @@ impl Session {
             return Step::Continue;
         }
         let mut body = self.trace_headers(envelope);
+        // The content is held as it arrives: what the first read may bring is
+        // reserved before the client is told to send, the rest as it comes.
+        let mut held = self.app.budget.start("smtp");
+        if !held.grow_to(body.len() + FIRST_READ) {
+            self.reply(no_room());
+            self.count_delivery("tempfail");
+            return Step::Continue;
+        }
+        body.reserve_exact(FIRST_READ);
         self.reply(Reply::new(354, "", "Start mail input; end with <CRLF>.<CRLF>"));
+        self.data_deadline = Some(Instant::now() + Duration::from_secs(self.config().data_deadline_secs));
         let limit = self.config().max_message_size;
         let discard_bound = limit.saturating_add(self.config().max_discard_size);
-        let base = body.len();
+        let mut base = body.len();
         let mut decoder = DataDecoder::new(limit);
+        // The budget ran out on the way: the rest is read and dropped, and the
+        // message refused with a temporary error at its end.
+        let mut no_budget = false;
         loop {
+            // Room for what is buffered (content never grows in decoding) before
+            // the decoder writes it, so that the buffer grows within the
+            // reservation, by an eighth rather than by doubling.
+            let need = body.len() + self.rbuf.len();
+            if !no_budget && need > body.capacity() {
+                // Never past the size limit: the decoder keeps nothing beyond it.
+                let target = need.max(body.capacity() + body.capacity() / 8).min(base + limit);
+                if held.grow_to(target) {
+                    body.reserve_exact(target.saturating_sub(body.len()));
+                } else {
+                    no_budget = true;
+                    body = Vec::new();
+                    base = 0;
+                    held.clear();
+                }
+            }
             let n = decoder.decode(&self.rbuf, &mut body, base);
             self.rbuf.advance(n);
+            if no_budget {
+                body.clear();
+            }
             if decoder.is_done() {
                 break;
             }
@@ -77,7 +123,13 @@ impl Session {
         }
         self.cmd_started = Instant::now();
         let flaws = decoder.flaws();
-        if flaws.too_big {
+        if no_budget && decoder.seen() <= limit {
+            self.envelope = None;
+            self.reply(no_room());
+            self.count_delivery("tempfail");
+            return Step::Continue;
+        }
+        if flaws.too_big || decoder.seen() > limit {
             self.envelope = None;
             self.reply(replies::message_too_big());
             self.count_delivery("rejected");
@@ -94,6 +146,7 @@ impl Session {
             return Step::Continue;
         }
         let reply = self.finish_message(body, decoder.seen()).await;
+        drop(held);
         self.reply(reply);
         Step::Continue
     }
@@ -127,9 +180,11 @@ impl Session {
                     Some(e) => self.trace_headers(e),
                     None => Vec::new(),
                 };
-                BdatBody { buf, seen: 0, too_big: false }
+                let deadline = Instant::now() + Duration::from_secs(self.config().data_deadline_secs);
+                BdatBody { buf, seen: 0, too_big: false, held: self.app.budget.start("smtp"), deadline }
             }
         };
+        self.data_deadline = Some(body.deadline);
         if body.seen.saturating_add(size) > discard_bound {
             self.envelope = None;
             self.reply(replies::message_too_big());
@@ -140,6 +195,24 @@ impl Session {
             body.too_big = true;
             // Release what was kept: it will not be stored.
             body.buf = Vec::new();
+            body.held.clear();
+        }
+        // The chunk's announced size is reserved before any of it is kept (with
+        // the CRLF a last chunk may need); without room the chunk is read and
+        // dropped, and the transaction ends with a temporary error.
+        let room = body.buf.len().saturating_add(size).saturating_add(2);
+        if !body.too_big && !body.held.grow_to(room) {
+            self.envelope = None;
+            drop(body);
+            if let Err(step) = self.discard(stream, size).await {
+                return step;
+            }
+            self.reply(no_room());
+            self.count_delivery("tempfail");
+            return Step::Continue;
+        }
+        if !body.too_big {
+            body.buf.reserve_exact(room - body.buf.len());
         }
         let mut left = size;
         while left > 0 {
@@ -175,7 +248,9 @@ impl Session {
         if !body.buf.ends_with(b"\r\n") && body.seen > 0 {
             body.buf.extend_from_slice(b"\r\n");
         }
-        let reply = self.finish_message(body.buf, body.seen).await;
+        let BdatBody { buf, seen, held, .. } = body;
+        let reply = self.finish_message(buf, seen).await;
+        drop(held);
         self.reply(reply);
         Step::Continue
     }
@@ -457,6 +532,8 @@ impl Session {
         .await;
         match verdict {
             crate::inbound::Verdict::Accept { header, junk: j } => {
+                // Exactly: a full buffer would otherwise double for one header.
+                raw.reserve_exact(header.len());
                 raw.splice(trace_end..trace_end, header.into_bytes());
                 *junk = j;
                 None
@@ -546,6 +623,7 @@ fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
             raw.len()
         }
     };
+    raw.reserve_exact(added.len());
     raw.splice(at..at, added);
 }
 

@@ -66,6 +66,11 @@ pub(super) struct Session {
     /// the content so the duration metric measures the server, not the upload.
     pub(super) cmd_started: Instant,
     last_class: &'static str,
+    /// While message content is read: when the whole of it must have arrived
+    /// (`data_deadline_secs`).
+    pub(super) data_deadline: Option<Instant>,
+    /// Submission: when a session still without AUTH is closed.
+    login_deadline: Option<Instant>,
 }
 
 impl Session {
@@ -79,6 +84,9 @@ impl Session {
         // RFC 5321 §4.5.3.1.4: 512 octets, CRLF included, is the least a server
         // must accept.
         let max_line = app.config.smtp.max_line_length.max(512);
+        let login_deadline = kind
+            .is_submission()
+            .then(|| Instant::now() + Duration::from_secs(app.config.smtp.preauth_timeout_secs));
         Session {
             app,
             kind,
@@ -100,6 +108,8 @@ impl Session {
             junk: 0,
             cmd_started: Instant::now(),
             last_class: "2xx",
+            data_deadline: None,
+            login_deadline,
         }
     }
 
@@ -183,6 +193,8 @@ impl Session {
 
     async fn dispatch(&mut self, line: &[u8], stream: &mut SessionStream) -> Step {
         self.cmd_started = Instant::now();
+        // Set by DATA and BDAT for the content they read, never left over.
+        self.data_deadline = None;
         // RFC 5321 §2.3.8: CRLF is the only line ending a server may recognise.
         // A command ended by a bare LF is refused, not run: the same rule as
         // message content, so no line means one thing here and another to the
@@ -312,6 +324,15 @@ impl Session {
         } else {
             (Duration::from_secs(self.config().command_timeout_secs), COMMAND_READ)
         };
+        // The deadlines cut a client that keeps each read inside its timeout.
+        let deadline = match (data, self.account.is_none()) {
+            (true, _) => self.data_deadline,
+            (false, true) => self.login_deadline,
+            (false, false) => None,
+        };
+        let now = Instant::now();
+        let cut = deadline.filter(|d| d.saturating_duration_since(now) < timeout);
+        let timeout = cut.map_or(timeout, |d| d.saturating_duration_since(now));
         self.rbuf.reserve(chunk);
         let rbuf = &mut self.rbuf;
         let shutdown = &mut self.shutdown;
@@ -334,7 +355,19 @@ impl Session {
                 Err(Step::Close)
             }
             Some(Err(_elapsed)) => {
-                let r = replies::timeout(self.hostname());
+                let r = match (cut.is_some(), data) {
+                    (false, _) => replies::timeout(self.hostname()),
+                    (true, true) => Reply::new(
+                        421,
+                        "4.4.2",
+                        format!("{} Message content took too long, closing connection", self.hostname()),
+                    ),
+                    (true, false) => Reply::new(
+                        421,
+                        "4.7.0",
+                        format!("{} No authentication in time, closing connection", self.hostname()),
+                    ),
+                };
                 self.reply(r);
                 Err(Step::Close)
             }
