@@ -294,9 +294,10 @@ async fn senders(store: &dyn Store, command: &SendersCommand) -> Result<(), Fail
     match command {
         SendersCommand::Add { email, addresses } => {
             let account = existing_account(store, email).await?;
-            for address in addresses {
+            // said back as stored: addresses are kept lower-cased
+            for address in addresses.iter().map(|a| a.trim().to_lowercase()) {
                 store
-                    .account_sender_add(&account.email, address)
+                    .account_sender_add(&account.email, &address)
                     .await
                     .with_context(|| format!("cannot allow {} to send as {address}", account.email))?;
                 eprintln!("{} may send as {address}", account.email);
@@ -304,9 +305,9 @@ async fn senders(store: &dyn Store, command: &SendersCommand) -> Result<(), Fail
         }
         SendersCommand::Del { email, addresses } => {
             let account = existing_account(store, email).await?;
-            for address in addresses {
+            for address in addresses.iter().map(|a| a.trim().to_lowercase()) {
                 store
-                    .account_sender_del(&account.email, address)
+                    .account_sender_del(&account.email, &address)
                     .await
                     .with_context(|| format!("cannot withdraw {address} from {}", account.email))?;
                 eprintln!("{} may no longer send as {address}", account.email);
