@@ -51,6 +51,7 @@ cat >"$WORK/outbound.toml" <<TOML
 nameservers = ["$DNS_ADDR"]
 [relay]
 remote_port = $SINK_PORT
+allowed_private_networks = ["127.0.0.0/8"]
 [[dkim.keys]]
 domain = "example.test"
 selector = "bench"

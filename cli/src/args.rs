@@ -145,6 +145,32 @@ pub enum UserCommand {
         #[arg(value_parser = parse_quota)]
         size: Option<QuotaSetting>,
     },
+    /// The addresses an account may send as on submission besides its own, its
+    /// aliases' and their subaddresses: full addresses or `@domain` for all of a
+    /// domain's, e.g. `user senders add alice@example.com sales@example.com`.
+    Senders {
+        #[command(subcommand)]
+        command: SendersCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SendersCommand {
+    /// Allow the account to send as each ADDRESS.
+    Add {
+        email: String,
+        #[arg(required = true)]
+        addresses: Vec<String>,
+    },
+    /// Withdraw what `senders add` allowed.
+    Del {
+        email: String,
+        #[arg(required = true)]
+        addresses: Vec<String>,
+    },
+    /// List what the account may send as besides its own address: `alias ADDRESS`
+    /// and `allowed ADDRESS` lines.
+    List { email: String },
 }
 
 /// A quota limit as given on the command line.

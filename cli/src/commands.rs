@@ -12,8 +12,8 @@ use mailcluster_server::store::{Quota, Store, StoreError};
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
-    AliasCommand, ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting, ServeArgs,
-    UserCommand,
+    AliasCommand, ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting,
+    SendersCommand, ServeArgs, UserCommand,
 };
 use crate::failure::Failure;
 
@@ -282,8 +282,50 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
                 store.quota(account.id).await.with_context(|| format!("cannot read the quota of {email}"))?;
             eprintln!("quota of {}: {}", account.email, describe_limit(quota.limit()));
         }
+        (UserCommand::Senders { command }, _) => senders(&*store, command).await?,
         (UserCommand::Add { .. } | UserCommand::Passwd { .. }, None) => {
             unreachable!("the password is read above for add and passwd")
+        }
+    }
+    Ok(())
+}
+
+async fn senders(store: &dyn Store, command: &SendersCommand) -> Result<(), Failure> {
+    match command {
+        SendersCommand::Add { email, addresses } => {
+            let account = existing_account(store, email).await?;
+            // said back as stored: addresses are kept lower-cased
+            for address in addresses.iter().map(|a| a.trim().to_lowercase()) {
+                store
+                    .account_sender_add(&account.email, &address)
+                    .await
+                    .with_context(|| format!("cannot allow {} to send as {address}", account.email))?;
+                eprintln!("{} may send as {address}", account.email);
+            }
+        }
+        SendersCommand::Del { email, addresses } => {
+            let account = existing_account(store, email).await?;
+            for address in addresses.iter().map(|a| a.trim().to_lowercase()) {
+                store
+                    .account_sender_del(&account.email, &address)
+                    .await
+                    .with_context(|| format!("cannot withdraw {address} from {}", account.email))?;
+                eprintln!("{} may no longer send as {address}", account.email);
+            }
+        }
+        SendersCommand::List { email } => {
+            let account = existing_account(store, email).await?;
+            let rights = store
+                .sender_rights(&account.email)
+                .await
+                .with_context(|| format!("cannot read the senders of {email}"))?;
+            let mut out = std::io::stdout().lock();
+            for alias in rights.aliases {
+                writeln!(out, "alias {alias}")?;
+            }
+            for allowed in rights.allowed {
+                writeln!(out, "allowed {allowed}")?;
+            }
         }
     }
     Ok(())

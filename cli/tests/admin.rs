@@ -99,6 +99,33 @@ fn administer(cwd: &Path, env: &[(&str, &str)]) {
     }
     let out = run(cwd, &["alias", "add", "team@example.org"], env);
     assert_eq!(out.code, Some(2), "an alias needs a target: {}", out.stderr);
+
+    // Senders: what an account may submit as besides its own address.
+    let out =
+        run(cwd, &["user", "senders", "add", "alice@example.com", "Sales@Example.com", "@Brand.test"], env);
+    out.ok();
+    assert_eq!(
+        out.stderr,
+        "alice@example.com may send as sales@example.com\nalice@example.com may send as @brand.test\n"
+    );
+    let out = run(cwd, &["user", "senders", "list", "alice@example.com"], env);
+    out.ok();
+    assert_eq!(out.stdout, "alias team@example.org\nallowed @brand.test\nallowed sales@example.com\n");
+    for refused in [
+        ["user", "senders", "add", "alice@example.com", "sales@example.com"],
+        ["user", "senders", "add", "nobody@example.com", "x@example.com"],
+        ["user", "senders", "add", "alice@example.com", "not an address"],
+        ["user", "senders", "del", "alice@example.com", "never@example.com"],
+    ] {
+        let out = run(cwd, &refused, env);
+        assert_eq!(out.code, Some(1), "{refused:?}: {}", out.stderr);
+        out.assert_no_panic();
+    }
+    let out = run(cwd, &["user", "senders", "add", "alice@example.com"], env);
+    assert_eq!(out.code, Some(2), "an address is needed: {}", out.stderr);
+    run(cwd, &["user", "senders", "del", "alice@example.com", "sales@example.com"], env).ok();
+    let out = run(cwd, &["user", "senders", "list", "alice@example.com"], env);
+    assert_eq!(out.stdout, "alias team@example.org\nallowed @brand.test\n");
     run(cwd, &["alias", "del", "team@example.org", "bob@example.org"], env).ok();
     let out = run(cwd, &["alias", "list", "--domain", "example.org"], env);
     assert_eq!(out.stdout, "team@example.org alice@example.com\n");

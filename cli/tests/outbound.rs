@@ -63,7 +63,7 @@ fn start_with(o: &Org, peer_port: u16, dns: SocketAddr, user: &str, top: &str, r
         "hostname = \"mx.{d}\"\n\
          data_dir = \"{dir}\"\n{top}\n\
          [dns]\nnameservers = [\"{dns}\"]\n\
-         [relay]\nremote_port = {peer_port}\npoll_interval_ms = 200\n{relay}\n\
+         [relay]\nremote_port = {peer_port}\npoll_interval_ms = 200\nallowed_private_networks = [\"127.0.0.0/8\"]\n{relay}\n\
          [inbound]\ntrusted_networks = []\n\
          [[dkim.keys]]\ndomain = \"{d}\"\nselector = \"mail\"\nkey_file = \"{dir}/dkim.key\"\nalgorithm = \"ed25519\"\n",
         d = o.domain,

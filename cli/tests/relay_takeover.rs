@@ -43,6 +43,7 @@ fn claim_of_a_killed_pod_is_taken_over_after_its_lease() {
         ("MAILCLUSTER_RELAY__LEASE_SECS", lease.as_str()),
         ("MAILCLUSTER_RELAY__POLL_INTERVAL_MS", "200"),
         ("MAILCLUSTER_DNS__NAMESERVERS", dns_addr.as_str()),
+        ("MAILCLUSTER_RELAY__ALLOWED_PRIVATE_NETWORKS", "[\"127.0.0.0/8\"]"),
     ]);
     common::run(dir.path(), &["migrate"], &env).ok();
 

@@ -48,9 +48,9 @@ fn main() {
         })
         .expect("load");
         let sign = per_message(n, || {
-            std::hint::black_box(signer.sign(std::hint::black_box(&message)));
+            std::hint::black_box(signer.sign("example.com", std::hint::black_box(&message)));
         });
-        let mut signed = signer.sign(&message).expect("signed").into_bytes();
+        let mut signed = signer.sign("example.com", &message).expect("signed").into_bytes();
         signed.extend_from_slice(&message);
 
         let zone = format!("s1._domainkey 60 IN TXT {}\n", key.zone_value());

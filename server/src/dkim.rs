@@ -76,11 +76,13 @@ impl Signer {
         self.keys.is_empty()
     }
 
-    /// The `DKIM-Signature` header field (with its CRLF) for `message`, signed by
-    /// the key of its `From:` domain (or the closest parent domain with a key);
-    /// None when no key covers it.
-    pub fn sign(&self, message: &[u8]) -> Option<String> {
-        let domain = from_domain(message)?;
+    /// The `DKIM-Signature` header field (with its CRLF) for `message`, signed
+    /// by the key of `domain` (or of its closest parent domain with a key);
+    /// None when no key covers it. The caller names the domain: the one of a
+    /// `From:` address the sender was found entitled to, never whatever the
+    /// message's header says.
+    pub fn sign(&self, domain: &str, message: &[u8]) -> Option<String> {
+        let domain = domain.trim_end_matches('.').to_ascii_lowercase();
         let (d, key) = self.key_for(&domain)?;
         let signature = match key {
             DomainKey::Ed25519(signer) => signer.sign(message),
@@ -130,14 +132,6 @@ fn parse_pem_key(pem: &[u8]) -> anyhow::Result<PrivateKeyDer<'static>> {
         Ok(None) => anyhow::bail!("no private key in the file (expected PEM)"),
         Err(e) => anyhow::bail!("malformed PEM: {e}"),
     }
-}
-
-/// The domain of the first address in the `From:` header, lowercase.
-fn from_domain(message: &[u8]) -> Option<String> {
-    let parsed = mail_parser::MessageParser::new().parse_headers(message)?;
-    let from = parsed.from()?.first()?.address()?;
-    let domain = from.rsplit_once('@')?.1.trim().trim_end_matches('.').to_ascii_lowercase();
-    (!domain.is_empty()).then_some(domain)
 }
 
 /// A new key as `mailcluster dkim generate` writes it.
@@ -228,7 +222,7 @@ mod tests {
         for alg in ["ed25519", "rsa"] {
             let signer = signer_with(alg, dir.path());
             let msg = b"From: A <a@mail.example.org>\r\nTo: b@else.test\r\nSubject: hi\r\n\r\nbody\r\n";
-            let header = signer.sign(msg).expect("signed");
+            let header = signer.sign("mail.example.org", msg).expect("signed");
             assert!(header.starts_with("DKIM-Signature:"), "{header}");
             let want = if alg == "rsa" { "a=rsa-sha256" } else { "a=ed25519-sha256" };
             assert!(
@@ -236,8 +230,10 @@ mod tests {
                 "{header}"
             );
             assert!(header.ends_with("\r\n"));
-            assert!(signer.sign(b"From: x@other.test\r\n\r\nbody\r\n").is_none());
-            assert!(signer.sign(b"Subject: no from\r\n\r\n").is_none());
+            assert!(signer.sign("other.test", b"From: x@other.test\r\n\r\nbody\r\n").is_none());
+            // the domain named, not the header's
+            assert!(signer.sign("other.test", msg).is_none());
+            assert!(signer.sign("notexample.org", msg).is_none());
         }
     }
 

@@ -25,8 +25,10 @@ use mailcluster_api::config::InboundAuthConfig;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Deliver, with this `Authentication-Results` header field (CRLF-terminated)
-    /// on top; `junk`: into the recipients' Junk mailbox (DMARC p=quarantine).
-    Accept { header: String, junk: bool },
+    /// on top; `junk`: into the recipients' Junk mailbox (DMARC p=quarantine);
+    /// `verified`: the MAIL FROM domain passed SPF or the message passed DMARC,
+    /// so reports may go to the sender (anyone else's address may be forged).
+    Accept { header: String, junk: bool, verified: bool },
     /// 550 5.7.1 with this text (DMARC p=reject).
     Reject(String),
     /// 451 with this enhanced status and text.
@@ -96,7 +98,8 @@ async fn evaluate(
         if spf.result() == SpfResult::TempError {
             return Verdict::Defer("4.4.3", "Temporary DNS failure checking SPF; try again later".into());
         }
-        return Verdict::Accept { header: results.to_header(), junk: false };
+        let verified = spf.result() == SpfResult::Pass && !envelope.mail_from.is_empty();
+        return Verdict::Accept { header: results.to_header(), junk: false, verified };
     };
     let header_from = parsed.from.first().cloned().unwrap_or_default();
     // The other names known before the checks run: each signature's key and the
@@ -126,6 +129,8 @@ async fn evaluate(
     if temp {
         return Verdict::Defer("4.4.3", "Temporary DNS failure checking the sender; try again later".into());
     }
+    let verified = dmarc_result == DmarcResult::Pass
+        || (spf.result() == SpfResult::Pass && !envelope.mail_from.is_empty());
     if config.enforce_dmarc && matches!(dmarc_result, DmarcResult::Fail(_)) {
         match dmarc.policy() {
             Policy::Reject => {
@@ -134,11 +139,81 @@ async fn evaluate(
                     dmarc.domain()
                 ));
             }
-            Policy::Quarantine => return Verdict::Accept { header, junk: true },
+            Policy::Quarantine => return Verdict::Accept { header, junk: true, verified },
             Policy::None | Policy::Unspecified => {}
         }
     }
-    Verdict::Accept { header, junk: false }
+    Verdict::Accept { header, junk: false, verified }
+}
+
+/// Removes the `Authentication-Results` fields of the header section starting
+/// at `start` whose authserv-id is `authserv_id` (RFC 8601 §5: a receiver must
+/// not let results that claim to be its own arrive from outside, or a forged
+/// `dkim=pass` would read as this server's verdict). Other servers' results
+/// stay. One pass over the header, whatever its shape.
+pub fn remove_our_results(raw: &mut Vec<u8>, start: usize, authserv_id: &str) {
+    let mut kept = Vec::with_capacity(raw.len());
+    kept.extend_from_slice(&raw[..start.min(raw.len())]);
+    let mut at = start.min(raw.len());
+    let mut removed = false;
+    while at < raw.len() {
+        // a field: its line and the continuation lines after it
+        let mut end = at;
+        loop {
+            end = memchr::memchr(b'\n', &raw[end..]).map_or(raw.len(), |p| end + p + 1);
+            if end >= raw.len() || !matches!(raw[end], b' ' | b'\t') {
+                break;
+            }
+        }
+        let field = &raw[at..end];
+        if field == b"\r\n" || field == b"\n" {
+            break;
+        }
+        if is_our_result(field, authserv_id) {
+            removed = true;
+        } else {
+            kept.extend_from_slice(field);
+        }
+        at = end;
+    }
+    if removed {
+        kept.extend_from_slice(&raw[at..]);
+        *raw = kept;
+    }
+}
+
+/// Whether a header field is `Authentication-Results` naming `authserv_id`.
+fn is_our_result(field: &[u8], authserv_id: &str) -> bool {
+    const NAME: &[u8] = b"authentication-results";
+    let Some(colon) = memchr::memchr(b':', field) else { return false };
+    if !field[..colon].trim_ascii_end().eq_ignore_ascii_case(NAME) {
+        return false;
+    }
+    // CFWS, then the authserv-id: a token or a quoted string (RFC 8601 §2.2)
+    let value = &field[colon + 1..];
+    let mut i = 0;
+    let mut depth = 0usize;
+    while i < value.len() {
+        match value[i] {
+            b'(' => depth += 1,
+            b')' if depth > 0 => depth -= 1,
+            b'\\' if depth > 0 => i += 1,
+            b' ' | b'\t' | b'\r' | b'\n' => {}
+            _ if depth > 0 => {}
+            _ => break,
+        }
+        i += 1;
+    }
+    let rest = &value[i.min(value.len())..];
+    let id: Vec<u8> = match rest.strip_prefix(b"\"") {
+        Some(quoted) => quoted.iter().take_while(|&&b| b != b'"').copied().collect(),
+        None => rest
+            .iter()
+            .take_while(|&&b| !matches!(b, b';' | b' ' | b'\t' | b'\r' | b'\n' | b'('))
+            .copied()
+            .collect(),
+    };
+    id.eq_ignore_ascii_case(authserv_id.as_bytes())
 }
 
 /// The names the DMARC tree walk (RFC 9989 §4.10) asks, as mail-auth walks it: the
@@ -164,7 +239,32 @@ fn dmarc_tree_walk(domain: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::dmarc_tree_walk;
+    use super::{dmarc_tree_walk, remove_our_results};
+
+    #[test]
+    fn our_authentication_results_are_removed_and_others_kept() {
+        let header = "Return-Path: <a@b.test>\r\n\
+            Authentication-Results: mx.example.org; dkim=pass\r\n\
+            authentication-results :(comment (nested)) \"MX.Example.Org\";\r\n\tspf=pass\r\n\
+            Authentication-Results: mx.example.org.evil; dkim=pass\r\n\
+            Authentication-Results: other.test; dkim=fail\r\n\
+            Subject: s\r\n\r\n\
+            Authentication-Results: mx.example.org; in the body\r\n";
+        let mut raw = header.as_bytes().to_vec();
+        remove_our_results(&mut raw, 0, "mx.example.org");
+        let out = String::from_utf8(raw).unwrap();
+        assert_eq!(
+            out,
+            "Return-Path: <a@b.test>\r\n\
+             Authentication-Results: mx.example.org.evil; dkim=pass\r\n\
+             Authentication-Results: other.test; dkim=fail\r\n\
+             Subject: s\r\n\r\n\
+             Authentication-Results: mx.example.org; in the body\r\n"
+        );
+        let mut untouched = b"Subject: x\r\n\r\nbody".to_vec();
+        remove_our_results(&mut untouched, 0, "mx.example.org");
+        assert_eq!(untouched, b"Subject: x\r\n\r\nbody");
+    }
 
     #[test]
     fn dmarc_tree_walk_names() {

@@ -60,6 +60,13 @@ pub struct SmtpMetricVecs {
     pub messages_total: IntCounterVec,
     /// `mail_smtp_bytes_total{listener}`: message octets accepted.
     pub bytes_total: IntCounterVec,
+    /// `mail_smtp_sender_refusals_total{listener,reason}` (sender|header|
+    /// message_rate|recipient_rate): submissions refused for a sender the
+    /// account may not use, or past its hourly sending limits.
+    pub sender_refusals: IntCounterVec,
+    /// `mail_smtp_bounces_dropped_total{listener}`: failure reports to
+    /// senders that passed neither SPF nor DMARC, dropped past their limits.
+    pub bounces_dropped: IntCounterVec,
 }
 
 /// IMAP's own series, shared by the `imap` and `imaps` listeners of a process.
@@ -186,6 +193,16 @@ impl Metrics {
                 "Message octets accepted over SMTP",
                 &["listener"],
             ),
+            sender_refusals: counters(
+                "mail_smtp_sender_refusals_total",
+                "Submissions refused for a sender the account may not use (sender: MAIL FROM; header: From, Sender, Resent-*) or past its hourly sending limits (message_rate, recipient_rate)",
+                &["listener", "reason"],
+            ),
+            bounces_dropped: counters(
+                "mail_smtp_bounces_dropped_total",
+                "Failure reports to senders that passed neither SPF nor DMARC, dropped past the hourly limits of their address or domain",
+                &["listener"],
+            ),
         };
         let imap = ImapMetrics {
             idle_sessions: gauge("mail_imap_idle_sessions", "IMAP sessions in IDLE"),
@@ -234,6 +251,8 @@ impl Metrics {
             Box::new(smtp.delivery_seconds.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(smtp.messages_total.clone()),
             Box::new(smtp.bytes_total.clone()),
+            Box::new(smtp.sender_refusals.clone()),
+            Box::new(smtp.bounces_dropped.clone()),
             Box::new(imap.idle_sessions.clone()),
             Box::new(imap.select_cache.clone()),
             Box::new(imap.change_checks.clone()),

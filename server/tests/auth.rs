@@ -92,6 +92,15 @@ impl Store for DownStore {
     async fn alias_targets(&self, _: &str) -> StoreResult<Vec<String>> {
         down_store()
     }
+    async fn account_sender_add(&self, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn account_sender_del(&self, _: &str, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn sender_rights(&self, _: &str) -> StoreResult<SenderRights> {
+        down_store()
+    }
     async fn mailbox_list(&self, _: i64) -> StoreResult<Vec<Mailbox>> {
         down_store()
     }

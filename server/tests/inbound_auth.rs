@@ -66,7 +66,7 @@ async fn verdict(w: &World, ip: &str, mail_from: &str, message: &[u8]) -> Verdic
 }
 
 fn signed(w: &World) -> Vec<u8> {
-    let mut m = w.signer.sign(MESSAGE).expect("signed").into_bytes();
+    let mut m = w.signer.sign("org-a.test", MESSAGE).expect("signed").into_bytes();
     m.extend_from_slice(MESSAGE);
     m
 }
@@ -75,7 +75,7 @@ fn signed(w: &World) -> Vec<u8> {
 async fn aligned_spf_and_dkim_pass() {
     let w = world("reject").await;
     let v = verdict(&w, "127.0.0.1", "alice@org-a.test", &signed(&w)).await;
-    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    let Verdict::Accept { header, junk: false, .. } = v else { panic!("{v:?}") };
     assert!(header.starts_with("Authentication-Results: mx.org-b.test;"), "{header}");
     for want in
         ["dkim=pass", "spf=pass", "dmarc=pass", "header.d=org-a.test", "smtp.mailfrom=alice@org-a.test"]
@@ -88,7 +88,7 @@ async fn aligned_spf_and_dkim_pass() {
 async fn rsa_key_longer_than_one_txt_string_verifies() {
     let w = world_with("reject", "rsa").await;
     let v = verdict(&w, "127.0.0.9", "alice@org-a.test", &signed(&w)).await;
-    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    let Verdict::Accept { header, junk: false, .. } = v else { panic!("{v:?}") };
     assert!(header.contains("dkim=pass") && header.contains("dmarc=pass"), "{header}");
 }
 
@@ -96,7 +96,7 @@ async fn rsa_key_longer_than_one_txt_string_verifies() {
 async fn dkim_alone_passes_dmarc_from_outside_spf() {
     let w = world("reject").await;
     let v = verdict(&w, "127.0.0.9", "alice@org-a.test", &signed(&w)).await;
-    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    let Verdict::Accept { header, junk: false, .. } = v else { panic!("{v:?}") };
     assert!(
         header.contains("spf=fail") && header.contains("dkim=pass") && header.contains("dmarc=pass"),
         "{header}"
@@ -115,7 +115,7 @@ async fn forgery_is_rejected_under_p_reject_and_junked_under_quarantine() {
 
     let w = world("quarantine").await;
     let v = verdict(&w, "127.0.0.9", "alice@org-a.test", MESSAGE).await;
-    let Verdict::Accept { header, junk: true } = v else { panic!("{v:?}") };
+    let Verdict::Accept { header, junk: true, .. } = v else { panic!("{v:?}") };
     assert!(header.contains("dmarc=fail"), "{header}");
 
     let w = world("none").await;
@@ -128,7 +128,7 @@ async fn unknown_domain_has_no_policy_and_passes_as_none() {
     let w = world("reject").await;
     let msg = b"From: x@nowhere.test\r\nSubject: s\r\n\r\nb\r\n";
     let v = verdict(&w, "127.0.0.9", "x@nowhere.test", msg).await;
-    let Verdict::Accept { header, junk: false } = v else { panic!("{v:?}") };
+    let Verdict::Accept { header, junk: false, .. } = v else { panic!("{v:?}") };
     assert!(header.contains("spf=none") && header.contains("dmarc=none"), "{header}");
 }
 

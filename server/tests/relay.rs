@@ -56,6 +56,8 @@ impl Setup {
         config.relay.command_timeout_secs = 2;
         config.relay.connect_timeout_secs = 2;
         config.relay.delay_notice_secs = 0;
+        // the remote test servers listen on loopback
+        config.relay.allowed_private_networks = vec!["127.0.0.0/8".parse().unwrap()];
         tweak(&mut config);
         let store =
             mailcluster_server::store::open(None, dir.path(), 4, Duration::from_secs(5)).await.unwrap();
@@ -404,6 +406,38 @@ async fn expiry_and_delay_notice_reach_the_sender() {
         failed[0]
     );
     assert!(s.remote.received().is_empty());
+    s.stop().await;
+}
+
+/// A relay is not a port scanner: MX hosts, and a domain's own address when
+/// it has no MX, on loopback, private (RFC 1918, ULA), link-local or other
+/// non-global addresses are not connected to unless
+/// `relay.allowed_private_networks` lists them; the message waits (and would
+/// bounce at expiry) with a diagnostic saying why.
+#[tokio::test]
+async fn mx_targets_on_non_global_addresses_are_refused() {
+    let zone = "private 60 IN MX 10 ten.remote.test.\nten 60 IN A 10.1.2.3\n\
+                ula 60 IN MX 10 fd.remote.test.\nfd 60 IN AAAA fd00::25\n\
+                linklocal 60 IN MX 10 ll.remote.test.\nll 60 IN AAAA fe80::1\n\
+                bare 60 IN A 127.0.0.1\n";
+    let s = Setup::start(zone, |c| c.relay.allowed_private_networks = Vec::new()).await;
+    for (rcpt, address) in [
+        ("x@remote.test", "127.0.0.1"),
+        ("x@private.remote.test", "10.1.2.3"),
+        ("x@ula.remote.test", "fd00::25"),
+        ("x@linklocal.remote.test", "fe80::1"),
+        ("x@bare.remote.test", "127.0.0.1"),
+    ] {
+        let id = s.enqueue("sender@local.test", &[rcpt], chrono::Duration::days(1)).await;
+        let error = s.deferred(id, Duration::from_secs(20)).await.last_error.unwrap_or_default();
+        assert!(
+            error.contains("non-global addresses")
+                && error.contains(address)
+                && error.contains("allowed_private_networks"),
+            "{rcpt}: {error}"
+        );
+    }
+    assert_eq!(s.remote.connections(), 0, "no connection to any of them");
     s.stop().await;
 }
 

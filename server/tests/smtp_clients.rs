@@ -3,66 +3,13 @@
 
 mod smtp_support;
 
-use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
-use mailcluster_server::smtp::SmtpProtocol;
 use mailcluster_server::store::Store as _;
+use smtp_support::sockets::{listen, tls_provider};
 use smtp_support::{Backend, Harness, PASSWORD, config};
-use tokio::net::TcpListener;
-
-fn tls_provider() -> TlsProvider {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
-    let cert = ck.cert.der().clone();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .expect("server config");
-    TlsProvider::from_config(Arc::new(cfg))
-}
-
-/// Serves `proto` on an ephemeral port; `implicit_tls` wraps each connection in
-/// TLS before the protocol sees it (port 465 style).
-async fn listen(
-    proto: Arc<SmtpProtocol>,
-    tls: TlsProvider,
-    implicit_tls: bool,
-    shutdown: Shutdown,
-) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, remote)) = listener.accept().await else { return };
-            let proto = proto.clone();
-            let tls = tls.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let stream = if implicit_tls {
-                    match tls.acceptor().accept(tcp).await {
-                        Ok(s) => SessionStream::Tls(Box::new(s)),
-                        Err(_) => return,
-                    }
-                } else {
-                    SessionStream::Plain(tcp)
-                };
-                let ctx = SessionCtx {
-                    conn: ConnInfo { remote, local: addr, listener: proto.kind().listener_name() },
-                    tls: Some(tls),
-                    shutdown,
-                };
-                proto.handle(stream, ctx).await;
-            });
-        }
-    });
-    addr
-}
 
 /// Runs a client program off the runtime's threads, bounded in time.
 async fn run(mut cmd: Command) -> std::process::Output {
@@ -417,7 +364,10 @@ print("OK")
 /// wrapped in TLS, or plain (the protocol then does the handshake itself).
 async fn submissions_implicit_tls(b: Backend) {
     let h = Harness::new(b, config(|_| {})).await;
-    let proto = Arc::new(SmtpProtocol::new(h.app.clone(), mailcluster_server::smtp::SmtpKind::Submissions));
+    let proto = Arc::new(mailcluster_server::smtp::SmtpProtocol::new(
+        h.app.clone(),
+        mailcluster_server::smtp::SmtpKind::Submissions,
+    ));
     for wrapped in [true, false] {
         let addr = listen(proto.clone(), tls_provider(), wrapped, h.shutdown.clone()).await;
         python(SUBMISSIONS_NO_AUTH, &[&addr.port().to_string()]).await;

@@ -169,6 +169,7 @@ conformance!(
     subscriptions,
     subscriptions_follow_rename,
     aliases,
+    account_senders,
     recipients,
     deliver_and_read,
     deliver_errors_store_nothing,
@@ -663,7 +664,43 @@ async fn aliases(ctx: Ctx) {
     assert!(is_not_found(s.alias_del("team@example.com", None).await));
 }
 
-/// `Store::recipient` gives what the single reads give (and what RFC 5233
+/// What an account may send as: its aliases (read by their target) and its
+/// allowed senders, stored lower-cased, gone with the account.
+async fn account_senders(ctx: Ctx) {
+    let s = &ctx.store;
+    account(s, "a@example.com").await;
+    account(s, "b@example.com").await;
+    s.alias_add("team@example.com", "a@example.com").await.expect("alias");
+    s.alias_add("help@example.com", "b@example.com").await.expect("alias");
+    s.account_sender_add("A@Example.com", "News@Brand.TEST").await.expect("add");
+    s.account_sender_add("a@example.com", "@Partner.test.").await.expect("add a domain");
+    assert!(matches!(
+        s.account_sender_add("a@example.com", "news@brand.test").await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(is_not_found(s.account_sender_add("nobody@example.com", "x@brand.test").await));
+    for bad in ["not an address", "@", "x@"] {
+        assert!(
+            matches!(s.account_sender_add("a@example.com", bad).await, Err(StoreError::Invalid(_))),
+            "{bad}"
+        );
+    }
+    let rights = s.sender_rights("a@EXAMPLE.com").await.expect("rights");
+    assert_eq!(rights.aliases, ["team@example.com"]);
+    assert_eq!(rights.allowed, ["@partner.test", "news@brand.test"]);
+    assert_eq!(s.sender_rights("b@example.com").await.expect("rights").allowed, Vec::<String>::new());
+    assert_eq!(s.sender_rights("nobody@example.com").await.expect("rights"), Default::default());
+    s.account_sender_del("a@example.com", "NEWS@brand.test").await.expect("del");
+    assert!(is_not_found(s.account_sender_del("a@example.com", "news@brand.test").await));
+    s.account_delete("a@example.com").await.expect("delete");
+    account(s, "a@example.com").await;
+    assert!(
+        s.sender_rights("a@example.com").await.expect("rights").allowed.is_empty(),
+        "gone with the account"
+    );
+}
+
+/// `Store::recipient` gives what the single reads give/// `Store::recipient` gives what the single reads give (and what RFC 5233
 /// subaddressing and the alias rules say), whichever way a store answers it.
 async fn recipients(ctx: Ctx) {
     use store::Recipient::{Alias, Mailbox, NoSuchUser, NotLocal};

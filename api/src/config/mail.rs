@@ -72,6 +72,12 @@ pub struct RelayConfig {
     /// More trusted roots (PEM) for verified TLS: to a smarthost and to MX hosts
     /// under an MTA-STS policy (a private PKI, or tests).
     pub tls_ca_file: Option<PathBuf>,
+    /// Networks the relay may reach MX hosts (and a domain's A/AAAA fallback)
+    /// on although their addresses are not global: loopback, private (RFC 1918,
+    /// ULA), link-local, unspecified, multicast, reserved. Empty: only global
+    /// addresses, so that a DNS answer cannot point the relay at the cluster's
+    /// own services. A configured smarthost is always reached.
+    pub allowed_private_networks: Vec<ipnet::IpNet>,
 }
 
 impl Default for RelayConfig {
@@ -101,6 +107,7 @@ impl Default for RelayConfig {
             mta_sts: true,
             mta_sts_port: 443,
             tls_ca_file: None,
+            allowed_private_networks: Vec::new(),
         }
     }
 }
@@ -164,6 +171,12 @@ pub struct InboundAuthConfig {
     /// Clients whose mail is not checked (the cluster's own senders, local
     /// tools): by default loopback only.
     pub trusted_networks: Vec<ipnet::IpNet>,
+    /// Failure reports (bounces) to one address whose sender passed neither SPF
+    /// nor DMARC, per hour; past it they are dropped (counted in
+    /// `mail_smtp_bounces_dropped_total`). 0: none are sent.
+    pub bounces_per_address_per_hour: u64,
+    /// The same for all addresses of one domain together.
+    pub bounces_per_domain_per_hour: u64,
 }
 
 impl Default for InboundAuthConfig {
@@ -174,6 +187,8 @@ impl Default for InboundAuthConfig {
             dns_budget_ms: 10_000,
             authserv_id: String::new(),
             trusted_networks: vec!["127.0.0.0/8".parse().expect("valid"), "::1/128".parse().expect("valid")],
+            bounces_per_address_per_hour: 5,
+            bounces_per_domain_per_hour: 50,
         }
     }
 }

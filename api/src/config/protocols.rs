@@ -36,8 +36,17 @@ pub struct SmtpConfig {
     pub max_connections_per_ip: usize,
     /// AUTH only on TLS connections (unless `tls.allow_plaintext_auth` is set).
     pub require_tls_for_auth: bool,
-    /// On submission, MAIL FROM must be the authenticated account's address.
+    /// On submission, MAIL FROM and every `From:`, `Sender:`, `Resent-From:` and
+    /// `Resent-Sender:` address must be the account's own, one of its aliases',
+    /// a subaddress of those, or one its allowed senders list (`mailcluster user
+    /// senders`); the null sender is refused. Off: any sender is accepted.
     pub sender_must_match_auth: bool,
+    /// Messages one account may submit per hour, counted at MAIL across the
+    /// cluster (through the cache); past it `450 4.7.1`. 0: no limit.
+    pub submission_messages_per_hour: u64,
+    /// Recipients one account may submit to per hour (local and remote alike),
+    /// counted at RCPT; past it `450 4.7.1`. 0: no limit.
+    pub submission_recipients_per_hour: u64,
     /// Group commit: most deliveries per store transaction.
     pub group_commit_max_batch: usize,
     /// Group commit: how long a non-full batch may wait for more while other commits
@@ -89,6 +98,10 @@ impl Default for SmtpConfig {
             max_connections_per_ip: 256,
             require_tls_for_auth: true,
             sender_must_match_auth: true,
+            // About 5,000 messages and 24,000 recipients a day: the order of a
+            // hosted mailbox's sending limits, far above a person's mail.
+            submission_messages_per_hour: 200,
+            submission_recipients_per_hour: 1000,
             group_commit_max_batch: 256,
             group_commit_max_wait_ms: 1,
             group_commit_max_concurrent: 4,

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::Utc;
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
@@ -64,6 +64,8 @@ struct RelayMetrics {
     dsns: IntCounterVec,
     queue_depth: IntGauge,
     oldest_age: IntGauge,
+    /// MX hosts passed over for resolving only to non-global addresses.
+    private_targets: IntCounter,
 }
 
 impl RelayMetrics {
@@ -92,6 +94,11 @@ impl RelayMetrics {
             oldest_age: IntGauge::new(
                 "mail_queue_oldest_age_seconds",
                 "Age of the oldest message in the outbound queue (0 when empty)",
+            )
+            .expect("valid metric"),
+            private_targets: IntCounter::new(
+                "mail_relay_private_targets_total",
+                "MX hosts not connected to because they resolve only to non-global addresses (loopback, private, link-local, …)",
             )
             .expect("valid metric"),
         }
@@ -175,6 +182,7 @@ impl Relay {
         registry.register(Box::new(self.metrics.dsns.clone()))?;
         registry.register(Box::new(self.metrics.queue_depth.clone()))?;
         registry.register(Box::new(self.metrics.oldest_age.clone()))?;
+        registry.register(Box::new(self.metrics.private_targets.clone()))?;
         Ok(())
     }
 
@@ -606,9 +614,27 @@ impl Relay {
     /// Connects to one host (each of its addresses in turn) and greets it.
     async fn open(&self, host: &str, port: u16, dest: &Destination) -> Result<Client, ClientError> {
         let config = &self.app.config.relay;
-        let addrs = self.dns.addresses(host).await.map_err(|e| ClientError::Io(e.to_string()))?;
+        let mut addrs = self.dns.addresses(host).await.map_err(|e| ClientError::Io(e.to_string()))?;
         if addrs.is_empty() {
             return Err(ClientError::Io(format!("{host} has no address")));
+        }
+        if !dest.smarthost {
+            let allowed = &config.allowed_private_networks;
+            let refused: Vec<_> = addrs
+                .iter()
+                .filter(|ip| !is_global(**ip) && !allowed.iter().any(|n| n.contains(*ip)))
+                .copied()
+                .collect();
+            addrs.retain(|ip| !refused.contains(ip));
+            if addrs.is_empty() {
+                self.metrics.private_targets.inc();
+                let list: Vec<String> = refused.iter().map(|ip| ip.to_string()).collect();
+                return Err(ClientError::Io(format!(
+                    "{host} resolves only to non-global addresses ({}), which the relay does not reach \
+                     (relay.allowed_private_networks)",
+                    list.join(", ")
+                )));
+            }
         }
         let helo = if config.helo_name.is_empty() { &self.app.config.hostname } else { &config.helo_name };
         let mut last = ClientError::Io(format!("{host} has no address"));
@@ -723,4 +749,81 @@ pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec
         .await?;
     wake.notify_one();
     Ok(())
+}
+
+/// Whether an address is reachable on the public Internet: not loopback,
+/// private (RFC 1918, shared CGN space, ULA), link-local, unspecified,
+/// multicast, documentation, benchmarking or otherwise reserved (the IANA
+/// special-purpose registries), nor an IPv4-mapped or -compatible form of one.
+pub(crate) fn is_global(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            !(a == 0
+                || a == 10
+                || a == 127
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 169 && b == 254)
+                || (a == 172 && (16..32).contains(&b))
+                || (a == 192 && b == 168)
+                || (a == 192 && b == 0 && (c == 0 || c == 2))
+                || (a == 198 && (b == 18 || b == 19))
+                || (a == 198 && b == 51 && c == 100)
+                || (a == 203 && b == 0 && c == 113)
+                || a >= 224)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_global(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            !(s[..6].iter().all(|s| *s == 0) // ::, ::1 and the deprecated ::a.b.c.d
+                || (s[0] & 0xfe00) == 0xfc00 // ULA fc00::/7
+                || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+                || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10
+                || (s[0] & 0xff00) == 0xff00 // multicast
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+                || (s[0] == 0x0100 && s[1..4].iter().all(|s| *s == 0))) // discard 100::/64
+        }
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::is_global;
+
+    #[test]
+    fn private_and_special_addresses_are_not_global() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.1.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.0.2.1",
+            "198.18.0.1",
+            "::",
+            "::1",
+            "fe80::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "ff02::1",
+            "2001:db8::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::127.0.0.1",
+            "fec0::1",
+        ] {
+            assert!(!is_global(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["8.8.8.8", "172.32.0.1", "100.128.0.1", "2a00:1450::1", "::ffff:8.8.8.8", "2001:4860::1"] {
+            assert!(is_global(ip.parse().unwrap()), "{ip}");
+        }
+    }
 }

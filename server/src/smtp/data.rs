@@ -33,6 +33,10 @@ const PARSE_INLINE_MAX: usize = 256 * 1024;
 /// Octets the first read of DATA content may bring, reserved before the `354`.
 const FIRST_READ: usize = 64 * 1024;
 
+/// How long the remote copy of a message with local recipients too waits in
+/// the queue for the local delivery to commit before it may be sent.
+const LOCAL_FIRST_HOLD: chrono::Duration = chrono::Duration::minutes(5);
+
 /// A message being assembled from BDAT chunks.
 pub(super) struct BdatBody {
     /// Trace headers followed by the content received so far.
@@ -296,14 +300,26 @@ impl Session {
     async fn finish_message(&mut self, raw: Vec<u8>, content_octets: usize) -> Reply {
         let started = Instant::now();
         self.bdat = None;
-        let Some(envelope) = self.envelope.take() else {
+        let Some(mut envelope) = self.envelope.take() else {
             return replies::bad_sequence("Need MAIL command");
         };
         let mut raw = raw;
         let mut junk = false;
-        if let Some(reply) = self.authenticate_sender(&envelope, &mut raw, &mut junk).await {
-            return reply;
+        let verified = match self.authenticate_sender(&envelope, &mut raw, &mut junk).await {
+            Ok(verified) => verified,
+            Err(reply) => return reply,
+        };
+        if !verified {
+            envelope.dsn.limit_to_unverified_sender();
         }
+        let signing_domain = match self.header_senders(&raw[return_path_end(&raw)..]) {
+            Ok(domain) => domain,
+            Err(reply) => {
+                self.count_refusal("header");
+                self.count_delivery("rejected");
+                return reply;
+            }
+        };
         if self.account.is_some() {
             // A message submission agent completes what a client left out
             // (RFC 6409 §8.2, §8.3): RFC 5322 §3.6 requires Date, and replies and
@@ -364,25 +380,28 @@ impl Session {
         // The queue goes first: if it fails, nothing was stored anywhere and the
         // client's retry duplicates nothing. If the local delivery then fails, the
         // queued copy is taken back before the 4xx, so the retry does not send the
-        // remote copy twice.
+        // remote copy twice. Until the local delivery is committed the queued
+        // copy is held back (not due before `LOCAL_FIRST_HOLD`), so no relay
+        // worker of any pod sends what may yet be answered with an error; a
+        // crash in between leaves it to go out after the hold.
         let mut queued = None;
         if !remotes.is_empty() {
             let now = Utc::now();
             let expiry =
                 chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
+            let hold = if locals.is_empty() { chrono::Duration::zero() } else { LOCAL_FIRST_HOLD };
             let item = NewQueueItem {
                 sender: envelope.from.clone(),
                 dsn: envelope.dsn.only(&remotes),
                 recipients: remotes,
-                raw: self.outbound_copy(&raw),
+                raw: self.outbound_copy(&raw, signing_domain.as_deref()),
                 account_id: self.account.as_ref().map(|a| a.id),
-                not_before: now,
+                not_before: now + hold,
                 expires_at: now + expiry,
             };
             match self.app.store.queue_enqueue(&item).await {
                 Ok(id) => {
                     queued = Some(id);
-                    self.app.mail.relay_wake.notify_one();
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
@@ -424,6 +443,11 @@ impl Session {
                 self.count_delivery("tempfail");
                 return replies::temp_failure();
             }
+            if let Some(id) = queued
+                && let Err(err) = self.app.store.queue_retry(Some(id)).await
+            {
+                tracing::warn!(error = %err, id = %envelope.id, queue_id = id, "queued copy goes after its hold");
+            }
             // Wake IDLE sessions on every pod. Publishing only queues the event (a
             // serving pod's cache never waits on Redis here), so it needs no task of
             // its own on this path.
@@ -435,8 +459,11 @@ impl Session {
                 }
             }
         }
+        if queued.is_some() {
+            self.app.mail.relay_wake.notify_one();
+        }
         if let Some(original) = original {
-            self.report_over_quota(&envelope, &original, &over_quota).await;
+            self.report_over_quota(&envelope, &original, &over_quota, verified).await;
         }
         if let Some(original) = delivered_original {
             // The mailbox has the message, so no other server will report on it.
@@ -454,8 +481,26 @@ impl Session {
     /// Some recipients of an accepted message had no room for it: the others got
     /// it, so the transaction's one reply is 250 and these are told to the sender
     /// by a DSN, as any MTA does for a recipient that fails after acceptance.
-    async fn report_over_quota(&self, envelope: &Envelope, raw: &Bytes, recipients: &[String]) {
-        let failed = recipients.iter().filter(|r| envelope.dsn.wants(r, DsnEvent::Failure));
+    /// A sender that may be forged gets a limited number of them (its
+    /// address's and its domain's hourly `inbound.bounces_per_*`).
+    async fn report_over_quota(
+        &self,
+        envelope: &Envelope,
+        raw: &Bytes,
+        recipients: &[String],
+        verified: bool,
+    ) {
+        let failed: Vec<&String> =
+            recipients.iter().filter(|r| envelope.dsn.wants(r, DsnEvent::Failure)).collect();
+        if failed.is_empty() || envelope.from.is_empty() {
+            return;
+        }
+        if !verified && !self.bounce_allowed(&envelope.from).await {
+            tracing::info!(id = %envelope.id, to = %envelope.from, "bounce to an unverified sender dropped: over its limit");
+            self.metrics.bounces_dropped.inc();
+            return;
+        }
+        let failed = failed.into_iter();
         self.report(envelope, raw, Action::Failed, failed, "5.2.2", "552 5.2.2 Quota exceeded").await;
     }
 
@@ -500,24 +545,28 @@ impl Session {
 
     /// SPF, DKIM, ARC and DMARC of mail arriving on the MX from outside
     /// (`inbound.*`): adds `Authentication-Results` below `Return-Path`, or
-    /// answers with the refusal.
+    /// answers with the refusal. Results that claim to be ours are removed
+    /// from every message arriving on the MX first. `Ok(true)` when the sender
+    /// is known: an authenticated user, a trusted network, or a MAIL FROM
+    /// domain passing SPF or a message passing DMARC.
     async fn authenticate_sender(
         &self,
         envelope: &Envelope,
         raw: &mut Vec<u8>,
         junk: &mut bool,
-    ) -> Option<Reply> {
+    ) -> Result<bool, Reply> {
         let inbound = &self.app.config.inbound;
-        let dns = self.app.mail.dns.as_ref()?;
-        if self.kind != super::SmtpKind::Mx || self.account.is_some() || !inbound.enabled {
-            return None;
-        }
-        let ip = self.conn.remote.ip();
-        if inbound.trusted_networks.iter().any(|n| n.contains(&ip)) {
-            return None;
+        if self.kind != super::SmtpKind::Mx || self.account.is_some() {
+            return Ok(true);
         }
         let authserv_id = if inbound.authserv_id.is_empty() { self.hostname() } else { &inbound.authserv_id };
         let trace_end = return_path_end(raw);
+        crate::inbound::remove_our_results(raw, trace_end, authserv_id);
+        let ip = self.conn.remote.ip();
+        if inbound.trusted_networks.iter().any(|n| n.contains(&ip)) {
+            return Ok(true);
+        }
+        let Some(dns) = self.app.mail.dns.as_ref().filter(|_| inbound.enabled) else { return Ok(false) };
         let verdict = crate::inbound::check(
             dns,
             inbound,
@@ -531,23 +580,45 @@ impl Session {
         )
         .await;
         match verdict {
-            crate::inbound::Verdict::Accept { header, junk: j } => {
+            crate::inbound::Verdict::Accept { header, junk: j, verified } => {
                 // Exactly: a full buffer would otherwise double for one header.
                 raw.reserve_exact(header.len());
                 raw.splice(trace_end..trace_end, header.into_bytes());
                 *junk = j;
-                None
+                Ok(verified)
             }
             crate::inbound::Verdict::Reject(text) => {
                 tracing::info!(id = %envelope.id, from = %envelope.from, "refused by DMARC policy");
                 self.count_delivery("rejected");
-                Some(Reply::new(550, "5.7.1", text))
+                Err(Reply::new(550, "5.7.1", text))
             }
             crate::inbound::Verdict::Defer(status, text) => {
                 self.count_delivery("tempfail");
-                Some(Reply::new(451, status, text))
+                Err(Reply::new(451, status, text))
             }
         }
+    }
+
+    /// Counts a bounce to `address` against its and its domain's hourly limits
+    /// (one counter each, shared by the pods through the cache): whether it
+    /// may go.
+    async fn bounce_allowed(&self, address: &str) -> bool {
+        let inbound = &self.app.config.inbound;
+        let address = address.to_lowercase();
+        let domain = address.rsplit_once('@').map_or("", |(_, d)| d);
+        let window = std::time::Duration::from_secs(3600);
+        for (key, limit) in [
+            (format!("smtp:bounce:addr:{address}"), inbound.bounces_per_address_per_hour),
+            (format!("smtp:bounce:domain:{domain}"), inbound.bounces_per_domain_per_hour),
+        ] {
+            match self.app.cache.counter_incr(&key, window).await {
+                Ok(n) if n > limit => return false,
+                Ok(_) => {}
+                // Cannot count: the bounce is dropped rather than sent unbounded.
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// The account's Junk mailbox, if it has one.
@@ -559,11 +630,11 @@ impl Session {
     }
 
     /// The copy that leaves for other domains: without `Return-Path` (RFC 5321
-    /// §4.4: only the final delivery adds it) and, for mail of a local domain with
-    /// a key, DKIM-signed.
-    fn outbound_copy(&self, raw: &Bytes) -> Bytes {
+    /// §4.4: only the final delivery adds it) and, when the sender may use its
+    /// `From:` domain and a key covers it, DKIM-signed for that domain.
+    fn outbound_copy(&self, raw: &Bytes, signing_domain: Option<&str>) -> Bytes {
         let content = raw.slice(return_path_end(raw)..);
-        match self.app.mail.signer.sign(&content) {
+        match signing_domain.and_then(|d| self.app.mail.signer.sign(d, &content)) {
             Some(signature) => {
                 let mut signed = Vec::with_capacity(signature.len() + content.len());
                 signed.extend_from_slice(signature.as_bytes());

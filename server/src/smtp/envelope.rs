@@ -123,12 +123,13 @@ impl Session {
             self.reply(Reply::new(553, "5.1.7", "Sender address must be fully qualified"));
             return Step::Continue;
         }
-        if self.kind.is_submission() && self.config().sender_must_match_auth {
-            let owned = self.account.as_ref().is_some_and(|a| a.email.eq_ignore_ascii_case(address));
-            if !owned {
-                self.reply(Reply::new(553, "5.7.1", "Sender address not owned by the authenticated user"));
-                return Step::Continue;
-            }
+        if let Some(reply) = self.mail_from_refusal(address).await {
+            self.reply(reply);
+            return Step::Continue;
+        }
+        if let Some(reply) = self.message_rate_refusal().await {
+            self.reply(reply);
+            return Step::Continue;
         }
         self.envelope = Some(Envelope {
             from: address.to_string(),
@@ -190,6 +191,10 @@ impl Session {
         if envelope.rcpts.iter().any(|r| r.address.eq_ignore_ascii_case(address)) {
             // Same recipient twice: deliver once.
             self.reply(Reply::new(250, "2.1.5", "Recipient OK"));
+            return Step::Continue;
+        }
+        if let Some(reply) = self.recipient_rate_refusal().await {
+            self.reply(reply);
             return Step::Continue;
         }
         let targets = match self.resolve_recipient(address).await {

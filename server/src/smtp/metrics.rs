@@ -18,6 +18,12 @@ pub struct SmtpMetrics {
     pub messages_total: IntCounter,
     /// `mail_smtp_bytes_total{listener}`: message octets accepted.
     pub bytes_total: IntCounter,
+    /// `mail_smtp_sender_refusals_total{listener,reason}`: submissions refused
+    /// for their sender or the account's sending limits.
+    pub sender_refusals: IntCounterVec,
+    /// `mail_smtp_bounces_dropped_total{listener}`: failure reports to senders
+    /// that passed neither SPF nor DMARC, dropped past their hourly limits.
+    pub bounces_dropped: IntCounter,
 }
 
 impl SmtpMetrics {
@@ -32,6 +38,8 @@ impl SmtpMetrics {
             delivery_seconds: smtp.delivery_seconds.with_label_values(&listener),
             messages_total: smtp.messages_total.with_label_values(&listener),
             bytes_total: smtp.bytes_total.with_label_values(&listener),
+            sender_refusals: smtp.sender_refusals.clone(),
+            bounces_dropped: smtp.bounces_dropped.with_label_values(&listener),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! One [`SmtpProtocol`] per listener; each connection runs a [`session::Session`].
 //! The session is split by command family: `hello.rs` (EHLO/HELO), `envelope.rs`
 //! (MAIL/RCPT/RSET and recipient checks), `data.rs` (DATA/BDAT and delivery),
-//! `auth.rs` (AUTH PLAIN/LOGIN), `starttls.rs`, `misc.rs` (NOOP/HELP/VRFY/EXPN/QUIT).
+//! `auth.rs` (AUTH PLAIN/LOGIN), `sender.rs` (whom a user may send as, and how
+//! much), `starttls.rs`, `misc.rs` (NOOP/HELP/VRFY/EXPN/QUIT).
 //! Grammar and replies live in [`crate::proto::smtp`]; durable storage goes through
 //! the group-committing [`crate::delivery::Deliverer`].
 
@@ -13,6 +14,7 @@ mod envelope;
 mod hello;
 mod metrics;
 mod misc;
+mod sender;
 mod session;
 mod starttls;
 

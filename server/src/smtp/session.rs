@@ -22,7 +22,7 @@ use crate::app::App;
 use crate::net::{ConnInfo, SessionCtx, SessionStream, Shutdown, TlsProvider};
 use crate::proto::frame::{Line, LineFramer, take_octets};
 use crate::proto::smtp::{self as proto, Reply, Request, replies};
-use crate::store::Account;
+use crate::store::{Account, SenderRights};
 
 /// Read size while waiting for commands: small, because thousands of idle sessions
 /// each hold one buffer.
@@ -54,6 +54,8 @@ pub(super) struct Session {
     /// EHLO (true) or HELO (false).
     pub(super) esmtp: bool,
     pub(super) account: Option<Account>,
+    /// The account's aliases and allowed senders, read at its last MAIL.
+    pub(super) sender_rights: Option<SenderRights>,
     /// The open mail transaction (after MAIL FROM).
     pub(super) envelope: Option<Envelope>,
     /// Body collected by BDAT chunks so far.
@@ -101,6 +103,7 @@ impl Session {
             helo: None,
             esmtp: false,
             account: None,
+            sender_rights: None,
             envelope: None,
             bdat: None,
             auth_exchange: None,

@@ -99,6 +99,16 @@ pub trait Store: Send + Sync + 'static {
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
 
+    /// Allows the account to send as `address` (a full address, or `@domain`
+    /// for every address of the domain); NotFound without such an account,
+    /// AlreadyExists when it was allowed.
+    async fn account_sender_add(&self, email: &str, address: &str) -> StoreResult<()>;
+    /// Withdraws what [`Store::account_sender_add`] allowed; NotFound when it was not.
+    async fn account_sender_del(&self, email: &str, address: &str) -> StoreResult<()>;
+    /// The account's aliases and allowed senders (empty for an unknown account),
+    /// in one round trip: submission reads them at every MAIL.
+    async fn sender_rights(&self, email: &str) -> StoreResult<SenderRights>;
+
     // ---- aliases ----
     /// Mail to `address` (at a local domain, no account's) also goes to the
     /// account `target`. NotFound when the domain or the account does not

@@ -317,6 +317,14 @@ fn first<R>(rows: Vec<R>, what: impl FnOnce() -> String) -> StoreResult<R> {
     rows.into_iter().next().ok_or_else(|| StoreError::NotFound(what()))
 }
 
+/// An allowed sender as stored: a lower-cased address, or `@` and a domain.
+fn allowed_sender(address: &str) -> StoreResult<String> {
+    match address.trim().strip_prefix('@') {
+        Some(domain) => Ok(format!("@{}", normalize_domain(domain)?)),
+        None => Ok(normalize_email(address)?.0),
+    }
+}
+
 /// The statement's parameters after the [`Backend::clock`] ones.
 fn after_clock<'a, B: Backend>(params: &[Param<'a>]) -> Vec<Param<'a>> {
     let mut all = B::clock();
@@ -477,6 +485,52 @@ impl<B: Backend> Store for B {
             None => self.fetch(false, account_select!("ORDER BY a.email"), &[]).await?,
         };
         rows.iter().map(account_of::<B>).collect()
+    }
+
+    async fn account_sender_add(&self, email: &str, address: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let address = allowed_sender(address)?;
+        let rows =
+            self.fetch(true, "SELECT id FROM accounts WHERE email = $1", &[Param::Text(&email)]).await?;
+        let id = first(rows, || format!("account {email}"))?.int("id")?;
+        let sql = "INSERT INTO account_senders (account_id, address) VALUES ($1, $2)";
+        self.execute(sql, &[Param::Int(id), Param::Text(&address)]).await.map_err(|e| {
+            if is_unique_violation(&e) {
+                StoreError::AlreadyExists(format!("sender {address} of {email}"))
+            } else if is_foreign_key_violation(&e) {
+                StoreError::NotFound(format!("account {email}"))
+            } else {
+                db_err(e)
+            }
+        })?;
+        Ok(())
+    }
+
+    async fn account_sender_del(&self, email: &str, address: &str) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let address = allowed_sender(address)?;
+        let sql = "DELETE FROM account_senders WHERE address = $1 \
+                   AND account_id = (SELECT id FROM accounts WHERE email = $2)";
+        let removed =
+            self.execute(sql, &[Param::Text(&address), Param::Text(&email)]).await.map_err(db_err)?;
+        if removed == 0 {
+            return Err(StoreError::NotFound(format!("sender {address} of {email}")));
+        }
+        Ok(())
+    }
+
+    async fn sender_rights(&self, email: &str) -> StoreResult<SenderRights> {
+        let Ok((email, _)) = normalize_email(email) else { return Ok(SenderRights::default()) };
+        let sql = "SELECT CAST(0 AS BIGINT) AS kind, address FROM aliases WHERE target = $1 \
+                   UNION ALL SELECT 1, s.address FROM account_senders s \
+                   JOIN accounts a ON a.id = s.account_id WHERE a.email = $2 ORDER BY 1, 2";
+        let rows = self.fetch(false, sql, &[Param::Text(&email), Param::Text(&email)]).await?;
+        let mut rights = SenderRights::default();
+        for row in &rows {
+            let address = row.text("address")?;
+            if row.int("kind")? == 0 { rights.aliases.push(address) } else { rights.allowed.push(address) }
+        }
+        Ok(rights)
     }
 
     async fn alias_add(&self, address: &str, target: &str) -> StoreResult<()> {

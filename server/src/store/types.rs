@@ -101,6 +101,42 @@ impl Quota {
     }
 }
 
+/// Whom an account may send as on submission, besides its own address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderRights {
+    /// The aliases that deliver to the account, lower-cased.
+    pub aliases: Vec<String>,
+    /// Its allowed senders: full addresses and `@domain` wildcards, lower-cased.
+    pub allowed: Vec<String>,
+}
+
+impl SenderRights {
+    /// Whether the account `account` may use `address` as a sender: its own
+    /// address, one of its aliases or allowed addresses, a subaddress of any of
+    /// those (a detail after one of `delimiters`, RFC 5233), or any address of
+    /// an allowed `@domain`. Domains compare without case; local parts too, as
+    /// accounts and aliases are stored lower-cased.
+    pub fn permits(&self, account: &str, address: &str, delimiters: &str) -> bool {
+        let address = address.trim().to_lowercase();
+        let Some((local, domain)) = address.rsplit_once('@') else { return false };
+        let domain = domain.trim_end_matches('.');
+        if local.is_empty() || domain.is_empty() {
+            return false;
+        }
+        let user = local
+            .char_indices()
+            .skip(1)
+            .find(|(_, c)| delimiters.contains(*c))
+            .map_or(local, |(at, _)| &local[..at]);
+        let wildcard = format!("@{domain}");
+        [format!("{local}@{domain}"), format!("{user}@{domain}")].iter().any(|candidate| {
+            candidate.eq_ignore_ascii_case(account)
+                || self.aliases.iter().any(|a| a == candidate)
+                || self.allowed.iter().any(|a| a == candidate)
+        }) || self.allowed.contains(&wildcard)
+    }
+}
+
 /// Where mail for an address goes, as the store knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recipient {
@@ -565,6 +601,20 @@ impl DsnRequest {
                 DsnEvent::Failure => n.failure,
                 DsnEvent::Delay => n.delay,
             },
+        }
+    }
+
+    /// What a sender whose address may be forged still gets (RFC 3461 leaves
+    /// it to the MTA): no reports of success or delay, and failure reports with
+    /// the header section only, so that nobody can make this server mail a
+    /// message, or a note about one, to a third party's address.
+    pub fn limit_to_unverified_sender(&mut self) {
+        self.ret = None;
+        for r in &mut self.recipients {
+            if let Some(n) = r.notify.as_mut() {
+                n.success = false;
+                n.delay = false;
+            }
         }
     }
 

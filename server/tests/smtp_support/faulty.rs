@@ -110,6 +110,15 @@ impl Store for FaultyStore {
     async fn alias_targets(&self, address: &str) -> StoreResult<Vec<String>> {
         self.inner.alias_targets(address).await
     }
+    async fn account_sender_add(&self, email: &str, address: &str) -> StoreResult<()> {
+        self.inner.account_sender_add(email, address).await
+    }
+    async fn account_sender_del(&self, email: &str, address: &str) -> StoreResult<()> {
+        self.inner.account_sender_del(email, address).await
+    }
+    async fn sender_rights(&self, email: &str) -> StoreResult<SenderRights> {
+        self.inner.sender_rights(email).await
+    }
     async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
         self.lookups.fetch_add(1, Ordering::SeqCst);
         self.inner.recipient(address, user).await

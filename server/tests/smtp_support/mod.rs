@@ -17,6 +17,7 @@ use mailcluster_server::store::{Store, UidSet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 pub mod faulty;
+pub mod sockets;
 
 pub use faulty::FaultyStore;
 
