@@ -541,8 +541,8 @@ fn encode_word(name: &str) -> String {
 
 /// The addresses of a header as SEARCH FROM/TO/CC/BCC match them: `Name <a@b>`
 /// or `a@b`, comma-separated; a group as `name: <a@b>, …;`, so that its name
-/// matches too (it is part of the ENVELOPE, RFC 3501 §7.4.2) and the first
-/// mailbox of the list is still the first `<…>` (see `sort::first_mailbox`).
+/// matches too (it is part of the ENVELOPE, RFC 3501 §7.4.2); its members are
+/// bracketed so that SORT tells them from the next item (`sort::first_address`).
 fn address_summary(addr: Option<&Address<'_>>) -> String {
     let Some(addr) = addr else { return String::new() };
     let one = |a: &mail_parser::Addr<'_>, bracket: bool| match (a.name.as_deref(), a.address.as_deref()) {
@@ -796,13 +796,37 @@ inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
         assert!(meta.envelope.contains("((NIL NIL \"Team\" NIL)(NIL NIL \"x\" \"example.com\")(NIL NIL \"y\" \"example.com\")(NIL NIL NIL NIL))"), "{}", meta.envelope);
         // SEARCH TO matches the group's name as well as its members.
         assert_eq!(meta.to, "Team: <x@example.com>, <y@example.com>;");
-        assert_eq!(crate::imap::sort::first_mailbox(&meta.to), "x");
+        // SORT TO: the group's start marker is its first address (its name).
+        assert_eq!(crate::imap::sort::first_mailbox(&meta.to), "Team");
         let mixed = parse_meta(b"To: a@example.com, Team: Y <y@example.com>;, Empty:;\r\n\r\n");
         assert_eq!(mixed.to, "a@example.com, Team: Y <y@example.com>;, Empty: ;");
         // 8-bit header text goes out as a literal.
         assert!(meta.envelope.contains("{7}\r\nGrüße"), "{}", meta.envelope);
         assert_eq!(meta.subject, "Grüße");
         assert!(meta.body.ends_with(" 4 1)"), "{}", meta.body);
+    }
+
+    /// RFC 3501 §7.4.2: a group is its start marker `(NIL NIL "name" NIL)`,
+    /// its members as any address (display names included), and the end marker
+    /// `(NIL NIL NIL NIL)`.
+    #[test]
+    fn group_members_keep_their_display_names() {
+        let meta = parse_meta(
+            b"From: a@example.com\r\nTo: Friends: \"foo\" <foo@example.com>, Bar Baz <bar@example.com>,\r\n plain@example.com;, \"Doe, John\" <j@example.com>\r\nCc: Team: \"=?utf-8?q?J=C3=B6rg?=\" <jorg@example.com>;\r\nBcc: undisclosed-recipients:;\r\n\r\n",
+        );
+        let to = "((NIL NIL \"Friends\" NIL)(\"foo\" NIL \"foo\" \"example.com\")(\"Bar Baz\" NIL \"bar\" \"example.com\")(NIL NIL \"plain\" \"example.com\")(NIL NIL NIL NIL)(\"Doe, John\" NIL \"j\" \"example.com\"))";
+        assert!(meta.envelope.contains(to), "{}", meta.envelope);
+        assert!(
+            // The member's name decoded, sent again as an encoded word.
+            meta.envelope.contains("((NIL NIL \"Team\" NIL)(\"=?utf-8?b?SsO2cmc=?=\" NIL \"jorg\" \"example.com\")(NIL NIL NIL NIL))"),
+            "{}",
+            meta.envelope
+        );
+        assert!(
+            meta.envelope.contains("((NIL NIL \"undisclosed-recipients\" NIL)(NIL NIL NIL NIL)) NIL"),
+            "{}",
+            meta.envelope
+        );
     }
 
     #[test]

@@ -1691,3 +1691,127 @@ async fn binary_fetch_decodes_sections_and_append_takes_literal8() {
     let expected = format!("* 3 FETCH (BODY[] ~{{{}}}\r\n{body} BINARY[1] ~{{5}}\r\nx\0y\r\n)", body.len());
     assert_eq!(r[..r.len() - 1].join("\r\n"), expected);
 }
+
+/// Empty values are still values (RFC 3501 §7.4.2, RFC 3516 §4.2): the body of
+/// an empty part is an empty literal `{0}`, as Dovecot answers and clients
+/// expect, in BODY[], BINARY[] and 0 for BINARY.SIZE; so is the header of a part
+/// without one, and an empty message's text. The message is APPENDed as a
+/// literal8 (binary content).
+#[tokio::test]
+async fn empty_parts_and_fields_are_empty_values() {
+    let (app, _dir, _bob) = embedded_app_with_bob().await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    // Part 1 is empty (the CRLF before a boundary is the boundary's, RFC 2046
+    // §5.1.1); part 2 has no header of its own; part 3 is an empty message/rfc822.
+    let raw = "From: a@example.com\r\nSubject:\r\nMIME-Version: 1.0\r\n\
+        Content-Type: multipart/mixed; boundary=b\r\n\r\n\
+        --b\r\nContent-Type: text/plain\r\nContent-Transfer-Encoding: binary\r\n\r\n\
+        --b\r\n\r\nno header\x00\r\n\
+        --b\r\nContent-Type: application/octet-stream\r\n\r\n\
+        --b--\r\n";
+    c.send(&format!("a APPEND INBOX ~{{{}}}\r\n", raw.len())).await;
+    assert_eq!(c.line().await, "+ Ready for literal data");
+    c.send(&format!("{raw}\r\n")).await;
+    let r = c.until_tag("a").await;
+    assert!(tagged(&r).starts_with("a OK [APPENDUID "), "{r:?}");
+
+    let r = c.cmd("b", "FETCH 1 (BODY.PEEK[1])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BODY[1] {0}", ")"], "{r:?}");
+    let r = c.cmd("c", "FETCH 1 (BINARY.PEEK[1])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BINARY[1] {0}", ")"], "{r:?}");
+    let r = c.cmd("d", "FETCH 1 (BINARY.SIZE[1])").await;
+    assert_eq!(r[0], "* 1 FETCH (BINARY.SIZE[1] 0)", "{r:?}");
+    let r = c.cmd("e", "FETCH 1 (BODY.PEEK[3] BINARY.SIZE[3])").await;
+    assert_eq!(r[..2], ["* 1 FETCH (BODY[3] {0}", " BINARY.SIZE[3] 0)"], "{r:?}");
+    // A part without a header of its own: its MIME header is the blank line.
+    let r = c.cmd("f", "FETCH 1 (BODY.PEEK[2.MIME])").await;
+    assert_eq!(r[..3], ["* 1 FETCH (BODY[2.MIME] {2}", "", ")"], "{r:?}");
+    // The empty part in BODYSTRUCTURE: size 0, lines 0.
+    let r = c.cmd("g", "FETCH 1 (BODYSTRUCTURE)").await;
+    assert!(
+        r[0].starts_with("* 1 FETCH (BODYSTRUCTURE ((\"TEXT\" \"PLAIN\" NIL NIL NIL \"BINARY\" 0 0 "),
+        "{r:?}"
+    );
+    // An empty Subject is an empty string, not NIL (the field is there).
+    let r = c.cmd("h", "FETCH 1 (ENVELOPE)").await;
+    assert!(r[0].starts_with("* 1 FETCH (ENVELOPE (NIL \"\" ((NIL NIL \"a\" \"example.com\"))"), "{r:?}");
+
+    // A message that is only a header: TEXT is empty, and part 1 with it.
+    let raw = "From: a@example.com\r\nSubject: only a header\r\n\r\n";
+    c.send(&format!("i APPEND INBOX ~{{{}}}\r\n", raw.len())).await;
+    assert_eq!(c.line().await, "+ Ready for literal data");
+    c.send(&format!("{raw}\r\n")).await;
+    let r = c.until_tag("i").await;
+    assert!(tagged(&r).starts_with("i OK [APPENDUID "), "{r:?}");
+    let r = c.cmd("j", "FETCH 2 (BODY.PEEK[TEXT] BODY.PEEK[1] BINARY.PEEK[1] BINARY.SIZE[1])").await;
+    assert_eq!(
+        r[..4],
+        ["* 2 FETCH (BODY[TEXT] {0}", " BODY[1] {0}", " BINARY[1] {0}", " BINARY.SIZE[1] 0)"],
+        "{r:?}"
+    );
+    let r = c.cmd("k", "FETCH 2 (BODYSTRUCTURE)").await;
+    assert!(r[0].starts_with("* 2 FETCH (BODYSTRUCTURE (\"TEXT\" \"PLAIN\" "), "{r:?}");
+    assert!(r[0].contains(" \"7BIT\" 0 0 "), "{r:?}");
+}
+
+/// SORT by address keys on messages with none, several, or a group first
+/// (RFC 5256 §3: FROM, TO, CC sort by the addr-mailbox of the first address,
+/// a missing one as the empty string; RFC 5957 §3: DISPLAYFROM, DISPLAYTO by
+/// its display name, else its addr-spec, else its mailbox. A group's first
+/// address structure is its start marker, whose mailbox is the group's name,
+/// RFC 3501 §7.4.2). Equal keys keep mailbox order, reversed or not.
+#[tokio::test]
+async fn sort_by_address_keys_takes_the_first_address_or_nothing() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    for raw in [
+        // 1: no Cc; the first To has no name.
+        "From: Zed <aaa@example.com>\r\nTo: yy@example.com, Alpha <zz@example.com>\r\nSubject: 1\r\n\r\n.\r\n",
+        // 2: several Cc, the first without a name; To is a group.
+        "From: mmm@example.com\r\nTo: Team: <bb@example.com>;\r\nCc: zz@example.com, Able <aa@example.com>\r\nSubject: 2\r\n\r\n.\r\n",
+        // 3: several From; no To.
+        "From: \"Beta\" <zzz@example.com>, Aardvark <a@example.com>\r\nCc: Kim <kk@example.com>\r\nSubject: 3\r\n\r\n.\r\n",
+        // 4: no From; Cc an empty group.
+        "To: Xavier <cc@example.com>\r\nCc: undisclosed:;\r\nSubject: 4\r\n\r\n.\r\n",
+        // 5: the same keys as 1.
+        "From: Zed <aaa@example.com>\r\nTo: yy@example.com\r\nSubject: 5\r\n\r\n.\r\n",
+    ] {
+        deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    }
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    for (keys, expected) in [
+        ("CC", "1 5 3 4 2"),
+        ("REVERSE CC", "2 4 3 1 5"),
+        ("FROM", "4 1 5 2 3"),
+        ("TO", "3 4 2 1 5"),
+        ("DISPLAYFROM", "4 3 2 1 5"),
+        ("DISPLAYTO", "3 2 4 1 5"),
+        ("REVERSE DISPLAYTO", "1 5 4 2 3"),
+    ] {
+        let r = c.cmd("a", &format!("SORT ({keys}) UTF-8 ALL")).await;
+        assert_eq!(r[0], format!("* SORT {expected}"), "SORT ({keys})");
+        assert_eq!(tagged(&r), "a OK SORT completed");
+    }
+}
+
+/// ENVELOPE of address lists holding groups (RFC 3501 §7.4.2): the start
+/// marker `(NIL NIL "name" NIL)`, the members as any address, display names
+/// included, the end marker `(NIL NIL NIL NIL)`; an empty group is the two
+/// markers alone.
+#[tokio::test]
+async fn envelope_groups_keep_their_members_display_names() {
+    let (app, _dir, bob) = embedded_app_with_bob().await;
+    let raw = "From: a@example.com\r\nSubject: groups\r\n\
+        To: Friends: \"foo\" <foo@example.com>, Bar <bar@example.com>, plain@example.com;, other@example.com\r\n\
+        Cc: undisclosed-recipients:;\r\n\r\nbody\r\n";
+    deliver(&app, &bob, "INBOX", raw.as_bytes(), FlagSet::default()).await;
+    let (mut c, _tx) = login(&app, "bob@example.org", "pw").await;
+    c.cmd("s", "SELECT INBOX").await;
+    let r = c.cmd("f", "FETCH 1 (ENVELOPE)").await;
+    let to = "((NIL NIL \"Friends\" NIL)(\"foo\" NIL \"foo\" \"example.com\")(\"Bar\" NIL \"bar\" \"example.com\")\
+(NIL NIL \"plain\" \"example.com\")(NIL NIL NIL NIL)(NIL NIL \"other\" \"example.com\"))";
+    let cc = "((NIL NIL \"undisclosed-recipients\" NIL)(NIL NIL NIL NIL))";
+    assert!(r[0].contains(&format!(" {to} {cc} NIL NIL NIL)")), "{r:?}");
+    assert_eq!(tagged(&r), "f OK FETCH completed");
+}

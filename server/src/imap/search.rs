@@ -8,6 +8,7 @@
 use chrono::NaiveDate;
 use imap_codec::imap_types::core::{AString, Charset};
 use imap_codec::imap_types::search::SearchKey;
+use imap_codec::imap_types::sequence::SequenceSet;
 
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::encode;
@@ -30,6 +31,54 @@ struct Candidate<'a> {
 struct Bounds {
     max_seq: u32,
     max_uid: u32,
+    /// Each sequence and UID set of the criteria (by address), its ranges
+    /// resolved, sorted and merged once: a message is looked up in log time
+    /// instead of against every range of a set thousands long, once per message.
+    sets: std::collections::HashMap<usize, Vec<(u32, u32)>>,
+}
+
+impl Bounds {
+    fn new(max_seq: u32, max_uid: u32, criteria: &SearchKey<'_>) -> Bounds {
+        let mut b = Bounds { max_seq, max_uid, sets: Default::default() };
+        b.resolve(criteria);
+        b
+    }
+
+    /// Recursion as deep as the criteria, which `imap-codec` parses at most
+    /// nine levels deep.
+    fn resolve(&mut self, key: &SearchKey<'_>) {
+        let (set, max) = match key {
+            SearchKey::And(keys) => return keys.as_ref().iter().for_each(|k| self.resolve(k)),
+            SearchKey::Not(k) => return self.resolve(k),
+            SearchKey::Or(a, b) => {
+                self.resolve(a);
+                return self.resolve(b);
+            }
+            SearchKey::SequenceSet(set) => (set, self.max_seq),
+            SearchKey::Uid(set) => (set, self.max_uid),
+            _ => return,
+        };
+        let mut ranges: Vec<(u32, u32)> = SeqSet::from_codec(set).ranges(max).collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+        for (lo, hi) in ranges {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        self.sets.insert(set as *const SequenceSet as usize, merged);
+    }
+
+    fn contains(&self, set: &SequenceSet, n: u32, max: u32) -> bool {
+        match self.sets.get(&(set as *const SequenceSet as usize)) {
+            Some(ranges) => {
+                let after = ranges.partition_point(|&(lo, _)| lo <= n);
+                after > 0 && ranges[after - 1].1 >= n
+            }
+            None => SeqSet::from_codec(set).contains(n, max),
+        }
+    }
 }
 
 /// System-flag-only criteria → (with, without), or `None` when other keys occur.
@@ -161,8 +210,8 @@ fn eval(key: &SearchKey<'_>, c: &Candidate<'_>, b: &Bounds) -> bool {
     let sent = c.meta.and_then(|m| m.sent_day()).or(internal);
     match key {
         SearchKey::And(keys) => keys.as_ref().iter().all(|k| eval(k, c, b)),
-        SearchKey::SequenceSet(set) => SeqSet::from_codec(set).contains(c.seq, b.max_seq),
-        SearchKey::Uid(set) => SeqSet::from_codec(set).contains(c.uid, b.max_uid),
+        SearchKey::SequenceSet(set) => b.contains(set, c.seq, b.max_seq),
+        SearchKey::Uid(set) => b.contains(set, c.uid, b.max_uid),
         SearchKey::All => true,
         SearchKey::Answered => has(Flags::ANSWERED),
         SearchKey::Unanswered => !has(Flags::ANSWERED),
@@ -319,7 +368,7 @@ impl Session {
         let Some(sel) = self.selected.as_ref() else { return Err(Outcome::bad("No mailbox selected")) };
         let mailbox_id = sel.mailbox.id;
         let recent = sel.recent.clone();
-        let bounds = Bounds { max_seq: sel.uids.len() as u32, max_uid: sel.max_uid() };
+        let bounds = Bounds::new(sel.uids.len() as u32, sel.max_uid(), criteria);
         let gone = |uid: &u32| sel.pending_expunge.contains(uid);
         let mut hits: Vec<u32> = Vec::new(); // UIDs
 

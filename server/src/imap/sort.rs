@@ -1,6 +1,7 @@
 //! SORT (RFC 5256 §3): the messages a search matches, ordered by keys of their
 //! headers and metadata, ties in mailbox order.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use imap_codec::imap_types::core::Charset;
@@ -177,37 +178,86 @@ fn compare(kind: SortKind, a: &SortKeys, b: &SortKeys) -> Ordering {
     }
 }
 
-/// The local part (addr-mailbox) of the first address of a header summary
-/// (`Name <local@domain>, …`); empty when there is none.
-pub(crate) fn first_mailbox(summary: &str) -> &str {
-    let address = match summary.find('<') {
-        Some(open) => summary[open + 1..].split('>').next().unwrap_or(""),
-        None => summary.split(',').next().unwrap_or("").trim(),
-    };
-    address.rsplit_once('@').map_or(address, |(local, _)| local)
+/// The first address of a header summary (`message::address_summary`: `Name
+/// <local@domain>`, `local@domain` or a name alone, comma-separated; a group as
+/// `name: <a@b>, Name <c@d>;`) as its ENVELOPE address structure has it
+/// (RFC 3501 §7.4.2): a group's first structure is its start marker, whose
+/// mailbox is the group's name. Names are stored decoded and may hold commas: a
+/// first segment with an `@` and no `<` is a bare address, one with neither
+/// belongs to a name that runs on to the first `<`.
+struct FirstAddress<'a> {
+    name: &'a str,
+    /// addr-mailbox, or the group's name.
+    mailbox: &'a str,
+    host: &'a str,
 }
 
-/// The display name of the first address of a summary (`Name <a@b>, …`, see
-/// `message::address_summary`), else its addr-spec (RFC 5957 §3). Names are
-/// stored decoded and may hold commas: a first segment with an `@` and no `<`
-/// is a bare address, one with neither belongs to a name that runs on to the
-/// first `<`. A group's name is not a display name: its first member's is.
-pub(crate) fn first_display(summary: &str) -> &str {
+fn first_address(summary: &str) -> FirstAddress<'_> {
+    let summary = summary.trim();
+    let none = FirstAddress { name: "", mailbox: "", host: "" };
+    if summary.is_empty() {
+        return none;
+    }
+    let open = summary.find('<');
+    if let Some(colon) = summary.find(':')
+        && open.is_none_or(|o| colon < o)
+        && !summary[..colon].contains('@')
+        && is_group_rest(&summary[colon + 1..])
+    {
+        return FirstAddress { name: "", mailbox: summary[..colon].trim(), host: "" };
+    }
     let first = summary.split(", ").next().unwrap_or("");
-    let named = if first.contains('<') {
-        first
+    let (name, spec) = if first.contains('<') {
+        let o = first.find('<').unwrap_or(0);
+        (&first[..o], first[o + 1..].split('>').next().unwrap_or(""))
     } else if first.contains('@') {
-        return first.trim();
+        ("", first)
     } else {
-        match summary.find('<') {
-            Some(open) => &summary[..summary[open..].find('>').map_or(summary.len(), |c| open + c + 1)],
-            None => return first.trim(),
+        match open {
+            Some(o) => (&summary[..o], summary[o + 1..].split('>').next().unwrap_or("")),
+            // A name alone: no mailbox (RFC 3501 addr-mailbox NIL).
+            None => (first, ""),
         }
     };
-    let Some(open) = named.find('<') else { return named.trim() };
-    let name = named[..open].trim();
-    let address = named[open + 1..].split('>').next().unwrap_or("").trim();
-    if name.is_empty() || name.ends_with(':') { address } else { name }
+    let spec = spec.trim();
+    let (mailbox, host) = spec.rsplit_once('@').unwrap_or((spec, ""));
+    FirstAddress { name: name.trim(), mailbox, host }
+}
+
+/// What follows a group's `name:` in a summary: its members, each bracketed
+/// (`<a@b>`, `Name <a@b>`), then `;`. A display name with a colon in it
+/// (`Re: Bob <b@x>`) is followed by no `;`.
+fn is_group_rest(rest: &str) -> bool {
+    let mut rest = rest.trim_start();
+    loop {
+        if rest.starts_with(';') {
+            return true;
+        }
+        let Some(close) = rest.find('>') else { return false };
+        rest = rest[close + 1..].trim_start();
+        match rest.strip_prefix(',') {
+            Some(more) => rest = more.trim_start(),
+            None => return rest.starts_with(';'),
+        }
+    }
+}
+
+/// SORT FROM / TO / CC (RFC 5256 §3): the addr-mailbox (local part) of the
+/// first address; empty when there is none, which sorts before any address.
+pub(crate) fn first_mailbox(summary: &str) -> &str {
+    first_address(summary).mailbox
+}
+
+/// SORT DISPLAYFROM / DISPLAYTO (RFC 5957 §3): the display name of the first
+/// address if it has one, else `mailbox@host`, else the mailbox (a group's
+/// name), else empty.
+pub(crate) fn first_display(summary: &str) -> Cow<'_, str> {
+    let a = first_address(summary);
+    match (a.name, a.mailbox, a.host) {
+        ("", mailbox, "") => Cow::Borrowed(mailbox),
+        ("", mailbox, host) => Cow::Owned(format!("{mailbox}@{host}")),
+        (name, _, _) => Cow::Borrowed(name),
+    }
 }
 
 /// The base subject (RFC 5256 §2.1): whitespace runs made single spaces, and the
@@ -389,7 +439,12 @@ mod tests {
         assert_eq!(first_display("Alice Smith <alice@example.com>, bob@example.org"), "Alice Smith");
         assert_eq!(first_display("bob@example.org, Alice <alice@example.com>"), "bob@example.org");
         assert_eq!(first_display("Doe, John <john@example.com>, x@y"), "Doe, John");
-        assert_eq!(first_display("Team: <x@example.com>, <y@example.com>;"), "x@example.com");
+        // A group's first address structure is its start marker: the group's name.
+        assert_eq!(first_display("Team: <x@example.com>, <y@example.com>;"), "Team");
+        assert_eq!(first_display("Team: Y <y@example.com>;, z@example.org"), "Team");
+        assert_eq!(first_display("Re: Bob <b@example.com>"), "Re: Bob");
+        assert_eq!(first_display("Undisclosed recipients: ;"), "Undisclosed recipients");
+        assert_eq!(first_display("Only A Name"), "Only A Name");
         assert_eq!(first_display("Grüße <g@example.de>"), "Grüße");
         assert_eq!(first_display(""), "");
     }
@@ -399,6 +454,12 @@ mod tests {
         assert_eq!(first_mailbox("Alice <alice@example.com>, bob@example.org"), "alice");
         assert_eq!(first_mailbox("\"Doe, John\" <john@example.com>"), "john");
         assert_eq!(first_mailbox("bob@example.org, carol@example.org"), "bob");
+        // The first address, not the first bracketed one.
+        assert_eq!(first_mailbox("bob@example.org, Alice <alice@example.com>"), "bob");
+        assert_eq!(first_mailbox("Doe, John <john@example.com>, x@y"), "john");
+        assert_eq!(first_mailbox("Team: <x@example.com>, <y@example.com>;"), "Team");
+        assert_eq!(first_mailbox("Empty: ;, a@example.com"), "Empty");
+        assert_eq!(first_mailbox("Only A Name"), "");
         assert_eq!(first_mailbox(""), "");
     }
 }

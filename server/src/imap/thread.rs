@@ -3,6 +3,7 @@
 //! and In-Reply-To chain, then subjects), in the RFC's response syntax.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use super::session::{Outcome, Session, store_error};
 use std::sync::Arc;
@@ -28,11 +29,65 @@ pub struct ThreadMessage {
     pub parents: Vec<String>,
 }
 
-/// A thread: a message (or, for a group without one, none) and its replies.
+/// Threads as a forest: nodes by index, each a message (or, for a group
+/// without one, none) and its replies in order. A conversation can be as deep as
+/// its messages make it, so everything that walks a forest does so with a stack
+/// or a loop of its own, never by recursion.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Forest {
+    nodes: Vec<Node>,
+    /// The threads, in order.
+    pub roots: Vec<usize>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
-pub struct Thread {
-    pub message: Option<usize>,
-    pub children: Vec<Thread>,
+struct Node {
+    message: Option<usize>,
+    children: Vec<usize>,
+}
+
+impl Forest {
+    fn add(&mut self, message: Option<usize>, children: Vec<usize>) -> usize {
+        self.nodes.push(Node { message, children });
+        self.nodes.len() - 1
+    }
+
+    /// The message a thread sorts by: its own, or (none) its first child's.
+    fn first(&self, mut n: usize) -> usize {
+        loop {
+            let node = &self.nodes[n];
+            match (node.message, node.children.first()) {
+                (Some(m), _) => return m,
+                (None, Some(&c)) => n = c,
+                (None, None) => return 0,
+            }
+        }
+    }
+
+    /// Every node under `roots` in post-order (children before their parent).
+    fn post_order(&self) -> Vec<usize> {
+        let mut order = Vec::with_capacity(self.nodes.len());
+        let mut stack: Vec<(usize, bool)> = self.roots.iter().rev().map(|&r| (r, false)).collect();
+        while let Some((n, expanded)) = stack.pop() {
+            if expanded {
+                order.push(n);
+                continue;
+            }
+            stack.push((n, true));
+            stack.extend(self.nodes[n].children.iter().rev().map(|&c| (c, false)));
+        }
+        order
+    }
+
+    /// Step 6: every node's children by date, deepest first so that a node
+    /// without a message sorts by its earliest reply.
+    fn sort_children(&mut self, messages: &[ThreadMessage]) {
+        for n in self.post_order() {
+            let mut children = std::mem::take(&mut self.nodes[n].children);
+            children.sort_by(|&a, &b| by_date(&messages[self.first(a)], &messages[self.first(b)]));
+            self.nodes[n].children = children;
+        }
+    }
 }
 
 impl Session {
@@ -87,8 +142,21 @@ impl Session {
     }
 }
 
+/// References kept of one message: its first (the start of its thread) and its
+/// last ones (its nearest ancestors), the ones RFC 5322 §3.6.4 asks a writer to
+/// keep when it trims the field. The rest say nothing the kept ones do not, and
+/// a message can list any number of ids (one with 20,000 made a chain of as many
+/// containers, each a level deeper).
+pub const MAX_REFERENCES: usize = 64;
+
+/// How far up its parent links the loop check of REFERENCES step 1 climbs. A
+/// link that would put a message deeper than this is not made: the message
+/// starts a thread of its own (and rejoins its conversation by subject, step 5).
+/// So a check costs at most this many steps however long the conversations.
+pub const MAX_THREAD_DEPTH: usize = 1_000;
+
 /// The message ids of References, or else the first of In-Reply-To, from a header
-/// block (folded lines joined).
+/// block (folded lines joined): at most [`MAX_REFERENCES`], the first and the last.
 pub fn parent_ids(header: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(header);
     let (mut references, mut in_reply_to) = (None, None);
@@ -108,46 +176,59 @@ pub fn parent_ids(header: &[u8]) -> Vec<String> {
         }
         field = line.to_string();
     }
-    let ids = |v: &str| -> Vec<String> {
-        v.split('<').skip(1).filter_map(|p| p.split_once('>')).map(|(id, _)| id.trim().to_string()).collect()
-    };
-    match references.as_deref().map(ids).filter(|r| !r.is_empty()) {
+    fn ids(v: &str) -> impl Iterator<Item = &str> {
+        v.split('<').skip(1).filter_map(|p| p.split_once('>')).map(|(id, _)| id.trim())
+    }
+    let references = references.as_deref().map(|v| {
+        let mut ids = ids(v);
+        let first = ids.next();
+        let mut last = std::collections::VecDeque::with_capacity(MAX_REFERENCES);
+        for id in ids {
+            if last.len() == MAX_REFERENCES - 1 {
+                last.pop_front();
+            }
+            last.push_back(id);
+        }
+        first.into_iter().chain(last).map(str::to_string).collect::<Vec<_>>()
+    });
+    match references.filter(|r| !r.is_empty()) {
         Some(r) => r,
-        None => in_reply_to.as_deref().map(ids).and_then(|v| v.into_iter().next()).into_iter().collect(),
+        None => in_reply_to.as_deref().and_then(|v| ids(v).next()).map(str::to_string).into_iter().collect(),
     }
 }
 
 /// ORDEREDSUBJECT (§2.1 + §4): messages grouped by base subject; in a group the
 /// earliest is the parent of all the others; threads by the date of their first.
-pub fn ordered_subject(messages: &[ThreadMessage]) -> Vec<Thread> {
+pub fn ordered_subject(messages: &[ThreadMessage]) -> Forest {
+    let keys: Vec<String> = messages.iter().map(|m| m.subject.to_ascii_uppercase()).collect();
     let mut order: Vec<usize> = (0..messages.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (&messages[a], &messages[b]);
-        x.subject.to_ascii_uppercase().cmp(&y.subject.to_ascii_uppercase()).then(by_date(x, y))
-    });
-    let mut threads: Vec<Thread> = Vec::new();
-    let mut last_subject: Option<String> = None;
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]).then(by_date(&messages[a], &messages[b])));
+    let mut forest = Forest::default();
+    let mut last: Option<(usize, usize)> = None;
     for i in order {
-        let key = messages[i].subject.to_ascii_uppercase();
-        let leaf = Thread { message: Some(i), children: Vec::new() };
-        match threads.last_mut() {
-            Some(t) if last_subject.as_ref() == Some(&key) => t.children.push(leaf),
-            _ => threads.push(leaf),
+        let leaf = forest.add(Some(i), Vec::new());
+        match last {
+            Some((root, key)) if keys[key] == keys[i] => forest.nodes[root].children.push(leaf),
+            _ => {
+                forest.roots.push(leaf);
+                last = Some((leaf, i));
+            }
         }
-        last_subject = Some(key);
     }
-    threads.sort_by(|a, b| by_date(&messages[first(a)], &messages[first(b)]));
-    threads
+    let mut roots = std::mem::take(&mut forest.roots);
+    roots.sort_by(|&a, &b| by_date(&messages[forest.first(a)], &messages[forest.first(b)]));
+    forest.roots = roots;
+    forest
 }
 
 /// REFERENCES (§2.2 steps 1-6).
-pub fn references(messages: &[ThreadMessage]) -> Vec<Thread> {
+pub fn references(messages: &[ThreadMessage]) -> Forest {
     let mut set = Containers::default();
     for (i, m) in messages.iter().enumerate() {
         // 1A: the reference chain, each linked to the one before unless already
         // parented or a loop would form.
         let mut previous: Option<usize> = None;
-        for id in &m.parents {
+        for id in m.parents.iter().take(MAX_REFERENCES) {
             let c = set.get(id);
             if let Some(p) = previous
                 && set.parent[c].is_none()
@@ -158,7 +239,9 @@ pub fn references(messages: &[ThreadMessage]) -> Vec<Thread> {
             previous = Some(c);
         }
         // 1B: the message's own container (a duplicate or missing id gets one of
-        // its own), its parent the last reference.
+        // its own), its parent the last reference. The link it had is dropped
+        // here and its entry in the old parent's list when the forest is built:
+        // a list can be long, and rewriting it for every such message adds up.
         let own = match &m.message_id {
             Some(id) => {
                 let c = set.get(id);
@@ -167,10 +250,7 @@ pub fn references(messages: &[ThreadMessage]) -> Vec<Thread> {
             None => set.fresh(),
         };
         set.message[own] = Some(i);
-        if let Some(old) = set.parent[own] {
-            set.children[old].retain(|&c| c != own);
-            set.parent[own] = None;
-        }
+        set.parent[own] = None;
         if let Some(p) = previous
             && !set.would_loop(p, own)
         {
@@ -178,34 +258,30 @@ pub fn references(messages: &[ThreadMessage]) -> Vec<Thread> {
         }
     }
     // 2-3: the roots, with empty containers pruned.
-    let roots: Vec<usize> = (0..set.parent.len()).filter(|&c| set.parent[c].is_none()).collect();
-    let roots = set.prune(roots, true);
-    let mut threads: Vec<Thread> = roots.into_iter().map(|c| set.tree(c)).collect();
+    let mut forest = set.pruned();
     // 6 (children first: a root without a message sorts by its first child).
-    for t in &mut threads {
-        sort_children(t, messages);
-    }
+    forest.sort_children(messages);
     // 4
-    threads.sort_by(|a, b| by_date(&messages[first(a)], &messages[first(b)]));
+    let mut roots = std::mem::take(&mut forest.roots);
+    roots.sort_by(|&a, &b| by_date(&messages[forest.first(a)], &messages[forest.first(b)]));
+    forest.roots = roots;
     // 5: threads whose (first) messages share a base subject are merged.
-    let threads = group_by_subject(threads, messages);
-    let mut threads = threads;
-    for t in &mut threads {
-        sort_children(t, messages);
-    }
-    threads
+    group_by_subject(&mut forest, messages);
+    forest.sort_children(messages);
+    forest
 }
 
-fn group_by_subject(threads: Vec<Thread>, messages: &[ThreadMessage]) -> Vec<Thread> {
-    let subject_of = |t: &Thread| {
-        let m = &messages[first(t)];
-        (m.subject.to_ascii_uppercase(), t.message.is_some() && m.reply)
+fn group_by_subject(forest: &mut Forest, messages: &[ThreadMessage]) {
+    let subject_of = |forest: &Forest, t: usize| {
+        let m = &messages[forest.first(t)];
+        (m.subject.to_ascii_uppercase(), forest.nodes[t].message.is_some() && m.reply)
     };
+    let threads = std::mem::take(&mut forest.roots);
     // 5A-B: the thread that represents each subject: a dummy over a message, a
     // non-reply over a reply.
     let mut table: HashMap<String, usize> = HashMap::new();
-    for (i, t) in threads.iter().enumerate() {
-        let (subject, reply) = subject_of(t);
+    for (i, &t) in threads.iter().enumerate() {
+        let (subject, reply) = subject_of(forest, t);
         if subject.is_empty() {
             continue;
         }
@@ -214,55 +290,51 @@ fn group_by_subject(threads: Vec<Thread>, messages: &[ThreadMessage]) -> Vec<Thr
                 table.insert(subject, i);
             }
             Some(&j) => {
-                let current = &threads[j];
-                let current_reply = subject_of(current).1;
-                if (current.message.is_some() && t.message.is_none()) || (current_reply && !reply) {
+                let current = threads[j];
+                let current_reply = subject_of(forest, current).1;
+                if (forest.nodes[current].message.is_some() && forest.nodes[t].message.is_none())
+                    || (current_reply && !reply)
+                {
                     table.insert(subject, i);
                 }
             }
         }
     }
     // 5C: merge the others into it.
-    let mut slots: Vec<Option<Thread>> = threads.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<usize>> = threads.into_iter().map(Some).collect();
     for i in 0..slots.len() {
-        let Some(t) = slots[i].as_ref() else { continue };
-        let (subject, reply) = subject_of(t);
+        let Some(this) = slots[i] else { continue };
+        let (subject, reply) = subject_of(forest, this);
         let Some(&j) = table.get(&subject) else { continue };
         if i == j || subject.is_empty() {
             continue;
         }
-        let Some(this) = slots[i].take() else { continue };
-        let Some(target) = slots[j].take() else {
-            slots[i] = Some(this);
-            continue;
-        };
-        let target_reply = subject_of(&target).1;
-        let merged = match (target.message.is_none(), this.message.is_none()) {
+        let Some(target) = slots[j] else { continue };
+        slots[i] = None;
+        let target_reply = subject_of(forest, target).1;
+        let merged = match (forest.nodes[target].message.is_none(), forest.nodes[this].message.is_none()) {
             (true, true) => {
-                let mut t = target;
-                t.children.extend(this.children);
-                t
+                let moved = std::mem::take(&mut forest.nodes[this].children);
+                forest.nodes[target].children.extend(moved);
+                target
             }
             (true, false) => {
-                let mut t = target;
-                t.children.push(this);
-                t
+                forest.nodes[target].children.push(this);
+                target
             }
             (false, true) => {
-                let mut t = this;
-                t.children.push(target);
-                t
+                forest.nodes[this].children.push(target);
+                this
             }
             (false, false) if !target_reply && reply => {
-                let mut t = target;
-                t.children.push(this);
-                t
+                forest.nodes[target].children.push(this);
+                target
             }
-            (false, false) => Thread { message: None, children: vec![target, this] },
+            (false, false) => forest.add(None, vec![target, this]),
         };
         slots[j] = Some(merged);
     }
-    slots.into_iter().flatten().collect()
+    forest.roots = slots.into_iter().flatten().collect();
 }
 
 /// Containers of REFERENCES step 1, by index.
@@ -271,6 +343,8 @@ struct Containers {
     ids: HashMap<String, usize>,
     message: Vec<Option<usize>>,
     parent: Vec<Option<usize>>,
+    /// Every link made, including ones dropped since (their child's `parent`
+    /// names another container, or none).
     children: Vec<Vec<usize>>,
 }
 
@@ -291,16 +365,18 @@ impl Containers {
         c
     }
 
-    /// Making `child` a child of `parent` would close a loop.
+    /// Making `child` a child of `parent` would close a loop, or put `child`
+    /// deeper than [`MAX_THREAD_DEPTH`].
     fn would_loop(&self, parent: usize, child: usize) -> bool {
         let mut at = Some(parent);
-        while let Some(c) = at {
-            if c == child {
-                return true;
+        for _ in 0..MAX_THREAD_DEPTH {
+            match at {
+                None => return false,
+                Some(c) if c == child => return true,
+                Some(c) => at = self.parent[c],
             }
-            at = self.parent[c];
         }
-        false
+        true
     }
 
     fn link(&mut self, parent: usize, child: usize) {
@@ -308,49 +384,44 @@ impl Containers {
         self.children[parent].push(child);
     }
 
-    /// Step 3: empty containers go; their children move up a level, except to the
-    /// root level where only a single child moves up.
-    fn prune(&mut self, list: Vec<usize>, root: bool) -> Vec<usize> {
-        let mut out = Vec::new();
-        for c in list {
-            let kids = std::mem::take(&mut self.children[c]);
-            let kids = self.prune(kids, false);
-            if self.message[c].is_some() {
-                self.children[c] = kids;
-                out.push(c);
-            } else if kids.is_empty() {
-                continue;
-            } else if !root || kids.len() == 1 {
-                out.extend(kids);
+    /// Steps 2 and 3 as a forest: the containers without a parent, and under
+    /// each its children where empty containers go; their children move up a
+    /// level, except to the root level where only a single child moves up.
+    fn pruned(mut self) -> Forest {
+        // The links still standing, each once (a child dropped and linked to the
+        // same parent again is listed twice).
+        let mut placed = vec![false; self.parent.len()];
+        for p in 0..self.children.len() {
+            let parent = &self.parent;
+            self.children[p].retain(|&c| parent[c] == Some(p) && !std::mem::replace(&mut placed[c], true));
+        }
+        let nodes = self
+            .message
+            .iter()
+            .zip(self.children)
+            .map(|(&message, children)| Node { message, children })
+            .collect();
+        let roots = (0..self.parent.len()).filter(|&c| self.parent[c].is_none()).collect();
+        let mut forest = Forest { nodes, roots };
+        // What each container stands for in its parent's list once pruned:
+        // itself, nothing, or its own (pruned) children.
+        let mut replacement: Vec<Vec<usize>> = vec![Vec::new(); forest.nodes.len()];
+        for c in forest.post_order() {
+            let kids: Vec<usize> = std::mem::take(&mut forest.nodes[c].children)
+                .into_iter()
+                .flat_map(|k| std::mem::take(&mut replacement[k]))
+                .collect();
+            let root = self.parent[c].is_none();
+            replacement[c] = if forest.nodes[c].message.is_some() || (root && kids.len() > 1) {
+                forest.nodes[c].children = kids;
+                vec![c]
             } else {
-                self.children[c] = kids;
-                out.push(c);
-            }
+                kids
+            };
         }
-        out
-    }
-
-    fn tree(&self, c: usize) -> Thread {
-        Thread {
-            message: self.message[c],
-            children: self.children[c].iter().map(|&k| self.tree(k)).collect(),
-        }
-    }
-}
-
-/// Step 6: children by date, recursively.
-fn sort_children(t: &mut Thread, messages: &[ThreadMessage]) {
-    for c in &mut t.children {
-        sort_children(c, messages);
-    }
-    t.children.sort_by(|a, b| by_date(&messages[first(a)], &messages[first(b)]));
-}
-
-/// The message a thread sorts by: its own, or (no message) its first child's.
-fn first(t: &Thread) -> usize {
-    match t.message {
-        Some(m) => m,
-        None => t.children.first().map_or(0, first),
+        let roots = std::mem::take(&mut forest.roots);
+        forest.roots = roots.into_iter().flat_map(|r| std::mem::take(&mut replacement[r])).collect();
+        forest
     }
 }
 
@@ -361,36 +432,33 @@ fn by_date(a: &ThreadMessage, b: &ThreadMessage) -> std::cmp::Ordering {
 
 /// `(1 2 (3)(4 5))(6)`: a message followed by its only reply continues the line;
 /// several replies are nested lists.
-pub fn render(threads: &[Thread], messages: &[ThreadMessage]) -> String {
-    fn members(t: &Thread, messages: &[ThreadMessage], out: &mut String) {
-        if let Some(m) = t.message {
-            out.push_str(&messages[m].number.to_string());
-        }
-        match t.children.as_slice() {
-            [] => {}
-            [only] => {
-                if t.message.is_some() {
-                    out.push(' ');
-                }
-                members(only, messages, out);
-            }
-            several => {
-                if t.message.is_some() {
-                    out.push(' ');
-                }
-                for c in several {
-                    out.push('(');
-                    members(c, messages, out);
-                    out.push(')');
-                }
-            }
-        }
+pub fn render(forest: &Forest, messages: &[ThreadMessage]) -> String {
+    enum Step {
+        Node(usize),
+        Text(&'static str),
     }
+    let nested = |n: usize| [Step::Text(")"), Step::Node(n), Step::Text("(")];
     let mut out = String::new();
-    for t in threads {
-        out.push('(');
-        members(t, messages, &mut out);
-        out.push(')');
+    let mut stack: Vec<Step> = forest.roots.iter().rev().flat_map(|&r| nested(r)).collect();
+    while let Some(step) = stack.pop() {
+        let n = match step {
+            Step::Text(t) => {
+                out.push_str(t);
+                continue;
+            }
+            Step::Node(n) => &forest.nodes[n],
+        };
+        if let Some(m) = n.message {
+            let _ = write!(out, "{}", messages[m].number);
+            if !n.children.is_empty() {
+                out.push(' ');
+            }
+        }
+        match n.children.as_slice() {
+            [] => {}
+            [only] => stack.push(Step::Node(*only)),
+            several => stack.extend(several.iter().rev().flat_map(|&c| nested(c))),
+        }
     }
     out
 }
@@ -419,6 +487,64 @@ mod tests {
         let h = b"In-Reply-To: <c@x> (comment) <d@x>\r\n\r\n";
         assert_eq!(parent_ids(h), ["c@x"]);
         assert!(parent_ids(b"Subject: none\r\n\r\n").is_empty());
+    }
+
+    #[test]
+    fn parent_ids_keep_the_first_and_the_last_references() {
+        let mut h = String::from("Subject: x\r\nReferences:");
+        for i in 0..20_000 {
+            h.push_str(&format!("\r\n <{i}@x>"));
+        }
+        h.push_str("\r\n\r\n");
+        let ids = parent_ids(h.as_bytes());
+        assert_eq!(ids.len(), MAX_REFERENCES);
+        assert_eq!(ids[0], "0@x");
+        assert_eq!(ids[1], format!("{}@x", 20_000 - (MAX_REFERENCES - 1)));
+        assert_eq!(ids[MAX_REFERENCES - 1], "19999@x");
+    }
+
+    /// Every message number of a rendered list, in order.
+    fn numbers(out: &str) -> Vec<u32> {
+        out.split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_conversation_100000_replies_deep_is_one_thread() {
+        let n = 100_000u32;
+        let m: Vec<ThreadMessage> = (0..n)
+            .map(|i| {
+                let parents: Vec<String> =
+                    if i == 0 { vec![] } else { vec!["0".into(), (i - 1).to_string()] };
+                ThreadMessage {
+                    number: i + 1,
+                    date: i64::from(i),
+                    subject: "TALK".into(),
+                    reply: i > 0,
+                    message_id: Some(i.to_string()),
+                    parents,
+                }
+            })
+            .collect();
+        let forest = references(&m);
+        assert_eq!(forest.roots.len(), 1);
+        let out = render(&forest, &m);
+        assert_eq!(numbers(&out), (1..=n).collect::<Vec<_>>());
+        assert!(out.starts_with("(1 ") && out.contains(" 3 4 5 6 7 8 9 10 "), "{}", &out[..100]);
+        let out = render(&ordered_subject(&m), &m);
+        assert_eq!(numbers(&out), (1..=n).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_message_arriving_after_its_reply_leaves_the_parent_it_was_given() {
+        // 1 names x as 2's parent; 2 itself says it has none (RFC 5256 §2.2 1B).
+        let m = [msg(1, 10, "s", "a", &["x", "b"]), msg(2, 5, "s", "b", &[])];
+        assert_eq!(render(&references(&m), &m), "(2 1)");
+        // Linked twice to the same parent: listed once.
+        let m = [msg(1, 10, "s", "a", &["p", "b"]), msg(2, 20, "s", "b", &["p"]), msg(3, 5, "s", "p", &[])];
+        assert_eq!(render(&references(&m), &m), "(3 2 1)");
     }
 
     #[test]
