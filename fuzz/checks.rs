@@ -7,14 +7,39 @@
 // Each fuzz target uses one of these functions.
 #![allow(dead_code)]
 
+use std::future::Future;
+use std::io::{Cursor, Read};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
 use bytes::BytesMut;
+use mail_auth::common::resolver::ToFqdn;
+use mail_auth::common::verify::VerifySignature;
+use mail_auth::hickory_resolver::proto::op::ResponseCode;
+use mail_auth::{AuthenticatedMessage, DnsError, ResolverCache, Txt};
+use mailcluster_api::config::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig};
+use mailcluster_server::delivery::forward::fuzzing as forward;
+use mailcluster_server::dkim::{Signer, generate, write_key_file};
+use mailcluster_server::dns::Dns;
 use mailcluster_server::imap::sort::base_subject_of;
 use mailcluster_server::imap::sort_cache::SortKeys;
+use mailcluster_server::imap::thread::{
+    Thread, ThreadMessage, ordered_subject, parent_ids, references, render,
+};
+use mailcluster_server::inbound::{self, Envelope, Verdict};
 use mailcluster_server::message::parse_meta;
+use mailcluster_server::net::deflate::Deflate;
+use mailcluster_server::net::proxy::read_header;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
 use mailcluster_server::proto::imap::parse::{parse, rewritten_criteria, shallow_or_chains};
 use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcpt, parse_command};
+use mailcluster_server::relay::client::Reply;
+use mailcluster_server::relay::client::fuzzing as relay;
+use mailcluster_server::relay::dsn::{self, Action, RecipientReport, Report};
 use mailcluster_server::store::SortRow;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Limits small enough that short inputs reach them.
 pub const IMAP_LIMITS: Limits = Limits { max_line: 1024, max_literal: 4096 };
@@ -188,6 +213,587 @@ pub fn message_meta(data: &[u8]) {
     for line in text.lines().take(64) {
         let (base, _) = base_subject_of(line);
         assert!(base.len() <= line.len());
+    }
+}
+
+/// Runs a future whose I/O is all in memory, so that it never waits.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("waited on input that was all there"),
+    }
+}
+
+/// THREAD: the input is header sections separated by blank lines, one message
+/// each (at most 256), read as the session reads them: Subject, Date and
+/// Message-ID from the stored summary (`parse_meta`, `SortKeys`), References and
+/// In-Reply-To by `parent_ids`. Both algorithms place every message exactly
+/// once, leave no empty thread, and render balanced parentheses in a size
+/// linear in the messages.
+pub fn thread(data: &[u8]) {
+    let mut messages = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() && messages.len() < 256 {
+        // A blank line (LF LF or LF CR LF) ends a header section.
+        let end = memchr::memchr_iter(b'\n', rest).find_map(|at| match rest.get(at + 1..) {
+            Some([b'\n', ..]) => Some((at + 1, at + 2)),
+            Some([b'\r', b'\n', ..]) => Some((at + 1, at + 3)),
+            _ => None,
+        });
+        let (block, next) = match end {
+            Some((end, next)) => (&rest[..end], &rest[next..]),
+            None => (rest, &b""[..]),
+        };
+        rest = next;
+        let parents = parent_ids(block);
+        for id in &parents {
+            assert!(!id.contains(['<', '>']), "an id with its brackets: {id:?}");
+        }
+        assert!(parents.len() <= block.iter().filter(|&&b| b == b'<').count());
+        let meta = parse_meta(block);
+        let keys = SortKeys::of(&SortRow {
+            uid: messages.len() as u32 + 1,
+            message_id: 1,
+            internal_date: Default::default(),
+            size: meta.size,
+            sent_date: meta.sent_date,
+            subject: meta.subject.clone(),
+            from: meta.from.clone(),
+            to: meta.to.clone(),
+            cc: meta.cc.clone(),
+            message_id_header: meta.message_id.clone(),
+        });
+        messages.push(ThreadMessage {
+            number: keys.uid,
+            date: keys.sent,
+            subject: keys.subject.to_string(),
+            reply: keys.reply,
+            message_id: Some(keys.message_id_header.to_string()).filter(|m| !m.is_empty()),
+            parents,
+        });
+    }
+    for threads in [references(&messages), ordered_subject(&messages)] {
+        let mut seen = vec![0u32; messages.len()];
+        // Walked with a stack of our own: the check must not itself overflow on
+        // a deep thread.
+        let mut stack: Vec<&Thread> = threads.iter().collect();
+        while let Some(t) = stack.pop() {
+            match t.message {
+                Some(m) => seen[m] += 1,
+                None => assert!(!t.children.is_empty(), "an empty thread"),
+            }
+            stack.extend(&t.children);
+        }
+        assert!(seen.iter().all(|&n| n == 1), "messages placed {seen:?} times");
+        let rendered = render(&threads, &messages);
+        let mut depth = 0i64;
+        for c in rendered.bytes() {
+            match c {
+                b'(' => depth += 1,
+                b')' => depth -= 1,
+                b' ' | b'0'..=b'9' => {}
+                other => panic!("{:?} in {rendered}", other as char),
+            }
+            assert!(depth >= 0, "{rendered}");
+        }
+        assert_eq!(depth, 0, "{rendered}");
+        assert!(
+            rendered.len() <= 16 * (messages.len() + 1),
+            "{} bytes for {}",
+            rendered.len(),
+            messages.len()
+        );
+    }
+}
+
+/// The bytes of a v2 PROXY header naming `src` (TCP over IPv4 or IPv6).
+fn proxy_v2(src: SocketAddr) -> Vec<u8> {
+    let mut out = b"\r\n\r\n\0\r\nQUIT\n\x21".to_vec();
+    let (family, ips): (u8, Vec<u8>) = match src.ip() {
+        IpAddr::V4(ip) => (0x11, [ip.octets(), [10, 0, 0, 1]].concat()),
+        IpAddr::V6(ip) => (0x21, [ip.octets(), std::net::Ipv6Addr::LOCALHOST.octets()].concat()),
+    };
+    out.push(family);
+    out.extend_from_slice(&(ips.len() as u16 + 4).to_be_bytes());
+    out.extend_from_slice(&ips);
+    out.extend_from_slice(&src.port().to_be_bytes());
+    out.extend_from_slice(&25u16.to_be_bytes());
+    out
+}
+
+/// The PROXY protocol header reader on arbitrary bytes from a trusted peer: no
+/// panic; it reads no further than a v1 line (107 bytes) or a v2 header (16 +
+/// 4096), so the session finds every byte after it; the bytes it read give the
+/// same answer alone; and an address it accepts, written again as v1 and as v2,
+/// reads back the same.
+pub fn proxy_header(data: &[u8]) {
+    let mut rest = data;
+    let result = ready(read_header(&mut rest));
+    let consumed = data.len() - rest.len();
+    assert!(consumed <= 16 + 4096, "read {consumed} bytes");
+    if data.starts_with(b"PROXY ") {
+        assert!(consumed <= 107, "read {consumed} bytes of a v1 header");
+    }
+    let Ok(addr) = result else { return };
+    let mut alone = &data[..consumed];
+    assert_eq!(ready(read_header(&mut alone)).ok(), Some(addr), "the header alone reads otherwise");
+    assert!(alone.is_empty());
+    if data.starts_with(b"PROXY ") {
+        assert!(data[..consumed].ends_with(b"\r\n"));
+    }
+    if let Some(src) = addr {
+        let family = if src.is_ipv4() { "TCP4" } else { "TCP6" };
+        let dst = if src.is_ipv4() { "10.0.0.1" } else { "::1" };
+        let v1 = format!("PROXY {family} {} {dst} {} 25\r\n", src.ip(), src.port()).into_bytes();
+        for header in [v1, proxy_v2(src)] {
+            let mut again = &header[..];
+            let got = ready(read_header(&mut again));
+            assert_eq!(
+                got.ok(),
+                Some(Some(src)),
+                "{src} did not survive {:?}",
+                String::from_utf8_lossy(&header)
+            );
+        }
+    }
+}
+
+/// Output a fuzz input may inflate to before the check stops reading (a
+/// 64 KiB input can stand for 64 MiB).
+const INFLATE_CAP: usize = 64 << 10;
+
+/// COMPRESS=DEFLATE: the input as a client's compressed stream, read in pieces
+/// of sizes the input chooses. No read returns more than was asked for (a bomb
+/// comes out no faster than the session reads it) or pulls in more than one
+/// input buffer of compressed bytes ahead; what comes out agrees byte for byte
+/// with a reference inflater, all of it when the reference decodes the whole
+/// stream. And the input as plain text, written in pieces with a flush after
+/// each, inflates back to itself.
+pub fn deflate(data: &[u8]) {
+    let mut server = Deflate::new(data);
+    let mut out = Vec::new();
+    let mut sizes = data.iter().cycle().map(|&b| 1 + usize::from(b) * 67 % 8192);
+    let mut reads = 0usize;
+    let mut failed = false;
+    let mut buf = vec![0u8; 8192];
+    while out.len() <= INFLATE_CAP {
+        let want = sizes.next().unwrap_or(4096);
+        match ready(server.read(&mut buf[..want])) {
+            Ok(0) => break,
+            Ok(n) => {
+                assert!(n <= want, "asked for {want}, got {n}");
+                out.extend_from_slice(&buf[..n]);
+            }
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+        reads += 1;
+        let pulled = data.len() - server.get_ref().len();
+        assert!(pulled <= 16 * 1024 * (reads + 1), "{pulled} compressed bytes pulled in by {reads} reads");
+    }
+    let mut reference = Vec::new();
+    let whole = flate2::read::DeflateDecoder::new(data)
+        .take(INFLATE_CAP as u64 + 1)
+        .read_to_end(&mut reference)
+        .is_ok();
+    let common = out.len().min(reference.len());
+    assert_eq!(out[..common], reference[..common], "inflated differently from the reference");
+    if whole && reference.len() <= INFLATE_CAP {
+        assert!(!failed, "refused a stream the reference decodes ({} bytes)", reference.len());
+        assert_eq!(out.len(), reference.len(), "stopped early");
+    }
+
+    let mut writer = Deflate::new(Vec::new());
+    let mut rest = data;
+    while !rest.is_empty() {
+        let n = sizes.next().unwrap_or(rest.len()).min(rest.len());
+        ready(writer.write_all(&rest[..n])).expect("write to memory");
+        ready(writer.flush()).expect("flush to memory");
+        rest = &rest[n..];
+    }
+    let compressed = writer.get_ref().clone();
+    let mut reader = Deflate::new(&compressed[..]);
+    let mut back = Vec::new();
+    ready(reader.read_to_end(&mut back)).expect("our own output inflates");
+    assert!(back == data, "round trip changed {} bytes into {}", data.len(), back.len());
+}
+
+/// The largest reply the fuzzed relay client accepts.
+const MAX_REPLY: usize = 2048;
+
+/// A reply as a server writes it.
+fn reply_wire(reply: &Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, line) in reply.lines.iter().enumerate() {
+        let sep = if i + 1 == reply.lines.len() { ' ' } else { '-' };
+        out.extend_from_slice(format!("{:03}{sep}{line}\r\n", reply.code).as_bytes());
+    }
+    out
+}
+
+/// Checks one reply as the relay reads it, and returns it.
+fn check_reply(reply: Reply) -> Reply {
+    assert!(!reply.lines.is_empty() && reply.code <= 999);
+    // Lossy UTF-8 turns one byte into at most three.
+    let size: usize = reply.lines.iter().map(|l| l.len()).sum();
+    assert!(size <= 3 * MAX_REPLY, "a reply of {size} bytes");
+    let status = dsn::status_of(reply.code, reply.enhanced());
+    let parts: Vec<&str> = status.split('.').collect();
+    assert!(parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.len() <= 3), "status {status:?}");
+    assert!(["2", "4", "5"].contains(&parts[0]), "status {status:?}");
+    let ext = relay::extensions(&reply);
+    if reply.lines.len() == 1 {
+        assert!(
+            !ext.pipelining && !ext.starttls && !ext.dsn && ext.size.is_none(),
+            "keywords from the greeting line"
+        );
+    }
+    let mut again = relay::client(Cursor::new(reply_wire(&reply)), usize::MAX / 4);
+    let read = ready(relay::read_reply(&mut again)).expect("a reply written back reads");
+    assert_eq!(read, reply, "reply did not survive being written back");
+    reply
+}
+
+/// The relay's SMTP client reading a remote server's replies from arbitrary
+/// bytes: replies one after another (pipelined), each within the size bound,
+/// with at most that bound and one read buffered; every reply has a code and a
+/// line, its enhanced status (or the generic one) is `class.subject.detail`, its
+/// EHLO keywords parse, and written back it reads the same.
+pub fn relay_replies(data: &[u8]) {
+    let mut client = relay::client(Cursor::new(data.to_vec()), MAX_REPLY);
+    for _ in 0..data.len() + 1 {
+        let result = ready(relay::read_reply(&mut client));
+        assert!(relay::buffered(&client) <= MAX_REPLY + 4096, "{} bytes buffered", relay::buffered(&client));
+        match result {
+            Ok(reply) => {
+                check_reply(reply);
+            }
+            Err(_) => return,
+        }
+    }
+    panic!("more replies than bytes");
+}
+
+/// The header fields of a DSN, in order.
+const DSN_FIELDS: [&str; 8] =
+    ["From", "To", "Subject", "Date", "Message-ID", "Auto-Submitted", "MIME-Version", "Content-Type"];
+/// The fields of a message/delivery-status part.
+const DELIVERY_STATUS_FIELDS: [&str; 12] = [
+    "Reporting-MTA",
+    "Original-Envelope-Id",
+    "Arrival-Date",
+    "Original-Recipient",
+    "Final-Recipient",
+    "Action",
+    "Status",
+    "Remote-MTA",
+    "Diagnostic-Code",
+    "Last-Attempt-Date",
+    "Will-Retry-Until",
+    // A header folded by the report text is not ours to make: never expected.
+    "",
+];
+
+/// DSNs built from what remote servers and clients control: the input is the
+/// remote server's reply (read by the relay client), the recipient, its ORCPT,
+/// the ENVID, the sender and the original message, separated by NUL; the first
+/// byte chooses the action and RET. The report has exactly its header fields and
+/// delivery-status fields (nothing injected through CR or LF), parses as a
+/// multipart/report of three parts, returns the header section only (no body)
+/// unless a failure with RET=FULL, and stays within a size linear in the
+/// fields it quotes (each at most 1000 characters).
+pub fn dsn(data: &[u8]) {
+    let Some((&flags, data)) = data.split_first() else { return };
+    let mut fields = data.splitn(6, |&b| b == 0);
+    let mut field = || fields.next().unwrap_or_default();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let reply_bytes = field();
+    let reply = ready(relay::read_reply(&mut relay::client(Cursor::new(reply_bytes.to_vec()), MAX_REPLY)));
+    let (status, diagnostic) = match &reply {
+        Ok(r) => (dsn::status_of(r.code, r.enhanced()), r.to_string()),
+        Err(e) => ("4.0.0".to_string(), e.to_string()),
+    };
+    let recipient = text(field());
+    let orcpt = text(field());
+    let envid = text(field());
+    let sender = text(field());
+    let original = field();
+    let action =
+        [Action::Failed, Action::Delayed, Action::Delivered, Action::Relayed][usize::from(flags & 3)];
+    let return_full = flags & 4 != 0;
+    let recipients = vec![
+        RecipientReport {
+            recipient: recipient.clone(),
+            status: status.clone(),
+            remote_mta: Some("mx.remote.example".into()),
+            diagnostic: diagnostic.clone(),
+            original_recipient: (!orcpt.is_empty()).then(|| orcpt.clone()),
+        };
+        1 + usize::from(flags >> 6)
+    ];
+    let now = chrono::Utc::now();
+    let message = dsn::build(&Report {
+        action,
+        reporting_mta: "mx.example.org",
+        sender: &sender,
+        arrival: now,
+        expires: now,
+        recipients: &recipients,
+        original,
+        envid: (flags & 8 != 0).then_some(envid.as_str()),
+        return_full,
+    });
+    let full = return_full && action == Action::Failed;
+    let returned_max = if full { original.len() } else { 64 * 1024 };
+    assert!(
+        message.len() <= 4096 + recipients.len() * 8 * 4000 + returned_max + 4,
+        "a report of {} bytes",
+        message.len()
+    );
+    let header_end = memchr::memmem::find(&message, b"\r\n\r\n").expect("a header section");
+    let head = String::from_utf8_lossy(&message[..header_end]);
+    let names: Vec<&str> = head
+        .split("\r\n")
+        .filter(|l| !l.starts_with([' ', '\t']))
+        .map(|l| l.split_once(':').map_or(l, |(name, _)| name))
+        .collect();
+    assert_eq!(names, DSN_FIELDS, "{head}");
+    let text_all = String::from_utf8_lossy(&message);
+    let boundary = head.split("boundary=\"").nth(1).and_then(|b| b.split('"').next()).expect("a boundary");
+    let status_part = text_all
+        .split(&format!("--{boundary}\r\nContent-Type: message/delivery-status\r\n\r\n"))
+        .nth(1)
+        .and_then(|p| p.split(&format!("\r\n--{boundary}")).next())
+        .expect("a delivery-status part");
+    for line in status_part.split("\r\n").filter(|l| !l.is_empty()) {
+        let name = line.split_once(':').map_or("", |(n, _)| n);
+        assert!(DELIVERY_STATUS_FIELDS[..11].contains(&name), "field {line:?} in the delivery status");
+    }
+    let returned_from = memchr::memmem::rfind(&message, format!("--{boundary}\r\nContent-Type: ").as_bytes())
+        .expect("a returned part");
+    let returned = &message[returned_from..];
+    let returned = &returned[memchr::memmem::find(returned, b"\r\n\r\n").expect("part header") + 4..];
+    let returned = &returned[..returned.len() - boundary.len() - 8];
+    if !full {
+        assert!(returned.len() <= 64 * 1024 + 2);
+        assert!(
+            original.starts_with(returned.strip_suffix(b"\r\n").unwrap_or(returned))
+                || original.starts_with(returned)
+        );
+        assert!(
+            memchr::memmem::find(returned, b"\r\n\r\n").is_none(),
+            "the body went back in a headers-only report"
+        );
+    }
+    let parsed = mail_parser::MessageParser::new().parse(&message).expect("a DSN parses");
+    match &parsed.root_part().body {
+        mail_parser::PartType::Multipart(parts) => assert_eq!(parts.len(), 3, "parts of the report"),
+        other => panic!("not multipart: {other:?}"),
+    }
+}
+
+/// A world for checking inbound mail without a network: one DKIM key of
+/// `org-a.test` (signing with the server's own signer), and the DNS answers of
+/// that domain, fixed in the resolver's cache.
+struct InboundWorld {
+    runtime: tokio::runtime::Runtime,
+    dns: Dns,
+    signer: Signer,
+    fixed: Vec<(String, Txt)>,
+}
+
+const INBOUND_DOMAIN: &str = "org-a.test";
+
+fn inbound_world() -> &'static InboundWorld {
+    static WORLD: OnceLock<InboundWorld> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let key = generate("ed25519").expect("key");
+        let path = std::env::temp_dir().join(format!("mailcluster-fuzz-dkim-{}.pem", std::process::id()));
+        write_key_file(&path, &key.private_pem).expect("key file");
+        let signer = Signer::load(&DkimConfig {
+            keys: vec![DkimKey {
+                domain: INBOUND_DOMAIN.into(),
+                selector: "s1".into(),
+                key_file: path.clone(),
+                algorithm: "ed25519".into(),
+            }],
+        })
+        .expect("signer");
+        let _ = std::fs::remove_file(&path);
+        // A name server nobody answers on: a lookup the fixed answers miss costs
+        // a short timeout (and shows as a slow run), never traffic elsewhere.
+        let dns = Dns::from_config(&DnsConfig {
+            nameservers: vec!["127.0.0.1:9".parse().expect("addr")],
+            timeout_ms: 5,
+            attempts: 1,
+            cache_entries: 100_000,
+        })
+        .expect("resolver");
+        let txt = |record: &str, parse: fn(&[u8]) -> Txt| parse(record.as_bytes());
+        use mail_auth::common::parse::TxtRecordParser;
+        let fixed = vec![
+            (
+                format!("s1._domainkey.{INBOUND_DOMAIN}"),
+                txt(&key.dns_txt, |r| mail_auth::common::verify::DomainKey::parse(r).into()),
+            ),
+            (
+                INBOUND_DOMAIN.to_string(),
+                txt("v=spf1 ip4:127.0.0.1 -all", |r| mail_auth::spf::Spf::parse(r).into()),
+            ),
+            (
+                format!("_dmarc.{INBOUND_DOMAIN}"),
+                txt("v=DMARC1; p=reject", |r| mail_auth::dmarc::Dmarc::parse(r).into()),
+            ),
+        ];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        InboundWorld { runtime, dns, signer, fixed }
+    })
+}
+
+impl InboundWorld {
+    /// Every name the checks of `message` ask: the fixed answers, "no such
+    /// record" for the others.
+    fn answer(&self, message: &[u8], mail_from: &str) {
+        let until = Instant::now() + Duration::from_secs(3600);
+        let missing = || Txt::Error(mail_auth::Error::Dns(DnsError::RecordNotFound(ResponseCode::NXDomain)));
+        let mut names: Vec<String> = Vec::new();
+        if let Some(parsed) = AuthenticatedMessage::parse(message) {
+            for d in &parsed.dkim_headers {
+                names.push(d.header.domain_key());
+                names.push(format!("_report._domainkey.{}", d.header.domain()));
+            }
+            for a in &parsed.ams_headers {
+                names.push(a.header.domain_key());
+            }
+            for a in &parsed.as_headers {
+                names.push(a.header.domain_key());
+            }
+            for from in &parsed.from {
+                if let Some((_, domain)) = from.rsplit_once('@') {
+                    let labels: Vec<&str> = domain.split('.').collect();
+                    for i in 0..labels.len() {
+                        names.push(format!("_dmarc.{}", labels[i..].join(".")));
+                    }
+                }
+            }
+        }
+        if let Some((_, domain)) = mail_from.rsplit_once('@') {
+            names.push(domain.to_string());
+        }
+        for name in names {
+            self.dns.caches.txt.insert(name.to_fqdn().into_owned().into_boxed_str(), missing(), until);
+        }
+        for (name, answer) in &self.fixed {
+            self.dns.caches.txt.insert(name.to_fqdn().into_owned().into_boxed_str(), answer.clone(), until);
+        }
+    }
+
+    fn verdict(&self, message: &[u8], remote: IpAddr, mail_from: &str) -> Verdict {
+        self.answer(message, mail_from);
+        let envelope = Envelope { remote_ip: remote, helo: INBOUND_DOMAIN, mail_from };
+        let config = InboundAuthConfig { dns_budget_ms: 2000, ..Default::default() };
+        self.runtime.block_on(inbound::check(&self.dns, &config, "mx.example.org", &envelope, message))
+    }
+}
+
+/// What every verdict must be: an `Authentication-Results` field that is one
+/// header field (every line break folded, CRLF at the end) of a size linear in
+/// the message, or a reply text on one line.
+fn check_verdict(verdict: &Verdict, message: &[u8]) {
+    match verdict {
+        Verdict::Accept { header, .. } => {
+            assert!(header.starts_with("Authentication-Results: mx.example.org;"), "{header:?}");
+            let body = header.strip_suffix("\r\n").expect("ends with CRLF");
+            for (i, _) in body.match_indices(['\r', '\n']) {
+                let after = &body[i..];
+                assert!(
+                    after.starts_with("\r\n ") || after.starts_with("\r\n\t") || after.starts_with("\n"),
+                    "a line break that is not folding: {header:?}"
+                );
+            }
+            for (i, _) in body.match_indices('\n') {
+                assert!(i > 0 && body.as_bytes()[i - 1] == b'\r', "a bare LF: {header:?}");
+            }
+            assert!(header.len() <= 4096 + 4 * message.len(), "a header of {} bytes", header.len());
+        }
+        Verdict::Reject(text) | Verdict::Defer(_, text) => {
+            assert!(!text.contains(['\r', '\n']), "a reply text over lines: {text:?}");
+        }
+    }
+}
+
+/// Inbound SPF, DKIM, ARC and DMARC (`inbound::check`, mail-auth underneath)
+/// on an arbitrary message, with every DNS answer fixed: the verdict is well
+/// formed (see `check_verdict`); and the message signed by our own signer for
+/// `org-a.test` (its From) passes DKIM and DMARC from an address outside SPF.
+pub fn inbound_auth(data: &[u8]) {
+    let world = inbound_world();
+    let Some((&flags, message)) = data.split_first() else { return };
+    let remote: IpAddr = if flags & 1 == 0 { [127, 0, 0, 1].into() } else { [192, 0, 2, 9].into() };
+    let mail_from = if flags & 2 == 0 { "alice@org-a.test" } else { "" };
+    check_verdict(&world.verdict(message, remote, mail_from), message);
+    // Signed as the submission port signs: below the Received field it always
+    // puts first (a message starting with a folded line would otherwise fold
+    // into the signature's field on the receiving side).
+    let message = &[
+        &b"Received: from client ([192.0.2.1])\r\n\tby mx.org-a.test (Mailcluster) with ESMTPSA id 1\r\n"[..],
+        message,
+    ]
+    .concat();
+    if let Some(signature) = world.signer.sign(message) {
+        let signed = [signature.as_bytes(), message].concat();
+        let verdict = world.verdict(&signed, [192, 0, 2, 9].into(), mail_from);
+        check_verdict(&verdict, &signed);
+        // Only a message mail-auth reads as one signed by us can be asked to pass.
+        let ours = AuthenticatedMessage::parse(&signed).is_some_and(|m| {
+            m.dkim_headers.first().is_some_and(|d| d.header.domain() == INBOUND_DOMAIN)
+                && m.from.len() == 1
+                && m.from[0].to_ascii_lowercase().ends_with("@org-a.test")
+        });
+        if ours {
+            let Verdict::Accept { header, junk: false } = &verdict else { panic!("{verdict:?}") };
+            assert!(header.contains("dkim=pass"), "our own signature did not verify: {header}");
+        }
+    }
+}
+
+/// Group commit across pods, both sides' decoders on arbitrary frames: no
+/// panic; a request the leader accepts, written again, decodes to the same
+/// delivery; an answer the follower accepts, written again, decodes to the same
+/// outcome; and the frame reader over the input as a stream yields frames of
+/// at most its limit, each as long as its length prefix said.
+pub fn group_commit_frames(data: &[u8]) {
+    if let Ok((id, delivery)) = forward::decode_request(data) {
+        let frame = forward::encode_request(id, &delivery).expect("a decoded request encodes");
+        assert_eq!(u32::from_be_bytes(frame[..4].try_into().expect("prefix")) as usize, frame.len() - 4);
+        let (again_id, again) = forward::decode_request(&frame[4..]).expect("an encoded request decodes");
+        assert_eq!(again_id, id);
+        assert_eq!(
+            (&again.raw, &again.meta, &again.targets, &again.flags, again.internal_date),
+            (&delivery.raw, &delivery.meta, &delivery.targets, &delivery.flags, delivery.internal_date)
+        );
+    }
+    if let Ok((id, answer)) = forward::decode_answer(data) {
+        let frame = answer.encode(id);
+        assert_eq!(u32::from_be_bytes(frame[..4].try_into().expect("prefix")) as usize, frame.len() - 4);
+        let (again_id, again) = forward::decode_answer(&frame[4..]).expect("an encoded answer decodes");
+        assert_eq!(again_id, id);
+        assert_eq!(format!("{again:?}"), format!("{answer:?}"));
+    }
+    let max = 512;
+    let mut rest = data;
+    loop {
+        let before = rest.len();
+        match ready(forward::read_frame(&mut rest, max)) {
+            Ok(Some(frame)) => {
+                assert!(frame.len() <= max);
+                assert_eq!(before - rest.len(), 4 + frame.len(), "read past the frame");
+            }
+            Ok(None) | Err(_) => break,
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the cargo-fuzz (libFuzzer) targets in fuzz/ for a bounded time each:
 #   scripts/fuzz.sh [seconds-per-target] [target...]     (default: 60 s, all targets)
-# Crashes land in fuzz/artifacts/<target>/, the growing corpus in fuzz/corpus/<target>/.
+#   FUZZ_RUNS=10000000 scripts/fuzz.sh 0 thread            (a number of inputs instead)
+# One target at a time. Crashes land in fuzz/artifacts/<target>/, the growing
+# corpus in fuzz/corpus/<target>/ (only its seed-* files are committed).
 #
 # The stable toolchain is enough: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass the
 # nightly-only sanitizer flags. Not part of scripts/test.sh: instrumenting the whole
@@ -28,8 +30,10 @@ fi
 
 cargo fuzz build --target-dir "$target_dir"
 for target in "${targets[@]}"; do
-    echo "==> fuzzing $target for ${secs}s" >&2
+    limit=(-max_total_time="$secs")
+    if [ -n "${FUZZ_RUNS:-}" ]; then limit=(-runs="$FUZZ_RUNS"); fi
+    echo "==> fuzzing $target: ${limit[*]}" >&2
     mkdir -p "corpus/$target"
     cargo fuzz run --target-dir "$target_dir" "$target" "corpus/$target" -- \
-        -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -timeout=10
+        "${limit[@]}" -max_len=65536 -rss_limit_mb=2048 -timeout=10
 done

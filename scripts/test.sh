@@ -129,6 +129,36 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# ---- dependencies: advisories, licenses, bans, sources (deny.toml) ----
+# Offline: the RustSec advisory database comes from the snapshot next to the
+# repository, laid out once per snapshot as the git repository cargo-deny reads.
+log "cargo deny"
+advisory_snapshot="$(cd .. && pwd)/shared/advisory-db"
+if [ ! -f "$advisory_snapshot/SNAPSHOT" ]; then
+    echo "cargo deny needs the RustSec advisory database snapshot in $advisory_snapshot" \
+        "(a copy of github.com/rustsec/advisory-db with a SNAPSHOT file naming its commit)" >&2
+    exit 1
+fi
+# The directory deny.toml's db-path and db-urls lead cargo-deny to.
+advisory_db="$HOME/.cache/mailcluster/advisory-db/advisory-db-3157b0e258782691"
+if ! cmp -s "$advisory_snapshot/SNAPSHOT" "$advisory_db/SNAPSHOT"; then
+    rm -rf "$advisory_db"
+    mkdir -p "$advisory_db"
+    cp -R "$advisory_snapshot/." "$advisory_db/"
+    git -C "$advisory_db" init -q
+    git -C "$advisory_db" add -A
+    git -C "$advisory_db" -c user.name=snapshot -c user.email=snapshot@localhost commit -q -m "$(head -n 1 "$advisory_db/SNAPSHOT")"
+fi
+# 0.20.2 builds with the project's Rust (1.95); installed once into ~/.cargo/bin.
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny 0.20.2" ]; then
+    cargo install cargo-deny --version 0.20.2 --locked
+fi
+# Crates of every platform in the lock files (cargo-deny reads their manifests offline).
+cargo fetch --locked
+(cd fuzz && cargo fetch --locked)
+cargo deny --offline check advisories bans licenses sources
+cargo deny --offline --manifest-path fuzz/Cargo.toml check advisories bans licenses sources
+
 if cargo nextest --version >/dev/null 2>&1; then
     log "cargo nextest run"
     cargo nextest run --workspace --no-fail-fast

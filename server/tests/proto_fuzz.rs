@@ -15,7 +15,13 @@
 #[path = "../../fuzz/checks.rs"]
 mod checks;
 
+use std::io::Write;
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mailcluster_server::delivery::forward::fuzzing::encode_request;
+use mailcluster_server::message::parse_meta;
+use mailcluster_server::store::{FlagSet, Flags, NewDelivery};
 
 const IMAP_CORPUS: &[&[u8]] = &[
     b"a1 CAPABILITY\r\n",
@@ -129,6 +135,20 @@ const TOKENS: &[&[u8]] = &[
     b"-",
     b"Re: ",
     b"[Fwd: ",
+    b"References: ",
+    b"In-Reply-To: ",
+    b"Message-ID: ",
+    b"<a@x>",
+    b"\r\n\r\n",
+    b"PROXY TCP4 ",
+    b"PROXY TCP6 ",
+    b"\r\n\r\n\0\r\nQUIT\n",
+    b"250-",
+    b"250 ",
+    b"5.1.1 ",
+    b"DKIM-Signature: v=1; a=ed25519-sha256; d=",
+    b"From: a@org-a.test\r\n",
+    b"\0",
     b" (fwd)",
     "\u{df}".as_bytes(),
     "\u{20ac}".as_bytes(),
@@ -180,7 +200,17 @@ fn escaped(data: &[u8]) -> String {
     data.iter().flat_map(|&b| std::ascii::escape_default(b)).map(char::from).collect()
 }
 
+/// `name` is the cargo-fuzz target of the same check. With
+/// `MAILCLUSTER_FUZZ_SEEDS=<dir>` the corpus is also written to `<dir>/<name>/`,
+/// which is how `fuzz/corpus/` gets its seeds.
 fn run(name: &str, corpus: &[&[u8]], check: fn(&[u8])) {
+    if let Some(dir) = std::env::var_os("MAILCLUSTER_FUZZ_SEEDS") {
+        let dir = std::path::Path::new(&dir).join(name);
+        std::fs::create_dir_all(&dir).expect("seed directory");
+        for (i, input) in corpus.iter().enumerate() {
+            std::fs::write(dir.join(format!("seed-{i:02}")), input).expect("seed");
+        }
+    }
     let (seed, secs) = checks::budget();
     println!("{name}: MAILCLUSTER_FUZZ_SEED={seed}, {secs} s");
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -205,7 +235,7 @@ fn run(name: &str, corpus: &[&[u8]], check: fn(&[u8])) {
 
 #[test]
 fn imap_framer_and_parser() {
-    run("imap", IMAP_CORPUS, checks::imap_command);
+    run("imap_command", IMAP_CORPUS, checks::imap_command);
 }
 
 /// The SMTP and POP3 sessions' line framing, on both corpora.
@@ -217,10 +247,170 @@ fn line_framing() {
 
 #[test]
 fn smtp_commands_and_data() {
-    run("smtp", SMTP_CORPUS, checks::smtp);
+    run("smtp_command", SMTP_CORPUS, checks::smtp);
 }
 
 #[test]
 fn message_meta() {
-    run("message", MESSAGE_CORPUS, checks::message_meta);
+    run("parse_meta", MESSAGE_CORPUS, checks::message_meta);
+}
+
+/// Header sections of a mailbox's messages, separated by blank lines: a thread
+/// with replies, a reply to a message not there, a loop, a duplicate id.
+const THREAD_CORPUS: &[&[u8]] = &[
+    b"Message-ID: <1@a.example>\r\nSubject: plans\r\nDate: Mon, 1 Dec 2025 10:00:00 +0000\r\n\r\n\
+Message-ID: <2@b.example>\r\nSubject: Re: plans\r\nIn-Reply-To: <1@a.example>\r\nReferences: <1@a.example>\r\n\r\n\
+Message-ID: <3@a.example>\r\nSubject: Re: plans\r\nReferences: <1@a.example>\r\n <2@b.example>\r\n\r\n\
+Message-ID: <4@c.example>\r\nSubject: [Fwd: plans]\r\nIn-Reply-To: <gone@x.example> (sent earlier)\r\n\r\n",
+    b"Message-ID: <c@x>\nSubject: loop\nReferences: <d@x>\n\nMessage-ID: <d@x>\nSubject: loop\nReferences: <c@x>\n\n\
+Message-ID: <c@x>\nSubject: dup\n\nSubject: (fwd) no id\nReferences: <> <<x>> <c@x\n",
+    b"Subject: a\n\nSubject: A\n\nSubject: Re: a\nDate: Tue, 2 Dec 2025 10:00:00 -0800\n\nSubject:\n\n",
+];
+
+const PROXY_CORPUS: &[&[u8]] = &[
+    b"PROXY TCP4 192.0.2.7 10.0.0.1 40000 25\r\nEHLO client.example\r\n",
+    b"PROXY TCP6 2001:db8::1 2001:db8::2 1234 993\r\n",
+    b"PROXY UNKNOWN\r\n",
+    b"PROXY UNKNOWN ffff::1 ffff::2 1 2\r\n",
+    // v2, PROXY over TCP4 with a TLV after the addresses, then the session's bytes.
+    b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x13\xc6\x33\x64\x09\x0a\x00\x00\x01\x15\xb3\x00\x19\x04\x00\x04test* OK\r\n",
+    // v2 LOCAL (the balancer's own health check).
+    b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00",
+    b"\r\n\r\n\0\r\nQUIT\n\x21\x21\x00\x24\x20\x01\x0d\xb8\0\0\0\0\0\0\0\0\0\0\0\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x01\x04\xd2\x03\xe1",
+];
+
+/// Deflated client traffic (with the sync flush clients send), and plain text
+/// for the round trip.
+fn deflate_corpus() -> Vec<Vec<u8>> {
+    let deflated = |chunks: &[&[u8]], level| {
+        let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(level));
+        for chunk in chunks {
+            enc.write_all(chunk).expect("compress");
+            enc.flush().expect("sync flush");
+        }
+        enc.finish().expect("finish")
+    };
+    vec![
+        deflated(&[b"a1 NOOP\r\n", b"a2 FETCH 1:* (FLAGS)\r\n"], 6),
+        deflated(&[b"a3 APPEND INBOX {11}\r\n", b"hello world\r\n"], 1),
+        deflated(&[&[b'A'; 20_000]], 9),
+        // A small bomb: 4 MiB of zeros.
+        deflated(&[&vec![0u8; 4 << 20]], 9),
+        b"a1 CAPABILITY\r\na2 LOGOUT\r\n".to_vec(),
+        vec![0xff; 32],
+    ]
+}
+
+const RELAY_CORPUS: &[&[u8]] = &[
+    b"220 mx.example.com ESMTP ready\r\n",
+    b"250-mx.example.com Hello\r\n250-PIPELINING\r\n250-SIZE 10240000\r\n250-STARTTLS\r\n250-AUTH PLAIN LOGIN\r\n\
+250-ENHANCEDSTATUSCODES\r\n250-8BITMIME\r\n250-DSN\r\n250 SMTPUTF8\r\n",
+    b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\n550 5.1.1 <x@y.example>: Recipient address rejected\r\n354 End data\r\n",
+    b"421-4.7.0 Try again later\n421 4.7.0 closing\n",
+    b"452 4.5.3 Too many recipients\r\n250 2.0.0 Ok: queued as 4Zx\r\n221 2.0.0 Bye\r\n",
+    b"554 no SMTP service here\r\n",
+    b"250-mx\r\n251-mismatched codes\r\n",
+];
+
+/// Flags byte, then the remote reply, recipient, ORCPT, ENVID, sender and
+/// message, NUL-separated.
+const DSN_CORPUS: &[&[u8]] = &[
+    b"\x04550 5.1.1 <bob@org-b.test>: no such user\r\n\0bob@org-b.test\0rfc822; Bob@Org-B.test\0QQ314159\0alice@org-a.test\0\
+From: alice@org-a.test\r\nTo: bob@org-b.test\r\nSubject: hello\r\n\r\nthe body\r\n",
+    b"\x09451-4.2.2 mailbox full\r\n451 4.2.2 try later\r\n\0carol@org-c.test\0\0ENV-1\0alice@org-a.test\0\
+Subject: no body",
+    b"\x4e250 2.0.0 Ok\r\n\0d\xc3\xa9@org-d.test\0utf-8; d\\x{E9}@org-d.test\0\0\0Subject: x\n\nbare LF body\n",
+    b"\x00garbage\0x\r\ny\0\0\0a\rb\0\r\n\r\n",
+];
+
+/// Flags byte (remote address, MAIL FROM), then a message.
+const INBOUND_CORPUS: &[&[u8]] = &[
+    b"\x00From: Alice <alice@org-a.test>\r\nTo: bob@org-b.test\r\nSubject: hi\r\n\
+Date: Tue, 1 Dec 2026 10:00:00 +0000\r\nMessage-ID: <1@org-a.test>\r\n\r\nhello\r\n",
+    b"\x01DKIM-Signature: v=1; a=rsa-sha256; c=relaxed/relaxed; d=example.com; s=sel;\r\n\
+ h=from:to:subject; bh=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=; b=dGVzdA==\r\n\
+From: someone@example.com\r\nTo: bob@org-b.test\r\nSubject: forwarded\r\n\r\nbody\r\n",
+    b"\x03ARC-Seal: i=1; a=rsa-sha256; t=1728000000; cv=none; d=list.example; s=arc;\r\n b=c2VhbA==\r\n\
+ARC-Message-Signature: i=1; a=rsa-sha256; c=relaxed/relaxed; d=list.example; s=arc;\r\n\
+ h=from:subject; bh=47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=; b=c2ln\r\n\
+ARC-Authentication-Results: i=1; mx.list.example; spf=pass smtp.mailfrom=org-a.test\r\n\
+From: alice@org-a.test\r\nSubject: [list] hi\r\n\r\n",
+    b"\x00From: =?utf-8?q?J=C3=B6rg?= <j@org-a.test>, other@org-b.test\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n\
+--b\r\n\r\none\r\n--b--\r\n",
+    b"\x02Subject: no from\n\nbody\n",
+];
+
+/// Request and answer bodies as the other side writes them, and a stream of
+/// length-prefixed frames.
+fn group_commit_corpus() -> Vec<Vec<u8>> {
+    let raw = b"From: alice@org-a.test\r\nSubject: hi\r\n\r\nbody\r\n";
+    let delivery = NewDelivery {
+        raw: Bytes::from_static(raw),
+        meta: parse_meta(raw),
+        internal_date: chrono::DateTime::from_timestamp(1_764_000_000, 5).expect("date"),
+        targets: vec![7, 9],
+        flags: FlagSet { system: Flags::SEEN, keywords: vec!["$Label1".into()] },
+    };
+    let request = encode_request(42, &delivery).expect("encodes").to_vec();
+    let mut done = 9u64.to_be_bytes().to_vec();
+    done.push(0);
+    for (mailbox, uid, modseq, added) in [(7i64, 3u32, 11u64, 2u32), (9, 1, 4, 1)] {
+        done.extend_from_slice(&mailbox.to_be_bytes());
+        done.extend_from_slice(&uid.to_be_bytes());
+        done.extend_from_slice(&modseq.to_be_bytes());
+        done.extend_from_slice(&added.to_be_bytes());
+    }
+    let status = |id: u64, code: u8, text: &[u8]| [&id.to_be_bytes()[..], &[code], text].concat();
+    let prefixed = |body: &[u8]| [&(body.len() as u32).to_be_bytes()[..], body].concat();
+    vec![
+        request[4..].to_vec(),
+        done.clone(),
+        status(10, 3, b"database unavailable"),
+        status(11, 5, b""),
+        status(12, 6, b""),
+        [prefixed(&done), prefixed(&status(13, 1, b"no such mailbox")), request.clone()].concat(),
+        request,
+    ]
+}
+
+/// A runtime-built corpus as `run` takes it.
+fn refs(corpus: &[Vec<u8>]) -> Vec<&[u8]> {
+    corpus.iter().map(Vec::as_slice).collect()
+}
+
+#[test]
+fn thread_references() {
+    run("thread", THREAD_CORPUS, checks::thread);
+}
+
+#[test]
+fn proxy_header() {
+    run("proxy_header", PROXY_CORPUS, checks::proxy_header);
+}
+
+#[test]
+fn deflate_stream() {
+    let corpus = deflate_corpus();
+    run("deflate", &refs(&corpus), checks::deflate);
+}
+
+#[test]
+fn relay_replies() {
+    run("relay_replies", RELAY_CORPUS, checks::relay_replies);
+}
+
+#[test]
+fn dsn_reports() {
+    run("dsn", DSN_CORPUS, checks::dsn);
+}
+
+#[test]
+fn inbound_auth() {
+    run("inbound_auth", INBOUND_CORPUS, checks::inbound_auth);
+}
+
+#[test]
+fn group_commit_frames() {
+    let corpus = group_commit_corpus();
+    run("group_commit_frames", &refs(&corpus), checks::group_commit_frames);
 }

@@ -814,6 +814,46 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// Entry points of the fuzz targets (`fuzz/`): both sides' frame reader,
+/// decoders and encoders. Not for other use.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// A decoded answer, opaque but for its encoding and its `Debug` form.
+    #[derive(Debug)]
+    pub struct Answer(Outcome);
+
+    impl Answer {
+        pub fn encode(&self, id: u64) -> Bytes {
+            encode_answer(id, &self.0)
+        }
+    }
+
+    /// The follower's decoding of an answer frame (without its length prefix).
+    pub fn decode_answer(frame: &[u8]) -> Result<(u64, Answer), String> {
+        super::decode_answer(BytesMut::from(frame)).map(|(id, outcome)| (id, Answer(outcome)))
+    }
+
+    /// The leader's decoding of a request frame (without its length prefix).
+    pub fn decode_request(frame: &[u8]) -> Result<(u64, NewDelivery), String> {
+        super::decode_request(BytesMut::from(frame))
+    }
+
+    /// A request frame, length prefix included.
+    pub fn encode_request(id: u64, delivery: &NewDelivery) -> serde_json::Result<Bytes> {
+        super::encode_request(id, delivery)
+    }
+
+    /// One length-prefixed frame of at most `max` bytes; None at a clean end.
+    pub async fn read_frame<R: AsyncRead + Unpin>(
+        read: &mut R,
+        max: usize,
+    ) -> std::io::Result<Option<BytesMut>> {
+        super::read_frame(read, max).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -484,6 +484,50 @@ fn parse_extensions(reply: &Reply) -> Extensions {
     ext
 }
 
+/// Entry points of the fuzz targets (`fuzz/`): the reply reader over any
+/// stream, and the EHLO keyword parser. Not for other use.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// A client over `io` that has read no greeting, its replies bounded by
+    /// `max_reply_bytes`.
+    pub fn client<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        io: S,
+        max_reply_bytes: usize,
+    ) -> Client {
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(1),
+            command: Duration::from_secs(1),
+            data: Duration::from_secs(1),
+            max_reply_bytes,
+        };
+        Client {
+            io: Box::new(io),
+            rbuf: Vec::new(),
+            ext: Extensions::default(),
+            tls: false,
+            timeouts: Arc::new(timeouts),
+            transactions: 0,
+            content_sent: false,
+        }
+    }
+
+    /// The next reply, read as every command's reply is read (without the timer).
+    pub async fn read_reply(client: &mut Client) -> Result<Reply, ClientError> {
+        client.read_reply_inner().await
+    }
+
+    /// Bytes read from the server and not yet part of a reply.
+    pub fn buffered(client: &Client) -> usize {
+        client.rbuf.len()
+    }
+
+    pub fn extensions(reply: &Reply) -> Extensions {
+        parse_extensions(reply)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
