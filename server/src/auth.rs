@@ -1,27 +1,42 @@
 //! Password verification for every protocol: argon2id hashes, a verified-credential
 //! cache in front of them (so login storms cost a hash lookup, not an argon2 run),
-//! and failed-login rate limits per user and per client IP held in the cache so they
-//! apply across pods.
+//! and failed-login limits per (user, client) and per client held in the cache so
+//! they apply across pods.
 //!
 //! One login, in order:
 //! 1. normalise the user name (lower-case; a bare local part means the only domain);
-//! 2. refuse with `RateLimited` when the user or the client's network has too many
-//!    recent failures — before any expensive work;
-//! 3. look the credential up in the cache under HMAC-SHA256(server secret,
-//!    user ‖ 0 ‖ password): the secret is shared by all pods through the cache and
-//!    the password never leaves this process. A hit skips argon2;
+//! 2. reserve the attempt: one atomic increment of the counter of this user from
+//!    this client network and one of the client network itself. An attempt
+//!    whose increment passes a limit is refused (`RateLimited`) at once, before
+//!    any expensive work. Counting before checking is what makes the limit hold
+//!    under parallel attempts: checking first and counting after let every
+//!    attempt in flight through (60 parallel guesses were all evaluated against
+//!    a limit of 10);
+//! 3. look the credential up in the cache under HMAC-SHA256(key, secret ‖ user ‖
+//!    0 ‖ password ‖ 0 ‖ stored hash): the secret is shared by all pods through
+//!    the cache and rotated there, the key is the pod's cache MAC key
+//!    (`cache.mac_key`), which the cache never sees, so whoever can write the cache
+//!    cannot make an entry that matches a password of their choosing. A hit skips
+//!    argon2;
 //! 4. otherwise run argon2id on the blocking pool, bounded by a semaphore (each run
 //!    holds 19 MiB), and cache the credential on success;
-//! 5. count a failure against both the user and the network.
+//! 5. a success (or a store or cache failure) gives its reservation back, so a
+//!    client that logs in often with the right password never runs into a limit;
+//!    a failure keeps it and is answered after a delay that doubles with each
+//!    failure counted (`auth.failure_delay_ms` up to `max_failure_delay_ms`, as
+//!    Dovecot's auth penalty), holding no lock and no argon2 permit.
+//!
+//! The limits are per (user, client network) and per client network, never per
+//! user alone: a limit on the user alone would let anyone lock any user out by
+//! failing on purpose. A guesser is slowed and stopped; the owner, from an
+//! address that has not failed, logs in.
+//!
+//! While Redis is away the counters are the pod's own: each pod then allows its
+//! share of each limit (the limit divided by the pods that announced themselves
+//! in the lease set `auth:pods`), so the cluster does not allow one limit per pod.
 //!
 //! Any store or cache error yields `Unavailable` (a temporary failure reply), never
 //! success and never a counted failure.
-//!
-//! The limits are checked before and counted after the password check, so
-//! attempts already in flight when a limit is reached still finish: the overshoot
-//! is bounded by the argon2 runs in flight (`max_concurrent_hashes` per pod).
-//! Counting attempts up front instead would also lock out users whose clients
-//! reconnect often with the right password.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +49,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use tokio::sync::Semaphore;
 
+use crate::cache::sealed::MacKey;
 use crate::cache::{Cache, RotatingSecret};
 use crate::store::{Account, Store};
 
@@ -74,6 +90,15 @@ const SECRET_REFRESH: Duration = Duration::from_secs(60);
 /// them, and they would only make every later step more expensive.
 const MAX_USER_LEN: usize = 320;
 const MAX_PASSWORD_LEN: usize = 1024;
+/// The lease set in which every pod announces itself, and how often and for how
+/// long: a pod gone stops counting after `POD_LEASE`.
+const POD_SET: &str = "auth:pods";
+const POD_HEARTBEAT: Duration = Duration::from_secs(10);
+const POD_LEASE: Duration = Duration::from_secs(30);
+/// Failed logins waiting out their delay on this pod, at most. Past it failures
+/// are answered at once: the limits still bound the guesses, and a flood of
+/// failing connections cannot make the pod hold more timers than this.
+const MAX_DELAYED: usize = 4096;
 
 /// The argon2id instance for new hashes: m = 19 MiB, t = 2, p = 1, the first of
 /// OWASP's recommended argon2id configurations (Password Storage Cheat Sheet);
@@ -131,9 +156,18 @@ pub struct Authenticator {
     secret: Mutex<Option<Cached<RotatingSecret>>>,
     hashing: Arc<Semaphore>,
     argon2_runs: AtomicU64,
+    /// Keys the credential cache (see the module documentation).
+    mac_key: MacKey,
+    /// Pods of the cluster as last counted (at least 1), and the count last
+    /// seen while the counters were shared, which outlasts a Redis outage.
+    pods: AtomicU64,
+    pods_when_shared: AtomicU64,
+    delayed: Arc<std::sync::atomic::AtomicUsize>,
     /// `mail_auth_total{result}`; registered by whoever owns the registry
     /// ([`Authenticator::register_metrics`]).
     auth_total: prometheus::IntCounterVec,
+    /// `mail_auth_delayed`: failed logins waiting out their delay.
+    delayed_gauge: prometheus::IntGauge,
 }
 
 /// Why a login attempt stopped early with `Unavailable`.
@@ -154,6 +188,9 @@ impl Authenticator {
             &["result"],
         )
         .expect("static metric definition is valid");
+        let delayed_gauge =
+            prometheus::IntGauge::new("mail_auth_delayed", "Failed logins waiting out their delay")
+                .expect("static metric definition is valid");
         Authenticator {
             store,
             cache,
@@ -162,13 +199,73 @@ impl Authenticator {
             secret: Mutex::new(None),
             hashing: Arc::new(Semaphore::new(permits)),
             argon2_runs: AtomicU64::new(0),
+            mac_key: MacKey::process(),
+            pods: AtomicU64::new(1),
+            pods_when_shared: AtomicU64::new(1),
+            delayed: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             auth_total,
+            delayed_gauge,
         }
     }
 
-    /// Registers `mail_auth_total{result}` into the server's registry.
+    /// Keys the credential cache with `key` (by default a key of this process
+    /// alone, which only one pod can use).
+    pub fn with_mac_key(mut self, key: MacKey) -> Self {
+        self.mac_key = key;
+        self
+    }
+
+    /// Registers `mail_auth_total{result}` and `mail_auth_delayed` into the
+    /// server's registry.
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
-        registry.register(Box::new(self.auth_total.clone()))
+        registry.register(Box::new(self.auth_total.clone()))?;
+        registry.register(Box::new(self.delayed_gauge.clone()))
+    }
+
+    /// Announces this pod in the pod set and counts the pods there, every
+    /// [`POD_HEARTBEAT`], for as long as the authenticator lives (`serve` spawns
+    /// it). The count divides the limits while the counters are per pod.
+    pub fn count_pods(self: &Arc<Self>, instance: String) -> impl Future<Output = ()> + Send + 'static {
+        let weak = Arc::downgrade(self);
+        async move {
+            loop {
+                let Some(auth) = weak.upgrade() else { return };
+                if auth.cache.shared_across_processes() {
+                    auth.heartbeat(&instance).await;
+                }
+                drop(auth);
+                tokio::time::sleep(POD_HEARTBEAT).await;
+            }
+        }
+    }
+
+    async fn heartbeat(&self, instance: &str) {
+        let shared = self.cache.counters_shared();
+        let counted = match self.cache.lease_acquire(POD_SET, instance, u64::MAX, POD_LEASE).await {
+            Ok(_) => self.cache.lease_count(POD_SET).await,
+            Err(e) => Err(e),
+        };
+        match counted {
+            Ok(n) => {
+                let n = n.max(1);
+                self.pods.store(n, Ordering::Relaxed);
+                if shared {
+                    self.pods_when_shared.store(n, Ordering::Relaxed);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not count the pods"),
+        }
+    }
+
+    /// This pod's share of `max`: all of it while the counters are the
+    /// cluster's, else `max` divided by the pods (rounded up: never 0).
+    fn share(&self, max: u64) -> u64 {
+        if self.cache.counters_shared() {
+            return max;
+        }
+        let pods =
+            self.pods.load(Ordering::Relaxed).max(self.pods_when_shared.load(Ordering::Relaxed)).max(1);
+        max.div_ceil(pods)
     }
 
     /// argon2 verifications run by this authenticator so far (cache misses and
@@ -201,39 +298,74 @@ impl Authenticator {
         // Failures count against the name as the server understands it, so "bob"
         // and "bob@example.com" share one limit.
         let who = email.clone().unwrap_or_else(|| lowered.chars().take(MAX_USER_LEN).collect());
-        let user_key = format!("authfail:user:{who}");
-        let ip_key = format!("authfail:net:{}", network_of(remote));
-        let (user_failures, ip_failures) =
-            tokio::try_join!(self.cache.counter_get(&user_key), self.cache.counter_get(&ip_key))?;
-        let over = |failures: u64, max: u64| max > 0 && failures >= max;
-        if over(user_failures, self.config.max_failures_per_user)
-            || over(ip_failures, self.config.max_failures_per_ip)
+        let network = network_of(remote);
+        let pair_key = format!("authfail:user:{network}:{who}");
+        let net_key = format!("authfail:net:{network}");
+        let user_window = Duration::from_secs(self.config.user_window_secs);
+        let ip_window = Duration::from_secs(self.config.ip_window_secs);
+        let (pair_count, net_count) = tokio::try_join!(
+            self.cache.counter_incr(&pair_key, user_window),
+            self.cache.counter_incr(&net_key, ip_window)
+        )?;
+        let over = |count: u64, max: u64| max > 0 && count > self.share(max);
+        if over(pair_count, self.config.max_failures_per_user)
+            || over(net_count, self.config.max_failures_per_ip)
         {
-            tracing::info!(user = %who, %remote, user_failures, ip_failures, "login refused: too many failures");
+            tracing::info!(user = %who, %remote, pair_count, net_count, "login refused: too many failures");
             return Ok(AuthOutcome::RateLimited);
         }
 
         let account = match email {
             Some(email) if !password.is_empty() && password.len() <= MAX_PASSWORD_LEN => {
-                self.check(&email, password).await?
+                self.check(&email, password).await
             }
-            _ => None,
+            _ => Ok(None),
         };
         match account {
-            Some(account) => Ok(AuthOutcome::Ok(account)),
-            None => {
-                let user_window = Duration::from_secs(self.config.user_window_secs);
-                let ip_window = Duration::from_secs(self.config.ip_window_secs);
-                tokio::try_join!(
-                    self.cache.counter_incr(&user_key, user_window),
-                    self.cache.counter_incr(&ip_key, ip_window)
-                )?;
+            Ok(Some(account)) => {
+                self.release(&[&pair_key, &net_key]).await;
+                Ok(AuthOutcome::Ok(account))
+            }
+            Ok(None) => {
                 // Who and from where, never the password: what fail2ban-style
                 // tooling and an operator investigating need.
                 tracing::info!(user = %who, %remote, "login failed");
+                self.penalty(pair_count.max(net_count)).await;
                 Ok(AuthOutcome::Failed)
             }
+            Err(trouble) => {
+                self.release(&[&pair_key, &net_key]).await;
+                Err(trouble)
+            }
         }
+    }
+
+    /// Gives back reservations of an attempt that was not a failure; one that
+    /// cannot be given back only ages out with its window.
+    async fn release(&self, keys: &[&str]) {
+        for key in keys {
+            if let Err(e) = self.cache.counter_decr(key).await {
+                tracing::debug!(error = %e, "could not give a login reservation back");
+            }
+        }
+    }
+
+    /// Waits before a failure is answered: `failure_delay_ms` for the first
+    /// failure counted, doubling up to `max_failure_delay_ms`. At most
+    /// [`MAX_DELAYED`] wait at once on a pod.
+    async fn penalty(&self, failures: u64) {
+        let delay = failure_delay(self.config.failure_delay_ms, self.config.max_failure_delay_ms, failures);
+        if delay.is_zero() {
+            return;
+        }
+        if self.delayed.fetch_add(1, Ordering::AcqRel) >= MAX_DELAYED {
+            self.delayed.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        self.delayed_gauge.inc();
+        tokio::time::sleep(delay).await;
+        self.delayed_gauge.dec();
+        self.delayed.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The account if `email`/`password` are right, `None` if not.
@@ -321,13 +453,15 @@ impl Authenticator {
         Ok(current)
     }
 
-    /// HMAC-SHA256(secret, user ‖ 0 ‖ password ‖ 0 ‖ stored hash): the NULs keep
-    /// ("ab", "c") and ("a", "bc") apart (a user name and a password hold no NUL,
-    /// and the stored hash is not the client's to choose).
+    /// HMAC-SHA256(MAC key, secret ‖ user ‖ 0 ‖ password ‖ 0 ‖ stored hash): the
+    /// secret has a fixed length, and the NULs keep ("ab", "c") and ("a", "bc")
+    /// apart (a user name and a password hold no NUL, and the stored hash is not
+    /// the client's to choose). The MAC key never goes to the cache.
     async fn credential_key(&self, email: &str, password: &str, hash: &str) -> Result<[u8; 32], Trouble> {
         let secret = self.secret().await?;
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret)
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.mac_key.subkey("credential"))
             .map_err(|e| Trouble(format!("HMAC key: {e}")))?;
+        mac.update(&secret);
         mac.update(email.as_bytes());
         mac.update(&[0]);
         mac.update(password.as_bytes());
@@ -379,6 +513,16 @@ fn hash_permits(configured: usize, cpus: usize) -> usize {
     }
 }
 
+/// The delay before the answer to a failed login that is the `failures`-th
+/// counted: `base`, doubled for each earlier one, at most `max` (milliseconds).
+fn failure_delay(base: u64, max: u64, failures: u64) -> Duration {
+    if base == 0 {
+        return Duration::ZERO;
+    }
+    let doublings = u32::try_from(failures.saturating_sub(1)).unwrap_or(u32::MAX).min(32);
+    Duration::from_millis(base.saturating_mul(1u64 << doublings).min(max.max(base)))
+}
+
 /// The stored hash could not be used (as opposed to a runtime failure).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -422,6 +566,16 @@ mod tests {
         assert!(verify_password("correct horse", &a).unwrap());
         assert!(!verify_password("correct horsE", &a).unwrap());
         assert!(verify_password("x", "not a phc string").is_err());
+    }
+
+    #[test]
+    fn failure_delays_double_up_to_their_ceiling() {
+        let ms = |n| failure_delay(2_000, 15_000, n).as_millis();
+        assert_eq!(
+            [ms(0), ms(1), ms(2), ms(3), ms(4), ms(5), ms(500)],
+            [2_000, 2_000, 4_000, 8_000, 15_000, 15_000, 15_000]
+        );
+        assert_eq!(failure_delay(0, 15_000, 9), Duration::ZERO);
     }
 
     #[test]

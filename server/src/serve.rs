@@ -37,8 +37,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store.migrate().await.context("database migration failed")?;
     }
     let (cache, resilient) = open_serving_cache(&config, store.clone()).await?;
+    let mac_key = cache_mac_key(&config);
+    let sealed = Arc::new(cache::sealed::Sealed::new(cache, mac_key.clone()));
+    let cache: Arc<dyn Cache> = sealed.clone();
 
     let metrics = Arc::new(Metrics::new());
+    sealed.register_metrics(&metrics.registry).context("registering cache metrics")?;
     // What the runtime was given (`worker_threads`, or one per CPU): a pod whose
     // CPU request and thread count disagree shows it here.
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
@@ -56,7 +60,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // small for the load, before saturation shows in command latency.
     let acquire = metrics.db_pool_acquire.clone();
     store.set_acquire_observer(Arc::new(move |wait| acquire.observe(wait.as_secs_f64())));
-    let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
+    let auth =
+        Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()).with_mac_key(mac_key));
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
     let mut deliverer = Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp));
     // Group commit across pods (delivery/forward.rs): every pod may both lead
@@ -74,6 +79,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let instance = crate::delivery::forward::instance_id();
+    tokio::spawn(auth.count_pods(instance.clone()));
     if let (Some(key), false) = (&group_key, smtp.group_commit_leader.is_empty()) {
         deliverer = deliverer.forwarding_to(smtp.group_commit_leader.clone(), key.clone(), instance.clone());
     }
@@ -258,6 +264,19 @@ pub async fn open_serving_cache(
             .await
             .map_err(|e| anyhow::anyhow!("cannot use Redis at {}: {e}", redact_url(url)))?;
     Ok((resilient.clone(), Some(resilient)))
+}
+
+/// The key of the MACs on what the pod reads back from the shared cache
+/// (`cache::sealed`): `cache.mac_key`, else derived from the database URL.
+fn cache_mac_key(config: &Config) -> cache::sealed::MacKey {
+    let (key, source) = cache::sealed::MacKey::for_config(config);
+    if source == cache::sealed::MacKeySource::DatabaseUrl && config.redis.url.is_some() {
+        tracing::warn!(
+            "cache.mac_key is not set: the MACs on cached values are keyed from the database URL; \
+             a key of its own (MAILCLUSTER_CACHE__MAC_KEY) is better"
+        );
+    }
+    key
 }
 
 /// Opens the cache directly: Redis when configured (failing when it does not

@@ -137,6 +137,9 @@ impl Store for DownStore {
     async fn recent_claim(&self, _: i64, _: u32) -> StoreResult<u32> {
         down_store()
     }
+    async fn mailbox_renew_uid_validity(&self, _: i64, _: u32) -> StoreResult<Option<u32>> {
+        down_store()
+    }
     async fn deliver_batch(&self, _: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         down_store()
     }
@@ -271,8 +274,9 @@ fn local_cache() -> Arc<dyn Cache> {
     Arc::new(cache::local::LocalCache::new())
 }
 
+/// Failures answered at once: the delay has tests of its own.
 fn config() -> AuthConfig {
-    AuthConfig { max_concurrent_hashes: 2, ..AuthConfig::default() }
+    AuthConfig { max_concurrent_hashes: 2, failure_delay_ms: 0, ..AuthConfig::default() }
 }
 
 fn random_prefix() -> String {
@@ -420,25 +424,128 @@ async fn a_password_changed_without_a_purge_ends_cached_logins() {
 }
 
 #[tokio::test]
-async fn failures_per_user_are_limited_until_the_window_ends() {
+async fn failures_of_a_user_from_one_network_are_limited_there_and_not_elsewhere() {
     let cfg = AuthConfig { max_failures_per_user: 3, user_window_secs: 3, ..config() };
     let f = store_with_alice().await;
     let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
-    // From different addresses: the per-user limit does not depend on the IP.
-    for i in 1..=3 {
-        let from = ip(&format!("192.0.2.{i}"));
-        assert_eq!(auth.verify("alice@example.com", "guess", from).await, AuthOutcome::Failed);
+    let guesser = ip("192.0.2.1");
+    for _ in 1..=3 {
+        assert_eq!(auth.verify("alice@example.com", "guess", guesser).await, AuthOutcome::Failed);
     }
     let runs = auth.argon2_runs();
-    // Limited now, even with the right password and under the bare local part.
-    assert_eq!(auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::RateLimited);
-    assert_eq!(auth.verify("alice", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::RateLimited);
+    // Limited from there, even with the right password and under the bare local part.
+    assert_eq!(auth.verify("alice@example.com", ALICE_PW, guesser).await, AuthOutcome::RateLimited);
+    assert_eq!(auth.verify("alice", ALICE_PW, guesser).await, AuthOutcome::RateLimited);
     assert_eq!(auth.argon2_runs(), runs, "refused before any argon2 work");
-    // Other users are not affected.
-    assert_eq!(auth.verify("bob@example.com", "x", ip("192.0.2.9")).await, AuthOutcome::Failed);
+    // The owner, from an address that has not failed, logs in: failing on
+    // purpose locks nobody out.
+    assert!(is_ok_for(
+        &auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.9")).await,
+        "alice@example.com"
+    ));
+    // Failures spread over addresses are each address's own.
+    for i in 10..=13 {
+        assert_eq!(
+            auth.verify("alice@example.com", "x", ip(&format!("192.0.2.{i}"))).await,
+            AuthOutcome::Failed
+        );
+    }
+    // Other users are not affected from the guessing address either.
+    assert_eq!(auth.verify("bob@example.com", "x", guesser).await, AuthOutcome::Failed);
     // The window is fixed from the first failure, at most 3 s ago.
     tokio::time::sleep(Duration::from_millis(3100)).await;
-    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.9")).await, AuthOutcome::Ok(_)));
+    assert!(matches!(auth.verify("alice@example.com", ALICE_PW, guesser).await, AuthOutcome::Ok(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_guesses_are_counted_before_they_are_checked() {
+    let cfg = AuthConfig { max_failures_per_user: 10, max_concurrent_hashes: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Arc::new(Authenticator::new(f.store.clone(), local_cache(), cfg));
+    let guesses = (0..60).map(|i| {
+        let auth = auth.clone();
+        tokio::spawn(
+            async move { auth.verify("alice@example.com", &format!("guess {i}"), ip("192.0.2.1")).await },
+        )
+    });
+    let outcomes: Vec<AuthOutcome> =
+        futures::future::join_all(guesses).await.into_iter().map(Result::unwrap).collect();
+    let failed = outcomes.iter().filter(|o| **o == AuthOutcome::Failed).count();
+    let limited = outcomes.iter().filter(|o| **o == AuthOutcome::RateLimited).count();
+    assert_eq!((failed, limited), (10, 50), "{outcomes:?}");
+    assert_eq!(auth.argon2_runs(), 10, "only the attempts within the limit were checked");
+}
+
+#[tokio::test]
+async fn a_client_that_logs_in_often_with_the_right_password_is_never_limited() {
+    let cfg = AuthConfig { max_failures_per_user: 3, max_failures_per_ip: 3, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    let from = ip("192.0.2.1");
+    assert_eq!(auth.verify("alice@example.com", "typo", from).await, AuthOutcome::Failed);
+    for _ in 0..20 {
+        assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_answered_after_a_delay_that_grows() {
+    let cfg = AuthConfig { failure_delay_ms: 300, max_failure_delay_ms: 1_000, ..config() };
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    let registry = prometheus::Registry::new();
+    auth.register_metrics(&registry).unwrap();
+    let from = ip("192.0.2.1");
+    let timed = |password: &'static str| {
+        let auth = &auth;
+        async move {
+            let started = std::time::Instant::now();
+            let outcome = auth.verify("alice@example.com", password, from).await;
+            (outcome, started.elapsed())
+        }
+    };
+    let (first, first_took) = timed("x").await;
+    let (second, second_took) = timed("y").await;
+    let (third, third_took) = timed("z").await;
+    assert_eq!([first, second, third], [AuthOutcome::Failed, AuthOutcome::Failed, AuthOutcome::Failed]);
+    assert!(first_took >= Duration::from_millis(300), "{first_took:?}");
+    assert!(second_took >= Duration::from_millis(600), "doubled: {second_took:?}");
+    assert!(third_took >= Duration::from_millis(1_000), "up to the ceiling: {third_took:?}");
+    // A right password from an address that has not failed waits for nothing
+    // (a generous bound: the point is it is not the penalty's second).
+    let (ok, took) = {
+        let started = std::time::Instant::now();
+        (auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.2")).await, started.elapsed())
+    };
+    assert!(matches!(ok, AuthOutcome::Ok(_)));
+    assert!(took < Duration::from_millis(900), "{took:?}");
+    // While a failure waits it holds no argon2 permit (there is one): a login
+    // from elsewhere is checked meanwhile, and the wait shows in the gauge.
+    let solo = Arc::new(Authenticator::new(
+        f.store.clone(),
+        local_cache(),
+        AuthConfig {
+            failure_delay_ms: 2_000,
+            max_failure_delay_ms: 2_000,
+            max_concurrent_hashes: 1,
+            ..config()
+        },
+    ));
+    let solo_metrics = prometheus::Registry::new();
+    solo.register_metrics(&solo_metrics).unwrap();
+    let wrong = tokio::spawn({
+        let solo = solo.clone();
+        async move { solo.verify("alice@example.com", "wrong", ip("192.0.2.3")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let text = prometheus::TextEncoder::new().encode_to_string(&solo_metrics.gather()).unwrap();
+    assert!(text.contains("mail_auth_delayed 1\n"), "{text}");
+    let right = solo.verify("alice@example.com", ALICE_PW, ip("192.0.2.4")).await;
+    assert!(matches!(right, AuthOutcome::Ok(_)));
+    assert!(!wrong.is_finished(), "the right password was checked while the failure waited");
+    assert_eq!(wrong.await.unwrap(), AuthOutcome::Failed);
+    let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
+    assert!(text.contains("mail_auth_delayed 0\n"), "{text}");
 }
 
 #[tokio::test]
@@ -538,15 +645,79 @@ async fn password_change_on_one_pod_purges_the_cache_of_all_pods() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_entry_written_into_redis_logs_nobody_in() {
+    use hmac::{KeyInit, Mac};
+    let (cache, _, _cleanup) = redis_pods().await;
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), cache.clone(), config());
+    let from = ip("192.0.2.1");
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    // Someone who can write Redis, and knows the stored hash (a leaked backup),
+    // reads the shared secret there and writes the entry a login with a
+    // password of their choosing would look up: keyed by that secret alone,
+    // it would log them in.
+    let alice = f.store.account_get("alice@example.com").await.unwrap().unwrap();
+    let secret = cache.secret_get("credential-key", 32, Duration::from_secs(30 * 24 * 3600)).await.unwrap();
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&secret.current).unwrap();
+    for part in
+        [b"alice@example.com".as_slice(), b"\0", b"attacker's choice", b"\0", alice.password_hash.as_bytes()]
+    {
+        mac.update(part);
+    }
+    let forged: [u8; 32] = mac.finalize().into_bytes().into();
+    cache.credential_put(&forged, alice.id, Duration::from_secs(300)).await.unwrap();
+    assert_eq!(auth.verify("alice@example.com", "attacker's choice", from).await, AuthOutcome::Failed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limits_are_shared_between_pods() {
     let (cache_a, cache_b, _cleanup) = redis_pods().await;
     let f = store_with_alice().await;
     let cfg = AuthConfig { max_failures_per_user: 2, ..config() };
     let pod_a = Authenticator::new(f.store.clone(), cache_a, cfg.clone());
     let pod_b = Authenticator::new(f.store.clone(), cache_b, cfg);
-    assert_eq!(pod_a.verify("alice@example.com", "x", ip("192.0.2.1")).await, AuthOutcome::Failed);
-    assert_eq!(pod_b.verify("alice@example.com", "y", ip("192.0.2.2")).await, AuthOutcome::Failed);
-    assert_eq!(pod_a.verify("alice@example.com", ALICE_PW, ip("192.0.2.3")).await, AuthOutcome::RateLimited);
+    let from = ip("192.0.2.1");
+    assert_eq!(pod_a.verify("alice@example.com", "x", from).await, AuthOutcome::Failed);
+    assert_eq!(pod_b.verify("alice@example.com", "y", from).await, AuthOutcome::Failed);
+    assert_eq!(pod_a.verify("alice@example.com", ALICE_PW, from).await, AuthOutcome::RateLimited);
+    assert!(matches!(pod_b.verify("alice@example.com", ALICE_PW, ip("192.0.2.2")).await, AuthOutcome::Ok(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_away_each_pod_allows_its_share_of_a_limit() {
+    let f = store_with_alice().await;
+    // Nothing listens there: the pod serves from its stand-ins, and the pod set
+    // lives in the store, where two other pods have announced themselves.
+    let opts =
+        cache::resilient::ResilienceOptions { retry_after: Duration::from_secs(60), ..Default::default() };
+    let away = cache::resilient::ResilientCache::start(
+        "redis://127.0.0.1:1",
+        "mcauth:",
+        Duration::from_millis(200),
+        f.store.clone(),
+        opts,
+    )
+    .await
+    .unwrap();
+    let cache: Arc<dyn Cache> = away;
+    assert!(!cache.counters_shared());
+    for other in ["pod-b", "pod-c"] {
+        assert!(cache.lease_acquire("auth:pods", other, u64::MAX, Duration::from_secs(60)).await.unwrap());
+    }
+    let cfg = AuthConfig { max_failures_per_user: 9, ..config() };
+    let auth = Arc::new(Authenticator::new(f.store.clone(), cache, cfg));
+    let counting = tokio::spawn(auth.count_pods("pod-a".into()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let from = ip("192.0.2.1");
+    for _ in 0..3 {
+        assert_eq!(auth.verify("alice@example.com", "x", from).await, AuthOutcome::Failed);
+    }
+    assert_eq!(
+        auth.verify("alice@example.com", ALICE_PW, from).await,
+        AuthOutcome::RateLimited,
+        "9 among 3 pods: 3 on this one"
+    );
+    counting.abort();
 }
 
 #[tokio::test]

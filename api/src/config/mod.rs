@@ -41,6 +41,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database: DatabaseConfig,
     pub redis: RedisConfig,
+    pub cache: CacheConfig,
     pub tls: TlsConfig,
     pub net: NetConfig,
     pub log: LogConfig,
@@ -71,6 +72,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./mailcluster-data"),
             database: DatabaseConfig::default(),
             redis: RedisConfig::default(),
+            cache: CacheConfig::default(),
             tls: TlsConfig::default(),
             net: NetConfig::default(),
             log: LogConfig::default(),
@@ -212,6 +214,18 @@ impl Default for RedisConfig {
             client_cache_keys: 10_000,
         }
     }
+}
+
+/// `[cache]`: how the pod trusts what it reads back from the shared cache.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// `MAILCLUSTER_CACHE__MAC_KEY`: the key of the MAC on every cached value that
+    /// selects a mailbox or a message, and of the credential cache's keys. It is
+    /// never stored in the cache, so whoever can write Redis cannot forge them.
+    /// Unset: derived from the database URL (every pod has the same, and it
+    /// carries the database password); a key of its own is better.
+    pub mac_key: Option<Secret>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -389,6 +403,13 @@ impl Config {
         if self.imap.preauth_max_command_bytes < 1024 {
             problems.push("imap.preauth_max_command_bytes must be at least 1024".into());
         }
+        if self.auth.failure_delay_ms > self.auth.max_failure_delay_ms {
+            problems.push("auth.failure_delay_ms must not exceed auth.max_failure_delay_ms".into());
+        }
+        if self.cache.mac_key.as_ref().is_some_and(|k| !k.expose().is_empty() && k.expose().len() < 16) {
+            problems.push("cache.mac_key must be at least 16 characters (or unset)".into());
+        }
+
         if self.pop3.lock_ttl_secs == 0 {
             problems.push("pop3.lock_ttl_secs must be greater than 0".into());
         }

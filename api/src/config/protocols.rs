@@ -294,6 +294,11 @@ pub struct AuthConfig {
     /// argon2 runs at once on this pod (each holds 19 MiB); 0 = half the CPUs, at
     /// least one, so a burst of first logins leaves cores to the open sessions.
     pub max_concurrent_hashes: usize,
+    /// A failed login is answered after this delay, doubled for each earlier
+    /// failure of the user from that client or of the client (as Dovecot's
+    /// auth penalty), up to `max_failure_delay_ms`. 0 answers at once.
+    pub failure_delay_ms: u64,
+    pub max_failure_delay_ms: u64,
 }
 
 impl Default for AuthConfig {
@@ -306,6 +311,8 @@ impl Default for AuthConfig {
             credential_cache_secs: 300,
             domain_cache_secs: 10,
             max_concurrent_hashes: 0,
+            failure_delay_ms: 2_000,
+            max_failure_delay_ms: 15_000,
         }
     }
 }

@@ -192,6 +192,15 @@ impl Cache for LocalCache {
         Ok(st.counters.get(key).filter(|e| e.live(now)).map_or(0, |e| e.value))
     }
 
+    async fn counter_decr(&self, key: &str) -> CacheResult<()> {
+        let now = Instant::now();
+        let mut st = self.state()?;
+        if let Some(entry) = st.counters.get_mut(key).filter(|e| e.live(now)) {
+            entry.value = entry.value.saturating_sub(1);
+        }
+        Ok(())
+    }
+
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {
         let now = Instant::now();
         let mut st = self.state()?;

@@ -10,6 +10,7 @@
 pub mod local;
 pub mod redis;
 pub mod resilient;
+pub mod sealed;
 pub mod target;
 
 use std::sync::Arc;
@@ -117,6 +118,14 @@ pub trait Cache: Send + Sync + 'static {
     /// (and the key) expires `window` after the first increment.
     async fn counter_incr(&self, key: &str, window: Duration) -> CacheResult<u64>;
     async fn counter_get(&self, key: &str) -> CacheResult<u64>;
+    /// Takes back one increment of a live counter (never below 0, never
+    /// creating it): an attempt counted up front that turned out not to count.
+    async fn counter_decr(&self, key: &str) -> CacheResult<()>;
+    /// Whether the counters answered now are the cluster's (every pod counts in
+    /// them) rather than this pod's alone, as while Redis is away.
+    fn counters_shared(&self) -> bool {
+        true
+    }
 
     // ---- generic small values (e.g. recipient-exists cache) ----
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()>;

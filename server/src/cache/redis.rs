@@ -86,6 +86,15 @@ end
 return v
 ";
 
+/// Takes one back from a live counter, leaving its expiry as it is.
+const COUNTER_DECR: &str = r"
+local v = tonumber(redis.call('GET', KEYS[1]) or '0')
+if v and v > 0 then
+  redis.call('DECR', KEYS[1])
+end
+return 0
+";
+
 /// Extends the lock only while it still carries our token.
 const LOCK_REFRESH: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -208,6 +217,7 @@ const RENEW_BATCH: usize = 256;
 
 struct Scripts {
     counter_incr: Script,
+    counter_decr: Script,
     lock_refresh: Script,
     lock_release: Script,
     credential_put: Script,
@@ -223,6 +233,7 @@ impl Scripts {
     fn new() -> Self {
         Scripts {
             counter_incr: Script::new(COUNTER_INCR),
+            counter_decr: Script::new(COUNTER_DECR),
             lock_refresh: Script::new(LOCK_REFRESH),
             lock_release: Script::new(LOCK_RELEASE),
             credential_put: Script::new(CREDENTIAL_PUT),
@@ -706,6 +717,11 @@ impl Cache for RedisCache {
     async fn counter_get(&self, key: &str) -> CacheResult<u64> {
         let value: Option<u64> = self.query(::redis::cmd("GET").arg(self.key("cnt", key))).await?;
         Ok(value.unwrap_or(0))
+    }
+
+    async fn counter_decr(&self, key: &str) -> CacheResult<()> {
+        let _: i64 = self.invoke(&self.inner.scripts.counter_decr.key(self.key("cnt", key))).await?;
+        Ok(())
     }
 
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {

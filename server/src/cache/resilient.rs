@@ -582,6 +582,18 @@ impl Cache for ResilientCache {
         self.local.counter_get(key).await
     }
 
+    async fn counter_decr(&self, key: &str) -> CacheResult<()> {
+        if let Some(r) = on_redis!(self, "counter_decr", |p| p.counter_decr(key)) {
+            return r;
+        }
+        self.fallback("counter_decr");
+        self.local.counter_decr(key).await
+    }
+
+    fn counters_shared(&self) -> bool {
+        self.shared.up.load(Ordering::Acquire)
+    }
+
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {
         if let Some(r) = on_redis!(self, "value_put", |p| p.value_put(key, value, ttl)) {
             return r;

@@ -101,6 +101,11 @@ impl Session {
         if self.selected.is_none() {
             return Ok(());
         }
+        if self.uidvalidity_renewed() {
+            self.push(super::session::UIDVALIDITY_BYE);
+            self.flush().await?;
+            return Err(std::io::ErrorKind::ConnectionAborted.into());
+        }
         if let Err(e) = self.sync(true).await {
             // A store hiccup during IDLE is not fatal; the next wake-up retries.
             tracing::debug!(error = %e, "imap: IDLE sync failed");

@@ -198,6 +198,7 @@ impl Session {
             }
         }
         sel.uid_next = sel.uid_next.max(uid_next);
+        reads.uid_marks.note(mailbox_id, uid_validity, sel.uid_next);
         // \Recent: SELECT takes the messages no session has been given yet (one
         // atomic claim, so exactly one session in the cluster gets each); EXAMINE
         // only looks, leaving them to the next SELECT (RFC 3501 §6.3.2).
@@ -628,6 +629,7 @@ impl Session {
             Some(st) => st,
             None => self.app.store.mailbox_status(mailbox_id).await?,
         };
+        self.shared.reads.uid_marks.note(mailbox_id, st.uid_validity, st.uid_next);
         let mut parts = Vec::new();
         for item in items {
             parts.push(match item {

@@ -32,6 +32,7 @@ pub mod shared_snapshot;
 pub mod sort;
 pub mod sort_cache;
 pub mod thread;
+pub mod uid_marks;
 
 use std::sync::{Arc, Weak};
 
@@ -73,6 +74,8 @@ pub(crate) struct Reads {
     /// The database's epoch (see `watch_epoch`) once known: shared-cache keys of
     /// what a database going back in time makes wrong carry it.
     pub(crate) epoch: std::sync::RwLock<Option<Arc<str>>>,
+    /// The highest UIDNEXT seen per mailbox, checked when the epoch changes.
+    pub(crate) uid_marks: uid_marks::UidMarks,
 }
 
 /// State shared by the sessions of one process.
@@ -172,6 +175,7 @@ impl Shared {
             select_misses: select_cache.with_label_values(&["miss"]),
             select_shared: select_cache.with_label_values(&["shared"]),
             epoch: std::sync::RwLock::new(None),
+            uid_marks: uid_marks::UidMarks::default(),
         };
         Shared { leases: limit::Leases::new(), idle_gauge: m.idle_sessions.clone(), reads }
     }
@@ -190,14 +194,16 @@ const EPOCH_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5)
 /// Clears the process's read caches when the database's epoch changes (a restore,
 /// a failover): both assume the database never goes back in time — the SELECT
 /// cache would show messages that no longer exist, the body cache could serve one
-/// message's body under a message id handed out again. Runs until the IMAP state
-/// is dropped.
+/// message's body under a message id handed out again. Then renews the
+/// UIDVALIDITY of every mailbox whose UIDNEXT went back ([`uid_marks`]), until
+/// every one could be checked. Runs until the IMAP state is dropped.
 pub(crate) async fn watch_epoch(
     shared: Weak<Shared>,
     store: Arc<dyn crate::store::Store>,
     every: std::time::Duration,
 ) {
     let mut known: Option<String> = None;
+    let mut unchecked = false;
     loop {
         if shared.strong_count() == 0 {
             return;
@@ -212,14 +218,61 @@ pub(crate) async fn watch_epoch(
                     shared.reads.sort_cache.clear();
                     shared.reads.metas.clear();
                     shared.reads.bodies.clear_cache();
+                    unchecked = true;
                 }
                 _ => {}
             }
             shared.reads.remember_epoch(&epoch);
             known = Some(epoch);
+            if unchecked {
+                unchecked = !renew_rewound(&shared.reads.uid_marks, store.as_ref()).await;
+            }
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Renews the UIDVALIDITY of the mailboxes whose UIDNEXT in the store is below
+/// what this process has seen, and ends the sessions that had them (or any
+/// another process renewed) selected. False when some could not be checked.
+async fn renew_rewound(marks: &uid_marks::UidMarks, store: &dyn crate::store::Store) -> bool {
+    let mut all_checked = true;
+    for (mailbox_id, validity, seen_next) in marks.all() {
+        let now = match store.mailbox_get_by_id(mailbox_id).await {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(mailbox_id, error = %e, "imap: mailbox not checked for reused UIDs; retrying");
+                all_checked = false;
+                continue;
+            }
+        };
+        match now {
+            Some(mb) if mb.uid_validity == validity && mb.uid_next >= seen_next => {}
+            Some(mb) if mb.uid_validity == validity => {
+                match store.mailbox_renew_uid_validity(mailbox_id, validity).await {
+                    Ok(renewed) => {
+                        tracing::warn!(
+                            mailbox_id,
+                            uid_next = mb.uid_next,
+                            seen = seen_next,
+                            old = validity,
+                            new = ?renewed,
+                            "imap: UIDNEXT went back with the database; UIDVALIDITY renewed"
+                        );
+                        marks.renewed(mailbox_id, validity);
+                    }
+                    Err(e) => {
+                        tracing::warn!(mailbox_id, error = %e, "imap: UIDVALIDITY not renewed; retrying");
+                        all_checked = false;
+                    }
+                }
+            }
+            // Renewed by another process, or gone: selections under the old
+            // value end all the same.
+            _ => marks.renewed(mailbox_id, validity),
+        }
+    }
+    all_checked
 }
 
 #[async_trait::async_trait]

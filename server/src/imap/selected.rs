@@ -353,6 +353,11 @@ impl Session {
     /// Brings the selected mailbox up to date and queues the untagged responses.
     /// `allow_expunge` is false while answering FETCH, STORE and SEARCH.
     pub(crate) async fn sync(&mut self, allow_expunge: bool) -> StoreResult<()> {
+        // A mailbox whose UIDs are being handed out again shows nothing more:
+        // the session ends before its next reply (`uidvalidity_renewed`).
+        if self.uidvalidity_renewed() {
+            return Ok(());
+        }
         let Some(sel) = self.selected.as_ref() else { return Ok(()) };
         let (mailbox_id, since) = (sel.mailbox.id, sel.modseq);
         // The batched probe first: most commands find nothing changed. (A mailbox
@@ -364,6 +369,16 @@ impl Session {
             return Ok(());
         }
         self.sync_changes(allow_expunge).await
+    }
+
+    /// Whether the selected mailbox got a new UIDVALIDITY since it was selected
+    /// (the database went back in time: `imap::uid_marks`): the session's UIDs
+    /// may now name other messages, and RFC 3501 has no way to change the
+    /// UIDVALIDITY of a selection, so the session must end.
+    pub(crate) fn uidvalidity_renewed(&self) -> bool {
+        self.selected
+            .as_ref()
+            .is_some_and(|s| self.shared.reads.uid_marks.is_renewed(s.mailbox.id, s.mailbox.uid_validity))
     }
 
     /// What a sync that found nothing new still does where expunges may be
@@ -428,6 +443,10 @@ impl Session {
         }
         // `changed` is ordered by UID, so the new rows come in UID order.
         lines.extend(self.add_new_messages(mailbox_id, &new_rows, false).await);
+        if let Some(sel) = self.selected.as_ref() {
+            let next = sel.uid_next.max(sel.max_uid().saturating_add(1));
+            self.shared.reads.uid_marks.note(mailbox_id, sel.mailbox.uid_validity, next);
+        }
         for l in lines {
             self.push(&l);
         }

@@ -59,6 +59,10 @@ pub fn store_error(e: StoreError) -> Outcome {
     }
 }
 
+/// Why a session whose selected mailbox got a new UIDVALIDITY ends.
+pub(crate) const UIDVALIDITY_BYE: &str =
+    "* BYE [UNAVAILABLE] The mailbox's UIDVALIDITY changed (the database was restored); select it again";
+
 pub enum State {
     NotAuthenticated,
     Authenticated(Account),
@@ -277,6 +281,10 @@ impl Session {
 
     /// Parses and runs one command; false when the session must end.
     async fn execute(&mut self, cmd: &[u8]) -> std::io::Result<bool> {
+        if self.uidvalidity_renewed() {
+            self.push(UIDVALIDITY_BYE);
+            return Ok(false);
+        }
         let as_literals;
         let cmd = match parse::eight_bit_quoted_as_literals(cmd) {
             Some(c) => {

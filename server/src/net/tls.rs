@@ -13,7 +13,10 @@
 //! load balancer pays a full handshake. [`SharedTicketer`] takes its key from
 //! `Cache::secret_get` instead; every pod derives the same AEAD key from the same
 //! generation, and tickets sealed under the previous generation stay valid for one
-//! more rotation period.
+//! more rotation period. The AEAD key is derived from that secret together with
+//! the pod's cache MAC key (`cache.mac_key`), which is not in the cache: a TLS 1.2
+//! ticket carries its session's master secret, so a key readable from Redis would
+//! let whoever reads Redis decrypt recorded sessions.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,8 +105,9 @@ impl TlsProvider {
         key: &Path,
         cache: Arc<dyn Cache>,
         rotation: Duration,
+        pepper: [u8; 32],
     ) -> anyhow::Result<Self> {
-        let ticketer = SharedTicketer::start(cache, rotation).await;
+        let ticketer = SharedTicketer::start(cache, rotation, pepper).await;
         Self::from_files_with_ticketer(cert, key, ticketer)
     }
 
@@ -145,7 +149,8 @@ impl TlsProvider {
             _ => anyhow::bail!("tls.cert and tls.key must be set together"),
         };
         let rotation = Duration::from_secs(config.tls.ticket_rotation_secs.max(60));
-        let provider = Self::from_files_shared(&cert, &key, cache, rotation).await?;
+        let pepper = crate::cache::sealed::MacKey::for_config(config).0.subkey("tls-ticket");
+        let provider = Self::from_files_shared(&cert, &key, cache, rotation, pepper).await?;
         provider.set_metrics(metrics);
         provider.spawn_reload(Duration::from_secs(config.tls.reload_interval_secs.max(1)));
         Ok(provider)
@@ -345,6 +350,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
 /// the number of tickets one key seals in a rotation period.
 pub struct SharedTicketer {
     keys: RwLock<TicketKeys>,
+    /// Mixed into every key: the part of it that is not in the cache.
+    pepper: [u8; 32],
     lifetime: u32,
     rng: SystemRandom,
 }
@@ -365,11 +372,12 @@ const KEY_ID_LEN: usize = 4;
 const NONCE_LEN: usize = 12;
 
 impl TicketKey {
-    fn derive(secret: &[u8]) -> Option<TicketKey> {
+    fn derive(secret: &[u8], pepper: &[u8; 32]) -> Option<TicketKey> {
         // Domain-separated hashes: the AEAD key and the public id never reveal each
         // other or the raw secret (which other code might also derive from).
         let key_bytes: [u8; 32] = Sha256::new()
-            .chain_update(b"mailcluster tls ticket key v1\0")
+            .chain_update(b"mailcluster tls ticket key v2\0")
+            .chain_update(pepper)
             .chain_update(secret)
             .finalize()
             .into();
@@ -387,8 +395,10 @@ impl SharedTicketer {
     /// rotation period, so all pods switch generation within about a minute). When
     /// the cache is unreachable the ticketer starts disabled — clients then do full
     /// handshakes — and enables itself on the first successful refresh.
-    pub async fn start(cache: Arc<dyn Cache>, rotation: Duration) -> Arc<SharedTicketer> {
-        let ticketer = Arc::new(SharedTicketer::new(rotation));
+    pub async fn start(cache: Arc<dyn Cache>, rotation: Duration, pepper: [u8; 32]) -> Arc<SharedTicketer> {
+        let mut ticketer = SharedTicketer::new(rotation);
+        ticketer.pepper = pepper;
+        let ticketer = Arc::new(ticketer);
         if let Err(e) = ticketer.refresh(cache.as_ref(), rotation).await {
             tracing::warn!(error = %e, "TLS ticket key unavailable; session resumption off until it is");
         }
@@ -413,7 +423,12 @@ impl SharedTicketer {
     pub fn new(rotation: Duration) -> SharedTicketer {
         // TLS 1.3 caps ticket lifetime at 7 days (RFC 8446 §4.6.1).
         let lifetime = rotation.as_secs().clamp(1, 7 * 24 * 3600) as u32;
-        SharedTicketer { keys: RwLock::new(TicketKeys::default()), lifetime, rng: SystemRandom::new() }
+        SharedTicketer {
+            keys: RwLock::new(TicketKeys::default()),
+            pepper: [0; 32],
+            lifetime,
+            rng: SystemRandom::new(),
+        }
     }
 
     /// Reads the shared secret and installs its keys when the generation changed.
@@ -431,8 +446,8 @@ impl SharedTicketer {
         }
         *keys = TicketKeys {
             generation: Some(generation),
-            current: TicketKey::derive(current),
-            previous: previous.and_then(TicketKey::derive),
+            current: TicketKey::derive(current, &self.pepper),
+            previous: previous.and_then(|p| TicketKey::derive(p, &self.pepper)),
         };
     }
 }

@@ -184,6 +184,12 @@ pub trait Store: Send + Sync + 'static {
     /// returns the floor before. Concurrent claims, from any process, are
     /// serialised: every UID is given as recent to exactly one caller.
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32>;
+    /// Gives the mailbox a new UIDVALIDITY, greater than `old`, if it still has
+    /// `old`: its UIDs are to be handed out again (the database went back in
+    /// time and lost some), so clients must forget the ones they know. `None`
+    /// when the mailbox is gone or no longer has `old` (another process renewed
+    /// it first).
+    async fn mailbox_renew_uid_validity(&self, mailbox_id: i64, old: u32) -> StoreResult<Option<u32>>;
     /// [`Store::recent_claim`] of messages the caller itself has just added, which
     /// no other session can have taken yet in the common case: stores may skip
     /// the read that answers a claim already taken.

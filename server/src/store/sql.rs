@@ -747,6 +747,19 @@ impl<B: Backend> Store for B {
         self.recent_claim_own(mailbox_id, up_to).await
     }
 
+    async fn mailbox_renew_uid_validity(&self, mailbox_id: i64, old: u32) -> StoreResult<Option<u32>> {
+        // The time in seconds, as for a new mailbox, unless that is not above the
+        // old value (a clock behind, or renewals within one second).
+        let new = u32::try_from(super::common::now_secs()).unwrap_or(u32::MAX).max(old.saturating_add(1));
+        if new == old {
+            return Ok(None);
+        }
+        let sql = "UPDATE mailboxes SET uid_validity = $1 WHERE id = $2 AND uid_validity = $3";
+        let params = [Param::Int(i64::from(new)), Param::Int(mailbox_id), Param::Int(i64::from(old))];
+        let changed = self.execute(sql, &params).await.map_err(db_err)?;
+        Ok((changed > 0).then_some(new))
+    }
+
     async fn recent_claim_own(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
         let before = self.raise_recent_floor(mailbox_id, i64::from(up_to)).await?;
         u32_of(before.ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?, "recent_floor")

@@ -63,6 +63,10 @@ impl<G: Gate> Cache for Gated<G> {
         self.gate.pass("counter_get").await?;
         self.inner.counter_get(key).await
     }
+    async fn counter_decr(&self, key: &str) -> CacheResult<()> {
+        self.gate.pass("counter_decr").await?;
+        self.inner.counter_decr(key).await
+    }
     async fn value_put(&self, key: &str, value: &[u8], ttl: Duration) -> CacheResult<()> {
         self.gate.pass("value_put").await?;
         self.inner.value_put(key, value, ttl).await

@@ -55,6 +55,9 @@ impl Cache for MemCache {
     async fn counter_get(&self, _: &str) -> CacheResult<u64> {
         Ok(0)
     }
+    async fn counter_decr(&self, _: &str) -> CacheResult<()> {
+        Ok(())
+    }
     async fn value_put(&self, _: &str, _: &[u8], _: Duration) -> CacheResult<()> {
         Ok(())
     }

@@ -164,6 +164,9 @@ impl Store for FaultyStore {
     async fn recent_claim(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
         self.inner.recent_claim(mailbox_id, up_to).await
     }
+    async fn mailbox_renew_uid_validity(&self, mailbox_id: i64, old: u32) -> StoreResult<Option<u32>> {
+        self.inner.mailbox_renew_uid_validity(mailbox_id, old).await
+    }
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         let delay = self.commit_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {

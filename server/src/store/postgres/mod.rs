@@ -1305,10 +1305,15 @@ impl Backend for PgStore {
         // cluster changes the identifier), but reading them needs pg_monitor or a
         // superuser. Without, the server's start time: it changes on every restart
         // and failover too (clearing caches once more than needed, never less).
+        // The database's own identity (its oid) joins either: a database dropped
+        // and restored from a dump under the same name on the same server is a
+        // new one.
         if self.control_readable.load(Ordering::Relaxed) {
             let control: Result<String, _> = sqlx::query_scalar(
                 "SELECT s.system_identifier::text || '/' || c.timeline_id::text || '/' || \
-                 pg_postmaster_start_time()::text FROM pg_control_system() s, pg_control_checkpoint() c",
+                 pg_postmaster_start_time()::text || '/' || d.oid::text \
+                 FROM pg_control_system() s, pg_control_checkpoint() c, pg_database d \
+                 WHERE d.datname = current_database()",
             )
             .fetch_one(&mut *conn)
             .await;
@@ -1320,10 +1325,13 @@ impl Backend for PgStore {
                 Err(e) => return Err(db_err(e)),
             }
         }
-        let started: String = sqlx::query_scalar("SELECT pg_postmaster_start_time()::text")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db_err)?;
+        let started: String = sqlx::query_scalar(
+            "SELECT pg_postmaster_start_time()::text || '/' || oid::text FROM pg_database \
+             WHERE datname = current_database()",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
         Ok(Some(started))
     }
 }
