@@ -26,7 +26,7 @@ use mailcluster_server::dns::Dns;
 use mailcluster_server::imap::sort::base_subject_of;
 use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::imap::thread::{
-    Thread, ThreadMessage, ordered_subject, parent_ids, references, render,
+    ThreadMessage, ordered_subject, parent_ids, references, render,
 };
 use mailcluster_server::inbound::{self, Envelope, Verdict};
 use mailcluster_server::message::parse_meta;
@@ -277,13 +277,13 @@ pub fn thread(data: &[u8]) {
         let mut seen = vec![0u32; messages.len()];
         // Walked with a stack of our own: the check must not itself overflow on
         // a deep thread.
-        let mut stack: Vec<&Thread> = threads.iter().collect();
-        while let Some(t) = stack.pop() {
-            match t.message {
+        let mut stack: Vec<usize> = threads.roots.clone();
+        while let Some(n) = stack.pop() {
+            match threads.message(n) {
                 Some(m) => seen[m] += 1,
-                None => assert!(!t.children.is_empty(), "an empty thread"),
+                None => assert!(!threads.children(n).is_empty(), "an empty thread"),
             }
-            stack.extend(&t.children);
+            stack.extend(threads.children(n));
         }
         assert!(seen.iter().all(|&n| n == 1), "messages placed {seen:?} times");
         let rendered = render(&threads, &messages);
@@ -743,7 +743,7 @@ pub fn inbound_auth(data: &[u8]) {
         message,
     ]
     .concat();
-    if let Some(signature) = world.signer.sign(message) {
+    if let Some(signature) = world.signer.sign(INBOUND_DOMAIN, message) {
         let signed = [signature.as_bytes(), message].concat();
         let verdict = world.verdict(&signed, [192, 0, 2, 9].into(), mail_from);
         check_verdict(&verdict, &signed);
@@ -754,7 +754,7 @@ pub fn inbound_auth(data: &[u8]) {
                 && m.from[0].to_ascii_lowercase().ends_with("@org-a.test")
         });
         if ours {
-            let Verdict::Accept { header, junk: false } = &verdict else { panic!("{verdict:?}") };
+            let Verdict::Accept { header, junk: false, .. } = &verdict else { panic!("{verdict:?}") };
             assert!(header.contains("dkim=pass"), "our own signature did not verify: {header}");
         }
     }

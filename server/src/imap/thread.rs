@@ -47,6 +47,17 @@ struct Node {
 }
 
 impl Forest {
+    /// The message of node `n` (an index into the threaded messages), none for a
+    /// group that lacks its first message.
+    pub fn message(&self, n: usize) -> Option<usize> {
+        self.nodes[n].message
+    }
+
+    /// The replies of node `n`, in order.
+    pub fn children(&self, n: usize) -> &[usize] {
+        &self.nodes[n].children
+    }
+
     fn add(&mut self, message: Option<usize>, children: Vec<usize>) -> usize {
         self.nodes.push(Node { message, children });
         self.nodes.len() - 1
