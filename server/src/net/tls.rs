@@ -531,6 +531,21 @@ mod tests {
     }
 
     #[test]
+    fn the_secret_in_the_cache_alone_opens_no_ticket() {
+        // Same shared secret, different non-cache key: what someone who reads
+        // Redis can compute does not open a pod's tickets.
+        let pod = SharedTicketer { pepper: [3u8; 32], ..SharedTicketer::new(Duration::from_secs(3600)) };
+        let reader = SharedTicketer::new(Duration::from_secs(3600));
+        pod.install(1, &[7u8; 32], None);
+        reader.install(1, &[7u8; 32], None);
+        let t = pod.encrypt(b"master secret").expect("sealed");
+        assert!(reader.decrypt(&t).is_none());
+        let peer = SharedTicketer { pepper: [3u8; 32], ..SharedTicketer::new(Duration::from_secs(3600)) };
+        peer.install(1, &[7u8; 32], None);
+        assert_eq!(peer.decrypt(&t).as_deref(), Some(&b"master secret"[..]));
+    }
+
+    #[test]
     fn hostile_tickets_are_rejected() {
         let a = SharedTicketer::new(Duration::from_secs(60));
         a.install(1, &[1u8; 32], None);
