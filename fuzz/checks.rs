@@ -25,9 +25,7 @@ use mailcluster_server::dkim::{Signer, generate, write_key_file};
 use mailcluster_server::dns::Dns;
 use mailcluster_server::imap::sort::base_subject_of;
 use mailcluster_server::imap::sort_cache::SortKeys;
-use mailcluster_server::imap::thread::{
-    ThreadMessage, ordered_subject, parent_ids, references, render,
-};
+use mailcluster_server::imap::thread::{ThreadMessage, ordered_subject, parent_ids, references, render};
 use mailcluster_server::inbound::{self, Envelope, Verdict};
 use mailcluster_server::message::parse_meta;
 use mailcluster_server::net::deflate::Deflate;
