@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::TestDatabase;
-use common::cluster::{ServeProcess, block_on, ephemeral_ports, smtp_deliver};
-use common::{redis_url, run, run_with, unique};
+use common::cluster::{ServeProcess, add_users, block_on, cluster_env, smtp_deliver};
+use common::{redis_url, unique};
 
 fn redis_cli(url: &str, args: &[&str]) -> String {
     let out =
@@ -87,21 +87,9 @@ fn values_written_into_redis_redirect_no_mail_and_expose_no_body() {
     let prefix = format!("{}:", unique("mcforge"));
     let redis = redis_url();
     let dir = tempfile::tempdir().unwrap();
-    let mut env = ephemeral_ports();
-    env.extend([
-        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
-        ("MAILCLUSTER_REDIS_URL", redis.as_str()),
-        ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix.as_str()),
-        ("MAILCLUSTER_PROTOCOLS", "smtp,pop3"),
-        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
-        // Every listing goes through Redis, however small.
-        ("MAILCLUSTER_POP3__SHARED_LISTING_MIN_MESSAGES", "1"),
-    ]);
-    run(dir.path(), &["migrate"], &env).ok();
-    run(dir.path(), &["domain", "add", "example.org"], &env).ok();
-    for user in ["alice@example.org", "bob@example.org"] {
-        run_with(dir.path(), &["user", "add", user], &env, "the secret\n", Duration::from_secs(120)).ok();
-    }
+    let mut env = cluster_env(&db.url, &redis, &prefix, "smtp,pop3");
+    env.extend([("MAILCLUSTER_POP3__SHARED_LISTING_MIN_MESSAGES", "1")]);
+    add_users(dir.path(), &env, &["alice@example.org", "bob@example.org"], "the secret");
     let (_, alice_inbox) = inbox_of(&db.url, "alice@example.org");
     let (bob, bob_inbox) = inbox_of(&db.url, "bob@example.org");
     let server = ServeProcess::start(dir.path(), &env, 2);

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::TestDatabase;
-use common::cluster::{ServeProcess, ephemeral_ports, smtp_deliver};
-use common::{database_url, redis_url, run, run_with, unique};
+use common::cluster::{ServeProcess, add_users, cluster_env, smtp_deliver};
+use common::{database_url, redis_url, unique};
 
 struct Imap {
     r: BufReader<TcpStream>,
@@ -123,18 +123,8 @@ fn a_restored_database_renews_uidvalidity_instead_of_reissuing_uids() {
     let prefix = format!("{}:", unique("mcrewind"));
     let redis = redis_url();
     let dir = tempfile::tempdir().unwrap();
-    let mut env = ephemeral_ports();
-    env.extend([
-        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
-        ("MAILCLUSTER_REDIS_URL", redis.as_str()),
-        ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix.as_str()),
-        ("MAILCLUSTER_PROTOCOLS", "smtp,imap"),
-        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
-    ]);
-    run(dir.path(), &["migrate"], &env).ok();
-    run(dir.path(), &["domain", "add", "example.org"], &env).ok();
-    run_with(dir.path(), &["user", "add", "bob@example.org"], &env, "the secret\n", Duration::from_secs(120))
-        .ok();
+    let env = cluster_env(&db.url, &redis, &prefix, "smtp,imap");
+    add_users(dir.path(), &env, &["bob@example.org"], "the secret");
     let server = ServeProcess::start(dir.path(), &env, 2);
     for subject in ["one", "two"] {
         smtp_deliver(server.addr("smtp"), "bob@example.org", subject);

@@ -11,8 +11,8 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::TestDatabase;
-use common::cluster::{ServeProcess, ephemeral_ports};
-use common::{redis_url, run, run_with, unique};
+use common::cluster::{ServeProcess, add_users, cluster_env};
+use common::{redis_url, unique};
 
 /// `auth.max_failures_per_user`'s default: failures of one user from one address.
 const LIMIT: usize = 10;
@@ -96,19 +96,8 @@ fn parallel_guesses_are_cut_at_the_limit_and_the_owner_still_logs_in() {
     let prefix = format!("{}:", unique("mclogin"));
     let redis = redis_url();
     let dir = tempfile::tempdir().unwrap();
-    let mut env = ephemeral_ports();
-    env.extend([
-        ("MAILCLUSTER_DATABASE_URL", db.url.as_str()),
-        ("MAILCLUSTER_REDIS_URL", redis.as_str()),
-        ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix.as_str()),
-        ("MAILCLUSTER_PROTOCOLS", "imap,pop3"),
-        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
-    ]);
-    run(dir.path(), &["migrate"], &env).ok();
-    run(dir.path(), &["domain", "add", "example.org"], &env).ok();
-    for user in ["alice@example.org", "bob@example.org"] {
-        run_with(dir.path(), &["user", "add", user], &env, "owner's secret\n", Duration::from_secs(120)).ok();
-    }
+    let env = cluster_env(&db.url, &redis, &prefix, "imap,pop3");
+    add_users(dir.path(), &env, &["alice@example.org", "bob@example.org"], "owner's secret");
     let server = ServeProcess::start(dir.path(), &env, 2);
     server.wait_for_cache_up(Duration::from_secs(30));
 

@@ -33,6 +33,37 @@ pub fn ephemeral_ports() -> Vec<(&'static str, &'static str)> {
     env
 }
 
+/// The environment of the `serve` processes of one test cluster: listeners on
+/// free loopback ports, its database, Redis under a key prefix of its own,
+/// `protocols`, and logins without TLS (the tests' clients speak plain text).
+pub fn cluster_env<'a>(
+    database: &'a str,
+    redis: &'a str,
+    prefix: &'a str,
+    protocols: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = ephemeral_ports();
+    env.extend([
+        ("MAILCLUSTER_DATABASE_URL", database),
+        ("MAILCLUSTER_REDIS_URL", redis),
+        ("MAILCLUSTER_REDIS__KEY_PREFIX", prefix),
+        ("MAILCLUSTER_PROTOCOLS", protocols),
+        ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true"),
+    ]);
+    env
+}
+
+/// Migrates the database, adds the domain example.org and `users`, each with
+/// `password`.
+pub fn add_users(dir: &Path, env: &[(&str, &str)], users: &[&str], password: &str) {
+    super::run(dir, &["migrate"], env).ok();
+    super::run(dir, &["domain", "add", "example.org"], env).ok();
+    for user in users {
+        let stdin = format!("{password}\n");
+        super::run_with(dir, &["user", "add", user], env, &stdin, Duration::from_secs(120)).ok();
+    }
+}
+
 /// A running `mailcluster serve` with JSON logs; killed when dropped (and checked
 /// for panics in its log then).
 pub struct ServeProcess {
