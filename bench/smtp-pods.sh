@@ -53,6 +53,8 @@ if [ "$FORWARD" = 1 ] && [ "${SPLIT:-0}" != 1 ] && [ -z "${SERVICES_CORE:-}" ]; 
   # Pod A is both the one pod and the leader of the two: it listens for the
   # other pod's deliveries in every round (no cost while nobody forwards).
   export MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600
+  # Both pods prove this key to each other (the operator's Secret in a cluster).
+  export MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET=bench-group-commit-key
   LEADER=a FOLLOWER=b
 fi
 mc_start 1000 smtp
@@ -71,6 +73,7 @@ start_pod() { # name smtp_port admin_port [cpu list]
       "$LEADER") role=(MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=13600) ;;
       "$FOLLOWER") role=(MAILCLUSTER_SMTP__GROUP_COMMIT_PORT=0 MAILCLUSTER_SMTP__GROUP_COMMIT_LEADER=127.0.0.1:13600) ;;
     esac
+    role+=(MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET=bench-group-commit-key)
   fi
   # shellcheck disable=SC2086 # POD_ENV is a list of NAME=value words
   mc_pod "$1" "$3" ${POD_ENV:-} "${role[@]}" MAILCLUSTER_SMTP_PORT="$2" "${pin[@]}"

@@ -4,6 +4,8 @@ Argo CD health check. Run by operator/tests/install.rs (one test per command) an
 scripts/render-install.sh.
 
     install_checks.py render-install      print manifests/install.yaml
+    install_checks.py render-install-cluster-wide
+                                          print manifests/install-cluster-wide.yaml
     install_checks.py render-argocd-cm    print manifests/argocd/argocd-cm.yaml
     install_checks.py lint                helm lint --strict over several value sets
     install_checks.py template            render those value sets and validate every
@@ -49,6 +51,8 @@ HEALTH_DIR = MANIFESTS / "argocd" / "resource_customizations" / "mailcluster.dev
 
 RELEASE = "mailcluster"
 NAMESPACE = "mailcluster-system"
+# The operator's image repository by default, which is also what MailClusters may run.
+DEFAULT_IMAGE = "ghcr.io/mailcluster/mailcluster"
 
 # Oldest and newest Kubernetes the chart supports (Chart.yaml kubeVersion; the mail
 # pods use preStop.sleep, on by default from 1.30) and the newest schema bundled by
@@ -65,6 +69,7 @@ VALUE_SETS: dict[str, dict] = {
         "replicaCount": 1,
         "leaderElection": {"enabled": False},
     },
+    "clusterWide": {"clusterWide": True, "networkPolicy": {"enabled": False}},
     "everything": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
         "networkPolicy": {"enabled": True, "metricsNamespaces": ["monitoring", "observability"]},
@@ -75,6 +80,7 @@ VALUE_SETS: dict[str, dict] = {
             "pullPolicy": "Always",
         },
         "imagePullSecrets": [{"name": "registry"}],
+        "allowedImages": ["registry.example.com/mailcluster", "registry.example.com:5000/mail/"],
         "podAnnotations": {"example.com/team": "mail"},
         "priorityClassName": "system-cluster-critical",
     },
@@ -159,8 +165,8 @@ def kind_rank(doc: dict) -> tuple[int, str]:
 # ---------------------------------------------------------------------------- render
 
 
-def render_install() -> str:
-    """The plain-YAML install: Namespace, CRD, then the chart with default values."""
+def render_install(values: dict | None = None, what: str = "default values") -> str:
+    """The plain-YAML install: Namespace, CRD, then the chart with `values`."""
     namespace = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -173,9 +179,9 @@ def render_install() -> str:
             },
         },
     }
-    objects = sorted(render_chart({}), key=kind_rank)
+    objects = sorted(render_chart(values or {}), key=kind_rank)
     out = [
-        "# Generated from charts/mailcluster (default values, release "
+        f"# Generated from charts/mailcluster ({what}, release "
         f"{RELEASE!r}, namespace {NAMESPACE!r})\n"
         "# by scripts/render-install.sh; do not edit. Apply with\n"
         "#   kubectl apply --server-side -f install.yaml\n"
@@ -288,16 +294,40 @@ def check_template() -> int:
                 check_operator_pod(d, values)
         print(f"ok  template {name}: {len(docs)} objects ({', '.join(kinds)}) valid on {KUBE_OLDEST} and {KUBE_NEWEST}")
         n += 1
-    # Namespaced mode grants the same rules, through a Role in the watched namespace only.
-    cluster_rules = next(d for d in render_chart({}) if d["kind"] == "ClusterRole")["rules"]
-    namespaced = render_chart(VALUE_SETS["namespaced"])
-    if any(d["kind"].startswith("Cluster") for d in namespaced):
-        raise CheckFailed("namespaced mode renders cluster-wide RBAC")
-    roles = [d for d in namespaced if d["kind"] == "Role"]
-    if [(r["metadata"]["namespace"], r["rules"]) for r in roles] != [("mail", cluster_rules)]:
-        raise CheckFailed(f"namespaced mode: expected one Role in 'mail' with the operator's rules, got {roles}")
-    print("ok  namespaced mode: the operator's rules in a Role of the watched namespace, no Lease Role")
-    n += 1
+    # Cluster-wide only when asked for; otherwise the same rules through a Role in
+    # the watched namespace (by default the release's) and nothing cluster-scoped.
+    cluster_wide = render_chart(VALUE_SETS["clusterWide"])
+    cluster_rules = next(d for d in cluster_wide if d["kind"] == "ClusterRole")["rules"]
+    bindings = [d for d in cluster_wide if d["kind"] == "ClusterRoleBinding"]
+    if len(bindings) != 1 or "--namespace" in " ".join(operator_args(cluster_wide)):
+        raise CheckFailed("clusterWide: expected one ClusterRoleBinding and no --namespace")
+    for name, values, watched, lease_role in (
+        ("defaults", {}, NAMESPACE, True),
+        ("namespaced", VALUE_SETS["namespaced"], "mail", False),
+    ):
+        docs = render_chart(values)
+        if any(d["kind"].startswith("Cluster") for d in docs):
+            raise CheckFailed(f"{name}: renders cluster-wide RBAC")
+        roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("leader-election")]
+        if [(r["metadata"]["namespace"], r["rules"]) for r in roles] != [(watched, cluster_rules)]:
+            raise CheckFailed(f"{name}: expected one Role in {watched!r} with the operator's rules, got {roles}")
+        bound = [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == roles[0]["metadata"]["name"]]
+        if [b["metadata"]["namespace"] for b in bound] != [watched]:
+            raise CheckFailed(f"{name}: the operator's Role is not bound in {watched!r}: {bound}")
+        if f"--namespace={watched}" not in operator_args(docs):
+            raise CheckFailed(f"{name}: the operator does not watch {watched!r} alone: {operator_args(docs)}")
+        leases = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("leader-election")]
+        if bool(leases) != lease_role:
+            raise CheckFailed(f"{name}: leader-election Role {'missing' if lease_role else 'unexpected'}")
+        print(f"ok  {name}: the operator's rules in a Role of namespace {watched}, nothing cluster-scoped")
+        n += 1
+    try:
+        render_chart({"clusterWide": True, "watchNamespace": "mail"})
+    except helm().HelmError:
+        print("ok  template refuses clusterWide with a watchNamespace")
+        n += 1
+    else:
+        raise CheckFailed("clusterWide with a watchNamespace rendered")
     # Leader election off with two replicas is refused at render time.
     try:
         render_chart({"leaderElection": {"enabled": False}})
@@ -319,6 +349,11 @@ def check_template() -> int:
     return n
 
 
+def operator_args(docs: list[dict]) -> list[str]:
+    (d,) = [d for d in docs if d["kind"] == "Deployment"]
+    return d["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def check_operator_pod(deployment: dict, values: dict) -> None:
     """What the chart promises about the operator pod, beyond schema validity."""
     pod = deployment["spec"]["template"]["spec"]
@@ -334,8 +369,12 @@ def check_operator_pod(deployment: dict, values: dict) -> None:
     assert c["args"][0] == "operator"
     env = {e["name"] for e in c["env"]}
     assert {"POD_NAME", "POD_NAMESPACE"} <= env, "Lease identity and namespace come from the downward API"
-    if values.get("watchNamespace"):
-        assert f"--namespace={values['watchNamespace']}" in c["args"]
+    if values.get("clusterWide"):
+        assert not any(a.startswith("--namespace") for a in c["args"]), c["args"]
+    else:
+        assert f"--namespace={values.get('watchNamespace') or NAMESPACE}" in c["args"], c["args"]
+    allowed = ",".join(values.get("allowedImages") or [values.get("image", {}).get("repository") or DEFAULT_IMAGE])
+    assert f"--allowed-images={allowed}" in c["args"], c["args"]
 
 
 # ---------------------------------------------------------------------------- samples
@@ -588,6 +627,9 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd == "render-install":
         sys.stdout.write(render_install())
+        return 0
+    if cmd == "render-install-cluster-wide":
+        sys.stdout.write(render_install({"clusterWide": True}, "clusterWide=true"))
         return 0
     if cmd == "render-argocd-cm":
         sys.stdout.write(render_argocd_cm())

@@ -665,12 +665,23 @@ pub struct GroupCommitSpec {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkPolicySpec {
-    #[serde(default)]
+    /// On (the default): the mail pods take mail on their mail ports from
+    /// anywhere, the admin port (9090: metrics, health) only from the
+    /// namespaces below, and the group-commit port (7025) only from the
+    /// cluster's own delivering pods.
+    #[serde(default = "yes")]
     pub enabled: bool,
-    /// Namespaces allowed to scrape the admin port (9090) besides this one.
+    /// Namespaces, by name, allowed to reach the admin port (9090), e.g. the
+    /// one Prometheus runs in. Pods of the cluster's own namespace are not
+    /// allowed unless it is listed.
     #[serde(default = "default_metrics_namespaces")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), inner(length(max = 63)))]
     pub metrics_namespaces: Vec<String>,
+    /// Namespaces, by their labels (all of them must match), also allowed to
+    /// reach the admin port.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub metrics_namespace_labels: BTreeMap<String, String>,
     /// Also restrict what the mail pods may connect to: DNS (53), SMTP to other
     /// servers (25, 465, 587), PostgreSQL (5432), Redis (6379, Sentinel 26379) and
     /// `egressPorts`, anywhere. For namespaces whose egress is denied by default,
@@ -690,8 +701,9 @@ fn default_metrics_namespaces() -> Vec<String> {
 impl Default for NetworkPolicySpec {
     fn default() -> Self {
         NetworkPolicySpec {
-            enabled: false,
+            enabled: true,
             metrics_namespaces: default_metrics_namespaces(),
+            metrics_namespace_labels: BTreeMap::new(),
             restrict_egress: false,
             egress_ports: Vec::new(),
         }

@@ -87,6 +87,16 @@ pub struct OperatorArgs {
     /// Run without a leader-election Lease (only with a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
+    /// Repositories a MailCluster's image may come from, comma-separated
+    /// (any tag or digest; an entry ending in `/` allows everything below it).
+    /// A MailCluster naming another image gets nothing created or changed.
+    #[arg(
+        long,
+        value_name = "REPOSITORIES",
+        default_value = mailcluster_operator::image::DEFAULT_ALLOWED_IMAGES,
+        env = "MAILCLUSTER_OPERATOR_ALLOWED_IMAGES"
+    )]
+    pub allowed_images: String,
 }
 
 #[derive(Debug, Args)]

@@ -70,8 +70,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), "info")
                 .map_err(Failure::usage)?;
             logging::init(filter, "auto");
+            let allowed_images =
+                mailcluster_operator::image::ImageAllowlist::parse_list(&args.allowed_images)
+                    .map_err(|e| Failure::usage(anyhow::anyhow!("--allowed-images: {e}")))?;
             let opts = mailcluster_operator::OperatorOptions {
                 namespace: args.namespace,
+                allowed_images,
                 metrics_addr: args.metrics_addr,
                 leader_election: !args.no_leader_election,
                 ..Default::default()

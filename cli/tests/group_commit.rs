@@ -88,6 +88,8 @@ impl Cluster {
                 ("MAILCLUSTER_PROTOCOLS", "smtp,imap".into()),
                 ("MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH", "true".into()),
                 ("MAILCLUSTER_SMTP__GROUP_COMMIT_LEADER", format!("127.0.0.1:{port}")),
+                // What the operator puts in every pod of a cluster from its Secret.
+                ("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", unique("group-commit-key")),
             ]
             .map(|(k, v)| (k.to_string(), v)),
         );

@@ -485,8 +485,8 @@ struct Release<'a> {
 }
 
 impl<'a> Release<'a> {
-    fn install(kube: &'a Kube, name: &str, namespace: &str) -> Release<'a> {
-        let out = kube.python(&["helm-install", name, namespace, "{}"], "");
+    fn install(kube: &'a Kube, name: &str, namespace: &str, values: &Value) -> Release<'a> {
+        let out = kube.python(&["helm-install", name, namespace, &values.to_string()], "");
         assert!(out.contains(&format!("release {name}")), "{out}");
         Release { kube, name: name.into(), namespace: namespace.into() }
     }
@@ -567,15 +567,46 @@ fn report_job_pod_succeeded(kube: &Kube, ns: &str, job: &str) {
     ]);
 }
 
+/// The chart's default: the operator may act in its own namespace only.
+#[test]
+fn the_charts_default_rbac_reaches_its_release_namespace_only() {
+    let Some(kube) = installed() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let release_ns = unique("mcns");
+    let _release = Release::install(&kube, "mcns", &release_ns, &json!({}));
+    let sa_config = dir.path().join("operator.kubeconfig");
+    service_account_kubeconfig(&kube, &release_ns, "mcns-mailcluster", &sa_config);
+    let as_sa = Kube { kubeconfig: sa_config.to_str().unwrap().into() };
+    for allowed in [
+        vec!["get", "mailclusters", "-n", release_ns.as_str()],
+        vec!["get", "deployments", "-n", release_ns.as_str()],
+        vec!["get", "secret", "absent", "-n", release_ns.as_str(), "--ignore-not-found"],
+    ] {
+        let out = as_sa.kubectl(&allowed);
+        assert!(out.ok, "{allowed:?}: {}", out.stderr);
+    }
+    let other = Namespace::create(&kube, "mcother");
+    for denied in [
+        vec!["get", "mailclusters", "-A"],
+        vec!["get", "mailclusters", "-n", other.name.as_str()],
+        vec!["get", "secret", "absent", "-n", other.name.as_str()],
+        // Secrets are read by name and created, never listed.
+        vec!["get", "secrets", "-n", release_ns.as_str()],
+    ] {
+        let out = as_sa.kubectl(&denied);
+        assert!(!out.ok && out.stderr.contains("forbidden"), "{denied:?}: {}", out.stderr);
+    }
+}
+
 #[test]
 fn operator_with_the_charts_service_account_runs_a_cluster() {
     let Some(kube) = installed() else { return };
     let dir = tempfile::tempdir().unwrap();
 
-    // The operator as the chart installs it: its ServiceAccount, ClusterRole and
-    // binding, applied by a real `helm install`.
+    // The operator as the chart installs it when asked to watch every namespace:
+    // its ServiceAccount, ClusterRole and binding, applied by a real `helm install`.
     let release_ns = unique("mcop");
-    let release = Release::install(&kube, "mcop", &release_ns);
+    let release = Release::install(&kube, "mcop", &release_ns, &json!({"clusterWide": true}));
     let sa = "mcop-mailcluster";
     assert!(kube.get(&release_ns, &format!("serviceaccount/{sa}")).is_some(), "chart ServiceAccount");
     let sa_config = dir.path().join("operator.kubeconfig");

@@ -11,6 +11,8 @@ pub mod budget;
 pub mod build;
 pub mod children;
 pub mod crd;
+pub mod image;
+pub mod keys;
 pub mod leader;
 pub mod metrics;
 pub mod names;

@@ -110,6 +110,11 @@ pub fn config_map(mc: &MailCluster) -> String {
     format!("{}-config", cluster_name(mc))
 }
 
+/// The Secret of the cluster's own keys (`keys.rs`).
+pub fn keys_secret(mc: &MailCluster) -> String {
+    format!("{}-keys", cluster_name(mc))
+}
+
 pub fn metrics_service(mc: &MailCluster) -> String {
     format!("{}-metrics", cluster_name(mc))
 }

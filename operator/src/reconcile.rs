@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use crate::build::{BuildContext, Built, build, migration_job_name};
 use crate::children::ChildKind;
+use crate::image::ImageAllowlist;
 use crate::metrics::Metrics;
 use crate::names;
 use crate::status::{self, Outcome, Replicas};
@@ -92,6 +93,8 @@ pub struct Context {
     rediscover_every: Option<Duration>,
     /// Consecutive failures per object, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The repositories MailClusters may take their image from.
+    allowed_images: ImageAllowlist,
 }
 
 impl Context {
@@ -106,7 +109,13 @@ impl Context {
             capabilities: tokio::sync::Mutex::new((capabilities, tokio::time::Instant::now())),
             rediscover_every: None,
             failures: Mutex::new(HashMap::new()),
+            allowed_images: ImageAllowlist::default(),
         }
+    }
+
+    /// The same context trusting the images of `allowed` instead of the default.
+    pub fn with_allowed_images(self, allowed: ImageAllowlist) -> Self {
+        Context { allowed_images: allowed, ..self }
     }
 
     /// A context that discovers the optional CRDs now and again when its knowledge is
@@ -172,6 +181,9 @@ impl Error {
     }
 }
 
+/// Reason of the conditions of a MailCluster whose image the operator does not run.
+pub const IMAGE_NOT_ALLOWED: &str = "ImageNotAllowed";
+
 /// Requeue after success: a slow resync catches anything no watch reports.
 const RESYNC: Duration = Duration::from_secs(300);
 /// Requeue while something is in motion (rollout, migration, missing Secret).
@@ -216,9 +228,17 @@ async fn reconcile_inner(mc: &MailCluster, ctx: &Context) -> Result<Action, Erro
     } else if let Err(e) = validate(mc) {
         // Retrying cannot fix a spec: wait for the user to change it.
         (Outcome::Invalid { message: e.problems.join("; ") }, Action::await_change())
+    } else if let Err(message) = ctx.allowed_images.check(&mc.spec.image.reference()) {
+        // The image runs with the cluster's database URL and keys: nothing is
+        // created or changed for this cluster until it names a trusted one (its
+        // running pods keep theirs). The allowlist changes only with a restart,
+        // which reconciles everything again.
+        (Outcome::Blocked { reason: IMAGE_NOT_ALLOWED.into(), message }, Action::await_change())
     } else if let Some(missing) = missing_secrets(mc, &ns, &ctx.client).await? {
         // Secrets are not watched: look again soon.
         (Outcome::Blocked { reason: "SecretMissing".into(), message: missing }, Action::requeue(SHORT))
+    } else if let Some(problem) = crate::keys::ensure(mc, &ns, &ctx.client).await? {
+        (Outcome::Blocked { reason: "SecretMissing".into(), message: problem }, Action::requeue(SHORT))
     } else {
         let (migrated_image, migration_failure) = observe_migration(mc, &ns, &ctx.client).await?;
         let caps = ctx.capabilities().await;

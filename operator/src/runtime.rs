@@ -24,6 +24,7 @@ use mailcluster_api::{MANAGED_BY, MANAGED_BY_LABEL, MailCluster};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::image::ImageAllowlist;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, error_policy, reconcile};
@@ -65,6 +66,8 @@ pub struct OperatorOptions {
     /// How often reconciles ask discovery again whether cert-manager / the Prometheus
     /// operator are installed.
     pub rediscover_every: Duration,
+    /// The repositories a MailCluster's `spec.image` may come from.
+    pub allowed_images: ImageAllowlist,
 }
 
 impl Default for OperatorOptions {
@@ -81,6 +84,7 @@ impl Default for OperatorOptions {
             lease_duration: Duration::from_secs(10),
             renew_every: Duration::from_secs(2),
             rediscover_every: Duration::from_secs(300),
+            allowed_images: ImageAllowlist::default(),
         }
     }
 }
@@ -189,7 +193,12 @@ pub async fn run_with(
         None
     };
 
-    let ctx = Arc::new(Context::discovering(client.clone(), metrics, opts.rediscover_every).await);
+    info!(allowed_images = %opts.allowed_images, "MailClusters may run images from these repositories");
+    let ctx = Arc::new(
+        Context::discovering(client.clone(), metrics, opts.rediscover_every)
+            .await
+            .with_allowed_images(opts.allowed_images.clone()),
+    );
     let mcs: Api<MailCluster> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),

@@ -57,7 +57,9 @@ fn minimal_builds_every_default_object() {
         b.migration_job.starts_with("mail-migrate-") && b.migration_job.len() == "mail-migrate-".len() + 10
     );
     assert_eq!(names_of(&b, ChildKind::ServiceMonitor), ["mail"]);
-    for absent in [ChildKind::CronJob, ChildKind::NetworkPolicy, ChildKind::Certificate, ChildKind::Role] {
+    // A NetworkPolicy unless the spec turns it off.
+    assert_eq!(names_of(&b, ChildKind::NetworkPolicy), ["mail"]);
+    for absent in [ChildKind::CronJob, ChildKind::Certificate, ChildKind::Role] {
         assert_eq!(b.of_kind(absent).count(), 0, "{absent:?} not asked for");
     }
     assert_eq!(b.rollout, Rollout::Current);
@@ -334,6 +336,54 @@ fn dkim_secrets_and_smarthost_credentials_reach_the_sending_pods_only() {
     assert!(!ipod.containers[0].env.as_ref().unwrap().iter().any(|e| e.name.contains("SMARTHOST")));
 }
 
+/// The cluster's keys come from the Secret the operator makes, never from the
+/// spec or the ConfigMap; each pod gets the ones it uses, and none may start
+/// without them.
+#[test]
+fn cluster_keys_reach_the_pods_from_the_operators_secret() {
+    let from_keys = |d: &Deployment| -> Vec<(String, String)> {
+        container(d)
+            .env
+            .unwrap()
+            .iter()
+            .filter_map(|e| {
+                let sel = e.value_from.as_ref()?.secret_key_ref.as_ref()?;
+                (sel.name == "prod-keys").then(|| {
+                    assert_eq!(sel.optional, Some(false), "{}", e.name);
+                    (e.name.clone(), sel.key.clone())
+                })
+            })
+            .collect()
+    };
+    let mut mc = fixture("full");
+    assert!(mc.spec.group_commit.across_pods);
+    let b = steady(&mc);
+    let mac = ("MAILCLUSTER_CACHE__MAC_KEY".to_string(), "cache-mac-key".to_string());
+    let group = ("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET".to_string(), "group-commit-key".to_string());
+    for name in ["prod-smtp", "prod-submission"] {
+        assert_eq!(from_keys(&get(&b, ChildKind::Deployment, name)), [mac.clone(), group.clone()], "{name}");
+    }
+    for name in ["prod-imap", "prod-pop3"] {
+        assert_eq!(
+            from_keys(&get(&b, ChildKind::Deployment, name)),
+            [mac.clone()],
+            "{name}: no group commit"
+        );
+    }
+    mc.spec.group_commit.across_pods = false;
+    let b = steady(&mc);
+    assert_eq!(from_keys(&get(&b, ChildKind::Deployment, "prod-smtp")), [mac.clone()]);
+    // Not in the pods' configuration file.
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-config");
+    for (_, text) in cm.data.unwrap() {
+        assert!(!text.contains("prod-keys") && !text.contains("mac_key"), "{text}");
+    }
+    // The migration Job needs no key.
+    let job: Job = get(&b, ChildKind::Job, &b.migration_job);
+    let env = format!("{:?}", job.spec.unwrap().template.spec.unwrap().containers[0].env);
+    assert!(!env.contains("prod-keys"), "{env}");
+}
+
 #[test]
 fn services_map_standard_ports_and_follow_spec() {
     let b = steady(&fixture("full"));
@@ -452,6 +502,21 @@ fn tls_from_cert_manager() {
     assert!(b.warnings.iter().any(|w| w.contains("cert-manager")), "{:?}", b.warnings);
 }
 
+/// Who an ingress rule of the mail pods' NetworkPolicy lets in on `port`:
+/// None when no rule opens it, Some(empty) when one opens it to everyone.
+fn admitted(np: &serde_json::Value, port: i64) -> Option<Vec<serde_json::Value>> {
+    let mut from: Option<Vec<serde_json::Value>> = None;
+    for rule in np["spec"]["ingress"].as_array().unwrap() {
+        if rule["ports"].as_array().unwrap().iter().any(|p| p["port"] == port) {
+            match rule.get("from").and_then(|f| f.as_array()) {
+                None => return Some(Vec::new()),
+                Some(peers) => from.get_or_insert_with(Vec::new).extend(peers.iter().cloned()),
+            }
+        }
+    }
+    from
+}
+
 #[test]
 fn network_policy_opens_mail_ports_and_guards_admin() {
     let b = steady(&fixture("full"));
@@ -460,11 +525,27 @@ fn network_policy_opens_mail_ports_and_guards_admin() {
     let mail_ports: Vec<i64> =
         ingress[0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
     assert_eq!(mail_ports, [10025, 10587, 10465, 10143, 10993, 10110, 10995]);
-    assert!(ingress[0].get("from").is_none(), "mail is open to all");
-    assert_eq!(ingress[1]["ports"][0]["port"], 9090);
+    for port in mail_ports {
+        assert_eq!(admitted(&np.object.data, port), Some(vec![]), "mail port {port} is open to all");
+    }
+    // The admin port: from the monitoring namespace only, not from pods of the
+    // cluster's own namespace.
     assert_eq!(
-        ingress[1]["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
-        "monitoring"
+        admitted(&np.object.data, 9090),
+        Some(vec![
+            serde_json::json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}})
+        ])
+    );
+    // Group commit: between the cluster's delivering pods only.
+    let commit = admitted(&np.object.data, i64::from(names::GROUP_COMMIT_PORT)).expect("group-commit rule");
+    assert_eq!(commit.len(), 1, "{commit:?}");
+    let selector = &commit[0]["podSelector"];
+    assert!(commit[0].get("namespaceSelector").is_none(), "this namespace only: {commit:?}");
+    assert_eq!(selector["matchLabels"]["app.kubernetes.io/instance"], "prod");
+    assert_eq!(selector["matchLabels"]["mailcluster.dev/role"], "server");
+    assert_eq!(
+        selector["matchExpressions"],
+        serde_json::json!([{"key": "app.kubernetes.io/component", "operator": "In", "values": ["smtp", "submission"]}])
     );
     // Egress restricted to what the pods need: DNS, SMTP, the stores, and the extra port.
     assert_eq!(np.object.data["spec"]["policyTypes"], serde_json::json!(["Ingress", "Egress"]));
@@ -487,6 +568,35 @@ fn network_policy_opens_mail_ports_and_guards_admin() {
     let np = steady(&mc).get(ChildKind::NetworkPolicy, "prod").expect("NetworkPolicy").object.data.clone();
     assert_eq!(np["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
     assert!(np["spec"].get("egress").is_none());
+}
+
+#[test]
+fn network_policy_is_on_unless_turned_off_and_admin_follows_the_settings() {
+    // A spec that says nothing about it gets one.
+    let mut mc = fixture("minimal");
+    let np = steady(&mc).get(ChildKind::NetworkPolicy, "mail").expect("on by default").object.data.clone();
+    assert_eq!(np["spec"]["policyTypes"], serde_json::json!(["Ingress"]), "egress as before");
+    assert_eq!(admitted(&np, 9090).unwrap().len(), 1, "monitoring only: {np}");
+    assert!(admitted(&np, i64::from(names::GROUP_COMMIT_PORT)).is_none(), "no group commit, no port");
+    // Namespaces chosen by their labels as well as by name.
+    mc.spec.network_policy.metrics_namespaces = vec!["observability".into()];
+    mc.spec.network_policy.metrics_namespace_labels = [("team".to_string(), "sre".to_string())].into();
+    let np = steady(&mc).get(ChildKind::NetworkPolicy, "mail").unwrap().object.data.clone();
+    assert_eq!(
+        admitted(&np, 9090).unwrap(),
+        [
+            serde_json::json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}),
+            serde_json::json!({"namespaceSelector": {"matchLabels": {"team": "sre"}}}),
+        ]
+    );
+    // Nobody named: the admin port is open to no one.
+    mc.spec.network_policy.metrics_namespaces.clear();
+    mc.spec.network_policy.metrics_namespace_labels.clear();
+    let np = steady(&mc).get(ChildKind::NetworkPolicy, "mail").unwrap().object.data.clone();
+    assert!(admitted(&np, 9090).is_none(), "{np}");
+    // Turned off: none.
+    mc.spec.network_policy.enabled = false;
+    assert_eq!(steady(&mc).of_kind(ChildKind::NetworkPolicy).count(), 0);
 }
 
 #[test]

@@ -235,6 +235,7 @@ impl Operator {
             lease_duration: Duration::from_secs(6),
             renew_every: Duration::from_secs(1),
             rediscover_every: Duration::from_secs(1),
+            ..Default::default()
         };
         let metrics = Metrics::new();
         let (stop, stopped) = oneshot::channel::<()>();

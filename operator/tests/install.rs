@@ -102,6 +102,7 @@ fn install_yaml_has_not_drifted() {
     }
     for (command, file) in [
         ("render-install", "manifests/install.yaml"),
+        ("render-install-cluster-wide", "manifests/install-cluster-wide.yaml"),
         ("render-argocd-cm", "manifests/argocd/argocd-cm.yaml"),
     ] {
         let rendered = checks(command);
@@ -127,7 +128,9 @@ fn chart_crds_have_not_drifted() {
     );
     let files: Vec<_> = std::fs::read_dir(root().join("charts/mailcluster/crds")).unwrap().collect();
     assert_eq!(files.len(), 1, "the chart carries exactly the generated CRD");
-    assert!(read("manifests/install.yaml").contains(source.split_once('\n').unwrap().1));
+    for install in ["manifests/install.yaml", "manifests/install-cluster-wide.yaml"] {
+        assert!(read(install).contains(source.split_once('\n').unwrap().1), "{install}");
+    }
 }
 
 /// Every MailCluster sample renders through the operator's own build and validation
@@ -242,14 +245,50 @@ fn prometheus_adapter_and_keda_serve_the_hpa_metrics() {
     assert_eq!(queried, wanted);
 }
 
+/// The operator's own Role in install.yaml: in the namespace it watches, which
+/// is its own; and nothing cluster-scoped but the CRD and the Namespace.
+fn operator_role(install: &[Value]) -> &Value {
+    for d in install {
+        let kind = d["kind"].as_str().unwrap();
+        assert!(
+            !kind.starts_with("Cluster")
+                && (d["metadata"].get("namespace").is_some()
+                    || kind == "Namespace"
+                    || kind == "CustomResourceDefinition"),
+            "install.yaml grants or makes something cluster-wide: {kind} {}",
+            d["metadata"]["name"]
+        );
+    }
+    let role = install
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == "mailcluster")
+        .expect("the operator's Role in install.yaml");
+    let deployment = install.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let namespace = role["metadata"]["namespace"].as_str().unwrap();
+    assert_eq!(deployment["metadata"]["namespace"], namespace);
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains(&format!("\"--namespace={namespace}\"")), "{args}");
+    let binding = install
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding" && d["roleRef"]["name"] == "mailcluster")
+        .expect("its RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], namespace);
+    role
+}
+
 /// The chart's RBAC grants what the reconciler calls, kind by kind (see
 /// reconcile.rs/runtime.rs): apply = patch + create, orphan deletion = list + delete,
-/// watched kinds (`runtime::WATCHED`) also watch.
+/// watched kinds (`runtime::WATCHED`) also watch. The cluster-wide install grants
+/// the same rules, in every namespace.
 #[test]
 fn rbac_covers_every_call_of_the_operator() {
     let install = docs(&read("manifests/install.yaml"));
-    let cluster_role =
-        install.iter().find(|d| d["kind"] == "ClusterRole").expect("ClusterRole in install.yaml");
+    let cluster_role = operator_role(&install);
+    let wide = docs(&read("manifests/install-cluster-wide.yaml"));
+    let wide_role =
+        wide.iter().find(|d| d["kind"] == "ClusterRole").expect("ClusterRole in install-cluster-wide.yaml");
+    assert_eq!(wide_role["rules"], cluster_role["rules"], "one set of rules for both scopes");
+    assert!(wide.iter().any(|d| d["kind"] == "ClusterRoleBinding"));
     let verbs = |group: &str, resource: &str| -> BTreeSet<String> {
         let mut v = BTreeSet::new();
         for rule in cluster_role["rules"].as_array().unwrap() {
@@ -277,7 +316,9 @@ fn rbac_covers_every_call_of_the_operator() {
     }
     assert_eq!(verbs("mailcluster.dev", "mailclusters"), set(&["get", "list", "watch"]));
     assert_eq!(verbs("mailcluster.dev", "mailclusters/status"), set(&["get", "patch"]));
-    assert_eq!(verbs("", "secrets"), set(&["get"]), "Secrets are only read by name");
+    // Secrets are read by name, and the cluster's keys created once: never
+    // listed, watched, changed or deleted.
+    assert_eq!(verbs("", "secrets"), set(&["get", "create"]));
     assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));
     // Nothing beyond those: one rule per line above, no wildcards.
     let rules = cluster_role["rules"].to_string();

@@ -17,6 +17,7 @@ use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 use mailcluster_api::MailCluster;
+use mailcluster_operator::image::ImageAllowlist;
 use mailcluster_operator::metrics::Metrics;
 use mailcluster_operator::reconcile::{Capabilities, Context, reconcile};
 use serde_json::{Value, json};
@@ -140,6 +141,9 @@ impl FakeApi {
             st.faults.iter().find(|(m, p, _)| m == method && path.ends_with(p.as_str()))
         {
             let code = *code;
+            if code == 404 {
+                return not_found(path.rsplit('/').next().unwrap_or_default());
+            }
             return (
                 code,
                 json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -206,6 +210,21 @@ impl FakeApi {
                 Some(o) => (200, o),
                 None => not_found(&name),
             },
+            // Creation: stored, unless the name is taken (events are only recorded).
+            ("POST", None) if !path.contains("/events") => {
+                let body = body.unwrap_or(Value::Null);
+                let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let key = (collection, name.clone());
+                if st.objects.contains_key(&key) {
+                    return (
+                        409,
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                               "message": format!("\"{name}\" already exists"), "reason": "AlreadyExists", "code": 409}),
+                    );
+                }
+                st.objects.insert(key, body.clone());
+                (201, body)
+            }
             ("POST", _) => (201, body.unwrap_or(Value::Null)),
             _ => (405, json!({"kind": "Status", "code": 405})),
         }
@@ -313,7 +332,10 @@ async fn create_applies_children_then_status() {
     let calls = fake.take_calls();
     assert!(calls[0].is("GET", "/secrets/mail-db"), "{:?}", calls[0]);
     assert!(calls[1].is("GET", "/secrets/mail-redis"));
-    assert!(calls[2].is("GET", &format!("/jobs/{job}")));
+    // The cluster's keys: looked for, then made.
+    assert!(calls[2].is("GET", "/secrets/mail-keys"));
+    assert!(calls[3].is("POST", "/secrets"));
+    assert!(calls[4].is("GET", &format!("/jobs/{job}")));
     assert_eq!(
         applies(&calls),
         [
@@ -324,6 +346,8 @@ async fn create_applies_children_then_status() {
             "services/mail-submission".into(),
             "services/mail-imap".into(),
             format!("jobs/{job}"),
+            // Before there is any pod to guard.
+            "networkpolicies/mail".into(),
         ]
     );
     for c in calls.iter().filter(|c| c.method == "PATCH") {
@@ -466,4 +490,153 @@ async fn an_apiserver_that_never_answers_holds_one_reconcile_not_the_process() {
     let other = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(other), ctx.clone())).await;
     assert!(other.is_ok(), "a second reconcile completes while the first hangs");
     stuck.abort();
+}
+
+const SECRETS: &str = "/api/v1/namespaces/mail/secrets";
+
+async fn run_with(fake: &FakeApi, mc: &MailCluster, ctx: Context) -> Action {
+    fake.put(MC, serde_json::to_value(mc).unwrap());
+    tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(mc.clone()), Arc::new(ctx)))
+        .await
+        .expect("reconcile finishes")
+        .expect("reconcile succeeds")
+}
+
+/// Calls that create, change or delete anything but the MailCluster's status
+/// and events.
+fn writes(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.method != "GET" && !c.is_event() && !c.path.ends_with("/status"))
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_image_outside_the_allowlist_gets_nothing_created_or_changed() {
+    let evil = "ghcr.io/mailcluster/mailcluster-evil";
+    // A new cluster asking for it: nothing is made, not even its keys.
+    let fake = fake_with_secrets();
+    let mut mc = fixture("minimal");
+    mc.spec.image.repository = evil.into();
+    let action = run(&fake, &mc).await;
+    assert_eq!(action, Action::await_change(), "retrying cannot help; a spec change or restart will");
+    let calls = fake.take_calls();
+    assert_eq!(writes(&calls), Vec::<String>::new());
+    let now = stored(&fake, &mc);
+    for t in ["Ready", "Degraded", "Progressing"] {
+        let c = condition(&now, t);
+        assert_eq!(c.reason, "ImageNotAllowed", "{t}");
+        assert!(c.message.contains(&format!("{evil}:0.1.0")), "{t}: names the image: {}", c.message);
+        assert!(
+            c.message.contains("ghcr.io/mailcluster/mailcluster"),
+            "{t}: names the allowlist: {}",
+            c.message
+        );
+    }
+    assert_eq!(condition(&now, "Ready").status, "False");
+    assert_eq!(condition(&now, "Degraded").status, "True");
+    assert_eq!(now.status.as_ref().unwrap().phase, Some(mailcluster_api::Phase::Degraded));
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.is_event() && c.body.as_ref().is_some_and(|b| b["reason"] == "ImageNotAllowed")),
+        "announced"
+    );
+
+    // A running cluster switched to it: its objects stay as they are.
+    let fake = fake_with_secrets();
+    let mc = fixture("minimal");
+    run(&fake, &mc).await;
+    complete_job(&fake, &mailcluster_operator::build::migration_job_name(&mc));
+    run(&fake, &stored(&fake, &mc)).await;
+    let deployments = "/apis/apps/v1/namespaces/mail/deployments";
+    let running = fake.get(deployments, "mail-smtp").expect("deployed")["spec"]["template"].clone();
+    fake.take_calls();
+    let mut changed = stored(&fake, &mc);
+    changed.spec.image.repository = evil.into();
+    changed.metadata.generation = Some(2);
+    run(&fake, &changed).await;
+    assert_eq!(writes(&fake.take_calls()), Vec::<String>::new(), "nothing applied or deleted");
+    assert_eq!(
+        fake.get(deployments, "mail-smtp").unwrap()["spec"]["template"],
+        running,
+        "pods keep their image"
+    );
+    assert_eq!(condition(&stored(&fake, &changed), "Degraded").reason, "ImageNotAllowed");
+
+    // The operator told to trust another registry runs that one, and only it.
+    let ctx = || {
+        let allowed = ImageAllowlist::parse_list("registry.example.com:5000/mail/").unwrap();
+        Context::new(fake.client(), Metrics::new(), Capabilities::default()).with_allowed_images(allowed)
+    };
+    let mut moved = stored(&fake, &changed);
+    moved.spec.image.repository = "registry.example.com:5000/mail/mailcluster".into();
+    moved.metadata.generation = Some(3);
+    run_with(&fake, &moved, ctx()).await;
+    assert!(!writes(&fake.take_calls()).is_empty(), "applied");
+    assert_eq!(condition(&stored(&fake, &moved), "Degraded").status, "False");
+    let mut back = stored(&fake, &moved);
+    back.spec.image.repository = "ghcr.io/mailcluster/mailcluster".into();
+    back.metadata.generation = Some(4);
+    run_with(&fake, &back, ctx()).await;
+    assert_eq!(writes(&fake.take_calls()), Vec::<String>::new());
+    assert_eq!(condition(&stored(&fake, &back), "Degraded").reason, "ImageNotAllowed");
+}
+
+#[tokio::test]
+async fn the_keys_secret_is_created_once_and_never_overwritten() {
+    let fake = fake_with_secrets();
+    let mc = fixture("minimal");
+    run(&fake, &mc).await;
+    let calls = fake.take_calls();
+    let created: Vec<&Call> = calls.iter().filter(|c| c.is("POST", "/secrets")).collect();
+    assert_eq!(created.len(), 1);
+    let secret = fake.get(SECRETS, "mail-keys").expect("created");
+    let data = secret["data"].as_object().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["cache-mac-key", "group-commit-key"]);
+    let owner = &secret["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("MailCluster"), mc.metadata.uid.as_deref())
+    );
+    assert_eq!(owner["controller"], true, "goes with the MailCluster");
+
+    // Every later reconcile finds it and leaves it alone.
+    for _ in 0..3 {
+        run(&fake, &stored(&fake, &mc)).await;
+        let calls = fake.take_calls();
+        assert!(calls.iter().any(|c| c.is("GET", "/secrets/mail-keys")));
+        let touched: Vec<String> = writes(&calls).into_iter().filter(|w| w.contains("/secrets")).collect();
+        assert!(touched.is_empty(), "{touched:?}");
+        assert_eq!(fake.get(SECRETS, "mail-keys").unwrap(), secret, "same keys");
+    }
+
+    // One made by someone else with those keys is used as it is.
+    let fake = fake_with_secrets();
+    let theirs = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mail-keys", "namespace": "mail"},
+                        "data": {"group-commit-key": "b3Vycw==", "cache-mac-key": "b3Vycw=="}});
+    fake.put(SECRETS, theirs.clone());
+    run(&fake, &mc).await;
+    assert!(writes(&fake.take_calls()).iter().all(|w| !w.contains("/secrets")));
+    assert_eq!(fake.get(SECRETS, "mail-keys").unwrap(), theirs);
+
+    // One without a key the pods need: reported, not rewritten, no pods built.
+    let fake = fake_with_secrets();
+    let partial = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mail-keys", "namespace": "mail"},
+                         "data": {"group-commit-key": "b3Vycw=="}});
+    fake.put(SECRETS, partial.clone());
+    run(&fake, &mc).await;
+    assert_eq!(writes(&fake.take_calls()), Vec::<String>::new());
+    assert_eq!(fake.get(SECRETS, "mail-keys").unwrap(), partial);
+    let now = stored(&fake, &mc);
+    assert_eq!(condition(&now, "Degraded").reason, "SecretMissing");
+    assert!(condition(&now, "Degraded").message.contains("mail-keys has no key cache-mac-key"));
+
+    // Created by another reconcile between our look and our create: theirs stands.
+    let fake = fake_with_secrets();
+    fake.fail("GET", "/secrets/mail-keys", Fault::Code(404));
+    fake.put(SECRETS, theirs.clone());
+    run(&fake, &mc).await;
+    assert_eq!(fake.get(SECRETS, "mail-keys").unwrap(), theirs);
 }

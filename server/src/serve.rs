@@ -67,16 +67,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Group commit across pods (delivery/forward.rs): every pod may both lead
     // and follow; which one leads is the lowest address of the leader's name.
     let smtp = &config.smtp;
-    let group = (!smtp.group_commit_leader.is_empty() || smtp.group_commit_port != 0).then(|| {
-        let url = config.database.url.as_ref().map(|u| u.0.as_str()).unwrap_or("");
-        crate::delivery::forward::group_key(&smtp.group_commit_secret, url)
-    });
-    let group_key = match group {
-        Some(Some(key)) => Some(key),
-        Some(None) => {
-            anyhow::bail!("group commit across pods needs smtp.group_commit_secret or a database URL")
-        }
-        None => None,
+    let group_key = if smtp.group_commit_leader.is_empty() && smtp.group_commit_port == 0 {
+        None
+    } else if let Some(secret) = &smtp.group_commit_secret {
+        Some(secret.expose().as_bytes().to_vec())
+    } else {
+        // Leader and followers prove the shared key to each other; without one
+        // this pod can do neither, and its mail is no worse off committed here.
+        tracing::warn!(
+            "group commit across pods is configured but smtp.group_commit_secret is not set: \
+             this pod commits its own deliveries and takes none from other pods"
+        );
+        None
     };
     let instance = crate::delivery::forward::instance_id();
     tokio::spawn(auth.count_pods(instance.clone()));

@@ -657,6 +657,10 @@ mod tests {
             (&[("MAILCLUSTER_LOG_FORMAT", "xml")], "log.format"),
             (&[("MAILCLUSTER_HOSTNAME", " ")], "hostname"),
             (&[("MAILCLUSTER_NET__PROXY_PROTOCOL__ENABLED", "true")], "trusted_cidrs"),
+            (
+                &[("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", "hunter2")],
+                "group_commit_secret must be at least 16",
+            ),
         ];
         for (vars, needle) in cases {
             let err = load_env(vars).unwrap_err();
@@ -689,10 +693,12 @@ mod tests {
         let config = load_env(&[
             ("MAILCLUSTER_DATABASE_URL", "postgres://mail:hunter2@db:5432/mail"),
             ("MAILCLUSTER_REDIS_URL", "redis://:s3cret@cache:6379"),
+            ("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", "group-commit-key-0123456789"),
         ])
         .unwrap();
         let text = config.to_redacted_toml();
         assert!(!text.contains("hunter2") && !text.contains("s3cret"), "{text}");
+        assert!(!text.contains("group-commit-key") && !format!("{config:?}").contains("group-commit-key"));
         assert!(text.contains("<redacted>"), "{text}");
         // The printed file is itself a valid configuration (with the secrets blanked).
         let reparsed: Config = toml::from_str(&text).expect("printed config parses");

@@ -21,7 +21,9 @@ mod protocols;
 
 pub use load::ConfigError;
 pub use mail::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig, RelayConfig, split_host_port};
-pub use protocols::{AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, Pop3Config, SmtpConfig};
+pub use protocols::{
+    AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, MIN_GROUP_COMMIT_SECRET, Pop3Config, SmtpConfig,
+};
 
 /// Most threads `worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;
@@ -418,6 +420,14 @@ impl Config {
         // with nobody trusted would refuse every connection.
         if self.net.proxy_protocol.enabled && self.net.proxy_protocol.trusted_cidrs.is_empty() {
             problems.push("net.proxy_protocol.enabled needs at least one entry in trusted_cidrs".into());
+        }
+        // The group-commit handshake is only as strong as the key both sides prove.
+        if let Some(secret) = &self.smtp.group_commit_secret
+            && secret.expose().len() < MIN_GROUP_COMMIT_SECRET
+        {
+            problems.push(format!(
+                "smtp.group_commit_secret must be at least {MIN_GROUP_COMMIT_SECRET} characters (or unset: no group commit across pods)"
+            ));
         }
 
         // A thread per connection is not the model: more workers than cores only

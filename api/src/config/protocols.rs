@@ -64,9 +64,12 @@ pub struct SmtpConfig {
     /// Group commit across pods: the port on which this pod accepts other pods'
     /// deliveries (0 = it does not).
     pub group_commit_port: u16,
-    /// The key followers prove to the leader (HMAC of a challenge). Empty: one
-    /// derived from the database URL, which every pod of a cluster shares.
-    pub group_commit_secret: String,
+    /// The key the leader and its followers prove to each other (HMAC of both
+    /// sides' challenges); at least 16 characters. The operator generates one
+    /// per cluster. Unset: this pod neither leads nor follows (it says so).
+    /// Never shown (`--print-config`, logs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_commit_secret: Option<super::Secret>,
     /// How long a recipient lookup (exists / does not exist) is cached.
     pub recipient_cache_ttl_secs: u64,
     /// Outbound queue: give up (and bounce) after this long.
@@ -107,7 +110,7 @@ impl Default for SmtpConfig {
             group_commit_max_concurrent: 4,
             group_commit_leader: String::new(),
             group_commit_port: 0,
-            group_commit_secret: String::new(),
+            group_commit_secret: None,
             recipient_cache_ttl_secs: 30,
             queue_expiry_secs: 5 * 24 * 3600,
             postmaster: String::new(),
@@ -215,6 +218,9 @@ impl Default for ImapConfig {
 
 /// RFC 1939 §3: an inactivity autologout timer, if any, must be at least 10 minutes.
 pub const MIN_AUTOLOGOUT_SECS: u64 = 600;
+
+/// Shortest `smtp.group_commit_secret` accepted.
+pub const MIN_GROUP_COMMIT_SECRET: usize = 16;
 
 /// `[pop3]` section of the server configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

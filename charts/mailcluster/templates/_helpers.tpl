@@ -38,3 +38,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The namespace whose MailClusters a namespaced operator reconciles. */}}
+{{- define "mailcluster.watchNamespace" -}}
+{{- default .Release.Namespace .Values.watchNamespace -}}
+{{- end -}}
+
+{{/* --allowed-images: the values' list, else the operator's own repository. */}}
+{{- define "mailcluster.allowedImages" -}}
+{{- if .Values.allowedImages -}}
+{{- join "," .Values.allowedImages -}}
+{{- else -}}
+{{- .Values.image.repository -}}
+{{- end -}}
+{{- end -}}

@@ -24,7 +24,7 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mailcluster_api::{IssuerRef, MailCluster, Protocol, ServiceType, TlsSpec};
 use serde_json::{Value, json};
@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use super::metadata;
 use super::pod_config as config;
 use crate::budget::{ProtocolBudget, SURGE};
+use crate::keys;
 use crate::names::{self, ADMIN_PORT, CONFIG_DIR, DATA_DIR, TLS_DIR};
 
 /// Seconds the pod keeps serving after it is marked for deletion, before SIGTERM:
@@ -131,6 +132,30 @@ pub(crate) fn secret_envs(mc: &MailCluster) -> Vec<EnvVar> {
         secret_env("MAILCLUSTER_DATABASE_URL", &mc.spec.postgres.url_secret_ref),
         secret_env("MAILCLUSTER_REDIS_URL", &mc.spec.redis.url_secret_ref),
     ]
+}
+
+/// The cluster's own keys, from the Secret the operator made (`keys.rs`): the
+/// cache's MAC key for every mail pod, the group-commit key for the pods that
+/// hand deliveries to each other. Not optional: a pod without its keys must not
+/// start.
+fn cluster_key_envs(mc: &MailCluster, p: Protocol) -> Vec<EnvVar> {
+    let from_keys = |var: &str, key: &str| EnvVar {
+        name: var.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: names::keys_secret(mc),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut envs = vec![from_keys("MAILCLUSTER_CACHE__MAC_KEY", keys::CACHE_MAC_KEY)];
+    if names::groups_commits(mc, p) {
+        envs.push(from_keys("MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET", keys::GROUP_COMMIT_KEY));
+    }
+    envs
 }
 
 pub(crate) fn tls_secret_name(mc: &MailCluster) -> Option<String> {
@@ -310,6 +335,7 @@ pub fn deployment(
             envs.push(from_secret("MAILCLUSTER_RELAY__SMARTHOST_PASSWORD", "password"));
         }
     }
+    envs.extend(cluster_key_envs(mc, p));
     let port = |name: &str, number: i32| ContainerPort {
         name: Some(name.into()),
         container_port: number,
@@ -596,31 +622,50 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
         .flat_map(|p| p.listeners())
         .map(|l| tcp(l.container_port()))
         .collect();
-    let mut metrics_from =
-        vec![NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..Default::default() }];
-    for ns in &mc.spec.network_policy.metrics_namespaces {
-        metrics_from.push(NetworkPolicyPeer {
-            namespace_selector: Some(match_labels(BTreeMap::from([(
-                "kubernetes.io/metadata.name".to_string(),
-                ns.clone(),
-            )]))),
-            ..Default::default()
-        });
+    let np = &mc.spec.network_policy;
+    let namespaces = |labels: BTreeMap<String, String>| NetworkPolicyPeer {
+        namespace_selector: Some(match_labels(labels)),
+        ..Default::default()
+    };
+    // Not the cluster's own namespace: what runs there (stress Jobs, other
+    // apps) has no business with metrics or health.
+    let mut metrics_from: Vec<NetworkPolicyPeer> = np
+        .metrics_namespaces
+        .iter()
+        .map(|ns| namespaces(BTreeMap::from([("kubernetes.io/metadata.name".to_string(), ns.clone())])))
+        .collect();
+    if !np.metrics_namespace_labels.is_empty() {
+        metrics_from.push(namespaces(np.metrics_namespace_labels.clone()));
     }
-    let group_commit = mc.spec.enabled_protocols().into_iter().any(|p| names::groups_commits(mc, p));
+    let grouping: Vec<String> = mc
+        .spec
+        .enabled_protocols()
+        .into_iter()
+        .filter(|p| names::groups_commits(mc, *p))
+        .map(|p| p.name().to_string())
+        .collect();
+    let group_commit = !grouping.is_empty();
     let mut ingress = vec![
         // Mail is public: anyone may connect to the mail listeners.
         NetworkPolicyIngressRule { ports: Some(mail_ports), ..Default::default() },
-        // The admin port (metrics, health) only from this namespace and monitoring.
-        NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) },
     ];
+    // The admin port (metrics, health) only from the namespaces named; none
+    // named: from nowhere (the kubelet's probes are not subject to the policy).
+    if !metrics_from.is_empty() {
+        ingress
+            .push(NetworkPolicyIngressRule { from: Some(metrics_from), ports: Some(vec![tcp(ADMIN_PORT)]) });
+    }
     if group_commit {
-        // Deliveries handed to the group-commit leader: from this cluster's pods only.
+        // Deliveries handed to the group-commit leader: from this cluster's
+        // delivering pods only.
+        let mut delivering = match_labels(names::all_pods_selector(mc));
+        delivering.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: names::COMPONENT_LABEL.into(),
+            operator: "In".into(),
+            values: Some(grouping),
+        }]);
         ingress.push(NetworkPolicyIngressRule {
-            from: Some(vec![NetworkPolicyPeer {
-                pod_selector: Some(match_labels(names::all_pods_selector(mc))),
-                ..Default::default()
-            }]),
+            from: Some(vec![NetworkPolicyPeer { pod_selector: Some(delivering), ..Default::default() }]),
             ports: Some(vec![tcp(names::GROUP_COMMIT_PORT)]),
         });
     }

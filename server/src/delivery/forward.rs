@@ -22,13 +22,21 @@
 //! (the leader's greeting carries its instance id) commits its own mail.
 //!
 //! Wire format, over one TCP connection per follower (requests pipelined,
-//! answered in any order): the leader greets with `MCGC1 <instance> <nonce>\n`;
-//! the follower answers `<instance> <HMAC-SHA256(key, nonce) in hex>\n`, the
-//! key being `smtp.group_commit_secret` or, when that is empty, one derived from
-//! the database URL (whoever knows that can write mail into the database
-//! anyway); the leader says `OK\n`. A request is `u32 length | u64 id | u32 header length |
+//! answered in any order). Both sides prove they hold the key,
+//! `smtp.group_commit_secret` (the operator generates one per cluster; a pod
+//! without one neither leads nor follows): the leader greets with
+//! `MCGC2 <instance> <leader nonce>\n`; the follower answers `<instance>
+//! <follower nonce> <HMAC-SHA256(key, "follower" | leader nonce | follower
+//! nonce) in hex>\n`; the leader says `OK <HMAC-SHA256(key, "leader" | leader
+//! nonce | follower nonce) in hex>\n` (or `NO\n`), and the follower sends
+//! nothing before it has checked that proof. The role in each proof means one
+//! side's proof is never the other's, so a process without the key cannot pass
+//! as a leader by reflecting a follower's proof back to it. The frames after
+//! the handshake are neither encrypted nor signed: the pod network (the
+//! NetworkPolicy opens port 7025 only between the cluster's own pods) is
+//! trusted with them. A request is `u32 length | u64 id | u32 header length |
 //! header (JSON) | message`; an answer is `u32 length | u64 id | u8 status |
-//! payload`: status 0 carries `(i64 mailbox, u32 uid, u64 modseq, u32 added)` per
+//! //! payload`: status 0 carries `(i64 mailbox, u32 uid, u64 modseq, u32 added)` per
 //! target, 5 says the leader is draining and stored nothing (the follower then
 //! commits the delivery itself and looks for the next leader), 6 that it is
 //! behind and stored nothing (the follower commits that one itself and goes on
@@ -54,7 +62,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -64,7 +72,7 @@ use crate::cache::hex;
 use crate::net::Shutdown;
 use crate::store::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery, StoreError, StoreResult};
 
-const GREETING: &str = "MCGC1";
+const GREETING: &str = "MCGC2";
 /// How long a follower waits for the leader to connect and accept it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// After a failed connection, deliveries are committed locally for this long
@@ -81,21 +89,6 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 /// waits for followers to go quiet, so that it can stop.
 const AVOID_DRAINING: Duration = Duration::from_secs(30);
 
-/// The key followers prove they hold: the configured secret, else one derived
-/// from the database URL that every pod of the cluster is given.
-pub fn group_key(secret: &str, database_url: &str) -> Option<Vec<u8>> {
-    match (secret.is_empty(), database_url.is_empty()) {
-        (false, _) => Some(secret.as_bytes().to_vec()),
-        (true, false) => {
-            let mut hash = Sha256::new();
-            hash.update(b"mailcluster group commit\0");
-            hash.update(database_url.as_bytes());
-            Some(hash.finalize().to_vec())
-        }
-        (true, true) => None,
-    }
-}
-
 /// A random id of this process, to tell a pod that resolved its own address.
 pub fn instance_id() -> String {
     let mut id = [0u8; 8];
@@ -103,10 +96,47 @@ pub fn instance_id() -> String {
     hex(&id)
 }
 
-fn proof(key: &[u8], nonce: &str) -> Option<Hmac<Sha256>> {
+/// Which side of the handshake a proof is from: part of what is signed, so a
+/// proof made by one side is never accepted from the other.
+#[derive(Clone, Copy)]
+enum Role {
+    Leader,
+    Follower,
+}
+
+/// HMAC-SHA256 over the role and both nonces (fields separated by a NUL,
+/// which a hex nonce never contains).
+fn proof(key: &[u8], role: Role, leader_nonce: &str, follower_nonce: &str) -> Option<Hmac<Sha256>> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).ok()?;
-    mac.update(nonce.as_bytes());
+    mac.update(match role {
+        Role::Leader => b"leader",
+        Role::Follower => b"follower",
+    });
+    for nonce in [leader_nonce, follower_nonce] {
+        mac.update(b"\0");
+        mac.update(nonce.as_bytes());
+    }
     Some(mac)
+}
+
+fn proof_hex(key: &[u8], role: Role, leader_nonce: &str, follower_nonce: &str) -> Option<String> {
+    proof(key, role, leader_nonce, follower_nonce).map(|mac| hex(&mac.finalize().into_bytes()))
+}
+
+/// Whether `given` (hex) is `role`'s proof over the two nonces; constant time.
+fn proven(key: &[u8], role: Role, leader_nonce: &str, follower_nonce: &str, given: &str) -> bool {
+    decode_hex(given)
+        .and_then(|given| {
+            proof(key, role, leader_nonce, follower_nonce).map(|mac| mac.verify_slice(&given).is_ok())
+        })
+        .unwrap_or(false)
+}
+
+/// A fresh challenge: 16 random bytes in hex.
+fn nonce() -> String {
+    let mut nonce = [0u8; 16];
+    rand::fill(&mut nonce);
+    hex(&nonce)
 }
 
 /// What a request's header carries, as the leader reads it.
@@ -462,12 +492,17 @@ async fn connect(addr: SocketAddr, key: &[u8], instance: &str) -> std::io::Resul
     if leader == instance {
         return Ok(None);
     }
-    let mac = proof(key, nonce).ok_or_else(|| refused("unusable key"))?;
-    write.write_all(format!("{instance} {}\n", hex(&mac.finalize().into_bytes())).as_bytes()).await?;
+    let (theirs, ours) = (nonce.to_string(), self::nonce());
+    let mine = proof_hex(key, Role::Follower, &theirs, &ours).ok_or_else(|| refused("unusable key"))?;
+    write.write_all(format!("{instance} {ours} {mine}\n").as_bytes()).await?;
     line.clear();
-    (&mut read).take(64).read_line(&mut line).await?;
-    if line != "OK\n" {
-        return Err(refused("the leader refused this pod's key"));
+    (&mut read).take(256).read_line(&mut line).await?;
+    match line.trim_end().split_once(' ') {
+        Some(("OK", proof)) if proven(key, Role::Leader, &theirs, &ours, proof) => {}
+        // Deliveries go only to a pod that holds the key too: whoever answers
+        // on the leader's address without it gets none.
+        Some(("OK", _)) => return Err(refused("the leader did not prove the cluster's key")),
+        _ => return Err(refused("the leader refused this pod's key")),
     }
     let (frames, queue) = mpsc::unbounded_channel();
     let conn = Arc::new(Conn {
@@ -748,24 +783,27 @@ async fn follower(
 ) -> std::io::Result<()> {
     configure(&stream)?;
     let (read, mut write) = stream.into_split();
-    let mut nonce = [0u8; 16];
-    rand::fill(&mut nonce);
-    let nonce = hex(&nonce);
+    let nonce = self::nonce();
     write.write_all(format!("{GREETING} {instance} {nonce}\n").as_bytes()).await?;
     let mut read = BufReader::new(read);
     let mut line = String::new();
     tokio::time::timeout(CONNECT_TIMEOUT * 5, (&mut read).take(256).read_line(&mut line))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer to the greeting"))??;
-    let given = line.trim_end().split_once(' ').map(|(_, mac)| mac).unwrap_or("");
-    let proven = decode_hex(given)
-        .and_then(|given| proof(key, &nonce).map(|mac| mac.verify_slice(&given).is_ok()))
-        .unwrap_or(false);
-    if !proven {
+    let mut words = line.trim_end().split(' ');
+    let answer = match (words.next(), words.next(), words.next(), words.next()) {
+        (Some(_), Some(theirs), Some(given), None)
+            if !theirs.is_empty() && proven(key, Role::Follower, &nonce, theirs, given) =>
+        {
+            proof_hex(key, Role::Leader, &nonce, theirs)
+        }
+        _ => None,
+    };
+    let Some(answer) = answer else {
         let _ = write.write_all(b"NO\n").await;
         return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "wrong group-commit key"));
-    }
-    write.write_all(b"OK\n").await?;
+    };
+    write.write_all(format!("OK {answer}\n").as_bytes()).await?;
     let (answers, queue) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_frames(queue, BufWriter::new(write), None));
     // The message plus its header (the parsed metadata is a fraction of it).
@@ -909,12 +947,18 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_the_secret_or_comes_from_the_database_url() {
-        assert_eq!(group_key("s3cret", "postgres://x").unwrap(), b"s3cret");
-        let derived = group_key("", "postgres://u:p@db/mail").unwrap();
-        assert_eq!(derived.len(), 32);
-        assert_ne!(derived, group_key("", "postgres://u:other@db/mail").unwrap());
-        assert!(group_key("", "").is_none());
+    fn a_proof_binds_the_role_and_both_nonces() {
+        let p = |key: &[u8], role, l: &str, f: &str| proof_hex(key, role, l, f).unwrap();
+        let follower = p(b"k", Role::Follower, "aa", "bb");
+        assert!(proven(b"k", Role::Follower, "aa", "bb", &follower));
+        assert!(!proven(b"k", Role::Leader, "aa", "bb", &follower), "a follower's proof is no leader's");
+        assert!(!proven(b"other", Role::Follower, "aa", "bb", &follower), "another key");
+        assert!(!proven(b"k", Role::Follower, "aa", "bc", &follower), "another follower nonce");
+        assert!(!proven(b"k", Role::Follower, "ab", "bb", &follower), "another leader nonce");
+        // The separator keeps ("a", "abb") and ("aa", "bb") apart.
+        assert_ne!(p(b"k", Role::Follower, "a", "abb"), follower);
+        assert!(!proven(b"k", Role::Follower, "aa", "bb", ""), "no proof");
+        assert!(!proven(b"k", Role::Follower, "aa", "bb", "zz"), "not hex");
     }
 
     /// A leader over an embedded store, and a raw connection to it.
@@ -958,16 +1002,79 @@ mod tests {
         panic!("never connected to the leader");
     }
 
+    /// The follower's side of the handshake by hand: the leader's answer line,
+    /// with its proof checked against `key` (`OK` when it holds).
     async fn greet(addr: SocketAddr, key: &[u8]) -> (BufReader<TcpStream>, String) {
         let mut stream = BufReader::new(TcpStream::connect(addr).await.unwrap());
         let mut greeting = String::new();
         stream.read_line(&mut greeting).await.unwrap();
-        let nonce = greeting.trim_end().rsplit(' ').next().unwrap().to_string();
-        let mac = proof(key, &nonce).unwrap().finalize().into_bytes();
-        stream.get_mut().write_all(format!("follower {}\n", hex(&mac)).as_bytes()).await.unwrap();
+        let leader_nonce = greeting.trim_end().rsplit(' ').next().unwrap().to_string();
+        let mac = proof_hex(key, Role::Follower, &leader_nonce, "f0f0").unwrap();
+        stream.get_mut().write_all(format!("follower f0f0 {mac}\n").as_bytes()).await.unwrap();
         let mut answer = String::new();
         stream.read_line(&mut answer).await.unwrap();
-        (stream, answer)
+        match answer.trim_end().split_once(' ') {
+            Some(("OK", leader)) if proven(key, Role::Leader, &leader_nonce, "f0f0", leader) => {
+                (stream, "OK".into())
+            }
+            _ => (stream, answer),
+        }
+    }
+
+    /// A process on the leader's address that does not hold the key: it greets
+    /// as a leader, reads the follower's proof and answers `answer(that line)`,
+    /// then reports every byte it receives afterwards.
+    async fn fake_leader(answer: fn(&str) -> String) -> (SocketAddr, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut received = Vec::new();
+            // Every connection the follower makes, until it stops trying.
+            while let Ok(Ok((stream, _))) =
+                tokio::time::timeout(Duration::from_secs(3), listener.accept()).await
+            {
+                let mut stream = BufReader::new(stream);
+                stream
+                    .get_mut()
+                    .write_all(format!("{GREETING} impostor 00112233\n").as_bytes())
+                    .await
+                    .unwrap();
+                let mut line = String::new();
+                stream.read_line(&mut line).await.unwrap();
+                stream.get_mut().write_all(answer(&line).as_bytes()).await.unwrap();
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), stream.read_to_end(&mut received)).await;
+            }
+            received
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn a_follower_refuses_a_leader_that_does_not_prove_the_key() {
+        // Says yes to anything; or sends the follower's own proof back.
+        let says_ok: fn(&str) -> String = |_| "OK\n".into();
+        let reflects: fn(&str) -> String =
+            |line| format!("OK {}\n", line.trim_end().rsplit(' ').next().unwrap_or(""));
+        for (what, answer) in [("a bare OK", says_ok), ("the follower's own proof", reflects)] {
+            let (addr, fake) = fake_leader(answer).await;
+            let refused = connect(addr, b"k", "follower").await;
+            assert!(
+                matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied),
+                "{what}: {:?}",
+                refused.as_ref().map(|c| c.is_some())
+            );
+            // Through the forwarder: every delivery is committed here, none sent.
+            let forwarder = Forwarder::new(addr.to_string(), b"k".to_vec(), "follower".into());
+            for _ in 0..20 {
+                assert!(matches!(forwarder.deliver(delivery()).await, Forwarded::NotSent(_)), "{what}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!((forwarder.forwarded.get(), forwarder.local.get()), (0, 20), "{what}");
+            assert!(forwarder.state.lock().unwrap().conn.is_none(), "{what}: no connection kept");
+            drop(forwarder);
+            assert_eq!(fake.await.unwrap(), b"", "{what}: the impostor got no delivery");
+        }
     }
 
     #[tokio::test]
@@ -979,7 +1086,7 @@ mod tests {
         assert!(connect(addr, b"right", "leader").await.unwrap().is_none());
         // A frame longer than a message may be: the connection ends, nothing read.
         let (mut stream, answer) = greet(addr, b"right").await;
-        assert_eq!(answer, "OK\n");
+        assert_eq!(answer, "OK", "accepted, and the leader proved the key back");
         stream.get_mut().write_all(&u32::MAX.to_be_bytes()).await.unwrap();
         let mut rest = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
