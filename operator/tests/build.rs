@@ -366,13 +366,13 @@ fn cluster_keys_reach_the_pods_from_the_operators_secret() {
     for name in ["prod-imap", "prod-pop3"] {
         assert_eq!(
             from_keys(&get(&b, ChildKind::Deployment, name)),
-            [mac.clone()],
+            std::slice::from_ref(&mac),
             "{name}: no group commit"
         );
     }
     mc.spec.group_commit.across_pods = false;
     let b = steady(&mc);
-    assert_eq!(from_keys(&get(&b, ChildKind::Deployment, "prod-smtp")), [mac.clone()]);
+    assert_eq!(from_keys(&get(&b, ChildKind::Deployment, "prod-smtp")), std::slice::from_ref(&mac));
     // Not in the pods' configuration file.
     let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-config");
     for (_, text) in cm.data.unwrap() {
