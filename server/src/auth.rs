@@ -7,8 +7,11 @@
 //! 1. normalise the user name (lower-case; a bare local part means the only domain);
 //! 2. reserve the attempt: one atomic increment of the counter of this user from
 //!    this client network and one of the client network itself. An attempt
-//!    whose increment passes a limit is refused (`RateLimited`) at once, before
-//!    any expensive work. Counting before checking is what makes the limit hold
+//!    whose increment passes a limit is refused (`RateLimited`) before any
+//!    expensive work — once no other attempt of that client is still being
+//!    checked: until then it waits (at most 5 s), since those may be right
+//!    passwords that give their reservations back (a client opening many
+//!    connections at once). Counting before checking is what makes the limit hold
 //!    under parallel attempts: checking first and counting after let every
 //!    attempt in flight through (60 parallel guesses were all evaluated against
 //!    a limit of 10);
@@ -86,6 +89,13 @@ const CREDENTIAL_SECRET_ROTATION: Duration = Duration::from_secs(30 * 24 * 3600)
 /// How long a pod reuses the secret before asking the cache again. After a
 /// rotation pods briefly disagree, which costs cache misses, never wrong answers.
 const SECRET_REFRESH: Duration = Duration::from_secs(60);
+/// How long an attempt over a limit waits for the client's attempts in flight
+/// (which may succeed and give their reservations back) before it is refused.
+const ADMISSION_WAIT: Duration = Duration::from_secs(5);
+const ADMISSION_POLL: Duration = Duration::from_millis(20);
+/// Lifetime of a client's in-flight counter: far longer than one check, so it
+/// only ages out what a pod that died mid-check left behind.
+const FLIGHT_WINDOW: Duration = Duration::from_secs(120);
 /// Longer names and passwords are refused outright: no legitimate client sends
 /// them, and they would only make every later step more expensive.
 const MAX_USER_LEN: usize = 320;
@@ -303,24 +313,42 @@ impl Authenticator {
         let net_key = format!("authfail:net:{network}");
         let user_window = Duration::from_secs(self.config.user_window_secs);
         let ip_window = Duration::from_secs(self.config.ip_window_secs);
-        let (pair_count, net_count) = tokio::try_join!(
-            self.cache.counter_incr(&pair_key, user_window),
-            self.cache.counter_incr(&net_key, ip_window)
-        )?;
+        let flight_key = format!("authflight:{network}");
         let over = |count: u64, max: u64| max > 0 && count > self.share(max);
-        if over(pair_count, self.config.max_failures_per_user)
-            || over(net_count, self.config.max_failures_per_ip)
-        {
-            tracing::info!(user = %who, %remote, pair_count, net_count, "login refused: too many failures");
-            return Ok(AuthOutcome::RateLimited);
-        }
+        let waiting_until = Instant::now() + ADMISSION_WAIT;
+        let (pair_count, net_count) = loop {
+            let (pair_count, net_count) = tokio::try_join!(
+                self.cache.counter_incr(&pair_key, user_window),
+                self.cache.counter_incr(&net_key, ip_window)
+            )?;
+            if !over(pair_count, self.config.max_failures_per_user)
+                && !over(net_count, self.config.max_failures_per_ip)
+            {
+                break (pair_count, net_count);
+            }
+            // Over a limit, but reservations of this client's attempts still
+            // being checked may be right passwords, which give theirs back: a
+            // mail client that opens many connections at once must not be
+            // refused for its own logins. Wait for those; refuse once only
+            // failures hold the limit.
+            self.release(&[&pair_key, &net_key]).await;
+            let in_flight = self.cache.counter_get(&flight_key).await.unwrap_or(0);
+            if in_flight == 0 || Instant::now() >= waiting_until {
+                tracing::info!(user = %who, %remote, pair_count, net_count, "login refused: too many failures");
+                return Ok(AuthOutcome::RateLimited);
+            }
+            tokio::time::sleep(ADMISSION_POLL).await;
+        };
 
+        self.cache.counter_incr(&flight_key, FLIGHT_WINDOW).await?;
         let account = match email {
             Some(email) if !password.is_empty() && password.len() <= MAX_PASSWORD_LEN => {
                 self.check(&email, password).await
             }
             _ => Ok(None),
         };
+        // Before any penalty delay: waiters learn the outcome as soon as it is known.
+        self.release(&[&flight_key]).await;
         match account {
             Ok(Some(account)) => {
                 self.release(&[&pair_key, &net_key]).await;

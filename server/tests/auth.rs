@@ -476,6 +476,33 @@ async fn parallel_guesses_are_counted_before_they_are_checked() {
     assert_eq!(auth.argon2_runs(), 10, "only the attempts within the limit were checked");
 }
 
+/// A mail client (or an office behind one address) opens many connections at
+/// once, each logging in with the right password: more at once than the limits,
+/// cold (every one runs argon2). None is refused: attempts over a limit wait for
+/// the client's attempts in flight, which give their reservations back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_right_passwords_at_once_from_one_address_all_log_in() {
+    let cfg =
+        AuthConfig { max_failures_per_user: 3, max_failures_per_ip: 5, max_concurrent_hashes: 1, ..config() };
+    let f = store_with_alice().await;
+    let auth = Arc::new(Authenticator::new(f.store.clone(), local_cache(), cfg));
+    let logins = (0..40).map(|_| {
+        let auth = auth.clone();
+        tokio::spawn(async move { auth.verify("alice@example.com", ALICE_PW, ip("192.0.2.1")).await })
+    });
+    let outcomes: Vec<AuthOutcome> =
+        futures::future::join_all(logins).await.into_iter().map(Result::unwrap).collect();
+    assert!(outcomes.iter().all(|o| is_ok_for(o, "alice@example.com")), "{outcomes:?}");
+    // And the limit still holds for guesses afterwards.
+    for i in 0..3 {
+        assert_eq!(
+            auth.verify("alice@example.com", &format!("guess {i}"), ip("192.0.2.1")).await,
+            AuthOutcome::Failed
+        );
+    }
+    assert_eq!(auth.verify("alice@example.com", "guess 3", ip("192.0.2.1")).await, AuthOutcome::RateLimited);
+}
+
 #[tokio::test]
 async fn a_client_that_logs_in_often_with_the_right_password_is_never_limited() {
     let cfg = AuthConfig { max_failures_per_user: 3, max_failures_per_ip: 3, ..config() };
