@@ -67,7 +67,8 @@ mc_start() {
     export "MAILCLUSTER_${name^^}_PORT=${MC_PORTS[$name]}"
   done
   # Loopback load comes from one address: lift the per-IP caps meant for the internet.
-  export MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP=0 MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP=0
+  export MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP=0 MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP=0 \
+    MAILCLUSTER_IMAP__MAX_CONNECTIONS_PER_IP=0 MAILCLUSTER_POP3__MAX_CONNECTIONS_PER_IP=0
   # Load users send far more than a person: no per-account sending limits either.
   export MAILCLUSTER_SMTP__SUBMISSION_MESSAGES_PER_HOUR=0 MAILCLUSTER_SMTP__SUBMISSION_RECIPIENTS_PER_HOUR=0
   "$MC" migrate >/dev/null || exit 1

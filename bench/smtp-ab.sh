@@ -7,7 +7,8 @@
 # rate and the CPU per message of the server, of PostgreSQL and of Redis. A check
 # of one change on this machine, not a headline figure: there is no peer side.
 #
-# Usage: bench/smtp-ab.sh BINARY_A BINARY_B   (env: ROUNDS=3 N=20000 S=50 SIZE=4096)
+# Usage: bench/smtp-ab.sh BINARY_A BINARY_B   (env: ROUNDS=3 N=20000 S=50 SIZE=4096;
+#        LIB_A: the bench/lib.sh of A's commit, when this one sets settings A does not know)
 # Build A from another commit with e.g. `git stash; cargo build --release -p
 # mailcluster; cp target/release/mailcluster /tmp/mc-A; git stash pop`.
 set -uo pipefail
@@ -26,7 +27,7 @@ for round in $(seq 1 "$ROUNDS"); do
     (
       if [ "$side" = A ]; then MC=$A; else MC=$B; fi
       export MC
-      source bench/lib.sh >/dev/null
+      if [ "$side" = A ] && [ -n "${LIB_A:-}" ]; then source "$LIB_A" >/dev/null; else source bench/lib.sh >/dev/null; fi
       [ "$round$side" = 1A ] && machine_line
       mc_start 1000 smtp >/dev/null 2>&1
       [ "$round$side" = 1A ] && echo "## configuration of both (everything else default): $(env | grep '^MAILCLUSTER_' | grep -v -e _PORT= -e DATABASE_URL -e REDIS_URL -e DATA_DIR -e KEY_PREFIX | sort | tr '\n' ' ')"
