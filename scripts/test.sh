@@ -133,15 +133,20 @@ cargo clippy --workspace --all-targets -- -D warnings
 # Offline: the RustSec advisory database comes from the snapshot next to the
 # repository, laid out once per snapshot as the git repository cargo-deny reads.
 log "cargo deny"
-advisory_snapshot="$(cd .. && pwd)/shared/advisory-db"
-if [ ! -f "$advisory_snapshot/SNAPSHOT" ]; then
-    echo "cargo deny needs the RustSec advisory database snapshot in $advisory_snapshot" \
-        "(a copy of github.com/rustsec/advisory-db with a SNAPSHOT file naming its commit)" >&2
-    exit 1
-fi
+# MAILCLUSTER_ADVISORY_DB names it when the clone sits elsewhere.
+advisory_snapshot=""
+for candidate in "${MAILCLUSTER_ADVISORY_DB:-}" "$(cd .. && pwd)/shared/advisory-db" /work/shared/advisory-db; do
+    if [ -n "$candidate" ] && [ -f "$candidate/SNAPSHOT" ]; then advisory_snapshot=$candidate; break; fi
+done
 # The directory deny.toml's db-path and db-urls lead cargo-deny to.
 advisory_db="$HOME/.cache/mailcluster/advisory-db/advisory-db-3157b0e258782691"
-if ! cmp -s "$advisory_snapshot/SNAPSHOT" "$advisory_db/SNAPSHOT"; then
+if [ -z "$advisory_snapshot" ] && [ ! -f "$advisory_db/SNAPSHOT" ]; then
+    echo "cargo deny needs the RustSec advisory database snapshot: ../shared/advisory-db" \
+        "or MAILCLUSTER_ADVISORY_DB (a copy of github.com/rustsec/advisory-db with a SNAPSHOT" \
+        "file naming its commit)" >&2
+    exit 1
+fi
+if [ -n "$advisory_snapshot" ] && ! cmp -s "$advisory_snapshot/SNAPSHOT" "$advisory_db/SNAPSHOT"; then
     rm -rf "$advisory_db"
     mkdir -p "$advisory_db"
     cp -R "$advisory_snapshot/." "$advisory_db/"
