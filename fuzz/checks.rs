@@ -36,7 +36,7 @@ use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcp
 use mailcluster_server::relay::client::Reply;
 use mailcluster_server::relay::client::fuzzing as relay;
 use mailcluster_server::relay::dsn::{self, Action, RecipientReport, Report};
-use mailcluster_server::store::SortRow;
+use mailcluster_server::store::{MessageMeta, SortRow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Limits small enough that short inputs reach them.
@@ -194,8 +194,18 @@ pub fn message_meta(data: &[u8]) {
     // What SORT and THREAD derive from the headers: base subject, first
     // addresses, display names. The subject rules also get the whole input as
     // text, so any character lands where a marker is looked for.
-    let row = SortRow {
-        uid: 1,
+    SortKeys::of(&sort_row(&meta, 1));
+    let text = String::from_utf8_lossy(data);
+    for line in text.lines().take(64) {
+        let (base, _) = base_subject_of(line);
+        assert!(base.len() <= line.len());
+    }
+}
+
+/// The stored summary a session sorts and threads by, as `parse_meta` leaves it.
+fn sort_row(meta: &MessageMeta, uid: u32) -> SortRow {
+    SortRow {
+        uid,
         message_id: 1,
         internal_date: Default::default(),
         size: meta.size,
@@ -205,12 +215,6 @@ pub fn message_meta(data: &[u8]) {
         to: meta.to.clone(),
         cc: meta.cc.clone(),
         message_id_header: meta.message_id.clone(),
-    };
-    SortKeys::of(&row);
-    let text = String::from_utf8_lossy(data);
-    for line in text.lines().take(64) {
-        let (base, _) = base_subject_of(line);
-        assert!(base.len() <= line.len());
     }
 }
 
@@ -250,18 +254,7 @@ pub fn thread(data: &[u8]) {
         }
         assert!(parents.len() <= block.iter().filter(|&&b| b == b'<').count());
         let meta = parse_meta(block);
-        let keys = SortKeys::of(&SortRow {
-            uid: messages.len() as u32 + 1,
-            message_id: 1,
-            internal_date: Default::default(),
-            size: meta.size,
-            sent_date: meta.sent_date,
-            subject: meta.subject.clone(),
-            from: meta.from.clone(),
-            to: meta.to.clone(),
-            cc: meta.cc.clone(),
-            message_id_header: meta.message_id.clone(),
-        });
+        let keys = SortKeys::of(&sort_row(&meta, messages.len() as u32 + 1));
         messages.push(ThreadMessage {
             number: keys.uid,
             date: keys.sent,

@@ -317,9 +317,12 @@ impl Authenticator {
         let over = |count: u64, max: u64| max > 0 && count > self.share(max);
         let waiting_until = Instant::now() + ADMISSION_WAIT;
         let (pair_count, net_count) = loop {
-            let (pair_count, net_count) = tokio::try_join!(
+            // The attempt is marked in flight in the same round trip as its
+            // reservations: a login costs no extra wait on the cache for it.
+            let (pair_count, net_count, _) = tokio::try_join!(
                 self.cache.counter_incr(&pair_key, user_window),
-                self.cache.counter_incr(&net_key, ip_window)
+                self.cache.counter_incr(&net_key, ip_window),
+                self.cache.counter_incr(&flight_key, FLIGHT_WINDOW)
             )?;
             if !over(pair_count, self.config.max_failures_per_user)
                 && !over(net_count, self.config.max_failures_per_ip)
@@ -330,8 +333,9 @@ impl Authenticator {
             // being checked may be right passwords, which give theirs back: a
             // mail client that opens many connections at once must not be
             // refused for its own logins. Wait for those; refuse once only
-            // failures hold the limit.
-            self.release(&[&pair_key, &net_key]).await;
+            // failures hold the limit. (An attempt between its increments and
+            // this release counts as in flight: one more wait, never a refusal.)
+            self.release(&[&pair_key, &net_key, &flight_key]).await;
             let in_flight = self.cache.counter_get(&flight_key).await.unwrap_or(0);
             if in_flight == 0 || Instant::now() >= waiting_until {
                 tracing::info!(user = %who, %remote, pair_count, net_count, "login refused: too many failures");
@@ -340,21 +344,20 @@ impl Authenticator {
             tokio::time::sleep(ADMISSION_POLL).await;
         };
 
-        self.cache.counter_incr(&flight_key, FLIGHT_WINDOW).await?;
         let account = match email {
             Some(email) if !password.is_empty() && password.len() <= MAX_PASSWORD_LEN => {
                 self.check(&email, password).await
             }
             _ => Ok(None),
         };
-        // Before any penalty delay: waiters learn the outcome as soon as it is known.
-        self.release(&[&flight_key]).await;
         match account {
             Ok(Some(account)) => {
-                self.release(&[&pair_key, &net_key]).await;
+                self.release(&[&flight_key, &pair_key, &net_key]).await;
                 Ok(AuthOutcome::Ok(account))
             }
             Ok(None) => {
+                // Before the penalty delay: waiters learn the outcome as soon as it is known.
+                self.release(&[&flight_key]).await;
                 // Who and from where, never the password: what fail2ban-style
                 // tooling and an operator investigating need.
                 tracing::info!(user = %who, %remote, "login failed");
@@ -362,7 +365,7 @@ impl Authenticator {
                 Ok(AuthOutcome::Failed)
             }
             Err(trouble) => {
-                self.release(&[&pair_key, &net_key]).await;
+                self.release(&[&flight_key, &pair_key, &net_key]).await;
                 Err(trouble)
             }
         }
@@ -371,8 +374,9 @@ impl Authenticator {
     /// Gives back reservations of an attempt that was not a failure; one that
     /// cannot be given back only ages out with its window.
     async fn release(&self, keys: &[&str]) {
-        for key in keys {
-            if let Err(e) = self.cache.counter_decr(key).await {
+        let given_back = futures::future::join_all(keys.iter().map(|key| self.cache.counter_decr(key))).await;
+        for result in given_back {
+            if let Err(e) = result {
                 tracing::debug!(error = %e, "could not give a login reservation back");
             }
         }
