@@ -120,6 +120,11 @@ pub struct MailClusterSpec {
     /// How the smtp and submission pods batch their deliveries.
     #[serde(default)]
     pub group_commit: GroupCommitSpec,
+    /// Kernel settings of the mail pods' own network namespace, for many
+    /// concurrent connections. Absent (the default): the pods carry no sysctls
+    /// and run on any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningSpec>,
     /// Seconds sessions get to finish after SIGTERM before the server says goodbye.
     #[serde(default = "default_grace")]
     #[schemars(range(min = 1, max = 3600))]
@@ -373,6 +378,11 @@ impl MailClusterSpec {
     /// The autoscaling settings in force for a protocol.
     pub fn autoscaling_for(&self, p: Protocol) -> &AutoscalingSpec {
         self.protocol(p).autoscaling.as_ref().unwrap_or(&self.autoscaling)
+    }
+
+    /// The sysctls of the mail pods: none without `spec.tuning`.
+    pub fn sysctls(&self) -> Vec<(&'static str, String)> {
+        self.tuning.as_ref().map(TuningSpec::sysctls).unwrap_or_default()
     }
 
     pub fn hostname(&self) -> String {
@@ -660,6 +670,85 @@ pub struct GroupCommitSpec {
     /// busy mailboxes (the pods' batches then share their rows).
     #[serde(default)]
     pub across_pods: bool,
+}
+
+/// Namespaced sysctls of the mail pods (`securityContext.sysctls`), each set only
+/// when given; the kernel's own value stands for the others.
+///
+/// The kubelet starts a pod only when every sysctl it carries is in its safe set
+/// or in its `--allowed-unsafe-sysctls`: `ipLocalPortRange` and the keepalive and
+/// FIN settings are safe from Kubernetes 1.29, `tcpRmem` and `tcpWmem` from 1.32,
+/// and `somaxconn` never is. A pod refused for a sysctl fails (reason
+/// `SysctlForbidden`) and the MailCluster's `SysctlsAllowed` condition says which.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningSpec {
+    /// `net.ipv4.ip_local_port_range`: the ports outgoing connections (PostgreSQL,
+    /// Redis, relayed mail) take, `"LOW HIGH"`, e.g. `"16384 65535"`. The kernel
+    /// refuses a range below 1024, and it must leave out the ports the pods
+    /// listen on: 7025, 9090, and 10000 + each mail port (10025, 10110, 10143,
+    /// 10465, 10587, 10993, 10995).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^[0-9]{1,5}[ \t]+[0-9]{1,5}$"))]
+    pub ip_local_port_range: Option<String>,
+    /// `net.ipv4.tcp_keepalive_time`: seconds a connection is idle before the first
+    /// keepalive probe. The mail listeners use it for their connections too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32767))]
+    pub tcp_keepalive_time: Option<u32>,
+    /// `net.ipv4.tcp_keepalive_intvl`: seconds between keepalive probes. The mail
+    /// listeners use it for their connections too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32767))]
+    pub tcp_keepalive_intvl: Option<u32>,
+    /// `net.ipv4.tcp_keepalive_probes`: unanswered probes before the connection is
+    /// dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 127))]
+    pub tcp_keepalive_probes: Option<u32>,
+    /// `net.ipv4.tcp_fin_timeout`: seconds a connection closed by the pod waits
+    /// in FIN-WAIT-2 for the peer's FIN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub tcp_fin_timeout: Option<u32>,
+    /// `net.ipv4.tcp_rmem`: receive buffer per socket, bytes, `"MIN DEFAULT MAX"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), regex(pattern = r"^[0-9]{1,10}[ \t]+[0-9]{1,10}[ \t]+[0-9]{1,10}$"))]
+    pub tcp_rmem: Option<String>,
+    /// `net.ipv4.tcp_wmem`: send buffer per socket, bytes, `"MIN DEFAULT MAX"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), regex(pattern = r"^[0-9]{1,10}[ \t]+[0-9]{1,10}[ \t]+[0-9]{1,10}$"))]
+    pub tcp_wmem: Option<String>,
+    /// `net.core.somaxconn`: the longest queue of accepted-but-not-yet-taken
+    /// connections a listener may have; the mail listeners size theirs to it.
+    /// Unsafe for the kubelet: every node that may run the pods needs
+    /// `--allowed-unsafe-sysctls=net.core.somaxconn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub somaxconn: Option<u32>,
+}
+
+impl TuningSpec {
+    /// The sysctls the pods carry, by kernel name, in a fixed order, with lists
+    /// written as the kernel prints them (one space between numbers).
+    pub fn sysctls(&self) -> Vec<(&'static str, String)> {
+        let list =
+            |s: &Option<String>| s.as_ref().map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "));
+        let number = |n: Option<u32>| n.map(|n| n.to_string());
+        [
+            ("net.ipv4.ip_local_port_range", list(&self.ip_local_port_range)),
+            ("net.ipv4.tcp_keepalive_time", number(self.tcp_keepalive_time)),
+            ("net.ipv4.tcp_keepalive_intvl", number(self.tcp_keepalive_intvl)),
+            ("net.ipv4.tcp_keepalive_probes", number(self.tcp_keepalive_probes)),
+            ("net.ipv4.tcp_fin_timeout", number(self.tcp_fin_timeout)),
+            ("net.ipv4.tcp_rmem", list(&self.tcp_rmem)),
+            ("net.ipv4.tcp_wmem", list(&self.tcp_wmem)),
+            ("net.core.somaxconn", number(self.somaxconn)),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+        .collect()
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use mailcluster_api::{AutoscalingSpec, MailCluster};
+use mailcluster_api::{AutoscalingSpec, Listener, MailCluster, TuningSpec};
 
 use crate::names;
 
@@ -193,5 +193,71 @@ pub fn validate(mc: &MailCluster) -> Result<(), ValidationError> {
         }
     }
 
+    if let Some(tuning) = &spec.tuning {
+        p.extend(tuning_problems(tuning));
+    }
+
     if p.is_empty() { Ok(()) } else { Err(ValidationError { problems: p }) }
+}
+
+/// The whitespace-separated numbers of a sysctl list value, when it is `count` of them.
+fn sysctl_numbers(value: &str, count: usize) -> Option<Vec<u64>> {
+    let numbers: Vec<u64> = value.split_whitespace().map(|n| n.parse().ok()).collect::<Option<_>>()?;
+    (numbers.len() == count).then_some(numbers)
+}
+
+/// Values the kernel would refuse, or that would break the pods, in `spec.tuning`.
+/// A sysctl the kernel refuses does not fail the pod cleanly: its sandbox is never
+/// created and it waits in ContainerCreating, so the operator refuses the spec instead.
+pub fn tuning_problems(t: &TuningSpec) -> Vec<String> {
+    let mut p = Vec::new();
+    // The CRD's ranges, for a CRD installed from an older version.
+    for (field, value, max) in [
+        ("tcpKeepaliveTime", t.tcp_keepalive_time, 32767),
+        ("tcpKeepaliveIntvl", t.tcp_keepalive_intvl, 32767),
+        ("tcpKeepaliveProbes", t.tcp_keepalive_probes, 127),
+        ("tcpFinTimeout", t.tcp_fin_timeout, 600),
+        ("somaxconn", t.somaxconn, 65535),
+    ] {
+        if let Some(v) = value
+            && !(1..=max).contains(&v)
+        {
+            p.push(format!("tuning.{field} must be within 1..{max} (got {v})"));
+        }
+    }
+    if let Some(range) = &t.ip_local_port_range {
+        match sysctl_numbers(range, 2).as_deref() {
+            Some(&[low, high]) if (1024..=65535).contains(&low) && (low..=65535).contains(&high) => {
+                // An outgoing connection that takes a listening port before the
+                // listener binds it keeps the pod from starting.
+                let listening = Listener::ALL
+                    .iter()
+                    .map(|l| l.container_port())
+                    .chain([names::ADMIN_PORT, names::GROUP_COMMIT_PORT])
+                    .filter(|port| (low..=high).contains(&(*port as u64)))
+                    .map(|port| port.to_string())
+                    .collect::<Vec<_>>();
+                if !listening.is_empty() {
+                    p.push(format!(
+                        "tuning.ipLocalPortRange {range:?} contains ports the pods listen on: {}",
+                        listening.join(", ")
+                    ));
+                }
+            }
+            _ => p.push(format!(
+                "tuning.ipLocalPortRange {range:?} must be \"LOW HIGH\" with 1024 <= LOW <= HIGH <= 65535"
+            )),
+        }
+    }
+    for (field, value) in [("tcpRmem", &t.tcp_rmem), ("tcpWmem", &t.tcp_wmem)] {
+        let Some(value) = value else { continue };
+        match sysctl_numbers(value, 3).as_deref() {
+            Some(&[min, default, max]) if 1 <= min && min <= default && default <= max && max <= i32::MAX as u64 => {}
+            _ => p.push(format!(
+                "tuning.{field} {value:?} must be \"MIN DEFAULT MAX\" bytes with 1 <= MIN <= DEFAULT <= MAX <= {}",
+                i32::MAX
+            )),
+        }
+    }
+    p
 }

@@ -795,6 +795,117 @@ fn budget_caps_hpa_max_replicas_proportionally() {
     assert!(b.warnings.is_empty(), "{:?}", b.warnings);
 }
 
+/// `spec.tuning` becomes the mail pods' sysctls, exactly those given and in a
+/// fixed order; without it the pods carry none, and Jobs never do.
+#[test]
+fn tuning_renders_exactly_its_sysctls_and_none_without_it() {
+    let sysctls_of = |b: &Built, name: &str| {
+        let d: Deployment = get(b, ChildKind::Deployment, name);
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        pod.security_context
+            .unwrap()
+            .sysctls
+            .map(|s| s.into_iter().map(|s| (s.name, s.value)).collect::<Vec<_>>())
+    };
+    let mut mc = fixture("minimal");
+    let b = steady(&mc);
+    for name in names_of(&b, ChildKind::Deployment) {
+        assert_eq!(sysctls_of(&b, &name), None, "{name}: no tuning, no sysctls");
+    }
+    mc.spec.tuning = Some(serde_json::from_value(serde_json::json!({})).unwrap());
+    assert_eq!(sysctls_of(&steady(&mc), "mail-smtp"), None, "an empty section asks for nothing");
+
+    mc.spec.tuning = Some(
+        serde_json::from_value(serde_json::json!({
+            "somaxconn": 8192,
+            "ipLocalPortRange": "16384  65535",
+            "tcpKeepaliveTime": 300,
+            "tcpKeepaliveIntvl": 30,
+            "tcpKeepaliveProbes": 5,
+            "tcpFinTimeout": 15,
+            "tcpRmem": "4096\t87380 6291456",
+            "tcpWmem": "4096 65536 4194304",
+        }))
+        .unwrap(),
+    );
+    let b = steady(&mc);
+    let want: Vec<(String, String)> = [
+        ("net.ipv4.ip_local_port_range", "16384 65535"),
+        ("net.ipv4.tcp_keepalive_time", "300"),
+        ("net.ipv4.tcp_keepalive_intvl", "30"),
+        ("net.ipv4.tcp_keepalive_probes", "5"),
+        ("net.ipv4.tcp_fin_timeout", "15"),
+        ("net.ipv4.tcp_rmem", "4096 87380 6291456"),
+        ("net.ipv4.tcp_wmem", "4096 65536 4194304"),
+        ("net.core.somaxconn", "8192"),
+    ]
+    .into_iter()
+    .map(|(n, v)| (n.to_string(), v.to_string()))
+    .collect();
+    for name in names_of(&b, ChildKind::Deployment) {
+        assert_eq!(sysctls_of(&b, &name).as_ref(), Some(&want), "{name}");
+    }
+    // The listeners' own keepalive on client sockets follows the sysctls.
+    let config: ConfigMap = get(&b, ChildKind::ConfigMap, "mail-config");
+    let smtp: toml::Table = toml::from_str(&config.data.unwrap()["smtp.toml"]).unwrap();
+    assert_eq!(smtp["net"]["tcp_keepalive_secs"].as_integer(), Some(300));
+    assert_eq!(smtp["net"]["tcp_keepalive_interval_secs"].as_integer(), Some(30));
+    let job: Job = get(&b, ChildKind::Job, &b.migration_job);
+    let job_pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(job_pod.security_context.unwrap().sysctls, None, "the migration Job serves no connections");
+
+    mc.spec.tuning = Some(serde_json::from_value(serde_json::json!({"tcpFinTimeout": 20})).unwrap());
+    let only = [("net.ipv4.tcp_fin_timeout".to_string(), "20".to_string())];
+    assert_eq!(sysctls_of(&steady(&mc), "mail-imap").as_deref(), Some(&only[..]));
+}
+
+#[test]
+fn tuning_values_the_kernel_would_refuse_are_invalid() {
+    let problems = |tuning: serde_json::Value| {
+        let mut mc = fixture("minimal");
+        mc.spec.tuning = Some(serde_json::from_value(tuning).unwrap());
+        match build(&mc, &BuildContext::steady_state(&mc)) {
+            Ok(_) => String::new(),
+            Err(e) => e.problems.join("\n"),
+        }
+    };
+    for (tuning, needle) in [
+        (serde_json::json!({"ipLocalPortRange": "60000 50000"}), "tuning.ipLocalPortRange \"60000 50000\""),
+        (serde_json::json!({"ipLocalPortRange": "80 65535"}), "1024 <= LOW"),
+        (serde_json::json!({"ipLocalPortRange": "16384"}), "must be \"LOW HIGH\""),
+        (serde_json::json!({"ipLocalPortRange": "16384 70000"}), "HIGH <= 65535"),
+        (serde_json::json!({"ipLocalPortRange": "a b"}), "must be \"LOW HIGH\""),
+        (serde_json::json!({"ipLocalPortRange": "9000 12000"}), "contains ports the pods listen on: 10025"),
+        (serde_json::json!({"ipLocalPortRange": "7000 7100"}), "listen on: 7025"),
+        (serde_json::json!({"tcpRmem": "4096 87380"}), "tuning.tcpRmem \"4096 87380\" must be"),
+        (serde_json::json!({"tcpWmem": "65536 4096 4194304"}), "tuning.tcpWmem"),
+        (serde_json::json!({"tcpWmem": "0 4096 4194304"}), "1 <= MIN"),
+        (serde_json::json!({"tcpRmem": "4096 87380 4294967296"}), "MAX <= 2147483647"),
+        (
+            serde_json::json!({"tcpKeepaliveTime": 0}),
+            "tuning.tcpKeepaliveTime must be within 1..32767 (got 0)",
+        ),
+        (serde_json::json!({"tcpKeepaliveIntvl": 40000}), "tuning.tcpKeepaliveIntvl must be within"),
+        (serde_json::json!({"tcpKeepaliveProbes": 128}), "tuning.tcpKeepaliveProbes must be within 1..127"),
+        (serde_json::json!({"tcpFinTimeout": 0}), "tuning.tcpFinTimeout must be within 1..600"),
+        (serde_json::json!({"somaxconn": 70000}), "tuning.somaxconn must be within 1..65535 (got 70000)"),
+    ] {
+        let all = problems(tuning.clone());
+        assert!(all.contains(needle), "{tuning}: missing {needle:?} in:\n{all}");
+    }
+    // Every problem at once, like the rest of the spec's.
+    let all = problems(serde_json::json!({"somaxconn": 0, "tcpFinTimeout": 0, "tcpRmem": "x"}));
+    assert_eq!(all.lines().count(), 3, "{all}");
+    // Within range, and clear of the listening ports on either side.
+    for fine in [
+        serde_json::json!({"ipLocalPortRange": "10996 65535", "somaxconn": 65535, "tcpKeepaliveProbes": 1}),
+        serde_json::json!({"ipLocalPortRange": "1024 7024"}),
+        serde_json::json!({"ipLocalPortRange": "10600 10900", "tcpRmem": "1 1 2147483647"}),
+    ] {
+        assert_eq!(problems(fine.clone()), "", "{fine}");
+    }
+}
+
 #[test]
 fn invalid_fixture_reports_every_problem() {
     let mc = fixture("invalid");

@@ -12,7 +12,7 @@ use mailcluster_server::cache::Cache;
 use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::metrics::Metrics;
 use mailcluster_server::net::tls::{SharedTicketer, ensure_self_signed};
-use mailcluster_server::net::{Listener, TLS_HANDSHAKE_TIMEOUT};
+use mailcluster_server::net::{Keepalive, Listener, TLS_HANDSHAKE_TIMEOUT};
 use mailcluster_server::net::{
     ListenerSpec, Protocol, SessionCtx, SessionStream, ShutdownController, TlsMode, TlsProvider, serve,
 };
@@ -125,7 +125,7 @@ fn spec(name: &'static str, tls: TlsMode) -> ListenerSpec {
         max_connections: 100,
         max_connections_per_ip: 0,
         backlog: 128,
-        keepalive: Some(Duration::from_secs(30)),
+        keepalive: Some(Keepalive { idle: Duration::from_secs(30), interval: Duration::from_secs(10) }),
         proxy: None,
     }
 }

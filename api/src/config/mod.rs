@@ -266,7 +266,12 @@ pub struct NetConfig {
     pub max_connections: usize,
     /// Per-client-IP connection cap per listener (0 = unlimited).
     pub max_connections_per_ip: usize,
+    /// Seconds a client connection is idle before the first keepalive probe; 0
+    /// sends none.
     pub tcp_keepalive_secs: u64,
+    /// Seconds between keepalive probes (the kernel's `tcp_keepalive_probes`
+    /// unanswered ones drop the connection).
+    pub tcp_keepalive_interval_secs: u64,
     pub proxy_protocol: ProxyProtocolConfig,
     /// The pod's memory limit in bytes (the operator passes the container's
     /// limit through the downward API). 0: read from the cgroup
@@ -286,6 +291,7 @@ impl Default for NetConfig {
             max_connections: 10_000,
             max_connections_per_ip: 0,
             tcp_keepalive_secs: 60,
+            tcp_keepalive_interval_secs: 10,
             proxy_protocol: ProxyProtocolConfig::default(),
             memory_limit_bytes: 0,
             transfer_budget_bytes: 0,
@@ -379,6 +385,7 @@ impl Config {
             ("redis.retry_after_secs", self.redis.retry_after_secs),
             ("net.backlog", u64::from(self.net.backlog)),
             ("net.max_connections", self.net.max_connections as u64),
+            ("net.tcp_keepalive_interval_secs", self.net.tcp_keepalive_interval_secs),
             ("tls.reload_interval_secs", self.tls.reload_interval_secs),
             ("tls.ticket_rotation_secs", self.tls.ticket_rotation_secs),
             ("imap.connection_lease_secs", self.imap.connection_lease_secs),

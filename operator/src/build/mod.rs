@@ -23,6 +23,7 @@ use crate::names;
 use crate::validate::{self, ValidationError};
 
 pub use jobs::migration_job_name;
+pub use workload::pod_sysctls;
 
 /// What the reconciler observed in the cluster, as far as building depends on it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

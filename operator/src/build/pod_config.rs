@@ -69,6 +69,17 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
         c.tls.cert = Some(PathBuf::from(format!("{}/tls.crt", names::TLS_DIR)));
         c.tls.key = Some(PathBuf::from(format!("{}/tls.key", names::TLS_DIR)));
     }
+    // The listeners set keepalive on each client socket, which wins over the
+    // pod's sysctls: they follow the cluster's tuning so that it reaches the
+    // connections it is for.
+    if let Some(t) = &spec.tuning {
+        if let Some(idle) = t.tcp_keepalive_time {
+            c.net.tcp_keepalive_secs = u64::from(idle);
+        }
+        if let Some(interval) = t.tcp_keepalive_intvl {
+            c.net.tcp_keepalive_interval_secs = u64::from(interval);
+        }
+    }
     c.net.proxy_protocol.enabled = spec.proxy_protocol.enabled;
     // `validate` refused the spec unless every entry is a CIDR.
     c.net.proxy_protocol.trusted_cidrs =

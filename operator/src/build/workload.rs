@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
     EnvVarSource, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceFieldSelector, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, SleepAction,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    Sysctl, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -55,6 +55,14 @@ pub(crate) fn pod_security_context() -> PodSecurityContext {
         seccomp_profile: runtime_default_seccomp(),
         ..Default::default()
     }
+}
+
+/// The mail pods' sysctls from `spec.tuning`; None without any, so a cluster
+/// that asks for none has pods any node runs.
+pub fn pod_sysctls(mc: &MailCluster) -> Option<Vec<Sysctl>> {
+    let sysctls: Vec<Sysctl> =
+        mc.spec.sysctls().into_iter().map(|(name, value)| Sysctl { name: name.into(), value }).collect();
+    (!sysctls.is_empty()).then_some(sysctls)
 }
 
 pub(crate) fn container_security_context() -> SecurityContext {
@@ -399,7 +407,7 @@ pub fn deployment(
             service_account_name: Some(names::cluster_name(mc).to_string()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
-            security_context: Some(pod_security_context()),
+            security_context: Some(PodSecurityContext { sysctls: pod_sysctls(mc), ..pod_security_context() }),
             // preStop sleep + the server's own drain (shutdown_grace_secs) + margin
             // for the goodbye lines and socket close: the kubelet must not SIGKILL a
             // draining session.

@@ -42,11 +42,22 @@ pub struct ListenerSpec {
     /// Per client IP (after PROXY), 0 = unlimited.
     pub max_connections_per_ip: usize,
     pub backlog: u32,
-    /// TCP keepalive idle time for accepted sockets; `None` leaves the OS default.
-    pub keepalive: Option<Duration>,
+    /// TCP keepalive of accepted sockets; `None` sends no probes.
+    pub keepalive: Option<Keepalive>,
     /// `Some(trusted CIDRs)`: every connection must start with a PROXY header from
     /// one of these peers.
     pub proxy: Option<Vec<IpNet>>,
+}
+
+/// When accepted sockets probe an idle peer. Set on each socket, these win over
+/// the pod's `net.ipv4.tcp_keepalive_*` sysctls, so the operator writes the
+/// cluster's tuning into both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Idle time before the first probe.
+    pub idle: Duration,
+    /// Time between probes.
+    pub interval: Duration,
 }
 
 impl ListenerSpec {
@@ -71,7 +82,10 @@ impl ListenerSpec {
             max_connections: net.max_connections,
             max_connections_per_ip,
             backlog: net.backlog,
-            keepalive: (net.tcp_keepalive_secs > 0).then(|| Duration::from_secs(net.tcp_keepalive_secs)),
+            keepalive: (net.tcp_keepalive_secs > 0).then(|| Keepalive {
+                idle: Duration::from_secs(net.tcp_keepalive_secs),
+                interval: Duration::from_secs(net.tcp_keepalive_interval_secs),
+            }),
             proxy: net.proxy_protocol.enabled.then(|| net.proxy_protocol.trusted_cidrs.clone()),
         }
     }
@@ -113,12 +127,12 @@ impl Listener {
 
 /// Options for accepted sockets: no Nagle delay (replies are small and latency is
 /// what clients measure), keepalive so dead peers behind NAT are noticed.
-pub(crate) fn configure_accepted(tcp: &TcpStream, keepalive: Option<Duration>) {
+pub(crate) fn configure_accepted(tcp: &TcpStream, keepalive: Option<Keepalive>) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "TCP_NODELAY");
     }
-    if let Some(idle) = keepalive {
-        let params = TcpKeepalive::new().with_time(idle).with_interval(Duration::from_secs(10));
+    if let Some(k) = keepalive {
+        let params = TcpKeepalive::new().with_time(k.idle).with_interval(k.interval);
         if let Err(e) = SockRef::from(tcp).set_tcp_keepalive(&params) {
             tracing::debug!(error = %e, "SO_KEEPALIVE");
         }

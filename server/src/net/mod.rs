@@ -164,7 +164,7 @@ pub mod proxy;
 pub mod server;
 pub mod tls;
 
-pub use listener::{Listener, ListenerSpec, TlsMode};
+pub use listener::{Keepalive, Listener, ListenerSpec, TlsMode};
 pub use server::{ShutdownController, raise_nofile_limit, run_listeners, serve};
 pub use tls::{TLS_HANDSHAKE_TIMEOUT, TlsProvider};
 
