@@ -876,7 +876,8 @@ pub struct MailClusterStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
-    /// Ready, Progressing, Degraded, SLOMet.
+    /// Ready, Progressing, Degraded, SLOMet; SysctlsAllowed while `spec.tuning`
+    /// gives the pods sysctls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

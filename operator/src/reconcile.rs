@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -28,7 +28,7 @@ use crate::children::ChildKind;
 use crate::image::ImageAllowlist;
 use crate::metrics::Metrics;
 use crate::names;
-use crate::status::{self, Outcome, Replicas};
+use crate::status::{self, Outcome, Replicas, SysctlRefusal};
 use crate::validate::validate;
 
 /// Optional CRDs found by discovery.
@@ -250,8 +250,11 @@ async fn reconcile_inner(mc: &MailCluster, ctx: &Context) -> Result<Action, Erro
         match build(mc, &bctx) {
             Err(e) => (Outcome::Invalid { message: e.problems.join("; ") }, Action::await_change()),
             Ok(built) => {
-                let replicas = apply_children(mc, &ns, &built, caps, ctx).await?;
+                let (replicas, refused_creations) = apply_children(mc, &ns, &built, caps, ctx).await?;
                 delete_orphans(mc, &ns, &built, caps, ctx).await?;
+                let sysctl_refusals = observe_sysctl_refusals(mc, &ns, &ctx.client)
+                    .await?
+                    .map(|pods| refused_creations.into_iter().chain(pods).collect());
                 let mut warnings = built.warnings.clone();
                 if let Some(f) = migration_failure {
                     warnings.insert(0, f);
@@ -264,6 +267,7 @@ async fn reconcile_inner(mc: &MailCluster, ctx: &Context) -> Result<Action, Erro
                     replicas,
                     migrated_image,
                     warnings,
+                    sysctl_refusals,
                 };
                 (outcome, Action::requeue(if settled { RESYNC } else { SHORT }))
             }
@@ -330,6 +334,31 @@ async fn observe_migration(
     }
 }
 
+/// The mail pods the kubelet refused for the sysctls the spec gives them (none
+/// asked for: nothing to look at). Refused pods are Failed at once and their
+/// Deployment keeps making new ones, so they are not waited for: while the
+/// Deployment has fewer ready pods than it wants, reconcile comes back soon.
+/// An operator whose Role lacks the pods permission (an older chart) says so in
+/// the condition and carries on.
+async fn observe_sysctl_refusals(
+    mc: &MailCluster,
+    ns: &str,
+    client: &Client,
+) -> Result<Result<Vec<SysctlRefusal>, String>, Error> {
+    let Some(wanted) = crate::build::pod_sysctls(mc) else { return Ok(Ok(Vec::new())) };
+    let selector: Vec<String> =
+        names::all_pods_selector(mc).iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api.list(&ListParams::default().labels(&selector.join(","))).await {
+        Ok(pods) => Ok(Ok(status::refused_pods(&pods.items, &wanted))),
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            warn!(namespace = ns, message = %s.message, "may not list pods; sysctl refusals unknown");
+            Ok(Err(s.message))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn apply_params() -> PatchParams {
     // force: this operator is the only writer of the fields it sets; a human's
     // `kubectl edit` of a managed field is reverted rather than wedging reconcile.
@@ -342,8 +371,9 @@ async fn apply_children(
     built: &Built,
     caps: Capabilities,
     ctx: &Context,
-) -> Result<BTreeMap<Protocol, Replicas>, Error> {
+) -> Result<(BTreeMap<Protocol, Replicas>, Vec<SysctlRefusal>), Error> {
     let mut replicas = BTreeMap::new();
+    let mut refused = Vec::new();
     for child in &built.children {
         if !caps.allows(child.kind) {
             continue;
@@ -366,6 +396,7 @@ async fn apply_children(
                 .find(|p| names::protocol_object(mc, *p) == child.name())
         {
             let d: Deployment = serde_json::from_value(serde_json::to_value(&applied)?)?;
+            refused.extend(status::refused_creation(&d));
             let generation = d.metadata.generation;
             let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
             let s = d.status.unwrap_or_default();
@@ -381,7 +412,7 @@ async fn apply_children(
             );
         }
     }
-    Ok(replicas)
+    Ok((replicas, refused))
 }
 
 /// Deletes objects this operator made for this cluster that the spec no longer asks

@@ -416,6 +416,56 @@ async fn create_applies_children_then_status() {
     assert_eq!(condition(&stored(&fake, &now), "Ready").last_transition_time, ready_since);
 }
 
+/// A mail pod the kubelet refused for a sysctl of `spec.tuning` turns
+/// SysctlsAllowed False with the kubelet's words, and a Warning event says so;
+/// an operator that may not list pods says it cannot tell, and carries on.
+#[tokio::test]
+async fn a_pod_refused_for_a_sysctl_shows_in_sysctls_allowed() {
+    let fake = fake_with_secrets();
+    let mut mc = fixture("minimal");
+    mc.spec.tuning = Some(mailcluster_api::TuningSpec { somaxconn: Some(8192), ..Default::default() });
+    run(&fake, &mc).await;
+    complete_job(&fake, &mailcluster_operator::build::migration_job_name(&mc));
+    let kubelet = "Pod was rejected: forbidden sysctl: \"net.core.somaxconn\" not allowlisted";
+    let mut labels = mailcluster_operator::names::all_pods_selector(&mc);
+    labels.insert("app.kubernetes.io/component".into(), "smtp".into());
+    fake.put(
+        &format!("{NS}/pods"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "mail-smtp-5f7d-abcde", "namespace": "mail", "labels": labels,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "mailcluster"}],
+                     "securityContext": {"sysctls": [{"name": "net.core.somaxconn", "value": "8192"}]}},
+            "status": {"phase": "Failed", "reason": "SysctlForbidden", "message": kubelet},
+        }),
+    );
+    let now = stored(&fake, &mc);
+    fake.take_calls();
+    run(&fake, &now).await;
+    let calls = fake.take_calls();
+    let pods = calls.iter().find(|c| c.is("GET", "/namespaces/mail/pods")).expect("the mail pods are listed");
+    let selector = query_param(&pods.query, "labelSelector").unwrap();
+    assert!(selector.contains("mailcluster.dev/role=server"), "{selector}");
+    let now = stored(&fake, &now);
+    let allowed = condition(&now, "SysctlsAllowed");
+    assert_eq!((allowed.status.as_str(), allowed.reason.as_str()), ("False", "SysctlForbidden"));
+    assert!(allowed.message.starts_with(&format!("pod mail-smtp-5f7d-abcde on node node-1: {kubelet}")));
+    assert_eq!(condition(&now, "Degraded").reason, "SysctlForbidden");
+    let warned = calls.iter().filter(|c| c.method == "POST" && c.is_event()).any(|e| {
+        let body = e.body.as_ref().unwrap();
+        body["reason"] == "SysctlForbidden" && body["type"] == "Warning"
+    });
+    assert!(warned, "a Warning event names the refusal");
+
+    // An older Role without pods: the condition is Unknown and nothing fails.
+    fake.fail("GET", "/namespaces/mail/pods", Fault::Code(403));
+    run(&fake, &now).await;
+    let now = stored(&fake, &now);
+    assert_eq!(condition(&now, "SysctlsAllowed").status, "Unknown");
+    assert_eq!(condition(&now, "Ready").status, "True");
+}
+
 /// One reconcile that is expected to fail: its error and the failures metric.
 async fn run_failing(fake: &FakeApi, mc: &MailCluster) -> (mailcluster_operator::reconcile::Error, Metrics) {
     fake.put(MC, serde_json::to_value(mc).unwrap());
