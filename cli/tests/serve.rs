@@ -119,3 +119,52 @@ fn the_runtime_has_the_threads_it_is_given() {
         assert!(greeting.starts_with("220 "), "{setting:?}: {greeting}");
     }
 }
+
+/// The start says what the kernel gives the listeners: the backlog follows the
+/// pod's `net.core.somaxconn` unless set, a larger setting is said to be capped,
+/// and an open-files limit below what the connection limits need is a warning
+/// with the figures, also on `/metrics`.
+#[test]
+fn the_start_states_the_backlog_and_open_files_the_kernel_gives() {
+    let somaxconn: u64 =
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap().trim().parse().unwrap();
+    let gauge = |metrics: &str, name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    };
+    let too_long = (somaxconn * 2).to_string();
+    for (backlog, max_connections) in [(None, None), (Some(too_long.as_str()), Some("100000000"))] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = ephemeral_ports();
+        env.push(("MAILCLUSTER_PROTOCOLS", "smtp"));
+        if let Some(b) = backlog {
+            env.push(("MAILCLUSTER_NET__BACKLOG", b));
+        }
+        if let Some(m) = max_connections {
+            env.push(("MAILCLUSTER_NET__MAX_CONNECTIONS", m));
+        }
+        let server = ServeProcess::start(dir.path(), &env, 1);
+        let metrics = http_get(server.admin, "/metrics");
+        let (limit, needed) =
+            (gauge(&metrics, "mail_open_files_limit"), gauge(&metrics, "mail_open_files_needed"));
+        let log = server.log_text();
+        match backlog {
+            None => {
+                assert!(log.contains(&format!("\"backlog\":{somaxconn}")), "{log}");
+                assert!(!log.contains("net.backlog is above"), "{log}");
+                // Whether this machine's limit covers the default caps is its own
+                // business; the warning must say so exactly when it does not.
+                assert_eq!(log.contains("RLIMIT_NOFILE is"), limit < needed, "{limit} {needed}:\n{log}");
+            }
+            Some(b) => {
+                assert!(log.contains("net.backlog is above net.core.somaxconn"), "{log}");
+                assert!(log.contains(&format!("\"somaxconn\":{somaxconn}")) && log.contains(b), "{log}");
+                assert!(needed > 100_000_000.0 && limit < needed, "{limit} {needed}");
+                assert!(log.contains("RLIMIT_NOFILE is"), "{log}");
+            }
+        }
+    }
+}

@@ -27,7 +27,16 @@ use mailcluster_api::Listener as ConfigListener;
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    net::raise_nofile_limit();
+    // Open files and the listen backlog are the kernel's to give: each is
+    // logged once with its figures, with a warning when it falls short.
+    let open_files = match net::kernel::check_open_files(&config) {
+        Ok(open_files) => Some(open_files),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE");
+            None
+        }
+    };
+    net::kernel::log_backlog(&config);
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
     let config = Arc::new(config);
@@ -53,6 +62,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     .context("worker gauge")?;
     worker_gauge.set(workers as i64);
     metrics.registry.register(Box::new(worker_gauge)).context("registering the worker gauge")?;
+    if let Some(open_files) = &open_files {
+        net::kernel::register_open_files_metrics(&metrics.registry, open_files)
+            .context("registering the open-files gauges")?;
+    }
     if let Some(r) = &resilient {
         r.register_metrics(&metrics.registry).context("registering cache metrics")?;
     }

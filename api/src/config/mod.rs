@@ -260,6 +260,9 @@ impl Default for TlsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetConfig {
+    /// Listen backlog of every listener: connections the kernel has accepted and
+    /// the server has not yet taken. 0 (the default): the pod's
+    /// `net.core.somaxconn`, which caps any larger value anyway.
     pub backlog: u32,
     /// Per-listener connection cap; over it, clients get an immediate protocol
     /// refusal.
@@ -287,7 +290,7 @@ pub struct NetConfig {
 impl Default for NetConfig {
     fn default() -> Self {
         NetConfig {
-            backlog: 1024,
+            backlog: 0,
             max_connections: 10_000,
             max_connections_per_ip: 0,
             tcp_keepalive_secs: 60,
@@ -383,7 +386,6 @@ impl Config {
             ("redis.connect_timeout_secs", self.redis.connect_timeout_secs),
             ("redis.request_budget_ms", self.redis.request_budget_ms),
             ("redis.retry_after_secs", self.redis.retry_after_secs),
-            ("net.backlog", u64::from(self.net.backlog)),
             ("net.max_connections", self.net.max_connections as u64),
             ("net.tcp_keepalive_interval_secs", self.net.tcp_keepalive_interval_secs),
             ("tls.reload_interval_secs", self.tls.reload_interval_secs),

@@ -41,6 +41,7 @@ pub struct ListenerSpec {
     pub max_connections: usize,
     /// Per client IP (after PROXY), 0 = unlimited.
     pub max_connections_per_ip: usize,
+    /// Given to `listen`; the kernel caps it at `net.core.somaxconn`.
     pub backlog: u32,
     /// TCP keepalive of accepted sockets; `None` sends no probes.
     pub keepalive: Option<Keepalive>,
@@ -81,7 +82,7 @@ impl ListenerSpec {
             tls,
             max_connections: net.max_connections,
             max_connections_per_ip,
-            backlog: net.backlog,
+            backlog: super::kernel::listen_backlog(config).requested,
             keepalive: (net.tcp_keepalive_secs > 0).then(|| Keepalive {
                 idle: Duration::from_secs(net.tcp_keepalive_secs),
                 interval: Duration::from_secs(net.tcp_keepalive_interval_secs),

@@ -158,14 +158,16 @@ pub struct ConnInfo {
 pub mod budget;
 pub mod deflate;
 pub mod input;
+pub mod kernel;
 pub mod listener;
 pub mod output;
 pub mod proxy;
 pub mod server;
 pub mod tls;
 
+pub use kernel::raise_nofile_limit;
 pub use listener::{Keepalive, Listener, ListenerSpec, TlsMode};
-pub use server::{ShutdownController, raise_nofile_limit, run_listeners, serve};
+pub use server::{ShutdownController, run_listeners, serve};
 pub use tls::{TLS_HANDSHAKE_TIMEOUT, TlsProvider};
 
 impl SessionStream {

@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::kernel::raise_nofile_limit;
 use super::listener::{
     ConnCounter, GaugeGuard, Listener, ListenerSpec, PerIpCounter, TlsMode, configure_accepted,
 };
@@ -107,15 +108,6 @@ impl Signals {
     }
 }
 
-/// Raises the soft RLIMIT_NOFILE to the hard limit: every connection is a file
-/// descriptor and distribution defaults (1024) are far below what one pod serves.
-pub fn raise_nofile_limit() {
-    match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(n) => tracing::debug!(limit = n, "RLIMIT_NOFILE"),
-        Err(e) => tracing::warn!(error = %e, "could not raise RLIMIT_NOFILE"),
-    }
-}
-
 /// Binds every listener, then serves them until the drain completes (see [`serve`]).
 /// A bind error (port taken, bad address) is returned before anything is served.
 pub async fn run_listeners(
@@ -192,7 +184,7 @@ const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 /// Refused connections lingering at once per listener. Past this (a flood), refusals
 /// are written and closed at once: lingering would pile up descriptors exactly when
 /// the listener is already full.
-const MAX_LINGERING: usize = 256;
+pub(crate) const MAX_LINGERING: usize = 256;
 
 async fn accept_loop(listener: Listener, shared: Shared) {
     let name = shared.spec.name;
