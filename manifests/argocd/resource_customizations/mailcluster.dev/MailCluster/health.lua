@@ -6,6 +6,7 @@
 --               not looked at the latest change), or a rollout / schema migration
 --               in motion, or no ready pods yet.
 --   Degraded    the operator says so: invalid spec, missing Secret, failed migration,
+--               mail pods refused for a sysctl of spec.tuning,
 --               connection budget capped below what the spec asks for.
 --   Healthy     Ready; a missed SLO of the last stress run shows in the message
 --               but does not make the cluster unhealthy (it is still serving).
