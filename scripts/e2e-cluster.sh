@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole loop on one machine, against a cluster from scripts/kube-up.sh with its
-# test node (as root): the operator installed from the chart runs as a Pod, a
+# node (as root: kubelet and containerd running the image of scripts/image-build.sh):
+# the operator installed from the chart runs as a Pod, a
 # MailCluster whose PostgreSQL and Redis are this machine's (Services without
 # selector + EndpointSlices to the node's address), the migration Job, SMTP, IMAP
-# and POP3 Pods Ready, a message sent with swaks through the SMTP Service and read
+# and POP3 Pods Ready, `kubectl logs` and `kubectl exec`, what the runtime enforces
+# on a mail container (scripts/e2e_runtime_checks.py), a message sent with swaks through the SMTP Service and read
 # with curl through the IMAP Service, an on-demand stress run whose verdict lands in
 # status.lastStress and SLOMet, `kubectl wait --for=condition=Ready` as
 # docs/quickstart.md uses it, and a delete that cascades.
@@ -12,7 +14,7 @@
 #
 # Every step is logged with its time; the last line is the SLOMet condition. On a
 # failure the script prints the namespace's Pods, events and the logs of every
-# container (the node keeps them in $MAILCLUSTER_KUBE_DIR/node/pods/). Bounded:
+# container (`kubectl logs`). Bounded:
 # each wait has its own timeout (E2E_TIMEOUT, default 180 s).
 # Needs: swaks and curl besides what scripts/e2e-lib.sh needs (scripts/test.sh
 # installs them all).
@@ -38,6 +40,25 @@ apply_mailcluster <<EOF
 EOF
 
 e2e_wait_ready smtp submission imap pop3
+
+SMTP_POD=$(kubectl get pods -n "$NS" -l app.kubernetes.io/instance="$MC",app.kubernetes.io/component=smtp \
+    --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
+step "kubectl logs and kubectl exec on $SMTP_POD (the kubelet serves both)"
+kubectl logs -n "$NS" "$SMTP_POD" | grep -q '"message":"listening"' || die "kubectl logs shows no listener of $SMTP_POD"
+version=$(kubectl exec -n "$NS" "$SMTP_POD" -- mailcluster --version)
+[ "$version" = "mailcluster $IMAGE_VERSION" ] || die "kubectl exec $SMTP_POD -- mailcluster --version: $version"
+echo "kubectl exec $SMTP_POD -- mailcluster --version: $version"
+
+step "what the runtime enforces on $SMTP_POD: user, capabilities, seccomp, read-only root, the memory limit"
+limit=$(quantity_bytes "$(kubectl get pod -n "$NS" "$SMTP_POD" -o jsonpath='{.spec.containers[0].resources.limits.memory}')")
+python3 "$ROOT/scripts/e2e_runtime_checks.py" "$(container_pid "$SMTP_POD")" "$limit" /var/lib/mailcluster
+# The server's in-flight budget is a share of that same limit, so transfers are
+# refused before the OOM killer would act on the server.
+pod_ip=$(kubectl get pod -n "$NS" "$SMTP_POD" -o jsonpath='{.status.podIP}')
+budget=$(curl -sf --max-time 10 "http://$pod_ip:9090/metrics" | awk '$1 == "mail_transfer_budget_limit_bytes" {print $2}')
+[ -n "$budget" ] && [ "$budget" -gt 0 ] && [ "$budget" -le $((limit / 2)) ] \
+    || die "the in-flight budget ($budget bytes) does not fit the Pod's memory limit ($limit bytes)"
+echo "in-flight budget $budget bytes of the $limit-byte limit"
 
 step "an account (mailcluster user add, on the same database)"
 echo "$PASSWORD" | mailcluster_host user add alice@e2e.test

@@ -1,5 +1,6 @@
 # Shared steps of the end-to-end scripts (scripts/e2e-*.sh), sourced after `set -euo
-# pipefail`: a namespace whose Pods tolerate the test node, the operator from the
+# pipefail`: a namespace whose Pods tolerate the test node, the image under the tags
+# the scripts roll between, the operator from the
 # chart, this machine's PostgreSQL and Redis as Services, a MailCluster's migration
 # and rollouts, and a cleanup that prints every Pod's log on a failure.
 # Needs: kubectl, psql, python3 with helm-python-sdk; DATABASE_URL / REDIS_URL of the
@@ -13,7 +14,12 @@ REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 NS="${E2E_NAMESPACE:-mc-e2e-$(date +%s)-$$}"
 DB="e2e_${NS//-/_}"
 MC=mail
-MAILCLUSTER_BIN="$ROOT/target/${MAILCLUSTER_KUBE_PROFILE:-debug}/mailcluster"
+# The CLI on this machine, for accounts on the test database.
+MAILCLUSTER_BIN="${MAILCLUSTER_BIN:-$ROOT/target/debug/mailcluster}"
+# The node's containerd (scripts/kube-node.sh), which holds the imported image.
+CTD_SOCK="$KUBE_DIR/containerd/containerd.sock"
+IMAGE_REPO=ghcr.io/mailcluster/mailcluster
+IMAGE_VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
 NODE_IP=$(kubectl get nodes -l mailcluster.dev/test-node=true -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
 
 t0=$SECONDS
@@ -36,7 +42,7 @@ PY
 }
 # The test database from this machine.
 psql_db() { psql "$(db_url_for 127.0.0.1 "$DB")" -v ON_ERROR_STOP=1 -qAt "$@"; }
-# The mailcluster binary the node runs, on the test database. A clean environment:
+# The mailcluster CLI of this machine, on the test database. A clean environment:
 # MAILCLUSTER_* variables of the caller (the test suite's own settings) would be read
 # as configuration.
 mailcluster_host() {
@@ -56,10 +62,11 @@ on_exit() {
         kubectl get events -n "$NS" --sort-by=.lastTimestamp 2>/dev/null | tail -n 40 >&2 || true
         echo "---- mailcluster ----" >&2
         kubectl get mailcluster -n "$NS" -o yaml 2>/dev/null | sed -n '/^status:/,$p' >&2 || true
-        for f in "$KUBE_DIR"/node/pods/"${NS}"_*/logs/*.log; do
-            [ -f "$f" ] || continue
-            echo "---- $(basename "$(dirname "$(dirname "$f")")") $(basename "$f") ----" >&2
-            tail -n 40 "$f" >&2
+        local pod
+        for pod in $(kubectl get pods -n "$NS" -o name 2>/dev/null); do
+            echo "---- ${pod#pod/} ----" >&2
+            kubectl logs -n "$NS" "$pod" --all-containers --prefix --tail=40 >&2 2>&1 || true
+            kubectl logs -n "$NS" "$pod" --all-containers --prefix --tail=20 --previous >&2 2>/dev/null || true
         done
     fi
     if [ "${E2E_KEEP:-0}" != 1 ]; then
@@ -88,6 +95,13 @@ e2e_prepare() {
     kubectl create namespace "$NS" >/dev/null
     kubectl annotate namespace "$NS" >/dev/null \
         'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key":"mailcluster.dev/test-node","operator":"Exists"}]'
+
+    step "image $IMAGE_REPO:$IMAGE_VERSION on the node, also tagged e2e and e2e-2 (a rollout changes the tag)"
+    local tag
+    for tag in e2e e2e-2; do
+        ctr --address "$CTD_SOCK" --namespace k8s.io images tag --force "$IMAGE_REPO:$IMAGE_VERSION" "$IMAGE_REPO:$tag" >/dev/null \
+            || die "the node has no image $IMAGE_REPO:$IMAGE_VERSION (scripts/kube-up.sh imports it)"
+    done
 
     step "operator from charts/mailcluster (helm install), watching $NS"
     python3 "$ROOT/scripts/install_checks.py" helm-install mc-e2e "$NS" \
@@ -162,4 +176,23 @@ e2e_wait_ready() { # protocol...
             timeout 2 bash -c "exec 3<>/dev/tcp/$ip/$port"
     done
     kubectl get pods -n "$NS" -o wide
+}
+
+# The node-side PID of a Pod's first container (containerd's task of it).
+container_pid() { # pod
+    local id
+    id=$(kubectl get pod -n "$NS" "$1" -o jsonpath='{.status.containerStatuses[0].containerID}')
+    id=${id#containerd://}
+    [ -n "$id" ] || die "$1 has no running container"
+    ctr --address "$CTD_SOCK" --namespace k8s.io tasks ls | awk -v id="$id" '$1 == id {print $2}'
+}
+
+# A Kubernetes quantity of memory ("512Mi", "1G", "1048576") in bytes.
+quantity_bytes() {
+    python3 - "$1" <<'PY'
+import re, sys
+n, unit = re.fullmatch(r"(\d+)([A-Za-z]*)", sys.argv[1]).groups()
+scale = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}[unit]
+print(int(n) * scale)
+PY
 }

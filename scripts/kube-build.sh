@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes control plane used by the tests and demos — etcd,
-# kube-apiserver, kube-controller-manager, kube-scheduler — from the release's Go
+# kube-apiserver, kube-controller-manager, kube-scheduler, and as root the node's
+# kube-proxy and kubelet — from the release's Go
 # modules, once per version, into a cache outside the repository:
 #
 #   ${MAILCLUSTER_KUBE_CACHE:-~/.cache/mailcluster/kube}/<version>/bin/
@@ -23,8 +24,10 @@ ETCD_VERSION="${ETCD_VERSION:-3.6.8}"
 CACHE_ROOT="${MAILCLUSTER_KUBE_CACHE:-$HOME/.cache/mailcluster/kube}"
 DIR="$CACHE_ROOT/$KUBE_VERSION"
 BIN="$DIR/bin"
-# kube-proxy (iptables mode) carries Service traffic to the test node's Pods.
+# kube-proxy (iptables mode) carries Service traffic to the node's Pods.
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
+# kubelet runs them (on containerd), only where the node can run: as root on Linux.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then COMPONENTS+=(kubelet); fi
 # kubectl of the same release when the machine has none.
 if ! command -v kubectl >/dev/null 2>&1 || [ -x "$BIN/kubectl" ]; then COMPONENTS+=(kubectl); fi
 

@@ -22,17 +22,41 @@ stop() {
     rm -f "$pidfile"
 }
 
-# The node first (it ends its Pods' processes), clients next, storage last.
-for c in mailcluster-test-node kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+# The node first: the kubelet (so it restarts nothing), then every container and
+# its shim (containerd leaves them running by design), containerd; clients next,
+# storage last.
+stop mailcluster-node-services
+stop kubelet
+if [ "$(id -u)" = 0 ]; then
+    # Every process of every Pod: the kubelet's cgroups hold them all.
+    for round in 1 2 3; do
+        pids=$(cat /sys/fs/cgroup/pids/kubepods/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/cgroup.procs \
+            /sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs /sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs \
+            /sys/fs/cgroup/kubepods/cgroup.procs 2>/dev/null | sort -u || true)
+        [ -n "$pids" ] || break
+        kill -KILL $pids 2>/dev/null || true
+        sleep 0.2
+    done
+    # The shims of this containerd (their command line names its socket's directory).
+    for pid in $(pgrep -f "containerd-shim.*-address $DIR/containerd/" 2>/dev/null || true); do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+fi
+stop containerd
+for c in kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
 
-# What the test node and kube-proxy leave in the kernel: Pod network namespaces
-# (and their processes), kube-proxy's iptables chains, the bridge.
-if [ "$(id -u)" = 0 ] && [ -d /run/netns ]; then
-    for ns in /run/netns/mcpod-*; do
+if [ "$(id -u)" = 0 ]; then
+    # What containerd and the kubelet leave in the kernel: mounts under the state
+    # directory (volumes, the container roots), the Pods' network namespaces, the
+    # kubelet's cgroups (deepest first).
+    grep -o " $DIR/[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    for ns in /run/netns/cni-*; do
         [ -e "$ns" ] || continue
-        name=$(basename "$ns")
-        for pid in $(ip netns pids "$name" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
-        ip netns del "$name" 2>/dev/null || true
+        ip netns del "$(basename "$ns")" 2>/dev/null || true
+    done
+    for controller in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+        [ -d "$controller" ] || continue
+        find "$controller" -depth -type d -exec rmdir {} \; 2>/dev/null || true
     done
 fi
 if [ -f "$DIR/bin-dir" ] && [ -x "$(cat "$DIR/bin-dir")/kube-proxy" ] && command -v iptables >/dev/null 2>&1; then

@@ -17,15 +17,18 @@
 # The last line printed on stdout is `export KUBECONFIG=<path>`.
 #
 # As root on Linux (MAILCLUSTER_KUBE_NODE=1, the default there) the cluster also
-# gets a node that runs Pods: kube-proxy of the same release (iptables mode) and
-# mailcluster-test-node (testnode/), which runs every Pod as processes in a network
-# namespace on the bridge $NODE_BRIDGE ($NODE_CIDR, the node's own address
-# first). The image ghcr.io/mailcluster/mailcluster (any tag) runs target/<profile>/
-# mailcluster of this checkout (MAILCLUSTER_KUBE_PROFILE, default debug), built
-# here. The API server then listens on the node's address, which Pods reach
-# through the `kubernetes` Service; PostgreSQL and Redis of this machine are
-# offered to Pods at that address too (ports 5432 and 6379). Pod logs:
-# $MAILCLUSTER_KUBE_DIR/node/pods/<namespace>_<pod>_<uid>/logs/.
+# gets a node that runs Pods as a real cluster does: containerd (its CRI plugin,
+# runc, the cgroupfs driver, the CNI bridge + host-local + portmap + loopback
+# plugins from Debian's packages) and the kubelet of the same release, registered as
+# Node $NODE_NAME; kube-proxy (iptables mode) for Services; the cluster DNS and this
+# machine's PostgreSQL and Redis at the node's address (ports 53, 5432, 6379;
+# nodeservices/). Pods sit on the bridge $NODE_BRIDGE ($NODE_CIDR, the node's own
+# address first), where the API server also listens; Pods reach it through the
+# `kubernetes` Service. Images are never pulled: the mail image
+# ghcr.io/mailcluster/mailcluster:<version> from scripts/image-build.sh (or the OCI
+# archive MAILCLUSTER_KUBE_IMAGE names) and the sandbox image, built here from
+# Kubernetes' own pause.c, are imported into containerd's k8s.io namespace. Logs:
+# `kubectl logs`; the node's own in $MAILCLUSTER_KUBE_DIR/logs/.
 # The node is tainted mailcluster.dev/test-node=true:NoSchedule
 # (MAILCLUSTER_KUBE_NODE_TAINT, empty for none): Pods run there only from
 # namespaces that opt in, so tests that expect Pending Pods keep them Pending. A
@@ -47,7 +50,6 @@ NODE_NAME="${MAILCLUSTER_KUBE_NODE_NAME:-mc-node-1}"
 NODE_BRIDGE="${MAILCLUSTER_KUBE_NODE_BRIDGE:-mcbr0}"
 NODE_CIDR="${MAILCLUSTER_KUBE_NODE_CIDR:-10.244.0.1/24}"
 NODE_IP="${NODE_CIDR%/*}"
-PROFILE="${MAILCLUSTER_KUBE_PROFILE:-debug}"
 NODE_TAINT="${MAILCLUSTER_KUBE_NODE_TAINT-mailcluster.dev/test-node=true:NoSchedule}"
 if [ -z "${MAILCLUSTER_KUBE_NODE:-}" ]; then
     if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then MAILCLUSTER_KUBE_NODE=1; else MAILCLUSTER_KUBE_NODE=0; fi
@@ -69,7 +71,7 @@ api_ready() {
     curl -sf --max-time 2 --cacert "$PKI/ca.crt" "https://$API_HOST:$API_PORT/readyz" >/dev/null 2>&1
 }
 
-node_alive() { [ "$MAILCLUSTER_KUBE_NODE" != 1 ] || { alive kube-proxy && alive mailcluster-test-node; }; }
+node_alive() { [ "$MAILCLUSTER_KUBE_NODE" != 1 ] || { alive containerd && alive kubelet && alive kube-proxy && alive mailcluster-node-services; }; }
 if alive kube-apiserver && alive etcd && alive kube-controller-manager && alive kube-scheduler && node_alive && api_ready; then
     log "control plane already running ($DIR)"
     echo "export KUBECONFIG=$KUBECONFIG_PATH"
@@ -102,10 +104,17 @@ if [ "$MAILCLUSTER_KUBE_NODE" = 1 ]; then
     echo 1 >/proc/sys/net/ipv4/ip_forward
     [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] || modprobe br_netfilter 2>/dev/null || true
     [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] && echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
-    log "building mailcluster and mailcluster-test-node ($PROFILE)"
-    profile_flag=()
-    [ "$PROFILE" = release ] && profile_flag=(--release)
-    (cd "$ROOT" && cargo build --locked "${profile_flag[@]}" -p mailcluster -p mailcluster-test-node >&2)
+    for tool in containerd runc buildah; do
+        command -v "$tool" >/dev/null 2>&1 || die "$tool is needed for the node (apt-get install containerd runc buildah containernetworking-plugins)"
+    done
+    [ -x /usr/lib/cni/bridge ] || die "the CNI plugins are needed for the node (apt-get install containernetworking-plugins)"
+    log "building mailcluster-node-services"
+    (cd "$ROOT" && cargo build --locked -p mailcluster-node-services >&2)
+    # The mail image, unless one is given: built before anything starts, so a
+    # build failure leaves no half-started cluster.
+    IMAGE_ARCHIVE="${MAILCLUSTER_KUBE_IMAGE:-}"
+    if [ -z "$IMAGE_ARCHIVE" ]; then IMAGE_ARCHIVE=$("$ROOT/scripts/image-build.sh" | tail -n 1); fi
+    [ -f "$IMAGE_ARCHIVE" ] || die "no image archive at $IMAGE_ARCHIVE"
 fi
 
 # ---- PKI: one CA for serving and clients, one for the front proxy (aggregated
@@ -138,6 +147,9 @@ if [ ! -f "$PKI/sa.key" ]; then
     # policy's system:node-proxier binding names it.
     cert node "/O=system:nodes/CN=system:node:$NODE_NAME" ca
     cert kube-proxy "/CN=system:kube-proxy" ca
+    # The kubelet's serving certificate: the API server reaches it for logs and exec.
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" ca "$(printf '%s\n' \
+        "subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME" "extendedKeyUsage=serverAuth")"
     ssl genrsa -out "$PKI/sa.key" 2048
     ssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 fi
@@ -170,7 +182,8 @@ kubeconfig kube-proxy kube-proxy
 
 start() { # name args...
     local name=$1 exe="$BIN/$1"; shift
-    [ -x "$exe" ] || exe="$ROOT/target/$PROFILE/$name"
+    [ -x "$exe" ] || exe=$(command -v "$name" 2>/dev/null || true)
+    [ -x "$exe" ] || exe="$ROOT/target/debug/$name"
     setsid "$exe" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
     echo $! >"$PIDS/$name"
 }
@@ -208,6 +221,7 @@ start kube-apiserver \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" \
     --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" \
@@ -251,22 +265,9 @@ sleep 1
 alive kube-scheduler || { tail -n 40 "$LOGS/kube-scheduler.log" >&2; die "kube-scheduler exited (log: $LOGS/kube-scheduler.log)"; }
 
 if [ "$MAILCLUSTER_KUBE_NODE" = 1 ]; then
-    log "starting kube-proxy and the test node $NODE_NAME ($NODE_BRIDGE, $NODE_CIDR)"
-    start kube-proxy \
-        --kubeconfig "$DIR/kube-proxy.kubeconfig" --hostname-override "$NODE_NAME" \
-        --proxy-mode iptables --cluster-cidr "$NODE_CIDR" \
-        --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
-        --conntrack-max-per-core 0
-    # Its cluster DNS reads EndpointSlices (headless Services) with kube-proxy's
-    # credentials, as CoreDNS reads them with an account of its own.
-    start mailcluster-test-node --kubeconfig "$DIR/node.kubeconfig" --dns-kubeconfig "$DIR/kube-proxy.kubeconfig" \
-        --name "$NODE_NAME" \
-        --dir "$DIR/node" --bridge "$NODE_BRIDGE" --pod-cidr "$NODE_CIDR" \
-        --image "ghcr.io/mailcluster/mailcluster=$ROOT/target/$PROFILE/mailcluster" \
-        --host-port 5432 --host-port 6379 ${NODE_TAINT:+--taint "$NODE_TAINT"}
-    node_ready() { [ "$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
-    wait_for mailcluster-test-node node_ready
-    wait_for kube-proxy curl -sf --max-time 2 http://127.0.0.1:10256/healthz
+    # shellcheck source=scripts/kube-node.sh
+    source "$ROOT/scripts/kube-node.sh"
+    start_node
 fi
 
 log "control plane $("$BIN/kube-apiserver" --version 2>/dev/null | awk '{print $2}') ready in $DIR"

@@ -2,15 +2,17 @@
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
 #      python3, swaks, curl, isync (mbsync), fetchmail, postfix (for
-#      smtp-sink), and as root iproute2,
-#      iptables, prometheus; (pip)
+#      smtp-sink), and as root iproute2, iptables, prometheus, containerd, runc,
+#      buildah, containernetworking-plugins, binutils; (pip)
 #      kubernetes-validate, helm-python-sdk, lupa;
 #   2. starts PostgreSQL and Redis unless they already answer on 127.0.0.1:5432 /
 #      127.0.0.1:6379 (running ones are reused, never restarted);
 #   3. exports DATABASE_URL / REDIS_URL (kept if already set) for the tests;
 #   4. builds (once, cached in ~/.cache/mailcluster/kube) and starts a real Kubernetes
 #      control plane on 127.0.0.1 (scripts/kube-up.sh; without a Go >= 1.26 the
-#      toolchain comes from the Go module proxy), or
+#      toolchain comes from the Go module proxy) and, as root, its node: kubelet
+#      and containerd running the image scripts/image-build.sh builds (release
+#      build, its target directory cached in ~/.cache/mailcluster/image), or
 #      reuses a running one; exports MAILCLUSTER_TEST_KUBECONFIG; stops it at the end
 #      if it started it (MAILCLUSTER_KEEP_KUBE=1 keeps it);
 #   5. cargo fmt --check, cargo clippy -D warnings, the whole test suite
@@ -48,13 +50,19 @@ if [ ! -x /usr/sbin/smtp-sink ]; then
     echo "postfix postfix/main_mailer_type select No configuration" | _svc_sudo debconf-set-selections
     missing+=(postfix)
 fi
-# The test node of the Kubernetes tests (root only): namespaces and veths by
-# iproute2, Service traffic by kube-proxy's iptables rules.
-# Prometheus (Debian's package) scrapes the mail Pods for the HPA test.
+# The node of the Kubernetes tests (root only): containerd, runc and the CNI
+# plugins run the Pods, buildah builds the image they run (scripts/image-build.sh),
+# iproute2 makes the node's bridge, kube-proxy's iptables rules carry Service
+# traffic. Prometheus (Debian's package) scrapes the mail Pods for the HPA test.
 if [ "$(id -u)" = 0 ]; then
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v iptables-restore >/dev/null 2>&1 || missing+=(iptables)
     command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+    command -v containerd >/dev/null 2>&1 || missing+=(containerd)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+    [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+    command -v strip >/dev/null 2>&1 || missing+=(binutils)
 fi
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 

@@ -1,7 +1,8 @@
 //! The whole loop on one machine: `scripts/e2e-cluster.sh` against the cluster of
-//! `scripts/kube-up.sh` with its test node. The operator runs as a Pod installed
-//! from the chart, the migration Job and the mail Pods run as processes on the
-//! test node, mail goes in with swaks through the SMTP Service and out with curl
+//! `scripts/kube-up.sh` with its node (kubelet and containerd). The operator runs as
+//! a Pod of the image scripts/image-build.sh builds, so do the migration Job and the
+//! mail Pods; `kubectl logs` and `exec` work, the runtime's user, capabilities,
+//! seccomp, read-only root and cgroup memory limit are checked, mail goes in with swaks through the SMTP Service and out with curl
 //! through the IMAP Service, and the stress Job's verdict lands in the
 //! MailCluster's status. Each of the script's waits is bounded; so is the whole.
 //!
@@ -73,6 +74,8 @@ fn whole_loop_on_the_test_node() {
         "operator from charts/mailcluster",
         "schema migration Job completes",
         "Pods Ready: smtp submission imap pop3",
+        "kubectl logs and kubectl exec",
+        "what the runtime enforces",
         "swaks -> Service",
         "curl <- Service",
         "stress run on demand",
@@ -83,6 +86,15 @@ fn whole_loop_on_the_test_node() {
     .enumerate()
     {
         assert!(steps.iter().any(|s| s.contains(want)), "step {i} ({want}) missing from the log:\n{stdout}");
+    }
+    // What the kubelet and runc enforce, as scripts/e2e_runtime_checks.py saw it.
+    for want in [
+        "mailcluster --version: mailcluster ",
+        "uid/gid 65532, no capabilities, no new privileges, seccomp filter",
+        "root filesystem read-only (EROFS as root)",
+        "SIGKILLed by the OOM killer",
+    ] {
+        assert!(stdout.contains(want), "({want}) missing from the log:\n{stdout}");
     }
     assert_eq!(stdout.lines().last(), Some("SLOMet=True"), "{stdout}");
 }
