@@ -105,6 +105,10 @@ if ! command -v kubectl >/dev/null 2>&1; then
     PATH="$(./scripts/kube-build.sh | tail -n 1):$PATH"
 fi
 log "control plane up in $((SECONDS - kube_started)) s"
+# The image the node runs (built by kube-up.sh as root): cli/tests/image.rs reads its
+# configuration.
+image_archive="target/image/mailcluster-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1).oci.tar"
+if [ "$(id -u)" = 0 ] && [ -f "$image_archive" ]; then export MAILCLUSTER_TEST_IMAGE="$PWD/$image_archive"; fi
 # prometheus-adapter for the HPA test (cli/tests/e2e_cluster.rs), built once from its
 # Go module like the control plane.
 if [ "$(id -u)" = 0 ]; then
