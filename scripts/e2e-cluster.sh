@@ -28,6 +28,15 @@ step "MailCluster $MC: SMTP, submission, IMAP, POP3; one replica each; a small s
 apply_mailcluster <<EOF
   pop3: {enabled: true}
   autoscaling: {minReplicas: 1, maxReplicas: 2}
+  tuning:
+    ipLocalPortRange: "16384 65000"
+    tcpKeepaliveTime: 300
+    tcpKeepaliveIntvl: 30
+    tcpKeepaliveProbes: 5
+    tcpFinTimeout: 15
+    tcpRmem: "4096 87380 6291456"
+    tcpWmem: "4096 65536 4194304"
+    somaxconn: 8192
   stress:
     deadlineSeconds: 300
     users: {count: 5}
@@ -49,9 +58,19 @@ version=$(kubectl exec -n "$NS" "$SMTP_POD" -- mailcluster --version)
 [ "$version" = "mailcluster $IMAGE_VERSION" ] || die "kubectl exec $SMTP_POD -- mailcluster --version: $version"
 echo "kubectl exec $SMTP_POD -- mailcluster --version: $version"
 
-step "what the runtime enforces on $SMTP_POD: user, capabilities, seccomp, read-only root, the memory limit"
+step "what the runtime enforces on $SMTP_POD: user, capabilities, seccomp, read-only root, the memory limit, spec.tuning's sysctls"
 limit=$(quantity_bytes "$(kubectl get pod -n "$NS" "$SMTP_POD" -o jsonpath='{.spec.containers[0].resources.limits.memory}')")
-python3 "$ROOT/scripts/e2e_runtime_checks.py" "$(container_pid "$SMTP_POD")" "$limit" /var/lib/mailcluster
+# spec.tuning above, as /proc/sys shows it in the Pod (somaxconn is the unsafe one
+# the node's kubelet allows).
+python3 "$ROOT/scripts/e2e_runtime_checks.py" "$(container_pid "$SMTP_POD")" "$limit" /var/lib/mailcluster \
+    net.ipv4.ip_local_port_range="16384 65000" net.ipv4.tcp_keepalive_time=300 \
+    net.ipv4.tcp_keepalive_intvl=30 net.ipv4.tcp_keepalive_probes=5 net.ipv4.tcp_fin_timeout=15 \
+    net.ipv4.tcp_rmem="4096 87380 6291456" net.ipv4.tcp_wmem="4096 65536 4194304" net.core.somaxconn=8192
+# The listeners' backlog follows the Pod's somaxconn: a listening socket's send
+# queue is its backlog (ss in the Pod's network namespace).
+backlog=$(nsenter --target "$(container_pid "$SMTP_POD")" --net ss -ltnH 'sport = :10025' | awk '{print $3}')
+[ "$backlog" = 8192 ] || die "the SMTP listener's backlog is ${backlog:-?}, not the Pod's somaxconn 8192"
+echo "SMTP listener backlog $backlog (the Pod's net.core.somaxconn)"
 # The server's in-flight budget is a share of that same limit, so transfers are
 # refused before the OOM killer would act on the server.
 pod_ip=$(kubectl get pod -n "$NS" "$SMTP_POD" -o jsonpath='{.status.podIP}')
@@ -59,6 +78,14 @@ budget=$(curl -sf --max-time 10 "http://$pod_ip:9090/metrics" | awk '$1 == "mail
 [ -n "$budget" ] && [ "$budget" -gt 0 ] && [ "$budget" -le $((limit / 2)) ] \
     || die "the in-flight budget ($budget bytes) does not fit the Pod's memory limit ($limit bytes)"
 echo "in-flight budget $budget bytes of the $limit-byte limit"
+# The node gives containers a file limit the connection caps fit in (containerd 1.x
+# alone would give 1024).
+metrics=$(curl -sf --max-time 10 "http://$pod_ip:9090/metrics")
+nofile=$(awk '$1 == "mail_open_files_limit" {print $2}' <<<"$metrics")
+needed=$(awk '$1 == "mail_open_files_needed" {print $2}' <<<"$metrics")
+[ -n "$nofile" ] && [ -n "$needed" ] && [ "$nofile" -ge "$needed" ] \
+    || die "open files: limit ${nofile:-?} below the ${needed:-?} the connection caps need"
+echo "open files: limit $nofile, the connection caps need $needed"
 
 step "an account (mailcluster user add, on the same database)"
 echo "$PASSWORD" | mailcluster_host user add alice@e2e.test

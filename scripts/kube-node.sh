@@ -54,6 +54,19 @@ start_node() {
     (( (16#$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
     # runc through the CRI plugin, cgroupfs (the kubelet's driver here; containerd
     # 1.x cannot tell the kubelet its driver), the node's bridge for Pods.
+    # containerd 1.x gives every container RLIMIT_NOFILE 1024 (its default OCI
+    # spec); a mail Pod holds one descriptor per connection. The base spec raises it
+    # as kind does: the same default spec, its file limit 1048576 — or what this
+    # machine lets root give (raising a hard limit takes CAP_SYS_RESOURCE).
+    local nofile
+    nofile=$(ulimit -Hn)
+    if [ "$nofile" = unlimited ] || [ "$nofile" -gt 1048576 ]; then nofile=1048576; fi
+    ctr oci spec | python3 -c '
+import json, sys
+spec = json.load(sys.stdin)
+n = int(sys.argv[1])
+spec["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": n, "soft": n}]
+json.dump(spec, sys.stdout, indent=1)' "$nofile" >"$CTD/base-spec.json"
     cat >"$CTD/config.toml" <<EOF
 version = 2
 root = "$CTD/root"
@@ -70,6 +83,7 @@ state = "$CTD/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      base_runtime_spec = "$CTD/base-spec.json"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]

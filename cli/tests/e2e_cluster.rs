@@ -93,6 +93,10 @@ fn whole_loop_on_the_test_node() {
         "uid/gid 65532, no capabilities, no new privileges, seccomp filter",
         "root filesystem read-only (EROFS as root)",
         "SIGKILLed by the OOM killer",
+        // spec.tuning, as /proc/sys shows it inside the Pod, and the listener following it.
+        "net.core.somaxconn = 8192",
+        "net.ipv4.tcp_keepalive_time = 300",
+        "SMTP listener backlog 8192",
     ] {
         assert!(stdout.contains(want), "({want}) missing from the log:\n{stdout}");
     }
