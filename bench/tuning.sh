@@ -4,26 +4,27 @@
 #
 #   eval "$(sudo scripts/kube-up.sh)" && sudo -E bench/tuning.sh
 #
-# For each of the two Pods (the image's `serve` with its embedded store; the second
-# with the sysctls spec.tuning renders: somaxconn 8192, port range, keepalive, FIN
-# timeout, socket buffers) and each protocol (SMTP connect-and-hold, IMAP
-# connect-and-hold over TLS-less 143), `mailcluster stress -s connect-flood` opens
-# CONNS (10000) connections in RAMP (2s), holds them HOLD (20s), and reports errors
-# and connect latency percentiles. The Pod's network namespace counters (nstat:
-# ListenOverflows, ListenDrops, TCPReqQFullDrop, SyncookiesSent) are read before and
-# after. Prints one table; bounded by its durations, removes its namespace.
+# Two Pods of the image (`serve` with its embedded store and USERS accounts made
+# with `kubectl exec … mailcluster user add`); the second with the sysctls
+# spec.tuning renders (somaxconn 8192, port range, keepalive, FIN timeout, socket
+# buffers). Against each, bench/idle_flood.py opens CONNS (10000) sessions over RAMP
+# seconds (2) and holds them HOLD seconds (20): SMTP connect, greeting and NOOP;
+# IMAPS connect, TLS, greeting, LOGIN and IDLE — then proves each still answers. The Pod's
+# network-namespace counters (nstat: ListenOverflows, ListenDrops, TCPReqQFullDrop,
+# SyncookiesSent) are read before and after. Prints one table; bounded by its
+# durations; removes its namespace.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KUBE_DIR="${MAILCLUSTER_KUBE_DIR:-/tmp/mailcluster-kube}"
 export KUBECONFIG="${KUBECONFIG:-$KUBE_DIR/admin.kubeconfig}"
 CONNS="${CONNS:-10000}"
-RAMP="${RAMP:-2s}"
-HOLD="${HOLD:-20s}"
+RAMP="${RAMP:-2}"
+HOLD="${HOLD:-20}"
+USERS="${USERS:-20}"
+PASSWORD=bench-secret
 NS="mc-tuning-$$"
 CTD_SOCK="$KUBE_DIR/containerd/containerd.sock"
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1)
-BIN="${MAILCLUSTER_BIN:-$ROOT/target/release/mailcluster}"
-[ -x "$BIN" ] || BIN=$(command -v mailcluster)
 WORK=$(mktemp -d)
 trap 'kubectl delete namespace "$NS" --wait=false >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 ulimit -n "$(ulimit -Hn)"
@@ -49,6 +50,8 @@ spec:
     - {name: MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP, value: "0"}
     - {name: MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP, value: "0"}
     - {name: MAILCLUSTER_IMAP__MAX_CONNECTIONS_PER_IP, value: "0"}
+    # USERS accounts hold CONNS sessions between them (the default is 50 per account).
+    - {name: MAILCLUSTER_IMAP__MAX_CONNECTIONS_PER_USER, value: "1000"}
     resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 1Gi}}
     readinessProbe: {httpGet: {path: /readyz, port: 9090}, periodSeconds: 1}
 YAML
@@ -59,6 +62,12 @@ pod tuned '[{name: net.core.somaxconn, value: "8192"}, {name: net.ipv4.ip_local_
   {name: net.ipv4.tcp_keepalive_probes, value: "5"}, {name: net.ipv4.tcp_fin_timeout, value: "15"},
   {name: net.ipv4.tcp_rmem, value: "4096 87380 6291456"}, {name: net.ipv4.tcp_wmem, value: "4096 65536 4194304"}]'
 kubectl wait -n "$NS" --for=condition=Ready pod/untuned pod/tuned --timeout=120s >/dev/null
+for name in untuned tuned; do
+    kubectl exec -n "$NS" "$name" -- mailcluster domain add bench.test >/dev/null
+    for i in $(seq 1 "$USERS"); do
+        printf '%s\n' "$PASSWORD" | kubectl exec -i -n "$NS" "$name" -- mailcluster user add "$(printf 'user%03d@bench.test' "$i")" >/dev/null
+    done
+done
 
 pid_of() {
     local id
@@ -70,7 +79,7 @@ counters() { # pid
         | awk 'NR > 1 && $1 !~ /^#/ {printf "%s=%s ", $1, $2}'
 }
 
-printf '%-8s %-5s %8s %7s %9s %9s %9s %s\n' pod proto conns errors "p50 ms" "p99 ms" "max ms" "kernel counters (delta)"
+printf '%-8s %-5s %8s %7s %14s %14s %s\n' pod proto opened errors "greeting p50/p99" "login|noop p50/p99" "alive after hold; kernel counters (delta)"
 for name in untuned tuned; do
     ip=$(kubectl get pod -n "$NS" "$name" -o jsonpath='{.status.podIP}')
     pid=$(pid_of "$name")
@@ -78,27 +87,25 @@ for name in untuned tuned; do
     backlog=$(nsenter --target "$pid" --net ss -ltnH 'sport = :10025' | awk '{print $3}')
     echo "# $name: somaxconn $somax, SMTP listener backlog $backlog, pod $ip" >&2
     for proto in smtp imap; do
-        port=10025; [ "$proto" = imap ] && port=10143
+        # IMAP logs in, so over TLS (IMAPS): cleartext LOGIN is refused.
+        port=10025 tls=(); [ "$proto" = imap ] && port=10993 tls=(--tls)
         before=$(counters "$pid")
-        "$BIN" stress -s connect-flood --protocol "$proto" "--$proto" "$ip:$port" --concurrency "$CONNS" \
-            --ramp-up "$RAMP" --duration "$HOLD" --timeout 10s --success-rate 0 --no-progress \
-            --json "$WORK/$name-$proto.json" >"$WORK/$name-$proto.out" 2>&1 || true
+        python3 "$ROOT/bench/idle_flood.py" "$proto" "$ip" "$port" --conns "$CONNS" --ramp "$RAMP" --hold "$HOLD" "${tls[@]}" \
+            --users-template 'user{:03}@bench.test' --users-count "$USERS" --password "$PASSWORD" >"$WORK/$name-$proto.json"
         after=$(counters "$pid")
-        python3 - "$WORK/$name-$proto.json" "$name" "$proto" "$before" "$after" <<'PY'
+        python3 - "$WORK/$name-$proto.json" "$name" "$before" "$after" <<'PY'
 import json, sys
-path, name, proto, before, after = sys.argv[1:]
-try:
-    totals = json.load(open(path))["totals"]
-except Exception as e:
-    print(f"{name:<8} {proto:<5} run failed: {e}")
-    sys.exit(0)
-t = next((v for v in totals.values() if v.get("primary")), next(iter(totals.values())))
+path, name, before, after = sys.argv[1:]
+r = json.load(open(path))
 b = dict(kv.split("=") for kv in before.split())
 a = dict(kv.split("=") for kv in after.split())
 delta = " ".join(f"{k[6:]}={int(a[k]) - int(b.get(k, 0))}" for k in sorted(a))
-kinds = ",".join(f"{k}:{n}" for k, n in t["errors_by_kind"].items())
-print(f"{name:<8} {proto:<5} {t['count']:>8} {t['errors']:>7} "
-      f"{t['p50_ms']:>9.2f} {t['p99_ms']:>9.2f} {t['max_ms']:>9.2f} {delta} {kinds}")
+second = r.get("login_ms") or r.get("noop_ms")
+errors = sum(r["errors"].values())
+kinds = ",".join(f"{k}:{n}" for k, n in r["errors"].items())
+print(f"{name:<8} {r['protocol']:<5} {r['opened']:>8} {errors:>7} "
+      f"{str(r['greeting_ms']['p50']) + '/' + str(r['greeting_ms']['p99']):>14} "
+      f"{str(second['p50']) + '/' + str(second['p99']):>14} {r['alive_after_hold']}; {delta} {kinds}")
 PY
     done
 done
