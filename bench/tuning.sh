@@ -8,8 +8,10 @@
 # with `kubectl exec … mailcluster user add`); the second with the sysctls
 # spec.tuning renders (somaxconn 8192, port range, keepalive, FIN timeout, socket
 # buffers). Against each, bench/idle_flood.py opens CONNS (10000) sessions over RAMP
-# seconds (2) and holds them HOLD seconds (20): SMTP connect, greeting and NOOP;
-# IMAPS connect, TLS, greeting, LOGIN and IDLE — then proves each still answers. The Pod's
+# seconds (10) and holds them HOLD seconds (20): SMTP connect, greeting and NOOP;
+# IMAP connect, greeting, LOGIN (cleartext allowed for the run) and IDLE — then
+# proves each still answers. A burst (all at once) is `mailcluster stress -s
+# connect-flood --ramp-up 0s` against the same Pods (bench/RESULTS.md). The Pod's
 # network-namespace counters (nstat: ListenOverflows, ListenDrops, TCPReqQFullDrop,
 # SyncookiesSent) are read before and after. Prints one table; bounded by its
 # durations; removes its namespace.
@@ -18,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KUBE_DIR="${MAILCLUSTER_KUBE_DIR:-/tmp/mailcluster-kube}"
 export KUBECONFIG="${KUBECONFIG:-$KUBE_DIR/admin.kubeconfig}"
 CONNS="${CONNS:-10000}"
-RAMP="${RAMP:-2}"
+RAMP="${RAMP:-10}"
 HOLD="${HOLD:-20}"
 USERS="${USERS:-20}"
 PASSWORD=bench-secret
@@ -50,6 +52,10 @@ spec:
     - {name: MAILCLUSTER_NET__MAX_CONNECTIONS_PER_IP, value: "0"}
     - {name: MAILCLUSTER_SMTP__MAX_CONNECTIONS_PER_IP, value: "0"}
     - {name: MAILCLUSTER_IMAP__MAX_CONNECTIONS_PER_IP, value: "0"}
+    # Cleartext LOGIN on 143: what is measured is the kernel's and the server's
+    # handling of many sessions, not TLS (which would make the load client, not the
+    # Pod, the bottleneck on a small machine).
+    - {name: MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH, value: "true"}
     # USERS accounts hold CONNS sessions between them (the default is 50 per account).
     - {name: MAILCLUSTER_IMAP__MAX_CONNECTIONS_PER_USER, value: "1000"}
     resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 1Gi}}
@@ -87,10 +93,9 @@ for name in untuned tuned; do
     backlog=$(nsenter --target "$pid" --net ss -ltnH 'sport = :10025' | awk '{print $3}')
     echo "# $name: somaxconn $somax, SMTP listener backlog $backlog, pod $ip" >&2
     for proto in smtp imap; do
-        # IMAP logs in, so over TLS (IMAPS): cleartext LOGIN is refused.
-        port=10025 tls=(); [ "$proto" = imap ] && port=10993 tls=(--tls)
+        port=10025; [ "$proto" = imap ] && port=10143
         before=$(counters "$pid")
-        python3 "$ROOT/bench/idle_flood.py" "$proto" "$ip" "$port" --conns "$CONNS" --ramp "$RAMP" --hold "$HOLD" "${tls[@]}" \
+        python3 "$ROOT/bench/idle_flood.py" "$proto" "$ip" "$port" --conns "$CONNS" --ramp "$RAMP" --hold "$HOLD" \
             --users-template 'user{:03}@bench.test' --users-count "$USERS" --password "$PASSWORD" >"$WORK/$name-$proto.json"
         after=$(counters "$pid")
         python3 - "$WORK/$name-$proto.json" "$name" "$before" "$after" <<'PY'
