@@ -22,6 +22,15 @@ set -euo pipefail
 source "$(dirname "$0")/e2e-lib.sh"
 PASSWORD=e2e-secret-$$
 
+step "the node: the kubelet of the control plane's release on containerd"
+kubectl get nodes -o wide
+runtime=$(kubectl get nodes -l mailcluster.dev/test-node=true -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}')
+kubelet=$(kubectl get nodes -l mailcluster.dev/test-node=true -o jsonpath='{.items[0].status.nodeInfo.kubeletVersion}')
+server=$(kubectl version -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
+[[ "$runtime" == containerd://* ]] || die "the node's runtime is $runtime, not containerd"
+[ "$kubelet" = "$server" ] || die "the kubelet is $kubelet, the API server $server"
+echo "node runtime $runtime, kubelet $kubelet"
+
 e2e_prepare
 
 step "MailCluster $MC: SMTP, submission, IMAP, POP3; one replica each; a small stress plan"

@@ -71,6 +71,7 @@ fn whole_loop_on_the_test_node() {
     // Every step ran, in order, and the run ends on the stress verdict.
     let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("==> ")).collect();
     for (i, want) in [
+        "the node: the kubelet of the control plane's release on containerd",
         "operator from charts/mailcluster",
         "schema migration Job completes",
         "Pods Ready: smtp submission imap pop3",
@@ -89,6 +90,7 @@ fn whole_loop_on_the_test_node() {
     }
     // What the kubelet and runc enforce, as scripts/e2e_runtime_checks.py saw it.
     for want in [
+        "node runtime containerd://",
         "mailcluster --version: mailcluster ",
         "uid/gid 65532, no capabilities, no new privileges, seccomp filter",
         "root filesystem read-only (EROFS as root)",
