@@ -46,6 +46,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "mailcluster"
 CRD = ROOT / "crds" / "mailclusters.mailcluster.dev.yaml"
+# The kinds kept in a cluster's store, installed after the MailCluster's CRD.
+STORE_CRDS = [ROOT / "crds" / "maildomains.mailcluster.dev.yaml", ROOT / "crds" / "mailaccounts.mailcluster.dev.yaml"]
 MANIFESTS = ROOT / "manifests"
 HEALTH_DIR = MANIFESTS / "argocd" / "resource_customizations" / "mailcluster.dev" / "MailCluster"
 
@@ -188,8 +190,9 @@ def render_install(values: dict | None = None, what: str = "default values") -> 
     ]
     out.append("---\n" + yaml.safe_dump(namespace, sort_keys=False))
     # The CRD file is used as is (it carries its own header comment).
-    crd_text = CRD.read_text()
-    out.append(crd_text if crd_text.startswith("---") else crd_text.split("\n", 1)[1])
+    for path in [CRD, *STORE_CRDS]:
+        crd_text = path.read_text()
+        out.append(crd_text if crd_text.startswith("---") else crd_text.split("\n", 1)[1])
     for obj in objects:
         out.append("---\n" + yaml.safe_dump(obj, sort_keys=False, width=120))
     return "".join(out)

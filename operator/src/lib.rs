@@ -22,6 +22,6 @@ pub mod runtime;
 pub mod status;
 pub mod validate;
 
-pub use crd::crd_yaml;
+pub use crd::{crd_files, crd_yaml};
 pub use render::render;
 pub use runtime::{OperatorOptions, run, run_with};
