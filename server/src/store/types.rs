@@ -12,6 +12,8 @@ pub struct Account {
     /// PHC string (argon2id).
     pub password_hash: String,
     pub created_at: DateTime<Utc>,
+    /// False when switched off: no login, and mail to it is refused.
+    pub enabled: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
