@@ -416,10 +416,10 @@ def strict_schema(schema: dict) -> dict:
     return schema
 
 
-def crd_validator():
+def crd_validator(path: Path = CRD):
     import jsonschema
 
-    crd = next(d for d in load_docs(CRD.read_text()) if d.get("kind") == "CustomResourceDefinition")
+    crd = next(d for d in load_docs(path.read_text()) if d.get("kind") == "CustomResourceDefinition")
     (version,) = [v for v in crd["spec"]["versions"] if v.get("served")]
     schema = strict_schema(version["schema"]["openAPIV3Schema"])
     api_version = f"{crd['spec']['group']}/{version['name']}"
@@ -428,6 +428,11 @@ def crd_validator():
 
 def check_samples() -> int:
     api_version, kind, validator = crd_validator()
+    # MailDomain and MailAccount samples, each against its own CRD.
+    store_validators = {}
+    for path in STORE_CRDS:
+        store_api_version, store_kind, store_validator = crd_validator(path)
+        store_validators[(store_api_version, store_kind)] = store_validator
     n = 0
     files = sorted(glob.glob(str(MANIFESTS / "samples" / "*.yaml"))) + [
         str(MANIFESTS / "autoscaling" / "keda-scaledobject.yaml"),
@@ -442,7 +447,13 @@ def check_samples() -> int:
             raise CheckFailed(f"{path}: no objects")
         others = []
         for doc in docs:
-            if doc.get("apiVersion") == api_version and doc.get("kind") == kind:
+            store_validator = store_validators.get((doc.get("apiVersion"), doc.get("kind")))
+            if store_validator is not None:
+                errors = sorted(store_validator.iter_errors(doc), key=lambda e: list(e.path))
+                if errors:
+                    lines = [f"  {'.'.join(map(str, e.path))}: {e.message}" for e in errors]
+                    raise CheckFailed(f"{path}: {doc['metadata']['name']}:\n" + "\n".join(lines))
+            elif doc.get("apiVersion") == api_version and doc.get("kind") == kind:
                 errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
                 if errors:
                     lines = [f"  {'.'.join(map(str, e.path))}: {e.message}" for e in errors]

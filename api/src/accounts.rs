@@ -311,6 +311,10 @@ pub struct MailAccountStatus {
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `resourceVersion` of the password Secret last written to the store: while
+    /// it stays the same the password is not hashed or verified again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_version: Option<String>,
 }
 
 #[cfg(test)]

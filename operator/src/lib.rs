@@ -7,6 +7,7 @@
 //! from YAML fixtures and exposed to the CLI as [`render`].
 #![forbid(unsafe_code)]
 
+pub mod accounts;
 pub mod budget;
 pub mod build;
 pub mod children;
