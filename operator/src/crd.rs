@@ -14,8 +14,8 @@ pub fn crd_yaml() -> String {
     to_yaml(MailCluster::crd(), "api/src/cluster.rs")
 }
 
-/// Every CRD of the group, as `(file name under crds/, YAML)`: the MailCluster
-/// first, then the kinds that live in a cluster's store (`api/src/accounts.rs`).
+/// Every CRD of the group (`mailcluster crd --all`), as `(file name under crds/,
+/// YAML)`: the MailCluster first, then the kinds that live in a cluster's store (`api/src/accounts.rs`).
 pub fn crd_files() -> Vec<(String, String)> {
     [
         (MailCluster::crd(), "api/src/cluster.rs"),
@@ -35,5 +35,6 @@ fn to_yaml(crd: CustomResourceDefinition, source: &str) -> String {
     // JSON value. A failure here is a programming error caught by the drift test.
     let body =
         serde_yaml_ng::to_string(&crd).unwrap_or_else(|e| format!("# CRD serialization failed: {e}\n"));
-    format!("# Generated from {source} by `mailcluster crd`; do not edit.\n---\n{body}")
+    let command = if source.ends_with("cluster.rs") { "mailcluster crd" } else { "mailcluster crd --all" };
+    format!("# Generated from {source} by `{command}`; do not edit.\n---\n{body}")
 }
