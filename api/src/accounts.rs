@@ -21,6 +21,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::cluster::DkimAlgorithm;
+
 /// Finalizer the operator puts on every `MailAccount`, so that deleting the object
 /// first disables the account in the store (and removes its mail under
 /// `deletionPolicy: Delete`).
@@ -87,19 +89,9 @@ pub struct DomainDkim {
     /// The selector: the record is `SELECTOR._domainkey.DOMAIN`.
     #[schemars(length(min = 1, max = 63))]
     pub selector: String,
-    /// Key algorithm.
+    /// Key algorithm, as in the MailCluster's `spec.dkim`.
     #[serde(default)]
     pub algorithm: DkimAlgorithm,
-}
-
-/// DKIM key types the server signs with.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
-pub enum DkimAlgorithm {
-    #[default]
-    #[serde(rename = "rsa-sha256")]
-    RsaSha256,
-    #[serde(rename = "ed25519-sha256")]
-    Ed25519Sha256,
 }
 
 /// MTA-STS policy modes (RFC 8461 §3.2).
@@ -357,8 +349,7 @@ mod tests {
     #[test]
     fn dkim_needs_both_a_selector_and_a_key() {
         let mut with_selector = spec();
-        with_selector.dkim =
-            Some(DomainDkim { selector: "s1".into(), algorithm: DkimAlgorithm::Ed25519Sha256 });
+        with_selector.dkim = Some(DomainDkim { selector: "s1".into(), algorithm: DkimAlgorithm::Ed25519 });
         let no_key = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: None });
         assert!(no_key.iter().all(|r| r.purpose != "DKIM"), "no key in the store yet: nothing to publish");
         let key = "v=DKIM1; k=ed25519; p=AAAA";

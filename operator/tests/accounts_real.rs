@@ -137,6 +137,9 @@ fn init_logs() {
 struct Setup {
     ns: TestNamespace,
     store: Arc<dyn Store>,
+    /// One authenticator for the whole test, so that its credential cache holds
+    /// a verified old password when the Secret changes.
+    auth: Authenticator,
     _db: TestDatabase,
     stop: Option<oneshot::Sender<()>>,
     controllers: Option<tokio::task::JoinHandle<()>>,
@@ -170,7 +173,12 @@ impl Setup {
         let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
             let _ = stopped.await;
         }));
-        Some(Setup { ns, store, _db: db, stop: Some(stop), controllers: Some(controllers) })
+        let auth = Authenticator::new(
+            store.clone(),
+            Arc::new(LocalCache::new()),
+            AuthConfig { failure_delay_ms: 0, ..AuthConfig::default() },
+        );
+        Some(Setup { ns, store, auth, _db: db, stop: Some(stop), controllers: Some(controllers) })
     }
 
     async fn stop(mut self) {
@@ -212,13 +220,8 @@ impl Setup {
     }
 
     async fn login(&self, email: &str, password: &str) -> bool {
-        let auth = Authenticator::new(
-            self.store.clone(),
-            Arc::new(LocalCache::new()),
-            AuthConfig { failure_delay_ms: 0, ..AuthConfig::default() },
-        );
         let from: IpAddr = "192.0.2.1".parse().unwrap();
-        matches!(auth.verify(email, password, from).await, AuthOutcome::Ok(_))
+        matches!(self.auth.verify(email, password, from).await, AuthOutcome::Ok(_))
     }
 }
 
@@ -283,6 +286,9 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     let stored = setup.store.account_get("alice@example.com").await.unwrap().expect("in the store");
     assert!(stored.password_hash.starts_with("$argon2id$"), "hashed, never stored as given");
     assert!(setup.login("alice@example.com", "first-password").await);
+    let runs = setup.auth.argon2_runs();
+    assert!(setup.login("alice@example.com", "first-password").await);
+    assert_eq!(setup.auth.argon2_runs(), runs, "the second login is answered from the credential cache");
     let rights = setup.store.sender_rights("alice@example.com").await.unwrap();
     assert_eq!(rights.aliases, ["alias-alice@example.com"]);
     assert_eq!(rights.allowed, ["news@example.com"]);
@@ -293,7 +299,10 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
         setup.login("alice@example.com", "second-password").await.then_some(())
     })
     .await;
-    assert!(!setup.login("alice@example.com", "first-password").await);
+    assert!(
+        !setup.login("alice@example.com", "first-password").await,
+        "the cached old password is not valid"
+    );
 
     // An existing argon2 hash is stored as given.
     let hash = mailcluster_server::auth::hash_password("hashed-password").unwrap();
@@ -302,6 +311,18 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     assert_eq!(setup.account_ready("bob").await.0, "True");
     assert_eq!(setup.store.account_get("bob@example.com").await.unwrap().unwrap().password_hash, hash);
     assert!(setup.login("bob@example.com", "hashed-password").await);
+    // Switched off and on again without deleting the object.
+    let mut off = account("bob", "bob@example.com", "bob-pw", "Delete");
+    off["spec"]["enabled"] = json!(false);
+    setup.apply("mailaccounts", "bob", &off).await;
+    assert_eq!(setup.account_ready("bob").await.0, "True");
+    assert!(!setup.store.account_get("bob@example.com").await.unwrap().unwrap().enabled);
+    assert!(!setup.login("bob@example.com", "hashed-password").await);
+    setup.apply("mailaccounts", "bob", &account("bob", "bob@example.com", "bob-pw", "Delete")).await;
+    eventually("bob enabled again", || async {
+        setup.login("bob@example.com", "hashed-password").await.then_some(())
+    })
+    .await;
 
     // A hash the server cannot verify: not Ready, with the reason, and no account.
     secret(
