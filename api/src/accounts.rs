@@ -186,7 +186,7 @@ pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsReco
         ),
     ];
     if let (Some(dkim), Some(txt)) = (&spec.dkim, inputs.dkim_txt) {
-        out.push(record(fqdn(&format!("{}._domainkey", dkim.selector)), "TXT", format!("\"{txt}\""), "DKIM"));
+        out.push(record(fqdn(&format!("{}._domainkey", dkim.selector)), "TXT", quoted_txt(txt), "DKIM"));
     }
     if let Some(mode) = spec.mta_sts {
         // The id changes with the mode, so senders fetch the policy again.
@@ -202,6 +202,14 @@ pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsReco
         out.push(record(fqdn("_smtp._tls"), "TXT", format!("\"v=TLSRPTv1; rua=mailto:{rua}\""), "TLS-RPT"));
     }
     out
+}
+
+/// A TXT value as zone files take it: quoted strings of at most 255 characters
+/// (RFC 1035 §3.3.14; an RSA key is longer), which resolvers join back.
+fn quoted_txt(value: &str) -> String {
+    let chunks: Vec<String> =
+        value.as_bytes().chunks(255).map(|c| format!("\"{}\"", String::from_utf8_lossy(c))).collect();
+    chunks.join(" ")
 }
 
 /// A mail account of a `MailCluster`.
@@ -357,6 +365,10 @@ mod tests {
         let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
         assert_eq!(dkim.name, "s1._domainkey.example.com.");
         assert_eq!(dkim.value, format!("\"{key}\""));
+        let long = "p=".to_string() + &"A".repeat(300);
+        let records = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: Some(&long) });
+        let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
+        assert_eq!(dkim.value, format!("\"{}\" \"{}\"", &long[..255], &long[255..]), "split at 255");
         let no_selector = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim_txt: Some(key) });
         assert!(no_selector.iter().all(|r| r.purpose != "DKIM"));
     }

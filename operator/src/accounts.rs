@@ -244,13 +244,16 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         ),
     };
     let cluster: Api<MailCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let mx_host = match cluster.get_opt(&domain.spec.cluster_ref).await? {
+    let mc = cluster.get_opt(&domain.spec.cluster_ref).await?;
+    let mx_host = match &mc {
         Some(mc) => mc.spec.hostname(),
         None => format!("mail.{}", domain.spec.domain),
     };
-    // The DKIM key lives in the MailCluster's `spec.dkim` Secrets, whose public
-    // half the operator does not derive yet: the record appears once it does.
-    let records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: None });
+    let dkim_txt = match &mc {
+        Some(mc) => dkim_txt(&ctx.client, &ns, mc, &domain).await,
+        None => None,
+    };
+    let records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
     let status = MailDomainStatus {
         conditions: vec![condition],
         observed_generation: generation,
@@ -260,6 +263,28 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         apply_status(&api, &*domain, serde_json::to_value(&status).unwrap_or_default()).await?;
     }
     Ok(action)
+}
+
+/// The DKIM record value of the key the MailCluster signs the domain's mail
+/// with (`spec.dkim`, a Secret with the private key), when its selector is the
+/// MailDomain's: the cluster's keys are where the signing key is kept. None
+/// when there is no such key or it cannot be read; the record is then not
+/// listed rather than listed wrong.
+async fn dkim_txt(client: &Client, ns: &str, mc: &MailCluster, domain: &MailDomain) -> Option<String> {
+    let wanted = domain.spec.dkim.as_ref()?;
+    let key = mc
+        .spec
+        .dkim
+        .iter()
+        .find(|k| k.domain.eq_ignore_ascii_case(&domain.spec.domain) && k.selector == wanted.selector)?;
+    let pem = secret_value(client, ns, &key.secret_name, &key.secret_key).await.ok()?;
+    match mailcluster_server::dkim::public_txt(pem.as_bytes(), key.algorithm.name()) {
+        Ok(txt) => Some(txt),
+        Err(e) => {
+            tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot read the DKIM key");
+            None
+        }
+    }
 }
 
 // ---------------------------------------------------------------- MailAccount

@@ -140,6 +140,8 @@ struct Setup {
     /// One authenticator for the whole test, so that its credential cache holds
     /// a verified old password when the Secret changes.
     auth: Authenticator,
+    /// The TXT value of the cluster's DKIM key, as `dkim generate` printed it.
+    dkim_txt: String,
     _db: TestDatabase,
     stop: Option<oneshot::Sender<()>>,
     controllers: Option<tokio::task::JoinHandle<()>>,
@@ -155,6 +157,8 @@ impl Setup {
             .expect("store");
         store.migrate().await.expect("migrate");
         secret(&ns, "mail-db", "url", &db.url).await;
+        let dkim = mailcluster_server::dkim::generate("ed25519").unwrap();
+        secret(&ns, "mail-dkim", "dkim.key", &dkim.private_pem).await;
         let cluster: MailCluster = serde_json::from_value(json!({
             "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailCluster",
             "metadata": {"name": "mail"},
@@ -164,6 +168,7 @@ impl Setup {
                 "hostname": "mx.example.com",
                 "postgres": {"urlSecretRef": {"name": "mail-db"}},
                 "redis": {"urlSecretRef": {"name": "mail-redis"}},
+                "dkim": [{"domain": "example.com", "selector": "s1", "secretName": "mail-dkim", "algorithm": "ed25519"}],
             }
         }))
         .unwrap();
@@ -178,7 +183,15 @@ impl Setup {
             Arc::new(LocalCache::new()),
             AuthConfig { failure_delay_ms: 0, ..AuthConfig::default() },
         );
-        Some(Setup { ns, store, auth, _db: db, stop: Some(stop), controllers: Some(controllers) })
+        Some(Setup {
+            ns,
+            store,
+            auth,
+            dkim_txt: dkim.dns_txt,
+            _db: db,
+            stop: Some(stop),
+            controllers: Some(controllers),
+        })
     }
 
     async fn stop(mut self) {
@@ -263,7 +276,8 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
                 "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
                 "metadata": {"name": "example-com"},
                 "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
-                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000},
+                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
+                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
             }),
         )
         .await;
@@ -275,7 +289,9 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     })
     .await;
     let purposes: Vec<&str> = status.dns_records.iter().map(|r| r.purpose.as_str()).collect();
-    assert_eq!(purposes, ["MX", "SPF", "DMARC", "MTA-STS", "MTA-STS policy", "TLS-RPT"]);
+    assert_eq!(purposes, ["MX", "SPF", "DMARC", "DKIM", "MTA-STS", "MTA-STS policy", "TLS-RPT"]);
+    assert_eq!(status.dns_records[3].name, "s1._domainkey.example.com.");
+    assert_eq!(status.dns_records[3].value, format!("\"{}\"", setup.dkim_txt), "the cluster's key");
     assert_eq!(status.dns_records[0].value, "10 mx.example.com.");
     assert_eq!(setup.store.domain_quota("example.com").await.unwrap(), Some(1_000_000));
 
