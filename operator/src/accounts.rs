@@ -14,7 +14,9 @@
 //! not list them): every MailAccount is reconciled again after
 //! [`AccountOptions::resync`], and a Secret whose `resourceVersion` changed is
 //! written then. The server's credential cache is keyed by the stored hash, so
-//! the old password stops working as soon as the new hash is stored.
+//! the old password stops working as soon as the new hash is stored; the
+//! pods' cached recipient entries and credentials of a changed account are
+//! dropped through the cluster's Redis, as the CLI does.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -104,6 +106,39 @@ impl AccountContext {
         .map_err(|e| NotReady::retry("StoreUnavailable", format!("cannot open the store of {name}: {e}")))?;
         stores.insert(key, (url, store.clone()));
         Ok(store)
+    }
+}
+
+/// Drops what the cluster's pods cached about a changed account, as the CLI
+/// does: SMTP recipient entries of `recipients` (so a disabled account or a
+/// removed alias is refused now, not when the entry expires) and the verified
+/// credentials of `account_ids`. Redis tells every pod to drop its own copy.
+/// Failing is a warning: the change is stored, and the entries expire.
+async fn forget_cached(client: &Client, ns: &str, cluster: &str, account_ids: &[i64], recipients: &[String]) {
+    if account_ids.is_empty() && recipients.is_empty() {
+        return;
+    }
+    let forget = async {
+        let mc = Api::<MailCluster>::namespaced(client.clone(), ns)
+            .get_opt(cluster)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no MailCluster {cluster}"))?;
+        let redis = &mc.spec.redis.url_secret_ref;
+        let url = secret_value(client, ns, &redis.name, &redis.key)
+            .await
+            .map_err(|e| anyhow::anyhow!(e.message))?;
+        let prefix = crate::build::pod_config::redis_key_prefix(&mc);
+        let cache = mailcluster_server::cache::open(Some(&url), &prefix, CONNECT_TIMEOUT).await?;
+        for id in account_ids {
+            cache.credential_purge_account(*id).await?;
+        }
+        for address in recipients {
+            cache.value_del(&mailcluster_server::smtp::recipient_key(address)).await?;
+        }
+        anyhow::Ok(())
+    };
+    if let Err(e) = forget.await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear cached entries; they expire by themselves");
     }
 }
 
@@ -340,6 +375,8 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
         if change.changed() {
             tracing::info!(account = %change.account.email, created = change.created,
                 password = change.password_changed, "account written to the store");
+            let ids: Vec<i64> = if change.password_changed { vec![change.account.id] } else { vec![] };
+            forget_cached(&ctx.client, &ns, &spec.cluster_ref, &ids, &change.changed_recipients).await;
         }
         secret_version = Some(version);
         Ok::<(), NotReady>(())
@@ -376,6 +413,20 @@ async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<
         Err(e) if e.reason == "ClusterMissing" => return Ok(Action::await_change()),
         Err(e) => return Err(Error::Cleanup(e.message)),
     };
+    let existing = store
+        .account_get(&spec.address)
+        .await
+        .map_err(|e| Error::Cleanup(format!("cannot look up {}: {e}", spec.address)))?;
+    let aliases = match &existing {
+        Some(account) => {
+            store
+                .sender_rights(&account.email)
+                .await
+                .map_err(|e| Error::Cleanup(format!("cannot read the aliases of {}: {e}", spec.address)))?
+                .aliases
+        }
+        None => Vec::new(),
+    };
     match spec.deletion_policy {
         DeletionPolicy::Retain => match store.account_set_enabled(&spec.address, false).await {
             Ok(()) | Err(StoreError::NotFound(_)) => {}
@@ -386,6 +437,11 @@ async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<
                 .await
                 .map_err(|e| Error::Cleanup(format!("cannot delete {}: {e}", spec.address)))?;
         }
+    }
+    if let Some(account) = existing {
+        let mut recipients = aliases;
+        recipients.push(account.email.clone());
+        forget_cached(&ctx.client, &ns, &spec.cluster_ref, &[account.id], &recipients).await;
     }
     tracing::info!(account = %spec.address, policy = ?spec.deletion_policy, "MailAccount deleted");
     Ok(Action::await_change())

@@ -157,6 +157,7 @@ impl Setup {
             .expect("store");
         store.migrate().await.expect("migrate");
         secret(&ns, "mail-db", "url", &db.url).await;
+        secret(&ns, "mail-redis", "url", &mailcluster_testkit::redis_url()).await;
         let dkim = mailcluster_server::dkim::generate("ed25519").unwrap();
         secret(&ns, "mail-dkim", "dkim.key", &dkim.private_pem).await;
         let cluster: MailCluster = serde_json::from_value(json!({
@@ -364,6 +365,13 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
         flags: Default::default(),
     };
     setup.store.deliver_batch(&[delivery]).await.unwrap();
+    // A pod's cached "alice is a mailbox" answer, under the cluster's key prefix.
+    let prefix = format!("mc:{}:mail:", setup.ns.name);
+    let cache = mailcluster_server::cache::open(Some(&mailcluster_testkit::redis_url()), &prefix, WAIT)
+        .await
+        .unwrap();
+    let key = mailcluster_server::smtp::recipient_key("alice@example.com");
+    cache.value_put(&key, b"cached", Duration::from_secs(300)).await.unwrap();
     let accounts = setup.ns.api::<MailAccount>();
     accounts.delete("alice", &DeleteParams::default()).await.unwrap();
     eventually("alice's MailAccount gone", || async {
@@ -372,6 +380,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     .await;
     let alice = setup.store.account_get("alice@example.com").await.unwrap().expect("retained");
     assert!(!alice.enabled);
+    assert_eq!(cache.value_get(&key).await.unwrap(), None, "the pods' cached recipient entry is dropped");
     assert!(!setup.login("alice@example.com", "second-password").await);
     assert_eq!(setup.store.mailbox_status(inbox.id).await.unwrap().messages, 1, "mail kept");
     assert_eq!(
