@@ -50,6 +50,8 @@ CRD = ROOT / "crds" / "mailclusters.mailcluster.dev.yaml"
 STORE_CRDS = [ROOT / "crds" / "maildomains.mailcluster.dev.yaml", ROOT / "crds" / "mailaccounts.mailcluster.dev.yaml"]
 MANIFESTS = ROOT / "manifests"
 HEALTH_DIR = MANIFESTS / "argocd" / "resource_customizations" / "mailcluster.dev" / "MailCluster"
+# The store kinds' health: their Ready condition (no Suspended state).
+STORE_HEALTH_DIRS = [HEALTH_DIR.parent / "MailDomain", HEALTH_DIR.parent / "MailAccount"]
 
 RELEASE = "mailcluster"
 NAMESPACE = "mailcluster-system"
@@ -208,7 +210,7 @@ def render_argocd_cm() -> str:
             "namespace": "argocd",
             "labels": {"app.kubernetes.io/name": "argocd-cm", "app.kubernetes.io/part-of": "argocd"},
         },
-        "data": {"resource.customizations.health.mailcluster.dev_MailCluster": script},
+        "data": {},
     }
 
     class Literal(str):
@@ -219,8 +221,11 @@ def render_argocd_cm() -> str:
 
     yaml.add_representer(Literal, literal, Dumper=yaml.SafeDumper)
     cm["data"]["resource.customizations.health.mailcluster.dev_MailCluster"] = Literal(script)
+    for health_dir in STORE_HEALTH_DIRS:
+        key = f"resource.customizations.health.mailcluster.dev_{health_dir.name}"
+        cm["data"][key] = Literal((health_dir / "health.lua").read_text())
     header = (
-        "# Generated from resource_customizations/mailcluster.dev/MailCluster/health.lua by\n"
+        "# Generated from resource_customizations/mailcluster.dev/*/health.lua by\n"
         "# scripts/render-install.sh; do not edit. Merge into Argo CD's argocd-cm:\n"
         "#   kubectl -n argocd patch configmap argocd-cm --patch-file argocd-cm.yaml\n"
     )
@@ -485,12 +490,12 @@ def check_samples() -> int:
 # ---------------------------------------------------------------------------- health
 
 
-def argocd_health(obj: dict) -> dict:
-    """Runs health.lua on one MailCluster object as Argo CD does; returns
-    {"status", "message"}."""
+def argocd_health(obj: dict, health_dir: Path = HEALTH_DIR) -> dict:
+    """Runs health.lua of `health_dir` (MailCluster's by default) on one object as
+    Argo CD does; returns {"status", "message"}."""
     from lupa.lua51 import LuaRuntime
 
-    script = (HEALTH_DIR / "health.lua").read_text()
+    script = (health_dir / "health.lua").read_text()
     lua = LuaRuntime(unpack_returned_tuples=True)
     assert lua.eval("_VERSION") == "Lua 5.1", lua.eval("_VERSION")
     # Argo CD hands the object to the script as the global `obj` in a VM with only
@@ -515,24 +520,29 @@ def argocd_health(obj: dict) -> dict:
 
 
 def check_health() -> int:
-    tests = yaml.safe_load((HEALTH_DIR / "health_test.yaml").read_text())["tests"]
-    statuses = set()
     n = 0
-    for case in tests:
-        obj = yaml.safe_load((HEALTH_DIR / case["inputPath"]).read_text())
-        try:
-            got = argocd_health(obj)
-        except CheckFailed as e:
-            raise CheckFailed(f"{case['inputPath']}: {e}") from None
-        want = case["healthStatus"]
-        if got != want:
-            raise CheckFailed(f"{case['inputPath']}: got {got}, want {want}")
-        statuses.add(got["status"])
-        print(f"ok  health {case['inputPath']}: {got['status']}")
-        n += 1
-    missing = {"Healthy", "Progressing", "Degraded", "Suspended"} - statuses
-    if missing:
-        raise CheckFailed(f"health_test.yaml covers no case for {sorted(missing)}")
+    wanted = {"Healthy", "Progressing", "Degraded"}
+    for health_dir, statuses_wanted in [(HEALTH_DIR, wanted | {"Suspended"})] + [
+        (d, wanted) for d in STORE_HEALTH_DIRS
+    ]:
+        tests = yaml.safe_load((health_dir / "health_test.yaml").read_text())["tests"]
+        statuses = set()
+        for case in tests:
+            what = f"{health_dir.name}/{case['inputPath']}"
+            obj = yaml.safe_load((health_dir / case["inputPath"]).read_text())
+            try:
+                got = argocd_health(obj, health_dir)
+            except CheckFailed as e:
+                raise CheckFailed(f"{what}: {e}") from None
+            want = case["healthStatus"]
+            if got != want:
+                raise CheckFailed(f"{what}: got {got}, want {want}")
+            statuses.add(got["status"])
+            print(f"ok  health {what}: {got['status']}")
+            n += 1
+        missing = statuses_wanted - statuses
+        if missing:
+            raise CheckFailed(f"{health_dir.name}/health_test.yaml covers no case for {sorted(missing)}")
     return n
 
 
