@@ -80,16 +80,18 @@ impl AccountContext {
     /// not-ready reason and message.
     async fn store(&self, ns: &str, name: &str) -> Result<Arc<dyn Store>, NotReady> {
         let clusters: Api<MailCluster> = Api::namespaced(self.client.clone(), ns);
-        let cluster = clusters
-            .get_opt(name)
-            .await
-            .map_err(|e| {
-                NotReady::retry("ClusterUnreadable", format!("cannot read MailCluster {name}: {e}"))
-            })?
-            .ok_or_else(|| NotReady::retry("ClusterMissing", format!("no MailCluster {name} in {ns}")))?;
+        let key = (ns.to_string(), name.to_string());
+        let cluster = clusters.get_opt(name).await.map_err(|e| {
+            NotReady::retry("ClusterUnreadable", format!("cannot read MailCluster {name}: {e}"))
+        })?;
+        let Some(cluster) = cluster else {
+            // A cluster gone takes its pool with it: no idle connections kept to a
+            // database nothing serves any more.
+            self.stores.lock().await.remove(&key);
+            return Err(NotReady::retry("ClusterMissing", format!("no MailCluster {name} in {ns}")));
+        };
         let secret_ref = &cluster.spec.postgres.url_secret_ref;
         let url = secret_value(&self.client, ns, &secret_ref.name, &secret_ref.key).await?;
-        let key = (ns.to_string(), name.to_string());
         let mut stores = self.stores.lock().await;
         if let Some((known, store)) = stores.get(&key)
             && *known == url
