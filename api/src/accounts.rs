@@ -249,7 +249,7 @@ pub struct MailAccountSpec {
     #[x_kube(validation = Rule::new("self.contains('@')").message("address must be user@domain"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("address is immutable: create another MailAccount"))]
     pub address: String,
-    /// Name shown to people.
+    /// The name shown for the account.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub display_name: Option<String>,

@@ -370,6 +370,7 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
             password: (!password_known).then_some(password),
             quota: Some(spec.quota_bytes.map(|q| q.max(0) as u64)),
             enabled: Some(spec.enabled),
+            display_name: Some(spec.display_name.clone()),
             aliases: Some(spec.aliases.clone()),
             send_as: Some(spec.send_as.clone()),
         };

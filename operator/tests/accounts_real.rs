@@ -302,6 +302,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     assert_eq!(setup.account_ready("alice").await, ("True".into(), "Stored".into()));
     let stored = setup.store.account_get("alice@example.com").await.unwrap().expect("in the store");
     assert!(stored.password_hash.starts_with("$argon2id$"), "hashed, never stored as given");
+    assert_eq!(stored.display_name.as_deref(), Some("Alice"));
     assert!(setup.login("alice@example.com", "first-password").await);
     let runs = setup.auth.argon2_runs();
     assert!(setup.login("alice@example.com", "first-password").await);

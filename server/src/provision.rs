@@ -159,6 +159,8 @@ pub struct WantedAccount {
     /// `Some(None)`: the domain's default; `Some(Some(n))`: n octets.
     pub quota: Option<Option<u64>>,
     pub enabled: Option<bool>,
+    /// `Some(None)`: no display name.
+    pub display_name: Option<Option<String>>,
     /// Exactly these addresses deliver to the account (aliases to it not listed
     /// are removed).
     pub aliases: Option<Vec<String>>,
@@ -217,6 +219,12 @@ pub async fn apply_account(store: &dyn Store, wanted: &WantedAccount) -> Provisi
         store.account_set_enabled(&email, enabled).await?;
         account.enabled = enabled;
         changed_recipients.push(email.clone());
+    }
+    if let Some(name) = &wanted.display_name
+        && *name != account.display_name
+    {
+        store.account_set_display_name(&email, name.as_deref()).await?;
+        account.display_name = name.clone();
     }
     if let Some(limit) = wanted.quota {
         let current = store.quota(account.id).await?.account_limit;

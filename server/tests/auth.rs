@@ -65,6 +65,9 @@ impl Store for DownStore {
     async fn account_set_enabled(&self, _: &str, _: bool) -> StoreResult<()> {
         down_store()
     }
+    async fn account_set_display_name(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+        down_store()
+    }
     async fn account_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
         down_store()
     }

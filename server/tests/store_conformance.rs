@@ -738,11 +738,17 @@ async fn provisioning_is_idempotent(ctx: Ctx) {
         password: Some(PasswordSource::Hash(hash.clone())),
         quota: Some(Some(1000)),
         enabled: Some(true),
+        display_name: Some(Some("Ann Example".into())),
         aliases: Some(vec!["Annie@example.com".into()]),
         send_as: Some(vec!["news@example.com".into()]),
     };
     let first = provision::apply_account(s, &wanted).await.unwrap();
     assert!(first.created && first.password_changed);
+    assert_eq!(first.account.display_name.as_deref(), Some("Ann Example"));
+    assert_eq!(
+        s.account_get("ann@example.com").await.unwrap().unwrap().display_name.as_deref(),
+        Some("Ann Example")
+    );
     let again = provision::apply_account(s, &wanted).await.unwrap();
     assert!(!again.changed(), "{again:?}");
     let rights = s.sender_rights("ann@example.com").await.unwrap();

@@ -27,7 +27,7 @@ use super::*;
 macro_rules! account_select {
     ($tail:literal) => {
         concat!(
-            "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at, a.disabled \
+            "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at, a.disabled, a.display_name \
              FROM accounts a JOIN domains d ON d.id = a.domain_id ",
             $tail
         )
@@ -279,6 +279,7 @@ fn account_of<B: Backend>(r: &B::Row) -> StoreResult<Account> {
         password_hash: r.text("password_hash")?,
         created_at: B::date(r, "created_at")?,
         enabled: r.int("disabled")? == 0,
+        display_name: r.opt_text("display_name")?,
     })
 }
 
@@ -456,6 +457,12 @@ impl<B: Backend> Store for B {
         let sql = "UPDATE accounts SET disabled = $1 WHERE email = $2";
         let params = [Param::Int(i64::from(!enabled)), Param::Text(&email)];
         update_one(self, sql, &params, format!("account {email}")).await
+    }
+
+    async fn account_set_display_name(&self, email: &str, name: Option<&str>) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let sql = "UPDATE accounts SET display_name = $1 WHERE email = $2";
+        update_one(self, sql, &[Param::OptText(name), Param::Text(&email)], format!("account {email}")).await
     }
 
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {

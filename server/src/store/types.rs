@@ -14,6 +14,8 @@ pub struct Account {
     pub created_at: DateTime<Utc>,
     /// False when switched off: no login, and mail to it is refused.
     pub enabled: bool,
+    /// The name shown for the account, when one was given.
+    pub display_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
