@@ -46,8 +46,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "mailcluster"
 CRD = ROOT / "crds" / "mailclusters.mailcluster.dev.yaml"
+# The kinds kept in a cluster's store, installed after the MailCluster's CRD.
+STORE_CRDS = [ROOT / "crds" / "maildomains.mailcluster.dev.yaml", ROOT / "crds" / "mailaccounts.mailcluster.dev.yaml"]
 MANIFESTS = ROOT / "manifests"
 HEALTH_DIR = MANIFESTS / "argocd" / "resource_customizations" / "mailcluster.dev" / "MailCluster"
+# The store kinds' health: their Ready condition (no Suspended state).
+STORE_HEALTH_DIRS = [HEALTH_DIR.parent / "MailDomain", HEALTH_DIR.parent / "MailAccount"]
 
 RELEASE = "mailcluster"
 NAMESPACE = "mailcluster-system"
@@ -188,8 +192,9 @@ def render_install(values: dict | None = None, what: str = "default values") -> 
     ]
     out.append("---\n" + yaml.safe_dump(namespace, sort_keys=False))
     # The CRD file is used as is (it carries its own header comment).
-    crd_text = CRD.read_text()
-    out.append(crd_text if crd_text.startswith("---") else crd_text.split("\n", 1)[1])
+    for path in [CRD, *STORE_CRDS]:
+        crd_text = path.read_text()
+        out.append(crd_text if crd_text.startswith("---") else crd_text.split("\n", 1)[1])
     for obj in objects:
         out.append("---\n" + yaml.safe_dump(obj, sort_keys=False, width=120))
     return "".join(out)
@@ -205,7 +210,7 @@ def render_argocd_cm() -> str:
             "namespace": "argocd",
             "labels": {"app.kubernetes.io/name": "argocd-cm", "app.kubernetes.io/part-of": "argocd"},
         },
-        "data": {"resource.customizations.health.mailcluster.dev_MailCluster": script},
+        "data": {},
     }
 
     class Literal(str):
@@ -216,8 +221,11 @@ def render_argocd_cm() -> str:
 
     yaml.add_representer(Literal, literal, Dumper=yaml.SafeDumper)
     cm["data"]["resource.customizations.health.mailcluster.dev_MailCluster"] = Literal(script)
+    for health_dir in STORE_HEALTH_DIRS:
+        key = f"resource.customizations.health.mailcluster.dev_{health_dir.name}"
+        cm["data"][key] = Literal((health_dir / "health.lua").read_text())
     header = (
-        "# Generated from resource_customizations/mailcluster.dev/MailCluster/health.lua by\n"
+        "# Generated from resource_customizations/mailcluster.dev/*/health.lua by\n"
         "# scripts/render-install.sh; do not edit. Merge into Argo CD's argocd-cm:\n"
         "#   kubectl -n argocd patch configmap argocd-cm --patch-file argocd-cm.yaml\n"
     )
@@ -413,10 +421,10 @@ def strict_schema(schema: dict) -> dict:
     return schema
 
 
-def crd_validator():
+def crd_validator(path: Path = CRD):
     import jsonschema
 
-    crd = next(d for d in load_docs(CRD.read_text()) if d.get("kind") == "CustomResourceDefinition")
+    crd = next(d for d in load_docs(path.read_text()) if d.get("kind") == "CustomResourceDefinition")
     (version,) = [v for v in crd["spec"]["versions"] if v.get("served")]
     schema = strict_schema(version["schema"]["openAPIV3Schema"])
     api_version = f"{crd['spec']['group']}/{version['name']}"
@@ -425,6 +433,11 @@ def crd_validator():
 
 def check_samples() -> int:
     api_version, kind, validator = crd_validator()
+    # MailDomain and MailAccount samples, each against its own CRD.
+    store_validators = {}
+    for path in STORE_CRDS:
+        store_api_version, store_kind, store_validator = crd_validator(path)
+        store_validators[(store_api_version, store_kind)] = store_validator
     n = 0
     files = sorted(glob.glob(str(MANIFESTS / "samples" / "*.yaml"))) + [
         str(MANIFESTS / "autoscaling" / "keda-scaledobject.yaml"),
@@ -439,7 +452,13 @@ def check_samples() -> int:
             raise CheckFailed(f"{path}: no objects")
         others = []
         for doc in docs:
-            if doc.get("apiVersion") == api_version and doc.get("kind") == kind:
+            store_validator = store_validators.get((doc.get("apiVersion"), doc.get("kind")))
+            if store_validator is not None:
+                errors = sorted(store_validator.iter_errors(doc), key=lambda e: list(e.path))
+                if errors:
+                    lines = [f"  {'.'.join(map(str, e.path))}: {e.message}" for e in errors]
+                    raise CheckFailed(f"{path}: {doc['metadata']['name']}:\n" + "\n".join(lines))
+            elif doc.get("apiVersion") == api_version and doc.get("kind") == kind:
                 errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
                 if errors:
                     lines = [f"  {'.'.join(map(str, e.path))}: {e.message}" for e in errors]
@@ -471,12 +490,12 @@ def check_samples() -> int:
 # ---------------------------------------------------------------------------- health
 
 
-def argocd_health(obj: dict) -> dict:
-    """Runs health.lua on one MailCluster object as Argo CD does; returns
-    {"status", "message"}."""
+def argocd_health(obj: dict, health_dir: Path = HEALTH_DIR) -> dict:
+    """Runs health.lua of `health_dir` (MailCluster's by default) on one object as
+    Argo CD does; returns {"status", "message"}."""
     from lupa.lua51 import LuaRuntime
 
-    script = (HEALTH_DIR / "health.lua").read_text()
+    script = (health_dir / "health.lua").read_text()
     lua = LuaRuntime(unpack_returned_tuples=True)
     assert lua.eval("_VERSION") == "Lua 5.1", lua.eval("_VERSION")
     # Argo CD hands the object to the script as the global `obj` in a VM with only
@@ -501,24 +520,29 @@ def argocd_health(obj: dict) -> dict:
 
 
 def check_health() -> int:
-    tests = yaml.safe_load((HEALTH_DIR / "health_test.yaml").read_text())["tests"]
-    statuses = set()
     n = 0
-    for case in tests:
-        obj = yaml.safe_load((HEALTH_DIR / case["inputPath"]).read_text())
-        try:
-            got = argocd_health(obj)
-        except CheckFailed as e:
-            raise CheckFailed(f"{case['inputPath']}: {e}") from None
-        want = case["healthStatus"]
-        if got != want:
-            raise CheckFailed(f"{case['inputPath']}: got {got}, want {want}")
-        statuses.add(got["status"])
-        print(f"ok  health {case['inputPath']}: {got['status']}")
-        n += 1
-    missing = {"Healthy", "Progressing", "Degraded", "Suspended"} - statuses
-    if missing:
-        raise CheckFailed(f"health_test.yaml covers no case for {sorted(missing)}")
+    wanted = {"Healthy", "Progressing", "Degraded"}
+    for health_dir, statuses_wanted in [(HEALTH_DIR, wanted | {"Suspended"})] + [
+        (d, wanted) for d in STORE_HEALTH_DIRS
+    ]:
+        tests = yaml.safe_load((health_dir / "health_test.yaml").read_text())["tests"]
+        statuses = set()
+        for case in tests:
+            what = f"{health_dir.name}/{case['inputPath']}"
+            obj = yaml.safe_load((health_dir / case["inputPath"]).read_text())
+            try:
+                got = argocd_health(obj, health_dir)
+            except CheckFailed as e:
+                raise CheckFailed(f"{what}: {e}") from None
+            want = case["healthStatus"]
+            if got != want:
+                raise CheckFailed(f"{what}: got {got}, want {want}")
+            statuses.add(got["status"])
+            print(f"ok  health {what}: {got['status']}")
+            n += 1
+        missing = statuses_wanted - statuses
+        if missing:
+            raise CheckFailed(f"{health_dir.name}/health_test.yaml covers no case for {sorted(missing)}")
     return n
 
 

@@ -7,10 +7,14 @@
 //! configuration file is the one read it does.)
 #![forbid(unsafe_code)]
 
+pub mod accounts;
 pub mod cluster;
 pub mod config;
 pub mod stress;
 
+pub use accounts::{
+    MailAccount, MailAccountSpec, MailAccountStatus, MailDomain, MailDomainSpec, MailDomainStatus,
+};
 pub use cluster::*;
 
 /// API group of every Mailcluster resource.

@@ -65,7 +65,11 @@ pub enum Command {
     /// Run the Kubernetes operator (in-cluster config or KUBECONFIG).
     Operator(OperatorArgs),
     /// Print the MailCluster CustomResourceDefinition YAML.
-    Crd,
+    Crd {
+        /// Print every CRD of the group: MailCluster, MailDomain and MailAccount.
+        #[arg(long)]
+        all: bool,
+    },
     /// Print every object the operator would apply for a MailCluster file.
     Render {
         /// MailCluster YAML file (`-` for stdin).

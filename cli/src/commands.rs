@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use mailcluster_server::config::Config;
-use mailcluster_server::store::{Quota, Store, StoreError};
+use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
+use mailcluster_server::store::{Quota, Store};
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
@@ -40,12 +41,11 @@ pub async fn migrate(config: &Config, domains: &[String]) -> Result<(), Failure>
     tracing::info!(backend = store.backend(), "schema is up to date");
     for domain in domains {
         let domain = checked_domain(domain)?;
-        match store.domain_add(&domain).await {
-            Ok(()) => tracing::info!(%domain, "domain added"),
-            Err(StoreError::AlreadyExists(_)) => {}
-            Err(e) => {
-                return Err(anyhow::Error::from(e).context(format!("cannot add domain {domain}")).into());
-            }
+        let added = provision::ensure_domain(&*store, &domain)
+            .await
+            .map_err(|e| failure(e, format!("cannot add domain {domain}")))?;
+        if added {
+            tracing::info!(%domain, "domain added");
         }
     }
     Ok(())
@@ -131,11 +131,13 @@ pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failur
         AliasCommand::Add { address, targets } => {
             // said back as stored: addresses are kept lower-cased
             let address = address.trim().to_lowercase();
-            for target in targets.iter().map(|t| t.trim().to_lowercase()) {
-                store
-                    .alias_add(&address, &target)
+            for target in targets.iter().map(|t| provision::normalized(t)) {
+                let added = provision::alias_add(&*store, &address, &target)
                     .await
-                    .with_context(|| format!("cannot add alias {address} → {target}"))?;
+                    .map_err(|e| failure(e, format!("cannot add alias {address} → {target}")))?;
+                if !added {
+                    return Err(anyhow::anyhow!("alias {address} → {target} already exists").into());
+                }
                 eprintln!("alias {address} → {target} added");
             }
             forget_cached(config, &[], &[&address]).await;
@@ -170,8 +172,14 @@ pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Fail
     match command {
         DomainCommand::Add { domain } => {
             let domain = checked_domain(domain)?;
-            store.domain_add(&domain).await.with_context(|| format!("cannot add domain {domain}"))?;
-            eprintln!("domain {domain} added");
+            let added = provision::ensure_domain(&*store, &domain)
+                .await
+                .map_err(|e| failure(e, format!("cannot add domain {domain}")))?;
+            if added {
+                eprintln!("domain {domain} added");
+            } else {
+                eprintln!("domain {domain} already served");
+            }
         }
         DomainCommand::Del { domain } => {
             store.domain_del(domain).await.with_context(|| format!("cannot delete domain {domain}"))?;
@@ -216,15 +224,21 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
     let store = admin_store(config).await?;
     match (command, password) {
         (UserCommand::Add { email, .. }, Some(password)) => {
-            let hash = hash(&password).await?;
-            let account = store
-                .account_create(email, &hash)
+            // `add` never changes an existing account's password: that is `passwd`.
+            if store.account_get(email).await.with_context(|| format!("cannot look up {email}"))?.is_some() {
+                return Err(anyhow::anyhow!("cannot add user {email}: it already exists").into());
+            }
+            let wanted = WantedAccount {
+                email: email.clone(),
+                password: Some(PasswordSource::Plain(password)),
+                ..Default::default()
+            };
+            let change = provision::apply_account(&*store, &wanted)
                 .await
-                .with_context(|| format!("cannot add user {email}"))?;
-            // A lookup made before the account existed is cached as "no such
-            // user" (550, a permanent refusal) for a few seconds.
-            forget_cached(config, &[], &[&account.email]).await;
-            eprintln!("user {} added", account.email);
+                .map_err(|e| failure(e, format!("cannot add user {email}")))?;
+            let recipients: Vec<&str> = change.changed_recipients.iter().map(String::as_str).collect();
+            forget_cached(config, &[], &recipients).await;
+            eprintln!("user {} added", change.account.email);
         }
         (UserCommand::Passwd { email, .. }, Some(password)) => {
             let hash = hash(&password).await?;
@@ -295,11 +309,13 @@ async fn senders(store: &dyn Store, command: &SendersCommand) -> Result<(), Fail
         SendersCommand::Add { email, addresses } => {
             let account = existing_account(store, email).await?;
             // said back as stored: addresses are kept lower-cased
-            for address in addresses.iter().map(|a| a.trim().to_lowercase()) {
-                store
-                    .account_sender_add(&account.email, &address)
-                    .await
-                    .with_context(|| format!("cannot allow {} to send as {address}", account.email))?;
+            for address in addresses.iter().map(|a| provision::normalized(a)) {
+                let added = provision::sender_add(store, &account.email, &address).await.map_err(|e| {
+                    failure(e, format!("cannot allow {} to send as {address}", account.email))
+                })?;
+                if !added {
+                    return Err(anyhow::anyhow!("{} may already send as {address}", account.email).into());
+                }
                 eprintln!("{} may send as {address}", account.email);
             }
         }
@@ -388,21 +404,19 @@ fn describe_limit(limit: Option<u64>) -> String {
 }
 
 fn checked_domain(domain: &str) -> Result<String, Failure> {
-    let domain = domain.trim().to_ascii_lowercase();
-    if domain.is_empty() || domain.contains(['@', ' ']) {
-        return Err(Failure::usage(anyhow::anyhow!("{domain:?} is not a domain name")));
-    }
-    Ok(domain)
+    provision::checked_domain(domain).map_err(|e| Failure::usage(anyhow::Error::from(e)))
 }
 
 fn check_email(email: &str) -> Result<(), Failure> {
-    match email.split_once('@') {
-        Some((local, domain))
-            if !local.is_empty() && !domain.is_empty() && !email.contains(char::is_whitespace) =>
-        {
-            Ok(())
-        }
-        _ => Err(Failure::usage(anyhow::anyhow!("{email:?} is not an address of the form user@domain"))),
+    provision::check_email(email).map_err(|e| Failure::usage(anyhow::Error::from(e)))
+}
+
+/// A provisioning error with what was being done; the input's own faults are
+/// usage errors (exit code 2), the rest runtime ones.
+fn failure(e: ProvisionError, doing: String) -> Failure {
+    match e {
+        ProvisionError::Invalid(_) => Failure::usage(anyhow::Error::from(e).context(doing)),
+        e => Failure::runtime(anyhow::Error::from(e).context(doing)),
     }
 }
 

@@ -47,8 +47,15 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let code = runtime(0)?.block_on(commands::stress(*args))?;
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }
-        Command::Crd => {
+        Command::Crd { all: false } => {
             print!("{}", mailcluster_operator::crd_yaml());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Crd { all: true } => {
+            // Each file already starts its document with `---` after its comment.
+            for (_, yaml) in mailcluster_operator::crd_files() {
+                print!("{yaml}");
+            }
             return Ok(ExitCode::SUCCESS);
         }
         Command::Render { file } => {
@@ -118,7 +125,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Command::Version
             | Command::Dkim { .. }
             | Command::Stress(_)
-            | Command::Crd
+            | Command::Crd { .. }
             | Command::Render { .. }
             | Command::Operator(_) => Ok(()),
         }

@@ -132,6 +132,17 @@ fn crd_prints_the_checked_in_crd() {
     ))
     .unwrap();
     assert_eq!(out.stdout, on_disk);
+    let out = run(dir.path(), &["crd", "--all"], &[]);
+    out.ok();
+    let mut all = String::new();
+    for file in [
+        "mailclusters.mailcluster.dev.yaml",
+        "maildomains.mailcluster.dev.yaml",
+        "mailaccounts.mailcluster.dev.yaml",
+    ] {
+        all += &std::fs::read_to_string(format!("{}/../crds/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    }
+    assert_eq!(out.stdout, all);
 }
 
 #[test]

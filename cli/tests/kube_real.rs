@@ -414,6 +414,69 @@ fn every_cel_rule_rejects_its_violation_with_its_message() {
     assert!(untested.is_empty(), "CEL rules without a violating case: {untested:?}");
 }
 
+/// The MailDomain and MailAccount CRDs' rules, read from the served CRDs like the
+/// MailCluster's above: each has a violating case, creation or update.
+#[test]
+fn every_store_kind_cel_rule_rejects_its_violation() {
+    let Some(kube) = installed() else { return };
+    let ns = Namespace::create(&kube, "cel-store");
+    let domain = json!({
+        "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
+        "metadata": {"name": "d"},
+        "spec": {"clusterRef": "mail", "domain": "example.com"}
+    });
+    let account = json!({
+        "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailAccount",
+        "metadata": {"name": "a"},
+        "spec": {"clusterRef": "mail", "address": "a@example.com",
+                 "passwordSecretRef": {"name": "a-pw", "key": "password"}}
+    });
+    for (crd, base, plural, field, bad, created, changed) in [
+        (
+            "maildomains.mailcluster.dev",
+            &domain,
+            "maildomain",
+            "domain",
+            "Example.COM",
+            "domain must be a lower-case domain name",
+            "domain is immutable: create another MailDomain",
+        ),
+        (
+            "mailaccounts.mailcluster.dev",
+            &account,
+            "mailaccount",
+            "address",
+            "not-an-address",
+            "address must be user@domain",
+            "address is immutable: create another MailAccount",
+        ),
+    ] {
+        let served = kube.get("default", &format!("crd/{crd}")).unwrap();
+        let text = served["spec"]["versions"].to_string();
+        for message in [created, changed] {
+            assert!(text.contains(message), "{crd} serves no rule {message:?}");
+        }
+        let o = kube.kubectl_in(
+            &["create", "--dry-run=server", "-n", &ns.name, "-f", "-"],
+            Some(&merged(base.clone(), &json!({"spec": {field: bad}})).to_string()),
+        );
+        assert!(!o.ok && o.stderr.contains(created), "{crd}: {}", o.stderr);
+        kube.must_in(&["create", "-n", &ns.name, "-f", "-"], &base.to_string());
+        let name = base["metadata"]["name"].as_str().unwrap();
+        let patch = json!({"spec": {field: "other@example.org"}}).to_string();
+        let o = kube.kubectl(&[
+            "patch",
+            "-n",
+            &ns.name,
+            &format!("{plural}/{name}"),
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+        assert!(!o.ok && o.stderr.contains(changed), "{crd}: {}", o.stderr);
+    }
+}
+
 // ------------------------------------------------------------------ the operator
 
 /// `mailcluster operator` as its own process, logging to a file kept for failures.

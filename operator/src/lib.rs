@@ -7,6 +7,7 @@
 //! from YAML fixtures and exposed to the CLI as [`render`].
 #![forbid(unsafe_code)]
 
+pub mod accounts;
 pub mod budget;
 pub mod build;
 pub mod children;
@@ -22,6 +23,6 @@ pub mod runtime;
 pub mod status;
 pub mod validate;
 
-pub use crd::crd_yaml;
+pub use crd::{crd_files, crd_yaml};
 pub use render::render;
 pub use runtime::{OperatorOptions, run, run_with};

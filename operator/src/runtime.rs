@@ -68,6 +68,9 @@ pub struct OperatorOptions {
     pub rediscover_every: Duration,
     /// The repositories a MailCluster's `spec.image` may come from.
     pub allowed_images: ImageAllowlist,
+    /// MailDomains and MailAccounts are reconciled again after this long, which
+    /// is how a changed password Secret is noticed (`accounts.rs`).
+    pub account_resync: Duration,
 }
 
 impl Default for OperatorOptions {
@@ -85,6 +88,7 @@ impl Default for OperatorOptions {
             renew_every: Duration::from_secs(2),
             rediscover_every: Duration::from_secs(300),
             allowed_images: ImageAllowlist::default(),
+            account_resync: Duration::from_secs(60),
         }
     }
 }
@@ -239,6 +243,19 @@ pub async fn run_with(
         }
     };
 
+    // The store kinds run beside, under the same leadership and shutdown.
+    let (mut stop_for_accounts, mut lost_for_accounts) = (stop_rx.clone(), lost_rx.clone());
+    let accounts = tokio::spawn(crate::accounts::run(
+        client.clone(),
+        crate::accounts::AccountOptions { namespace: opts.namespace.clone(), resync: opts.account_resync },
+        async move {
+            tokio::select! {
+                _ = stop_for_accounts.wait_for(|s| *s) => {}
+                _ = lost_for_accounts.wait_for(|s| *s) => {}
+            }
+        },
+    ));
+
     Controller::new(mcs, watcher::Config::default().any_semantic())
         .owns(api!(Deployment), owned.clone())
         .owns(api!(Service), owned.clone())
@@ -266,6 +283,7 @@ pub async fn run_with(
             }
         })
         .await;
+    let _ = accounts.await;
 
     if let Some(e) = elector {
         // Stop renewing before releasing: a renewal round after the release would see

@@ -7,6 +7,51 @@ fn crd_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds/mailclusters.mailcluster.dev.yaml")
 }
 
+/// The MailDomain and MailAccount CRDs, each in its own file next to the MailCluster's.
+#[test]
+fn every_crd_file_is_current() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds");
+    for (file, generated) in mailcluster_operator::crd_files() {
+        let path = dir.join(&file);
+        if std::env::var_os("UPDATE_CRDS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == generated,
+            "{} is out of date; run `UPDATE_CRDS=1 cargo test -p mailcluster-operator --test crd`",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn store_kinds_have_status_columns_and_cluster_refs() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    for (file, text) in mailcluster_operator::crd_files().into_iter().skip(1) {
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(crd.spec.group, "mailcluster.dev", "{file}");
+        assert_eq!(crd.spec.scope, "Namespaced", "{file}");
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        assert!(v.subresources.as_ref().unwrap().status.is_some(), "{file}: status subresource");
+        let cols: Vec<&str> =
+            v.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
+        assert!(cols.contains(&"Ready") && cols.contains(&"Cluster"), "{file}: {cols:?}");
+        let spec = &v
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap()
+            .properties
+            .as_ref()
+            .unwrap()["spec"];
+        assert!(spec.required.as_ref().unwrap().contains(&"clusterRef".to_string()), "{file}");
+    }
+}
+
 #[test]
 fn crd_file_has_not_drifted() {
     let generated = mailcluster_operator::crd_yaml();

@@ -406,8 +406,9 @@ impl Authenticator {
         // `Account`, and the cache key covers the stored hash, so an entry can only
         // ever match the hash it was verified against. A password change thus ends
         // every cached login at once, on every pod, even one whose purge did not
-        // reach Redis; a deleted or recreated account never matches either.
-        let Some(account) = self.store.account_get(email).await? else {
+        // reach Redis; a deleted or recreated account never matches either. A
+        // disabled account answers as an unknown one, cached credentials included.
+        let Some(account) = self.store.account_get(email).await?.filter(|a| a.enabled) else {
             // Same work as a wrong password, so timing does not tell which it was.
             let _ = self.argon2_verify(password, dummy_hash()).await;
             return Ok(None);

@@ -125,6 +125,28 @@ fn load_key(k: &DkimKey) -> anyhow::Result<Key> {
     }
 }
 
+/// The TXT record value (`v=DKIM1; k=…; p=…`) of a private key in PEM, as
+/// `mailcluster dkim generate` prints it for a new key: the operator lists it
+/// among a MailDomain's DNS records from the key the MailCluster signs with.
+pub fn public_txt(pem: &[u8], algorithm: &str) -> anyhow::Result<String> {
+    use base64::Engine;
+    let der = parse_pem_key(pem)?;
+    let public = match algorithm {
+        "ed25519" => match der {
+            PrivateKeyDer::Pkcs8(d) => Ed25519Key::from_pkcs8_der(d.secret_pkcs8_der())
+                .map_err(|e| anyhow::anyhow!("not an Ed25519 PKCS#8 key: {e}"))?
+                .public_key(),
+            _ => anyhow::bail!("an Ed25519 key must be PKCS#8 (BEGIN PRIVATE KEY)"),
+        },
+        "rsa" => RsaKey::<Sha256>::from_key_der(der)
+            .map_err(|e| anyhow::anyhow!("not an RSA key: {e}"))?
+            .public_key(),
+        other => anyhow::bail!("unknown algorithm {other:?} (ed25519 or rsa)"),
+    };
+    let p = base64::engine::general_purpose::STANDARD.encode(public);
+    Ok(format!("v=DKIM1; k={algorithm}; p={p}"))
+}
+
 fn parse_pem_key(pem: &[u8]) -> anyhow::Result<PrivateKeyDer<'static>> {
     let mut reader = std::io::BufReader::new(pem);
     match rustls_pemfile::private_key(&mut reader) {
@@ -199,6 +221,19 @@ pub fn write_key_file(path: &Path, pem: &str) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_public_record_of_a_key_is_what_generate_printed() {
+        for algorithm in ["ed25519", "rsa"] {
+            let key = super::generate(algorithm).unwrap();
+            assert_eq!(
+                super::public_txt(key.private_pem.as_bytes(), algorithm).unwrap(),
+                key.dns_txt,
+                "{algorithm}"
+            );
+        }
+        assert!(super::public_txt(b"not a key", "ed25519").is_err());
+    }
+
     use super::*;
 
     fn signer_with(algorithm: &str, dir: &Path) -> Signer {

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod net;
 pub mod pop3;
 pub mod proto;
+pub mod provision;
 pub mod relay;
 pub mod serve;
 pub mod smtp;

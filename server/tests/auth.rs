@@ -62,6 +62,12 @@ impl Store for DownStore {
     async fn account_set_password(&self, _: &str, _: &str) -> StoreResult<()> {
         down_store()
     }
+    async fn account_set_enabled(&self, _: &str, _: bool) -> StoreResult<()> {
+        down_store()
+    }
+    async fn account_set_display_name(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+        down_store()
+    }
     async fn account_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
         down_store()
     }

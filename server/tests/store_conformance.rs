@@ -170,6 +170,8 @@ conformance!(
     subscriptions_follow_rename,
     aliases,
     account_senders,
+    disabled_accounts,
+    provisioning_is_idempotent,
     recipients,
     deliver_and_read,
     deliver_errors_store_nothing,
@@ -698,6 +700,74 @@ async fn account_senders(ctx: Ctx) {
         s.sender_rights("a@example.com").await.expect("rights").allowed.is_empty(),
         "gone with the account"
     );
+}
+
+/// A disabled account keeps its mail but is no recipient, directly or through
+/// an alias, until it is enabled again.
+async fn disabled_accounts(ctx: Ctx) {
+    use store::Recipient::{Alias, Mailbox, NoSuchUser};
+    let s = &ctx.store;
+    let (id, inbox) = account(s, "off@example.com").await;
+    s.alias_add("team@example.com", "off@example.com").await.expect("alias");
+    deliver_one(s, "kept", &[inbox]).await;
+    assert!(s.account_get("off@example.com").await.unwrap().unwrap().enabled);
+    s.account_set_enabled("OFF@example.com", false).await.expect("disable");
+    assert!(!s.account_get("off@example.com").await.unwrap().unwrap().enabled);
+    assert_eq!(s.recipient("off@example.com", None).await.unwrap(), NoSuchUser);
+    assert_eq!(s.recipient("off+tag@example.com", Some("off@example.com")).await.unwrap(), NoSuchUser);
+    assert_eq!(s.recipient("team@example.com", None).await.unwrap(), Alias(vec!["off@example.com".into()]));
+    assert_eq!(s.mailbox_status(inbox).await.unwrap().messages, 1, "mail is kept");
+    s.account_set_enabled("off@example.com", true).await.expect("enable");
+    assert!(matches!(
+        s.recipient("off@example.com", None).await.unwrap(),
+        Mailbox { account_id, mailbox_id, .. } if account_id == id && mailbox_id == inbox
+    ));
+    assert!(is_not_found(s.account_set_enabled("nobody@example.com", false).await));
+}
+
+/// The shared path of the CLI and the operator: a second run with the same
+/// wanted state changes nothing; aliases and senders follow the lists exactly.
+async fn provisioning_is_idempotent(ctx: Ctx) {
+    use mailcluster_server::provision::{self, PasswordSource, WantedAccount};
+    let s = &*ctx.store;
+    assert!(provision::ensure_domain(s, "Example.com").await.unwrap());
+    assert!(!provision::ensure_domain(s, "example.com").await.unwrap());
+    let hash = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdA$aGFzaA".to_string();
+    let mut wanted = WantedAccount {
+        email: "ann@example.com".into(),
+        password: Some(PasswordSource::Hash(hash.clone())),
+        quota: Some(Some(1000)),
+        enabled: Some(true),
+        display_name: Some(Some("Ann Example".into())),
+        aliases: Some(vec!["Annie@example.com".into()]),
+        send_as: Some(vec!["news@example.com".into()]),
+    };
+    let first = provision::apply_account(s, &wanted).await.unwrap();
+    assert!(first.created && first.password_changed);
+    assert_eq!(first.account.display_name.as_deref(), Some("Ann Example"));
+    assert_eq!(
+        s.account_get("ann@example.com").await.unwrap().unwrap().display_name.as_deref(),
+        Some("Ann Example")
+    );
+    let again = provision::apply_account(s, &wanted).await.unwrap();
+    assert!(!again.changed(), "{again:?}");
+    let rights = s.sender_rights("ann@example.com").await.unwrap();
+    assert_eq!(
+        (rights.aliases, rights.allowed),
+        (vec!["annie@example.com".into()], vec!["news@example.com".into()])
+    );
+    wanted.aliases = Some(vec!["ann.b@example.com".into()]);
+    wanted.send_as = Some(vec![]);
+    wanted.enabled = Some(false);
+    let change = provision::apply_account(s, &wanted).await.unwrap();
+    assert!(!change.password_changed && !change.account.enabled);
+    let rights = s.sender_rights("ann@example.com").await.unwrap();
+    assert_eq!((rights.aliases, rights.allowed), (vec!["ann.b@example.com".into()], vec![]));
+    assert!(change.changed_recipients.contains(&"annie@example.com".to_string()));
+    let gone = provision::delete_account(s, "ann@example.com").await.unwrap();
+    assert!(gone.is_some());
+    assert!(provision::delete_account(s, "ann@example.com").await.unwrap().is_none());
+    assert!(s.alias_targets("ann.b@example.com").await.unwrap().is_empty(), "its aliases go with it");
 }
 
 /// `Store::recipient` gives what the single reads give/// `Store::recipient` gives what the single reads give (and what RFC 5233

@@ -89,6 +89,11 @@ pub trait Store: Send + Sync + 'static {
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()>;
     /// Case-insensitive lookup by full address.
     async fn account_get(&self, email: &str) -> StoreResult<Option<Account>>;
+    /// Switches the account on or off. Off, logins fail and its mail is refused as
+    /// an unknown user's; its mailboxes stay.
+    async fn account_set_enabled(&self, email: &str, enabled: bool) -> StoreResult<()>;
+    /// Sets (or with `None` removes) the name shown for the account.
+    async fn account_set_display_name(&self, email: &str, name: Option<&str>) -> StoreResult<()>;
     /// Sets (or with `None` removes) the account's own storage limit in octets.
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()>;
     /// Sets (or removes) the default storage limit of the domain's accounts.

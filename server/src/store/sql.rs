@@ -27,7 +27,7 @@ use super::*;
 macro_rules! account_select {
     ($tail:literal) => {
         concat!(
-            "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at \
+            "SELECT a.id, a.email, d.name AS domain, a.password_hash, a.created_at, a.disabled, a.display_name \
              FROM accounts a JOIN domains d ON d.id = a.domain_id ",
             $tail
         )
@@ -194,16 +194,17 @@ const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_valid
      FROM mailboxes m JOIN accounts a ON a.id = m.account_id JOIN domains d ON d.id = a.domain_id \
      WHERE m.account_id = $1 AND m.name = $2";
 /// What [`Store::recipient`] needs, in one round trip: kind 0 is the account
-/// of address `$1` with its INBOX and limits, 1 that of its user `$2`, 2 and 3
+/// of address `$1` with its INBOX and limits, 1 that of its user `$2` (neither
+/// when the account is disabled: its mail is refused as an unknown user's), 2 and 3
 /// the alias targets of the address `$3` and of the user `$4`, 4 a row when
 /// domain `$5` is ours.
 const RECIPIENT: &str = "SELECT CAST(0 AS BIGINT) AS kind, a.id AS account_id, m.id AS mailbox_id, \
      a.quota_bytes, d.default_quota_bytes, CAST(NULL AS TEXT) AS target \
      FROM accounts a JOIN domains d ON d.id = a.domain_id \
-     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $1 \
+     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $1 AND a.disabled = 0 \
      UNION ALL SELECT 1, a.id, m.id, a.quota_bytes, d.default_quota_bytes, NULL \
      FROM accounts a JOIN domains d ON d.id = a.domain_id \
-     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $2 \
+     LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $2 AND a.disabled = 0 \
      UNION ALL SELECT 2, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $3 \
      UNION ALL SELECT 3, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $4 \
      UNION ALL SELECT 4, NULL, NULL, NULL, NULL, NULL FROM domains WHERE name = $5 \
@@ -277,6 +278,8 @@ fn account_of<B: Backend>(r: &B::Row) -> StoreResult<Account> {
         domain: r.text("domain")?,
         password_hash: r.text("password_hash")?,
         created_at: B::date(r, "created_at")?,
+        enabled: r.int("disabled")? == 0,
+        display_name: r.opt_text("display_name")?,
     })
 }
 
@@ -447,6 +450,19 @@ impl<B: Backend> Store for B {
         let Ok((email, _)) = normalize_email(email) else { return Ok(None) };
         let rows = self.fetch(false, account_select!("WHERE a.email = $1"), &[Param::Text(&email)]).await?;
         rows.first().map(account_of::<B>).transpose()
+    }
+
+    async fn account_set_enabled(&self, email: &str, enabled: bool) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let sql = "UPDATE accounts SET disabled = $1 WHERE email = $2";
+        let params = [Param::Int(i64::from(!enabled)), Param::Text(&email)];
+        update_one(self, sql, &params, format!("account {email}")).await
+    }
+
+    async fn account_set_display_name(&self, email: &str, name: Option<&str>) -> StoreResult<()> {
+        let (email, _) = normalize_email(email)?;
+        let sql = "UPDATE accounts SET display_name = $1 WHERE email = $2";
+        update_one(self, sql, &[Param::OptText(name), Param::Text(&email)], format!("account {email}")).await
     }
 
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {

@@ -718,7 +718,15 @@ pub(crate) async fn account_create<T: StoreTx>(
         .collect();
     tx.insert_default_mailboxes(&mailboxes).await?;
     tx.commit().await?;
-    Ok(Account { id, email, domain, password_hash: password_hash.to_string(), created_at })
+    Ok(Account {
+        id,
+        email,
+        domain,
+        password_hash: password_hash.to_string(),
+        created_at,
+        enabled: true,
+        display_name: None,
+    })
 }
 
 /// See [`super::Store::store_flags_unchanged_since`]: the test and the change

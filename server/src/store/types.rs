@@ -12,6 +12,10 @@ pub struct Account {
     /// PHC string (argon2id).
     pub password_hash: String,
     pub created_at: DateTime<Utc>,
+    /// False when switched off: no login, and mail to it is refused.
+    pub enabled: bool,
+    /// The name shown for the account, when one was given.
+    pub display_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -80,6 +80,12 @@ impl Store for FaultyStore {
     async fn account_set_password(&self, email: &str, password_hash: &str) -> StoreResult<()> {
         self.inner.account_set_password(email, password_hash).await
     }
+    async fn account_set_enabled(&self, email: &str, enabled: bool) -> StoreResult<()> {
+        self.inner.account_set_enabled(email, enabled).await
+    }
+    async fn account_set_display_name(&self, email: &str, name: Option<&str>) -> StoreResult<()> {
+        self.inner.account_set_display_name(email, name).await
+    }
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
         self.inner.account_set_quota(email, limit).await
     }

@@ -1,0 +1,394 @@
+//! `MailDomain` and `MailAccount` (`mailcluster.dev/v1alpha1`): the domains and
+//! accounts of a `MailCluster` as resources, so that they can be kept in Git next
+//! to the cluster itself (docs/accounts.md).
+//!
+//! Both name their cluster with `spec.clusterRef`, a `MailCluster` in the same
+//! namespace: the operator writes them into that cluster's store through the same
+//! code the `mailcluster domain`/`user`/`alias` commands use, so an object and a
+//! command never disagree on what "an account" is.
+//!
+//! An account's aliases are a list on the account rather than a kind of their own:
+//! an alias that reaches one account is owned by that account, lives and dies with
+//! it, and is reviewed in the same file; an alias that fans out to several accounts
+//! (a team address) is still `mailcluster alias add`.
+
+// Each `printcolumn(...)` of the kube derive repeats `type_ = ...`; clippy reads the
+// repeated keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use crate::cluster::DkimAlgorithm;
+
+/// Finalizer the operator puts on every `MailAccount`, so that deleting the object
+/// first disables the account in the store (and removes its mail under
+/// `deletionPolicy: Delete`).
+pub const ACCOUNT_FINALIZER: &str = "mailcluster.dev/account";
+
+/// A mail domain served by a `MailCluster`, and the DNS records it needs.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "mailcluster.dev",
+    version = "v1alpha1",
+    kind = "MailDomain",
+    plural = "maildomains",
+    shortname = "mdom",
+    category = "mail",
+    namespaced,
+    status = "MailDomainStatus",
+    derive = "PartialEq",
+    doc = "A mail domain of a MailCluster: served by its pods, with the DNS records to publish in status.",
+    printcolumn(name = "Domain", type_ = "string", json_path = ".spec.domain"),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MailDomainSpec {
+    /// Name of the MailCluster, in this namespace, that serves the domain.
+    #[schemars(length(min = 1, max = 253))]
+    pub cluster_ref: String,
+    /// The domain, e.g. `example.com` (stored lower-cased).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == self.lowerAscii() && !self.contains('@') && !self.contains(' ')").message("domain must be a lower-case domain name"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("domain is immutable: create another MailDomain"))]
+    pub domain: String,
+    /// Address that receives mail for every unknown local part of the domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 320))]
+    pub catch_all: Option<String>,
+    /// Default storage quota of the domain's accounts in bytes (an account's own
+    /// `quota` overrides it). Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub quota_bytes: Option<i64>,
+    /// DKIM signing key of the domain. Only the selector's DNS record is derived here:
+    /// the key itself comes from the MailCluster's `spec.dkim` Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dkim: Option<DomainDkim>,
+    /// MTA-STS policy mode published for the domain (RFC 8461).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mta_sts: Option<MtaStsMode>,
+    /// Where receivers send TLS reports (RFC 8460), e.g. `tlsrpt@example.com`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 320))]
+    pub tls_rpt: Option<String>,
+}
+
+/// A DKIM selector and its key type.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainDkim {
+    /// The selector: the record is `SELECTOR._domainkey.DOMAIN`.
+    #[schemars(length(min = 1, max = 63))]
+    pub selector: String,
+    /// Key algorithm, as in the MailCluster's `spec.dkim`.
+    #[serde(default)]
+    pub algorithm: DkimAlgorithm,
+}
+
+/// MTA-STS policy modes (RFC 8461 §3.2).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MtaStsMode {
+    Enforce,
+    Testing,
+    None,
+}
+
+impl MtaStsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MtaStsMode::Enforce => "enforce",
+            MtaStsMode::Testing => "testing",
+            MtaStsMode::None => "none",
+        }
+    }
+}
+
+/// What the operator observed of a `MailDomain`.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MailDomainStatus {
+    /// `Ready`: the domain is in the cluster's store.
+    #[serde(default)]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The records to publish in the domain's DNS zone.
+    #[serde(default)]
+    pub dns_records: Vec<DnsRecord>,
+}
+
+/// One DNS record to publish.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsRecord {
+    /// Fully qualified owner name, ending in a dot.
+    pub name: String,
+    /// `MX`, `TXT`, …
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The record's data as written in a zone file (TXT values quoted).
+    pub value: String,
+    /// What it is for, e.g. `SPF` or `MTA-STS policy`.
+    pub purpose: String,
+    /// Whether the record is in DNS: `Unknown` until the operator checks the
+    /// resolver (not done yet).
+    pub published: String,
+}
+
+/// Inputs of the record list that do not come from the `MailDomain` itself.
+#[derive(Debug, Clone, Default)]
+pub struct DnsInputs<'a> {
+    /// Host name of the cluster's MX (the SMTP Service's public name).
+    pub mx_host: &'a str,
+    /// The DKIM public key as its TXT value (`v=DKIM1; k=…; p=…`), when a key
+    /// for the domain's selector is known.
+    pub dkim_txt: Option<&'a str>,
+}
+
+/// The records a domain needs published, in a fixed order: MX, SPF, DMARC, DKIM
+/// (when a key is known), MTA-STS (when a mode is set: its TXT and the policy
+/// host), TLS-RPT (when an address is set).
+pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsRecord> {
+    let domain = spec.domain.trim_end_matches('.');
+    let fqdn = |prefix: &str| {
+        if prefix.is_empty() { format!("{domain}.") } else { format!("{prefix}.{domain}.") }
+    };
+    let record = |name: String, type_: &str, value: String, purpose: &str| DnsRecord {
+        name,
+        type_: type_.into(),
+        value,
+        purpose: purpose.into(),
+        published: "Unknown".into(),
+    };
+    let mx_host = inputs.mx_host.trim_end_matches('.');
+    let mut out = vec![
+        record(fqdn(""), "MX", format!("10 {mx_host}."), "MX"),
+        // Only the MX sends for the domain; everything else fails.
+        record(fqdn(""), "TXT", "\"v=spf1 mx -all\"".into(), "SPF"),
+        // Quarantine rather than reject: a new domain's forwarded mail breaks SPF.
+        record(
+            fqdn("_dmarc"),
+            "TXT",
+            format!("\"v=DMARC1; p=quarantine; rua=mailto:postmaster@{domain}\""),
+            "DMARC",
+        ),
+    ];
+    if let (Some(dkim), Some(txt)) = (&spec.dkim, inputs.dkim_txt) {
+        out.push(record(fqdn(&format!("{}._domainkey", dkim.selector)), "TXT", quoted_txt(txt), "DKIM"));
+    }
+    if let Some(mode) = spec.mta_sts {
+        // The id changes with the mode, so senders fetch the policy again.
+        out.push(record(fqdn("_mta-sts"), "TXT", format!("\"v=STSv1; id={}\"", mode.as_str()), "MTA-STS"));
+        out.push(record(
+            fqdn("mta-sts"),
+            "URL",
+            format!("https://mta-sts.{domain}/.well-known/mta-sts.txt"),
+            "MTA-STS policy",
+        ));
+    }
+    if let Some(rua) = &spec.tls_rpt {
+        out.push(record(fqdn("_smtp._tls"), "TXT", format!("\"v=TLSRPTv1; rua=mailto:{rua}\""), "TLS-RPT"));
+    }
+    out
+}
+
+/// A TXT value as zone files take it: quoted strings of at most 255 characters
+/// (RFC 1035 §3.3.14; an RSA key is longer), which resolvers join back.
+fn quoted_txt(value: &str) -> String {
+    let chunks: Vec<String> =
+        value.as_bytes().chunks(255).map(|c| format!("\"{}\"", String::from_utf8_lossy(c))).collect();
+    chunks.join(" ")
+}
+
+/// A mail account of a `MailCluster`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "mailcluster.dev",
+    version = "v1alpha1",
+    kind = "MailAccount",
+    plural = "mailaccounts",
+    shortname = "macc",
+    category = "mail",
+    namespaced,
+    status = "MailAccountStatus",
+    derive = "PartialEq",
+    doc = "A mail account of a MailCluster: its address, password (from a Secret), aliases and senders.",
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MailAccountSpec {
+    /// Name of the MailCluster, in this namespace, whose store holds the account.
+    #[schemars(length(min = 1, max = 253))]
+    pub cluster_ref: String,
+    /// The account's address, `user@domain`; its domain must be served (a MailDomain).
+    #[schemars(length(min = 3, max = 320))]
+    #[x_kube(validation = Rule::new("self.contains('@')").message("address must be user@domain"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("address is immutable: create another MailAccount"))]
+    pub address: String,
+    /// The name shown for the account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub display_name: Option<String>,
+    /// Storage quota in bytes. Unset: the domain's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub quota_bytes: Option<i64>,
+    /// Further addresses whose mail reaches this account.
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub aliases: Vec<String>,
+    /// Addresses the account may also send as (besides its own and its aliases).
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    pub send_as: Vec<String>,
+    /// Off: logins fail and mail to the account is refused; its mail is kept.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The Secret key with the password: plain text (hashed by the operator), or
+    /// an argon2 PHC hash (`$argon2id$…`) kept as given.
+    pub password_secret_ref: PasswordSecretRef,
+    /// What deleting the MailAccount does to the account: `Retain` disables it and
+    /// keeps its mail, `Delete` removes it with its mail.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A key of a Secret in the MailAccount's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PasswordSecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// See `MailAccountSpec::deletion_policy`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum DeletionPolicy {
+    #[default]
+    Retain,
+    Delete,
+}
+
+/// What the operator observed of a `MailAccount`.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MailAccountStatus {
+    /// `Ready`: the account in the store matches the spec; when `False`, the
+    /// reason says why (e.g. `UnsupportedHash`, `SecretMissing`, `ClusterMissing`).
+    #[serde(default)]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `resourceVersion` of the password Secret last written to the store: while
+    /// it stays the same the password is not hashed or verified again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_version: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MailDomainSpec {
+        MailDomainSpec {
+            cluster_ref: "mail".into(),
+            domain: "example.com".into(),
+            catch_all: None,
+            quota_bytes: None,
+            dkim: None,
+            mta_sts: None,
+            tls_rpt: None,
+        }
+    }
+
+    fn kinds(records: &[DnsRecord]) -> Vec<(&str, &str, &str)> {
+        records.iter().map(|r| (r.purpose.as_str(), r.name.as_str(), r.type_.as_str())).collect()
+    }
+
+    #[test]
+    fn a_bare_domain_gets_mx_spf_and_dmarc() {
+        let records = dns_records(&spec(), &DnsInputs { mx_host: "mx.example.net.", dkim_txt: None });
+        assert_eq!(
+            kinds(&records),
+            [
+                ("MX", "example.com.", "MX"),
+                ("SPF", "example.com.", "TXT"),
+                ("DMARC", "_dmarc.example.com.", "TXT")
+            ]
+        );
+        assert_eq!(records[0].value, "10 mx.example.net.");
+        assert_eq!(records[1].value, "\"v=spf1 mx -all\"");
+        assert!(records[2].value.starts_with("\"v=DMARC1; p=quarantine;"));
+        assert!(records.iter().all(|r| r.published == "Unknown"));
+    }
+
+    #[test]
+    fn dkim_needs_both_a_selector_and_a_key() {
+        let mut with_selector = spec();
+        with_selector.dkim = Some(DomainDkim { selector: "s1".into(), algorithm: DkimAlgorithm::Ed25519 });
+        let no_key = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: None });
+        assert!(no_key.iter().all(|r| r.purpose != "DKIM"), "no key in the store yet: nothing to publish");
+        let key = "v=DKIM1; k=ed25519; p=AAAA";
+        let records = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: Some(key) });
+        let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
+        assert_eq!(dkim.name, "s1._domainkey.example.com.");
+        assert_eq!(dkim.value, format!("\"{key}\""));
+        let long = "p=".to_string() + &"A".repeat(300);
+        let records = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: Some(&long) });
+        let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
+        assert_eq!(dkim.value, format!("\"{}\" \"{}\"", &long[..255], &long[255..]), "split at 255");
+        let no_selector = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim_txt: Some(key) });
+        assert!(no_selector.iter().all(|r| r.purpose != "DKIM"));
+    }
+
+    #[test]
+    fn mta_sts_and_tls_rpt_follow_the_spec() {
+        let mut full = spec();
+        full.mta_sts = Some(MtaStsMode::Enforce);
+        full.tls_rpt = Some("tlsrpt@example.com".into());
+        let records = dns_records(&full, &DnsInputs { mx_host: "mx.example.com", dkim_txt: None });
+        assert_eq!(
+            kinds(&records)[3..],
+            [
+                ("MTA-STS", "_mta-sts.example.com.", "TXT"),
+                ("MTA-STS policy", "mta-sts.example.com.", "URL"),
+                ("TLS-RPT", "_smtp._tls.example.com.", "TXT")
+            ]
+        );
+        assert_eq!(records[3].value, "\"v=STSv1; id=enforce\"");
+        assert_eq!(records[4].value, "https://mta-sts.example.com/.well-known/mta-sts.txt");
+        assert_eq!(records[5].value, "\"v=TLSRPTv1; rua=mailto:tlsrpt@example.com\"");
+    }
+}

@@ -1,0 +1,490 @@
+//! `MailDomain` and `MailAccount` reconcilers: each object is written into the
+//! store of the `MailCluster` it names (`spec.clusterRef`, same namespace)
+//! through `mailcluster_server::provision`, the code the CLI's `domain`, `user`,
+//! `alias` and `senders` commands run.
+//!
+//! The operator connects to the cluster's PostgreSQL itself, with the URL from
+//! the Secret the MailCluster names (`spec.postgres.urlSecretRef`): the writes are
+//! a handful of statements, and a status that says at once why an account is
+//! not ready needs the answer in the reconcile, which a Job per change would
+//! delay by a pod start. One small pool per cluster is kept and reopened when
+//! the URL changes.
+//!
+//! Password Secrets are not watched (the operator may read Secrets by name but
+//! not list them): every MailAccount is reconciled again after
+//! [`AccountOptions::resync`], and a Secret whose `resourceVersion` changed is
+//! written then. The server's credential cache is keyed by the stored hash, so
+//! the old password stops working as soon as the new hash is stored; the
+//! pods' cached recipient entries and credentials of a changed account are
+//! dropped through the cluster's Redis, as the CLI does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use mailcluster_api::accounts::{
+    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, MailAccount, MailAccountStatus, MailDomain,
+    MailDomainStatus, dns_records,
+};
+use mailcluster_api::{FIELD_MANAGER, MailCluster};
+use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
+use mailcluster_server::store::{Store, StoreError};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+/// How the store reconcilers run.
+#[derive(Debug, Clone)]
+pub struct AccountOptions {
+    /// Watch only this namespace; None = all namespaces.
+    pub namespace: Option<String>,
+    /// Every object is reconciled again after this long, which is how a changed
+    /// password Secret is noticed.
+    pub resync: Duration,
+}
+
+impl Default for AccountOptions {
+    fn default() -> Self {
+        AccountOptions { namespace: None, resync: Duration::from_secs(60) }
+    }
+}
+
+/// Connections each cluster's store pool may hold: reconciles are few and short.
+const POOL_SIZE: u32 = 2;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The open store of each (namespace, MailCluster), with the URL it was opened
+/// with: a changed URL Secret opens a new one.
+type Stores = HashMap<(String, String), (String, Arc<dyn Store>)>;
+
+/// What a reconcile needs: the client and one store per (namespace, cluster).
+pub struct AccountContext {
+    client: Client,
+    resync: Duration,
+    stores: Mutex<Stores>,
+}
+
+impl AccountContext {
+    pub fn new(client: Client, resync: Duration) -> Self {
+        AccountContext { client, resync, stores: Mutex::new(HashMap::new()) }
+    }
+
+    /// The store of MailCluster `name` in `ns`, or why it cannot be reached as a
+    /// not-ready reason and message.
+    async fn store(&self, ns: &str, name: &str) -> Result<Arc<dyn Store>, NotReady> {
+        let clusters: Api<MailCluster> = Api::namespaced(self.client.clone(), ns);
+        let key = (ns.to_string(), name.to_string());
+        let cluster = clusters.get_opt(name).await.map_err(|e| {
+            NotReady::retry("ClusterUnreadable", format!("cannot read MailCluster {name}: {e}"))
+        })?;
+        let Some(cluster) = cluster else {
+            // A cluster gone takes its pool with it: no idle connections kept to a
+            // database nothing serves any more.
+            self.stores.lock().await.remove(&key);
+            return Err(NotReady::retry("ClusterMissing", format!("no MailCluster {name} in {ns}")));
+        };
+        let secret_ref = &cluster.spec.postgres.url_secret_ref;
+        let url = secret_value(&self.client, ns, &secret_ref.name, &secret_ref.key).await?;
+        let mut stores = self.stores.lock().await;
+        if let Some((known, store)) = stores.get(&key)
+            && *known == url
+        {
+            return Ok(store.clone());
+        }
+        let store = mailcluster_server::store::open(
+            Some(&url),
+            std::path::Path::new("."),
+            POOL_SIZE,
+            CONNECT_TIMEOUT,
+        )
+        .await
+        .map_err(|e| NotReady::retry("StoreUnavailable", format!("cannot open the store of {name}: {e}")))?;
+        stores.insert(key, (url, store.clone()));
+        Ok(store)
+    }
+}
+
+/// Drops what the cluster's pods cached about a changed account, as the CLI
+/// does: SMTP recipient entries of `recipients` (so a disabled account or a
+/// removed alias is refused now, not when the entry expires) and the verified
+/// credentials of `account_ids`. Redis tells every pod to drop its own copy.
+/// Failing is a warning: the change is stored, and the entries expire.
+async fn forget_cached(client: &Client, ns: &str, cluster: &str, account_ids: &[i64], recipients: &[String]) {
+    if account_ids.is_empty() && recipients.is_empty() {
+        return;
+    }
+    let forget = async {
+        let mc = Api::<MailCluster>::namespaced(client.clone(), ns)
+            .get_opt(cluster)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("no MailCluster {cluster}"))?;
+        let redis = &mc.spec.redis.url_secret_ref;
+        let url = secret_value(client, ns, &redis.name, &redis.key)
+            .await
+            .map_err(|e| anyhow::anyhow!(e.message))?;
+        let prefix = crate::build::pod_config::redis_key_prefix(&mc);
+        let cache = mailcluster_server::cache::open(Some(&url), &prefix, CONNECT_TIMEOUT).await?;
+        for id in account_ids {
+            cache.credential_purge_account(*id).await?;
+        }
+        for address in recipients {
+            cache.value_del(&mailcluster_server::smtp::recipient_key(address)).await?;
+        }
+        anyhow::Ok(())
+    };
+    if let Err(e) = forget.await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear cached entries; they expire by themselves");
+    }
+}
+
+/// A Secret key's value as text, or a not-ready reason.
+async fn secret_value(client: &Client, ns: &str, name: &str, key: &str) -> Result<String, NotReady> {
+    Ok(secret_with_version(client, ns, name, key).await?.0)
+}
+
+/// A Secret key's value and the Secret's `resourceVersion`.
+async fn secret_with_version(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    key: &str,
+) -> Result<(String, String), NotReady> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let secret = secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| NotReady::retry("SecretUnreadable", format!("cannot read Secret {name}: {e}")))?
+        .ok_or_else(|| NotReady::retry("SecretMissing", format!("Secret {name} not found")))?;
+    let version = secret.resource_version().unwrap_or_default();
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8(b.0.clone()))
+        .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(key)).cloned().map(Ok))
+        .ok_or_else(|| NotReady::retry("SecretMissing", format!("Secret {name} has no key {key}")))?
+        .map_err(|_| NotReady::retry("SecretInvalid", format!("Secret {name} key {key} is not UTF-8")))?;
+    Ok((value, version))
+}
+
+/// Why an object is not ready: its condition's reason and message, and whether
+/// trying again soon may help (a Secret or cluster that may yet appear) or only a
+/// change of the object will (a hash format the server cannot verify).
+#[derive(Debug)]
+pub struct NotReady {
+    pub reason: String,
+    pub message: String,
+    pub retry: bool,
+}
+
+impl NotReady {
+    fn retry(reason: &str, message: String) -> Self {
+        NotReady { reason: reason.into(), message, retry: true }
+    }
+
+    fn from_provision(e: ProvisionError) -> Self {
+        match e {
+            ProvisionError::Invalid(m) => NotReady { reason: "Invalid".into(), message: m, retry: false },
+            ProvisionError::Store(StoreError::NotFound(m)) => NotReady::retry("DomainMissing", m),
+            ProvisionError::Store(StoreError::Invalid(m)) => {
+                NotReady { reason: "Invalid".into(), message: m, retry: false }
+            }
+            e => NotReady::retry("StoreError", e.to_string()),
+        }
+    }
+}
+
+/// The error type of the reconcilers (the controller logs it and retries).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("{0}")]
+    Cleanup(String),
+}
+
+/// The `Ready` condition, its transition time kept when its status is unchanged.
+fn ready(old: &[Condition], generation: Option<i64>, status: bool, reason: &str, message: &str) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let since = old
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+async fn apply_status<K>(api: &Api<K>, obj: &K, status: serde_json::Value) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&obj.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- MailDomain
+
+async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> Result<Action, Error> {
+    let ns = domain.namespace().unwrap_or_default();
+    let api: Api<MailDomain> = Api::namespaced(ctx.client.clone(), &ns);
+    let outcome = async {
+        let store = ctx.store(&ns, &domain.spec.cluster_ref).await?;
+        provision::ensure_domain(&*store, &domain.spec.domain).await.map_err(NotReady::from_provision)?;
+        let quota = domain.spec.quota_bytes.map(|q| q.max(0) as u64);
+        let current =
+            store.domain_quota(&domain.spec.domain).await.map_err(|e| NotReady::from_provision(e.into()))?;
+        if current != quota {
+            store
+                .domain_set_quota(&domain.spec.domain, quota)
+                .await
+                .map_err(|e| NotReady::from_provision(e.into()))?;
+        }
+        Ok::<(), NotReady>(())
+    }
+    .await;
+    let old = domain.status.clone().unwrap_or_default();
+    let generation = domain.metadata.generation;
+    let (condition, action) = match &outcome {
+        Ok(()) => {
+            let message = if domain.spec.catch_all.is_some() {
+                "in the store; catchAll is not applied yet"
+            } else {
+                "in the store"
+            };
+            (ready(&old.conditions, generation, true, "Stored", message), Action::requeue(ctx.resync))
+        }
+        Err(e) => (
+            ready(&old.conditions, generation, false, &e.reason, &e.message),
+            Action::requeue(if e.retry { Duration::from_secs(10) } else { ctx.resync }),
+        ),
+    };
+    let cluster: Api<MailCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let mc = cluster.get_opt(&domain.spec.cluster_ref).await?;
+    let mx_host = match &mc {
+        Some(mc) => mc.spec.hostname(),
+        None => format!("mail.{}", domain.spec.domain),
+    };
+    let dkim_txt = match &mc {
+        Some(mc) => dkim_txt(&ctx.client, &ns, mc, &domain).await,
+        None => None,
+    };
+    let records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    let status = MailDomainStatus {
+        conditions: vec![condition],
+        observed_generation: generation,
+        dns_records: records,
+    };
+    if old != status {
+        apply_status(&api, &*domain, serde_json::to_value(&status).unwrap_or_default()).await?;
+    }
+    Ok(action)
+}
+
+/// The DKIM record value of the key the MailCluster signs the domain's mail
+/// with (`spec.dkim`, a Secret with the private key), when its selector is the
+/// MailDomain's: the cluster's keys are where the signing key is kept. None
+/// when there is no such key or it cannot be read; the record is then not
+/// listed rather than listed wrong.
+async fn dkim_txt(client: &Client, ns: &str, mc: &MailCluster, domain: &MailDomain) -> Option<String> {
+    let wanted = domain.spec.dkim.as_ref()?;
+    let key = mc
+        .spec
+        .dkim
+        .iter()
+        .find(|k| k.domain.eq_ignore_ascii_case(&domain.spec.domain) && k.selector == wanted.selector)?;
+    let pem = secret_value(client, ns, &key.secret_name, &key.secret_key).await.ok()?;
+    match mailcluster_server::dkim::public_txt(pem.as_bytes(), key.algorithm.name()) {
+        Ok(txt) => Some(txt),
+        Err(e) => {
+            tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot read the DKIM key");
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------- MailAccount
+
+async fn reconcile_account(account: Arc<MailAccount>, ctx: Arc<AccountContext>) -> Result<Action, Error> {
+    let ns = account.namespace().unwrap_or_default();
+    let api: Api<MailAccount> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, ACCOUNT_FINALIZER, account, |event| async {
+        match event {
+            Event::Apply(account) => apply_account(&account, &ctx).await,
+            Event::Cleanup(account) => cleanup_account(&account, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        e => Error::Finalizer(e.to_string()),
+    })
+}
+
+async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Action, Error> {
+    let ns = account.namespace().unwrap_or_default();
+    let api: Api<MailAccount> = Api::namespaced(ctx.client.clone(), &ns);
+    let old = account.status.clone().unwrap_or_default();
+    let generation = account.metadata.generation;
+    let mut secret_version = old.password_secret_version.clone();
+    let outcome = async {
+        let spec = &account.spec;
+        let store = ctx.store(&ns, &spec.cluster_ref).await?;
+        let secret = &spec.password_secret_ref;
+        let (value, version) = secret_with_version(&ctx.client, &ns, &secret.name, &secret.key).await?;
+        let password = PasswordSource::from_secret(&value).map_err(|e| match e {
+            ProvisionError::Invalid(m) => {
+                NotReady { reason: "UnsupportedPassword".into(), message: m, retry: false }
+            }
+            e => NotReady::from_provision(e),
+        })?;
+        // An unchanged Secret is not hashed or verified again (argon2 on every
+        // resync of every account would cost a core).
+        let exists =
+            store.account_get(&spec.address).await.map_err(|e| NotReady::from_provision(e.into()))?;
+        let password_known = old.password_secret_version.as_deref() == Some(&version) && exists.is_some();
+        let wanted = WantedAccount {
+            email: spec.address.clone(),
+            password: (!password_known).then_some(password),
+            quota: Some(spec.quota_bytes.map(|q| q.max(0) as u64)),
+            enabled: Some(spec.enabled),
+            display_name: Some(spec.display_name.clone()),
+            aliases: Some(spec.aliases.clone()),
+            send_as: Some(spec.send_as.clone()),
+        };
+        let change = provision::apply_account(&*store, &wanted).await.map_err(NotReady::from_provision)?;
+        if change.changed() {
+            tracing::info!(account = %change.account.email, created = change.created,
+                password = change.password_changed, "account written to the store");
+            let ids: Vec<i64> = if change.password_changed { vec![change.account.id] } else { vec![] };
+            forget_cached(&ctx.client, &ns, &spec.cluster_ref, &ids, &change.changed_recipients).await;
+        }
+        secret_version = Some(version);
+        Ok::<(), NotReady>(())
+    }
+    .await;
+    let (condition, action) = match &outcome {
+        Ok(()) => {
+            (ready(&old.conditions, generation, true, "Stored", "in the store"), Action::requeue(ctx.resync))
+        }
+        Err(e) => (
+            ready(&old.conditions, generation, false, &e.reason, &e.message),
+            Action::requeue(if e.retry { Duration::from_secs(10) } else { ctx.resync }),
+        ),
+    };
+    let status = MailAccountStatus {
+        conditions: vec![condition],
+        observed_generation: generation,
+        password_secret_version: secret_version,
+    };
+    if old != status {
+        apply_status(&api, account, serde_json::to_value(&status).unwrap_or_default()).await?;
+    }
+    Ok(action)
+}
+
+/// Before the finalizer goes: `Retain` disables the account (no login, mail
+/// refused, mailboxes kept), `Delete` removes it with its mail. A MailCluster
+/// that is gone leaves nothing to clean up in a store.
+async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<Action, Error> {
+    let ns = account.namespace().unwrap_or_default();
+    let spec = &account.spec;
+    let store = match ctx.store(&ns, &spec.cluster_ref).await {
+        Ok(store) => store,
+        Err(e) if e.reason == "ClusterMissing" => return Ok(Action::await_change()),
+        Err(e) => return Err(Error::Cleanup(e.message)),
+    };
+    let existing = store
+        .account_get(&spec.address)
+        .await
+        .map_err(|e| Error::Cleanup(format!("cannot look up {}: {e}", spec.address)))?;
+    let aliases = match &existing {
+        Some(account) => {
+            store
+                .sender_rights(&account.email)
+                .await
+                .map_err(|e| Error::Cleanup(format!("cannot read the aliases of {}: {e}", spec.address)))?
+                .aliases
+        }
+        None => Vec::new(),
+    };
+    match spec.deletion_policy {
+        DeletionPolicy::Retain => match store.account_set_enabled(&spec.address, false).await {
+            Ok(()) | Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(Error::Cleanup(format!("cannot disable {}: {e}", spec.address))),
+        },
+        DeletionPolicy::Delete => {
+            provision::delete_account(&*store, &spec.address)
+                .await
+                .map_err(|e| Error::Cleanup(format!("cannot delete {}: {e}", spec.address)))?;
+        }
+    }
+    if let Some(account) = existing {
+        let mut recipients = aliases;
+        recipients.push(account.email.clone());
+        forget_cached(&ctx.client, &ns, &spec.cluster_ref, &[account.id], &recipients).await;
+    }
+    tracing::info!(account = %spec.address, policy = ?spec.deletion_policy, "MailAccount deleted");
+    Ok(Action::await_change())
+}
+
+fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<AccountContext>) -> Action {
+    tracing::warn!(%error, "store reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the MailDomain and MailAccount controllers until `shutdown` resolves.
+pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let ctx = Arc::new(AccountContext::new(client.clone(), opts.resync));
+    let (domains, accounts): (Api<MailDomain>, Api<MailAccount>) = match &opts.namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let domain_controller = Controller::new(domains, watcher::Config::default().any_semantic())
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(reconcile_domain, error_policy, ctx.clone())
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "MailDomain controller");
+            }
+        });
+    let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic())
+        .graceful_shutdown_on(stopped(stop_rx))
+        .run(reconcile_account, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "MailAccount controller");
+            }
+        });
+    tokio::join!(domain_controller, account_controller);
+}

@@ -1,0 +1,401 @@
+//! MailDomains and MailAccounts reconciled by the real controllers
+//! (`mailcluster_operator::accounts::run`, in process) against a real Kubernetes
+//! control plane and a fresh PostgreSQL database: the account appears in the
+//! store and logs in through the server's own `Authenticator`; a changed
+//! password Secret replaces the password; a hash format the server cannot
+//! verify makes the account not Ready; deleting a MailAccount disables the
+//! account and keeps its mail (`Retain`) or removes it (`Delete`).
+//!
+//! The cluster is found through `MAILCLUSTER_TEST_KUBECONFIG`, PostgreSQL through
+//! `DATABASE_URL`; without the cluster the tests are skipped locally and fail
+//! under `CI`. No MailCluster controller runs: the MailCluster only names the
+//! database Secret.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use mailcluster_api::{MailAccount, MailCluster, MailDomain};
+use mailcluster_operator::accounts::{AccountOptions, run};
+use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator};
+use mailcluster_server::cache::local::LocalCache;
+use mailcluster_server::store::{NewDelivery, Store};
+use mailcluster_testkit::TestDatabase;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+struct TestNamespace {
+    client: Client,
+    name: String,
+}
+
+impl TestNamespace {
+    async fn create(prefix: &str) -> Option<TestNamespace> {
+        let path = match std::env::var("MAILCLUSTER_TEST_KUBECONFIG") {
+            Ok(p) if std::path::Path::new(&p).exists() => p,
+            _ => {
+                assert!(std::env::var_os("CI").is_none(), "MAILCLUSTER_TEST_KUBECONFIG is required in CI");
+                eprintln!("skipping: no MAILCLUSTER_TEST_KUBECONFIG (run scripts/kube-up.sh)");
+                return None;
+            }
+        };
+        let name = mailcluster_testkit::unique(prefix).replace('_', "-").to_lowercase();
+        let kubeconfig = Kubeconfig::read_from(&path).expect("test kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        config.default_namespace = name.clone();
+        let client = Client::try_from(config).expect("client of the test cluster");
+        install_crds(&client).await;
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        Some(TestNamespace { client, name })
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                // Finalizers first, so that the namespace can go without an operator.
+                let accounts: Api<MailAccount> = Api::namespaced(client.clone(), &name);
+                if let Ok(list) = accounts.list(&Default::default()).await {
+                    for a in list {
+                        let patch = json!({"metadata": {"finalizers": null}});
+                        let _ = accounts
+                            .patch(&a.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                            .await;
+                    }
+                }
+                let _ = Api::<Namespace>::all(client).delete(&name, &DeleteParams::default()).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Every generated CRD, applied server-side and Established.
+async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, text) in mailcluster_operator::crd_files() {
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("the CRD parses");
+        let name = crd.name_any();
+        crds.patch(&name, &PatchParams::apply("install-test").force(), &Patch::Apply(&crd))
+            .await
+            .expect("apply the CRD");
+        eventually(&format!("{name} established"), || async {
+            let c = crds.get_opt(&name).await.ok()??;
+            c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        })
+        .await;
+    }
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}
+
+/// A namespace with a MailCluster whose database Secret points at a fresh,
+/// migrated PostgreSQL database, and the store controllers running.
+struct Setup {
+    ns: TestNamespace,
+    store: Arc<dyn Store>,
+    /// One authenticator for the whole test, so that its credential cache holds
+    /// a verified old password when the Secret changes.
+    auth: Authenticator,
+    /// The TXT value of the cluster's DKIM key, as `dkim generate` printed it.
+    dkim_txt: String,
+    _db: TestDatabase,
+    stop: Option<oneshot::Sender<()>>,
+    controllers: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Setup {
+    async fn new(prefix: &str) -> Option<Setup> {
+        init_logs();
+        let ns = TestNamespace::create(prefix).await?;
+        let db = TestDatabase::create("accounts").await;
+        let store = mailcluster_server::store::open(Some(&db.url), std::path::Path::new("."), 2, WAIT)
+            .await
+            .expect("store");
+        store.migrate().await.expect("migrate");
+        secret(&ns, "mail-db", "url", &db.url).await;
+        secret(&ns, "mail-redis", "url", &mailcluster_testkit::redis_url()).await;
+        let dkim = mailcluster_server::dkim::generate("ed25519").unwrap();
+        secret(&ns, "mail-dkim", "dkim.key", &dkim.private_pem).await;
+        let cluster: MailCluster = serde_json::from_value(json!({
+            "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailCluster",
+            "metadata": {"name": "mail"},
+            "spec": {
+                "image": {"tag": "0.1.0"},
+                "domains": ["example.com"],
+                "hostname": "mx.example.com",
+                "postgres": {"urlSecretRef": {"name": "mail-db"}},
+                "redis": {"urlSecretRef": {"name": "mail-redis"}},
+                "dkim": [{"domain": "example.com", "selector": "s1", "secretName": "mail-dkim", "algorithm": "ed25519"}],
+            }
+        }))
+        .unwrap();
+        ns.api::<MailCluster>().create(&PostParams::default(), &cluster).await.expect("create MailCluster");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let opts = AccountOptions { namespace: Some(ns.name.clone()), resync: Duration::from_secs(1) };
+        let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
+            let _ = stopped.await;
+        }));
+        let auth = Authenticator::new(
+            store.clone(),
+            Arc::new(LocalCache::new()),
+            AuthConfig { failure_delay_ms: 0, ..AuthConfig::default() },
+        );
+        Some(Setup {
+            ns,
+            store,
+            auth,
+            dkim_txt: dkim.dns_txt,
+            _db: db,
+            stop: Some(stop),
+            controllers: Some(controllers),
+        })
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(c) = self.controllers.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(20), c).await;
+        }
+    }
+
+    async fn apply(&self, plural: &str, name: &str, obj: &serde_json::Value) {
+        let ar = kube::api::ApiResource {
+            group: "mailcluster.dev".into(),
+            version: "v1alpha1".into(),
+            api_version: "mailcluster.dev/v1alpha1".into(),
+            kind: String::new(),
+            plural: plural.into(),
+        };
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(self.ns.client.clone(), &self.ns.name, &ar);
+        api.patch(name, &PatchParams::apply("accounts-test").force(), &Patch::Apply(obj))
+            .await
+            .expect("apply");
+    }
+
+    /// The MailAccount's Ready condition as (status, reason), once it describes
+    /// the object's current generation.
+    async fn account_ready(&self, name: &str) -> (String, String) {
+        let api = self.ns.api::<MailAccount>();
+        eventually(&format!("MailAccount {name} reconciled"), || async {
+            let a = api.get_opt(name).await.ok()??;
+            let status = a.status?;
+            (status.observed_generation == a.metadata.generation).then_some(())?;
+            let c = status.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+            Some((c.status, c.reason))
+        })
+        .await
+    }
+
+    async fn login(&self, email: &str, password: &str) -> bool {
+        let from: IpAddr = "192.0.2.1".parse().unwrap();
+        matches!(self.auth.verify(email, password, from).await, AuthOutcome::Ok(_))
+    }
+}
+
+async fn secret(ns: &TestNamespace, name: &str, key: &str, value: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {key: value}
+    }))
+    .unwrap();
+    ns.api::<Secret>()
+        .patch(name, &PatchParams::apply("accounts-test").force(), &Patch::Apply(&secret))
+        .await
+        .expect("secret");
+}
+
+fn account(name: &str, address: &str, secret: &str, policy: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailAccount",
+        "metadata": {"name": name},
+        "spec": {
+            "clusterRef": "mail",
+            "address": address,
+            "displayName": "Alice",
+            "aliases": [format!("alias-{address}")],
+            "sendAs": ["news@example.com"],
+            "passwordSecretRef": {"name": secret, "key": "password"},
+            "deletionPolicy": policy,
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_from_resources_log_in_change_password_and_are_retained_or_deleted() {
+    let Some(setup) = Setup::new("acc").await else { return };
+    setup
+        .apply(
+            "maildomains",
+            "example-com",
+            &json!({
+                "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
+                "metadata": {"name": "example-com"},
+                "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
+                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
+                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
+            }),
+        )
+        .await;
+    let domains = setup.ns.api::<MailDomain>();
+    let status = eventually("MailDomain Ready", || async {
+        let d = domains.get_opt("example-com").await.ok()??;
+        let status = d.status?;
+        status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(status)
+    })
+    .await;
+    let purposes: Vec<&str> = status.dns_records.iter().map(|r| r.purpose.as_str()).collect();
+    assert_eq!(purposes, ["MX", "SPF", "DMARC", "DKIM", "MTA-STS", "MTA-STS policy", "TLS-RPT"]);
+    assert_eq!(status.dns_records[3].name, "s1._domainkey.example.com.");
+    assert_eq!(status.dns_records[3].value, format!("\"{}\"", setup.dkim_txt), "the cluster's key");
+    assert_eq!(status.dns_records[0].value, "10 mx.example.com.");
+    assert_eq!(setup.store.domain_quota("example.com").await.unwrap(), Some(1_000_000));
+
+    // Created from a plain password, hashed by the operator.
+    secret(&setup.ns, "alice-pw", "password", "first-password").await;
+    setup.apply("mailaccounts", "alice", &account("alice", "alice@example.com", "alice-pw", "Retain")).await;
+    assert_eq!(setup.account_ready("alice").await, ("True".into(), "Stored".into()));
+    let stored = setup.store.account_get("alice@example.com").await.unwrap().expect("in the store");
+    assert!(stored.password_hash.starts_with("$argon2id$"), "hashed, never stored as given");
+    assert_eq!(stored.display_name.as_deref(), Some("Alice"));
+    assert!(setup.login("alice@example.com", "first-password").await);
+    let runs = setup.auth.argon2_runs();
+    assert!(setup.login("alice@example.com", "first-password").await);
+    assert_eq!(setup.auth.argon2_runs(), runs, "the second login is answered from the credential cache");
+    let rights = setup.store.sender_rights("alice@example.com").await.unwrap();
+    assert_eq!(rights.aliases, ["alias-alice@example.com"]);
+    assert_eq!(rights.allowed, ["news@example.com"]);
+
+    // A changed Secret: the new password works, the old one no longer does.
+    secret(&setup.ns, "alice-pw", "password", "second-password").await;
+    eventually("the new password", || async {
+        setup.login("alice@example.com", "second-password").await.then_some(())
+    })
+    .await;
+    assert!(
+        !setup.login("alice@example.com", "first-password").await,
+        "the cached old password is not valid"
+    );
+
+    // An existing argon2 hash is stored as given.
+    let hash = mailcluster_server::auth::hash_password("hashed-password").unwrap();
+    secret(&setup.ns, "bob-pw", "password", &hash).await;
+    setup.apply("mailaccounts", "bob", &account("bob", "bob@example.com", "bob-pw", "Delete")).await;
+    assert_eq!(setup.account_ready("bob").await.0, "True");
+    assert_eq!(setup.store.account_get("bob@example.com").await.unwrap().unwrap().password_hash, hash);
+    assert!(setup.login("bob@example.com", "hashed-password").await);
+    // Switched off and on again without deleting the object.
+    let mut off = account("bob", "bob@example.com", "bob-pw", "Delete");
+    off["spec"]["enabled"] = json!(false);
+    setup.apply("mailaccounts", "bob", &off).await;
+    assert_eq!(setup.account_ready("bob").await.0, "True");
+    assert!(!setup.store.account_get("bob@example.com").await.unwrap().unwrap().enabled);
+    assert!(!setup.login("bob@example.com", "hashed-password").await);
+    setup.apply("mailaccounts", "bob", &account("bob", "bob@example.com", "bob-pw", "Delete")).await;
+    eventually("bob enabled again", || async {
+        setup.login("bob@example.com", "hashed-password").await.then_some(())
+    })
+    .await;
+
+    // A hash the server cannot verify: not Ready, with the reason, and no account.
+    secret(
+        &setup.ns,
+        "carol-pw",
+        "password",
+        "$6$salt$IxDD3jeSOb5eB1CX5LBsqZFVkJdido3OUILO5Ifz5iwMuTS4XMS130MTSuDDl3aCI6WouIL9AjRbLCelDCy.g.",
+    )
+    .await;
+    setup.apply("mailaccounts", "carol", &account("carol", "carol@example.com", "carol-pw", "Retain")).await;
+    assert_eq!(setup.account_ready("carol").await, ("False".into(), "UnsupportedPassword".into()));
+    assert!(setup.store.account_get("carol@example.com").await.unwrap().is_none());
+
+    // Retain: the account is disabled, its mail kept.
+    let alice = setup.store.account_get("alice@example.com").await.unwrap().unwrap();
+    let inbox = setup.store.mailbox_get(alice.id, "INBOX").await.unwrap().unwrap();
+    let raw = b"Subject: kept\r\n\r\nbody\r\n".to_vec();
+    let delivery = NewDelivery {
+        meta: mailcluster_server::message::parse_meta(&raw),
+        raw: raw.into(),
+        targets: vec![inbox.id],
+        internal_date: chrono::Utc::now(),
+        flags: Default::default(),
+    };
+    setup.store.deliver_batch(&[delivery]).await.unwrap();
+    // A pod's cached "alice is a mailbox" answer, under the cluster's key prefix.
+    let prefix = format!("mc:{}:mail:", setup.ns.name);
+    let cache = mailcluster_server::cache::open(Some(&mailcluster_testkit::redis_url()), &prefix, WAIT)
+        .await
+        .unwrap();
+    let key = mailcluster_server::smtp::recipient_key("alice@example.com");
+    cache.value_put(&key, b"cached", Duration::from_secs(300)).await.unwrap();
+    let accounts = setup.ns.api::<MailAccount>();
+    accounts.delete("alice", &DeleteParams::default()).await.unwrap();
+    eventually("alice's MailAccount gone", || async {
+        accounts.get_opt("alice").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    let alice = setup.store.account_get("alice@example.com").await.unwrap().expect("retained");
+    assert!(!alice.enabled);
+    assert_eq!(cache.value_get(&key).await.unwrap(), None, "the pods' cached recipient entry is dropped");
+    assert!(!setup.login("alice@example.com", "second-password").await);
+    assert_eq!(setup.store.mailbox_status(inbox.id).await.unwrap().messages, 1, "mail kept");
+    assert_eq!(
+        setup.store.recipient("alice@example.com", None).await.unwrap(),
+        mailcluster_server::store::Recipient::NoSuchUser,
+        "no more delivery"
+    );
+
+    // Delete: the account is gone.
+    accounts.delete("bob", &DeleteParams::default()).await.unwrap();
+    eventually("bob's MailAccount gone", || async {
+        accounts.get_opt("bob").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(setup.store.account_get("bob@example.com").await.unwrap().is_none());
+    setup.stop().await;
+}
