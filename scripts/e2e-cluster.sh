@@ -4,9 +4,11 @@
 # the operator installed from the chart runs as a Pod, a
 # MailCluster whose PostgreSQL and Redis are this machine's (Services without
 # selector + EndpointSlices to the node's address), the migration Job, SMTP, IMAP
-# and POP3 Pods Ready, `kubectl logs` and `kubectl exec`, what the runtime enforces
+# and POP3 Pods Ready, `kubectl logs` and `kubectl exec`, an account as a MailDomain
+# and a MailAccount with its password Secret (no CLI), what the runtime enforces
 # on a mail container (scripts/e2e_runtime_checks.py), a message sent with swaks through the SMTP Service and read
-# with curl through the IMAP Service, an on-demand stress run whose verdict lands in
+# with curl through the IMAP Service, the MailAccount deleted (login refused, mail
+# kept), an on-demand stress run whose verdict lands in
 # status.lastStress and SLOMet, `kubectl wait --for=condition=Ready` as
 # docs/quickstart.md uses it, and a delete that cascades.
 #
@@ -96,8 +98,24 @@ needed=$(awk '$1 == "mail_open_files_needed" {print $2}' <<<"$metrics")
     || die "open files: limit ${nofile:-?} below the ${needed:-?} the connection caps need"
 echo "open files: limit $nofile, the connection caps need $needed"
 
-step "an account (mailcluster user add, on the same database)"
-echo "$PASSWORD" | mailcluster_host user add alice@e2e.test
+step "a MailDomain and a MailAccount with its password Secret: the operator writes them into the store"
+kubectl create secret generic alice-password -n "$NS" --from-literal=password="$PASSWORD" >/dev/null
+kubectl apply -n "$NS" -f - >/dev/null <<YAML
+apiVersion: mailcluster.dev/v1alpha1
+kind: MailDomain
+metadata: {name: e2e-test}
+spec: {clusterRef: $MC, domain: e2e.test}
+---
+apiVersion: mailcluster.dev/v1alpha1
+kind: MailAccount
+metadata: {name: alice}
+spec:
+  clusterRef: $MC
+  address: alice@e2e.test
+  passwordSecretRef: {name: alice-password, key: password}
+YAML
+kubectl wait -n "$NS" --for=condition=Ready maildomain/e2e-test mailaccount/alice --timeout="${TIMEOUT}s"
+kubectl get -n "$NS" maildomains,mailaccounts
 
 SMTP_IP=$(svc_ip "$MC-smtp")
 IMAP_IP=$(svc_ip "$MC-imap")
@@ -108,6 +126,15 @@ step "curl <- Service $MC-imap ($IMAP_IP:143)"
 got=$(curl -sS --max-time 30 -k --ssl-reqd "imap://$IMAP_IP:143/INBOX;UID=1" -u "alice@e2e.test:$PASSWORD")
 grep -q "Subject: e2e $NS" <<<"$got" || die "the message read through IMAP is not the one sent: $got"
 echo "read back: $(grep '^Subject:' <<<"$got")"
+
+step "delete the MailAccount (deletionPolicy Retain): its login is refused, its mail kept"
+kubectl delete -n "$NS" mailaccount/alice --timeout="${TIMEOUT}s" >/dev/null
+if curl -sS --max-time 30 -k --ssl-reqd "imap://$IMAP_IP:143/INBOX;UID=1" -u "alice@e2e.test:$PASSWORD" >/dev/null 2>&1; then
+    die "alice@e2e.test still logs in after her MailAccount was deleted"
+fi
+kept=$(psql_db -c "SELECT count(*) FROM mailbox_messages mm JOIN mailboxes mb ON mb.id = mm.mailbox_id JOIN accounts a ON a.id = mb.account_id WHERE a.email = 'alice@e2e.test'")
+[ "${kept:-0}" -ge 1 ] || die "alice's mail is gone (deletionPolicy Retain keeps it): $kept messages"
+echo "login refused; $kept message(s) kept"
 
 step "stress run on demand (annotation mailcluster.dev/run-stress)"
 kubectl annotate -n "$NS" "mailcluster/$MC" "mailcluster.dev/run-stress=e2e-$(date +%s)" --overwrite >/dev/null
