@@ -371,12 +371,7 @@ async fn forget_cached(config: &Config, account_ids: &[i64], recipients: &[&str]
     }
     let forget = async {
         let cache = mailcluster_server::serve::open_cache(config).await?;
-        for id in account_ids {
-            cache.credential_purge_account(*id).await?;
-        }
-        for address in recipients {
-            cache.value_del(&mailcluster_server::smtp::recipient_key(address)).await?;
-        }
+        mailcluster_server::provision::forget_cached(cache.as_ref(), account_ids, recipients).await?;
         anyhow::Ok(())
     };
     if let Err(e) = forget.await {

@@ -131,12 +131,7 @@ async fn forget_cached(client: &Client, ns: &str, cluster: &str, account_ids: &[
             .map_err(|e| anyhow::anyhow!(e.message))?;
         let prefix = crate::build::pod_config::redis_key_prefix(&mc);
         let cache = mailcluster_server::cache::open(Some(&url), &prefix, CONNECT_TIMEOUT).await?;
-        for id in account_ids {
-            cache.credential_purge_account(*id).await?;
-        }
-        for address in recipients {
-            cache.value_del(&mailcluster_server::smtp::recipient_key(address)).await?;
-        }
+        mailcluster_server::provision::forget_cached(cache.as_ref(), account_ids, recipients).await?;
         anyhow::Ok(())
     };
     if let Err(e) = forget.await {

@@ -311,6 +311,24 @@ pub async fn delete_account(store: &dyn Store, email: &str) -> ProvisionResult<O
     }
 }
 
+/// Drops what the pods cache about changed accounts — their verified credentials
+/// and the recipient entries of their addresses — so a changed password or a
+/// disabled account takes effect at once rather than when the entries expire.
+/// The CLI and the operator call it after a change is stored.
+pub async fn forget_cached(
+    cache: &dyn crate::cache::Cache,
+    account_ids: &[i64],
+    recipients: &[impl AsRef<str>],
+) -> crate::cache::CacheResult<()> {
+    for id in account_ids {
+        cache.credential_purge_account(*id).await?;
+    }
+    for address in recipients {
+        cache.value_del(&crate::smtp::recipient_key(address.as_ref())).await?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
