@@ -78,6 +78,14 @@ impl std::fmt::Debug for PasswordSource {
     }
 }
 
+/// The most an imported argon2 hash may ask of each login: 256 MiB, 10 passes, 8
+/// lanes — well above OWASP's configurations (19 MiB × 2, 46 MiB × 1) and what
+/// Dovecot and others write, far below what would let one account's logins
+/// exhaust a pod.
+const MAX_HASH_MEMORY_KIB: u32 = 256 * 1024;
+const MAX_HASH_PASSES: u32 = 10;
+const MAX_HASH_LANES: u32 = 8;
+
 impl PasswordSource {
     /// Tells a plain password from a hash. A value in the shape of a crypt(3) or
     /// PHC hash the server cannot verify (bcrypt `$2b$`, SHA512-CRYPT `$6$`, …) is
@@ -92,8 +100,25 @@ impl PasswordSource {
             if matches!(scheme, "argon2id" | "argon2i" | "argon2d") {
                 // Parse it now, so that a damaged hash is reported here rather
                 // than as failed logins.
-                argon2::password_hash::phc::PasswordHash::new(value)
+                let parsed = argon2::password_hash::phc::PasswordHash::new(value)
                     .map_err(|e| ProvisionError::Invalid(format!("the {scheme} hash does not parse: {e}")))?;
+                // Its parameters are what every login of the account costs a pod
+                // (memory and time of one argon2 run): a hash from outside must not
+                // make one login take gigabytes.
+                let params = argon2::Params::try_from(&parsed)
+                    .map_err(|e| ProvisionError::Invalid(format!("the {scheme} hash's parameters: {e}")))?;
+                if params.m_cost() > MAX_HASH_MEMORY_KIB
+                    || params.t_cost() > MAX_HASH_PASSES
+                    || params.p_cost() > MAX_HASH_LANES
+                {
+                    return Err(ProvisionError::Invalid(format!(
+                        "the {scheme} hash asks m={} KiB, t={}, p={}: at most m={MAX_HASH_MEMORY_KIB}, \
+                         t={MAX_HASH_PASSES}, p={MAX_HASH_LANES} (each login runs it)",
+                        params.m_cost(),
+                        params.t_cost(),
+                        params.p_cost()
+                    )));
+                }
                 return Ok(PasswordSource::Hash(value.to_string()));
             }
             return Err(ProvisionError::Invalid(format!(
@@ -352,6 +377,19 @@ mod tests {
             );
         }
         assert!(PasswordSource::from_secret("").is_err());
+        // A hash whose every check would take 4 GiB or a million passes is refused.
+        for costly in [
+            "$argon2id$v=19$m=4194304,t=2,p=1$c2FsdHNhbHRzYWx0$YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY",
+            "$argon2id$v=19$m=19456,t=1000000,p=1$c2FsdHNhbHRzYWx0$YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY",
+        ] {
+            assert!(
+                matches!(PasswordSource::from_secret(costly), Err(ProvisionError::Invalid(_))),
+                "{costly}"
+            );
+        }
+        let usual =
+            "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHRzYWx0$YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXoxMjM0NTY";
+        assert!(matches!(PasswordSource::from_secret(usual), Ok(PasswordSource::Hash(_))));
     }
 
     #[test]
