@@ -1,4 +1,4 @@
-//! `MailCluster` (`mailcluster.dev/v1alpha1`): spec and status (DESIGN §5).
+//! `MailCluster` (`mailcluster.dev/v1alpha1`): spec and status.
 //!
 //! Validation lives in two places on purpose:
 //! - the CRD schema (types, ranges, and CEL `x-kubernetes-validations`) so the
@@ -835,7 +835,7 @@ pub struct ClusterStressSpec {
     /// Test accounts; default `stress{:04}@<first domain>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users: Option<crate::stress::UsersSpec>,
-    /// Scenarios run in order (DESIGN §6); empty: the profile's, else the runner's defaults.
+    /// Scenarios run in order; empty: the profile's, else the runner's defaults.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub scenarios: Vec<crate::stress::ScenarioSpec>,

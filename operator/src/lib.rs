@@ -1,6 +1,6 @@
 //! The Mailcluster operator: reconciles a `MailCluster` into the objects that run it.
 //!
-//! Reconcile is a pipeline (DESIGN §5): [`reconcile`] dereferences Secrets and the
+//! Reconcile is a pipeline: [`reconcile`] dereferences Secrets and the
 //! migration Job, [`validate`] checks the spec, [`build::build`] turns the resource into
 //! every child object as a pure function, and the reconciler server-side-applies them,
 //! deletes orphans by label and writes status. `build` needs no client, so it is tested

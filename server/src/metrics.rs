@@ -1,5 +1,5 @@
-//! The Prometheus registry and the metrics named in the operational contract
-//! (DESIGN §4): the operator's HPA rules and dashboards depend on these names.
+//! The Prometheus registry and the metrics named in the operational contract:
+//! the operator's HPA rules and dashboards depend on these names.
 //!
 //! One pattern for every metric of a pod: the series of the sessions are created
 //! and registered here, once per process; parts built on their own (the

@@ -2,7 +2,7 @@
 //! file, into concrete [`Plan`]s.
 //!
 //! Precedence: command-line flag > scenario file > per-kind default. Per-kind
-//! defaults follow DESIGN §6 and are sized so that a bare `mailcluster stress --smtp
+//! defaults follow the seed profile and are sized so that a bare `mailcluster stress --smtp
 //! … --imap … --pop3 …` finishes in about three minutes.
 
 use anyhow::{Context, bail};
@@ -698,7 +698,7 @@ fn plan_for(
     } else if !s.message_sizes.is_empty() {
         s.message_sizes.clone()
     } else {
-        // DESIGN §6: "MIME with attachments of mixed sizes".
+        // The seed profile's mix: MIME with attachments of mixed sizes.
         vec![
             MessageSize { bytes: 4 * 1024, weight: 70, attachment: false },
             MessageSize { bytes: 32 * 1024, weight: 25, attachment: true },
@@ -732,7 +732,7 @@ fn plan_for(
     })
 }
 
-/// DESIGN §6 default SLO of each scenario.
+/// The default SLO of each scenario (the seed profile's).
 fn default_scenario_slo(kind: ScenarioKind) -> &'static [&'static str] {
     match kind {
         ScenarioKind::ConnectFlood | ScenarioKind::Auth | ScenarioKind::Pop3 | ScenarioKind::Seed => {

@@ -207,9 +207,9 @@ impl Threshold {
     }
 }
 
-/// Run-wide thresholds: the defaults of DESIGN §6, overridden by the spec, plus the
+/// Run-wide thresholds: the seed profile's defaults, overridden by the spec, plus the
 /// spec's and the command line's extra thresholds.
-/// Run-wide defaults of DESIGN §6.
+/// Run-wide defaults of the seed profile.
 pub const DEFAULT_SUCCESS_RATE: f64 = 99.95;
 pub const DEFAULT_SMTP_P95_MS: f64 = 120.0;
 pub const DEFAULT_IMAP_FETCH_P95_MS: f64 = 350.0;

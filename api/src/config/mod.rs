@@ -1,5 +1,5 @@
 //! The mail pod's configuration: a TOML file plus `MAILCLUSTER_*` environment
-//! overrides (DESIGN §4 operational contract). Unknown keys are errors, not silently
+//! overrides (the names are part of the pod's operational contract). Unknown keys are errors, not silently
 //! ignored: a typo in a limit must not run a server with the default.
 //!
 //! One definition for the two sides of the file: the server reads it

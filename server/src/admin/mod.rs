@@ -241,7 +241,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// Samples both pools into the contract gauges (DESIGN §4), among them
+/// Samples both pools into the contract gauges (see `crate::metrics`), among them
 /// `mail_pool_saturation`, which the HPA scales on.
 pub fn refresh_pool_gauges(state: &AdminState) {
     let m = &state.metrics;
