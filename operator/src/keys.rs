@@ -18,8 +18,8 @@ use kube::api::{Api, PostParams};
 use mailcluster_api::MailCluster;
 use tracing::info;
 
-use crate::build::metadata;
 use crate::names;
+use crate::names::metadata;
 
 /// Key of the group-commit key in the Secret (`MAILCLUSTER_SMTP__GROUP_COMMIT_SECRET`).
 pub const GROUP_COMMIT_KEY: &str = "group-commit-key";

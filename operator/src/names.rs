@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+
 use mailcluster_api::{CLUSTER_LABEL, MANAGED_BY, MANAGED_BY_LABEL, MailCluster, Protocol};
 use sha2::{Digest, Sha256};
 
@@ -141,4 +144,17 @@ pub fn short_hash(parts: &[&str]) -> String {
 /// Full hex SHA-256 (config-hash annotation).
 pub fn hash_hex(data: &str) -> String {
     Sha256::digest(data.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Metadata of a child: name, namespace, labels, owner reference.
+pub(crate) fn metadata(mc: &MailCluster, name: &str, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(namespace(mc).to_string()),
+        labels: Some(component_labels(mc, component)),
+        // The owner reference needs the resource's uid; `render` without a cluster has
+        // none, and then the objects are printed without one.
+        owner_references: mc.controller_owner_ref(&()).map(|owner| vec![owner]),
+        ..Default::default()
+    }
 }

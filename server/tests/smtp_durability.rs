@@ -28,7 +28,8 @@ const RECIPIENTS: [&str; 3] = ["r0@dur.test", "r1@dur.test", "r2@dur.test"];
 #[test]
 #[ignore = "the server side of the durability tests, started by them as a child process"]
 fn child_server() {
-    let url = std::env::var(CHILD_ENV).expect("child_server runs only as the durability tests' child process");
+    let url =
+        std::env::var(CHILD_ENV).expect("child_server runs only as the durability tests' child process");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let dir = std::env::temp_dir();

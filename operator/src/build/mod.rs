@@ -11,15 +11,13 @@ mod jobs;
 pub mod pod_config;
 mod workload;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use mailcluster_api::{MailCluster, RUN_STRESS_ANNOTATION, Scaler};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::budget::{self, Budget};
 use crate::children::{Child, ChildKind};
-use crate::names;
+use crate::names::{self, metadata};
 use crate::validate::{self, ValidationError};
 
 pub use jobs::migration_job_name;
@@ -89,19 +87,6 @@ pub fn stress_token(mc: &MailCluster) -> Option<&str> {
         .and_then(|a| a.get(RUN_STRESS_ANNOTATION))
         .map(|s| s.trim())
         .filter(|s| !s.is_empty())
-}
-
-/// Metadata of a child: name, namespace, labels, owner reference.
-pub(crate) fn metadata(mc: &MailCluster, name: &str, component: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: Some(names::namespace(mc).to_string()),
-        labels: Some(names::component_labels(mc, component)),
-        // The owner reference needs the resource's uid; `render` without a cluster has
-        // none, and then the objects are printed without one.
-        owner_references: mc.controller_owner_ref(&()).map(|owner| vec![owner]),
-        ..Default::default()
-    }
 }
 
 /// A built object as JSON, for the one apply path of every kind.

@@ -10,8 +10,12 @@
 use mailcluster_api::Listener;
 use prometheus::{IntGauge, Registry};
 
-use super::server::MAX_LINGERING;
 use crate::config::Config;
+
+/// Refused connections lingering at once per listener. Past this (a flood), refusals
+/// are written and closed at once: lingering would pile up descriptors exactly when
+/// the listener is already full.
+pub(crate) const MAX_LINGERING: usize = 256;
 
 /// `net.core.somaxconn`'s default since Linux 5.4, for when it cannot be read.
 pub const DEFAULT_BACKLOG: u32 = 4096;

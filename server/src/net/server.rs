@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::kernel::raise_nofile_limit;
+use super::kernel::{MAX_LINGERING, raise_nofile_limit};
 use super::listener::{
     ConnCounter, GaugeGuard, Listener, ListenerSpec, PerIpCounter, TlsMode, configure_accepted,
 };
@@ -181,10 +181,6 @@ struct Shared {
 /// Longest pause after failed accepts (EMFILE and friends); retrying at once would
 /// spin a core while descriptors are exhausted.
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-/// Refused connections lingering at once per listener. Past this (a flood), refusals
-/// are written and closed at once: lingering would pile up descriptors exactly when
-/// the listener is already full.
-pub(crate) const MAX_LINGERING: usize = 256;
 
 async fn accept_loop(listener: Listener, shared: Shared) {
     let name = shared.spec.name;
