@@ -20,14 +20,15 @@ use mail_auth::common::verify::VerifySignature;
 use mail_auth::hickory_resolver::proto::op::ResponseCode;
 use mail_auth::{AuthenticatedMessage, DnsError, ResolverCache, Txt};
 use mailcluster_api::config::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig};
+use mailcluster_model::message::parse_meta;
+use mailcluster_model::sort_keys::base_subject_of;
+use mailcluster_model::{MessageMeta, SortRow};
 use mailcluster_server::delivery::forward::fuzzing as forward;
 use mailcluster_server::dkim::{Signer, generate, write_key_file};
 use mailcluster_server::dns::Dns;
-use mailcluster_server::imap::sort::base_subject_of;
 use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::imap::thread::{ThreadMessage, ordered_subject, parent_ids, references, render};
 use mailcluster_server::inbound::{self, Envelope, Verdict};
-use mailcluster_server::message::parse_meta;
 use mailcluster_server::net::deflate::Deflate;
 use mailcluster_server::net::proxy::read_header;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
@@ -36,7 +37,6 @@ use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcp
 use mailcluster_server::relay::client::Reply;
 use mailcluster_server::relay::client::fuzzing as relay;
 use mailcluster_server::relay::dsn::{self, Action, RecipientReport, Report};
-use mailcluster_server::store::{MessageMeta, SortRow};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Limits small enough that short inputs reach them.

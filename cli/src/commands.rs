@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use mailcluster_model::Quota;
 use mailcluster_server::config::Config;
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
-use mailcluster_server::store::{Quota, Store};
+use mailcluster_server::store::Store;
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
@@ -347,10 +348,7 @@ async fn senders(store: &dyn Store, command: &SendersCommand) -> Result<(), Fail
     Ok(())
 }
 
-async fn existing_account(
-    store: &dyn Store,
-    email: &str,
-) -> Result<mailcluster_server::store::Account, Failure> {
+async fn existing_account(store: &dyn Store, email: &str) -> Result<mailcluster_model::Account, Failure> {
     match store.account_get(email).await.with_context(|| format!("cannot look up {email}"))? {
         Some(account) => Ok(account),
         None => Err(anyhow::anyhow!("no such user: {email}").into()),

@@ -175,7 +175,7 @@ fn queue_commands_on_an_empty_and_a_filled_queue() {
             mailcluster_server::store::open(None, &store_dir, 1, Duration::from_secs(5)).await.unwrap();
         let now = chrono::Utc::now();
         store
-            .queue_enqueue(&mailcluster_server::store::NewQueueItem {
+            .queue_enqueue(&mailcluster_model::NewQueueItem {
                 sender: "alice@example.com".into(),
                 recipients: vec!["x@remote.test".into()],
                 raw: bytes::Bytes::from_static(b"Subject: queued\r\n\r\nbody\r\n"),

@@ -56,7 +56,7 @@ fn claim_of_a_killed_pod_is_taken_over_after_its_lease() {
                 .unwrap();
         let now = chrono::Utc::now();
         store
-            .queue_enqueue(&mailcluster_server::store::NewQueueItem {
+            .queue_enqueue(&mailcluster_model::NewQueueItem {
                 sender: String::new(),
                 recipients: vec!["x@remote.test".into()],
                 raw: bytes::Bytes::from_static(b"Subject: takeover\r\n\r\nbody\r\n"),

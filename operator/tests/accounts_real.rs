@@ -21,10 +21,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use mailcluster_api::{MailAccount, MailCluster, MailDomain};
+use mailcluster_model::NewDelivery;
 use mailcluster_operator::accounts::{AccountOptions, run};
 use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator};
 use mailcluster_server::cache::local::LocalCache;
-use mailcluster_server::store::{NewDelivery, Store};
+use mailcluster_server::store::Store;
 use mailcluster_testkit::TestDatabase;
 use serde_json::json;
 use tokio::sync::oneshot;
@@ -359,7 +360,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     let inbox = setup.store.mailbox_get(alice.id, "INBOX").await.unwrap().unwrap();
     let raw = b"Subject: kept\r\n\r\nbody\r\n".to_vec();
     let delivery = NewDelivery {
-        meta: mailcluster_server::message::parse_meta(&raw),
+        meta: mailcluster_model::message::parse_meta(&raw),
         raw: raw.into(),
         targets: vec![inbox.id],
         internal_date: chrono::Utc::now(),
@@ -386,7 +387,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     assert_eq!(setup.store.mailbox_status(inbox.id).await.unwrap().messages, 1, "mail kept");
     assert_eq!(
         setup.store.recipient("alice@example.com", None).await.unwrap(),
-        mailcluster_server::store::Recipient::NoSuchUser,
+        mailcluster_model::Recipient::NoSuchUser,
         "no more delivery"
     );
 

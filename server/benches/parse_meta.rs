@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use mail_builder::MessageBuilder;
 use mail_builder::mime::MimePart;
-use mailcluster_server::message::parse_meta;
+use mailcluster_model::message::parse_meta;
 
 fn time(name: &str, raw: &[u8]) {
     let n = 20_000u32;

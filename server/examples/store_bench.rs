@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use mailcluster_server::store::{self, FlagOp, FlagSet, Flags, MessageMeta, NewDelivery, Store, UidSet};
+use mailcluster_model::{FlagOp, FlagSet, Flags, MessageMeta, NewDelivery, UidSet};
+use mailcluster_server::store::{self, Store};
 
 fn delivery(i: usize, targets: &[i64]) -> NewDelivery {
     let raw = Bytes::from(format!(

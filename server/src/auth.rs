@@ -54,7 +54,8 @@ use tokio::sync::Semaphore;
 
 use crate::cache::sealed::MacKey;
 use crate::cache::{Cache, RotatingSecret};
-use crate::store::{Account, Store};
+use crate::store::Store;
+use mailcluster_model::Account;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthOutcome {

@@ -15,7 +15,6 @@ pub mod dkim;
 pub mod dns;
 pub mod imap;
 pub mod inbound;
-pub mod message;
 pub mod metrics;
 pub mod net;
 pub mod pop3;

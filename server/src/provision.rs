@@ -7,7 +7,8 @@
 //! and the result says what changed, which callers use to drop cached entries
 //! (`changed_recipients`) and to report.
 
-use crate::store::{Account, Store, StoreError};
+use crate::store::{Store, StoreError};
+use mailcluster_model::Account;
 
 /// Why a wanted state cannot be reached. `Invalid` is the caller's input (an
 /// address, a hash format): retrying does not help. `Store` is anything else.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::cheap_hash;
 use common::gated::{Gate, Gated};
+use mailcluster_model::*;
 use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator, hash_password};
 use mailcluster_server::cache::{self, Cache, CacheError, CacheResult};
 use mailcluster_server::store::*;

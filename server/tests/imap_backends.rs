@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use mailcluster_model::{FlagSet, Flags};
 use mailcluster_server::app::App;
 use mailcluster_server::cache::local::LocalCache;
-use mailcluster_server::store::{self, FlagSet, Flags};
+use mailcluster_server::store;
 
 const CONNECT: Duration = Duration::from_secs(10);
 

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use faulty::FaultyStore;
+use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
 use mailcluster_server::imap::bodies::{BodyMetrics, BodyReader};
-use mailcluster_server::store::{self, FlagOp, FlagSet, Flags, Store, UidSet};
+use mailcluster_server::store::{self, Store};
 
 struct Counters {
     hits: prometheus::IntCounter,
@@ -51,8 +52,8 @@ async fn store_with_messages(dir: &std::path::Path, n: usize) -> (Arc<FaultyStor
     let mut uids = Vec::new();
     for i in 0..n {
         let raw = raw(i);
-        let delivery = store::NewDelivery {
-            meta: mailcluster_server::message::parse_meta(&raw),
+        let delivery = mailcluster_model::NewDelivery {
+            meta: mailcluster_model::message::parse_meta(&raw),
             raw,
             internal_date: chrono::Utc::now(),
             targets: vec![inbox.id],

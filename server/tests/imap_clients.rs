@@ -8,13 +8,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::*;
+use mailcluster_model::FlagSet;
 use mailcluster_server::app::App;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
 use mailcluster_server::pop3::Pop3Protocol;
 use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
-use mailcluster_server::store::FlagSet;
 
 /// Serves `imaps` (implicit TLS) and `imap` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mailcluster_model::FlagSet;
 use mailcluster_server::app::App;
-use mailcluster_server::store::FlagSet;
 use mailcluster_testkit::TestDatabase;
 
 type Conn = Client<tokio::io::DuplexStream>;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::*;
 use faulty::FaultyStore;
+use mailcluster_model::FlagSet;
 use mailcluster_server::cache::local::LocalCache;
-use mailcluster_server::store::FlagSet;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetch_of_a_message_expunged_meanwhile_is_expungeissued_not_empty() {

@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use faulty::FaultyStore;
+use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
 use mailcluster_server::imap::probe::ModseqProbe;
-use mailcluster_server::store::{self, FlagOp, FlagSet, Flags, Store, UidSet};
+use mailcluster_server::store::{self, Store};
 
 fn counter(name: &str) -> prometheus::IntCounter {
     prometheus::IntCounter::new(name, name).expect("counter")
@@ -30,8 +31,8 @@ async fn store_with_inbox(dir: &std::path::Path) -> (Arc<FaultyStore>, i64) {
 /// Delivers one message (a new modseq); returns the mailbox's modseq after it.
 async fn bump(store: &FaultyStore, inbox: i64) -> u64 {
     let raw = bytes::Bytes::from_static(b"Subject: x\r\n\r\nbody\r\n");
-    let meta = mailcluster_server::message::parse_meta(&raw);
-    let delivery = store::NewDelivery {
+    let meta = mailcluster_model::message::parse_meta(&raw);
+    let delivery = mailcluster_model::NewDelivery {
         raw,
         meta,
         internal_date: chrono::Utc::now(),

@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
+use mailcluster_model::FlagSet;
 use mailcluster_server::app::App;
-use mailcluster_server::store::FlagSet;
 
 type Conn = Client<tokio::io::DuplexStream>;
 

@@ -11,8 +11,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use mailcluster_model::{FlagSet, Flags, NewDelivery};
 use mailcluster_server::delivery::DeliveryOptions;
-use mailcluster_server::store::{FlagSet, Flags, NewDelivery, Store};
+use mailcluster_server::store::Store;
 
 fn tagged(lines: &[String]) -> &str {
     lines.last().map(String::as_str).unwrap_or_default()
@@ -1572,7 +1573,7 @@ async fn append_committed_with_other_mail_announces_both() {
     let mail = |subject: &str, target: i64| {
         let raw = sample(subject, "x");
         NewDelivery {
-            meta: mailcluster_server::message::parse_meta(&raw),
+            meta: mailcluster_model::message::parse_meta(&raw),
             raw: raw.into(),
             internal_date: chrono::Utc::now(),
             targets: vec![target],

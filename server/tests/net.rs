@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mailcluster_model::PoolStats;
 use mailcluster_server::admin::{self, AdminState, Backend};
 use mailcluster_server::cache::Cache;
 use mailcluster_server::cache::local::LocalCache;
@@ -16,7 +17,6 @@ use mailcluster_server::net::{Keepalive, Listener, TLS_HANDSHAKE_TIMEOUT};
 use mailcluster_server::net::{
     ListenerSpec, Protocol, SessionCtx, SessionStream, ShutdownController, TlsMode, TlsProvider, serve,
 };
-use mailcluster_server::store::PoolStats;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;

@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use common::*;
+use mailcluster_model::{FlagSet, Flags, UidSet};
 use mailcluster_server::app::App;
 use mailcluster_server::imap::ImapProtocol;
 use mailcluster_server::net::TlsProvider;
 use mailcluster_server::net::listener::TlsMode;
 use mailcluster_server::pop3::Pop3Protocol;
-use mailcluster_server::store::{FlagSet, Flags, UidSet};
 
 /// Serves `pop3s` (implicit TLS) and `pop3` with the production listeners on
 /// 127.0.0.1:0; returns their addresses.

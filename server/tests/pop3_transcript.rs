@@ -7,12 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mailcluster_model::{FlagSet, Flags, UidSet};
 use mailcluster_server::app::App;
 use mailcluster_server::config::Config;
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
 use mailcluster_server::pop3::Pop3Protocol;
 use mailcluster_server::pop3::maildrop::lock_key;
-use mailcluster_server::store::{self, FlagSet, Flags, UidSet};
+use mailcluster_server::store;
 use tokio::io::DuplexStream;
 
 struct Fixture {

@@ -19,9 +19,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use mailcluster_model::message::parse_meta;
+use mailcluster_model::{FlagSet, Flags, NewDelivery};
 use mailcluster_server::delivery::forward::fuzzing::encode_request;
-use mailcluster_server::message::parse_meta;
-use mailcluster_server::store::{FlagSet, Flags, NewDelivery};
 
 const IMAP_CORPUS: &[&[u8]] = &[
     b"a1 CAPABILITY\r\n",

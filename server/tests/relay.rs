@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::Utc;
+use mailcluster_model::{DsnNotify, DsnRequest, DsnRet, NewQueueItem, RecipientDsn, RecipientStatus};
 use mailcluster_server::app::{App, MailExchange};
 use mailcluster_server::auth::Authenticator;
 use mailcluster_server::cache::Cache;
@@ -19,9 +20,7 @@ use mailcluster_server::dns::Dns;
 use mailcluster_server::metrics::Metrics;
 use mailcluster_server::net::ShutdownController;
 use mailcluster_server::relay::Relay;
-use mailcluster_server::store::{
-    DsnNotify, DsnRequest, DsnRet, NewQueueItem, RecipientDsn, RecipientStatus, Store,
-};
+use mailcluster_server::store::Store;
 use mailcluster_testkit::dns::TestDns;
 use mailcluster_testkit::smtp::{Greeting, ScriptedRemote};
 
@@ -129,7 +128,7 @@ impl Setup {
     }
 
     /// Waits for the first failed attempt at `id`; its queue entry then.
-    async fn deferred(&self, id: i64, limit: Duration) -> mailcluster_server::store::QueueEntry {
+    async fn deferred(&self, id: i64, limit: Duration) -> mailcluster_model::QueueEntry {
         self.until("a deferral", limit, async || {
             self.store().queue_get(id).await.unwrap().is_some_and(|(e, _)| e.last_error.is_some())
         })

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use checks::Rng;
 use common::*;
-use mailcluster_server::store::{Account, FlagSet};
+use mailcluster_model::{Account, FlagSet};
 use tokio::io::AsyncBufReadExt;
 
 /// Commands of a logged-in session, as clients send them.

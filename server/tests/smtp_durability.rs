@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 mod smtp_support;
 
-use mailcluster_server::store::UidSet;
+use mailcluster_model::UidSet;
 use smtp_support::Backend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
-use mailcluster_server::store::{
-    self, Expunged, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt,
-    QueueStats, RecipientOutcome, RecipientStatus, SpecialUse, Store, StoreError, UidSet,
+use mailcluster_model::{
+    Expunged, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt,
+    QueueStats, RecipientOutcome, RecipientStatus, SpecialUse, UidSet,
 };
+use mailcluster_server::store::{self, Store, StoreError};
 use sqlx::Connection;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -212,7 +213,7 @@ fn meta_for(subject: &str, raw: &[u8]) -> MessageMeta {
         envelope: format!("(NIL \"{subject}\" NIL NIL NIL NIL NIL NIL NIL NIL)"),
         body_structure: "(\"text\" \"plain\" NIL NIL NIL \"7bit\" 5 1)".into(),
         body: "(\"text\" \"plain\" NIL NIL NIL \"7bit\" 5 1)".into(),
-        parts: vec![store::PartInfo {
+        parts: vec![mailcluster_model::PartInfo {
             path: vec![1],
             header_start: 0,
             body_start: 20,
@@ -259,7 +260,11 @@ async fn account(s: &Arc<dyn Store>, email: &str) -> (i64, i64) {
     (acc.id, inbox.id)
 }
 
-async fn deliver_one(s: &Arc<dyn Store>, subject: &str, targets: &[i64]) -> Vec<store::DeliveredTo> {
+async fn deliver_one(
+    s: &Arc<dyn Store>,
+    subject: &str,
+    targets: &[i64],
+) -> Vec<mailcluster_model::DeliveredTo> {
     let mut out = s.deliver_batch(&[delivery(subject, targets)]).await.expect("deliver");
     out.pop().expect("one result")
 }
@@ -705,7 +710,7 @@ async fn account_senders(ctx: Ctx) {
 /// A disabled account keeps its mail but is no recipient, directly or through
 /// an alias, until it is enabled again.
 async fn disabled_accounts(ctx: Ctx) {
-    use store::Recipient::{Alias, Mailbox, NoSuchUser};
+    use mailcluster_model::Recipient::{Alias, Mailbox, NoSuchUser};
     let s = &ctx.store;
     let (id, inbox) = account(s, "off@example.com").await;
     s.alias_add("team@example.com", "off@example.com").await.expect("alias");
@@ -773,7 +778,7 @@ async fn provisioning_is_idempotent(ctx: Ctx) {
 /// `Store::recipient` gives what the single reads give/// `Store::recipient` gives what the single reads give (and what RFC 5233
 /// subaddressing and the alias rules say), whichever way a store answers it.
 async fn recipients(ctx: Ctx) {
-    use store::Recipient::{Alias, Mailbox, NoSuchUser, NotLocal};
+    use mailcluster_model::Recipient::{Alias, Mailbox, NoSuchUser, NotLocal};
     let s = &ctx.store;
     let (ann, ann_inbox) = account(s, "ann@example.com").await;
     let (ann_box, ann_box_inbox) = account(s, "ann+box@example.com").await;
@@ -783,7 +788,9 @@ async fn recipients(ctx: Ctx) {
     let (gone, _) = account(s, "noinbox@example.com").await;
     s.domain_add("empty.test").await.expect("domain");
     s.domain_set_quota("limited.test", Some(10_000)).await.expect("domain quota");
-    s.account_set_quota("own@limited.test", Some(store::Quota::UNLIMITED)).await.expect("unlimited");
+    s.account_set_quota("own@limited.test", Some(mailcluster_model::Quota::UNLIMITED))
+        .await
+        .expect("unlimited");
     s.account_set_quota("bob@example.com", Some(5_000)).await.expect("own limit");
     s.alias_add("team@example.com", "bob@example.com").await.expect("alias");
     s.alias_add("team@example.com", "ann@example.com").await.expect("alias");
@@ -793,7 +800,7 @@ async fn recipients(ctx: Ctx) {
     ctx.exec_sql(&format!("DELETE FROM mailboxes WHERE account_id = {gone} AND name = 'INBOX'")).await;
 
     let mailbox = |account_id, mailbox_id, limited| Mailbox { account_id, mailbox_id, limited };
-    let cases: &[(&str, Option<&str>, store::Recipient)] = &[
+    let cases: &[(&str, Option<&str>, mailcluster_model::Recipient)] = &[
         ("ann@example.com", None, mailbox(ann, ann_inbox, false)),
         ("ANN@Example.COM", None, mailbox(ann, ann_inbox, false)),
         ("bob@example.com", None, mailbox(bob, bob_inbox, true)),
@@ -1460,7 +1467,7 @@ async fn concurrent_group_commit(ctx: Ctx) {
         let s = s.clone();
         let mailboxes = mailboxes.clone();
         handles.push(tokio::spawn(async move {
-            let mut mine: Vec<(String, Vec<i64>, Vec<store::DeliveredTo>)> = Vec::new();
+            let mut mine: Vec<(String, Vec<i64>, Vec<mailcluster_model::DeliveredTo>)> = Vec::new();
             let mut last_uid: HashMap<i64, u32> = HashMap::new();
             for b in 0..BATCHES {
                 let batch: Vec<NewDelivery> = (0..PER_BATCH)
@@ -1531,10 +1538,10 @@ async fn queue_lifecycle(ctx: Ctx) {
     let past = Utc::now() - chrono::Duration::seconds(10);
     let mut first = queue_item("first", past);
     first.account_id = Some(acc);
-    first.dsn = mailcluster_server::store::DsnRequest {
-        ret: Some(mailcluster_server::store::DsnRet::Full),
+    first.dsn = mailcluster_model::DsnRequest {
+        ret: Some(mailcluster_model::DsnRet::Full),
         envid: Some("env \u{e9}".into()),
-        recipients: vec![mailcluster_server::store::RecipientDsn {
+        recipients: vec![mailcluster_model::RecipientDsn {
             recipient: "x@remote.net".into(),
             notify: Some(Default::default()),
             orcpt: Some("x\\x{E9}@remote.net".into()),
@@ -1757,8 +1764,13 @@ async fn sort_rows_match_the_stored_metadata(ctx: Ctx) {
         deliver_one(&s, &format!("sorted {i}"), &[inbox]).await;
     }
     let some = UidSet::from_uids(&[1, 3, 4]);
-    let full: Vec<store::SortRow> =
-        s.messages_by_uid(inbox, &some).await.expect("rows").iter().map(store::SortRow::of).collect();
+    let full: Vec<mailcluster_model::SortRow> = s
+        .messages_by_uid(inbox, &some)
+        .await
+        .expect("rows")
+        .iter()
+        .map(mailcluster_model::SortRow::of)
+        .collect();
     let sort = s.sort_rows(inbox, &some).await.expect("sort rows");
     assert_eq!(sort, full);
     assert_eq!(sort.iter().map(|r| r.uid).collect::<Vec<_>>(), [1, 3, 4]);
@@ -2143,7 +2155,7 @@ async fn quota_limits_and_usage(ctx: Ctx) {
             .is_some_and(|(_, q)| q.limit() == Some(10_000))
     );
     assert_eq!(s.quota(other).await.expect("quota").limit(), Some(10_000), "others keep the default");
-    s.account_set_quota("q@example.com", Some(store::Quota::UNLIMITED)).await.expect("unlimited");
+    s.account_set_quota("q@example.com", Some(mailcluster_model::Quota::UNLIMITED)).await.expect("unlimited");
     assert_eq!(s.quota(acc).await.expect("quota").limit(), None, "unlimited despite the default");
     s.account_set_quota("q@example.com", None).await.expect("back to default");
     assert_eq!(s.quota(acc).await.expect("quota").limit(), Some(10_000));

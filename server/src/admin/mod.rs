@@ -34,7 +34,8 @@ use prometheus::Encoder as _;
 use crate::cache::Cache;
 use crate::metrics::Metrics;
 use crate::net::ShutdownController;
-use crate::store::{PoolStats, Store};
+use crate::store::Store;
+use mailcluster_model::PoolStats;
 
 /// A readiness check that takes longer than this counts as failed: a probe must not
 /// hang on a database that is down.

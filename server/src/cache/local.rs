@@ -18,7 +18,7 @@ use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::broadcast;
 
 use super::{Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret};
-use crate::store::PoolStats;
+use mailcluster_model::PoolStats;
 
 /// Writes between two sweeps of expired entries.
 const SWEEP_EVERY: u64 = 1024;

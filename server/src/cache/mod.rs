@@ -93,7 +93,7 @@ pub trait Cache: Send + Sync + 'static {
     fn shared_across_processes(&self) -> bool;
     async fn ping(&self) -> CacheResult<()>;
     /// Connection figures for `mail_cache_pool_connections`.
-    fn pool_stats(&self) -> crate::store::PoolStats;
+    fn pool_stats(&self) -> mailcluster_model::PoolStats;
     /// Reads of [`Cache::value_get_hot`] answered by the pod's copy and by
     /// Redis, and copies dropped (changed, expired, evicted), since the
     /// connection was made; None without client-side copies.

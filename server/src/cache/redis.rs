@@ -57,7 +57,7 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit, broadcast, oneshot};
 
 use super::{Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret, hex};
-use crate::store::PoolStats;
+use mailcluster_model::PoolStats;
 
 /// Requests allowed in flight on the command connection at once. Beyond it callers
 /// wait (backpressure) instead of growing Redis' and our buffers without bound.

@@ -50,7 +50,8 @@ use tokio::sync::mpsc;
 use super::local::LocalCache;
 use super::target::RedisTarget;
 use super::{Cache, CacheError, CacheResult, LockToken, MailboxEvent, RotatingSecret};
-use crate::store::{PoolStats, Store};
+use crate::store::Store;
+use mailcluster_model::PoolStats;
 
 /// How the pod treats Redis.
 #[derive(Debug, Clone, Copy)]

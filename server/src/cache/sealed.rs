@@ -25,7 +25,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use super::{Cache, CacheResult, ClientCacheStats, LockToken, MailboxEvent, RotatingSecret};
-use crate::store::PoolStats;
+use mailcluster_model::PoolStats;
 
 const TAG_LEN: usize = 32;
 

@@ -70,7 +70,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::Deliverer;
 use crate::cache::hex;
 use crate::net::Shutdown;
-use crate::store::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery, StoreError, StoreResult};
+use crate::store::{StoreError, StoreResult};
+use mailcluster_model::{DeliveredTo, FlagSet, Flags, MessageMeta, NewDelivery};
 
 const GREETING: &str = "MCGC2";
 /// How long a follower waits for the leader to connect and accept it.

@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::store::{DeliveredTo, NewDelivery, Store, StoreError, StoreResult};
+use crate::store::{Store, StoreError, StoreResult};
+use mailcluster_model::{DeliveredTo, NewDelivery};
 
 pub mod forward;
 
@@ -352,7 +353,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::store::MessageMeta;
+    use mailcluster_model::MessageMeta;
 
     async fn store_with_inbox(dir: &tempfile::TempDir) -> (Arc<dyn Store>, i64) {
         let store = crate::store::open(None, dir.path(), 2, Duration::from_secs(5)).await.unwrap();

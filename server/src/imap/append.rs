@@ -3,11 +3,12 @@
 use super::mailbox::name_from_bytes;
 use super::quota::over_quota;
 use super::session::{Outcome, Session, store_error};
-use crate::message::parse_meta;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::AppendMessage;
+use crate::store::StoreResult;
 use crate::store::common::normalize_flagset;
-use crate::store::{FlagRow, NewDelivery, StoreResult};
+use mailcluster_model::message::parse_meta;
+use mailcluster_model::{FlagRow, NewDelivery};
 
 impl Session {
     pub(crate) async fn cmd_append(

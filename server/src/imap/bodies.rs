@@ -30,7 +30,8 @@ use chrono::{DateTime, Utc};
 use hashlink::LinkedHashMap;
 
 use super::batch::{BatchQuery, Batcher};
-use crate::store::{MessageLink, Store, StoreResult, StoredBody};
+use crate::store::{Store, StoreResult};
+use mailcluster_model::{MessageLink, StoredBody};
 
 /// Most FETCH commands whose links one query reads (each asks for at most a
 /// FETCH batch of UIDs).

@@ -21,11 +21,11 @@ use imap_codec::imap_types::sequence::SequenceSet;
 
 use super::meta_cache::CachedMeta;
 use super::session::{Outcome, Session, store_error};
-use crate::message::find_header_end;
 use crate::net::output::Output;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{BinaryItem, FetchExtension, SeqSet};
-use crate::store::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
+use mailcluster_model::message::find_header_end;
+use mailcluster_model::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 
 /// Output is flushed to the client whenever this much is queued, so a large FETCH
 /// streams instead of building one huge buffer.

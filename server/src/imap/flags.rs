@@ -8,7 +8,7 @@ use super::mailbox::mailbox_name;
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{Expunged, FlagOp, FlagSet, Flags, UidSet};
+use mailcluster_model::{Expunged, FlagOp, FlagSet, Flags, UidSet};
 
 /// Client flags → store flags; `None` for flags a client may not set.
 pub fn flag_set(flags: &[Flag<'_>]) -> Option<FlagSet> {

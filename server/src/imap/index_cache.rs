@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::imap::shared_snapshot::{Fields, SharedEncoding};
-use crate::store::{Flags, MailboxIndex};
+use mailcluster_model::{Flags, MailboxIndex};
 
 /// What the cache holds per mailbox: a listing that reflects one modseq.
 pub trait Snapshot {

@@ -18,7 +18,8 @@ use crate::cache::MailboxEvent;
 use crate::imap::shared_snapshot::SharedSnapshots;
 use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
-use crate::store::{Flags, MailboxIndex, MailboxStatus, SpecialUse, StoreError};
+use crate::store::StoreError;
+use mailcluster_model::{Flags, MailboxIndex, MailboxStatus, SpecialUse};
 
 /// Hierarchy separator, in the store and on the wire.
 pub const SEP: char = '/';

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use hashlink::LinkedHashMap;
 
-use crate::store::MessageMeta;
+use mailcluster_model::MessageMeta;
 
 /// What FETCH needs of a message besides its flags and body.
 #[derive(Debug)]

@@ -10,7 +10,8 @@
 use super::mailbox::name_from_bytes;
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::encode;
-use crate::store::{Quota, StoreError, UidSet};
+use crate::store::StoreError;
+use mailcluster_model::{Quota, UidSet};
 
 /// The one quota root, as it goes on the wire.
 const ROOT: &str = "\"\"";

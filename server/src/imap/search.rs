@@ -13,7 +13,7 @@ use imap_codec::imap_types::sequence::SequenceSet;
 use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{ReturnOption, SeqSet};
-use crate::store::{Flags, MessageMeta, UidSet};
+use mailcluster_model::{Flags, MessageMeta, UidSet};
 
 /// One message as the evaluator sees it.
 struct Candidate<'a> {

@@ -16,7 +16,8 @@ use std::collections::{BTreeSet, HashMap};
 use super::session::Session;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::SeqSet;
-use crate::store::{FlagRow, FlagSet, Flags, Mailbox, MailboxChanges, MailboxIndex, StoreResult};
+use crate::store::StoreResult;
+use mailcluster_model::{FlagRow, FlagSet, Flags, Mailbox, MailboxChanges, MailboxIndex};
 
 pub struct Selected {
     pub mailbox: Mailbox,

@@ -19,7 +19,8 @@ use crate::net::{SessionCtx, SessionStream};
 use crate::proto::frame::Limits;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{self, FetchExtension, Request, SearchKind, StatusItem};
-use crate::store::{Account, StoreError};
+use crate::store::StoreError;
+use mailcluster_model::Account;
 
 /// The tagged result of a command; untagged data has already been queued.
 #[derive(Debug)]

@@ -20,9 +20,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::sort::{base_subject_of, first_display, first_mailbox};
 use crate::proto::imap::parse::SortKey;
-use crate::store::SortRow;
+use mailcluster_model::SortRow;
+use mailcluster_model::sort_keys::{base_subject_of, first_display, first_mailbox};
 
 /// Orders kept per mailbox: a client sorts a mailbox by one or two key lists (the
 /// column the user clicked, and maybe its reverse).

@@ -477,7 +477,7 @@ pub fn render(forest: &Forest, messages: &[ThreadMessage]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::imap::sort::base_subject_of;
+    use mailcluster_model::sort_keys::base_subject_of;
 
     fn msg(number: u32, date: i64, subject: &str, id: &str, parents: &[&str]) -> ThreadMessage {
         let (subject, reply) = base_subject_of(subject);

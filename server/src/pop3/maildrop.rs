@@ -9,9 +9,8 @@ use crate::app::App;
 use crate::cache::{Cache, LockToken, MailboxEvent};
 use crate::imap::index_cache::Snapshot;
 use crate::imap::shared_snapshot::{Fields, SharedEncoding, SharedSnapshots};
-use crate::store::{
-    Account, FlagOp, FlagSet, Flags, Mailbox, MailboxChanges, MaildropEntry, StoreError, UidSet,
-};
+use crate::store::StoreError;
+use mailcluster_model::{Account, FlagOp, FlagSet, Flags, Mailbox, MailboxChanges, MaildropEntry, UidSet};
 
 /// The cache key of an account's maildrop lock (the cache adds its prefix).
 pub fn lock_key(account_id: i64) -> String {

@@ -42,13 +42,13 @@ use crate::app::App;
 use crate::cache::MailboxEvent;
 use crate::dns::{Dns, Route};
 use crate::net::ShutdownController;
-use crate::store::{
-    DsnEvent, DsnRequest, DsnRet, FlagSet, NewDelivery, NewQueueItem, QueueAttempt, QueueItem,
-    RecipientOutcome, RecipientStatus,
-};
 use client::{Client, ClientError, Timeouts};
 use dsn::{Action, RecipientReport};
 use mailcluster_api::config::split_host_port;
+use mailcluster_model::{
+    DsnEvent, DsnRequest, DsnRet, FlagSet, NewDelivery, NewQueueItem, QueueAttempt, QueueItem,
+    RecipientOutcome, RecipientStatus,
+};
 
 /// How long a connection waits in the pool for its next message.
 const IDLE_KEEP: Duration = Duration::from_secs(5);
@@ -719,7 +719,7 @@ pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec
             .ok_or_else(|| anyhow::anyhow!("{to} has no INBOX"))?;
         let mut raw = b"Return-Path: <>\r\n".to_vec();
         raw.extend_from_slice(&message);
-        let meta = crate::message::parse_meta(&raw);
+        let meta = mailcluster_model::message::parse_meta(&raw);
         let delivery = NewDelivery {
             raw: Bytes::from(raw),
             meta,

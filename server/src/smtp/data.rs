@@ -24,7 +24,7 @@ use crate::proto::frame::take_octets;
 use crate::proto::smtp::{DataDecoder, Reply, replies, trace_name};
 use crate::relay::deliver_dsn;
 use crate::relay::dsn::{self, Action, RecipientReport};
-use crate::store::{DsnEvent, DsnRet, FlagSet, NewDelivery, NewQueueItem};
+use mailcluster_model::{DsnEvent, DsnRet, FlagSet, NewDelivery, NewQueueItem};
 
 /// Messages larger than this are parsed on the blocking pool, so a big attachment
 /// does not stall the other sessions of this worker thread.
@@ -412,10 +412,10 @@ impl Session {
         }
         if !locals.is_empty() {
             let meta = if raw.len() <= PARSE_INLINE_MAX {
-                crate::message::parse_meta(&raw)
+                mailcluster_model::message::parse_meta(&raw)
             } else {
                 let r = raw.clone();
-                match tokio::task::spawn_blocking(move || crate::message::parse_meta(&r)).await {
+                match tokio::task::spawn_blocking(move || mailcluster_model::message::parse_meta(&r)).await {
                     Ok(meta) => meta,
                     Err(err) => {
                         tracing::error!(error = %err, "message parsing task failed");
@@ -659,7 +659,7 @@ fn header_safe(s: &str) -> String {
 /// none, as its last fields (the trace fields stay first); both written by
 /// mail-builder.
 fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
-    let header_end = crate::message::find_header_end(raw);
+    let header_end = mailcluster_model::message::find_header_end(raw);
     let header = &raw[..header_end.unwrap_or(raw.len())];
     let has = |name: &[u8]| {
         header.split(|&b| b == b'\n').any(|line| {

@@ -11,7 +11,8 @@ use smtp_proto::{MailFrom, RcptTo};
 use super::session::{Session, Step};
 use crate::cache::Cache;
 use crate::proto::smtp::{Reply, replies, split_address};
-use crate::store::{DsnNotify, DsnRequest, DsnRet, RecipientDsn, StoreResult};
+use crate::store::StoreResult;
+use mailcluster_model::{DsnNotify, DsnRequest, DsnRet, RecipientDsn};
 
 /// The open transaction.
 #[derive(Debug)]
@@ -45,7 +46,7 @@ pub(super) enum Target {
 
 /// Result of checking an address against the store (and the cache before it);
 /// an alias's accounts are each looked up in turn.
-use crate::store::Recipient as Lookup;
+use mailcluster_model::Recipient as Lookup;
 
 /// MAIL parameters we implement: BODY=7BIT/8BITMIME, SMTPUTF8 and DSN's RET
 /// (plus SIZE, ENVID and AUTH=, which are fields, not flags). REQUIRETLS,

@@ -72,7 +72,7 @@ impl Session {
     /// domain).
     pub(super) fn header_senders(&self, content: &[u8]) -> Result<Option<String>, Reply> {
         let Some(account) = self.account.as_ref() else { return Ok(None) };
-        let default_rights = crate::store::SenderRights::default();
+        let default_rights = mailcluster_model::SenderRights::default();
         let rights = self.sender_rights.as_ref().unwrap_or(&default_rights);
         let delimiters = &self.config().recipient_delimiter;
         let check = self.checks_senders();

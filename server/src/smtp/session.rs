@@ -22,7 +22,7 @@ use crate::app::App;
 use crate::net::{ConnInfo, SessionCtx, SessionStream, Shutdown, TlsProvider};
 use crate::proto::frame::{Line, LineFramer, take_octets};
 use crate::proto::smtp::{self as proto, Reply, Request, replies};
-use crate::store::{Account, SenderRights};
+use mailcluster_model::{Account, SenderRights};
 
 /// Read size while waiting for commands: small, because thousands of idle sessions
 /// each hold one buffer.

@@ -385,7 +385,7 @@ pub(crate) fn db_err(e: sqlx::Error) -> StoreError {
 pub(crate) fn header_size_of(stored: Option<i64>, body: &[u8]) -> u32 {
     match stored.and_then(|v| u32::try_from(v).ok()) {
         Some(v) => v.min(body.len() as u32),
-        None => crate::message::find_header_end(body).unwrap_or(body.len()) as u32,
+        None => mailcluster_model::message::find_header_end(body).unwrap_or(body.len()) as u32,
     }
 }
 

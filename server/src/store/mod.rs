@@ -23,9 +23,9 @@ pub mod postgres;
 mod sql;
 pub mod sqlite;
 pub(crate) mod steps;
-pub mod types;
 
-pub use types::*;
+// The vocabulary the trait speaks, for the backends under this module.
+use mailcluster_model::*;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+use mailcluster_model::PoolStats;
 use mailcluster_server::cache::{Cache, CacheResult, LockToken, MailboxEvent, RotatingSecret};
-use mailcluster_server::store::PoolStats;
 
 /// What a [`Gated`] cache asks before each operation.
 #[async_trait]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+use mailcluster_model::*;
 use mailcluster_server::cache::{Cache, CacheResult, LockToken, MailboxEvent, RotatingSecret};
-use mailcluster_server::store::*;
 
 /// Notifications over a tokio broadcast channel; the rest is inert.
 pub struct MemCache {

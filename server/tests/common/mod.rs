@@ -8,18 +8,19 @@ pub mod mem;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mailcluster_model::message::parse_meta;
+use mailcluster_model::{Account, FlagSet, NewDelivery};
 use mailcluster_server::app::App;
 use mailcluster_server::auth::Authenticator;
 use mailcluster_server::cache::Cache;
 use mailcluster_server::config::Config;
 use mailcluster_server::delivery::{Deliverer, DeliveryOptions};
 use mailcluster_server::imap::ImapProtocol;
-use mailcluster_server::message::parse_meta;
 use mailcluster_server::metrics::Metrics;
 use mailcluster_server::net::listener::{Listener, ListenerSpec, TlsMode};
 use mailcluster_server::net::server::ShutdownController;
 use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown, TlsProvider};
-use mailcluster_server::store::{Account, FlagSet, NewDelivery, Store};
+use mailcluster_server::store::Store;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 /// An argon2id hash with tiny parameters (8 KiB, one pass): verification cost is

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use mailcluster_model::*;
 use mailcluster_server::store::*;
 
 pub struct FaultyStore {

@@ -8,12 +8,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mailcluster_model::UidSet;
 use mailcluster_server::app::App;
 use mailcluster_server::cache::Cache;
 use mailcluster_server::config::Config;
 use mailcluster_server::net::{ConnInfo, Protocol, SessionCtx, SessionStream, Shutdown};
 use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
-use mailcluster_server::store::{Store, UidSet};
+use mailcluster_server::store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 pub mod faulty;

@@ -1,8 +1,8 @@
 //! Response syntax helpers.
 
-use crate::store::{FlagSet, Flags};
+use mailcluster_model::{FlagSet, Flags};
 
-pub use crate::message::{nstring, quoted, string};
+pub use mailcluster_model::message::{nstring, quoted, string};
 
 /// A mailbox name as it goes on the wire, always quoted (every client accepts a
 /// quoted name; atoms would need the astring rules checked): modified UTF-7, or

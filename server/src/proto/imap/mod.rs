@@ -12,7 +12,7 @@
 //!
 //! Responses are written as bytes rather than through `imap-codec`'s response
 //! types: ENVELOPE and BODYSTRUCTURE are stored pre-rendered at delivery (see
-//! [`crate::message`]), and FETCH bodies are written straight from the stored bytes;
+//! [`mailcluster_model::message`]), and FETCH bodies are written straight from the stored bytes;
 //! building typed responses would re-parse and copy both.
 
 pub mod encode;

@@ -7,7 +7,7 @@ use imap_codec::decode::Decoder;
 use imap_codec::imap_types::command::Command;
 use imap_codec::imap_types::sequence::{SeqOrUid, Sequence, SequenceSet};
 
-use crate::store::{FlagSet, Flags};
+use mailcluster_model::{FlagSet, Flags};
 
 /// STATUS data items (RFC 3501 §6.3.10; SIZE: RFC 8438; HIGHESTMODSEQ: RFC 7162;
 /// DELETED and DELETED-STORAGE: RFC 9208).

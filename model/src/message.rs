@@ -23,7 +23,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use mail_parser::{Address, HeaderName, HeaderValue, Message, MessageParser, MessagePart, PartType};
 
-use crate::store::{MessageMeta, PartInfo};
+use crate::{MessageMeta, PartInfo};
 
 /// Nesting bound for the part walk: mail-parser already limits nesting, this keeps
 /// our own recursion bounded whatever the parser decides.
@@ -797,7 +797,7 @@ inner\r\n\r\nthree\r\n--b1--\r\nepilogue\r\n";
         // SEARCH TO matches the group's name as well as its members.
         assert_eq!(meta.to, "Team: <x@example.com>, <y@example.com>;");
         // SORT TO: the group's start marker is its first address (its name).
-        assert_eq!(crate::imap::sort::first_mailbox(&meta.to), "Team");
+        assert_eq!(crate::sort_keys::first_mailbox(&meta.to), "Team");
         let mixed = parse_meta(b"To: a@example.com, Team: Y <y@example.com>;, Empty:;\r\n\r\n");
         assert_eq!(mixed.to, "a@example.com, Team: Y <y@example.com>;, Empty: ;");
         // 8-bit header text goes out as a literal.

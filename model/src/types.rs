@@ -1,4 +1,4 @@
-//! Plain data exchanged with a [`Store`](super::Store). No I/O here.
+//! Plain data exchanged with the store and between the parts of the server.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -411,7 +411,7 @@ impl SortRow {
 }
 
 /// Where one message of a mailbox is stored: a row of
-/// [`Store::message_links`](super::Store::message_links).
+/// the store's `message_links`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MessageLink {
     pub mailbox_id: i64,
@@ -421,7 +421,7 @@ pub struct MessageLink {
     pub internal_date: DateTime<Utc>,
 }
 
-/// What [`Store::message_links`](super::Store::message_links) returns, all read in
+/// What the store's `message_links` returns, all read in
 /// one snapshot.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MessageLinks {
@@ -434,7 +434,7 @@ pub struct MessageLinks {
 }
 
 /// A stored message body: a row of
-/// [`Store::message_bodies`](super::Store::message_bodies). Bodies never change
+/// the store's `message_bodies`. Bodies never change
 /// once stored, so they may be cached by id.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredBody {
@@ -463,7 +463,7 @@ pub struct MaildropEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MailboxIndex {
     /// The modseq this snapshot reflects: changes after it come from
-    /// [`Store::changes_since`](super::Store::changes_since).
+    /// the store's `changes_since`.
     pub highest_modseq: u64,
     pub uid_next: u32,
     /// Ascending.
