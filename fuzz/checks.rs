@@ -26,7 +26,6 @@ use mailcluster_model::{MessageMeta, SortRow};
 use mailcluster_server::delivery::forward::fuzzing as forward;
 use mailcluster_server::dkim::{Signer, generate, write_key_file};
 use mailcluster_server::dns::Dns;
-use mailcluster_server::imap::sort_cache::SortKeys;
 use mailcluster_server::imap::thread::{ThreadMessage, ordered_subject, parent_ids, references, render};
 use mailcluster_server::inbound::{self, Envelope, Verdict};
 use mailcluster_server::net::deflate::Deflate;
@@ -37,6 +36,7 @@ use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcp
 use mailcluster_server::relay::client::Reply;
 use mailcluster_server::relay::client::fuzzing as relay;
 use mailcluster_server::relay::dsn::{self, Action, RecipientReport, Report};
+use mailcluster_server::view::sort_cache::SortKeys;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Limits small enough that short inputs reach them.

@@ -453,7 +453,7 @@ pub struct MaildropEntry {
     /// Octets of the stored message.
     pub size: u32,
     /// INTERNALDATE of the link: what a shared body cache checks a message id
-    /// against (see `imap::bodies`).
+    /// against (see `view::bodies`).
     pub internal_date: DateTime<Utc>,
 }
 

@@ -6,10 +6,10 @@ use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::delivery::Deliverer;
-use crate::imap::ImapState;
 use crate::metrics::Metrics;
 use crate::net::budget::TransferBudget;
 use crate::store::Store;
+use crate::view::View;
 
 #[derive(Clone)]
 pub struct App {
@@ -19,8 +19,11 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub auth: Arc<Authenticator>,
     pub deliverer: Arc<Deliverer>,
-    /// The process's IMAP leases and read caches, one for all IMAP listeners.
-    pub imap: ImapState,
+    /// The process's read layer, one for all IMAP and POP3 sessions.
+    pub view: Arc<View>,
+    /// The process's IMAP sessions per account (`imap.max_connections_per_user`),
+    /// one count for all IMAP listeners.
+    pub imap_leases: Arc<crate::imap::limit::Leases>,
     /// Mail exchange with other domains (resolver, DKIM keys, relay wake-up).
     pub mail: Arc<MailExchange>,
     /// Client input held in flight, for the whole process (`net::budget`).
@@ -60,7 +63,7 @@ impl App {
         auth: Arc<Authenticator>,
         deliverer: Arc<Deliverer>,
     ) -> App {
-        let imap = ImapState::new(&config, &store, &metrics);
+        let view = View::new(&config, &store, cache.clone(), &metrics);
         let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
         App {
             config,
@@ -69,7 +72,8 @@ impl App {
             metrics,
             auth,
             deliverer,
-            imap,
+            view,
+            imap_leases: Arc::default(),
             mail: Arc::new(MailExchange::disabled()),
             budget,
             refreshing_recipients: Arc::default(),

@@ -24,3 +24,4 @@ pub mod relay;
 pub mod serve;
 pub mod smtp;
 pub mod store;
+pub mod view;

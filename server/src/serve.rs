@@ -135,7 +135,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_mail(MailExchange { dns: dns.clone(), signer, relay_wake: relay_wake.clone() });
     // The read caches assume the database never goes back in time; they are
     // dropped when it does (restore, failover).
-    tokio::spawn(app.imap.watch_epoch(store.clone()));
+    tokio::spawn(app.view.watch_epoch());
     if config.imap.tombstone_retention_days > 0 {
         tokio::spawn(prune_tombstones(store.clone(), config.clone()));
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use faulty::FaultyStore;
 use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
-use mailcluster_server::imap::bodies::{BodyMetrics, BodyReader};
 use mailcluster_server::store::{self, Store};
+use mailcluster_server::view::bodies::{BodyMetrics, BodyReader};
 
 struct Counters {
     hits: prometheus::IntCounter,

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use faulty::FaultyStore;
 use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
-use mailcluster_server::imap::probe::ModseqProbe;
 use mailcluster_server::store::{self, Store};
+use mailcluster_server::view::probe::ModseqProbe;
 
 fn counter(name: &str) -> prometheus::IntCounter {
     prometheus::IntCounter::new(name, name).expect("counter")

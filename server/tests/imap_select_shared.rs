@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::*;
 use mailcluster_model::{Account, FlagOp, FlagSet, Flags, MailboxIndex, UidSet};
 use mailcluster_server::app::App;
-use mailcluster_server::imap::shared_snapshot::{SharedEncoding, shared_key};
+use mailcluster_server::view::shared_snapshot::{SharedEncoding, shared_key};
 use mailcluster_testkit::TestDatabase;
 
 /// EXAMINE (which claims no \Recent, so two pods can be asked in turn) and what a

@@ -16,9 +16,10 @@ use std::time::Duration;
 use common::*;
 use mailcluster_model::{Account, FlagOp, FlagSet, Flags, UidSet};
 use mailcluster_server::app::App;
-use mailcluster_server::imap::shared_snapshot::{SharedEncoding, shared_key};
 use mailcluster_server::net::{Protocol, SessionStream, Shutdown};
-use mailcluster_server::pop3::{Pop3Protocol, maildrop};
+use mailcluster_server::pop3::Pop3Protocol;
+use mailcluster_server::view::maildrop;
+use mailcluster_server::view::shared_snapshot::{SharedEncoding, shared_key};
 use mailcluster_testkit::TestDatabase;
 use tokio::io::DuplexStream;
 

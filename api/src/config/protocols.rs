@@ -161,7 +161,7 @@ pub struct ImapConfig {
     pub idle_poll_secs: u64,
     /// Messages (UID, flags and modseq, about 16 bytes each) a process keeps of recently
     /// selected mailboxes, so that SELECT of a large mailbox reads only what
-    /// changed since (0 = off). See the server's `imap::index_cache`.
+    /// changed since (0 = off). See the server's `view::index_cache`.
     pub select_cache_messages: usize,
     /// Mailboxes of at least this many messages also keep their SELECT index in
     /// the shared cache (Redis; about 16 bytes a message), so that a SELECT on a
@@ -172,15 +172,15 @@ pub struct ImapConfig {
     pub shared_index_ttl_secs: u64,
     /// Bytes of message bodies a process keeps for IMAP FETCH and POP3 RETR/TOP
     /// (bodies never change once stored, so any pod may cache them; 0 = off). See
-    /// the server's `imap::bodies`.
+    /// the server's `view::bodies`.
     pub body_cache_bytes: usize,
     /// Bytes of message metadata (ENVELOPE, BODYSTRUCTURE, sizes; about 1.5 KB a
     /// message) a process keeps for FETCH (never changes once stored; 0 = off).
-    /// See the server's `imap::meta_cache`.
+    /// See the server's `view::meta_cache`.
     pub meta_cache_bytes: usize,
     /// Messages whose SORT/THREAD keys a process keeps (about 250 bytes each; keys
     /// never change once a message is stored; 0 = off). See the server's
-    /// `imap::sort_cache`.
+    /// `view::sort_cache`.
     pub sort_cache_messages: usize,
     /// Days an expunged message's tombstone is kept (0 = for ever). Sessions (and
     /// the SELECT cache) that last looked at a mailbox before that learn what was

@@ -106,7 +106,7 @@ impl Session {
                 let max = self.cfg.max_connections_per_user;
                 let lease = Duration::from_secs(self.cfg.connection_lease_secs);
                 let Some(slot) =
-                    super::limit::acquire(&self.shared, &self.app.cache, account.id, max, lease).await
+                    super::limit::acquire(&self.shared.leases, &self.app.cache, account.id, max, lease).await
                 else {
                     return Outcome::no("[LIMIT] Too many connections for this account");
                 };

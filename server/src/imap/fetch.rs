@@ -4,9 +4,9 @@
 //! - FLAGS/UID only → the session's flag map (no query);
 //! - whole messages and top-level sections (`BODY[]`, `BODY[HEADER]`, `RFC822*`)
 //!   → the message links, batched with other sessions' FETCHes, and the bodies
-//!   from the per-process body cache ([`super::bodies`]);
+//!   from the per-process body cache ([`crate::view::bodies`]);
 //! - ENVELOPE, BODYSTRUCTURE, sizes, dates → the pre-rendered metadata, from the
-//!   per-process metadata cache ([`super::meta_cache`]) or `store.messages_by_uid`,
+//!   per-process metadata cache ([`crate::view::meta_cache`]) or `store.messages_by_uid`,
 //!   with flags from the session's view; plus the bodies as above when a section
 //!   inside a MIME part is asked for: a byte slice located by the stored part
 //!   offsets.
@@ -19,11 +19,11 @@ use imap_codec::imap_types::core::AString;
 use imap_codec::imap_types::fetch::{MacroOrMessageDataItemNames, MessageDataItemName, Part, Section};
 use imap_codec::imap_types::sequence::SequenceSet;
 
-use super::meta_cache::CachedMeta;
 use super::session::{Outcome, Session, store_error};
 use crate::net::output::Output;
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::{BinaryItem, FetchExtension, SeqSet};
+use crate::view::meta_cache::CachedMeta;
 use mailcluster_model::message::find_header_end;
 use mailcluster_model::{FlagOp, FlagSet, Flags, MessageMeta, UidSet};
 

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::Shared;
 use crate::cache::Cache;
 
 /// The cache lease set that counts an account's IMAP sessions on every pod.
@@ -30,7 +29,7 @@ pub fn lease_key(account_id: i64) -> String {
 }
 
 /// This pod's leases and per-account counts.
-pub(crate) struct Leases {
+pub struct Leases {
     /// Unique per process (random), so members from different pods never collide.
     instance: String,
     next: AtomicU64,
@@ -41,8 +40,8 @@ pub(crate) struct Leases {
     renewer_started: AtomicBool,
 }
 
-impl Leases {
-    pub(crate) fn new() -> Self {
+impl Default for Leases {
+    fn default() -> Self {
         let mut id = [0u8; 8];
         rand::fill(&mut id);
         Leases {
@@ -63,7 +62,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A session's place in the per-account limit; released when dropped.
 pub(crate) struct UserSlot {
-    shared: Arc<Shared>,
+    leases: Arc<Leases>,
     cache: Arc<dyn Cache>,
     account_id: i64,
     /// The cache lease, when one was taken.
@@ -73,14 +72,14 @@ pub(crate) struct UserSlot {
 /// Takes a slot for `account_id`, or `None` when the account is at `max` (0 =
 /// unlimited: no slot bookkeeping beyond the local count).
 pub(crate) async fn acquire(
-    shared: &Arc<Shared>,
+    leases: &Arc<Leases>,
     cache: &Arc<dyn Cache>,
     account_id: i64,
     max: usize,
     lease: Duration,
 ) -> Option<UserSlot> {
     {
-        let mut local = lock(&shared.leases.local);
+        let mut local = lock(&leases.local);
         let n = local.entry(account_id).or_insert(0);
         if max > 0 && *n >= max {
             return None;
@@ -88,18 +87,17 @@ pub(crate) async fn acquire(
         *n += 1;
     }
     // From here on the slot is counted locally; dropping it undoes that.
-    let mut slot = UserSlot { shared: shared.clone(), cache: cache.clone(), account_id, member: None };
+    let mut slot = UserSlot { leases: leases.clone(), cache: cache.clone(), account_id, member: None };
     if max == 0 {
         return Some(slot);
     }
-    let leases = &shared.leases;
     let member = format!("{}:{}", leases.instance, leases.next.fetch_add(1, Ordering::Relaxed));
     match cache.lease_acquire(&lease_key(account_id), &member, max as u64, lease).await {
         Ok(true) => {
             lock(&leases.held).insert(member.clone(), account_id);
             slot.member = Some(member);
             if !leases.renewer_started.swap(true, Ordering::AcqRel) {
-                tokio::spawn(renew(Arc::downgrade(shared), cache.clone(), lease));
+                tokio::spawn(renew(Arc::downgrade(leases), cache.clone(), lease));
             }
             Some(slot)
         }
@@ -113,14 +111,14 @@ pub(crate) async fn acquire(
 
 /// Renews every lease this pod holds, every third of the lease time, until the
 /// pod's IMAP state is gone.
-async fn renew(shared: Weak<Shared>, cache: Arc<dyn Cache>, lease: Duration) {
+async fn renew(leases: Weak<Leases>, cache: Arc<dyn Cache>, lease: Duration) {
     let every = (lease / 3).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(every).await;
-        let Some(shared) = shared.upgrade() else { return };
+        let Some(leases) = leases.upgrade() else { return };
         let held: Vec<(String, String)> =
-            lock(&shared.leases.held).iter().map(|(m, a)| (lease_key(*a), m.clone())).collect();
-        drop(shared);
+            lock(&leases.held).iter().map(|(m, a)| (lease_key(*a), m.clone())).collect();
+        drop(leases);
         if held.is_empty() {
             continue;
         }
@@ -137,7 +135,7 @@ impl UserSlot {
     /// that saw its LOGOUT completed can log in again at once, even at the limit.
     pub(crate) async fn release(mut self) {
         let Some(member) = self.member.take() else { return };
-        lock(&self.shared.leases.held).remove(&member);
+        lock(&self.leases.held).remove(&member);
         if let Err(e) = self.cache.lease_release(&lease_key(self.account_id), &member).await {
             tracing::debug!(error = %e, "imap: connection lease release failed; it expires");
         }
@@ -148,7 +146,7 @@ impl UserSlot {
 /// awaited (a session task cancelled at shutdown), in a task of its own.
 impl Drop for UserSlot {
     fn drop(&mut self) {
-        let leases = &self.shared.leases;
+        let leases = &self.leases;
         {
             let mut local = lock(&leases.local);
             if let Some(n) = local.get_mut(&self.account_id) {

@@ -15,10 +15,10 @@ use imap_codec::imap_types::mailbox::{ListMailbox, Mailbox as WireMailbox};
 use super::selected::Selected;
 use super::session::{Outcome, Session, store_error};
 use crate::cache::MailboxEvent;
-use crate::imap::shared_snapshot::SharedSnapshots;
 use crate::proto::imap::parse::{ListExtended, Qresync, StatusItem};
 use crate::proto::imap::{encode, utf7};
 use crate::store::StoreError;
+use crate::view::shared_snapshot::SharedSnapshots;
 use mailcluster_model::{Flags, MailboxIndex, MailboxStatus, SpecialUse};
 
 /// Hierarchy separator, in the store and on the wire.
@@ -168,7 +168,8 @@ impl Session {
         let reads = &self.shared.reads;
         let cfg = &self.app.config.imap;
         let shared =
-            SharedSnapshots::of(&self.app, cfg.shared_index_min_messages, cfg.shared_index_ttl_secs).await;
+            SharedSnapshots::of(&self.app.view, cfg.shared_index_min_messages, cfg.shared_index_ttl_secs)
+                .await;
         let mut from_shared = false;
         let cached = match reads.index_cache.get(mailbox_id, uid_validity) {
             Some(local) => {

@@ -373,7 +373,7 @@ impl Session {
     }
 
     /// Whether the selected mailbox got a new UIDVALIDITY since it was selected
-    /// (the database went back in time: `imap::uid_marks`): the session's UIDs
+    /// (the database went back in time: `view::uid_marks`): the session's UIDs
     /// may now name other messages, and RFC 3501 has no way to change the
     /// UIDVALIDITY of a selection, so the session must end.
     pub(crate) fn uidvalidity_renewed(&self) -> bool {

@@ -11,7 +11,7 @@ use super::session::{Outcome, Session, store_error};
 use crate::proto::imap::parse::{ReturnOption, SortKey, SortKind};
 use std::sync::Arc;
 
-use super::sort_cache::{Order, SortKeys};
+use crate::view::sort_cache::{Order, SortKeys};
 use mailcluster_model::UidSet;
 
 impl Session {

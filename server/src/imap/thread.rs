@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use super::session::{Outcome, Session, store_error};
 use std::sync::Arc;
 
-use super::sort_cache::SortKeys;
 use crate::proto::imap::parse::ThreadAlgorithm;
+use crate::view::sort_cache::SortKeys;
 
 /// Bodies read at once for their References / In-Reply-To headers.
 const HEADER_BATCH: usize = 256;

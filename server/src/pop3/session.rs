@@ -401,7 +401,7 @@ impl Session {
         let Some(entry) = self.maildrop().get(n).copied() else {
             return self.err("No such message");
         };
-        let read = self.app.imap.bodies().bodies(&[(entry.message_id, entry.internal_date)]).await;
+        let read = self.app.view.bodies().bodies(&[(entry.message_id, entry.internal_date)]).await;
         let body = match read.map(|mut b| b.pop().flatten()) {
             Ok(Some(stored)) => stored.body,
             Ok(None) | Err(StoreError::NotFound(_)) => {

@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-use crate::app::App;
-use crate::imap::index_cache::Snapshot;
+use super::Snapshot;
+use super::View;
 
 /// A snapshot that can travel through the shared cache.
 pub trait SharedEncoding: Snapshot + Sized {
@@ -40,7 +40,7 @@ pub fn shared_key(namespace: &str, epoch: &str, mailbox_id: i64) -> String {
 /// The shared cache as one session sees it: whether it takes snapshots, from
 /// what size, for how long, under which epoch.
 pub struct SharedSnapshots<'a> {
-    app: &'a App,
+    view: &'a View,
     /// 0: no snapshot is read or written.
     min_messages: usize,
     ttl: Duration,
@@ -51,11 +51,11 @@ impl<'a> SharedSnapshots<'a> {
     /// `min_messages` 0 turns sharing off. The embedded cache lives in this
     /// process, so the pod's own cache already is what it would hold; and
     /// without a known epoch no key is safe to use.
-    pub async fn of(app: &'a App, min_messages: usize, ttl_secs: u64) -> SharedSnapshots<'a> {
-        let wanted = app.cache.shared_across_processes() && min_messages > 0;
-        let epoch = if wanted { app.imap.epoch(app.store.as_ref()).await } else { None };
+    pub async fn of(view: &'a View, min_messages: usize, ttl_secs: u64) -> SharedSnapshots<'a> {
+        let wanted = view.cache.shared_across_processes() && min_messages > 0;
+        let epoch = if wanted { view.epoch().await } else { None };
         SharedSnapshots {
-            app,
+            view,
             min_messages: if epoch.is_some() { min_messages } else { 0 },
             ttl: Duration::from_secs(ttl_secs.max(1)),
             epoch: epoch.unwrap_or_default(),
@@ -74,7 +74,7 @@ impl<'a> SharedSnapshots<'a> {
         if !self.enabled() {
             return None;
         }
-        match self.app.cache.value_get(&self.key::<T>(mailbox_id)).await {
+        match self.view.cache.value_get(&self.key::<T>(mailbox_id)).await {
             Ok(Some(value)) => T::decode(&value, uid_validity),
             Ok(None) => None,
             Err(e) => {
@@ -95,7 +95,7 @@ impl<'a> SharedSnapshots<'a> {
         if !self.enabled() || snapshot.messages() < self.min_messages {
             return;
         }
-        let (cache, key, ttl) = (self.app.cache.clone(), self.key::<T>(mailbox_id), self.ttl);
+        let (cache, key, ttl) = (self.view.cache.clone(), self.key::<T>(mailbox_id), self.ttl);
         let snapshot = snapshot.clone();
         tokio::spawn(async move {
             let value = snapshot.encode(uid_validity);

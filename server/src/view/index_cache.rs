@@ -15,16 +15,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::imap::shared_snapshot::{Fields, SharedEncoding};
+use super::Snapshot;
+use super::shared_snapshot::{Fields, SharedEncoding};
 use mailcluster_model::{Flags, MailboxIndex};
-
-/// What the cache holds per mailbox: a listing that reflects one modseq.
-pub trait Snapshot {
-    /// The modseq it reflects: what changed after it comes from `changes_since`.
-    fn modseq(&self) -> u64;
-    /// Messages it lists: what the budget counts.
-    fn messages(&self) -> usize;
-}
 
 impl Snapshot for MailboxIndex {
     fn modseq(&self) -> u64 {
