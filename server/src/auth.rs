@@ -54,7 +54,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::sealed::MacKey;
 use crate::cache::{Cache, RotatingSecret};
-use crate::store::Store;
+use crate::store::Directory;
 use mailcluster_model::Account;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +160,8 @@ struct Cached<T> {
 }
 
 pub struct Authenticator {
-    pub store: Arc<dyn Store>,
+    /// Logins read accounts and domains only.
+    pub store: Arc<dyn Directory>,
     pub cache: Arc<dyn Cache>,
     pub config: AuthConfig,
     domains: Mutex<Option<Cached<Vec<String>>>>,
@@ -191,7 +192,7 @@ impl<E: std::fmt::Display> From<E> for Trouble {
 }
 
 impl Authenticator {
-    pub fn new(store: Arc<dyn Store>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
+    pub fn new(store: Arc<dyn Directory>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let permits = hash_permits(config.max_concurrent_hashes, cpus);
         let auth_total = prometheus::IntCounterVec::new(

@@ -21,7 +21,8 @@ use mailcluster_server::store::*;
 
 // ---------------------------------------------------------------- a failing store
 
-/// A database that is not there: every call fails.
+/// A database that is not there: every call fails. Logins read the directory
+/// only, so that is all it fakes.
 struct DownStore;
 
 fn down_store<T>() -> StoreResult<T> {
@@ -29,19 +30,7 @@ fn down_store<T>() -> StoreResult<T> {
 }
 
 #[async_trait]
-impl Store for DownStore {
-    fn backend(&self) -> &'static str {
-        "down"
-    }
-    async fn migrate(&self) -> StoreResult<()> {
-        down_store()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        down_store()
-    }
-    fn pool_stats(&self) -> PoolStats {
-        PoolStats::default()
-    }
+impl Directory for DownStore {
     async fn domain_add(&self, _: &str) -> StoreResult<()> {
         down_store()
     }
@@ -85,151 +74,6 @@ impl Store for DownStore {
         down_store()
     }
     async fn account_list(&self, _: Option<&str>) -> StoreResult<Vec<Account>> {
-        down_store()
-    }
-    async fn alias_add(&self, _: &str, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn alias_del(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
-        down_store()
-    }
-    async fn alias_list(&self, _: Option<&str>) -> StoreResult<Vec<(String, String)>> {
-        down_store()
-    }
-    async fn alias_targets(&self, _: &str) -> StoreResult<Vec<String>> {
-        down_store()
-    }
-    async fn account_sender_add(&self, _: &str, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn account_sender_del(&self, _: &str, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn sender_rights(&self, _: &str) -> StoreResult<SenderRights> {
-        down_store()
-    }
-    async fn mailbox_list(&self, _: i64) -> StoreResult<Vec<Mailbox>> {
-        down_store()
-    }
-    async fn mailbox_get(&self, _: i64, _: &str) -> StoreResult<Option<Mailbox>> {
-        down_store()
-    }
-    async fn mailbox_get_by_id(&self, _: i64) -> StoreResult<Option<Mailbox>> {
-        down_store()
-    }
-    async fn mailbox_create(&self, _: i64, _: &str, _: Option<SpecialUse>) -> StoreResult<Mailbox> {
-        down_store()
-    }
-    async fn mailbox_delete(&self, _: i64, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn mailbox_rename(&self, _: i64, _: &str, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn mailbox_subscribe(&self, _: i64, _: &str, _: bool) -> StoreResult<()> {
-        down_store()
-    }
-    async fn subscriptions(&self, _: i64) -> StoreResult<Vec<String>> {
-        down_store()
-    }
-    async fn mailbox_size(&self, _: i64) -> StoreResult<u64> {
-        down_store()
-    }
-    async fn mailbox_deleted(&self, _: i64) -> StoreResult<(u32, u64)> {
-        down_store()
-    }
-    async fn mailbox_status(&self, _: i64) -> StoreResult<MailboxStatus> {
-        down_store()
-    }
-    async fn recent_claim(&self, _: i64, _: u32) -> StoreResult<u32> {
-        down_store()
-    }
-    async fn mailbox_renew_uid_validity(&self, _: i64, _: u32) -> StoreResult<Option<u32>> {
-        down_store()
-    }
-    async fn deliver_batch(&self, _: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
-        down_store()
-    }
-    async fn mailbox_uids(&self, _: i64) -> StoreResult<Vec<u32>> {
-        down_store()
-    }
-    async fn mailbox_index(&self, _: i64) -> StoreResult<MailboxIndex> {
-        down_store()
-    }
-    async fn messages_by_uid(&self, _: i64, _: &UidSet) -> StoreResult<Vec<MessageRow>> {
-        down_store()
-    }
-    async fn message_body(&self, _: i64) -> StoreResult<bytes::Bytes> {
-        down_store()
-    }
-    async fn uids_by_flags(&self, _: i64, _: Flags, _: Flags) -> StoreResult<Vec<u32>> {
-        down_store()
-    }
-    async fn store_flags(&self, _: i64, _: &UidSet, _: FlagOp, _: &FlagSet) -> StoreResult<Vec<FlagRow>> {
-        down_store()
-    }
-    async fn store_flags_unchanged_since(
-        &self,
-        _: i64,
-        _: &UidSet,
-        _: FlagOp,
-        _: &FlagSet,
-        _: u64,
-    ) -> StoreResult<ConditionalStore> {
-        down_store()
-    }
-    async fn expunge(&self, _: i64, _: Option<&UidSet>) -> StoreResult<Expunged> {
-        down_store()
-    }
-    async fn copy(&self, _: i64, _: &UidSet, _: i64) -> StoreResult<Vec<(u32, u32)>> {
-        down_store()
-    }
-    async fn move_messages(&self, _: i64, _: &UidSet, _: i64) -> StoreResult<Vec<(u32, u32)>> {
-        down_store()
-    }
-    async fn changes_since(&self, _: i64, _: u64) -> StoreResult<MailboxChanges> {
-        down_store()
-    }
-    async fn queue_enqueue(&self, _: &NewQueueItem) -> StoreResult<i64> {
-        down_store()
-    }
-    async fn queue_claim(&self, _: &str, _: u32, _: Duration) -> StoreResult<Vec<QueueItem>> {
-        down_store()
-    }
-    async fn queue_complete(&self, _: i64) -> StoreResult<()> {
-        down_store()
-    }
-    async fn queue_finish(&self, _: i64, _: &str, _: &QueueAttempt) -> StoreResult<bool> {
-        down_store()
-    }
-    async fn queue_release(&self, _: i64, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn queue_list(&self, _: u32) -> StoreResult<Vec<QueueEntry>> {
-        down_store()
-    }
-    async fn queue_get(&self, _: i64) -> StoreResult<Option<(QueueEntry, bytes::Bytes)>> {
-        down_store()
-    }
-    async fn queue_retry(&self, _: Option<i64>) -> StoreResult<u64> {
-        down_store()
-    }
-    async fn queue_delete(&self, _: i64) -> StoreResult<bool> {
-        down_store()
-    }
-    async fn queue_stats(&self) -> StoreResult<QueueStats> {
-        down_store()
-    }
-    async fn lease_acquire(&self, _: &str, _: &str, _: u64, _: std::time::Duration) -> StoreResult<bool> {
-        down_store()
-    }
-    async fn lease_extend(&self, _: &str, _: &str, _: std::time::Duration) -> StoreResult<bool> {
-        down_store()
-    }
-    async fn lease_release(&self, _: &str, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn lease_count(&self, _: &str) -> StoreResult<u64> {
         down_store()
     }
 }

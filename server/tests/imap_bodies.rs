@@ -6,6 +6,8 @@
 #[allow(dead_code)]
 mod faulty;
 
+use mailcluster_server::store::Mailboxes;
+use mailcluster_server::store::Messages;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use faulty::FaultyStore;
 use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
-use mailcluster_server::store::{self, Store};
+use mailcluster_server::store::{self};
 use mailcluster_server::view::bodies::{BodyMetrics, BodyReader};
 
 struct Counters {

@@ -5,13 +5,15 @@
 #[allow(dead_code)]
 mod faulty;
 
+use mailcluster_server::store::Mailboxes;
+use mailcluster_server::store::Messages;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use faulty::FaultyStore;
 use mailcluster_model::{FlagOp, FlagSet, Flags, UidSet};
-use mailcluster_server::store::{self, Store};
+use mailcluster_server::store::{self};
 use mailcluster_server::view::probe::ModseqProbe;
 
 fn counter(name: &str) -> prometheus::IntCounter {

@@ -6,10 +6,11 @@
 //! the same process would set it on this test's plain connection as well, and the
 //! first check (that a socket without the option is seen at all) would race them.
 
+use mailcluster_server::store::Directory;
+use mailcluster_server::store::Operations;
 use std::str::FromStr;
 use std::time::Duration;
 
-use mailcluster_server::store::Store;
 use mailcluster_server::store::postgres::PgStore;
 use mailcluster_server::store::postgres::nodelay::connections_without;
 use mailcluster_testkit::TestDatabase;

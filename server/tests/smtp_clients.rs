@@ -3,11 +3,12 @@
 
 mod smtp_support;
 
+use mailcluster_server::store::Directory;
+use mailcluster_server::store::Queue;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailcluster_server::store::Store as _;
 use smtp_support::sockets::{listen, tls_provider};
 use smtp_support::{Backend, Harness, PASSWORD, config};
 

@@ -7,6 +7,9 @@
 
 mod smtp_support;
 
+use mailcluster_server::store::Addresses;
+use mailcluster_server::store::Directory;
+use mailcluster_server::store::Queue;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,6 @@ use std::time::Duration;
 use mailcluster_server::app::{App, MailExchange};
 use mailcluster_server::config::Config;
 use mailcluster_server::smtp::{SmtpKind, SmtpProtocol};
-use mailcluster_server::store::Store as _;
 use mailcluster_testkit::dns::TestDns;
 use smtp_support::sockets::{listen, tls_provider};
 use smtp_support::{Backend, Harness, PASSWORD, config};

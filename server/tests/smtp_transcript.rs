@@ -3,9 +3,11 @@
 
 mod smtp_support;
 
+use mailcluster_server::store::Addresses;
+use mailcluster_server::store::Directory;
+use mailcluster_server::store::Queue;
 use std::sync::atomic::Ordering;
 
-use mailcluster_server::store::Store as _;
 use std::time::Duration;
 
 use smtp_support::{Backend, Harness, PASSWORD, config};

@@ -775,7 +775,7 @@ async fn provisioning_is_idempotent(ctx: Ctx) {
     assert!(s.alias_targets("ann.b@example.com").await.unwrap().is_empty(), "its aliases go with it");
 }
 
-/// `Store::recipient` gives what the single reads give/// `Store::recipient` gives what the single reads give (and what RFC 5233
+/// `Addresses::recipient` gives what the single reads give/// `Addresses::recipient` gives what the single reads give (and what RFC 5233
 /// subaddressing and the alias rules say), whichever way a store answers it.
 async fn recipients(ctx: Ctx) {
     use mailcluster_model::Recipient::{Alias, Mailbox, NoSuchUser, NotLocal};

@@ -1,5 +1,5 @@
 //! Relay workers: every SMTP pod delivers the shared outbound queue to other
-//! domains. Items are claimed with a lease (`Store::queue_claim`: FOR UPDATE SKIP
+//! domains. Items are claimed with a lease (`Queue::queue_claim`: FOR UPDATE SKIP
 //! LOCKED on PostgreSQL), so pods never send the same item at once, and an item
 //! whose pod died mid-delivery is taken over when its lease runs out. Delivery is
 //! at least once: a pod killed after the remote server accepted the message and

@@ -409,7 +409,7 @@ impl Session {
     }
 
     /// Checks a recipient: `None` for an address without a domain, else the
-    /// cached answer or [`crate::store::Store::recipient`]'s, with its user
+    /// cached answer or [`crate::store::Addresses::recipient`]'s, with its user
     /// after the configured delimiters.
     async fn lookup_recipient(&self, address: &str) -> StoreResult<Option<Lookup>> {
         if split_address(address).is_none() {

@@ -293,7 +293,7 @@ pub(crate) fn uid_ranges(uids: &UidSet) -> Vec<(i64, i64)> {
     out
 }
 
-/// SQL conditions on `flags` for [`Store::uids_by_flags`](super::Store::uids_by_flags),
+/// SQL conditions on `flags` for [`Messages::uids_by_flags`](super::Messages::uids_by_flags),
 /// one term per bit and with literal constants: a partial index
 /// (`WHERE flags & 1 = 0`) is only used when the query repeats its predicate
 /// verbatim, which a bound parameter or a combined mask would not.

@@ -55,8 +55,10 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// Receives the time a store waited for a pooled connection.
 pub type AcquireObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
+/// The database as a running service: its schema, health, pool, identity
+/// (epoch) and the leases that stand in for the cache's while Redis is away.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Operations: Send + Sync + 'static {
     /// "postgres" or "sqlite"; used in logs and metrics labels.
     fn backend(&self) -> &'static str;
 
@@ -73,14 +75,38 @@ pub trait Store: Send + Sync + 'static {
         let _ = observer;
     }
 
-    // ---- domains ----
+    /// Who the database server is and where its history stands: a value that
+    /// changes when the database is restored, fails over to a replica or is
+    /// replaced — after any of which ids it handed out may be handed out again and
+    /// modseqs may go backwards. Per-process caches built on those are cleared when
+    /// it changes. None: the backend cannot tell (the embedded SQLite file is this
+    /// process's own).
+    async fn epoch(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
+
+    /// Takes a lease on `key` for `member` unless `limit` live leases of other
+    /// members hold it; renews it when `member` already holds one. `true` when
+    /// `member` holds a lease afterwards. A lease lapses `ttl` after it was taken or
+    /// last renewed (by the database's clock, the same for every pod).
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool>;
+    /// Extends `member`'s lease on `key` by `ttl` only while it is still live;
+    /// `false` when it had lapsed (and may be somebody else's now).
+    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool>;
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()>;
+    /// Live leases on `key`.
+    async fn lease_count(&self, key: &str) -> StoreResult<u64>;
+}
+
+/// Domains and accounts: who exists, their passwords, state and limits.
+#[async_trait]
+pub trait Directory: Send + Sync + 'static {
     async fn domain_add(&self, domain: &str) -> StoreResult<()>;
     /// Deleting a domain that still has accounts is refused with `Invalid`.
     async fn domain_del(&self, domain: &str) -> StoreResult<()>;
     async fn domain_list(&self) -> StoreResult<Vec<String>>;
     async fn domain_exists(&self, domain: &str) -> StoreResult<bool>;
 
-    // ---- accounts ----
     /// Creates the account (its domain must exist) and its default mailboxes:
     /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive), all
     /// subscribed. `email` is stored lower-cased.
@@ -103,18 +129,22 @@ pub trait Store: Send + Sync + 'static {
     /// The account's limits and usage, from its mailboxes' counters.
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
+}
 
+/// Where an address leads: aliases, the addresses an account may send as,
+/// and the recipient lookup of every RCPT.
+#[async_trait]
+pub trait Addresses: Send + Sync + 'static {
     /// Allows the account to send as `address` (a full address, or `@domain`
     /// for every address of the domain); NotFound without such an account,
     /// AlreadyExists when it was allowed.
     async fn account_sender_add(&self, email: &str, address: &str) -> StoreResult<()>;
-    /// Withdraws what [`Store::account_sender_add`] allowed; NotFound when it was not.
+    /// Withdraws what [`Addresses::account_sender_add`] allowed; NotFound when it was not.
     async fn account_sender_del(&self, email: &str, address: &str) -> StoreResult<()>;
     /// The account's aliases and allowed senders (empty for an unknown account),
     /// in one round trip: submission reads them at every MAIL.
     async fn sender_rights(&self, email: &str) -> StoreResult<SenderRights>;
 
-    // ---- aliases ----
     /// Mail to `address` (at a local domain, no account's) also goes to the
     /// account `target`. NotFound when the domain or the account does not
     /// exist, Invalid when `address` is an account's, AlreadyExists when the
@@ -132,18 +162,20 @@ pub trait Store: Send + Sync + 'static {
     /// subaddress detail (RFC 5233), if it has one. An account's own address
     /// wins over its subaddressed user, which wins over an alias (of the
     /// address, then of its user). Every RCPT that misses the cache asks this,
-    /// so stores answer it in one round trip where they can; the default is
-    /// [`recipient_by_reads`].
-    async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
-        recipient_by_reads(self, address, user).await
-    }
+    /// so stores answer it in one round trip where they can
+    /// ([`recipient_by_reads`] is the same answer from the single reads).
+    async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient>;
+}
 
-    // ---- mailboxes ----
+/// An account's mailboxes: the hierarchy, subscriptions, status counters,
+/// UIDVALIDITY and `\Recent`.
+#[async_trait]
+pub trait Mailboxes: Send + Sync + 'static {
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>>;
     /// Exact name match; "INBOX" is matched case-insensitively.
     async fn mailbox_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Mailbox>>;
     async fn mailbox_get_by_id(&self, mailbox_id: i64) -> StoreResult<Option<Mailbox>>;
-    /// [`Store::mailbox_get`] and its [`Store::mailbox_status`], read together:
+    /// [`Mailboxes::mailbox_get`] and its [`Mailboxes::mailbox_status`], read together:
     /// what STATUS needs.
     async fn mailbox_get_with_status(
         &self,
@@ -158,14 +190,9 @@ pub trait Store: Send + Sync + 'static {
             None => Ok(None),
         }
     }
-    /// [`Store::mailbox_get`] and its account's [`Store::quota`], read together:
+    /// [`Mailboxes::mailbox_get`] and its account's [`Directory::quota`], read together:
     /// what APPEND needs before it stores anything.
-    async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {
-        match self.mailbox_get(account_id, name).await? {
-            Some(mb) => Ok(Some((mb, self.quota(account_id).await?))),
-            None => Ok(None),
-        }
-    }
+    async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>>;
     async fn mailbox_create(
         &self,
         account_id: i64,
@@ -195,7 +222,7 @@ pub trait Store: Send + Sync + 'static {
     /// when the mailbox is gone or no longer has `old` (another process renewed
     /// it first).
     async fn mailbox_renew_uid_validity(&self, mailbox_id: i64, old: u32) -> StoreResult<Option<u32>>;
-    /// [`Store::recent_claim`] of messages the caller itself has just added, which
+    /// [`Mailboxes::recent_claim`] of messages the caller itself has just added, which
     /// no other session can have taken yet in the common case: stores may skip
     /// the read that answers a claim already taken.
     async fn recent_claim_own(&self, mailbox_id: i64, up_to: u32) -> StoreResult<u32> {
@@ -208,27 +235,22 @@ pub trait Store: Send + Sync + 'static {
     /// DELETED-STORAGE, RFC 9208 §4.2).
     async fn mailbox_deleted(&self, mailbox_id: i64) -> StoreResult<(u32, u64)>;
     /// Messages no session has been given as `\Recent` yet (STATUS RECENT). Not
-    /// part of [`Store::mailbox_status`]: it counts rows, and clients poll STATUS
-    /// without asking for it. This default reads the UID list; the backends count in
-    /// SQL.
-    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
-        let floor = self
-            .mailbox_get_by_id(mailbox_id)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("mailbox {mailbox_id}")))?
-            .recent_floor;
-        let uids = self.mailbox_uids(mailbox_id).await?;
-        Ok(uids.iter().filter(|&&u| u > floor).count() as u32)
-    }
+    /// part of [`Mailboxes::mailbox_status`]: it counts rows, and clients poll STATUS
+    /// without asking for it. The backends count in SQL.
+    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32>;
+}
 
-    // ---- messages ----
+/// The messages in mailboxes: delivery, listings, bodies, flags, copies,
+/// expunges and the changes since a modseq.
+#[async_trait]
+pub trait Messages: Send + Sync + 'static {
     /// The group-commit entry point: stores every message of the batch once and links
     /// it into each of its target mailboxes, all in ONE transaction (one fsync).
     /// Returns, per delivery and in order, the (mailbox_id, uid) pairs assigned.
     /// On error nothing of the batch is stored.
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>>;
     /// All UIDs of the mailbox in ascending order; `NotFound` when the mailbox
-    /// does not exist. (Sessions take them from [`Store::mailbox_index`].)
+    /// does not exist. (Sessions take them from [`Messages::mailbox_index`].)
     async fn mailbox_uids(&self, mailbox_id: i64) -> StoreResult<Vec<u32>> {
         Ok(self.mailbox_index(mailbox_id).await?.uids)
     }
@@ -239,7 +261,7 @@ pub trait Store: Send + Sync + 'static {
     /// `after_uid`, ascending: a POP3 maildrop listing (`after_uid` 0), or what
     /// arrived since a cached one.
     /// Backends answer it from the link and body tables without decoding metadata;
-    /// this default (for test doubles) goes through [`Store::messages_by_uid`].
+    /// this default (for test doubles) goes through [`Messages::messages_by_uid`].
     async fn maildrop(&self, mailbox_id: i64, after_uid: u32) -> StoreResult<Vec<MaildropEntry>> {
         let Some(first) = after_uid.checked_add(1) else { return Ok(Vec::new()) };
         let rows = self.messages_by_uid(mailbox_id, &UidSet(vec![(first, u32::MAX)])).await?;
@@ -265,7 +287,7 @@ pub trait Store: Send + Sync + 'static {
     /// pairs that exist, and the highest modseq of each asked mailbox that exists,
     /// read in one snapshot: the first half of IMAP FETCH of bodies, asked for the
     /// commands of many sessions at once. This default (for test doubles) goes
-    /// through [`Store::highest_modseqs`] and [`Store::messages_by_uid`], which is
+    /// through [`Messages::highest_modseqs`] and [`Messages::messages_by_uid`], which is
     /// not one snapshot.
     async fn message_links(&self, keys: &[(i64, u32)]) -> StoreResult<MessageLinks> {
         let mut ids: Vec<i64> = keys.iter().map(|&(m, _)| m).collect();
@@ -288,7 +310,7 @@ pub trait Store: Send + Sync + 'static {
     }
     /// The bodies of those of the given messages that exist, in no particular
     /// order. Callers bound how many they ask for at once (each is held in memory).
-    /// This default (for test doubles) asks [`Store::message_body`] per message.
+    /// This default (for test doubles) asks [`Messages::message_body`] per message.
     async fn message_bodies(&self, message_ids: &[i64]) -> StoreResult<Vec<StoredBody>> {
         let mut out = Vec::with_capacity(message_ids.len());
         for &id in message_ids {
@@ -319,7 +341,7 @@ pub trait Store: Send + Sync + 'static {
         flags: &FlagSet,
     ) -> StoreResult<Vec<FlagRow>>;
     /// A conditional STORE (`UNCHANGEDSINCE`, RFC 7162 §3.1.3): like
-    /// [`Store::store_flags`] for the messages whose modseq is at most
+    /// [`Messages::store_flags`] for the messages whose modseq is at most
     /// `unchanged_since`; the others are left alone and reported as `modified`.
     /// The test and the change are one atomic step, so two clients changing the
     /// same message never both succeed against the same modseq.
@@ -341,32 +363,24 @@ pub trait Store: Send + Sync + 'static {
     async fn move_messages(&self, src: i64, uids: &UidSet, dest: i64) -> StoreResult<Vec<(u32, u32)>>;
     /// `(mailbox id, highest modseq)` of those of the given mailboxes that exist,
     /// in one round trip: the batched "anything changed?" check of IMAP sessions.
-    /// This default (for test doubles) asks [`Store::mailbox_status`] per mailbox.
-    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>> {
-        let mut out = Vec::with_capacity(mailbox_ids.len());
-        for &id in mailbox_ids {
-            match self.mailbox_status(id).await {
-                Ok(s) => out.push((id, s.highest_modseq)),
-                Err(StoreError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
-    }
+    async fn highest_modseqs(&self, mailbox_ids: &[i64]) -> StoreResult<Vec<(i64, u64)>>;
     /// Everything that changed after `modseq`: flag rows stamped later (including
     /// new messages) and UIDs expunged later. Served from the modseq indexes.
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges>;
     /// Deletes the expunge tombstones older than `before`, raising each affected
     /// mailbox's floor to the newest modseq pruned; returns how many went. Later
-    /// [`Store::changes_since`] calls from before a floor answer with the full
+    /// [`Messages::changes_since`] calls from before a floor answer with the full
     /// UID list. This default, for stores that keep tombstones forever, prunes
     /// nothing.
     async fn prune_tombstones(&self, before: chrono::DateTime<chrono::Utc>) -> StoreResult<u64> {
         let _ = before;
         Ok(0)
     }
+}
 
-    // ---- outbound queue ----
+/// The outbound queue the relay workers claim, complete and retry.
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64>;
     /// Claims up to `limit` due items for `lease` (FOR UPDATE SKIP LOCKED on
     /// PostgreSQL) so that workers on different pods never take the same row.
@@ -397,36 +411,20 @@ pub trait Store: Send + Sync + 'static {
     /// Removes an item without delivering it or telling anyone.
     async fn queue_delete(&self, id: i64) -> StoreResult<bool>;
     async fn queue_stats(&self) -> StoreResult<QueueStats>;
-
-    /// Who the database server is and where its history stands: a value that
-    /// changes when the database is restored, fails over to a replica or is
-    /// replaced — after any of which ids it handed out may be handed out again and
-    /// modseqs may go backwards. Per-process caches built on those are cleared when
-    /// it changes. None: the backend cannot tell (the embedded SQLite file is this
-    /// process's own).
-    async fn epoch(&self) -> StoreResult<Option<String>> {
-        Ok(None)
-    }
-
-    // ---- leases: the cache's locks and lease sets while Redis is unavailable ----
-    /// Takes a lease on `key` for `member` unless `limit` live leases of other
-    /// members hold it; renews it when `member` already holds one. `true` when
-    /// `member` holds a lease afterwards. A lease lapses `ttl` after it was taken or
-    /// last renewed (by the database's clock, the same for every pod).
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool>;
-    /// Extends `member`'s lease on `key` by `ttl` only while it is still live;
-    /// `false` when it had lapsed (and may be somebody else's now).
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool>;
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()>;
-    /// Live leases on `key`.
-    async fn lease_count(&self, key: &str) -> StoreResult<u64>;
 }
 
-/// [`Store::recipient`] made of the single reads: the domain, the account (by
+/// The whole store, as the server's parts that use several roles hold it
+/// (`Arc<dyn Store>`); a part that needs one role takes that role, so that a test
+/// double implements only what it fakes. Every type with all the roles is one.
+pub trait Store: Operations + Directory + Addresses + Mailboxes + Messages + Queue {}
+
+impl<T: Operations + Directory + Addresses + Mailboxes + Messages + Queue + ?Sized> Store for T {}
+
+/// [`Addresses::recipient`] made of the single reads: the domain, the account (by
 /// address, then by user), its INBOX and its limits, else the aliases. Four
 /// round trips or more; the SQL stores answer in one, and their conformance
 /// test holds them to this.
-pub async fn recipient_by_reads<S: Store + ?Sized>(
+pub async fn recipient_by_reads<S: Directory + Addresses + Mailboxes + ?Sized>(
     store: &S,
     address: &str,
     user: Option<&str>,
@@ -467,7 +465,7 @@ pub const SQLITE_FILE: &str = "mailcluster.db";
 ///
 /// Connects eagerly so that a wrong or unreachable database is reported at start
 /// (as `Unavailable`, naming host and port but never the password) rather than at
-/// the first client command. Does not migrate: callers run [`Store::migrate`].
+/// the first client command. Does not migrate: callers run [`Operations::migrate`].
 pub async fn open(
     url: Option<&str>,
     data_dir: &Path,

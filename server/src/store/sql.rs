@@ -165,13 +165,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
         modseq: u64,
     ) -> impl Future<Output = StoreResult<MailboxChanges>> + Send;
     fn prune(&self, before: DateTime<Utc>) -> impl Future<Output = StoreResult<u64>> + Send;
-    /// See [`Store::expunge`].
+    /// See [`Messages::expunge`].
     fn expunge_links(
         &self,
         mailbox_id: i64,
         uids: Option<&UidSet>,
     ) -> impl Future<Output = StoreResult<Expunged>> + Send;
-    /// See [`Store::epoch`].
+    /// See [`Operations::epoch`].
     fn cluster_epoch(&self) -> impl Future<Output = StoreResult<Option<String>>> + Send {
         async { Ok(None) }
     }
@@ -193,7 +193,7 @@ const MAILBOX_WITH_QUOTA: &str = "SELECT m.id, m.account_id, m.name, m.uid_valid
      (SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) FROM mailboxes WHERE account_id = a.id) AS used \
      FROM mailboxes m JOIN accounts a ON a.id = m.account_id JOIN domains d ON d.id = a.domain_id \
      WHERE m.account_id = $1 AND m.name = $2";
-/// What [`Store::recipient`] needs, in one round trip: kind 0 is the account
+/// What [`Addresses::recipient`] needs, in one round trip: kind 0 is the account
 /// of address `$1` with its INBOX and limits, 1 that of its user `$2` (neither
 /// when the account is disabled: its mail is refused as an unknown user's), 2 and 3
 /// the alias targets of the address `$3` and of the user `$4`, 4 a row when
@@ -353,7 +353,7 @@ fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
 }
 
 #[async_trait]
-impl<B: Backend> Store for B {
+impl<B: Backend> Operations for B {
     fn backend(&self) -> &'static str {
         B::NAME
     }
@@ -374,6 +374,52 @@ impl<B: Backend> Store for B {
         self.acquire_timer().set(observer);
     }
 
+    async fn epoch(&self) -> StoreResult<Option<String>> {
+        self.cluster_epoch().await
+    }
+
+    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
+        // One writer per key at a time: count-then-insert must not interleave with
+        // another process's.
+        let mut tx = self.begin().await?;
+        if let Some(sql) = B::LEASE_LOCK {
+            tx.run(sql, &[Param::Text(key)]).await?;
+        }
+        tx.run(B::LEASE_PRUNE, &[&[Param::Text(key)], &B::clock()[..]].concat()).await?;
+        let lease = [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..]].concat();
+        if tx.execute(B::LEASE_RENEW, &lease).await.map_err(db_err)? == 0 {
+            let live =
+                tx.fetch_int("SELECT count(*) FROM leases WHERE key = $1", &[Param::Text(key)]).await?;
+            if u64_of(live.unwrap_or(0)) >= limit {
+                tx.commit().await?;
+                return Ok(false);
+            }
+            tx.run(B::LEASE_INSERT, &lease).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
+        let params =
+            [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..], &B::clock()].concat();
+        Ok(self.execute(B::LEASE_EXTEND, &params).await.map_err(db_err)? > 0)
+    }
+
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
+        let sql = "DELETE FROM leases WHERE key = $1 AND member = $2";
+        self.execute(sql, &[Param::Text(key), Param::Text(member)]).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
+        let rows = self.fetch(false, B::LEASE_COUNT, &after_clock::<B>(&[Param::Text(key)])).await?;
+        Ok(u64_of(first(rows, || format!("lease {key}"))?.int("n")?))
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Directory for B {
     async fn domain_add(&self, domain: &str) -> StoreResult<()> {
         let d = normalize_domain(domain)?;
         match self.insert_domain(&d).await {
@@ -502,7 +548,10 @@ impl<B: Backend> Store for B {
         };
         rows.iter().map(account_of::<B>).collect()
     }
+}
 
+#[async_trait]
+impl<B: Backend> Addresses for B {
     async fn account_sender_add(&self, email: &str, address: &str) -> StoreResult<()> {
         let (email, _) = normalize_email(email)?;
         let address = allowed_sender(address)?;
@@ -665,7 +714,10 @@ impl<B: Backend> Store for B {
             }
         }
     }
+}
 
+#[async_trait]
+impl<B: Backend> Mailboxes for B {
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         self.fetch(false, B::MAILBOX_LIST, &[Param::Int(account_id)])
             .await?
@@ -797,7 +849,10 @@ impl<B: Backend> Store for B {
         let rows = self.fetch(false, RECENT_COUNT, &[Param::Int(mailbox_id)]).await?;
         u32_of(first(rows, || format!("mailbox {mailbox_id}"))?.int("n")?, "recent")
     }
+}
 
+#[async_trait]
+impl<B: Backend> Messages for B {
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -918,7 +973,10 @@ impl<B: Backend> Store for B {
     async fn prune_tombstones(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         self.prune(before).await
     }
+}
 
+#[async_trait]
+impl<B: Backend> Queue for B {
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
         let recipients = json_of(&item.recipients)?;
         let dsn = json_of(&item.dsn)?;
@@ -1004,48 +1062,5 @@ impl<B: Backend> Store for B {
         let sql = "SELECT count(*) AS depth, min(created_at) AS oldest FROM outbound_queue";
         let row = first(self.fetch(false, sql, &[]).await?, || "queue".into())?;
         Ok(QueueStats { depth: u64_of(row.int("depth")?), oldest: B::opt_date(&row, "oldest")? })
-    }
-
-    async fn epoch(&self) -> StoreResult<Option<String>> {
-        self.cluster_epoch().await
-    }
-
-    async fn lease_acquire(&self, key: &str, member: &str, limit: u64, ttl: Duration) -> StoreResult<bool> {
-        // One writer per key at a time: count-then-insert must not interleave with
-        // another process's.
-        let mut tx = self.begin().await?;
-        if let Some(sql) = B::LEASE_LOCK {
-            tx.run(sql, &[Param::Text(key)]).await?;
-        }
-        tx.run(B::LEASE_PRUNE, &[&[Param::Text(key)], &B::clock()[..]].concat()).await?;
-        let lease = [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..]].concat();
-        if tx.execute(B::LEASE_RENEW, &lease).await.map_err(db_err)? == 0 {
-            let live =
-                tx.fetch_int("SELECT count(*) FROM leases WHERE key = $1", &[Param::Text(key)]).await?;
-            if u64_of(live.unwrap_or(0)) >= limit {
-                tx.commit().await?;
-                return Ok(false);
-            }
-            tx.run(B::LEASE_INSERT, &lease).await?;
-        }
-        tx.commit().await?;
-        Ok(true)
-    }
-
-    async fn lease_extend(&self, key: &str, member: &str, ttl: Duration) -> StoreResult<bool> {
-        let params =
-            [&[Param::Text(key), Param::Text(member)], &B::lease_expiry(ttl)[..], &B::clock()].concat();
-        Ok(self.execute(B::LEASE_EXTEND, &params).await.map_err(db_err)? > 0)
-    }
-
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        let sql = "DELETE FROM leases WHERE key = $1 AND member = $2";
-        self.execute(sql, &[Param::Text(key), Param::Text(member)]).await.map_err(db_err)?;
-        Ok(())
-    }
-
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        let rows = self.fetch(false, B::LEASE_COUNT, &after_clock::<B>(&[Param::Text(key)])).await?;
-        Ok(u64_of(first(rows, || format!("lease {key}"))?.int("n")?))
     }
 }

@@ -447,7 +447,7 @@ pub(crate) trait StoreTx: SharedSql {
         mailbox_id: i64,
         uids: &UidSet,
     ) -> impl Future<Output = StoreResult<Vec<(i64, i64)>>> + Send;
-    /// A flag change in this transaction (see [`super::Store::store_flags`]).
+    /// A flag change in this transaction (see [`super::Messages::store_flags`]).
     fn store_flags(
         &mut self,
         mailbox_id: i64,
@@ -571,7 +571,7 @@ async fn create_parents<T: StoreTx>(tx: &mut T, account_id: i64, name: &str) -> 
     Ok(())
 }
 
-/// See [`super::Store::mailbox_create`].
+/// See [`super::Mailboxes::mailbox_create`].
 pub(crate) async fn mailbox_create<T: StoreTx>(
     begin: impl Future<Output = StoreResult<T>>,
     account_id: i64,
@@ -595,7 +595,7 @@ pub(crate) async fn mailbox_create<T: StoreTx>(
     Ok(mailbox)
 }
 
-/// See [`super::Store::mailbox_delete`].
+/// See [`super::Mailboxes::mailbox_delete`].
 pub(crate) async fn mailbox_delete<T: StoreTx>(
     begin: impl Future<Output = StoreResult<T>>,
     account_id: i64,
@@ -616,7 +616,7 @@ pub(crate) async fn mailbox_delete<T: StoreTx>(
     tx.commit().await
 }
 
-/// See [`super::Store::mailbox_rename`].
+/// See [`super::Mailboxes::mailbox_rename`].
 pub(crate) async fn mailbox_rename<T: StoreTx>(
     begin: impl Future<Output = StoreResult<T>>,
     account_id: i64,
@@ -687,7 +687,7 @@ pub(crate) async fn mailbox_rename<T: StoreTx>(
     tx.commit().await
 }
 
-/// See [`super::Store::account_create`].
+/// See [`super::Directory::account_create`].
 pub(crate) async fn account_create<T: StoreTx>(
     begin: impl Future<Output = StoreResult<T>>,
     email: &str,
@@ -729,7 +729,7 @@ pub(crate) async fn account_create<T: StoreTx>(
     })
 }
 
-/// See [`super::Store::store_flags_unchanged_since`]: the test and the change
+/// See [`super::Messages::store_flags_unchanged_since`]: the test and the change
 /// under the mailbox's write lock, which every flag change takes first, so no
 /// change lands between them. Committed only when rows changed.
 pub(crate) async fn store_flags_unchanged_since<T: StoreTx>(

@@ -4,7 +4,7 @@
 //!
 //! When the database's epoch changes (`watch_epoch`), every mailbox whose UIDNEXT
 //! in the store is below the one seen here gets a new UIDVALIDITY
-//! (`Store::mailbox_renew_uid_validity`): clients then forget the UIDs they had
+//! (`Mailboxes::mailbox_renew_uid_validity`): clients then forget the UIDs they had
 //! and read the mailbox again (RFC 3501 §2.3.1.1). Sessions that have such a
 //! mailbox selected are ended with `* BYE`: within a selection a UIDVALIDITY
 //! cannot change.

@@ -47,7 +47,7 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl Store for FaultyStore {
+impl Operations for FaultyStore {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -60,6 +60,28 @@ impl Store for FaultyStore {
     fn pool_stats(&self) -> PoolStats {
         self.inner.pool_stats()
     }
+    async fn lease_acquire(
+        &self,
+        key: &str,
+        member: &str,
+        limit: u64,
+        ttl: std::time::Duration,
+    ) -> StoreResult<bool> {
+        self.inner.lease_acquire(key, member, limit, ttl).await
+    }
+    async fn lease_extend(&self, key: &str, member: &str, ttl: std::time::Duration) -> StoreResult<bool> {
+        self.inner.lease_extend(key, member, ttl).await
+    }
+    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
+        self.inner.lease_release(key, member).await
+    }
+    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
+        self.inner.lease_count(key).await
+    }
+}
+
+#[async_trait]
+impl Directory for FaultyStore {
     async fn domain_add(&self, domain: &str) -> StoreResult<()> {
         self.inner.domain_add(domain).await
     }
@@ -105,6 +127,10 @@ impl Store for FaultyStore {
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
         self.inner.account_list(domain).await
     }
+}
+
+#[async_trait]
+impl Addresses for FaultyStore {
     async fn alias_add(&self, address: &str, target: &str) -> StoreResult<()> {
         self.inner.alias_add(address, target).await
     }
@@ -129,6 +155,16 @@ impl Store for FaultyStore {
     async fn recipient(&self, address: &str, user: Option<&str>) -> StoreResult<Recipient> {
         self.lookups.fetch_add(1, Ordering::SeqCst);
         self.inner.recipient(address, user).await
+    }
+}
+
+#[async_trait]
+impl Mailboxes for FaultyStore {
+    async fn mailbox_with_quota(&self, account_id: i64, name: &str) -> StoreResult<Option<(Mailbox, Quota)>> {
+        self.inner.mailbox_with_quota(account_id, name).await
+    }
+    async fn recent_count(&self, mailbox_id: i64) -> StoreResult<u32> {
+        self.inner.recent_count(mailbox_id).await
     }
     async fn mailbox_list(&self, account_id: i64) -> StoreResult<Vec<Mailbox>> {
         self.inner.mailbox_list(account_id).await
@@ -174,6 +210,10 @@ impl Store for FaultyStore {
     async fn mailbox_renew_uid_validity(&self, mailbox_id: i64, old: u32) -> StoreResult<Option<u32>> {
         self.inner.mailbox_renew_uid_validity(mailbox_id, old).await
     }
+}
+
+#[async_trait]
+impl Messages for FaultyStore {
     async fn deliver_batch(&self, batch: &[NewDelivery]) -> StoreResult<Vec<Vec<DeliveredTo>>> {
         let delay = self.commit_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
@@ -248,6 +288,10 @@ impl Store for FaultyStore {
     async fn changes_since(&self, mailbox_id: i64, modseq: u64) -> StoreResult<MailboxChanges> {
         self.inner.changes_since(mailbox_id, modseq).await
     }
+}
+
+#[async_trait]
+impl Queue for FaultyStore {
     async fn queue_enqueue(&self, item: &NewQueueItem) -> StoreResult<i64> {
         if self.fail.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("test: store down".into()));
@@ -285,23 +329,5 @@ impl Store for FaultyStore {
     }
     async fn queue_stats(&self) -> StoreResult<QueueStats> {
         self.inner.queue_stats().await
-    }
-    async fn lease_acquire(
-        &self,
-        key: &str,
-        member: &str,
-        limit: u64,
-        ttl: std::time::Duration,
-    ) -> StoreResult<bool> {
-        self.inner.lease_acquire(key, member, limit, ttl).await
-    }
-    async fn lease_extend(&self, key: &str, member: &str, ttl: std::time::Duration) -> StoreResult<bool> {
-        self.inner.lease_extend(key, member, ttl).await
-    }
-    async fn lease_release(&self, key: &str, member: &str) -> StoreResult<()> {
-        self.inner.lease_release(key, member).await
-    }
-    async fn lease_count(&self, key: &str) -> StoreResult<u64> {
-        self.inner.lease_count(key).await
     }
 }

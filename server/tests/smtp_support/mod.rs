@@ -4,6 +4,9 @@
 //! duplex, and a small SMTP client reading replies.
 #![allow(dead_code)]
 
+use mailcluster_server::store::Directory;
+use mailcluster_server::store::Mailboxes;
+use mailcluster_server::store::Messages;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

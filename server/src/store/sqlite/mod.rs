@@ -12,7 +12,7 @@
 //! Durability: `synchronous=FULL`. With WAL, NORMAL already survives `kill -9` (the
 //! WAL write reaches the OS before COMMIT returns) but may drop the last commits on
 //! power loss; a `250 OK` promises the message is stored, so every commit fsyncs the
-//! WAL. Group commit amortises that fsync twice over: [`Store::deliver_batch`] stores
+//! WAL. Group commit amortises that fsync twice over: [`Messages::deliver_batch`] stores
 //! many deliveries in one write, and the write gate ([`gate`]) commits the writes that
 //! queue up together — deliveries, flag changes, expunges — in one transaction.
 //!
