@@ -5,6 +5,7 @@
 // One audited exception: store/postgres/nodelay.rs.
 #![deny(unsafe_code)]
 
+pub mod accept;
 pub mod admin;
 pub mod app;
 pub mod auth;

@@ -32,23 +32,18 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use chrono::Utc;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::app::App;
-use crate::cache::MailboxEvent;
 use crate::dns::{Dns, Route};
 use crate::net::ShutdownController;
 use client::{Client, ClientError, Timeouts};
 use dsn::{Action, RecipientReport};
 use mailcluster_api::config::split_host_port;
-use mailcluster_model::{
-    DsnEvent, DsnRequest, DsnRet, FlagSet, NewDelivery, NewQueueItem, QueueAttempt, QueueItem,
-    RecipientOutcome, RecipientStatus,
-};
+use mailcluster_model::{DsnEvent, DsnRet, QueueAttempt, QueueItem, RecipientOutcome, RecipientStatus};
 
 /// How long a connection waits in the pool for its next message.
 const IDLE_KEEP: Duration = Duration::from_secs(5);
@@ -699,56 +694,12 @@ impl Relay {
             envid: item.dsn.envid.as_deref(),
             return_full: item.dsn.ret == Some(DsnRet::Full),
         });
-        let result = deliver_dsn(&self.app, &self.wake, &item.sender, message).await;
+        let result = crate::accept::deliver_dsn(&self.app, &self.wake, &item.sender, message).await;
         match result {
             Ok(()) => self.metrics.dsns.with_label_values(&[action.name()]).inc(),
             Err(e) => tracing::error!(queue_id = item.id, error = %e, "DSN to {} not sent", item.sender),
         }
     }
-}
-
-/// Stores a DSN for `to`: into its INBOX when it is a local account (quota or
-/// not: a report must reach its sender), else into the outbound queue with the
-/// null sender, so it is never bounced in turn.
-pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec<u8>) -> anyhow::Result<()> {
-    let store = &app.store;
-    if let Some(account) = store.account_get(to).await? {
-        let inbox = store
-            .mailbox_get(account.id, "INBOX")
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("{to} has no INBOX"))?;
-        let mut raw = b"Return-Path: <>\r\n".to_vec();
-        raw.extend_from_slice(&message);
-        let meta = mailcluster_model::message::parse_meta(&raw);
-        let delivery = NewDelivery {
-            raw: Bytes::from(raw),
-            meta,
-            internal_date: Utc::now(),
-            targets: vec![inbox.id],
-            flags: FlagSet::default(),
-        };
-        app.deliverer.deliver(delivery).await?;
-        let event = MailboxEvent { account_id: account.id, mailbox_id: inbox.id, modseq: 0 };
-        let _ = app.cache.publish(event).await;
-        return Ok(());
-    }
-    let now = Utc::now();
-    let expiry =
-        chrono::Duration::seconds(i64::try_from(app.config.smtp.queue_expiry_secs).unwrap_or(i64::MAX / 2));
-    store
-        .queue_enqueue(&NewQueueItem {
-            sender: String::new(),
-            recipients: vec![to.to_string()],
-            raw: Bytes::from(message),
-            account_id: None,
-            not_before: now,
-            expires_at: now + expiry,
-            // A report is sent with the null sender and never reported on.
-            dsn: DsnRequest::default(),
-        })
-        .await?;
-    wake.notify_one();
-    Ok(())
 }
 
 /// Whether an address is reachable on the public Internet: not loopback,

@@ -16,26 +16,15 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes};
 use chrono::Utc;
 
-use super::envelope::{Envelope, Target};
+use super::envelope::Envelope;
 use super::session::{Session, Step};
-use crate::cache::MailboxEvent;
+use crate::accept::{self, return_path_end};
 use crate::net::budget::Reservation;
 use crate::proto::frame::take_octets;
 use crate::proto::smtp::{DataDecoder, Reply, replies, trace_name};
-use crate::relay::deliver_dsn;
-use crate::relay::dsn::{self, Action, RecipientReport};
-use mailcluster_model::{DsnEvent, DsnRet, FlagSet, NewDelivery, NewQueueItem};
-
-/// Messages larger than this are parsed on the blocking pool, so a big attachment
-/// does not stall the other sessions of this worker thread.
-const PARSE_INLINE_MAX: usize = 256 * 1024;
 
 /// Octets the first read of DATA content may bring, reserved before the `354`.
 const FIRST_READ: usize = 64 * 1024;
-
-/// How long the remote copy of a message with local recipients too waits in
-/// the queue for the local delivery to commit before it may be sent.
-const LOCAL_FIRST_HOLD: chrono::Duration = chrono::Duration::minutes(5);
 
 /// A message being assembled from BDAT chunks.
 pub(super) struct BdatBody {
@@ -295,8 +284,8 @@ impl Session {
         out.into_bytes()
     }
 
-    /// Stores a complete message: remote recipients into the outbound queue, local
-    /// ones through the group commit; then tells IDLE sessions. Ends the transaction.
+    /// Stores a complete message through the acceptance rules (`crate::accept`)
+    /// and answers for it. Ends the transaction.
     async fn finish_message(&mut self, raw: Vec<u8>, content_octets: usize) -> Reply {
         let started = Instant::now();
         self.bdat = None;
@@ -326,221 +315,35 @@ impl Session {
             // threading need a Message-ID.
             complete_submitted_header(&mut raw, self.hostname());
         }
-        let raw = Bytes::from(raw);
-        let mut locals: Vec<(i64, i64)> = Vec::new();
-        let mut remotes: Vec<String> = Vec::new();
-        let mut over_quota: Vec<String> = Vec::new();
-        for r in &envelope.rcpts {
-            match r.target {
-                Target::Local { account_id, mailbox_id, limited } => {
-                    if limited {
-                        match self.app.store.quota(account_id).await {
-                            Ok(q) if q.fits(raw.len() as u64) => {}
-                            Ok(_) => {
-                                over_quota.push(r.address.clone());
-                                continue;
-                            }
-                            Err(err) => {
-                                tracing::warn!(error = %err, id = %envelope.id, "quota lookup failed");
-                                self.count_delivery("tempfail");
-                                return replies::temp_failure();
-                            }
-                        }
-                    }
-                    let mailbox_id =
-                        if junk { self.junk_of(account_id).await.unwrap_or(mailbox_id) } else { mailbox_id };
-                    if !locals.iter().any(|(_, m)| *m == mailbox_id) {
-                        locals.push((account_id, mailbox_id));
-                    }
-                }
-                Target::Remote => remotes.push(r.address.clone()),
+        let incoming = accept::Incoming {
+            id: &envelope.id,
+            from: &envelope.from,
+            recipients: &envelope.rcpts,
+            dsn: &envelope.dsn,
+            account_id: self.account.as_ref().map(|a| a.id),
+            verified,
+            junk,
+            signing_domain: signing_domain.as_deref(),
+            bounces_dropped: &self.metrics.bounces_dropped,
+        };
+        match accept::accept(&self.app, &incoming, Bytes::from(raw)).await {
+            accept::Outcome::Accepted => {}
+            accept::Outcome::QuotaExceeded => {
+                // Every recipient is over quota: one answer says it all (RFC 9208
+                // at delivery; RFC 5321 §4.2.2's "exceeded storage allocation").
+                self.count_delivery("rejected");
+                return Reply::new(552, "5.2.2", "Quota exceeded");
             }
-        }
-        // The header section a DSN quotes (a reference, not a copy).
-        let original = (!over_quota.is_empty()).then(|| raw.clone());
-        // The local recipients whose sender asked to hear of their delivery (RFC
-        // 3461 NOTIFY=SUCCESS), and the message their report quotes.
-        let delivered: Vec<&String> = envelope
-            .rcpts
-            .iter()
-            .filter(|r| {
-                matches!(r.target, Target::Local { .. })
-                    && !over_quota.contains(&r.address)
-                    && envelope.dsn.wants(&r.address, DsnEvent::Success)
-            })
-            .map(|r| &r.address)
-            .collect();
-        let delivered_original = (!delivered.is_empty()).then(|| raw.clone());
-        if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
-            // Every recipient is over quota: one answer says it all (RFC 9208 at
-            // delivery; RFC 5321 §4.2.2's "exceeded storage allocation").
-            self.count_delivery("rejected");
-            return Reply::new(552, "5.2.2", "Quota exceeded");
-        }
-        // The queue goes first: if it fails, nothing was stored anywhere and the
-        // client's retry duplicates nothing. If the local delivery then fails, the
-        // queued copy is taken back before the 4xx, so the retry does not send the
-        // remote copy twice. Until the local delivery is committed the queued
-        // copy is held back (not due before `LOCAL_FIRST_HOLD`), so no relay
-        // worker of any pod sends what may yet be answered with an error; a
-        // crash in between leaves it to go out after the hold.
-        let mut queued = None;
-        if !remotes.is_empty() {
-            let now = Utc::now();
-            let expiry =
-                chrono::Duration::seconds(self.config().queue_expiry_secs.min(i64::MAX as u64) as i64);
-            let hold = if locals.is_empty() { chrono::Duration::zero() } else { LOCAL_FIRST_HOLD };
-            let item = NewQueueItem {
-                sender: envelope.from.clone(),
-                dsn: envelope.dsn.only(&remotes),
-                recipients: remotes,
-                raw: self.outbound_copy(&raw, signing_domain.as_deref()),
-                account_id: self.account.as_ref().map(|a| a.id),
-                not_before: now + hold,
-                expires_at: now + expiry,
-            };
-            match self.app.store.queue_enqueue(&item).await {
-                Ok(id) => {
-                    queued = Some(id);
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, id = %envelope.id, "queueing failed");
-                    self.count_delivery("tempfail");
-                    return replies::temp_failure();
-                }
-            }
-        }
-        if !locals.is_empty() {
-            let meta = if raw.len() <= PARSE_INLINE_MAX {
-                mailcluster_model::message::parse_meta(&raw)
-            } else {
-                let r = raw.clone();
-                match tokio::task::spawn_blocking(move || mailcluster_model::message::parse_meta(&r)).await {
-                    Ok(meta) => meta,
-                    Err(err) => {
-                        tracing::error!(error = %err, "message parsing task failed");
-                        self.count_delivery("tempfail");
-                        return replies::temp_failure();
-                    }
-                }
-            };
-            let delivery = NewDelivery {
-                raw,
-                meta,
-                internal_date: Utc::now(),
-                targets: locals.iter().map(|(_, m)| *m).collect(),
-                flags: FlagSet::default(),
-            };
-            if let Err(err) = self.app.deliverer.deliver(delivery).await {
-                tracing::warn!(error = %err, id = %envelope.id, "delivery failed");
-                if let Some(id) = queued
-                    && let Err(err) = self.app.store.queue_complete(id).await
-                {
-                    // The relay worker will send it; the client's retry may then
-                    // send a second copy — logged so it can be traced.
-                    tracing::error!(error = %err, id = %envelope.id, queue_id = id, "queued copy not withdrawn");
-                }
+            accept::Outcome::TryLater => {
                 self.count_delivery("tempfail");
                 return replies::temp_failure();
             }
-            if let Some(id) = queued
-                && let Err(err) = self.app.store.queue_retry(Some(id)).await
-            {
-                tracing::warn!(error = %err, id = %envelope.id, queue_id = id, "queued copy goes after its hold");
-            }
-            // Wake IDLE sessions on every pod. Publishing only queues the event (a
-            // serving pod's cache never waits on Redis here), so it needs no task of
-            // its own on this path.
-            for (account_id, mailbox_id) in locals {
-                // The store does not report the new modseq; 0 means "re-check".
-                let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
-                if let Err(err) = self.app.cache.publish(event).await {
-                    tracing::debug!(error = %err, "mailbox event not published");
-                }
-            }
-        }
-        if queued.is_some() {
-            self.app.mail.relay_wake.notify_one();
-        }
-        if let Some(original) = original {
-            self.report_over_quota(&envelope, &original, &over_quota, verified).await;
-        }
-        if let Some(original) = delivered_original {
-            // The mailbox has the message, so no other server will report on it.
-            let diagnostic = "250 2.0.0 delivered to the mailbox";
-            let delivered = delivered.into_iter();
-            self.report(&envelope, &original, Action::Delivered, delivered, "2.0.0", diagnostic).await;
         }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();
         self.metrics.bytes_total.inc_by(content_octets as u64);
         self.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
         Reply::new(250, "2.0.0", format!("OK: queued as {}", envelope.id))
-    }
-
-    /// Some recipients of an accepted message had no room for it: the others got
-    /// it, so the transaction's one reply is 250 and these are told to the sender
-    /// by a DSN, as any MTA does for a recipient that fails after acceptance.
-    /// A sender that may be forged gets a limited number of them (its
-    /// address's and its domain's hourly `inbound.bounces_per_*`).
-    async fn report_over_quota(
-        &self,
-        envelope: &Envelope,
-        raw: &Bytes,
-        recipients: &[String],
-        verified: bool,
-    ) {
-        let failed: Vec<&String> =
-            recipients.iter().filter(|r| envelope.dsn.wants(r, DsnEvent::Failure)).collect();
-        if failed.is_empty() || envelope.from.is_empty() {
-            return;
-        }
-        if !verified && !self.bounce_allowed(&envelope.from).await {
-            tracing::info!(id = %envelope.id, to = %envelope.from, "bounce to an unverified sender dropped: over its limit");
-            self.metrics.bounces_dropped.inc();
-            return;
-        }
-        let failed = failed.into_iter();
-        self.report(envelope, raw, Action::Failed, failed, "5.2.2", "552 5.2.2 Quota exceeded").await;
-    }
-
-    /// One DSN to the sender about `recipients` (none: nothing is sent).
-    async fn report(
-        &self,
-        envelope: &Envelope,
-        raw: &Bytes,
-        action: Action,
-        recipients: impl Iterator<Item = &String>,
-        status: &str,
-        diagnostic: &str,
-    ) {
-        let reports: Vec<RecipientReport> = recipients
-            .map(|r| RecipientReport {
-                recipient: r.clone(),
-                status: status.into(),
-                remote_mta: None,
-                diagnostic: diagnostic.into(),
-                original_recipient: envelope.dsn.recipient(r).and_then(|d| d.original_recipient()),
-            })
-            .collect();
-        if envelope.from.is_empty() || reports.is_empty() {
-            return;
-        }
-        let now = Utc::now();
-        let message = dsn::build(&dsn::Report {
-            action,
-            reporting_mta: &self.app.config.hostname,
-            sender: &envelope.from,
-            arrival: now,
-            expires: now,
-            recipients: &reports,
-            original: raw,
-            envid: envelope.dsn.envid.as_deref(),
-            return_full: envelope.dsn.ret == Some(DsnRet::Full),
-        });
-        if let Err(err) = deliver_dsn(&self.app, &self.app.mail.relay_wake, &envelope.from, message).await {
-            tracing::error!(error = %err, id = %envelope.id, "{} DSN to {} not sent", action.name(), envelope.from);
-        }
     }
 
     /// SPF, DKIM, ARC and DMARC of mail arriving on the MX from outside
@@ -599,52 +402,6 @@ impl Session {
         }
     }
 
-    /// Counts a bounce to `address` against its and its domain's hourly limits
-    /// (one counter each, shared by the pods through the cache): whether it
-    /// may go.
-    async fn bounce_allowed(&self, address: &str) -> bool {
-        let inbound = &self.app.config.inbound;
-        let address = address.to_lowercase();
-        let domain = address.rsplit_once('@').map_or("", |(_, d)| d);
-        let window = std::time::Duration::from_secs(3600);
-        for (key, limit) in [
-            (format!("smtp:bounce:addr:{address}"), inbound.bounces_per_address_per_hour),
-            (format!("smtp:bounce:domain:{domain}"), inbound.bounces_per_domain_per_hour),
-        ] {
-            match self.app.cache.counter_incr(&key, window).await {
-                Ok(n) if n > limit => return false,
-                Ok(_) => {}
-                // Cannot count: the bounce is dropped rather than sent unbounded.
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-
-    /// The account's Junk mailbox, if it has one.
-    async fn junk_of(&self, account_id: i64) -> Option<i64> {
-        match self.app.store.mailbox_get(account_id, "Junk").await {
-            Ok(Some(m)) => Some(m.id),
-            _ => None,
-        }
-    }
-
-    /// The copy that leaves for other domains: without `Return-Path` (RFC 5321
-    /// §4.4: only the final delivery adds it) and, when the sender may use its
-    /// `From:` domain and a key covers it, DKIM-signed for that domain.
-    fn outbound_copy(&self, raw: &Bytes, signing_domain: Option<&str>) -> Bytes {
-        let content = raw.slice(return_path_end(raw)..);
-        match signing_domain.and_then(|d| self.app.mail.signer.sign(d, &content)) {
-            Some(signature) => {
-                let mut signed = Vec::with_capacity(signature.len() + content.len());
-                signed.extend_from_slice(signature.as_bytes());
-                signed.extend_from_slice(&content);
-                Bytes::from(signed)
-            }
-            None => content,
-        }
-    }
-
     pub(super) fn count_delivery(&self, result: &str) {
         self.metrics.deliveries_total.with_label_values(&[result]).inc();
     }
@@ -696,15 +453,6 @@ fn complete_submitted_header(raw: &mut Vec<u8>, hostname: &str) {
     };
     raw.reserve_exact(added.len());
     raw.splice(at..at, added);
-}
-
-/// Where the `Return-Path` line that [`Session::trace_headers`] writes first ends.
-fn return_path_end(raw: &[u8]) -> usize {
-    if raw.starts_with(b"Return-Path:") {
-        memchr::memmem::find(raw, b"\r\n").map(|p| p + 2).unwrap_or(0)
-    } else {
-        0
-    }
 }
 
 #[cfg(test)]

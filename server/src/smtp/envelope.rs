@@ -9,6 +9,7 @@ use std::time::Duration;
 use smtp_proto::{MailFrom, RcptTo};
 
 use super::session::{Session, Step};
+pub(super) use crate::accept::{Recipient, Target};
 use crate::cache::Cache;
 use crate::proto::smtp::{Reply, replies, split_address};
 use crate::store::StoreResult;
@@ -27,21 +28,6 @@ pub(super) struct Envelope {
     pub id: String,
     /// RET, ENVID and the recipients' NOTIFY and ORCPT (RFC 3461).
     pub dsn: DsnRequest,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Recipient {
-    pub address: String,
-    pub target: Target,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Target {
-    /// A local account's INBOX; `limited` when the account has a storage quota
-    /// (checked again with the message's real size after DATA).
-    Local { account_id: i64, mailbox_id: i64, limited: bool },
-    /// Another domain's user (submission only): goes to the outbound queue.
-    Remote,
 }
 
 /// Result of checking an address against the store (and the cache before it);

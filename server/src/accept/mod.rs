@@ -1,0 +1,389 @@
+//! What happens to a message once its data is in and its sender is judged: the
+//! acceptance rules, written once for every way mail enters the store.
+//!
+//! - storage quota, per local recipient, with the message's real size;
+//! - Junk routing of mail the sender checks marked as such;
+//! - the split between local mailboxes (group commit) and other domains (the
+//!   outbound queue, DKIM-signed for the domain the sender may use);
+//! - the order of the two writes and the rollback that keeps a client's retry
+//!   from duplicating anything (queue first, held back until the local commit);
+//! - delivery status notifications: success reports and over-quota failures,
+//!   limited for senders that may be forged; reports themselves ([`deliver_dsn`],
+//!   which the relay also uses);
+//! - the "mailbox changed" events that wake IDLE sessions on every pod.
+//!
+//! The protocol sessions decide who may send what; this module decides what
+//! becomes of an accepted message and says so as an [`Outcome`], which each
+//! protocol turns into its own reply.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::Utc;
+use mailcluster_model::{DsnEvent, DsnRequest, DsnRet, FlagSet, NewDelivery, NewQueueItem};
+use tokio::sync::Notify;
+
+use crate::app::App;
+use crate::cache::MailboxEvent;
+use crate::relay::dsn::{self, Action, RecipientReport};
+
+/// Messages larger than this are parsed on the blocking pool, so a large
+/// message does not hold up the other sessions of a runtime thread.
+const PARSE_INLINE_MAX: usize = 256 * 1024;
+
+/// How long the queued copy of a message with local recipients as well waits
+/// for the local commit before a relay worker may take it (a crash in between
+/// leaves it to go out after this).
+const LOCAL_FIRST_HOLD: chrono::Duration = chrono::Duration::minutes(5);
+
+/// One recipient of a message and where its mail goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    pub address: String,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A local account's INBOX; `limited` when the account has a storage quota
+    /// (checked again with the message's real size once the data is in).
+    Local { account_id: i64, mailbox_id: i64, limited: bool },
+    /// Another domain's user (submission only): goes to the outbound queue.
+    Remote,
+}
+
+/// A message whose data is in, with what the session learnt of it.
+pub struct Incoming<'a> {
+    /// Names the message in logs and in the session's reply.
+    pub id: &'a str,
+    /// The reverse path; empty for the null sender.
+    pub from: &'a str,
+    pub recipients: &'a [Recipient],
+    /// RET, ENVID, NOTIFY and ORCPT (RFC 3461), already limited for a sender
+    /// that may be forged.
+    pub dsn: &'a DsnRequest,
+    /// The submitting account, when the message came from one.
+    pub account_id: Option<i64>,
+    /// The sender is known (an account, a trusted network, SPF or DMARC): an
+    /// unknown one gets a limited number of failure reports.
+    pub verified: bool,
+    /// The sender checks marked it as junk: local copies go to Junk.
+    pub junk: bool,
+    /// The domain the outbound copy is DKIM-signed for, if any.
+    pub signing_domain: Option<&'a str>,
+    /// Counts failure reports not sent to a sender over its limit (the
+    /// listener's `mail_smtp_bounces_dropped_total`).
+    pub bounces_dropped: &'a prometheus::IntCounter,
+}
+
+/// What became of a message; each protocol answers it its own way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stored and queued as it should be: the client may forget it.
+    Accepted,
+    /// No recipient had room for it: nothing was stored.
+    QuotaExceeded,
+    /// Nothing was kept (or what was queued was taken back): the client retries.
+    TryLater,
+}
+
+/// Stores an accepted message: remote recipients into the outbound queue, local
+/// ones through the group commit; then the events and reports.
+pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
+    let mut locals: Vec<(i64, i64)> = Vec::new();
+    let mut remotes: Vec<String> = Vec::new();
+    let mut over_quota: Vec<String> = Vec::new();
+    for r in message.recipients {
+        match r.target {
+            Target::Local { account_id, mailbox_id, limited } => {
+                if limited {
+                    match app.store.quota(account_id).await {
+                        Ok(q) if q.fits(raw.len() as u64) => {}
+                        Ok(_) => {
+                            over_quota.push(r.address.clone());
+                            continue;
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, id = %message.id, "quota lookup failed");
+                            return Outcome::TryLater;
+                        }
+                    }
+                }
+                let mailbox_id = if message.junk {
+                    junk_of(app, account_id).await.unwrap_or(mailbox_id)
+                } else {
+                    mailbox_id
+                };
+                if !locals.iter().any(|(_, m)| *m == mailbox_id) {
+                    locals.push((account_id, mailbox_id));
+                }
+            }
+            Target::Remote => remotes.push(r.address.clone()),
+        }
+    }
+    // The header section a DSN quotes (a reference, not a copy).
+    let original = (!over_quota.is_empty()).then(|| raw.clone());
+    // The local recipients whose sender asked to hear of their delivery (RFC
+    // 3461 NOTIFY=SUCCESS), and the message their report quotes.
+    let delivered: Vec<&String> = message
+        .recipients
+        .iter()
+        .filter(|r| {
+            matches!(r.target, Target::Local { .. })
+                && !over_quota.contains(&r.address)
+                && message.dsn.wants(&r.address, DsnEvent::Success)
+        })
+        .map(|r| &r.address)
+        .collect();
+    let delivered_original = (!delivered.is_empty()).then(|| raw.clone());
+    if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
+        // Every recipient is over quota: one answer says it all.
+        return Outcome::QuotaExceeded;
+    }
+    // The queue goes first: if it fails, nothing was stored anywhere and the
+    // client's retry duplicates nothing. If the local delivery then fails, the
+    // queued copy is taken back before the 4xx, so the retry does not send the
+    // remote copy twice. Until the local delivery is committed the queued
+    // copy is held back (not due before `LOCAL_FIRST_HOLD`), so no relay
+    // worker of any pod sends what may yet be answered with an error; a
+    // crash in between leaves it to go out after the hold.
+    let mut queued = None;
+    if !remotes.is_empty() {
+        let now = Utc::now();
+        let expiry = chrono::Duration::seconds(app.config.smtp.queue_expiry_secs.min(i64::MAX as u64) as i64);
+        let hold = if locals.is_empty() { chrono::Duration::zero() } else { LOCAL_FIRST_HOLD };
+        let item = NewQueueItem {
+            sender: message.from.to_string(),
+            dsn: message.dsn.only(&remotes),
+            recipients: remotes,
+            raw: outbound_copy(app, &raw, message.signing_domain),
+            account_id: message.account_id,
+            not_before: now + hold,
+            expires_at: now + expiry,
+        };
+        match app.store.queue_enqueue(&item).await {
+            Ok(id) => queued = Some(id),
+            Err(err) => {
+                tracing::warn!(error = %err, id = %message.id, "queueing failed");
+                return Outcome::TryLater;
+            }
+        }
+    }
+    if !locals.is_empty() {
+        let meta = if raw.len() <= PARSE_INLINE_MAX {
+            mailcluster_model::message::parse_meta(&raw)
+        } else {
+            let r = raw.clone();
+            match tokio::task::spawn_blocking(move || mailcluster_model::message::parse_meta(&r)).await {
+                Ok(meta) => meta,
+                Err(err) => {
+                    tracing::error!(error = %err, "message parsing task failed");
+                    return Outcome::TryLater;
+                }
+            }
+        };
+        let delivery = NewDelivery {
+            raw,
+            meta,
+            internal_date: Utc::now(),
+            targets: locals.iter().map(|(_, m)| *m).collect(),
+            flags: FlagSet::default(),
+        };
+        if let Err(err) = app.deliverer.deliver(delivery).await {
+            tracing::warn!(error = %err, id = %message.id, "delivery failed");
+            if let Some(id) = queued
+                && let Err(err) = app.store.queue_complete(id).await
+            {
+                // The relay worker will send it; the client's retry may then
+                // send a second copy — logged so it can be traced.
+                tracing::error!(error = %err, id = %message.id, queue_id = id, "queued copy not withdrawn");
+            }
+            return Outcome::TryLater;
+        }
+        if let Some(id) = queued
+            && let Err(err) = app.store.queue_retry(Some(id)).await
+        {
+            tracing::warn!(error = %err, id = %message.id, queue_id = id, "queued copy goes after its hold");
+        }
+        // Wake IDLE sessions on every pod. Publishing only queues the event (a
+        // serving pod's cache never waits on Redis here), so it needs no task of
+        // its own on this path.
+        for (account_id, mailbox_id) in locals {
+            // The store does not report the new modseq; 0 means "re-check".
+            let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
+            if let Err(err) = app.cache.publish(event).await {
+                tracing::debug!(error = %err, "mailbox event not published");
+            }
+        }
+    }
+    if queued.is_some() {
+        app.mail.relay_wake.notify_one();
+    }
+    if let Some(original) = original {
+        report_over_quota(app, message, &original, &over_quota).await;
+    }
+    if let Some(original) = delivered_original {
+        // The mailbox has the message, so no other server will report on it.
+        let diagnostic = "250 2.0.0 delivered to the mailbox";
+        report(app, message, &original, Action::Delivered, delivered.into_iter(), "2.0.0", diagnostic).await;
+    }
+    Outcome::Accepted
+}
+
+/// Some recipients of an accepted message had no room for it: the others got
+/// it, so the transaction's one reply is a success and these are told to the
+/// sender by a DSN, as any MTA does for a recipient that fails after acceptance.
+/// A sender that may be forged gets a limited number of them (its address's and
+/// its domain's hourly `inbound.bounces_per_*`).
+async fn report_over_quota(app: &App, message: &Incoming<'_>, raw: &Bytes, recipients: &[String]) {
+    let failed: Vec<&String> =
+        recipients.iter().filter(|r| message.dsn.wants(r, DsnEvent::Failure)).collect();
+    if failed.is_empty() || message.from.is_empty() {
+        return;
+    }
+    if !message.verified && !bounce_allowed(app, message.from).await {
+        tracing::info!(id = %message.id, to = %message.from, "bounce to an unverified sender dropped: over its limit");
+        message.bounces_dropped.inc();
+        return;
+    }
+    report(app, message, raw, Action::Failed, failed.into_iter(), "5.2.2", "552 5.2.2 Quota exceeded").await;
+}
+
+/// One DSN to the sender about `recipients` (none: nothing is sent).
+async fn report(
+    app: &App,
+    message: &Incoming<'_>,
+    raw: &Bytes,
+    action: Action,
+    recipients: impl Iterator<Item = &String>,
+    status: &str,
+    diagnostic: &str,
+) {
+    let reports: Vec<RecipientReport> = recipients
+        .map(|r| RecipientReport {
+            recipient: r.clone(),
+            status: status.into(),
+            remote_mta: None,
+            diagnostic: diagnostic.into(),
+            original_recipient: message.dsn.recipient(r).and_then(|d| d.original_recipient()),
+        })
+        .collect();
+    if message.from.is_empty() || reports.is_empty() {
+        return;
+    }
+    let now = Utc::now();
+    let report = dsn::build(&dsn::Report {
+        action,
+        reporting_mta: &app.config.hostname,
+        sender: message.from,
+        arrival: now,
+        expires: now,
+        recipients: &reports,
+        original: raw,
+        envid: message.dsn.envid.as_deref(),
+        return_full: message.dsn.ret == Some(DsnRet::Full),
+    });
+    if let Err(err) = deliver_dsn(app, &app.mail.relay_wake, message.from, report).await {
+        tracing::error!(error = %err, id = %message.id, "{} DSN to {} not sent", action.name(), message.from);
+    }
+}
+
+/// Counts a bounce to `address` against its and its domain's hourly limits
+/// (one counter each, shared by the pods through the cache): whether it
+/// may go.
+async fn bounce_allowed(app: &App, address: &str) -> bool {
+    let inbound = &app.config.inbound;
+    let address = address.to_lowercase();
+    let domain = address.rsplit_once('@').map_or("", |(_, d)| d);
+    let window = Duration::from_secs(3600);
+    for (key, limit) in [
+        (format!("smtp:bounce:addr:{address}"), inbound.bounces_per_address_per_hour),
+        (format!("smtp:bounce:domain:{domain}"), inbound.bounces_per_domain_per_hour),
+    ] {
+        match app.cache.counter_incr(&key, window).await {
+            Ok(n) if n > limit => return false,
+            Ok(_) => {}
+            // Cannot count: the bounce is dropped rather than sent unbounded.
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// The account's Junk mailbox, if it has one.
+async fn junk_of(app: &App, account_id: i64) -> Option<i64> {
+    match app.store.mailbox_get(account_id, "Junk").await {
+        Ok(Some(m)) => Some(m.id),
+        _ => None,
+    }
+}
+
+/// The copy that leaves for other domains: without `Return-Path` (RFC 5321
+/// §4.4: only the final delivery adds it) and, when the sender may use its
+/// `From:` domain and a key covers it, DKIM-signed for that domain.
+fn outbound_copy(app: &App, raw: &Bytes, signing_domain: Option<&str>) -> Bytes {
+    let content = raw.slice(return_path_end(raw)..);
+    match signing_domain.and_then(|d| app.mail.signer.sign(d, &content)) {
+        Some(signature) => {
+            let mut signed = Vec::with_capacity(signature.len() + content.len());
+            signed.extend_from_slice(signature.as_bytes());
+            signed.extend_from_slice(&content);
+            Bytes::from(signed)
+        }
+        None => content,
+    }
+}
+
+/// Stores a DSN for `to`: into its INBOX when it is a local account (quota or
+/// not: a report must reach its sender), else into the outbound queue with the
+/// null sender, so it is never bounced in turn.
+pub(crate) async fn deliver_dsn(app: &App, wake: &Notify, to: &str, message: Vec<u8>) -> anyhow::Result<()> {
+    let store = &app.store;
+    if let Some(account) = store.account_get(to).await? {
+        let inbox = store
+            .mailbox_get(account.id, "INBOX")
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("{to} has no INBOX"))?;
+        let mut raw = b"Return-Path: <>\r\n".to_vec();
+        raw.extend_from_slice(&message);
+        let meta = mailcluster_model::message::parse_meta(&raw);
+        let delivery = NewDelivery {
+            raw: Bytes::from(raw),
+            meta,
+            internal_date: Utc::now(),
+            targets: vec![inbox.id],
+            flags: FlagSet::default(),
+        };
+        app.deliverer.deliver(delivery).await?;
+        let event = MailboxEvent { account_id: account.id, mailbox_id: inbox.id, modseq: 0 };
+        let _ = app.cache.publish(event).await;
+        return Ok(());
+    }
+    let now = Utc::now();
+    let expiry =
+        chrono::Duration::seconds(i64::try_from(app.config.smtp.queue_expiry_secs).unwrap_or(i64::MAX / 2));
+    store
+        .queue_enqueue(&NewQueueItem {
+            sender: String::new(),
+            recipients: vec![to.to_string()],
+            raw: Bytes::from(message),
+            account_id: None,
+            not_before: now,
+            expires_at: now + expiry,
+            // A report is sent with the null sender and never reported on.
+            dsn: DsnRequest::default(),
+        })
+        .await?;
+    wake.notify_one();
+    Ok(())
+}
+
+/// Where the message proper starts: after the `Return-Path:` line the MX
+/// writes first, if there is one.
+pub(crate) fn return_path_end(raw: &[u8]) -> usize {
+    if raw.starts_with(b"Return-Path:") {
+        memchr::memmem::find(raw, b"\r\n").map(|p| p + 2).unwrap_or(0)
+    } else {
+        0
+    }
+}
