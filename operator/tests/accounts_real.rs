@@ -372,7 +372,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     let cache = mailcluster_server::cache::open(Some(&mailcluster_testkit::redis_url()), &prefix, WAIT)
         .await
         .unwrap();
-    let key = mailcluster_server::smtp::recipient_key("alice@example.com");
+    let key = mailcluster_server::directory::recipient_key("alice@example.com");
     cache.value_put(&key, b"cached", Duration::from_secs(300)).await.unwrap();
     let accounts = setup.ns.api::<MailAccount>();
     accounts.delete("alice", &DeleteParams::default()).await.unwrap();

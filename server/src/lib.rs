@@ -12,6 +12,7 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod delivery;
+pub mod directory;
 pub mod dkim;
 pub mod dns;
 pub mod imap;

@@ -350,7 +350,7 @@ pub async fn forget_cached(
         cache.credential_purge_account(*id).await?;
     }
     for address in recipients {
-        cache.value_del(&crate::smtp::recipient_key(address.as_ref())).await?;
+        crate::directory::forget(cache, address.as_ref()).await?;
     }
     Ok(())
 }

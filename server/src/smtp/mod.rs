@@ -27,7 +27,6 @@ use crate::app::App;
 use crate::delivery::DeliveryOptions;
 use crate::net::{Protocol, SessionCtx, SessionStream};
 
-pub use envelope::recipient_key;
 pub use metrics::SmtpMetrics;
 
 pub use mailcluster_api::config::SmtpConfig;
