@@ -10,13 +10,16 @@
 //! delay by a pod start. One small pool per cluster is kept and reopened when
 //! the URL changes.
 //!
-//! Password Secrets are not watched (the operator may read Secrets by name but
-//! not list them): every MailAccount is reconciled again after
-//! [`AccountOptions::resync`], and a Secret whose `resourceVersion` changed is
-//! written then. The server's credential cache is keyed by the stored hash, so
-//! the old password stops working as soon as the new hash is stored; the
-//! pods' cached recipient entries and credentials of a changed account are
-//! dropped through the cluster's Redis, as the CLI does.
+//! Password Secrets are watched by their metadata only (name and
+//! `resourceVersion`; the value is read by name when a MailAccount naming the
+//! Secret is reconciled): a changed Secret reconciles the MailAccounts that
+//! reference it at once, and a `resourceVersion` other than the one in the
+//! account's status is hashed and stored. The server's credential cache is
+//! keyed by the stored hash, so the old password stops working as soon as the
+//! new hash is stored; the pods' cached recipient entries and credentials of a
+//! changed account are dropped through the cluster's Redis, as the CLI does.
+//! [`AccountOptions::resync`] reconciles every object again in case a watch
+//! event was missed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,9 +28,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mailcluster_api::accounts::{
@@ -45,8 +49,8 @@ use tokio::sync::Mutex;
 pub struct AccountOptions {
     /// Watch only this namespace; None = all namespaces.
     pub namespace: Option<String>,
-    /// Every object is reconciled again after this long, which is how a changed
-    /// password Secret is noticed.
+    /// Every object is reconciled again after this long (a changed password
+    /// Secret is noticed through its watch, within a second or so).
     pub resync: Duration,
 }
 
@@ -445,6 +449,23 @@ async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<
     Ok(Action::await_change())
 }
 
+/// The MailAccounts whose password is in `secret` (same namespace, same name):
+/// what a change of that Secret has to reconcile.
+fn accounts_using_secret(
+    accounts: &Reflected<MailAccount>,
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<MailAccount>> {
+    let (Some(name), ns) = (secret.metadata.name.as_deref(), secret.metadata.namespace.as_deref()) else {
+        return Vec::new();
+    };
+    accounts
+        .state()
+        .iter()
+        .filter(|a| a.namespace().as_deref() == ns && a.spec.password_secret_ref.name == name)
+        .map(|a| ObjectRef::from_obj(&**a))
+        .collect()
+}
+
 fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<AccountContext>) -> Action {
     tracing::warn!(%error, "store reconcile failed");
     Action::requeue(Duration::from_secs(5))
@@ -456,6 +477,11 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
     let (domains, accounts): (Api<MailDomain>, Api<MailAccount>) = match &opts.namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Metadata only: the operator holds no Secret's value between reconciles.
+    let secrets: Api<PartialObjectMeta<Secret>> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -473,7 +499,12 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
                 tracing::debug!(error = %e, "MailDomain controller");
             }
         });
-    let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic())
+    let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic());
+    let known_accounts = account_controller.store();
+    let account_controller = account_controller
+        .watches(secrets, watcher::Config::default().any_semantic(), move |secret| {
+            accounts_using_secret(&known_accounts, &secret)
+        })
         .graceful_shutdown_on(stopped(stop_rx))
         .run(reconcile_account, error_policy, ctx)
         .for_each(|res| async move {

@@ -175,7 +175,9 @@ impl Setup {
         .unwrap();
         ns.api::<MailCluster>().create(&PostParams::default(), &cluster).await.expect("create MailCluster");
         let (stop, stopped) = oneshot::channel::<()>();
-        let opts = AccountOptions { namespace: Some(ns.name.clone()), resync: Duration::from_secs(1) };
+        // A resync far longer than any wait here: every change must arrive
+        // through a watch (of the objects, or of the password Secrets).
+        let opts = AccountOptions { namespace: Some(ns.name.clone()), resync: Duration::from_secs(3600) };
         let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
             let _ = stopped.await;
         }));
@@ -311,12 +313,16 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     assert_eq!(rights.aliases, ["alias-alice@example.com"]);
     assert_eq!(rights.allowed, ["news@example.com"]);
 
-    // A changed Secret: the new password works, the old one no longer does.
+    // A changed Secret: the new password works within seconds (the Secret is
+    // watched), the old one no longer does.
+    let changed = tokio::time::Instant::now();
     secret(&setup.ns, "alice-pw", "password", "second-password").await;
     eventually("the new password", || async {
         setup.login("alice@example.com", "second-password").await.then_some(())
     })
     .await;
+    let took = changed.elapsed();
+    assert!(took < Duration::from_secs(5), "the new password took {took:?}");
     assert!(
         !setup.login("alice@example.com", "first-password").await,
         "the cached old password is not valid"
