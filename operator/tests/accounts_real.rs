@@ -2,8 +2,9 @@
 //! (`mailcluster_operator::accounts::run`, in process) against a real Kubernetes
 //! control plane and a fresh PostgreSQL database: the account appears in the
 //! store and logs in through the server's own `Authenticator`; a changed
-//! password Secret replaces the password; a hash format the server cannot
-//! verify makes the account not Ready; deleting a MailAccount disables the
+//! password Secret replaces the password; bcrypt and SHA512-CRYPT hashes from
+//! other systems log in; a hash format the server cannot verify makes the
+//! account not Ready; deleting a MailAccount disables the
 //! account and keeps its mail (`Retain`) or removes it (`Delete`).
 //!
 //! The cluster is found through `MAILCLUSTER_TEST_KUBECONFIG`, PostgreSQL through
@@ -348,17 +349,37 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     })
     .await;
 
-    // A hash the server cannot verify: not Ready, with the reason, and no account.
-    secret(
-        &setup.ns,
-        "carol-pw",
-        "password",
-        "$6$salt$IxDD3jeSOb5eB1CX5LBsqZFVkJdido3OUILO5Ifz5iwMuTS4XMS130MTSuDDl3aCI6WouIL9AjRbLCelDCy.g.",
-    )
-    .await;
-    setup.apply("mailaccounts", "carol", &account("carol", "carol@example.com", "carol-pw", "Retain")).await;
-    assert_eq!(setup.account_ready("carol").await, ("False".into(), "UnsupportedPassword".into()));
-    assert!(setup.store.account_get("carol@example.com").await.unwrap().is_none());
+    // Hashes from other systems (made by glibc's crypt(3):
+    // `crypt.crypt('migrated pass', '$6$saltsalt$')` and `'$2y$05$abcdefghijklmnopqrstuu'`)
+    // are stored as given and log in with their password.
+    for (name, hash) in [
+        (
+            "carol",
+            "$6$saltsalt$UV8BYgqN7u34iPYiLihbOjmF22xo0X75SlnQFYRpDJsgJaXUiVT9jRyx4l4tz0FMJBBZGZbqw/l1xfhEu2dJa/",
+        ),
+        ("dave", "$2y$05$abcdefghijklmnopqrstuuVVzYGn6PXgpP3f4Lku9ALBvLuGFYlf2"),
+    ] {
+        let address = format!("{name}@example.com");
+        secret(&setup.ns, &format!("{name}-pw"), "password", hash).await;
+        setup.apply("mailaccounts", name, &account(name, &address, &format!("{name}-pw"), "Retain")).await;
+        assert_eq!(setup.account_ready(name).await, ("True".into(), "Stored".into()), "{name}");
+        assert_eq!(setup.store.account_get(&address).await.unwrap().unwrap().password_hash, hash);
+        assert!(setup.login(&address, "migrated pass").await, "{name}");
+        assert!(!setup.login(&address, "migrated pasS").await, "{name}");
+    }
+
+    // A hash the server cannot verify, or that asks more of each login than the
+    // server allows: not Ready, with the reason, and no account.
+    for (name, hash) in [
+        ("erin", "$1$saltsalt$mzG3ctZmW7kUemff2nUxe."),
+        ("frank", "$2b$15$abcdefghijklmnopqrstuuVVzYGn6PXgpP3f4Lku9ALBvLuGFYlf2"),
+    ] {
+        let address = format!("{name}@example.com");
+        secret(&setup.ns, &format!("{name}-pw"), "password", hash).await;
+        setup.apply("mailaccounts", name, &account(name, &address, &format!("{name}-pw"), "Retain")).await;
+        assert_eq!(setup.account_ready(name).await, ("False".into(), "UnsupportedPassword".into()), "{name}");
+        assert!(setup.store.account_get(&address).await.unwrap().is_none(), "{name}");
+    }
 
     // Retain: the account is disabled, its mail kept.
     let alice = setup.store.account_get("alice@example.com").await.unwrap().unwrap();

@@ -18,6 +18,7 @@ pub mod inbound;
 pub mod message;
 pub mod metrics;
 pub mod net;
+pub mod password;
 pub mod pop3;
 pub mod proto;
 pub mod provision;
