@@ -101,6 +101,15 @@ pub struct OperatorArgs {
         env = "MAILCLUSTER_OPERATOR_ALLOWED_IMAGES"
     )]
     pub allowed_images: String,
+    /// Nameservers (IP:PORT, comma-separated) at which MailDomains' DNS records
+    /// are checked; default: the system's resolver (in a pod, the cluster's).
+    #[arg(
+        long,
+        value_name = "ADDRESSES",
+        value_delimiter = ',',
+        env = "MAILCLUSTER_OPERATOR_DNS_NAMESERVERS"
+    )]
+    pub dns_nameservers: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]

@@ -35,7 +35,7 @@ use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mailcluster_api::accounts::{
-    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, MailAccount, MailAccountStatus, MailDomain,
+    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, DnsRecord, MailAccount, MailAccountStatus, MailDomain,
     MailDomainStatus, dns_records,
 };
 use mailcluster_api::{FIELD_MANAGER, MailCluster};
@@ -43,6 +43,8 @@ use mailcluster_server::provision::{self, PasswordSource, ProvisionError, Wanted
 use mailcluster_server::store::{Store, StoreError};
 use serde_json::json;
 use tokio::sync::Mutex;
+
+use crate::dns_check::RecordChecker;
 
 /// How the store reconcilers run.
 #[derive(Debug, Clone)]
@@ -52,11 +54,22 @@ pub struct AccountOptions {
     /// Every object is reconciled again after this long (a changed password
     /// Secret is noticed through its watch, within a second or so).
     pub resync: Duration,
+    /// Nameservers the MailDomains' records are checked at; empty: the
+    /// system's (in a pod, the cluster's resolver).
+    pub dns_nameservers: Vec<std::net::SocketAddr>,
+    /// A MailDomain's records are looked up again after this long (and at once
+    /// when the list changes).
+    pub dns_check: Duration,
 }
 
 impl Default for AccountOptions {
     fn default() -> Self {
-        AccountOptions { namespace: None, resync: Duration::from_secs(60) }
+        AccountOptions {
+            namespace: None,
+            resync: Duration::from_secs(60),
+            dns_nameservers: Vec::new(),
+            dns_check: Duration::from_secs(300),
+        }
     }
 }
 
@@ -73,11 +86,23 @@ pub struct AccountContext {
     client: Client,
     resync: Duration,
     stores: Mutex<Stores>,
+    /// None when no resolver could be set up: records stay `Unknown`.
+    dns: Option<RecordChecker>,
+    dns_check: Duration,
 }
 
 impl AccountContext {
-    pub fn new(client: Client, resync: Duration) -> Self {
-        AccountContext { client, resync, stores: Mutex::new(HashMap::new()) }
+    pub fn new(client: Client, opts: &AccountOptions) -> Self {
+        let dns = RecordChecker::new(&opts.dns_nameservers)
+            .inspect_err(|e| tracing::warn!(error = %e, "DNS records of MailDomains will not be checked"))
+            .ok();
+        AccountContext {
+            client,
+            resync: opts.resync,
+            stores: Mutex::new(HashMap::new()),
+            dns,
+            dns_check: opts.dns_check,
+        }
     }
 
     /// The store of MailCluster `name` in `ns`, or why it cannot be reached as a
@@ -213,14 +238,25 @@ pub enum Error {
 
 /// The `Ready` condition, its transition time kept when its status is unchanged.
 fn ready(old: &[Condition], generation: Option<i64>, status: bool, reason: &str, message: &str) -> Condition {
-    let status = if status { "True" } else { "False" };
+    condition(old, "Ready", generation, if status { "True" } else { "False" }, reason, message)
+}
+
+/// A condition of `type_`, its transition time kept when its status is unchanged.
+fn condition(
+    old: &[Condition],
+    type_: &str,
+    generation: Option<i64>,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> Condition {
     let since = old
         .iter()
-        .find(|c| c.type_ == "Ready" && c.status == status)
+        .find(|c| c.type_ == type_ && c.status == status)
         .map(|c| c.last_transition_time.clone())
         .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
     Condition {
-        type_: "Ready".into(),
+        type_: type_.into(),
         status: status.into(),
         reason: reason.into(),
         message: message.into(),
@@ -272,7 +308,10 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
             } else {
                 "in the store"
             };
-            (ready(&old.conditions, generation, true, "Stored", message), Action::requeue(ctx.resync))
+            (
+                ready(&old.conditions, generation, true, "Stored", message),
+                Action::requeue(ctx.resync.min(ctx.dns_check)),
+            )
         }
         Err(e) => (
             ready(&old.conditions, generation, false, &e.reason, &e.message),
@@ -289,9 +328,12 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         Some(mc) => dkim_txt(&ctx.client, &ns, mc, &domain).await,
         None => None,
     };
-    let records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    let mut records =
+        dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    check_records(&ctx, &old.dns_records, &mut records).await;
+    let published = published_condition(&old.conditions, generation, &records);
     let status = MailDomainStatus {
-        conditions: vec![condition],
+        conditions: vec![condition, published],
         observed_generation: generation,
         dns_records: records,
     };
@@ -299,6 +341,55 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         apply_status(&api, &*domain, serde_json::to_value(&status).unwrap_or_default()).await?;
     }
     Ok(action)
+}
+
+/// Fills in `published` and `lastChecked` of `records`: carried over from the
+/// last status for a record unchanged and checked less than `dns_check` ago,
+/// looked up now for the others (all at once; a domain has a handful).
+async fn check_records(ctx: &AccountContext, old: &[DnsRecord], records: &mut [DnsRecord]) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let fresh = |r: &DnsRecord| {
+        r.last_checked
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .and_then(|checked| Duration::try_from(now.duration_since(checked)).ok())
+            .is_some_and(|age| age < ctx.dns_check)
+    };
+    let mut due = Vec::new();
+    for (i, record) in records.iter_mut().enumerate() {
+        let known =
+            old.iter().find(|o| o.name == record.name && o.type_ == record.type_ && o.value == record.value);
+        match known {
+            Some(o) if fresh(o) => {
+                record.published = o.published.clone();
+                record.last_checked = o.last_checked.clone();
+            }
+            _ => due.push(i),
+        }
+    }
+    let Some(checker) = &ctx.dns else { return };
+    let answers = futures::future::join_all(due.iter().map(|&i| checker.published(&records[i]))).await;
+    let checked = now.to_string();
+    for (i, published) in due.into_iter().zip(answers) {
+        records[i].published = published.into();
+        records[i].last_checked = Some(checked.clone());
+    }
+}
+
+/// `DnsPublished`: True when the resolver sees every record, False naming those
+/// it does not, Unknown while some could not be checked.
+fn published_condition(old: &[Condition], generation: Option<i64>, records: &[DnsRecord]) -> Condition {
+    let missing: Vec<&str> =
+        records.iter().filter(|r| r.published == "False").map(|r| r.purpose.as_str()).collect();
+    let unknown = records.iter().filter(|r| r.published != "True" && r.published != "False").count();
+    let (status, reason, message) = if !missing.is_empty() {
+        ("False", "NotPublished", format!("not seen in DNS: {}", missing.join(", ")))
+    } else if unknown > 0 {
+        ("Unknown", "NotChecked", format!("{unknown} record(s) could not be checked"))
+    } else {
+        ("True", "Published", "every record is seen in DNS".to_string())
+    };
+    condition(old, "DnsPublished", generation, status, reason, &message)
 }
 
 /// The DKIM record value of the key the MailCluster signs the domain's mail
@@ -473,7 +564,7 @@ fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<AccountContext>) -> Action {
 
 /// Runs the MailDomain and MailAccount controllers until `shutdown` resolves.
 pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let ctx = Arc::new(AccountContext::new(client.clone(), opts.resync));
+    let ctx = Arc::new(AccountContext::new(client.clone(), &opts));
     let (domains, accounts): (Api<MailDomain>, Api<MailAccount>) = match &opts.namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),

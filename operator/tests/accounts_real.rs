@@ -21,12 +21,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
+use mailcluster_api::accounts::MailDomainStatus;
 use mailcluster_api::{MailAccount, MailCluster, MailDomain};
 use mailcluster_operator::accounts::{AccountOptions, run};
 use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator};
 use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::store::{NewDelivery, Store};
 use mailcluster_testkit::TestDatabase;
+use mailcluster_testkit::dns::TestDns;
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -143,13 +145,16 @@ struct Setup {
     auth: Authenticator,
     /// The TXT value of the cluster's DKIM key, as `dkim generate` printed it.
     dkim_txt: String,
+    _dns: TestDns,
     _db: TestDatabase,
     stop: Option<oneshot::Sender<()>>,
     controllers: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Setup {
-    async fn new(prefix: &str) -> Option<Setup> {
+    /// `zone`: the example.com zone the operator's resolver sees (a real DNS
+    /// server on loopback); empty, no such zone.
+    async fn new(prefix: &str, zone: impl Fn(&str) -> String) -> Option<Setup> {
         init_logs();
         let ns = TestNamespace::create(prefix).await?;
         let db = TestDatabase::create("accounts").await;
@@ -175,10 +180,19 @@ impl Setup {
         }))
         .unwrap();
         ns.api::<MailCluster>().create(&PostParams::default(), &cluster).await.expect("create MailCluster");
+        let zone = zone(&dkim.dns_txt);
+        let zones: Vec<(&str, &str)> =
+            if zone.is_empty() { Vec::new() } else { vec![("example.com.", zone.as_str())] };
+        let dns = TestDns::start(&zones).await;
         let (stop, stopped) = oneshot::channel::<()>();
         // A resync far longer than any wait here: every change must arrive
         // through a watch (of the objects, or of the password Secrets).
-        let opts = AccountOptions { namespace: Some(ns.name.clone()), resync: Duration::from_secs(3600) };
+        let opts = AccountOptions {
+            namespace: Some(ns.name.clone()),
+            resync: Duration::from_secs(3600),
+            dns_nameservers: vec![dns.addr()],
+            ..Default::default()
+        };
         let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
             let _ = stopped.await;
         }));
@@ -192,10 +206,37 @@ impl Setup {
             store,
             auth,
             dkim_txt: dkim.dns_txt,
+            _dns: dns,
             _db: db,
             stop: Some(stop),
             controllers: Some(controllers),
         })
+    }
+
+    /// Applies the example.com MailDomain and returns its status once Ready and
+    /// its records checked.
+    async fn example_domain(&self) -> MailDomainStatus {
+        self.apply(
+            "maildomains",
+            "example-com",
+            &json!({
+                "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
+                "metadata": {"name": "example-com"},
+                "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
+                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
+                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
+            }),
+        )
+        .await;
+        let domains = self.ns.api::<MailDomain>();
+        eventually("MailDomain Ready and checked", || async {
+            let d = domains.get_opt("example-com").await.ok()??;
+            let status = d.status?;
+            let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let checked = status.dns_records.iter().all(|r| r.last_checked.is_some());
+            (ready && checked).then_some(status)
+        })
+        .await
     }
 
     async fn stop(mut self) {
@@ -271,27 +312,15 @@ fn account(name: &str, address: &str, secret: &str, policy: &str) -> serde_json:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accounts_from_resources_log_in_change_password_and_are_retained_or_deleted() {
-    let Some(setup) = Setup::new("acc").await else { return };
-    setup
-        .apply(
-            "maildomains",
-            "example-com",
-            &json!({
-                "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
-                "metadata": {"name": "example-com"},
-                "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
-                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
-                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
-            }),
-        )
-        .await;
-    let domains = setup.ns.api::<MailDomain>();
-    let status = eventually("MailDomain Ready", || async {
-        let d = domains.get_opt("example-com").await.ok()??;
-        let status = d.status?;
-        status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(status)
-    })
-    .await;
+    // No DNS zone for the domain: every record is unpublished.
+    let Some(setup) = Setup::new("acc", |_| String::new()).await else { return };
+    let status = setup.example_domain().await;
+    assert!(
+        status.dns_records.iter().all(|r| r.published == "False" && r.last_checked.is_some()),
+        "{status:?}"
+    );
+    let published = status.conditions.iter().find(|c| c.type_ == "DnsPublished").expect("DnsPublished");
+    assert_eq!((published.status.as_str(), published.reason.as_str()), ("False", "NotPublished"));
     let purposes: Vec<&str> = status.dns_records.iter().map(|r| r.purpose.as_str()).collect();
     assert_eq!(purposes, ["MX", "SPF", "DMARC", "DKIM", "MTA-STS", "MTA-STS policy", "TLS-RPT"]);
     assert_eq!(status.dns_records[3].name, "s1._domainkey.example.com.");
@@ -424,5 +453,45 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     })
     .await;
     assert!(setup.store.account_get("bob@example.com").await.unwrap().is_none());
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_served_by_dns_are_published_and_a_missing_one_is_not() {
+    // Everything the MailDomain lists except the TLS-RPT record, as an
+    // operator of the zone would publish it.
+    let Some(setup) = Setup::new("dns", |dkim| {
+        format!(
+            "@ 60 IN MX 10 mx.example.com.\n\
+             @ 60 IN TXT \"v=spf1 mx -all\"\n\
+             _dmarc 60 IN TXT \"v=DMARC1; p=quarantine; rua=mailto:postmaster@example.com\"\n\
+             s1._domainkey 60 IN TXT \"{dkim}\"\n\
+             _mta-sts 60 IN TXT \"v=STSv1; id=enforce\"\n\
+             mta-sts 60 IN A 192.0.2.10\n\
+             mx 60 IN A 192.0.2.25\n"
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let status = setup.example_domain().await;
+    let published: Vec<(&str, &str)> =
+        status.dns_records.iter().map(|r| (r.purpose.as_str(), r.published.as_str())).collect();
+    assert_eq!(
+        published,
+        [
+            ("MX", "True"),
+            ("SPF", "True"),
+            ("DMARC", "True"),
+            ("DKIM", "True"),
+            ("MTA-STS", "True"),
+            ("MTA-STS policy", "True"),
+            ("TLS-RPT", "False"),
+        ]
+    );
+    let condition = status.conditions.iter().find(|c| c.type_ == "DnsPublished").expect("DnsPublished");
+    assert_eq!(condition.status, "False");
+    assert_eq!(condition.message, "not seen in DNS: TLS-RPT");
     setup.stop().await;
 }
