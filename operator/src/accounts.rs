@@ -38,7 +38,7 @@ use mailcluster_api::accounts::{
     ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, DnsRecord, MailAccount, MailAccountStatus, MailDomain,
     MailDomainStatus, dns_records,
 };
-use mailcluster_api::{FIELD_MANAGER, MailCluster};
+use mailcluster_api::{AccountsPolicy, FIELD_MANAGER, MailCluster, UNMANAGED_LISTED, UnmanagedAccounts};
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
 use mailcluster_server::store::{Store, StoreError};
 use serde_json::json;
@@ -234,6 +234,8 @@ pub enum Error {
     Finalizer(String),
     #[error("{0}")]
     Cleanup(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// The `Ready` condition, its transition time kept when its status is unchanged.
@@ -540,6 +542,67 @@ async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<
     Ok(Action::await_change())
 }
 
+// ------------------------------------------- accounts without a MailAccount
+
+/// Reports the store's accounts that no MailAccount of the cluster describes in
+/// `status.unmanagedAccounts`, and under `spec.accounts: Managed` disables them.
+/// The MailAccounts are listed from the API server, never from the watch cache:
+/// an account is disabled only when a complete, current list does not name it.
+async fn reconcile_unmanaged(mc: Arc<MailCluster>, ctx: Arc<AccountContext>) -> Result<Action, Error> {
+    let ns = mc.namespace().unwrap_or_default();
+    let name = mc.name_any();
+    let store = match ctx.store(&ns, &name).await {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::debug!(cluster = %name, reason = %e.reason, "store not reachable for the account report");
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    let described: std::collections::HashSet<String> =
+        Api::<MailAccount>::namespaced(ctx.client.clone(), &ns)
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .filter(|a| a.spec.cluster_ref == name)
+            .map(|a| provision::normalized(&a.spec.address))
+            .collect();
+    let mut unmanaged: Vec<_> = store
+        .account_list(None)
+        .await?
+        .into_iter()
+        .filter(|a| !described.contains(&provision::normalized(&a.email)))
+        .collect();
+    unmanaged.sort_by(|a, b| a.email.cmp(&b.email));
+    if mc.spec.accounts == AccountsPolicy::Managed {
+        let (mut ids, mut addresses) = (Vec::new(), Vec::new());
+        for account in unmanaged.iter_mut().filter(|a| a.enabled) {
+            match store.account_set_enabled(&account.email, false).await {
+                Ok(()) | Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(cluster = %name, account = %account.email, "disabled: no MailAccount describes it");
+            account.enabled = false;
+            ids.push(account.id);
+            addresses.push(account.email.clone());
+        }
+        forget_cached(&ctx.client, &ns, &name, &ids, &addresses).await;
+    }
+    let report = UnmanagedAccounts {
+        count: unmanaged.len() as u64,
+        addresses: unmanaged.iter().take(UNMANAGED_LISTED).map(|a| a.email.clone()).collect(),
+        enabled: unmanaged.iter().filter(|a| a.enabled).count() as u64,
+    };
+    if mc.status.as_ref().and_then(|s| s.unmanaged_accounts.as_ref()) != Some(&report) {
+        // A merge patch, not an apply: the MailCluster reconciler applies the
+        // rest of the status and leaves this field out (reconcile.rs).
+        let patch = json!({"status": {"unmanagedAccounts": report}});
+        Api::<MailCluster>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(Action::requeue(ctx.resync))
+}
+
 /// The MailAccounts whose password is in `secret` (same namespace, same name):
 /// what a change of that Secret has to reconcile.
 fn accounts_using_secret(
@@ -569,6 +632,10 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    let (clusters, account_events): (Api<MailCluster>, Api<MailAccount>) = match &opts.namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
     // Metadata only: the operator holds no Secret's value between reconciles.
     let secrets: Api<PartialObjectMeta<Secret>> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -582,6 +649,7 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let (stop_rx_clusters, ctx_clusters) = (stop_rx.clone(), ctx.clone());
     let domain_controller = Controller::new(domains, watcher::Config::default().any_semantic())
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(reconcile_domain, error_policy, ctx.clone())
@@ -596,12 +664,27 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
         .watches(secrets, watcher::Config::default().any_semantic(), move |secret| {
             accounts_using_secret(&known_accounts, &secret)
         })
-        .graceful_shutdown_on(stopped(stop_rx))
-        .run(reconcile_account, error_policy, ctx)
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(reconcile_account, error_policy, ctx.clone())
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "MailAccount controller");
             }
         });
-    tokio::join!(domain_controller, account_controller);
+    // Each MailAccount change looks at its cluster's store again, once a burst
+    // of changes (an Argo CD sync of many accounts) has settled.
+    let cluster_controller = Controller::new(clusters, watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(2)))
+        .watches(account_events, watcher::Config::default().any_semantic(), |account: MailAccount| {
+            let ns = account.namespace()?;
+            Some(ObjectRef::<MailCluster>::new(&account.spec.cluster_ref).within(&ns))
+        })
+        .graceful_shutdown_on(stopped(stop_rx_clusters))
+        .run(reconcile_unmanaged, error_policy, ctx_clusters)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "MailCluster accounts report");
+            }
+        });
+    tokio::join!(domain_controller, account_controller, cluster_controller);
 }

@@ -495,3 +495,49 @@ async fn records_served_by_dns_are_published_and_a_missing_one_is_not() {
     assert_eq!(condition.message, "not seen in DNS: TLS-RPT");
     setup.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_without_a_mail_account_are_reported_and_disabled_only_when_managed() {
+    let Some(setup) = Setup::new("unm", |_| String::new()).await else { return };
+    setup.example_domain().await;
+    secret(&setup.ns, "alice-pw", "password", "alice-password").await;
+    setup.apply("mailaccounts", "alice", &account("alice", "alice@example.com", "alice-pw", "Retain")).await;
+    assert_eq!(setup.account_ready("alice").await.0, "True");
+    // Made as `mailcluster user add` makes them, with no MailAccount.
+    for address in ["zed@example.com", "cli-made@example.com"] {
+        let wanted = mailcluster_server::provision::WantedAccount {
+            email: address.into(),
+            password: Some(mailcluster_server::provision::PasswordSource::Plain("cli-password".into())),
+            ..Default::default()
+        };
+        mailcluster_server::provision::apply_account(&*setup.store, &wanted).await.unwrap();
+    }
+    let clusters = setup.ns.api::<MailCluster>();
+    let report = |count: u64, enabled: u64| {
+        let clusters = clusters.clone();
+        async move {
+            eventually(&format!("{count} unmanaged, {enabled} enabled"), || async {
+                let r = clusters.get_opt("mail").await.ok()??.status?.unmanaged_accounts?;
+                (r.count == count && r.enabled == enabled).then_some(r)
+            })
+            .await
+        }
+    };
+    // Shared (the default): reported, in address order, and left alone. The
+    // MailAccount's change of another account brings the report up to date.
+    setup.apply("mailaccounts", "alice", &account("alice", "alice@example.com", "alice-pw", "Delete")).await;
+    let shared = report(2, 2).await;
+    assert_eq!(shared.addresses, ["cli-made@example.com", "zed@example.com"]);
+    assert!(setup.login("cli-made@example.com", "cli-password").await);
+
+    // Managed: the MailAccounts are the whole truth; the others are disabled.
+    clusters
+        .patch("mail", &PatchParams::default(), &Patch::Merge(json!({"spec": {"accounts": "Managed"}})))
+        .await
+        .unwrap();
+    report(2, 0).await;
+    assert!(!setup.login("cli-made@example.com", "cli-password").await);
+    assert!(!setup.store.account_get("zed@example.com").await.unwrap().unwrap().enabled);
+    assert!(setup.login("alice@example.com", "alice-password").await, "described by a MailAccount");
+    setup.stop().await;
+}
