@@ -103,6 +103,32 @@ pub trait Store: Send + Sync + 'static {
     /// The account's limits and usage, from its mailboxes' counters.
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
+    /// Creates the accounts of `batch` as [`Store::account_create`] does, with
+    /// their quotas and aliases, all or none: the SQL stores use one transaction
+    /// (a bulk import's batch). Accounts that exist are left alone and listed;
+    /// an alias pair that exists is kept. This default, for stores without
+    /// transactions, creates them one by one.
+    async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
+        let mut outcome = ImportOutcome::default();
+        for a in batch {
+            if self.account_get(&a.email).await?.is_some() {
+                outcome.existing.push(a.email.to_lowercase());
+                continue;
+            }
+            let account = self.account_create(&a.email, &a.password_hash).await?;
+            if a.quota.is_some() {
+                self.account_set_quota(&account.email, a.quota).await?;
+            }
+            for alias in &a.aliases {
+                match self.alias_add(alias, &account.email).await {
+                    Ok(()) | Err(StoreError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            outcome.created += 1;
+        }
+        Ok(outcome)
+    }
 
     /// Allows the account to send as `address` (a full address, or `@domain`
     /// for every address of the domain); NotFound without such an account,
