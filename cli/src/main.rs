@@ -5,6 +5,7 @@
 mod args;
 mod commands;
 mod failure;
+mod import;
 mod logging;
 
 use std::process::ExitCode;
