@@ -117,7 +117,8 @@ impl MtaStsMode {
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MailDomainStatus {
-    /// `Ready`: the domain is in the cluster's store.
+    /// `Ready`: the domain is in the cluster's store. `DnsPublished`: every
+    /// record of `dnsRecords` is seen by the operator's resolver.
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -142,9 +143,12 @@ pub struct DnsRecord {
     pub value: String,
     /// What it is for, e.g. `SPF` or `MTA-STS policy`.
     pub purpose: String,
-    /// Whether the record is in DNS: `Unknown` until the operator checks the
-    /// resolver (not done yet).
+    /// Whether the operator's resolver sees the record: `True`, `False`, or
+    /// `Unknown` (not checked yet, or DNS could not be asked).
     pub published: String,
+    /// When `published` was last found out (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checked: Option<String>,
 }
 
 /// Inputs of the record list that do not come from the `MailDomain` itself.
@@ -171,6 +175,7 @@ pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsReco
         value,
         purpose: purpose.into(),
         published: "Unknown".into(),
+        last_checked: None,
     };
     let mx_host = inputs.mx_host.trim_end_matches('.');
     let mut out = vec![

@@ -135,7 +135,44 @@ pub struct MailClusterSpec {
     /// When true the operator changes no child object (status still reports).
     #[serde(default)]
     pub paused: bool,
+    /// Accounts in the store that no MailAccount describes (made with
+    /// `mailcluster user add` or an import): `Shared` (the default) reports them
+    /// in `status.unmanagedAccounts` and leaves them alone; `Managed` makes the
+    /// MailAccounts the whole truth and disables the others, as Argo CD's prune.
+    #[serde(default, skip_serializing_if = "AccountsPolicy::is_default")]
+    pub accounts: AccountsPolicy,
 }
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default, JsonSchema)]
+pub enum AccountsPolicy {
+    #[default]
+    Shared,
+    Managed,
+}
+
+impl AccountsPolicy {
+    fn is_default(&self) -> bool {
+        *self == AccountsPolicy::Shared
+    }
+}
+
+/// The store's accounts that no MailAccount of the cluster describes.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnmanagedAccounts {
+    /// How many there are.
+    pub count: u64,
+    /// The first of them in address order, at most [`UNMANAGED_LISTED`].
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// How many of them are enabled (under `accounts: Managed`, none for long).
+    pub enabled: u64,
+}
+
+/// Addresses listed in `status.unmanagedAccounts`: enough to recognise what is
+/// there, bounded so that a store of a million CLI-made accounts keeps the
+/// MailCluster object small.
+pub const UNMANAGED_LISTED: usize = 20;
 
 fn default_grace() -> u32 {
     25
@@ -894,6 +931,10 @@ pub struct MailClusterStatus {
     pub migrated_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stress: Option<crate::stress::LastStress>,
+    /// Accounts in the store without a MailAccount (written by the accounts
+    /// reconciler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmanaged_accounts: Option<UnmanagedAccounts>,
 }
 
 impl MailClusterStatus {

@@ -101,6 +101,15 @@ pub struct OperatorArgs {
         env = "MAILCLUSTER_OPERATOR_ALLOWED_IMAGES"
     )]
     pub allowed_images: String,
+    /// Nameservers (IP:PORT, comma-separated) at which MailDomains' DNS records
+    /// are checked; default: the system's resolver (in a pod, the cluster's).
+    #[arg(
+        long,
+        value_name = "ADDRESSES",
+        value_delimiter = ',',
+        env = "MAILCLUSTER_OPERATOR_DNS_NAMESERVERS"
+    )]
+    pub dns_nameservers: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +149,32 @@ pub enum UserCommand {
     },
     /// Delete an account and its mail.
     Del { email: String },
+    /// Create accounts from a Dovecot passwd-file or a CSV
+    /// (address,password-hash,quota,aliases) with their password hashes
+    /// (argon2, bcrypt, SHA-crypt; `{PLAIN}` ones are hashed here), one
+    /// transaction per batch. Accounts that exist are left alone; domains not
+    /// served yet are added. The whole file is checked first: any bad entry,
+    /// and nothing is imported.
+    Import {
+        file: PathBuf,
+        /// `passwd` (Dovecot passwd-file), `csv`, or `auto` by the file's extension.
+        #[arg(long, value_enum, default_value = "auto")]
+        format: ImportFormat,
+        /// Accounts per transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Also write a MailAccount manifest per account into DIR, and the
+        /// password Secrets they name into DIR/secrets (seal those before
+        /// committing them).
+        #[arg(long, value_name = "DIR")]
+        emit_manifests: Option<PathBuf>,
+        /// The MailCluster the manifests name.
+        #[arg(long, default_value = "mail")]
+        cluster: String,
+        /// The namespace written into the manifests (default: none, kubectl's).
+        #[arg(long)]
+        namespace: Option<String>,
+    },
     /// List accounts, one address per line.
     List {
         /// Only accounts of this domain.
@@ -218,6 +253,13 @@ pub fn parse_quota(s: &str) -> Result<QuotaSetting, String> {
     };
     let n: u64 = digits.trim().parse().map_err(|_| format!("{s:?} is not a size (e.g. 500M, 2G, none)"))?;
     n.checked_mul(1u64 << shift).map(QuotaSetting::Limit).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ImportFormat {
+    Auto,
+    Passwd,
+    Csv,
 }
 
 #[derive(Debug, Args)]

@@ -257,6 +257,19 @@ pub async fn user(config: &Config, command: &UserCommand) -> Result<(), Failure>
             forget_cached(config, &[account.id], &[&account.email]).await;
             eprintln!("user {email} deleted");
         }
+        (UserCommand::Import { file, format, batch, emit_manifests, cluster, namespace }, _) => {
+            let request = crate::import::ImportRequest {
+                file,
+                format: *format,
+                batch: *batch,
+                emit_manifests: emit_manifests.as_deref(),
+                cluster,
+                namespace: namespace.as_deref(),
+            };
+            let created = crate::import::run(&*store, &request).await?;
+            let recipients: Vec<&str> = created.iter().map(String::as_str).collect();
+            forget_cached(config, &[], &recipients).await;
+        }
         (UserCommand::List { domain }, _) => {
             let accounts = store.account_list(domain.as_deref()).await.context("cannot list users")?;
             let mut out = std::io::stdout().lock();

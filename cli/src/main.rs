@@ -5,6 +5,7 @@
 mod args;
 mod commands;
 mod failure;
+mod import;
 mod logging;
 
 use std::process::ExitCode;
@@ -85,6 +86,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 allowed_images,
                 metrics_addr: args.metrics_addr,
                 leader_election: !args.no_leader_election,
+                dns_nameservers: args.dns_nameservers,
                 ..Default::default()
             };
             runtime(0)?.block_on(mailcluster_operator::run(opts))?;

@@ -279,3 +279,111 @@ fn startup_retries_an_unavailable_database_then_gives_up() {
     assert!(out.error_line().contains("127.0.0.1:1"), "{}", out.stderr);
     out.assert_no_panic();
 }
+
+/// `user import` from a Dovecot passwd-file and a CSV into PostgreSQL: the
+/// accounts log in with the passwords their imported hashes were made from,
+/// quotas and aliases arrive, a second run changes nothing, the manifests name
+/// the Secrets, and a file with one bad entry imports nothing.
+#[test]
+fn accounts_imported_from_dovecot_and_csv_log_in_with_their_hashes() {
+    let db = TestDatabase::create_blocking("mc_import");
+    let dir = tempfile::tempdir().unwrap();
+    let env =
+        [("MAILCLUSTER_DATABASE_URL", db.url.as_str()), ("MAILCLUSTER_DATABASE__MIGRATE_ON_START", "false")];
+    run(dir.path(), &["migrate"], &env).ok();
+    // Hashes made by glibc's crypt(3) (Python's crypt module), not by the
+    // crates the server verifies with: crypt('migrated pass', '$6$saltsalt$'),
+    // crypt('migrated pass', '$2y$05$abcdefghijklmnopqrstuu').
+    let sha512 =
+        "$6$saltsalt$UV8BYgqN7u34iPYiLihbOjmF22xo0X75SlnQFYRpDJsgJaXUiVT9jRyx4l4tz0FMJBBZGZbqw/l1xfhEu2dJa/";
+    let bcrypt = "$2y$05$abcdefghijklmnopqrstuuVVzYGn6PXgpP3f4Lku9ALBvLuGFYlf2";
+    let passwd = dir.path().join("users.passwd");
+    std::fs::write(
+        &passwd,
+        format!(
+            "alice@example.com:{{SHA512-CRYPT}}{sha512}:1000:1000::/home/alice::userdb_quota_rule=*:storage=1G\n\
+             bob@example.org:{{BLF-CRYPT}}{bcrypt}\n\
+             carol@example.com:{{PLAIN}}carol's password\n"
+        ),
+    )
+    .unwrap();
+    let csv = dir.path().join("users.csv");
+    std::fs::write(
+        &csv,
+        format!("address,password-hash,quota,aliases\ndave@example.com,{bcrypt},500M,sales@example.com;info@example.com\n"),
+    )
+    .unwrap();
+    let manifests = dir.path().join("manifests");
+    let out = run(
+        dir.path(),
+        &[
+            "user",
+            "import",
+            passwd.to_str().unwrap(),
+            "--batch",
+            "2",
+            "--emit-manifests",
+            manifests.to_str().unwrap(),
+        ],
+        &env,
+    );
+    out.ok();
+    assert!(out.stderr.contains("3 accounts created, 0 existed already"), "{}", out.stderr);
+    assert!(out.stderr.contains("domain example.org added"), "{}", out.stderr);
+    run(dir.path(), &["user", "import", csv.to_str().unwrap()], &env).ok();
+    let again = run(dir.path(), &["user", "import", passwd.to_str().unwrap()], &env);
+    again.ok();
+    assert!(again.stderr.contains("0 accounts created, 3 existed already"), "{}", again.stderr);
+
+    common::cluster::block_on(async {
+        let store = mailcluster_server::store::open(Some(&db.url), dir.path(), 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        for (email, password) in [
+            ("alice@example.com", "migrated pass"),
+            ("bob@example.org", "migrated pass"),
+            ("carol@example.com", "carol's password"),
+            ("dave@example.com", "migrated pass"),
+        ] {
+            let account = store.account_get(email).await.unwrap().expect(email);
+            assert!(
+                mailcluster_server::auth::verify_password(password, &account.password_hash).unwrap(),
+                "{email}"
+            );
+            assert!(
+                !mailcluster_server::auth::verify_password("wrong", &account.password_hash).unwrap(),
+                "{email}"
+            );
+        }
+        let carol = store.account_get("carol@example.com").await.unwrap().unwrap();
+        assert!(carol.password_hash.starts_with("$argon2id$"), "a {{PLAIN}} password is hashed");
+        let alice = store.account_get("alice@example.com").await.unwrap().unwrap();
+        assert_eq!(store.quota(alice.id).await.unwrap().account_limit, Some(1 << 30));
+        let dave = store.account_get("dave@example.com").await.unwrap().unwrap();
+        assert_eq!(store.quota(dave.id).await.unwrap().account_limit, Some(500 << 20));
+        assert_eq!(store.alias_targets("sales@example.com").await.unwrap(), ["dave@example.com"]);
+    });
+
+    let manifest: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(manifests.join("alice-at-example.com.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["kind"], "MailAccount");
+    assert_eq!(manifest["spec"]["address"], "alice@example.com");
+    assert_eq!(manifest["spec"]["quotaBytes"], 1u64 << 30);
+    assert_eq!(manifest["spec"]["passwordSecretRef"]["name"], "alice-at-example.com-password");
+    let secret: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(manifests.join("secrets/alice-at-example.com-password.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(secret["stringData"]["password"], sha512);
+
+    // One bad entry: a usage error naming its line, and nothing imported.
+    let bad = dir.path().join("bad.passwd");
+    std::fs::write(&bad, "erin@example.com:{PLAIN}x\nfrank@example.com:{MD5-CRYPT}$1$a$b\n").unwrap();
+    let out = run(dir.path(), &["user", "import", bad.to_str().unwrap()], &env);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("line 2:"), "{}", out.stderr);
+    let users = run(dir.path(), &["user", "list"], &env);
+    assert!(!users.stdout.contains("erin@"), "{}", users.stdout);
+}

@@ -3,6 +3,26 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// One account of a bulk import ([`super::Store::accounts_import`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImportedAccount {
+    pub email: String,
+    /// Stored as given: the caller has checked it is a hash the server verifies.
+    pub password_hash: String,
+    /// Its own storage limit in octets; `None`: the domain's default.
+    pub quota: Option<u64>,
+    /// Addresses at local domains whose mail goes to the account.
+    pub aliases: Vec<String>,
+}
+
+/// What [`super::Store::accounts_import`] did with a batch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImportOutcome {
+    pub created: usize,
+    /// Addresses that already had an account, left as they were.
+    pub existing: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
     pub id: i64,

@@ -10,13 +10,16 @@
 //! delay by a pod start. One small pool per cluster is kept and reopened when
 //! the URL changes.
 //!
-//! Password Secrets are not watched (the operator may read Secrets by name but
-//! not list them): every MailAccount is reconciled again after
-//! [`AccountOptions::resync`], and a Secret whose `resourceVersion` changed is
-//! written then. The server's credential cache is keyed by the stored hash, so
-//! the old password stops working as soon as the new hash is stored; the
-//! pods' cached recipient entries and credentials of a changed account are
-//! dropped through the cluster's Redis, as the CLI does.
+//! Password Secrets are watched by their metadata only (name and
+//! `resourceVersion`; the value is read by name when a MailAccount naming the
+//! Secret is reconciled): a changed Secret reconciles the MailAccounts that
+//! reference it at once, and a `resourceVersion` other than the one in the
+//! account's status is hashed and stored. The server's credential cache is
+//! keyed by the stored hash, so the old password stops working as soon as the
+//! new hash is stored; the pods' cached recipient entries and credentials of a
+//! changed account are dropped through the cluster's Redis, as the CLI does.
+//! [`AccountOptions::resync`] reconciles every object again in case a watch
+//! event was missed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,34 +28,48 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mailcluster_api::accounts::{
-    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, MailAccount, MailAccountStatus, MailDomain,
+    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, DnsRecord, MailAccount, MailAccountStatus, MailDomain,
     MailDomainStatus, dns_records,
 };
-use mailcluster_api::{FIELD_MANAGER, MailCluster};
+use mailcluster_api::{AccountsPolicy, FIELD_MANAGER, MailCluster, UNMANAGED_LISTED, UnmanagedAccounts};
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
 use mailcluster_server::store::{Store, StoreError};
 use serde_json::json;
 use tokio::sync::Mutex;
+
+use crate::dns_check::RecordChecker;
 
 /// How the store reconcilers run.
 #[derive(Debug, Clone)]
 pub struct AccountOptions {
     /// Watch only this namespace; None = all namespaces.
     pub namespace: Option<String>,
-    /// Every object is reconciled again after this long, which is how a changed
-    /// password Secret is noticed.
+    /// Every object is reconciled again after this long (a changed password
+    /// Secret is noticed through its watch, within a second or so).
     pub resync: Duration,
+    /// Nameservers the MailDomains' records are checked at; empty: the
+    /// system's (in a pod, the cluster's resolver).
+    pub dns_nameservers: Vec<std::net::SocketAddr>,
+    /// A MailDomain's records are looked up again after this long (and at once
+    /// when the list changes).
+    pub dns_check: Duration,
 }
 
 impl Default for AccountOptions {
     fn default() -> Self {
-        AccountOptions { namespace: None, resync: Duration::from_secs(60) }
+        AccountOptions {
+            namespace: None,
+            resync: Duration::from_secs(60),
+            dns_nameservers: Vec::new(),
+            dns_check: Duration::from_secs(300),
+        }
     }
 }
 
@@ -69,11 +86,23 @@ pub struct AccountContext {
     client: Client,
     resync: Duration,
     stores: Mutex<Stores>,
+    /// None when no resolver could be set up: records stay `Unknown`.
+    dns: Option<RecordChecker>,
+    dns_check: Duration,
 }
 
 impl AccountContext {
-    pub fn new(client: Client, resync: Duration) -> Self {
-        AccountContext { client, resync, stores: Mutex::new(HashMap::new()) }
+    pub fn new(client: Client, opts: &AccountOptions) -> Self {
+        let dns = RecordChecker::new(&opts.dns_nameservers)
+            .inspect_err(|e| tracing::warn!(error = %e, "DNS records of MailDomains will not be checked"))
+            .ok();
+        AccountContext {
+            client,
+            resync: opts.resync,
+            stores: Mutex::new(HashMap::new()),
+            dns,
+            dns_check: opts.dns_check,
+        }
     }
 
     /// The store of MailCluster `name` in `ns`, or why it cannot be reached as a
@@ -205,18 +234,31 @@ pub enum Error {
     Finalizer(String),
     #[error("{0}")]
     Cleanup(String),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// The `Ready` condition, its transition time kept when its status is unchanged.
 fn ready(old: &[Condition], generation: Option<i64>, status: bool, reason: &str, message: &str) -> Condition {
-    let status = if status { "True" } else { "False" };
+    condition(old, "Ready", generation, if status { "True" } else { "False" }, reason, message)
+}
+
+/// A condition of `type_`, its transition time kept when its status is unchanged.
+fn condition(
+    old: &[Condition],
+    type_: &str,
+    generation: Option<i64>,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> Condition {
     let since = old
         .iter()
-        .find(|c| c.type_ == "Ready" && c.status == status)
+        .find(|c| c.type_ == type_ && c.status == status)
         .map(|c| c.last_transition_time.clone())
         .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
     Condition {
-        type_: "Ready".into(),
+        type_: type_.into(),
         status: status.into(),
         reason: reason.into(),
         message: message.into(),
@@ -268,7 +310,10 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
             } else {
                 "in the store"
             };
-            (ready(&old.conditions, generation, true, "Stored", message), Action::requeue(ctx.resync))
+            (
+                ready(&old.conditions, generation, true, "Stored", message),
+                Action::requeue(ctx.resync.min(ctx.dns_check)),
+            )
         }
         Err(e) => (
             ready(&old.conditions, generation, false, &e.reason, &e.message),
@@ -285,9 +330,12 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         Some(mc) => dkim_txt(&ctx.client, &ns, mc, &domain).await,
         None => None,
     };
-    let records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    let mut records =
+        dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    check_records(&ctx, &old.dns_records, &mut records).await;
+    let published = published_condition(&old.conditions, generation, &records);
     let status = MailDomainStatus {
-        conditions: vec![condition],
+        conditions: vec![condition, published],
         observed_generation: generation,
         dns_records: records,
     };
@@ -295,6 +343,55 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         apply_status(&api, &*domain, serde_json::to_value(&status).unwrap_or_default()).await?;
     }
     Ok(action)
+}
+
+/// Fills in `published` and `lastChecked` of `records`: carried over from the
+/// last status for a record unchanged and checked less than `dns_check` ago,
+/// looked up now for the others (all at once; a domain has a handful).
+async fn check_records(ctx: &AccountContext, old: &[DnsRecord], records: &mut [DnsRecord]) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let fresh = |r: &DnsRecord| {
+        r.last_checked
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .and_then(|checked| Duration::try_from(now.duration_since(checked)).ok())
+            .is_some_and(|age| age < ctx.dns_check)
+    };
+    let mut due = Vec::new();
+    for (i, record) in records.iter_mut().enumerate() {
+        let known =
+            old.iter().find(|o| o.name == record.name && o.type_ == record.type_ && o.value == record.value);
+        match known {
+            Some(o) if fresh(o) => {
+                record.published = o.published.clone();
+                record.last_checked = o.last_checked.clone();
+            }
+            _ => due.push(i),
+        }
+    }
+    let Some(checker) = &ctx.dns else { return };
+    let answers = futures::future::join_all(due.iter().map(|&i| checker.published(&records[i]))).await;
+    let checked = now.to_string();
+    for (i, published) in due.into_iter().zip(answers) {
+        records[i].published = published.into();
+        records[i].last_checked = Some(checked.clone());
+    }
+}
+
+/// `DnsPublished`: True when the resolver sees every record, False naming those
+/// it does not, Unknown while some could not be checked.
+fn published_condition(old: &[Condition], generation: Option<i64>, records: &[DnsRecord]) -> Condition {
+    let missing: Vec<&str> =
+        records.iter().filter(|r| r.published == "False").map(|r| r.purpose.as_str()).collect();
+    let unknown = records.iter().filter(|r| r.published != "True" && r.published != "False").count();
+    let (status, reason, message) = if !missing.is_empty() {
+        ("False", "NotPublished", format!("not seen in DNS: {}", missing.join(", ")))
+    } else if unknown > 0 {
+        ("Unknown", "NotChecked", format!("{unknown} record(s) could not be checked"))
+    } else {
+        ("True", "Published", "every record is seen in DNS".to_string())
+    };
+    condition(old, "DnsPublished", generation, status, reason, &message)
 }
 
 /// The DKIM record value of the key the MailCluster signs the domain's mail
@@ -445,6 +542,84 @@ async fn cleanup_account(account: &MailAccount, ctx: &AccountContext) -> Result<
     Ok(Action::await_change())
 }
 
+// ------------------------------------------- accounts without a MailAccount
+
+/// Reports the store's accounts that no MailAccount of the cluster describes in
+/// `status.unmanagedAccounts`, and under `spec.accounts: Managed` disables them.
+/// The MailAccounts are listed from the API server, never from the watch cache:
+/// an account is disabled only when a complete, current list does not name it.
+async fn reconcile_unmanaged(mc: Arc<MailCluster>, ctx: Arc<AccountContext>) -> Result<Action, Error> {
+    let ns = mc.namespace().unwrap_or_default();
+    let name = mc.name_any();
+    let store = match ctx.store(&ns, &name).await {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::debug!(cluster = %name, reason = %e.reason, "store not reachable for the account report");
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    let described: std::collections::HashSet<String> =
+        Api::<MailAccount>::namespaced(ctx.client.clone(), &ns)
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .filter(|a| a.spec.cluster_ref == name)
+            .map(|a| provision::normalized(&a.spec.address))
+            .collect();
+    let mut unmanaged: Vec<_> = store
+        .account_list(None)
+        .await?
+        .into_iter()
+        .filter(|a| !described.contains(&provision::normalized(&a.email)))
+        .collect();
+    unmanaged.sort_by(|a, b| a.email.cmp(&b.email));
+    if mc.spec.accounts == AccountsPolicy::Managed {
+        let (mut ids, mut addresses) = (Vec::new(), Vec::new());
+        for account in unmanaged.iter_mut().filter(|a| a.enabled) {
+            match store.account_set_enabled(&account.email, false).await {
+                Ok(()) | Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(cluster = %name, account = %account.email, "disabled: no MailAccount describes it");
+            account.enabled = false;
+            ids.push(account.id);
+            addresses.push(account.email.clone());
+        }
+        forget_cached(&ctx.client, &ns, &name, &ids, &addresses).await;
+    }
+    let report = UnmanagedAccounts {
+        count: unmanaged.len() as u64,
+        addresses: unmanaged.iter().take(UNMANAGED_LISTED).map(|a| a.email.clone()).collect(),
+        enabled: unmanaged.iter().filter(|a| a.enabled).count() as u64,
+    };
+    if mc.status.as_ref().and_then(|s| s.unmanaged_accounts.as_ref()) != Some(&report) {
+        // A merge patch, not an apply: the MailCluster reconciler applies the
+        // rest of the status and leaves this field out (reconcile.rs).
+        let patch = json!({"status": {"unmanagedAccounts": report}});
+        Api::<MailCluster>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// The MailAccounts whose password is in `secret` (same namespace, same name):
+/// what a change of that Secret has to reconcile.
+fn accounts_using_secret(
+    accounts: &Reflected<MailAccount>,
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<MailAccount>> {
+    let (Some(name), ns) = (secret.metadata.name.as_deref(), secret.metadata.namespace.as_deref()) else {
+        return Vec::new();
+    };
+    accounts
+        .state()
+        .iter()
+        .filter(|a| a.namespace().as_deref() == ns && a.spec.password_secret_ref.name == name)
+        .map(|a| ObjectRef::from_obj(&**a))
+        .collect()
+}
+
 fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<AccountContext>) -> Action {
     tracing::warn!(%error, "store reconcile failed");
     Action::requeue(Duration::from_secs(5))
@@ -452,10 +627,19 @@ fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<AccountContext>) -> Action {
 
 /// Runs the MailDomain and MailAccount controllers until `shutdown` resolves.
 pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Output = ()> + Send + 'static) {
-    let ctx = Arc::new(AccountContext::new(client.clone(), opts.resync));
+    let ctx = Arc::new(AccountContext::new(client.clone(), &opts));
     let (domains, accounts): (Api<MailDomain>, Api<MailAccount>) = match &opts.namespace {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let (clusters, account_events): (Api<MailCluster>, Api<MailAccount>) = match &opts.namespace {
+        Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Metadata only: the operator holds no Secret's value between reconciles.
+    let secrets: Api<PartialObjectMeta<Secret>> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -465,6 +649,7 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let (stop_rx_clusters, ctx_clusters) = (stop_rx.clone(), ctx.clone());
     let domain_controller = Controller::new(domains, watcher::Config::default().any_semantic())
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(reconcile_domain, error_policy, ctx.clone())
@@ -473,13 +658,33 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
                 tracing::debug!(error = %e, "MailDomain controller");
             }
         });
-    let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic())
-        .graceful_shutdown_on(stopped(stop_rx))
-        .run(reconcile_account, error_policy, ctx)
+    let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic());
+    let known_accounts = account_controller.store();
+    let account_controller = account_controller
+        .watches(secrets, watcher::Config::default().any_semantic(), move |secret| {
+            accounts_using_secret(&known_accounts, &secret)
+        })
+        .graceful_shutdown_on(stopped(stop_rx.clone()))
+        .run(reconcile_account, error_policy, ctx.clone())
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "MailAccount controller");
             }
         });
-    tokio::join!(domain_controller, account_controller);
+    // Each MailAccount change looks at its cluster's store again, once a burst
+    // of changes (an Argo CD sync of many accounts) has settled.
+    let cluster_controller = Controller::new(clusters, watcher::Config::default().any_semantic())
+        .with_config(kube::runtime::controller::Config::default().debounce(Duration::from_secs(2)))
+        .watches(account_events, watcher::Config::default().any_semantic(), |account: MailAccount| {
+            let ns = account.namespace()?;
+            Some(ObjectRef::<MailCluster>::new(&account.spec.cluster_ref).within(&ns))
+        })
+        .graceful_shutdown_on(stopped(stop_rx_clusters))
+        .run(reconcile_unmanaged, error_policy, ctx_clusters)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "MailCluster accounts report");
+            }
+        });
+    tokio::join!(domain_controller, account_controller, cluster_controller);
 }

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod build;
 pub mod children;
 pub mod crd;
+pub mod dns_check;
 pub mod image;
 pub mod keys;
 pub mod leader;

@@ -480,10 +480,12 @@ async fn write_status(
         return Ok(());
     }
     let mut status = serde_json::to_value(st)?;
-    // lastStress belongs to the stress Job's field manager; applying our (possibly
-    // stale) copy would overwrite a verdict written since we read the object.
+    // lastStress belongs to the stress Job's field manager, unmanagedAccounts to
+    // the accounts reconciler's; applying our (possibly stale) copy would
+    // overwrite what they wrote since we read the object.
     if let Some(o) = status.as_object_mut() {
         o.remove("lastStress");
+        o.remove("unmanagedAccounts");
     }
     let patch = json!({
         "apiVersion": format!("{}/{}", mailcluster_api::GROUP, mailcluster_api::VERSION),

@@ -68,9 +68,12 @@ pub struct OperatorOptions {
     pub rediscover_every: Duration,
     /// The repositories a MailCluster's `spec.image` may come from.
     pub allowed_images: ImageAllowlist,
-    /// MailDomains and MailAccounts are reconciled again after this long, which
-    /// is how a changed password Secret is noticed (`accounts.rs`).
+    /// MailDomains and MailAccounts are reconciled again after this long, in
+    /// case a watch event was missed (`accounts.rs`).
     pub account_resync: Duration,
+    /// Nameservers the MailDomains' DNS records are checked at; empty: the
+    /// system's (the cluster's resolver in a pod).
+    pub dns_nameservers: Vec<SocketAddr>,
 }
 
 impl Default for OperatorOptions {
@@ -89,6 +92,7 @@ impl Default for OperatorOptions {
             rediscover_every: Duration::from_secs(300),
             allowed_images: ImageAllowlist::default(),
             account_resync: Duration::from_secs(60),
+            dns_nameservers: Vec::new(),
         }
     }
 }
@@ -247,7 +251,12 @@ pub async fn run_with(
     let (mut stop_for_accounts, mut lost_for_accounts) = (stop_rx.clone(), lost_rx.clone());
     let accounts = tokio::spawn(crate::accounts::run(
         client.clone(),
-        crate::accounts::AccountOptions { namespace: opts.namespace.clone(), resync: opts.account_resync },
+        crate::accounts::AccountOptions {
+            namespace: opts.namespace.clone(),
+            resync: opts.account_resync,
+            dns_nameservers: opts.dns_nameservers.clone(),
+            ..Default::default()
+        },
         async move {
             tokio::select! {
                 _ = stop_for_accounts.wait_for(|s| *s) => {}

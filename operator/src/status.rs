@@ -231,6 +231,7 @@ pub fn compute(mc: &MailCluster, outcome: &Outcome, now: &Time) -> MailClusterSt
     let mut st = MailClusterStatus {
         observed_generation: generation,
         last_stress: prev.last_stress.clone(),
+        unmanaged_accounts: prev.unmanaged_accounts.clone(),
         migrated_image: prev.migrated_image.clone(),
         smtp: prev.smtp.clone(),
         submission: prev.submission.clone(),

@@ -2,8 +2,9 @@
 //! (`mailcluster_operator::accounts::run`, in process) against a real Kubernetes
 //! control plane and a fresh PostgreSQL database: the account appears in the
 //! store and logs in through the server's own `Authenticator`; a changed
-//! password Secret replaces the password; a hash format the server cannot
-//! verify makes the account not Ready; deleting a MailAccount disables the
+//! password Secret replaces the password; bcrypt and SHA512-CRYPT hashes from
+//! other systems log in; a hash format the server cannot verify makes the
+//! account not Ready; deleting a MailAccount disables the
 //! account and keeps its mail (`Retain`) or removes it (`Delete`).
 //!
 //! The cluster is found through `MAILCLUSTER_TEST_KUBECONFIG`, PostgreSQL through
@@ -20,6 +21,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
+use mailcluster_api::accounts::MailDomainStatus;
 use mailcluster_api::{MailAccount, MailCluster, MailDomain};
 use mailcluster_model::NewDelivery;
 use mailcluster_operator::accounts::{AccountOptions, run};
@@ -27,6 +29,7 @@ use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator};
 use mailcluster_server::cache::local::LocalCache;
 use mailcluster_server::store::Store;
 use mailcluster_testkit::TestDatabase;
+use mailcluster_testkit::dns::TestDns;
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -143,13 +146,16 @@ struct Setup {
     auth: Authenticator,
     /// The TXT value of the cluster's DKIM key, as `dkim generate` printed it.
     dkim_txt: String,
+    _dns: TestDns,
     _db: TestDatabase,
     stop: Option<oneshot::Sender<()>>,
     controllers: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Setup {
-    async fn new(prefix: &str) -> Option<Setup> {
+    /// `zone`: the example.com zone the operator's resolver sees (a real DNS
+    /// server on loopback); empty, no such zone.
+    async fn new(prefix: &str, zone: impl Fn(&str) -> String) -> Option<Setup> {
         init_logs();
         let ns = TestNamespace::create(prefix).await?;
         let db = TestDatabase::create("accounts").await;
@@ -175,8 +181,19 @@ impl Setup {
         }))
         .unwrap();
         ns.api::<MailCluster>().create(&PostParams::default(), &cluster).await.expect("create MailCluster");
+        let zone = zone(&dkim.dns_txt);
+        let zones: Vec<(&str, &str)> =
+            if zone.is_empty() { Vec::new() } else { vec![("example.com.", zone.as_str())] };
+        let dns = TestDns::start(&zones).await;
         let (stop, stopped) = oneshot::channel::<()>();
-        let opts = AccountOptions { namespace: Some(ns.name.clone()), resync: Duration::from_secs(1) };
+        // A resync far longer than any wait here: every change must arrive
+        // through a watch (of the objects, or of the password Secrets).
+        let opts = AccountOptions {
+            namespace: Some(ns.name.clone()),
+            resync: Duration::from_secs(3600),
+            dns_nameservers: vec![dns.addr()],
+            ..Default::default()
+        };
         let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
             let _ = stopped.await;
         }));
@@ -190,10 +207,37 @@ impl Setup {
             store,
             auth,
             dkim_txt: dkim.dns_txt,
+            _dns: dns,
             _db: db,
             stop: Some(stop),
             controllers: Some(controllers),
         })
+    }
+
+    /// Applies the example.com MailDomain and returns its status once Ready and
+    /// its records checked.
+    async fn example_domain(&self) -> MailDomainStatus {
+        self.apply(
+            "maildomains",
+            "example-com",
+            &json!({
+                "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
+                "metadata": {"name": "example-com"},
+                "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
+                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
+                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
+            }),
+        )
+        .await;
+        let domains = self.ns.api::<MailDomain>();
+        eventually("MailDomain Ready and checked", || async {
+            let d = domains.get_opt("example-com").await.ok()??;
+            let status = d.status?;
+            let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let checked = status.dns_records.iter().all(|r| r.last_checked.is_some());
+            (ready && checked).then_some(status)
+        })
+        .await
     }
 
     async fn stop(mut self) {
@@ -269,27 +313,15 @@ fn account(name: &str, address: &str, secret: &str, policy: &str) -> serde_json:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accounts_from_resources_log_in_change_password_and_are_retained_or_deleted() {
-    let Some(setup) = Setup::new("acc").await else { return };
-    setup
-        .apply(
-            "maildomains",
-            "example-com",
-            &json!({
-                "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
-                "metadata": {"name": "example-com"},
-                "spec": {"clusterRef": "mail", "domain": "example.com", "mtaSts": "enforce",
-                         "tlsRpt": "tlsrpt@example.com", "quotaBytes": 1000000,
-                         "dkim": {"selector": "s1", "algorithm": "ed25519"}},
-            }),
-        )
-        .await;
-    let domains = setup.ns.api::<MailDomain>();
-    let status = eventually("MailDomain Ready", || async {
-        let d = domains.get_opt("example-com").await.ok()??;
-        let status = d.status?;
-        status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True").then_some(status)
-    })
-    .await;
+    // No DNS zone for the domain: every record is unpublished.
+    let Some(setup) = Setup::new("acc", |_| String::new()).await else { return };
+    let status = setup.example_domain().await;
+    assert!(
+        status.dns_records.iter().all(|r| r.published == "False" && r.last_checked.is_some()),
+        "{status:?}"
+    );
+    let published = status.conditions.iter().find(|c| c.type_ == "DnsPublished").expect("DnsPublished");
+    assert_eq!((published.status.as_str(), published.reason.as_str()), ("False", "NotPublished"));
     let purposes: Vec<&str> = status.dns_records.iter().map(|r| r.purpose.as_str()).collect();
     assert_eq!(purposes, ["MX", "SPF", "DMARC", "DKIM", "MTA-STS", "MTA-STS policy", "TLS-RPT"]);
     assert_eq!(status.dns_records[3].name, "s1._domainkey.example.com.");
@@ -312,12 +344,16 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     assert_eq!(rights.aliases, ["alias-alice@example.com"]);
     assert_eq!(rights.allowed, ["news@example.com"]);
 
-    // A changed Secret: the new password works, the old one no longer does.
+    // A changed Secret: the new password works within seconds (the Secret is
+    // watched), the old one no longer does.
+    let changed = tokio::time::Instant::now();
     secret(&setup.ns, "alice-pw", "password", "second-password").await;
     eventually("the new password", || async {
         setup.login("alice@example.com", "second-password").await.then_some(())
     })
     .await;
+    let took = changed.elapsed();
+    assert!(took < Duration::from_secs(5), "the new password took {took:?}");
     assert!(
         !setup.login("alice@example.com", "first-password").await,
         "the cached old password is not valid"
@@ -343,17 +379,37 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     })
     .await;
 
-    // A hash the server cannot verify: not Ready, with the reason, and no account.
-    secret(
-        &setup.ns,
-        "carol-pw",
-        "password",
-        "$6$salt$IxDD3jeSOb5eB1CX5LBsqZFVkJdido3OUILO5Ifz5iwMuTS4XMS130MTSuDDl3aCI6WouIL9AjRbLCelDCy.g.",
-    )
-    .await;
-    setup.apply("mailaccounts", "carol", &account("carol", "carol@example.com", "carol-pw", "Retain")).await;
-    assert_eq!(setup.account_ready("carol").await, ("False".into(), "UnsupportedPassword".into()));
-    assert!(setup.store.account_get("carol@example.com").await.unwrap().is_none());
+    // Hashes from other systems (made by glibc's crypt(3):
+    // `crypt.crypt('migrated pass', '$6$saltsalt$')` and `'$2y$05$abcdefghijklmnopqrstuu'`)
+    // are stored as given and log in with their password.
+    for (name, hash) in [
+        (
+            "carol",
+            "$6$saltsalt$UV8BYgqN7u34iPYiLihbOjmF22xo0X75SlnQFYRpDJsgJaXUiVT9jRyx4l4tz0FMJBBZGZbqw/l1xfhEu2dJa/",
+        ),
+        ("dave", "$2y$05$abcdefghijklmnopqrstuuVVzYGn6PXgpP3f4Lku9ALBvLuGFYlf2"),
+    ] {
+        let address = format!("{name}@example.com");
+        secret(&setup.ns, &format!("{name}-pw"), "password", hash).await;
+        setup.apply("mailaccounts", name, &account(name, &address, &format!("{name}-pw"), "Retain")).await;
+        assert_eq!(setup.account_ready(name).await, ("True".into(), "Stored".into()), "{name}");
+        assert_eq!(setup.store.account_get(&address).await.unwrap().unwrap().password_hash, hash);
+        assert!(setup.login(&address, "migrated pass").await, "{name}");
+        assert!(!setup.login(&address, "migrated pasS").await, "{name}");
+    }
+
+    // A hash the server cannot verify, or that asks more of each login than the
+    // server allows: not Ready, with the reason, and no account.
+    for (name, hash) in [
+        ("erin", "$1$saltsalt$mzG3ctZmW7kUemff2nUxe."),
+        ("frank", "$2b$15$abcdefghijklmnopqrstuuVVzYGn6PXgpP3f4Lku9ALBvLuGFYlf2"),
+    ] {
+        let address = format!("{name}@example.com");
+        secret(&setup.ns, &format!("{name}-pw"), "password", hash).await;
+        setup.apply("mailaccounts", name, &account(name, &address, &format!("{name}-pw"), "Retain")).await;
+        assert_eq!(setup.account_ready(name).await, ("False".into(), "UnsupportedPassword".into()), "{name}");
+        assert!(setup.store.account_get(&address).await.unwrap().is_none(), "{name}");
+    }
 
     // Retain: the account is disabled, its mail kept.
     let alice = setup.store.account_get("alice@example.com").await.unwrap().unwrap();
@@ -398,5 +454,91 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     })
     .await;
     assert!(setup.store.account_get("bob@example.com").await.unwrap().is_none());
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_served_by_dns_are_published_and_a_missing_one_is_not() {
+    // Everything the MailDomain lists except the TLS-RPT record, as an
+    // operator of the zone would publish it.
+    let Some(setup) = Setup::new("dns", |dkim| {
+        format!(
+            "@ 60 IN MX 10 mx.example.com.\n\
+             @ 60 IN TXT \"v=spf1 mx -all\"\n\
+             _dmarc 60 IN TXT \"v=DMARC1; p=quarantine; rua=mailto:postmaster@example.com\"\n\
+             s1._domainkey 60 IN TXT \"{dkim}\"\n\
+             _mta-sts 60 IN TXT \"v=STSv1; id=enforce\"\n\
+             mta-sts 60 IN A 192.0.2.10\n\
+             mx 60 IN A 192.0.2.25\n"
+        )
+    })
+    .await
+    else {
+        return;
+    };
+    let status = setup.example_domain().await;
+    let published: Vec<(&str, &str)> =
+        status.dns_records.iter().map(|r| (r.purpose.as_str(), r.published.as_str())).collect();
+    assert_eq!(
+        published,
+        [
+            ("MX", "True"),
+            ("SPF", "True"),
+            ("DMARC", "True"),
+            ("DKIM", "True"),
+            ("MTA-STS", "True"),
+            ("MTA-STS policy", "True"),
+            ("TLS-RPT", "False"),
+        ]
+    );
+    let condition = status.conditions.iter().find(|c| c.type_ == "DnsPublished").expect("DnsPublished");
+    assert_eq!(condition.status, "False");
+    assert_eq!(condition.message, "not seen in DNS: TLS-RPT");
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_without_a_mail_account_are_reported_and_disabled_only_when_managed() {
+    let Some(setup) = Setup::new("unm", |_| String::new()).await else { return };
+    setup.example_domain().await;
+    secret(&setup.ns, "alice-pw", "password", "alice-password").await;
+    setup.apply("mailaccounts", "alice", &account("alice", "alice@example.com", "alice-pw", "Retain")).await;
+    assert_eq!(setup.account_ready("alice").await.0, "True");
+    // Made as `mailcluster user add` makes them, with no MailAccount.
+    for address in ["zed@example.com", "cli-made@example.com"] {
+        let wanted = mailcluster_server::provision::WantedAccount {
+            email: address.into(),
+            password: Some(mailcluster_server::provision::PasswordSource::Plain("cli-password".into())),
+            ..Default::default()
+        };
+        mailcluster_server::provision::apply_account(&*setup.store, &wanted).await.unwrap();
+    }
+    let clusters = setup.ns.api::<MailCluster>();
+    let report = |count: u64, enabled: u64| {
+        let clusters = clusters.clone();
+        async move {
+            eventually(&format!("{count} unmanaged, {enabled} enabled"), || async {
+                let r = clusters.get_opt("mail").await.ok()??.status?.unmanaged_accounts?;
+                (r.count == count && r.enabled == enabled).then_some(r)
+            })
+            .await
+        }
+    };
+    // Shared (the default): reported, in address order, and left alone. The
+    // MailAccount's change of another account brings the report up to date.
+    setup.apply("mailaccounts", "alice", &account("alice", "alice@example.com", "alice-pw", "Delete")).await;
+    let shared = report(2, 2).await;
+    assert_eq!(shared.addresses, ["cli-made@example.com", "zed@example.com"]);
+    assert!(setup.login("cli-made@example.com", "cli-password").await);
+
+    // Managed: the MailAccounts are the whole truth; the others are disabled.
+    clusters
+        .patch("mail", &PatchParams::default(), &Patch::Merge(json!({"spec": {"accounts": "Managed"}})))
+        .await
+        .unwrap();
+    report(2, 0).await;
+    assert!(!setup.login("cli-made@example.com", "cli-password").await);
+    assert!(!setup.store.account_get("zed@example.com").await.unwrap().unwrap().enabled);
+    assert!(setup.login("alice@example.com", "alice-password").await, "described by a MailAccount");
     setup.stop().await;
 }

@@ -321,10 +321,10 @@ fn rbac_covers_every_call_of_the_operator() {
         assert_eq!(verbs("mailcluster.dev", kind), set(&["get", "list", "watch", "patch"]), "{kind}");
         assert_eq!(verbs("mailcluster.dev", &format!("{kind}/status")), set(&["get", "patch"]), "{kind}");
     }
-    // Secrets are read by name (a MailAccount's password too), and the cluster's
-    // keys created once: never
-    // listed, watched, changed or deleted.
-    assert_eq!(verbs("", "secrets"), set(&["get", "create"]));
+    // Secrets are read by name (a MailAccount's password too), watched by their
+    // metadata (a changed password Secret), and the cluster's keys created once:
+    // never changed or deleted.
+    assert_eq!(verbs("", "secrets"), set(&["get", "list", "watch", "create"]));
     // Pods are listed for the ones refused for their sysctls, nothing more.
     assert_eq!(verbs("", "pods"), set(&["list"]));
     assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use argon2::password_hash::PasswordHasher;
 use argon2::{Algorithm, Argon2, Params, Version};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -130,16 +130,12 @@ pub fn hash_password(password: &str) -> anyhow::Result<String> {
     Ok(hash.to_string())
 }
 
-/// Checks `password` against a PHC string. `Err` means the stored hash itself is
-/// unusable (corrupt or an unknown algorithm), which is not the user's fault.
-pub fn verify_password(password: &str, phc: &str) -> anyhow::Result<bool> {
-    let parsed = argon2::password_hash::phc::PasswordHash::new(phc)
-        .map_err(|e| anyhow::anyhow!("stored password hash is not a PHC string: {e}"))?;
-    match hasher().verify_password(password.as_bytes(), &parsed) {
-        Ok(()) => Ok(true),
-        Err(argon2::password_hash::Error::PasswordInvalid) => Ok(false),
-        Err(e) => Err(anyhow::anyhow!("stored password hash unusable: {e}")),
-    }
+/// Checks `password` against a stored hash: argon2, or an imported bcrypt or
+/// SHA-crypt hash (`crate::password`). `Err` means the stored hash itself is
+/// unusable (corrupt, an unknown format, or over a cost bound), which is not the
+/// user's fault.
+pub fn verify_password(password: &str, hash: &str) -> anyhow::Result<bool> {
+    crate::password::verify(password, hash).map_err(|e| anyhow::anyhow!("stored password hash unusable: {e}"))
 }
 
 /// A hash of nothing anybody knows, verified when the user does not exist so that

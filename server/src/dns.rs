@@ -36,6 +36,20 @@ use crate::cache::Cache;
 
 use mailcluster_api::config::DnsConfig;
 
+/// Nameservers at these addresses, asked over UDP and then TCP on the same port.
+pub fn name_servers(addrs: &[std::net::SocketAddr]) -> Vec<NameServerConfig> {
+    addrs
+        .iter()
+        .map(|addr| {
+            let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+            for c in &mut ns.connections {
+                c.port = addr.port();
+            }
+            ns
+        })
+        .collect()
+}
+
 /// Longest a "no such name / no such record" answer is kept.
 const NEGATIVE_MAX_TTL: Duration = Duration::from_secs(600);
 
@@ -219,18 +233,10 @@ impl Dns {
             sys_opts.negative_max_ttl = opts.negative_max_ttl;
             MessageAuthenticator::new(conf, sys_opts)
         } else {
-            let servers = config
-                .nameservers
-                .iter()
-                .map(|addr| {
-                    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
-                    for c in &mut ns.connections {
-                        c.port = addr.port();
-                    }
-                    ns
-                })
-                .collect();
-            MessageAuthenticator::new(ResolverConfig::from_name_servers(servers), opts)
+            MessageAuthenticator::new(
+                ResolverConfig::from_name_servers(name_servers(&config.nameservers)),
+                opts,
+            )
         }
         .map_err(|e| anyhow::anyhow!("cannot start the DNS resolver: {e}"))?;
         let n = config.cache_entries;

@@ -19,6 +19,7 @@ pub mod imap;
 pub mod inbound;
 pub mod metrics;
 pub mod net;
+pub mod password;
 pub mod pop3;
 pub mod proto;
 pub mod provision;

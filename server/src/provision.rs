@@ -79,55 +79,23 @@ impl std::fmt::Debug for PasswordSource {
     }
 }
 
-/// The most an imported argon2 hash may ask of each login: 256 MiB, 10 passes, 8
-/// lanes — well above OWASP's configurations (19 MiB × 2, 46 MiB × 1) and what
-/// Dovecot and others write, far below what would let one account's logins
-/// exhaust a pod.
-const MAX_HASH_MEMORY_KIB: u32 = 256 * 1024;
-const MAX_HASH_PASSES: u32 = 10;
-const MAX_HASH_LANES: u32 = 8;
-
 impl PasswordSource {
-    /// Tells a plain password from a hash. A value in the shape of a crypt(3) or
-    /// PHC hash the server cannot verify (bcrypt `$2b$`, SHA512-CRYPT `$6$`, …) is
-    /// refused rather than taken as a password that happens to start with `$`:
+    /// Tells a plain password from a hash. A hash is checked here (it parses, its
+    /// cost is within the server's bounds: `crate::password`), so that a damaged
+    /// or costly one is reported now rather than as failed logins. A value in the
+    /// shape of a crypt(3) or PHC hash the server cannot verify (`$1$`, `$2x$`, …)
+    /// is refused rather than taken as a password that happens to start with `$`:
     /// stored as a plain password, it would lock its owner out without a word.
     pub fn from_secret(value: &str) -> ProvisionResult<PasswordSource> {
         let value = value.trim_end_matches(['\n', '\r']);
         if value.is_empty() {
             return Err(ProvisionError::Invalid("the password is empty".into()));
         }
-        if let Some(scheme) = hash_scheme(value) {
-            if matches!(scheme, "argon2id" | "argon2i" | "argon2d") {
-                // Parse it now, so that a damaged hash is reported here rather
-                // than as failed logins.
-                let parsed = argon2::password_hash::phc::PasswordHash::new(value)
-                    .map_err(|e| ProvisionError::Invalid(format!("the {scheme} hash does not parse: {e}")))?;
-                // Its parameters are what every login of the account costs a pod
-                // (memory and time of one argon2 run): a hash from outside must not
-                // make one login take gigabytes.
-                let params = argon2::Params::try_from(&parsed)
-                    .map_err(|e| ProvisionError::Invalid(format!("the {scheme} hash's parameters: {e}")))?;
-                if params.m_cost() > MAX_HASH_MEMORY_KIB
-                    || params.t_cost() > MAX_HASH_PASSES
-                    || params.p_cost() > MAX_HASH_LANES
-                {
-                    return Err(ProvisionError::Invalid(format!(
-                        "the {scheme} hash asks m={} KiB, t={}, p={}: at most m={MAX_HASH_MEMORY_KIB}, \
-                         t={MAX_HASH_PASSES}, p={MAX_HASH_LANES} (each login runs it)",
-                        params.m_cost(),
-                        params.t_cost(),
-                        params.p_cost()
-                    )));
-                }
-                return Ok(PasswordSource::Hash(value.to_string()));
-            }
-            return Err(ProvisionError::Invalid(format!(
-                "password hashes of scheme ${scheme}$ cannot be verified by the server \
-                 (it verifies argon2id, argon2i and argon2d); give the plain password or an argon2 hash"
-            )));
+        match crate::password::check(value) {
+            Ok(_) => Ok(PasswordSource::Hash(value.to_string())),
+            Err(crate::password::HashError::NotAHash) => Ok(PasswordSource::Plain(value.to_string())),
+            Err(e) => Err(ProvisionError::Invalid(e.to_string())),
         }
-        Ok(PasswordSource::Plain(value.to_string()))
     }
 
     /// The string to store: the hash itself, or a new argon2id hash of the password
@@ -160,19 +128,6 @@ impl PasswordSource {
             }
         }
     }
-}
-
-/// `argon2id` for `$argon2id$…`, `2b` for `$2b$…`, `6` for `$6$…`: the scheme of
-/// a string shaped like a crypt(3) or PHC hash, else `None`.
-fn hash_scheme(value: &str) -> Option<&str> {
-    let rest = value.strip_prefix('$')?;
-    let (scheme, tail) = rest.split_once('$')?;
-    let plausible = !scheme.is_empty()
-        && scheme.len() <= 32
-        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        && !tail.is_empty()
-        && !value.contains(char::is_whitespace);
-    plausible.then_some(scheme)
 }
 
 /// What an account should be. `None` fields are left as they are, so the CLI's
@@ -366,10 +321,18 @@ mod tests {
         assert_eq!(PasswordSource::from_secret("$money").unwrap(), PasswordSource::Plain("$money".into()));
         let hash = crate::auth::hash_password("pw").unwrap();
         assert_eq!(PasswordSource::from_secret(&hash).unwrap(), PasswordSource::Hash(hash.clone()));
-        for unsupported in [
+        // Formats of other systems, stored as given (crate::password verifies them).
+        for imported in [
             "$2y$10$abcdefghijklmnopqrstuuJQeXZmMqdj4iVd2C3ffc8H1v0iM5Yrm",
             "$2b$12$abcdefghijklmnopqrstuuJQeXZmMqdj4iVd2C3ffc8H1v0iM5Yrm",
             "$6$salt$IxDD3jeSOb5eB1CX5LBsqZFVkJdido3OUILO5Ifz5iwMuTS4XMS130MTSuDDl3aCI6WouIL9AjRbLCelDCy.g.",
+        ] {
+            assert_eq!(PasswordSource::from_secret(imported).unwrap(), PasswordSource::Hash(imported.into()));
+        }
+        for unsupported in [
+            "$1$salt$abcdefghijklmnopqrstu.",
+            "$2x$10$abcdefghijklmnopqrstuuJQeXZmMqdj4iVd2C3ffc8H1v0iM5Yrm",
+            "$2b$15$abcdefghijklmnopqrstuuJQeXZmMqdj4iVd2C3ffc8H1v0iM5Yrm",
             "$argon2id$broken",
         ] {
             assert!(

@@ -46,6 +46,9 @@ impl Directory for DownStore {
     async fn account_create(&self, _: &str, _: &str) -> StoreResult<Account> {
         down_store()
     }
+    async fn accounts_import(&self, _: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
+        down_store()
+    }
     async fn account_delete(&self, _: &str) -> StoreResult<()> {
         down_store()
     }

@@ -170,6 +170,7 @@ conformance!(
     subscriptions,
     subscriptions_follow_rename,
     aliases,
+    accounts_import_batches,
     account_senders,
     disabled_accounts,
     provisioning_is_idempotent,
@@ -669,6 +670,61 @@ async fn aliases(ctx: Ctx) {
     s.alias_del("team@example.com", None).await.expect("del all");
     assert!(s.alias_list(None).await.expect("list").is_empty());
     assert!(is_not_found(s.alias_del("team@example.com", None).await));
+}
+
+/// A bulk import's batch: created with quotas, aliases and mailboxes, existing
+/// accounts left alone and listed, and all or nothing when one entry fails.
+async fn accounts_import_batches(ctx: Ctx) {
+    let s = &ctx.store;
+    account(s, "old@example.com").await;
+    let imported = |email: &str, quota: Option<u64>, aliases: &[&str]| mailcluster_model::ImportedAccount {
+        email: email.into(),
+        password_hash: format!("$6$salt${email}"),
+        quota,
+        aliases: aliases.iter().map(|a| a.to_string()).collect(),
+    };
+    let outcome = s
+        .accounts_import(&[
+            imported("A@example.com", Some(1000), &["sales@example.com", "Info@Example.com"]),
+            imported("old@example.com", Some(5), &["stolen@example.com"]),
+            imported("b@example.com", None, &["sales@example.com"]),
+        ])
+        .await
+        .expect("import");
+    assert_eq!(outcome.created, 2);
+    assert_eq!(outcome.existing, ["old@example.com"]);
+    let a = s.account_get("a@example.com").await.expect("get").expect("created");
+    assert_eq!(a.password_hash, "$6$salt$A@example.com", "the hash as given");
+    assert_eq!(s.quota(a.id).await.expect("quota").account_limit, Some(1000));
+    let b = s.account_get("b@example.com").await.expect("get").expect("created");
+    assert_eq!(s.quota(b.id).await.expect("quota").account_limit, None);
+    for id in [a.id, b.id] {
+        let names: Vec<String> =
+            s.mailbox_list(id).await.expect("mailboxes").into_iter().map(|m| m.name).collect();
+        assert!(names.contains(&"INBOX".to_string()) && names.len() == 6, "{names:?}");
+    }
+    assert_eq!(
+        s.alias_targets("sales@example.com").await.expect("targets"),
+        ["a@example.com", "b@example.com"]
+    );
+    assert_eq!(s.alias_targets("info@example.com").await.expect("targets"), ["a@example.com"]);
+    assert!(s.alias_targets("stolen@example.com").await.expect("targets").is_empty(), "existing: untouched");
+    let old = s.account_get("old@example.com").await.expect("get").expect("kept");
+    assert_eq!(s.quota(old.id).await.expect("quota").account_limit, None);
+
+    // Importing the same batch again changes nothing.
+    let again = s
+        .accounts_import(&[imported("a@example.com", Some(7), &["sales@example.com"])])
+        .await
+        .expect("again");
+    assert_eq!((again.created, again.existing.as_slice()), (0, ["a@example.com".to_string()].as_slice()));
+
+    // One entry in a domain not served: the whole batch is refused.
+    let failed = s
+        .accounts_import(&[imported("c@example.com", None, &[]), imported("d@unknown.test", None, &[])])
+        .await;
+    assert!(is_not_found(failed), "the unknown domain is reported");
+    assert!(s.account_get("c@example.com").await.expect("get").is_none(), "nothing of the batch stays");
 }
 
 /// What an account may send as: its aliases (read by their target) and its

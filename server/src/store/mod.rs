@@ -129,6 +129,11 @@ pub trait Directory: Send + Sync + 'static {
     /// The account's limits and usage, from its mailboxes' counters.
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
+    /// Creates the accounts of `batch` as [`Directory::account_create`] does, with
+    /// their quotas and aliases, all or none: the SQL stores use one transaction
+    /// (a bulk import's batch). Accounts that exist are left alone and listed;
+    /// an alias pair that exists is kept.
+    async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome>;
 }
 
 /// Where an address leads: aliases, the addresses an account may send as,

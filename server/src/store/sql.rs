@@ -466,6 +466,10 @@ impl<B: Backend> Directory for B {
         steps::account_create(self.begin(), email, password_hash).await
     }
 
+    async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
+        steps::accounts_import(self.begin(), batch).await
+    }
+
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
         let (email, _) = normalize_email(email)?;
         let mut tx = self.begin().await?;

@@ -11,12 +11,12 @@ use std::future::Future;
 use sqlx::{ColumnIndex, Database, Decode, Executor, FromRow, IntoArguments, Row, Type};
 
 use super::common::{
-    db_err, is_inbox, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs, parent_names,
-    split_unchanged_since, u32_of, u64_of,
+    db_err, is_inbox, limit_column, normalize_email, normalize_flagset, normalize_mailbox_name, now_secs,
+    parent_names, split_unchanged_since, u32_of, u64_of,
 };
 use super::{
-    Account, ConditionalStore, FlagOp, FlagRow, FlagSet, Flags, Mailbox, SpecialUse, StoreError, StoreResult,
-    UidSet,
+    Account, ConditionalStore, FlagOp, FlagRow, FlagSet, Flags, ImportOutcome, ImportedAccount, Mailbox,
+    SpecialUse, StoreError, StoreResult, UidSet,
 };
 
 /// A statement parameter of a statement both dialects share.
@@ -699,11 +699,31 @@ pub(crate) async fn account_create<T: StoreTx>(
         .fetch_int(T::ACCOUNT_DOMAIN, &[Param::Text(&domain)])
         .await?
         .ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
-    let (id, created_at) = tx.insert_account(NewAccount { email: &email, domain_id, password_hash }).await?;
+    let (id, created_at) = create_in(&mut tx, &email, domain_id, password_hash).await?;
+    tx.commit().await?;
+    Ok(Account {
+        id,
+        email,
+        domain,
+        password_hash: password_hash.to_string(),
+        created_at,
+        enabled: true,
+        display_name: None,
+    })
+}
+
+/// The account row and its default mailboxes, in `tx`: its id and creation time.
+async fn create_in<T: StoreTx>(
+    tx: &mut T,
+    email: &str,
+    domain_id: i64,
+    password_hash: &str,
+) -> StoreResult<(i64, chrono::DateTime<chrono::Utc>)> {
+    let (id, created_at) = tx.insert_account(NewAccount { email, domain_id, password_hash }).await?;
     let defaults: Vec<(&str, Option<SpecialUse>)> = std::iter::once(("INBOX", None))
         .chain(SpecialUse::ALL.into_iter().map(|u| (u.default_name(), Some(u))))
         .collect();
-    let first = alloc_uid_validity(&mut tx, id, defaults.len() as i64)
+    let first = alloc_uid_validity(tx, id, defaults.len() as i64)
         .await?
         .ok_or_else(|| StoreError::Internal("account vanished".into()))?;
     let mailboxes: Vec<NewMailbox<'_>> = defaults
@@ -717,16 +737,57 @@ pub(crate) async fn account_create<T: StoreTx>(
         })
         .collect();
     tx.insert_default_mailboxes(&mailboxes).await?;
+    Ok((id, created_at))
+}
+
+/// See [`super::Directory::accounts_import`]: one transaction for the batch.
+pub(crate) async fn accounts_import<T: StoreTx>(
+    begin: impl Future<Output = StoreResult<T>>,
+    batch: &[ImportedAccount],
+) -> StoreResult<ImportOutcome> {
+    let mut tx = begin.await?;
+    let mut domains: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut outcome = ImportOutcome::default();
+    for a in batch {
+        let (email, domain) = normalize_email(&a.email)?;
+        let domain_id = domain_id_in(&mut tx, &mut domains, &domain).await?;
+        if tx.fetch_int("SELECT id FROM accounts WHERE email = $1", &[Param::Text(&email)]).await?.is_some() {
+            outcome.existing.push(email);
+            continue;
+        }
+        let (id, _) = create_in(&mut tx, &email, domain_id, &a.password_hash).await?;
+        if a.quota.is_some() {
+            let params = [Param::OptInt(limit_column(a.quota)), Param::Int(id)];
+            tx.run("UPDATE accounts SET quota_bytes = $1 WHERE id = $2", &params).await?;
+        }
+        for alias in &a.aliases {
+            let (address, alias_domain) = normalize_email(alias)?;
+            let alias_domain_id = domain_id_in(&mut tx, &mut domains, &alias_domain).await?;
+            let sql =
+                "INSERT INTO aliases (domain_id, address, target) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+            tx.run(sql, &[Param::Int(alias_domain_id), Param::Text(&address), Param::Text(&email)]).await?;
+        }
+        outcome.created += 1;
+    }
     tx.commit().await?;
-    Ok(Account {
-        id,
-        email,
-        domain,
-        password_hash: password_hash.to_string(),
-        created_at,
-        enabled: true,
-        display_name: None,
-    })
+    Ok(outcome)
+}
+
+/// The id of a served domain, looked up once per batch.
+async fn domain_id_in<T: StoreTx>(
+    tx: &mut T,
+    known: &mut std::collections::HashMap<String, i64>,
+    domain: &str,
+) -> StoreResult<i64> {
+    if let Some(id) = known.get(domain) {
+        return Ok(*id);
+    }
+    let id = tx
+        .fetch_int(T::ACCOUNT_DOMAIN, &[Param::Text(domain)])
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("domain {domain}")))?;
+    known.insert(domain.to_string(), id);
+    Ok(id)
 }
 
 /// See [`super::Messages::store_flags_unchanged_since`]: the test and the change

@@ -97,6 +97,9 @@ impl Directory for FaultyStore {
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
         self.inner.account_create(email, password_hash).await
     }
+    async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
+        self.inner.accounts_import(batch).await
+    }
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
         self.inner.account_delete(email).await
     }
