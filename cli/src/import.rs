@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
+use mailcluster_model::ImportedAccount;
 use mailcluster_server::provision::{self, PasswordSource};
 use mailcluster_server::store::Store;
-use mailcluster_model::ImportedAccount;
 use serde_json::json;
 
 use crate::args::{ImportFormat, QuotaSetting, parse_quota};
