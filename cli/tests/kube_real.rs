@@ -644,6 +644,9 @@ fn the_charts_default_rbac_reaches_its_release_namespace_only() {
         vec!["get", "mailclusters", "-n", release_ns.as_str()],
         vec!["get", "deployments", "-n", release_ns.as_str()],
         vec!["get", "secret", "absent", "-n", release_ns.as_str(), "--ignore-not-found"],
+        // Listed and watched (the operator watches password Secrets by their
+        // metadata), in the release's namespace only.
+        vec!["get", "secrets", "-n", release_ns.as_str()],
     ] {
         let out = as_sa.kubectl(&allowed);
         assert!(out.ok, "{allowed:?}: {}", out.stderr);
@@ -653,8 +656,7 @@ fn the_charts_default_rbac_reaches_its_release_namespace_only() {
         vec!["get", "mailclusters", "-A"],
         vec!["get", "mailclusters", "-n", other.name.as_str()],
         vec!["get", "secret", "absent", "-n", other.name.as_str()],
-        // Secrets are read by name and created, never listed.
-        vec!["get", "secrets", "-n", release_ns.as_str()],
+        vec!["get", "secrets", "-n", other.name.as_str()],
     ] {
         let out = as_sa.kubectl(&denied);
         assert!(!out.ok && out.stderr.contains("forbidden"), "{denied:?}: {}", out.stderr);
