@@ -125,6 +125,29 @@ impl Quota {
     }
 }
 
+/// The key a domain's mail is signed with (DKIM, RFC 6376), as the store holds it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DomainKey {
+    /// Lower-case.
+    pub domain: String,
+    pub selector: String,
+    /// "ed25519" or "rsa".
+    pub algorithm: String,
+    /// PEM: PKCS#8 for Ed25519, PKCS#1 or PKCS#8 for RSA.
+    pub private_pem: String,
+}
+
+/// Never prints the private key.
+impl std::fmt::Debug for DomainKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DomainKey")
+            .field("domain", &self.domain)
+            .field("selector", &self.selector)
+            .field("algorithm", &self.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Whom an account may send as on submission, besides its own address.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SenderRights {

@@ -1,11 +1,14 @@
 //! DKIM signing (RFC 6376) of mail from local domains: ed25519-sha256 (RFC 8463)
-//! and rsa-sha256, keys from PEM files (mounted Secrets), one selector per domain.
+//! and rsa-sha256, one selector per domain, keys from PEM files (mounted
+//! Secrets) and from the store (where the operator puts the keys it makes).
 //!
 //! Messages are signed once, when submitted, before they enter the outbound
 //! queue: retries send the same bytes and never sign twice.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use mail_auth::common::crypto::{Ed25519Key, RsaKey, Sha256};
@@ -15,6 +18,9 @@ use mail_auth::dkim::{DkimSigner, Done};
 use rustls::pki_types::PrivateKeyDer;
 
 use mailcluster_api::config::{DkimConfig, DkimKey};
+use mailcluster_model::DomainKey;
+
+use crate::store::Directory;
 
 /// The header fields signed: the ones RFC 6376 §5.4.1 recommends that exist in
 /// ordinary mail. Each is also "over-signed" by the library's rules where absent.
@@ -37,43 +43,104 @@ enum Key {
     Rsa(RsaKey<Sha256>),
 }
 
-/// A domain's signer, built once at start.
-enum DomainKey {
+/// One domain's signer.
+enum KeySigner {
     Ed25519(DkimSigner<Ed25519Key, Done>),
     Rsa(DkimSigner<RsaKey<Sha256>, Done>),
 }
 
-/// The signing keys of this pod, by domain (lowercase).
+impl KeySigner {
+    fn new(key: Key, domain: &str, selector: &str) -> KeySigner {
+        match key {
+            Key::Ed25519(key) => KeySigner::Ed25519(
+                DkimSigner::from_key(key).domain(domain).selector(selector).headers(SIGNED_HEADERS),
+            ),
+            Key::Rsa(key) => KeySigner::Rsa(
+                DkimSigner::from_key(key).domain(domain).selector(selector).headers(SIGNED_HEADERS),
+            ),
+        }
+    }
+}
+
+/// The keys the store holds, as last read, with the signers made of them.
+#[derive(Default)]
+struct StoredKeys {
+    rows: Vec<DomainKey>,
+    signers: HashMap<String, KeySigner>,
+}
+
+/// How often a process reads the store's keys again: a key the operator
+/// activates signs on every pod within this long, without a restart.
+pub const STORED_KEYS_REFRESH: Duration = Duration::from_secs(10);
+
+/// The signing keys of this pod, by domain (lowercase): the key files of
+/// `dkim.keys`, read once at start, and the keys in the store (made and
+/// rotated by the operator), read again every [`STORED_KEYS_REFRESH`]. A key
+/// file wins over the store's key for the same domain.
 #[derive(Default)]
 pub struct Signer {
-    keys: HashMap<String, DomainKey>,
+    configured: HashMap<String, KeySigner>,
+    stored: RwLock<Arc<StoredKeys>>,
 }
 
 impl Signer {
     /// Reads every configured key; a missing or malformed key file fails the
     /// start with its path rather than sending unsigned mail.
     pub fn load(config: &DkimConfig) -> anyhow::Result<Signer> {
-        let mut keys = HashMap::new();
+        let mut configured = HashMap::new();
         for k in &config.keys {
             let key = load_key(k).with_context(|| {
                 format!("DKIM key of {} (selector {}) in {}", k.domain, k.selector, k.key_file.display())
             })?;
             let domain = k.domain.to_ascii_lowercase();
-            let signer = match key {
-                Key::Ed25519(key) => DomainKey::Ed25519(
-                    DkimSigner::from_key(key).domain(&domain).selector(&k.selector).headers(SIGNED_HEADERS),
-                ),
-                Key::Rsa(key) => DomainKey::Rsa(
-                    DkimSigner::from_key(key).domain(&domain).selector(&k.selector).headers(SIGNED_HEADERS),
-                ),
-            };
-            keys.insert(domain, signer);
+            configured.insert(domain.clone(), KeySigner::new(key, &domain, &k.selector));
         }
-        Ok(Signer { keys })
+        Ok(Signer { configured, stored: RwLock::default() })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.configured.is_empty() && self.stored_keys().signers.is_empty()
+    }
+
+    fn stored_keys(&self) -> Arc<StoredKeys> {
+        self.stored.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Takes the store's keys as they are now: unchanged keys keep their
+    /// signers; a key that does not parse is skipped with a warning (that
+    /// domain's mail goes unsigned rather than not at all).
+    pub fn refresh(&self, rows: Vec<DomainKey>) {
+        if self.stored_keys().rows == rows {
+            return;
+        }
+        let mut signers = HashMap::new();
+        for row in &rows {
+            let domain = row.domain.to_ascii_lowercase();
+            match parse_key(row.private_pem.as_bytes(), &row.algorithm) {
+                Ok(key) => {
+                    signers.insert(domain.clone(), KeySigner::new(key, &domain, &row.selector));
+                }
+                Err(e) => {
+                    tracing::warn!(domain, selector = row.selector, error = %e, "stored DKIM key unusable")
+                }
+            }
+        }
+        tracing::info!(keys = signers.len(), "DKIM keys from the store");
+        *self.stored.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(StoredKeys { rows, signers });
+    }
+
+    /// Reads the store's keys now and every [`STORED_KEYS_REFRESH`] after, for
+    /// the life of the process. A failed read keeps the keys there were.
+    pub async fn keep_fresh(self: Arc<Self>, store: Arc<dyn Directory>) {
+        let mut every = tokio::time::interval(STORED_KEYS_REFRESH);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            match store.domain_keys().await {
+                Ok(rows) => self.refresh(rows),
+                Err(e) => tracing::debug!(error = %e, "cannot read the DKIM keys of the store"),
+            }
+        }
     }
 
     /// The `DKIM-Signature` header field (with its CRLF) for `message`, signed
@@ -83,10 +150,11 @@ impl Signer {
     /// message's header says.
     pub fn sign(&self, domain: &str, message: &[u8]) -> Option<String> {
         let domain = domain.trim_end_matches('.').to_ascii_lowercase();
-        let (d, key) = self.key_for(&domain)?;
+        let stored = self.stored_keys();
+        let (d, key) = key_for(&self.configured, &stored.signers, &domain)?;
         let signature = match key {
-            DomainKey::Ed25519(signer) => signer.sign(message),
-            DomainKey::Rsa(signer) => signer.sign(message),
+            KeySigner::Ed25519(signer) => signer.sign(message),
+            KeySigner::Rsa(signer) => signer.sign(message),
         };
         match signature {
             Ok(sig) => Some(sig.to_header()),
@@ -96,22 +164,32 @@ impl Signer {
             }
         }
     }
+}
 
-    fn key_for(&self, domain: &str) -> Option<(&str, &DomainKey)> {
-        let mut d = domain;
-        loop {
-            if let Some((name, key)) = self.keys.get_key_value(d) {
-                return Some((name.as_str(), key));
-            }
-            d = d.split_once('.')?.1;
+/// The signer of `domain` or of its closest parent with one; at the same
+/// name a key file's before the store's.
+fn key_for<'a>(
+    configured: &'a HashMap<String, KeySigner>,
+    stored: &'a HashMap<String, KeySigner>,
+    domain: &str,
+) -> Option<(&'a str, &'a KeySigner)> {
+    let mut d = domain;
+    loop {
+        if let Some((name, key)) = configured.get_key_value(d).or_else(|| stored.get_key_value(d)) {
+            return Some((name.as_str(), key));
         }
+        d = d.split_once('.')?.1;
     }
 }
 
 fn load_key(k: &DkimKey) -> anyhow::Result<Key> {
     let pem = std::fs::read(&k.key_file).context("cannot read the key file")?;
-    let der = parse_pem_key(&pem)?;
-    match k.algorithm.as_str() {
+    parse_key(&pem, &k.algorithm)
+}
+
+fn parse_key(pem: &[u8], algorithm: &str) -> anyhow::Result<Key> {
+    let der = parse_pem_key(pem)?;
+    match algorithm {
         "ed25519" => match der {
             PrivateKeyDer::Pkcs8(d) => Ed25519Key::from_pkcs8_der(d.secret_pkcs8_der())
                 .map(Key::Ed25519)
@@ -270,6 +348,47 @@ mod tests {
             assert!(signer.sign("other.test", msg).is_none());
             assert!(signer.sign("notexample.org", msg).is_none());
         }
+    }
+
+    #[test]
+    fn keys_from_the_store_sign_until_replaced_and_key_files_win() {
+        let stored = |domain: &str, selector: &str, algorithm: &str, pem: &str| DomainKey {
+            domain: domain.into(),
+            selector: selector.into(),
+            algorithm: algorithm.into(),
+            private_pem: pem.into(),
+        };
+        let msg = b"From: a@example.org\r\nTo: b@else.test\r\nSubject: hi\r\n\r\nbody\r\n";
+        let selector_of = |header: Option<String>| {
+            let header = header?;
+            let s = header.split(';').map(str::trim).find_map(|t| t.strip_prefix("s="))?;
+            Some(s.to_string())
+        };
+        let signer = Signer::default();
+        assert!(signer.is_empty() && signer.sign("example.org", msg).is_none());
+        let first = generate("ed25519").unwrap();
+        signer.refresh(vec![stored("example.org", "k1", "ed25519", &first.private_pem)]);
+        assert_eq!(selector_of(signer.sign("mail.example.org", msg)), Some("k1".into()));
+        let second = generate("rsa").unwrap();
+        signer.refresh(vec![
+            stored("example.org", "k2", "rsa", &second.private_pem),
+            stored("broken.test", "x", "ed25519", "not a key"),
+        ]);
+        let header = signer.sign("example.org", msg).unwrap();
+        assert!(header.contains("a=rsa-sha256"), "{header}");
+        assert_eq!(selector_of(Some(header)), Some("k2".into()));
+        assert!(signer.sign("broken.test", msg).is_none(), "an unusable key signs nothing");
+        signer.refresh(Vec::new());
+        assert!(signer.sign("example.org", msg).is_none(), "a removed key stops signing");
+
+        // A key file for the same domain wins over the store's.
+        let dir = tempfile::tempdir().unwrap();
+        let files = signer_with("ed25519", dir.path());
+        files.refresh(vec![stored("example.org", "k3", "ed25519", &first.private_pem)]);
+        assert_eq!(selector_of(files.sign("example.org", msg)), Some("s1".into()));
+        // and a closer name's stored key over a parent's file
+        files.refresh(vec![stored("mail.example.org", "k3", "ed25519", &first.private_pem)]);
+        assert_eq!(selector_of(files.sign("mail.example.org", msg)), Some("k3".into()));
     }
 
     #[test]

@@ -130,6 +130,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Err(e) => return Err(e.context("DNS resolver setup failed")),
     };
     let signer = Arc::new(crate::dkim::Signer::load(&config.dkim).context("DKIM setup failed")?);
+    tokio::spawn(signer.clone().keep_fresh(store.clone()));
     let relay_wake = Arc::new(tokio::sync::Notify::new());
     let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer)
         .with_mail(MailExchange { dns: dns.clone(), signer, relay_wake: relay_wake.clone() });

@@ -49,6 +49,18 @@ impl Directory for DownStore {
     async fn accounts_import(&self, _: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
         down_store()
     }
+    async fn domain_set_catch_all(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_catch_all(&self, _: &str) -> StoreResult<Option<String>> {
+        down_store()
+    }
+    async fn domain_key_set(&self, _: &str, _: Option<&DomainKey>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+        down_store()
+    }
     async fn account_delete(&self, _: &str) -> StoreResult<()> {
         down_store()
     }

@@ -17,8 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, TimeZone, Utc};
 use mailcluster_model::{
-    Expunged, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem, QueueAttempt,
-    QueueStats, RecipientOutcome, RecipientStatus, SpecialUse, UidSet,
+    DomainKey, Expunged, FlagOp, FlagRow, FlagSet, Flags, MessageMeta, NewDelivery, NewQueueItem,
+    QueueAttempt, QueueStats, RecipientOutcome, RecipientStatus, SpecialUse, UidSet,
 };
 use mailcluster_server::store::{self, Store, StoreError};
 use sqlx::Connection;
@@ -175,6 +175,7 @@ conformance!(
     disabled_accounts,
     provisioning_is_idempotent,
     recipients,
+    domain_keys,
     deliver_and_read,
     deliver_errors_store_nothing,
     deliver_stops_at_the_last_uid,
@@ -854,6 +855,14 @@ async fn recipients(ctx: Ctx) {
     s.alias_add("list+x@example.com", "ann@example.com").await.expect("alias");
     s.alias_add("ann+alias@example.com", "bob@example.com").await.expect("alias of a subaddress");
     ctx.exec_sql(&format!("DELETE FROM mailboxes WHERE account_id = {gone} AND name = 'INBOX'")).await;
+    // limited.test's unknown local parts go to own@ (a catch-all), after its accounts and aliases.
+    s.alias_add("sales@limited.test", "lim@limited.test").await.expect("alias");
+    assert!(is_not_found(s.domain_set_catch_all("limited.test", Some("nobody@limited.test")).await));
+    assert!(is_not_found(s.domain_set_catch_all("nowhere.test", Some("own@limited.test")).await));
+    s.domain_set_catch_all("Limited.Test", Some("Own@limited.test")).await.expect("catch-all");
+    assert_eq!(s.domain_catch_all("limited.test").await.expect("read"), Some("own@limited.test".into()));
+    assert_eq!(s.domain_catch_all("empty.test").await.expect("read"), None);
+    assert!(is_not_found(s.domain_catch_all("nowhere.test").await));
 
     let mailbox = |account_id, mailbox_id, limited| Mailbox { account_id, mailbox_id, limited };
     let cases: &[(&str, Option<&str>, mailcluster_model::Recipient)] = &[
@@ -868,6 +877,11 @@ async fn recipients(ctx: Ctx) {
         ("ann+alias@example.com", None, Alias(vec!["bob@example.com".into()])),
         ("lim@limited.test", None, mailbox(lim, lim_inbox, true)),
         ("own@limited.test", None, mailbox(own, own_inbox, false)),
+        ("sales@limited.test", None, Alias(vec!["lim@limited.test".into()])),
+        ("anything@limited.test", None, Alias(vec!["own@limited.test".into()])),
+        ("lim+x@limited.test", Some("lim@limited.test"), mailbox(lim, lim_inbox, true)),
+        ("sales+x@limited.test", Some("sales@limited.test"), Alias(vec!["lim@limited.test".into()])),
+        ("new+x@limited.test", Some("new@limited.test"), Alias(vec!["own@limited.test".into()])),
         ("team@example.com", None, Alias(vec!["ann@example.com".into(), "bob@example.com".into()])),
         (
             "team+x@example.com",
@@ -892,6 +906,32 @@ async fn recipients(ctx: Ctx) {
         let by_reads = store::recipient_by_reads(&**s, address, *user).await.expect("single reads");
         assert_eq!(found, by_reads, "{address}: one answer whichever way it is read");
     }
+}
+
+/// A domain's signing key: set, replaced, removed, and gone with its domain.
+async fn domain_keys(ctx: Ctx) {
+    let s = &ctx.store;
+    s.domain_add("example.com").await.expect("domain");
+    s.domain_add("example.org").await.expect("domain");
+    assert_eq!(s.domain_keys().await.expect("keys"), vec![]);
+    let key = |domain: &str, selector: &str| DomainKey {
+        domain: domain.into(),
+        selector: selector.into(),
+        algorithm: "ed25519".into(),
+        private_pem: format!("-----BEGIN PRIVATE KEY-----\n{selector}\n-----END PRIVATE KEY-----\n"),
+    };
+    s.domain_key_set("Example.ORG", Some(&key("ignored", "s1"))).await.expect("set");
+    s.domain_key_set("example.com", Some(&key("example.com", "a"))).await.expect("set");
+    assert_eq!(s.domain_keys().await.expect("keys"), vec![key("example.com", "a"), key("example.org", "s1")]);
+    s.domain_key_set("example.org", Some(&key("example.org", "s2"))).await.expect("replace");
+    assert_eq!(s.domain_keys().await.expect("keys"), vec![key("example.com", "a"), key("example.org", "s2")]);
+    s.domain_key_set("example.com", None).await.expect("remove");
+    s.domain_key_set("example.com", None).await.expect("removing none is no error");
+    assert_eq!(s.domain_keys().await.expect("keys"), vec![key("example.org", "s2")]);
+    assert!(is_not_found(s.domain_key_set("nowhere.test", Some(&key("nowhere.test", "x"))).await));
+    assert!(is_not_found(s.domain_key_set("nowhere.test", None).await));
+    s.domain_del("example.org").await.expect("delete the domain");
+    assert_eq!(s.domain_keys().await.expect("keys"), vec![], "the key goes with its domain");
 }
 
 async fn deliver_and_read(ctx: Ctx) {

@@ -134,6 +134,17 @@ pub trait Directory: Send + Sync + 'static {
     /// (a bulk import's batch). Accounts that exist are left alone and listed;
     /// an alias pair that exists is kept.
     async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome>;
+    /// Sets (or with `None` removes) the account that receives the domain's mail
+    /// for local parts that are neither an account nor an alias. `NotFound`
+    /// for an unknown domain or a target that is not an account.
+    async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()>;
+    /// The domain's catch-all account; `NotFound` for an unknown domain.
+    async fn domain_catch_all(&self, domain: &str) -> StoreResult<Option<String>>;
+    /// Sets (or with `None` removes) the key the domain's mail is signed with;
+    /// `key.domain` is ignored. `NotFound` for an unknown domain.
+    async fn domain_key_set(&self, domain: &str, key: Option<&DomainKey>) -> StoreResult<()>;
+    /// Every domain's signing key, by domain.
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>>;
 }
 
 /// Where an address leads: aliases, the addresses an account may send as,
@@ -448,6 +459,11 @@ pub async fn recipient_by_reads<S: Directory + Addresses + Mailboxes + ?Sized>(
             && let Some(user) = user
         {
             targets = store.alias_targets(user).await?;
+        }
+        if targets.is_empty()
+            && let Some(catch_all) = store.domain_catch_all(domain).await?
+        {
+            targets.push(catch_all);
         }
         return Ok(if targets.is_empty() { Recipient::NoSuchUser } else { Recipient::Alias(targets) });
     };

@@ -207,7 +207,7 @@ const RECIPIENT: &str = "SELECT CAST(0 AS BIGINT) AS kind, a.id AS account_id, m
      LEFT JOIN mailboxes m ON m.account_id = a.id AND m.name = 'INBOX' WHERE a.email = $2 AND a.disabled = 0 \
      UNION ALL SELECT 2, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $3 \
      UNION ALL SELECT 3, NULL, NULL, NULL, NULL, target FROM aliases WHERE address = $4 \
-     UNION ALL SELECT 4, NULL, NULL, NULL, NULL, NULL FROM domains WHERE name = $5 \
+     UNION ALL SELECT 4, NULL, NULL, NULL, NULL, catch_all FROM domains WHERE name = $5 \
      ORDER BY kind, target";
 const MESSAGE_ROW_COLS: &str =
     "mm.uid, mm.message_id, mm.flags, mm.keywords, mm.modseq, mm.internal_date, m.meta";
@@ -541,6 +541,71 @@ impl<B: Backend> Directory for B {
         quota_of(&first(rows, || format!("account {account_id}"))?)
     }
 
+    async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let target = target.map(normalize_email).transpose()?.map(|(t, _)| t);
+        let mut tx = self.begin().await?;
+        if let Some(t) = &target {
+            let account = "SELECT id FROM accounts WHERE email = $1";
+            if tx.fetch_int(account, &[Param::Text(t)]).await?.is_none() {
+                return Err(StoreError::NotFound(format!("account {t}")));
+            }
+        }
+        let sql = "UPDATE domains SET catch_all = $1 WHERE name = $2";
+        match tx.execute(sql, &[Param::OptText(target.as_deref()), Param::Text(&d)]).await.map_err(db_err)? {
+            0 => Err(StoreError::NotFound(format!("domain {d}"))),
+            _ => tx.commit().await,
+        }
+    }
+
+    async fn domain_catch_all(&self, domain: &str) -> StoreResult<Option<String>> {
+        let d = normalize_domain(domain)?;
+        let rows =
+            self.fetch(false, "SELECT catch_all FROM domains WHERE name = $1", &[Param::Text(&d)]).await?;
+        first(rows, || format!("domain {d}"))?.opt_text("catch_all")
+    }
+
+    async fn domain_key_set(&self, domain: &str, key: Option<&DomainKey>) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        if !self.domain_exists(&d).await? {
+            return Err(StoreError::NotFound(format!("domain {d}")));
+        }
+        let Some(key) = key else {
+            let sql = "DELETE FROM dkim_keys WHERE domain_id = (SELECT id FROM domains WHERE name = $1)";
+            self.execute(sql, &[Param::Text(&d)]).await.map_err(db_err)?;
+            return Ok(());
+        };
+        // The SELECT's WHERE also keeps SQLite from reading ON CONFLICT as a join.
+        let sql = "INSERT INTO dkim_keys (domain_id, selector, algorithm, private_key) \
+             SELECT id, $2, $3, $4 FROM domains WHERE name = $1 \
+             ON CONFLICT (domain_id) DO UPDATE SET selector = excluded.selector, \
+             algorithm = excluded.algorithm, private_key = excluded.private_key";
+        let params = [
+            Param::Text(&d),
+            Param::Text(&key.selector),
+            Param::Text(&key.algorithm),
+            Param::Text(&key.private_pem),
+        ];
+        update_one(self, sql, &params, format!("domain {d}")).await
+    }
+
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+        let sql = "SELECT d.name, k.selector, k.algorithm, k.private_key \
+             FROM dkim_keys k JOIN domains d ON d.id = k.domain_id ORDER BY d.name";
+        self.fetch(false, sql, &[])
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(DomainKey {
+                    domain: row.text("name")?,
+                    selector: row.text("selector")?,
+                    algorithm: row.text("algorithm")?,
+                    private_pem: row.text("private_key")?,
+                })
+            })
+            .collect()
+    }
+
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
         let rows = match domain {
             Some(d) => {
@@ -705,7 +770,11 @@ impl<B: Backend> Addresses for B {
                     limited: limits.limit().is_some(),
                 })
             }
-            4 => Ok(Recipient::NoSuchUser),
+            // No account or alias: the domain's catch-all account, if it has one.
+            4 => Ok(match first.opt_text("target")? {
+                Some(catch_all) => Recipient::Alias(vec![catch_all]),
+                None => Recipient::NoSuchUser,
+            }),
             aliases => {
                 let mut targets = Vec::new();
                 for row in &rows {

@@ -100,6 +100,18 @@ impl Directory for FaultyStore {
     async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
         self.inner.accounts_import(batch).await
     }
+    async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()> {
+        self.inner.domain_set_catch_all(domain, target).await
+    }
+    async fn domain_catch_all(&self, domain: &str) -> StoreResult<Option<String>> {
+        self.inner.domain_catch_all(domain).await
+    }
+    async fn domain_key_set(&self, domain: &str, key: Option<&DomainKey>) -> StoreResult<()> {
+        self.inner.domain_key_set(domain, key).await
+    }
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+        self.inner.domain_keys().await
+    }
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
         self.inner.account_delete(email).await
     }
