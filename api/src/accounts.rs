@@ -48,6 +48,7 @@ pub const ACCOUNT_FINALIZER: &str = "mailcluster.dev/account";
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
+    printcolumn(name = "DKIM", type_ = "string", json_path = ".status.dkim.signing"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -60,7 +61,8 @@ pub struct MailDomainSpec {
     #[x_kube(validation = Rule::new("self == self.lowerAscii() && !self.contains('@') && !self.contains(' ')").message("domain must be a lower-case domain name"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("domain is immutable: create another MailDomain"))]
     pub domain: String,
-    /// Address that receives mail for every unknown local part of the domain.
+    /// Account that receives the domain's mail for every local part that is
+    /// neither an account nor an alias; it must be an account of the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 3, max = 320))]
     pub catch_all: Option<String>,
@@ -69,8 +71,10 @@ pub struct MailDomainSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub quota_bytes: Option<i64>,
-    /// DKIM signing key of the domain. Only the selector's DNS record is derived here:
-    /// the key itself comes from the MailCluster's `spec.dkim` Secrets.
+    /// DKIM signing of the domain's mail. With a key for the domain in the
+    /// MailCluster's `spec.dkim`, that key signs and its record is listed; without
+    /// one, the operator makes the keys (Secrets owned by this MailDomain) and
+    /// rotates them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dkim: Option<DomainDkim>,
     /// MTA-STS policy mode published for the domain (RFC 8461).
@@ -82,16 +86,72 @@ pub struct MailDomainSpec {
     pub tls_rpt: Option<String>,
 }
 
-/// A DKIM selector and its key type.
+/// A DKIM selector, key type and rotation.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainDkim {
-    /// The selector: the record is `SELECTOR._domainkey.DOMAIN`.
-    #[schemars(length(min = 1, max = 63))]
+    /// The selector of the MailCluster's key (the record is
+    /// `SELECTOR._domainkey.DOMAIN`); for keys the operator makes, the start of
+    /// their selectors: `SELECTOR-YYYYMMDD`, the day the key was made.
+    #[schemars(length(min = 1, max = 50))]
     pub selector: String,
-    /// Key algorithm, as in the MailCluster's `spec.dkim`.
+    /// Key algorithm. Changing it makes a new key of the new kind, which signs
+    /// once its record is seen in DNS.
     #[serde(default)]
     pub algorithm: DkimAlgorithm,
+    /// A made key is replaced by a new one this many days after it was made;
+    /// unset: only when asked (the `mailcluster.dev/rotate-dkim` annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rotation_days: Option<u32>,
+    /// A replaced key's record stays listed (and should stay published) this
+    /// many days after the next key started signing, for mail on its way and
+    /// messages verified later.
+    #[serde(default = "default_grace_days")]
+    #[schemars(range(max = 365))]
+    pub grace_days: u32,
+}
+
+fn default_grace_days() -> u32 {
+    7
+}
+
+/// The annotation on a MailDomain that asks for a new DKIM key now (a key
+/// believed compromised): each new value makes one key.
+pub const ROTATE_DKIM_ANNOTATION: &str = "mailcluster.dev/rotate-dkim";
+
+/// The operator's DKIM keys of a domain.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainDkimStatus {
+    /// The selector mail is signed with now; unset until a key's record is seen
+    /// in DNS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<String>,
+    /// The keys made for the domain, oldest first.
+    #[serde(default)]
+    pub keys: Vec<DomainKeyStatus>,
+    /// The last value of the `mailcluster.dev/rotate-dkim` annotation acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation_request: Option<String>,
+}
+
+/// One made key.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainKeyStatus {
+    pub selector: String,
+    pub algorithm: DkimAlgorithm,
+    /// The Secret holding the private key (`dkim.key`).
+    pub secret_name: String,
+    /// When the key was made (RFC 3339).
+    pub created: String,
+    /// `Pending` (its record not seen in DNS yet), `Signing`, `Retired` (replaced;
+    /// keep its record until `retiredUntil`) or `Expired` (its record and
+    /// Secret may be removed).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_until: Option<String>,
 }
 
 /// MTA-STS policy modes (RFC 8461 §3.2).
@@ -128,6 +188,9 @@ pub struct MailDomainStatus {
     /// The records to publish in the domain's DNS zone.
     #[serde(default)]
     pub dns_records: Vec<DnsRecord>,
+    /// The DKIM keys the operator made, when it makes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dkim: Option<DomainDkimStatus>,
 }
 
 /// One DNS record to publish.
@@ -156,13 +219,22 @@ pub struct DnsRecord {
 pub struct DnsInputs<'a> {
     /// Host name of the cluster's MX (the SMTP Service's public name).
     pub mx_host: &'a str,
-    /// The DKIM public key as its TXT value (`v=DKIM1; k=…; p=…`), when a key
-    /// for the domain's selector is known.
-    pub dkim_txt: Option<&'a str>,
+    /// The DKIM keys' records, in order.
+    pub dkim: Vec<DkimRecord<'a>>,
+}
+
+/// A DKIM key's record.
+#[derive(Debug, Clone)]
+pub struct DkimRecord<'a> {
+    pub selector: &'a str,
+    /// The public key as its TXT value (`v=DKIM1; k=…; p=…`).
+    pub txt: &'a str,
+    /// `DKIM`, or what sets the key apart (`DKIM (next)`, `DKIM (retired)`).
+    pub purpose: &'a str,
 }
 
 /// The records a domain needs published, in a fixed order: MX, SPF, DMARC, DKIM
-/// (when a key is known), MTA-STS (when a mode is set: its TXT and the policy
+/// (each key given), MTA-STS (when a mode is set: its TXT and the policy
 /// host), TLS-RPT (when an address is set).
 pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsRecord> {
     let domain = spec.domain.trim_end_matches('.');
@@ -190,8 +262,13 @@ pub fn dns_records(spec: &MailDomainSpec, inputs: &DnsInputs<'_>) -> Vec<DnsReco
             "DMARC",
         ),
     ];
-    if let (Some(dkim), Some(txt)) = (&spec.dkim, inputs.dkim_txt) {
-        out.push(record(fqdn(&format!("{}._domainkey", dkim.selector)), "TXT", quoted_txt(txt), "DKIM"));
+    for key in &inputs.dkim {
+        out.push(record(
+            fqdn(&format!("{}._domainkey", key.selector)),
+            "TXT",
+            quoted_txt(key.txt),
+            key.purpose,
+        ));
     }
     if let Some(mode) = spec.mta_sts {
         // The id changes with the mode, so senders fetch the policy again.
@@ -344,7 +421,7 @@ mod tests {
 
     #[test]
     fn a_bare_domain_gets_mx_spf_and_dmarc() {
-        let records = dns_records(&spec(), &DnsInputs { mx_host: "mx.example.net.", dkim_txt: None });
+        let records = dns_records(&spec(), &DnsInputs { mx_host: "mx.example.net.", dkim: vec![] });
         assert_eq!(
             kinds(&records),
             [
@@ -360,22 +437,33 @@ mod tests {
     }
 
     #[test]
-    fn dkim_needs_both_a_selector_and_a_key() {
-        let mut with_selector = spec();
-        with_selector.dkim = Some(DomainDkim { selector: "s1".into(), algorithm: DkimAlgorithm::Ed25519 });
-        let no_key = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: None });
-        assert!(no_key.iter().all(|r| r.purpose != "DKIM"), "no key in the store yet: nothing to publish");
+    fn each_dkim_key_given_is_listed_in_order() {
+        let no_key = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim: vec![] });
+        assert!(no_key.iter().all(|r| !r.purpose.starts_with("DKIM")), "no key yet: nothing to publish");
         let key = "v=DKIM1; k=ed25519; p=AAAA";
-        let records = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: Some(key) });
-        let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
-        assert_eq!(dkim.name, "s1._domainkey.example.com.");
-        assert_eq!(dkim.value, format!("\"{key}\""));
+        let next = "v=DKIM1; k=rsa; p=BBBB";
+        let dkim = vec![
+            DkimRecord { selector: "s1", txt: key, purpose: "DKIM" },
+            DkimRecord { selector: "s1-20261207", txt: next, purpose: "DKIM (next)" },
+        ];
+        let records = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim });
+        let listed: Vec<(&str, &str, &str)> = records
+            .iter()
+            .filter(|r| r.purpose.starts_with("DKIM"))
+            .map(|r| (r.name.as_str(), r.value.as_str(), r.purpose.as_str()))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("s1._domainkey.example.com.", "\"v=DKIM1; k=ed25519; p=AAAA\"", "DKIM"),
+                ("s1-20261207._domainkey.example.com.", "\"v=DKIM1; k=rsa; p=BBBB\"", "DKIM (next)"),
+            ]
+        );
         let long = "p=".to_string() + &"A".repeat(300);
-        let records = dns_records(&with_selector, &DnsInputs { mx_host: "mx", dkim_txt: Some(&long) });
+        let dkim = vec![DkimRecord { selector: "s1", txt: &long, purpose: "DKIM" }];
+        let records = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim });
         let dkim = records.iter().find(|r| r.purpose == "DKIM").unwrap();
         assert_eq!(dkim.value, format!("\"{}\" \"{}\"", &long[..255], &long[255..]), "split at 255");
-        let no_selector = dns_records(&spec(), &DnsInputs { mx_host: "mx", dkim_txt: Some(key) });
-        assert!(no_selector.iter().all(|r| r.purpose != "DKIM"));
     }
 
     #[test]

@@ -307,6 +307,33 @@ pub enum DomainCommand {
         #[arg(value_parser = parse_quota)]
         size: Option<QuotaSetting>,
     },
+    /// Show or set the account that receives the domain's mail for local parts
+    /// that are neither an account nor an alias.
+    CatchAll {
+        domain: String,
+        /// The account; omit to show the current one.
+        #[arg(conflicts_with = "none")]
+        account: Option<String>,
+        /// Refuse unknown local parts again.
+        #[arg(long)]
+        none: bool,
+    },
+    /// Show or set the DKIM key kept in the store for the domain; every server
+    /// signs the domain's mail with it within seconds (a `[[dkim.keys]]` file
+    /// for the domain wins over it).
+    Key {
+        domain: String,
+        #[arg(long, requires = "key_file")]
+        selector: Option<String>,
+        /// The private key (PEM), as `mailcluster dkim generate` writes it.
+        #[arg(long, value_name = "FILE", requires = "selector")]
+        key_file: Option<PathBuf>,
+        #[arg(long, default_value = "ed25519", value_parser = ["ed25519", "rsa"])]
+        algorithm: String,
+        /// Stop signing with a stored key.
+        #[arg(long, conflicts_with_all = ["selector", "key_file"])]
+        none: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

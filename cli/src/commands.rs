@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use mailcluster_model::Quota;
+use mailcluster_model::{DomainKey, Quota};
 use mailcluster_server::config::Config;
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
 use mailcluster_server::store::Store;
@@ -207,6 +207,47 @@ pub async fn domain(config: &Config, command: &DomainCommand) -> Result<(), Fail
                 .await
                 .with_context(|| format!("cannot set the quota of {domain}"))?;
             eprintln!("default quota of {domain}: {}", describe_limit(limit));
+        }
+        DomainCommand::CatchAll { domain, account: None, none: false } => {
+            let target =
+                store.domain_catch_all(domain).await.with_context(|| format!("cannot look up {domain}"))?;
+            println!("{domain}: catch-all {}", target.as_deref().unwrap_or("none"));
+        }
+        DomainCommand::CatchAll { domain, account, .. } => {
+            provision::set_catch_all(&*store, domain, account.as_deref())
+                .await
+                .map_err(|e| failure(e, format!("cannot set the catch-all of {domain}")))?;
+            eprintln!("catch-all of {domain}: {}", account.as_deref().unwrap_or("none"));
+        }
+        DomainCommand::Key { domain, selector: None, none: false, .. } => {
+            let domain = checked_domain(domain)?;
+            let keys = store.domain_keys().await.context("cannot read the DKIM keys")?;
+            match keys.iter().find(|k| k.domain == domain) {
+                Some(k) => {
+                    let txt = mailcluster_server::dkim::public_txt(k.private_pem.as_bytes(), &k.algorithm)?;
+                    println!("{}._domainkey.{domain}. IN TXT \"{txt}\"", k.selector);
+                }
+                None => println!("{domain}: no DKIM key in the store"),
+            }
+        }
+        DomainCommand::Key { domain, selector, key_file, algorithm, .. } => {
+            let key = match (selector, key_file) {
+                (Some(selector), Some(file)) => Some(DomainKey {
+                    domain: domain.clone(),
+                    selector: selector.clone(),
+                    algorithm: algorithm.clone(),
+                    private_pem: std::fs::read_to_string(file)
+                        .with_context(|| format!("cannot read {}", file.display()))?,
+                }),
+                _ => None,
+            };
+            provision::set_domain_key(&*store, domain, key.as_ref())
+                .await
+                .map_err(|e| failure(e, format!("cannot set the DKIM key of {domain}")))?;
+            match key {
+                Some(k) => eprintln!("{domain} is signed with selector {} from now on", k.selector),
+                None => eprintln!("{domain}: no DKIM key in the store"),
+            }
         }
     }
     Ok(())

@@ -59,13 +59,30 @@ fn start(o: &Org, peer_port: u16, dns: SocketAddr, user: &str) -> ServeProcess {
 
 /// [`start`] with extra lines in the top-level table and the `[relay]` section.
 fn start_with(o: &Org, peer_port: u16, dns: SocketAddr, user: &str, top: &str, relay: &str) -> ServeProcess {
+    let key_file = format!(
+        "[[dkim.keys]]\ndomain = \"{d}\"\nselector = \"mail\"\nkey_file = \"{dir}/dkim.key\"\nalgorithm = \"ed25519\"\n",
+        d = o.domain,
+        dir = o.dir.path().display(),
+    );
+    start_configured(o, peer_port, dns, user, top, relay, &key_file)
+}
+
+/// [`start_with`] with `dkim` as the configuration's DKIM section.
+fn start_configured(
+    o: &Org,
+    peer_port: u16,
+    dns: SocketAddr,
+    user: &str,
+    top: &str,
+    relay: &str,
+    dkim: &str,
+) -> ServeProcess {
     let config = format!(
         "hostname = \"mx.{d}\"\n\
          data_dir = \"{dir}\"\n{top}\n\
          [dns]\nnameservers = [\"{dns}\"]\n\
          [relay]\nremote_port = {peer_port}\npoll_interval_ms = 200\nallowed_private_networks = [\"127.0.0.0/8\"]\n{relay}\n\
-         [inbound]\ntrusted_networks = []\n\
-         [[dkim.keys]]\ndomain = \"{d}\"\nselector = \"mail\"\nkey_file = \"{dir}/dkim.key\"\nalgorithm = \"ed25519\"\n",
+         [inbound]\ntrusted_networks = []\n{dkim}",
         d = o.domain,
         dir = o.dir.path().display(),
     );
@@ -231,6 +248,67 @@ fn two_organisations_exchange_signed_mail_and_refuse_forgeries() {
     assert!(dsn.contains("Action: failed") && dsn.contains("Status: 5.1.1"), "{dsn}");
     assert!(dsn.contains("Subject: to nobody"), "original headers quoted:\n{dsn}");
     assert!(dsn.contains("Return-Path: <>"), "{dsn}");
+    drop(dns);
+}
+
+/// The pod's side of keys the operator makes: a key put into the store while
+/// the server runs (`mailcluster domain key`, the operator's code path) signs
+/// the next mail without a restart, and the receiving side verifies it
+/// against the published record; removing it stops the signing.
+#[test]
+fn a_key_put_into_the_store_signs_without_a_restart() {
+    let a = org("org-a.test");
+    let b = org("org-b.test");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dns = rt.block_on(TestDns::start(&[("org-a.test.", &zone(&a)), ("org-b.test.", &zone(&b))]));
+    let server_a = start_configured(&a, b.smtp_port, dns.addr(), "alice@org-a.test", "", "", "");
+    let server_b = start(&b, a.smtp_port, dns.addr(), "bob@org-b.test");
+    let orgs = [(&a, &server_a), (&b, &server_b)];
+    let results = |msg: &str| {
+        msg.lines()
+            .skip_while(|l| !l.starts_with("Authentication-Results: mx.org-b.test"))
+            .take_while(|l| {
+                l.starts_with("Authentication-Results") || l.starts_with('\t') || l.starts_with(' ')
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+
+    swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "before the key");
+    let msg = wait_for_mail("unsigned mail", orgs, server_b.addr("imap"), "bob@org-b.test", "before the key");
+    assert!(!msg.contains("DKIM-Signature:"), "no key yet:\n{msg}");
+    assert!(!results(&msg).contains("dkim=pass"), "{msg}");
+
+    let cfg = a.dir.path().join("mail.toml");
+    let cfg = cfg.to_str().unwrap();
+    let set =
+        ["domain", "key", "org-a.test", "--selector", "mail", "--key-file", "dkim.key", "--config", cfg];
+    common::run(a.dir.path(), &set, &[]).ok();
+    let shown = common::run(a.dir.path(), &["domain", "key", "org-a.test", "--config", cfg], &[]);
+    assert!(
+        shown.ok().stdout.contains(&format!("mail._domainkey.org-a.test. IN TXT {}", a.dkim_txt)),
+        "{}",
+        shown.stdout
+    );
+    // A key that is not one is refused before any server sees it.
+    std::fs::write(a.dir.path().join("bad.key"), "not a key").unwrap();
+    let bad = ["domain", "key", "org-a.test", "--selector", "x", "--key-file", "bad.key", "--config", cfg];
+    assert_eq!(common::run(a.dir.path(), &bad, &[]).code, Some(2));
+    std::thread::sleep(mailcluster_server::dkim::STORED_KEYS_REFRESH + Duration::from_secs(1));
+
+    swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "after the key");
+    let msg = wait_for_mail("signed mail", orgs, server_b.addr("imap"), "bob@org-b.test", "after the key");
+    let ar = results(&msg);
+    for want in ["dkim=pass", "header.d=org-a.test", "header.s=mail", "dmarc=pass"] {
+        assert!(ar.contains(want), "{want} missing in {ar:?}\nmessage:\n{msg}");
+    }
+
+    let none = ["domain", "key", "org-a.test", "--none", "--config", cfg];
+    common::run(a.dir.path(), &none, &[]).ok();
+    std::thread::sleep(mailcluster_server::dkim::STORED_KEYS_REFRESH + Duration::from_secs(1));
+    swaks(server_a.addr("submission"), "alice@org-a.test", "bob@org-b.test", "key removed");
+    let msg = wait_for_mail("unsigned again", orgs, server_b.addr("imap"), "bob@org-b.test", "key removed");
+    assert!(!msg.contains("DKIM-Signature:"), "the key was removed:\n{msg}");
     drop(dns);
 }
 

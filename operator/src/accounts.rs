@@ -35,16 +35,18 @@ use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mailcluster_api::accounts::{
-    ACCOUNT_FINALIZER, DeletionPolicy, DnsInputs, DnsRecord, MailAccount, MailAccountStatus, MailDomain,
-    MailDomainStatus, dns_records,
+    ACCOUNT_FINALIZER, DeletionPolicy, DkimRecord, DnsInputs, DnsRecord, MailAccount, MailAccountStatus,
+    MailDomain, MailDomainStatus, ROTATE_DKIM_ANNOTATION, dns_records,
 };
 use mailcluster_api::{AccountsPolicy, FIELD_MANAGER, MailCluster, UNMANAGED_LISTED, UnmanagedAccounts};
+use mailcluster_model::DomainKey;
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
 use mailcluster_server::store::{Store, StoreError};
 use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::dns_check::RecordChecker;
+use crate::domain_keys;
 
 /// How the store reconcilers run.
 #[derive(Debug, Clone)]
@@ -286,58 +288,145 @@ where
 async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> Result<Action, Error> {
     let ns = domain.namespace().unwrap_or_default();
     let api: Api<MailDomain> = Api::namespaced(ctx.client.clone(), &ns);
-    let outcome = async {
-        let store = ctx.store(&ns, &domain.spec.cluster_ref).await?;
-        provision::ensure_domain(&*store, &domain.spec.domain).await.map_err(NotReady::from_provision)?;
-        let quota = domain.spec.quota_bytes.map(|q| q.max(0) as u64);
-        let current =
-            store.domain_quota(&domain.spec.domain).await.map_err(|e| NotReady::from_provision(e.into()))?;
-        if current != quota {
-            store
-                .domain_set_quota(&domain.spec.domain, quota)
-                .await
-                .map_err(|e| NotReady::from_provision(e.into()))?;
-        }
-        Ok::<(), NotReady>(())
-    }
-    .await;
     let old = domain.status.clone().unwrap_or_default();
     let generation = domain.metadata.generation;
-    let (condition, action) = match &outcome {
-        Ok(()) => {
-            let message = if domain.spec.catch_all.is_some() {
-                "in the store; catchAll is not applied yet"
-            } else {
-                "in the store"
-            };
-            (
-                ready(&old.conditions, generation, true, "Stored", message),
-                Action::requeue(ctx.resync.min(ctx.dns_check)),
-            )
-        }
-        Err(e) => (
-            ready(&old.conditions, generation, false, &e.reason, &e.message),
-            Action::requeue(if e.retry { Duration::from_secs(10) } else { ctx.resync }),
-        ),
-    };
     let cluster: Api<MailCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let mc = cluster.get_opt(&domain.spec.cluster_ref).await?;
     let mx_host = match &mc {
         Some(mc) => mc.spec.hostname(),
         None => format!("mail.{}", domain.spec.domain),
     };
-    let dkim_txt = match &mc {
-        Some(mc) => dkim_txt(&ctx.client, &ns, mc, &domain).await,
+    // The DKIM records: the cluster's key for the domain, or the keys made here.
+    let cluster_key = match &mc {
+        Some(mc) => cluster_dkim_txt(&ctx.client, &ns, mc, &domain).await,
         None => None,
     };
-    let mut records =
-        dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim_txt: dkim_txt.as_deref() });
+    let wanted =
+        domain.spec.dkim.as_ref().filter(|_| mc.as_ref().is_some_and(|mc| !has_cluster_key(mc, &domain)));
+    let mut made = match wanted {
+        Some(_) => domain_keys::list(&ctx.client, &ns, &domain).await?,
+        None => Vec::new(),
+    };
+    let made_txt = |keys: &[domain_keys::MadeKey]| -> Vec<(String, String)> {
+        keys.iter()
+            .filter_map(|k| {
+                match mailcluster_server::dkim::public_txt(k.private_pem.as_bytes(), k.algorithm.name()) {
+                    Ok(txt) => Some((k.selector.clone(), txt)),
+                    Err(e) => {
+                        tracing::warn!(secret = %k.secret_name, error = %e, "a made DKIM key does not parse");
+                        None
+                    }
+                }
+            })
+            .collect()
+    };
+    // Every made key's record is looked up first; which one signs follows.
+    let txts = made_txt(&made);
+    let dkim_inputs: Vec<DkimRecord<'_>> = match &cluster_key {
+        Some((selector, txt)) => vec![DkimRecord { selector, txt, purpose: "DKIM" }],
+        None => txts.iter().map(|(selector, txt)| DkimRecord { selector, txt, purpose: "DKIM" }).collect(),
+    };
+    let mut records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim: dkim_inputs });
     check_records(&ctx, &old.dns_records, &mut records).await;
+    let mut dkim_status = None;
+    if let Some(spec) = wanted {
+        let published = |selector: &str| {
+            let name = format!("{selector}._domainkey.");
+            records.iter().find(|r| r.type_ == "TXT" && r.name.starts_with(&name)).and_then(|r| {
+                match r.published.as_str() {
+                    "True" => Some(true),
+                    "False" => Some(false),
+                    _ => None,
+                }
+            })
+        };
+        let old_dkim = old.dkim.clone().unwrap_or_default();
+        let request = domain.annotations().get(ROTATE_DKIM_ANNOTATION).map(String::as_str);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut plan = domain_keys::plan(spec, &made, &old_dkim, &published, request, now);
+        if plan.make {
+            let taken: Vec<&str> = made.iter().map(|k| k.selector.as_str()).collect();
+            let selector = domain_keys::next_selector(&spec.selector, now, &taken);
+            match domain_keys::make(&ctx.client, &ns, &domain, &selector, &spec.algorithm).await {
+                Ok(key) => {
+                    made.push(key);
+                    plan = domain_keys::plan(spec, &made, &plan.status, &published, request, now);
+                }
+                Err(e) => tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key"),
+            }
+        }
+        let txts = made_txt(&made);
+        let listed: Vec<DkimRecord<'_>> = plan
+            .status
+            .keys
+            .iter()
+            .filter_map(|k| {
+                let purpose = match k.state.as_str() {
+                    domain_keys::SIGNING => "DKIM",
+                    domain_keys::PENDING => "DKIM (next)",
+                    domain_keys::RETIRED => "DKIM (retired)",
+                    _ => return None,
+                };
+                let (selector, txt) = txts.iter().find(|(s, _)| *s == k.selector)?;
+                Some(DkimRecord { selector, txt, purpose })
+            })
+            .collect();
+        let checked = std::mem::take(&mut records);
+        records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim: listed });
+        check_records(&ctx, &checked, &mut records).await;
+        dkim_status = Some(plan.status);
+    }
+    let signing = dkim_status.as_ref().and_then(|status| {
+        let selector = status.signing.as_deref()?;
+        made.iter().find(|k| k.selector == selector)
+    });
+    let outcome = async {
+        let store = ctx.store(&ns, &domain.spec.cluster_ref).await?;
+        let provision_error = |e: StoreError| NotReady::from_provision(e.into());
+        provision::ensure_domain(&*store, &domain.spec.domain).await.map_err(NotReady::from_provision)?;
+        let quota = domain.spec.quota_bytes.map(|q| q.max(0) as u64);
+        let current = store.domain_quota(&domain.spec.domain).await.map_err(provision_error)?;
+        if current != quota {
+            store.domain_set_quota(&domain.spec.domain, quota).await.map_err(provision_error)?;
+        }
+        let key = signing.map(|k| DomainKey {
+            domain: domain.spec.domain.clone(),
+            selector: k.selector.clone(),
+            algorithm: k.algorithm.name().to_string(),
+            private_pem: k.private_pem.clone(),
+        });
+        provision::set_domain_key(&*store, &domain.spec.domain, key.as_ref())
+            .await
+            .map_err(NotReady::from_provision)?;
+        provision::set_catch_all(&*store, &domain.spec.domain, domain.spec.catch_all.as_deref())
+            .await
+            .map_err(|e| match e {
+                ProvisionError::Store(StoreError::NotFound(what)) => NotReady {
+                    reason: "CatchAllUnknown".into(),
+                    message: format!("catchAll: {what} is not in the store"),
+                    retry: true,
+                },
+                e => NotReady::from_provision(e),
+            })?;
+        Ok::<(), NotReady>(())
+    }
+    .await;
+    let (condition, action) = match &outcome {
+        Ok(()) => (
+            ready(&old.conditions, generation, true, "Stored", "in the store"),
+            Action::requeue(ctx.resync.min(ctx.dns_check)),
+        ),
+        Err(e) => (
+            ready(&old.conditions, generation, false, &e.reason, &e.message),
+            Action::requeue(if e.retry { Duration::from_secs(10) } else { ctx.resync }),
+        ),
+    };
     let published = published_condition(&old.conditions, generation, &records);
     let status = MailDomainStatus {
         conditions: vec![condition, published],
         observed_generation: generation,
         dns_records: records,
+        dkim: dkim_status,
     };
     if old != status {
         apply_status(&api, &*domain, serde_json::to_value(&status).unwrap_or_default()).await?;
@@ -394,12 +483,22 @@ fn published_condition(old: &[Condition], generation: Option<i64>, records: &[Dn
     condition(old, "DnsPublished", generation, status, reason, &message)
 }
 
-/// The DKIM record value of the key the MailCluster signs the domain's mail
-/// with (`spec.dkim`, a Secret with the private key), when its selector is the
-/// MailDomain's: the cluster's keys are where the signing key is kept. None
-/// when there is no such key or it cannot be read; the record is then not
-/// listed rather than listed wrong.
-async fn dkim_txt(client: &Client, ns: &str, mc: &MailCluster, domain: &MailDomain) -> Option<String> {
+/// Whether the MailCluster's `spec.dkim` holds a key for the domain: then that
+/// key signs (a file in every pod) and the operator makes none.
+fn has_cluster_key(mc: &MailCluster, domain: &MailDomain) -> bool {
+    mc.spec.dkim.iter().any(|k| k.domain.eq_ignore_ascii_case(&domain.spec.domain))
+}
+
+/// The selector and record value of the key the MailCluster signs the domain's
+/// mail with (`spec.dkim`, a Secret with the private key), when its selector is
+/// the MailDomain's. None when there is no such key or it cannot be read; the
+/// record is then not listed rather than listed wrong.
+async fn cluster_dkim_txt(
+    client: &Client,
+    ns: &str,
+    mc: &MailCluster,
+    domain: &MailDomain,
+) -> Option<(String, String)> {
     let wanted = domain.spec.dkim.as_ref()?;
     let key = mc
         .spec
@@ -408,7 +507,7 @@ async fn dkim_txt(client: &Client, ns: &str, mc: &MailCluster, domain: &MailDoma
         .find(|k| k.domain.eq_ignore_ascii_case(&domain.spec.domain) && k.selector == wanted.selector)?;
     let pem = secret_value(client, ns, &key.secret_name, &key.secret_key).await.ok()?;
     match mailcluster_server::dkim::public_txt(pem.as_bytes(), key.algorithm.name()) {
-        Ok(txt) => Some(txt),
+        Ok(txt) => Some((key.selector.clone(), txt)),
         Err(e) => {
             tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot read the DKIM key");
             None

@@ -13,6 +13,7 @@ pub mod build;
 pub mod children;
 pub mod crd;
 pub mod dns_check;
+pub mod domain_keys;
 pub mod image;
 pub mod keys;
 pub mod leader;

@@ -8,7 +8,7 @@
 //! (`changed_recipients`) and to report.
 
 use crate::store::{Store, StoreError};
-use mailcluster_model::Account;
+use mailcluster_model::{Account, DomainKey};
 
 /// Why a wanted state cannot be reached. `Invalid` is the caller's input (an
 /// address, a hash format): retrying does not help. `Store` is anything else.
@@ -259,6 +259,37 @@ pub async fn alias_del(store: &dyn Store, address: &str, target: Option<&str>) -
         Ok(()) | Err(StoreError::NotFound(_)) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Sends the domain's mail for unknown local parts to `target` (an account),
+/// or with `None` refuses it again; unchanged is no write. Pods that cached
+/// an address as unknown see the change when the entry expires
+/// (`smtp.recipient_cache_ttl_secs`).
+pub async fn set_catch_all(store: &dyn Store, domain: &str, target: Option<&str>) -> ProvisionResult<()> {
+    let domain = checked_domain(domain)?;
+    let target = target.map(normalized);
+    if store.domain_catch_all(&domain).await? == target {
+        return Ok(());
+    }
+    store.domain_set_catch_all(&domain, target.as_deref()).await?;
+    Ok(())
+}
+
+/// Signs the domain's mail with `key` from now on (every server reads the
+/// store's keys within [`crate::dkim::STORED_KEYS_REFRESH`]), or with `None`
+/// stops signing with a stored key. A key that does not parse is refused here
+/// rather than skipped by every pod.
+pub async fn set_domain_key(store: &dyn Store, domain: &str, key: Option<&DomainKey>) -> ProvisionResult<()> {
+    let domain = checked_domain(domain)?;
+    if let Some(key) = key {
+        if key.selector.is_empty() || key.selector.contains(|c: char| c.is_whitespace() || c == ';') {
+            return Err(ProvisionError::Invalid(format!("{:?} is not a DKIM selector", key.selector)));
+        }
+        crate::dkim::public_txt(key.private_pem.as_bytes(), &key.algorithm)
+            .map_err(|e| ProvisionError::Invalid(format!("DKIM key of {domain}: {e:#}")))?;
+    }
+    store.domain_key_set(&domain, key).await?;
+    Ok(())
 }
 
 /// Lets `email` send as `address`: true when allowed now, false when it already was.
