@@ -23,7 +23,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use mailcluster_api::accounts::MailDomainStatus;
 use mailcluster_api::{MailAccount, MailCluster, MailDomain};
-use mailcluster_model::NewDelivery;
+use mailcluster_model::{NewDelivery, Recipient};
 use mailcluster_operator::accounts::{AccountOptions, run};
 use mailcluster_server::auth::{AuthConfig, AuthOutcome, Authenticator};
 use mailcluster_server::cache::local::LocalCache;
@@ -146,7 +146,7 @@ struct Setup {
     auth: Authenticator,
     /// The TXT value of the cluster's DKIM key, as `dkim generate` printed it.
     dkim_txt: String,
-    _dns: TestDns,
+    dns: TestDns,
     _db: TestDatabase,
     stop: Option<oneshot::Sender<()>>,
     controllers: Option<tokio::task::JoinHandle<()>>,
@@ -156,6 +156,15 @@ impl Setup {
     /// `zone`: the example.com zone the operator's resolver sees (a real DNS
     /// server on loopback); empty, no such zone.
     async fn new(prefix: &str, zone: impl Fn(&str) -> String) -> Option<Setup> {
+        Setup::with_dns_check(prefix, zone, AccountOptions::default().dns_check).await
+    }
+
+    /// [`Setup::new`] with records looked up again every `dns_check`.
+    async fn with_dns_check(
+        prefix: &str,
+        zone: impl Fn(&str) -> String,
+        dns_check: Duration,
+    ) -> Option<Setup> {
         init_logs();
         let ns = TestNamespace::create(prefix).await?;
         let db = TestDatabase::create("accounts").await;
@@ -192,7 +201,7 @@ impl Setup {
             namespace: Some(ns.name.clone()),
             resync: Duration::from_secs(3600),
             dns_nameservers: vec![dns.addr()],
-            ..Default::default()
+            dns_check,
         };
         let controllers = tokio::spawn(run(ns.client.clone(), opts, async move {
             let _ = stopped.await;
@@ -207,7 +216,7 @@ impl Setup {
             store,
             auth,
             dkim_txt: dkim.dns_txt,
-            _dns: dns,
+            dns,
             _db: db,
             stop: Some(stop),
             controllers: Some(controllers),
@@ -540,5 +549,202 @@ async fn accounts_without_a_mail_account_are_reported_and_disabled_only_when_man
     assert!(!setup.login("cli-made@example.com", "cli-password").await);
     assert!(!setup.store.account_get("zed@example.com").await.unwrap().unwrap().enabled);
     assert!(setup.login("alice@example.com", "alice-password").await, "described by a MailAccount");
+    setup.stop().await;
+}
+
+/// The MailDomain's status once `done` holds for it.
+async fn domain_status(
+    api: &Api<MailDomain>,
+    what: &str,
+    done: impl Fn(&MailDomainStatus) -> bool,
+) -> MailDomainStatus {
+    eventually(what, || async {
+        let status = api.get_opt("example-org").await.ok()??.status?;
+        done(&status).then_some(status)
+    })
+    .await
+}
+
+/// The selector and record value of the key in `status` at `index`, and its TXT
+/// value as the zone file gets it.
+fn dkim_record(status: &MailDomainStatus, selector: &str) -> (String, String) {
+    let record = status
+        .dns_records
+        .iter()
+        .find(|r| r.name == format!("{selector}._domainkey.example.org."))
+        .unwrap_or_else(|| panic!("no record for {selector}: {:?}", status.dns_records));
+    (record.purpose.clone(), record.value.clone())
+}
+
+/// Signs a message from example.org with the keys in the store, as every mail
+/// pod does, and checks the signature the way a receiving MX does: the
+/// server's own inbound checks, asking the test DNS server for the record.
+async fn signed_and_verified(setup: &Setup) -> (String, String) {
+    let signer = mailcluster_server::dkim::Signer::default();
+    signer.refresh(setup.store.domain_keys().await.unwrap());
+    let message = "From: Alice <alice@example.org>\r\nTo: bob@example.net\r\nSubject: signed\r\n\
+                   Date: Mon, 07 Dec 2026 12:00:00 +0000\r\nMessage-ID: <1@example.org>\r\n\r\nhello\r\n";
+    let header = signer.sign("example.org", message.as_bytes()).expect("a key signs example.org");
+    let signed = format!("{header}{message}");
+    let config = mailcluster_server::config::DnsConfig {
+        nameservers: vec![setup.dns.addr()],
+        ..Default::default()
+    };
+    let dns = mailcluster_server::dns::Dns::from_config(&config).expect("resolver");
+    let envelope = mailcluster_server::inbound::Envelope {
+        remote_ip: "192.0.2.9".parse().unwrap(),
+        helo: "mx.example.org",
+        mail_from: "alice@example.org",
+    };
+    let verdict = mailcluster_server::inbound::check(
+        &dns,
+        &Default::default(),
+        "mx.example.net",
+        &envelope,
+        signed.as_bytes(),
+    )
+    .await;
+    let mailcluster_server::inbound::Verdict::Accept { header: results, .. } = verdict else {
+        panic!("the signed message was not accepted: {verdict:?}");
+    };
+    (header, results)
+}
+
+/// A MailDomain with DKIM and no key of the cluster's: the operator makes a key
+/// into a Secret the MailDomain owns, lists its record, and signs with it only
+/// once DNS shows it; the key verifies against that record. Asked to rotate,
+/// it lists the next key first, keeps signing with the old one until DNS shows
+/// the new record, then signs with the new one and keeps the old record listed
+/// as retired. `catchAll` routes unknown local parts to its account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_dkim_keys_sign_once_published_and_rotate() {
+    let Some(setup) = Setup::with_dns_check("dkim", |_| String::new(), Duration::from_secs(1)).await else {
+        return;
+    };
+    let domains = setup.ns.api::<MailDomain>();
+    let domain = |rotation: Option<&str>, catch_all: Option<&str>| {
+        json!({
+            "apiVersion": "mailcluster.dev/v1alpha1", "kind": "MailDomain",
+            "metadata": {"name": "example-org", "annotations": match rotation {
+                Some(r) => json!({"mailcluster.dev/rotate-dkim": r}),
+                None => json!({}),
+            }},
+            "spec": {"clusterRef": "mail", "domain": "example.org", "catchAll": catch_all,
+                     "dkim": {"selector": "mc", "algorithm": "ed25519"}},
+        })
+    };
+    setup.apply("maildomains", "example-org", &domain(None, None)).await;
+    let status = domain_status(&domains, "a key made and checked", |s| {
+        s.dkim.as_ref().is_some_and(|d| d.keys.len() == 1)
+            && s.dns_records.iter().any(|r| r.purpose == "DKIM (next)" && r.published == "False")
+    })
+    .await;
+    let dkim = status.dkim.clone().unwrap();
+    let first = dkim.keys[0].clone();
+    assert_eq!((first.state.as_str(), dkim.signing.as_ref()), ("Pending", None), "{dkim:?}");
+    assert!(first.selector.starts_with("mc-20"), "{first:?}");
+    let (purpose, first_value) = dkim_record(&status, &first.selector);
+    assert_eq!(purpose, "DKIM (next)");
+    assert!(setup.store.domain_keys().await.unwrap().is_empty(), "nothing signs before DNS shows the key");
+
+    // The key's Secret: owned by the MailDomain, never changed.
+    let key_secret = setup.ns.api::<Secret>().get(&first.secret_name).await.expect("the key's Secret");
+    let owner = &key_secret.metadata.owner_references.as_ref().expect("owned")[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("MailDomain", "example-org"));
+    assert_eq!(key_secret.immutable, Some(true));
+    let pem = String::from_utf8(key_secret.data.as_ref().unwrap()["dkim.key"].0.clone()).unwrap();
+    let txt = mailcluster_server::dkim::public_txt(pem.as_bytes(), "ed25519").unwrap();
+    assert_eq!(first_value, format!("\"{txt}\""), "the record is the Secret's key's");
+
+    // Published: it signs, and the signature verifies against DNS.
+    let zone = |records: &[(&str, &str)]| {
+        records
+            .iter()
+            .map(|(selector, value)| format!("{selector}._domainkey 60 IN TXT {value}\n"))
+            .collect::<String>()
+    };
+    setup.dns.set_zones(&[("example.org.", &zone(&[(&first.selector, &first_value)]))]).await;
+    let status = domain_status(&domains, "the first key signing", |s| {
+        s.dkim.as_ref().and_then(|d| d.signing.as_deref()) == Some(first.selector.as_str())
+    })
+    .await;
+    assert_eq!(dkim_record(&status, &first.selector).0, "DKIM");
+    let stored = eventually("the key in the store", || async {
+        setup.store.domain_keys().await.ok()?.into_iter().find(|k| k.domain == "example.org")
+    })
+    .await;
+    assert_eq!(
+        (stored.selector.as_str(), stored.private_pem.as_str()),
+        (first.selector.as_str(), pem.as_str())
+    );
+    let (header, results) = signed_and_verified(&setup).await;
+    assert!(header.contains(&format!("s={}", first.selector)), "{header}");
+    assert!(results.contains("dkim=pass") && results.contains("header.d=example.org"), "{results}");
+
+    // Rotation on request: the next key is listed; the first keeps signing.
+    setup.apply("maildomains", "example-org", &domain(Some("compromised-1"), None)).await;
+    let status = domain_status(&domains, "the next key listed", |s| {
+        s.dkim.as_ref().is_some_and(|d| d.keys.len() == 2)
+            && s.dns_records.iter().any(|r| r.purpose == "DKIM (next)" && r.published == "False")
+    })
+    .await;
+    let dkim = status.dkim.clone().unwrap();
+    let second = dkim.keys[1].clone();
+    assert_eq!(dkim.signing.as_deref(), Some(first.selector.as_str()), "the old key signs meanwhile");
+    assert_eq!(dkim.rotation_request.as_deref(), Some("compromised-1"));
+    assert_ne!(second.selector, first.selector);
+    let (_, second_value) = dkim_record(&status, &second.selector);
+    let (header, _) = signed_and_verified(&setup).await;
+    assert!(header.contains(&format!("s={}", first.selector)), "{header}");
+
+    // The next key published: it signs, the first is retired and still listed.
+    let both = zone(&[(&first.selector, &first_value), (&second.selector, &second_value)]);
+    setup.dns.set_zones(&[("example.org.", &both)]).await;
+    let status = domain_status(&domains, "the second key signing", |s| {
+        s.dkim.as_ref().and_then(|d| d.signing.as_deref()) == Some(second.selector.as_str())
+    })
+    .await;
+    let dkim = status.dkim.clone().unwrap();
+    assert_eq!(dkim.keys[0].state, "Retired");
+    let until: k8s_openapi::jiff::Timestamp = dkim.keys[0].retired_until.as_deref().unwrap().parse().unwrap();
+    let grace = until.duration_since(k8s_openapi::jiff::Timestamp::now());
+    assert!(grace > k8s_openapi::jiff::SignedDuration::from_hours(24 * 7 - 1), "{grace:?}");
+    assert_eq!(dkim_record(&status, &first.selector).0, "DKIM (retired)");
+    assert_eq!(dkim_record(&status, &second.selector).0, "DKIM");
+    let _ = eventually("the second key in the store", || async {
+        let keys = setup.store.domain_keys().await.ok()?;
+        keys.into_iter().find(|k| k.domain == "example.org" && k.selector == second.selector)
+    })
+    .await;
+    let (header, results) = signed_and_verified(&setup).await;
+    assert!(header.contains(&format!("s={}", second.selector)), "{header}");
+    assert!(results.contains("dkim=pass"), "{results}");
+
+    // catchAll: to an account that is not there yet, then is.
+    setup.apply("maildomains", "example-org", &domain(Some("compromised-1"), Some("all@example.org"))).await;
+    let not_ready = domain_status(&domains, "catchAll not ready", |s| {
+        s.conditions.iter().any(|c| c.type_ == "Ready" && c.reason == "CatchAllUnknown")
+    })
+    .await;
+    assert!(not_ready.conditions.iter().any(|c| c.message.contains("all@example.org")), "{not_ready:?}");
+    secret(&setup.ns, "all-pw", "password", "catch-all-password").await;
+    setup.apply("mailaccounts", "all", &account("all", "all@example.org", "all-pw", "Retain")).await;
+    assert_eq!(setup.account_ready("all").await.0, "True");
+    domain_status(&domains, "catchAll applied", |s| {
+        s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+    .await;
+    let Recipient::Alias(targets) = setup.store.recipient("anyone@example.org", None).await.unwrap() else {
+        panic!("unknown local parts go to the catch-all");
+    };
+    assert_eq!(targets, ["all@example.org"]);
+    setup.apply("maildomains", "example-org", &domain(Some("compromised-1"), None)).await;
+    eventually("catchAll removed", || async {
+        (setup.store.recipient("anyone@example.org", None).await.ok()? == Recipient::NoSuchUser).then_some(())
+    })
+    .await;
+    // The rotation request was acted on once: still two keys.
+    let keys = domains.get("example-org").await.unwrap().status.unwrap().dkim.unwrap().keys;
+    assert_eq!(keys.len(), 2, "{keys:?}");
     setup.stop().await;
 }

@@ -23,11 +23,12 @@ pub struct TestDns {
     queries: Arc<AtomicUsize>,
     names: Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
+    catalog: Arc<tokio::sync::RwLock<Catalog>>,
 }
 
 /// The catalog, counting the requests it answers: what a test of a cache looks at.
 struct Counting {
-    catalog: Catalog,
+    catalog: Arc<tokio::sync::RwLock<Catalog>>,
     queries: Arc<AtomicUsize>,
     names: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -44,7 +45,7 @@ impl RequestHandler for Counting {
             let q = info.query;
             self.names.lock().unwrap().push(format!("{} {}", q.name(), q.query_type()));
         }
-        self.catalog.handle_request::<R, T>(request, response_handle).await
+        self.catalog.read().await.handle_request::<R, T>(request, response_handle).await
     }
 }
 
@@ -53,28 +54,7 @@ impl TestDns {
     /// zone's text may use `@` and relative names; a SOA record is added when the
     /// text has none. Panics on a zone that does not parse: a test setup error.
     pub async fn start(zones: &[(&str, &str)]) -> TestDns {
-        let mut catalog = Catalog::new();
-        // An empty root zone: names outside the test zones get NXDOMAIN, as a
-        // recursive resolver would give, instead of REFUSED (which resolvers and
-        // DMARC's tree walk treat as a server failure).
-        let root = [(".", "")];
-        let with_root = zones.iter().chain(root.iter().filter(|_| !zones.iter().any(|(o, _)| *o == ".")));
-        for (origin, text) in with_root {
-            let origin_name = Name::from_ascii(origin).expect("zone origin");
-            let mut full = String::new();
-            if !text.contains(" SOA ") && !text.contains("\tSOA\t") {
-                full.push_str("@ 60 IN SOA ns.test. hostmaster.test. 1 60 60 600 1\n");
-            }
-            full.push_str(text);
-            let (origin_name, records) = Parser::new(full, None, Some(origin_name))
-                .parse()
-                .unwrap_or_else(|e| panic!("zone {origin} does not parse: {e}"));
-            let handler: InMemoryZoneHandler =
-                InMemoryZoneHandler::new(origin_name.clone(), records, ZoneType::Primary, AxfrPolicy::Deny)
-                    .unwrap_or_else(|e| panic!("zone {origin}: {e}"));
-            let handler: Arc<dyn ZoneHandler> = Arc::new(handler);
-            catalog.upsert(LowerName::new(&origin_name), vec![handler]);
-        }
+        let catalog = Arc::new(tokio::sync::RwLock::new(catalog_of(zones)));
         // One port for both transports: a resolver falls back to TCP for answers
         // that do not fit a UDP datagram (100 MX records).
         let (udp, tcp) = loop {
@@ -87,13 +67,20 @@ impl TestDns {
         let addr = udp.local_addr().expect("UDP address");
         let queries = Arc::new(AtomicUsize::new(0));
         let names = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut server = Server::new(Counting { catalog, queries: queries.clone(), names: names.clone() });
+        let handler = Counting { catalog: catalog.clone(), queries: queries.clone(), names: names.clone() };
+        let mut server = Server::new(handler);
         server.register_socket(udp);
         server.register_listener(tcp, Duration::from_secs(5), 64 * 1024);
         let task = tokio::spawn(async move {
             let _ = server.block_until_done().await;
         });
-        TestDns { addr, queries, names, task }
+        TestDns { addr, queries, names, task, catalog }
+    }
+
+    /// Serves `zones` from now on instead of the ones before (a record
+    /// published, or withdrawn, while the test runs).
+    pub async fn set_zones(&self, zones: &[(&str, &str)]) {
+        *self.catalog.write().await = catalog_of(zones);
     }
 
     /// Requests answered so far (each UDP or TCP query counts once).
@@ -110,6 +97,33 @@ impl TestDns {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+}
+
+/// The catalog of `zones` (see [`TestDns::start`]).
+fn catalog_of(zones: &[(&str, &str)]) -> Catalog {
+    let mut catalog = Catalog::new();
+    // An empty root zone: names outside the test zones get NXDOMAIN, as a
+    // recursive resolver would give, instead of REFUSED (which resolvers and
+    // DMARC's tree walk treat as a server failure).
+    let root = [(".", "")];
+    let with_root = zones.iter().chain(root.iter().filter(|_| !zones.iter().any(|(o, _)| *o == ".")));
+    for (origin, text) in with_root {
+        let origin_name = Name::from_ascii(origin).expect("zone origin");
+        let mut full = String::new();
+        if !text.contains(" SOA ") && !text.contains("\tSOA\t") {
+            full.push_str("@ 60 IN SOA ns.test. hostmaster.test. 1 60 60 600 1\n");
+        }
+        full.push_str(text);
+        let (origin_name, records) = Parser::new(full, None, Some(origin_name))
+            .parse()
+            .unwrap_or_else(|e| panic!("zone {origin} does not parse: {e}"));
+        let handler: InMemoryZoneHandler =
+            InMemoryZoneHandler::new(origin_name.clone(), records, ZoneType::Primary, AxfrPolicy::Deny)
+                .unwrap_or_else(|e| panic!("zone {origin}: {e}"));
+        let handler: Arc<dyn ZoneHandler> = Arc::new(handler);
+        catalog.upsert(LowerName::new(&origin_name), vec![handler]);
+    }
+    catalog
 }
 
 impl Drop for TestDns {
