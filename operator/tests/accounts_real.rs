@@ -586,10 +586,8 @@ async fn signed_and_verified(setup: &Setup) -> (String, String) {
                    Date: Mon, 07 Dec 2026 12:00:00 +0000\r\nMessage-ID: <1@example.org>\r\n\r\nhello\r\n";
     let header = signer.sign("example.org", message.as_bytes()).expect("a key signs example.org");
     let signed = format!("{header}{message}");
-    let config = mailcluster_server::config::DnsConfig {
-        nameservers: vec![setup.dns.addr()],
-        ..Default::default()
-    };
+    let config =
+        mailcluster_server::config::DnsConfig { nameservers: vec![setup.dns.addr()], ..Default::default() };
     let dns = mailcluster_server::dns::Dns::from_config(&config).expect("resolver");
     let envelope = mailcluster_server::inbound::Envelope {
         remote_ip: "192.0.2.9".parse().unwrap(),

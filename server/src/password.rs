@@ -25,6 +25,12 @@ pub const MAX_BCRYPT_COST: u32 = 14;
 /// SHA-crypt rounds: crypt(3) writes 5,000 by default and passlib 535,000-656,000
 /// (about half a second); a million is the limit.
 pub const MAX_SHA_CRYPT_ROUNDS: u32 = 1_000_000;
+/// SHA-crypt hashes the password again in every round, so a round's cost grows
+/// with the password's length, which the client chooses: a 4 KiB password
+/// against a million rounds would be over ten times the cost of a short one.
+/// Longer passwords do not verify against a SHA-crypt hash (no migrated system
+/// is likely to hold one; argon2 and bcrypt cost the same for any length).
+pub const MAX_SHA_CRYPT_PASSWORD: usize = 256;
 
 /// A hash format the server verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +157,7 @@ pub fn verify(password: &str, hash: &str) -> Result<bool, HashError> {
         Scheme::Bcrypt => {
             bcrypt::verify(password, hash).map_err(|e| HashError::Malformed("bcrypt", e.to_string()))
         }
+        Scheme::ShaCrypt if password.len() > MAX_SHA_CRYPT_PASSWORD => Ok(false),
         Scheme::ShaCrypt => {
             use sha_crypt::password_hash::PasswordVerifier as _;
             match sha_crypt::ShaCrypt::default().verify_password(password.as_bytes(), hash) {
@@ -193,6 +200,18 @@ mod tests {
         let argon2 = crate::auth::hash_password("migrated pass").unwrap();
         assert_eq!(verify("migrated pass", &argon2), Ok(true));
         assert_eq!(verify("other", &argon2), Ok(false));
+    }
+
+    #[test]
+    fn sha_crypt_verifies_passwords_up_to_its_length_bound_only() {
+        // perl -e 'print crypt("a" x N, q($6$rounds=1000$longpass$))' (glibc), N = 256, 257
+        let at_bound = "$6$rounds=1000$longpass$8tAxPOjvAlTO06yRQzr8XZ5is1dzerhCKDHfPxKdiWq.\
+                        Giv3xwPdRXZkRgNTGmFAtl7Urwat4iTCNosmsC34//";
+        let over = "$6$rounds=1000$longpass$UUmDOVrgJPJP7DSkbDPepm0ru2VQMbNA66ptz1ol5BjyRXDKVx1uTh/\
+                    2Fj9OqWEw10fDX4JRQTCHz.rR82FgX1";
+        assert_eq!(verify(&"a".repeat(MAX_SHA_CRYPT_PASSWORD), at_bound), Ok(true));
+        assert_eq!(verify(&"a".repeat(MAX_SHA_CRYPT_PASSWORD + 1), over), Ok(false), "never run");
+        assert_eq!(verify(&"a".repeat(MAX_SHA_CRYPT_PASSWORD + 1), at_bound), Ok(false));
     }
 
     #[test]
