@@ -319,6 +319,8 @@ fn quoted_txt(value: &str) -> String {
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
     ),
+    printcolumn(name = "Used", type_ = "integer", json_path = ".status.usedBytes"),
+    printcolumn(name = "Last login", type_ = "date", json_path = ".status.lastLogin"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -397,6 +399,18 @@ pub struct MailAccountStatus {
     /// it stays the same the password is not hashed or verified again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_version: Option<String>,
+    /// Octets the account's mail takes, as the store counts it against the
+    /// quota (read again at every reconcile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<i64>,
+    /// The storage limit in effect: the account's own `quota` or its domain's
+    /// default; unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<i64>,
+    /// When the account last logged in (RFC 3339), as the mail pods record it:
+    /// at most every five minutes per pod and account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_login: Option<String>,
 }
 
 #[cfg(test)]
@@ -471,7 +485,7 @@ mod tests {
         let mut full = spec();
         full.mta_sts = Some(MtaStsMode::Enforce);
         full.tls_rpt = Some("tlsrpt@example.com".into());
-        let records = dns_records(&full, &DnsInputs { mx_host: "mx.example.com", dkim_txt: None });
+        let records = dns_records(&full, &DnsInputs { mx_host: "mx.example.com", dkim: vec![] });
         assert_eq!(
             kinds(&records)[3..],
             [

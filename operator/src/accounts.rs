@@ -540,6 +540,8 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
     let old = account.status.clone().unwrap_or_default();
     let generation = account.metadata.generation;
     let mut secret_version = old.password_secret_version.clone();
+    let (mut used_bytes, mut quota_bytes, mut last_login) =
+        (old.used_bytes, old.quota_bytes, old.last_login.clone());
     let outcome = async {
         let spec = &account.spec;
         let store = ctx.store(&ns, &spec.cluster_ref).await?;
@@ -573,6 +575,18 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
             forget_cached(&ctx.client, &ns, &spec.cluster_ref, &ids, &change.changed_recipients).await;
         }
         secret_version = Some(version);
+        // What the status reports besides readiness; a failed read keeps the last figures.
+        match store.quota(change.account.id).await {
+            Ok(quota) => {
+                used_bytes = Some(i64::try_from(quota.used).unwrap_or(i64::MAX));
+                quota_bytes = quota.limit().map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+            }
+            Err(e) => tracing::debug!(account = %spec.address, error = %e, "cannot read the usage"),
+        }
+        match store.account_last_login(&spec.address).await {
+            Ok(at) => last_login = at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            Err(e) => tracing::debug!(account = %spec.address, error = %e, "cannot read the last login"),
+        }
         Ok::<(), NotReady>(())
     }
     .await;
@@ -589,6 +603,9 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
         conditions: vec![condition],
         observed_generation: generation,
         password_secret_version: secret_version,
+        used_bytes,
+        quota_bytes,
+        last_login,
     };
     if old != status {
         apply_status(&api, account, serde_json::to_value(&status).unwrap_or_default()).await?;

@@ -424,6 +424,7 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
     let alice = setup.store.account_get("alice@example.com").await.unwrap().unwrap();
     let inbox = setup.store.mailbox_get(alice.id, "INBOX").await.unwrap().unwrap();
     let raw = b"Subject: kept\r\n\r\nbody\r\n".to_vec();
+    let raw_len = raw.len();
     let delivery = NewDelivery {
         meta: mailcluster_model::message::parse_meta(&raw),
         raw: raw.into(),
@@ -432,6 +433,21 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
         flags: Default::default(),
     };
     setup.store.deliver_batch(&[delivery]).await.unwrap();
+    // The status reports the usage and the last login, read at each reconcile
+    // (here one made by a change of the object).
+    let accounts = setup.ns.api::<MailAccount>();
+    let touch = json!({"metadata": {"annotations": {"example.com/touched": "1"}}});
+    accounts.patch("alice", &PatchParams::default(), &Patch::Merge(&touch)).await.unwrap();
+    let status = eventually("alice's usage in status", || async {
+        let status = accounts.get_opt("alice").await.ok()??.status?;
+        (status.used_bytes? > 0).then_some(status)
+    })
+    .await;
+    assert_eq!(status.used_bytes, Some(i64::try_from(raw_len).unwrap()));
+    assert_eq!(status.quota_bytes, Some(1_000_000), "the domain's default");
+    let last_login: chrono::DateTime<chrono::Utc> =
+        status.last_login.as_deref().expect("alice logged in").parse().unwrap();
+    assert!(chrono::Utc::now() - last_login < chrono::TimeDelta::minutes(2), "{last_login}");
     // A pod's cached "alice is a mailbox" answer, under the cluster's key prefix.
     let prefix = format!("mc:{}:mail:", setup.ns.name);
     let cache = mailcluster_server::cache::open(Some(&mailcluster_testkit::redis_url()), &prefix, WAIT)
@@ -439,7 +455,6 @@ async fn accounts_from_resources_log_in_change_password_and_are_retained_or_dele
         .unwrap();
     let key = mailcluster_server::directory::recipient_key("alice@example.com");
     cache.value_put(&key, b"cached", Duration::from_secs(300)).await.unwrap();
-    let accounts = setup.ns.api::<MailAccount>();
     accounts.delete("alice", &DeleteParams::default()).await.unwrap();
     eventually("alice's MailAccount gone", || async {
         accounts.get_opt("alice").await.unwrap().is_none().then_some(())

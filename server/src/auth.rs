@@ -54,7 +54,7 @@ use tokio::sync::Semaphore;
 
 use crate::cache::sealed::MacKey;
 use crate::cache::{Cache, RotatingSecret};
-use crate::store::Directory;
+use crate::store::Accounts;
 use mailcluster_model::Account;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +110,13 @@ const POD_LEASE: Duration = Duration::from_secs(30);
 /// are answered at once: the limits still bound the guesses, and a flood of
 /// failing connections cannot make the pod hold more timers than this.
 const MAX_DELAYED: usize = 4096;
+/// A process records an account's login in the store at most this often (what
+/// a MailAccount's status shows is that coarse): a mail client logging in every
+/// few seconds costs no write each time.
+pub const LOGIN_RECORD_INTERVAL: Duration = Duration::from_secs(300);
+/// Accounts whose last recorded login the process remembers before it forgets
+/// the ones written longer than [`LOGIN_RECORD_INTERVAL`] ago.
+const LOGINS_REMEMBERED: usize = 10_000;
 
 /// The argon2id instance for new hashes: m = 19 MiB, t = 2, p = 1, the first of
 /// OWASP's recommended argon2id configurations (Password Storage Cheat Sheet);
@@ -157,7 +164,7 @@ struct Cached<T> {
 
 pub struct Authenticator {
     /// Logins read accounts and domains only.
-    pub store: Arc<dyn Directory>,
+    pub store: Arc<dyn Accounts>,
     pub cache: Arc<dyn Cache>,
     pub config: AuthConfig,
     domains: Mutex<Option<Cached<Vec<String>>>>,
@@ -176,6 +183,8 @@ pub struct Authenticator {
     auth_total: prometheus::IntCounterVec,
     /// `mail_auth_delayed`: failed logins waiting out their delay.
     delayed_gauge: prometheus::IntGauge,
+    /// When this process last recorded each account's login.
+    logins_recorded: Mutex<std::collections::HashMap<i64, Instant>>,
 }
 
 /// Why a login attempt stopped early with `Unavailable`.
@@ -188,7 +197,7 @@ impl<E: std::fmt::Display> From<E> for Trouble {
 }
 
 impl Authenticator {
-    pub fn new(store: Arc<dyn Directory>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
+    pub fn new(store: Arc<dyn Accounts>, cache: Arc<dyn Cache>, config: AuthConfig) -> Self {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let permits = hash_permits(config.max_concurrent_hashes, cpus);
         let auth_total = prometheus::IntCounterVec::new(
@@ -213,6 +222,7 @@ impl Authenticator {
             delayed: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             auth_total,
             delayed_gauge,
+            logins_recorded: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -293,7 +303,33 @@ impl Authenticator {
             }
         };
         self.auth_total.with_label_values(&[outcome.label()]).inc();
+        if let AuthOutcome::Ok(account) = &outcome {
+            self.record_login(account.id);
+        }
         outcome
+    }
+
+    /// Writes the login's time to the store in the background, unless this
+    /// process did for the account within [`LOGIN_RECORD_INTERVAL`]; a failed
+    /// write is only logged (the login stands).
+    fn record_login(&self, account_id: i64) {
+        let now = Instant::now();
+        {
+            let mut recorded = self.logins_recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if recorded.get(&account_id).is_some_and(|at| now.duration_since(*at) < LOGIN_RECORD_INTERVAL) {
+                return;
+            }
+            if recorded.len() >= LOGINS_REMEMBERED {
+                recorded.retain(|_, at| now.duration_since(*at) < LOGIN_RECORD_INTERVAL);
+            }
+            recorded.insert(account_id, now);
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.account_record_login(account_id, chrono::Utc::now()).await {
+                tracing::debug!(account_id, error = %e, "cannot record the login");
+            }
+        });
     }
 
     async fn verify_inner(&self, user: &str, password: &str, remote: IpAddr) -> Result<AuthOutcome, Trouble> {

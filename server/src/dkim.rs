@@ -20,7 +20,7 @@ use rustls::pki_types::PrivateKeyDer;
 use mailcluster_api::config::{DkimConfig, DkimKey};
 use mailcluster_model::DomainKey;
 
-use crate::store::Directory;
+use crate::store::Domains;
 
 /// The header fields signed: the ones RFC 6376 §5.4.1 recommends that exist in
 /// ordinary mail. Each is also "over-signed" by the library's rules where absent.
@@ -131,7 +131,7 @@ impl Signer {
 
     /// Reads the store's keys now and every [`STORED_KEYS_REFRESH`] after, for
     /// the life of the process. A failed read keeps the keys there were.
-    pub async fn keep_fresh(self: Arc<Self>, store: Arc<dyn Directory>) {
+    pub async fn keep_fresh(self: Arc<Self>, store: Arc<dyn Domains>) {
         let mut every = tokio::time::interval(STORED_KEYS_REFRESH);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

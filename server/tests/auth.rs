@@ -31,34 +31,16 @@ fn down_store<T>() -> StoreResult<T> {
 
 #[async_trait]
 impl Directory for DownStore {
-    async fn domain_add(&self, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn domain_del(&self, _: &str) -> StoreResult<()> {
-        down_store()
-    }
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        down_store()
-    }
-    async fn domain_exists(&self, _: &str) -> StoreResult<bool> {
-        down_store()
-    }
     async fn account_create(&self, _: &str, _: &str) -> StoreResult<Account> {
         down_store()
     }
     async fn accounts_import(&self, _: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
         down_store()
     }
-    async fn domain_set_catch_all(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+    async fn account_record_login(&self, _: i64, _: chrono::DateTime<chrono::Utc>) -> StoreResult<()> {
         down_store()
     }
-    async fn domain_catch_all(&self, _: &str) -> StoreResult<Option<String>> {
-        down_store()
-    }
-    async fn domain_key_set(&self, _: &str, _: Option<&DomainKey>) -> StoreResult<()> {
-        down_store()
-    }
-    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+    async fn account_last_login(&self, _: &str) -> StoreResult<Option<chrono::DateTime<chrono::Utc>>> {
         down_store()
     }
     async fn account_delete(&self, _: &str) -> StoreResult<()> {
@@ -76,12 +58,6 @@ impl Directory for DownStore {
     async fn account_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
         down_store()
     }
-    async fn domain_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
-        down_store()
-    }
-    async fn domain_quota(&self, _: &str) -> StoreResult<Option<u64>> {
-        down_store()
-    }
     async fn quota(&self, _: i64) -> StoreResult<Quota> {
         down_store()
     }
@@ -89,6 +65,40 @@ impl Directory for DownStore {
         down_store()
     }
     async fn account_list(&self, _: Option<&str>) -> StoreResult<Vec<Account>> {
+        down_store()
+    }
+}
+
+#[async_trait]
+impl Domains for DownStore {
+    async fn domain_add(&self, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_del(&self, _: &str) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        down_store()
+    }
+    async fn domain_exists(&self, _: &str) -> StoreResult<bool> {
+        down_store()
+    }
+    async fn domain_set_catch_all(&self, _: &str, _: Option<&str>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_catch_all(&self, _: &str) -> StoreResult<Option<String>> {
+        down_store()
+    }
+    async fn domain_key_set(&self, _: &str, _: Option<&DomainKey>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+        down_store()
+    }
+    async fn domain_set_quota(&self, _: &str, _: Option<u64>) -> StoreResult<()> {
+        down_store()
+    }
+    async fn domain_quota(&self, _: &str) -> StoreResult<Option<u64>> {
         down_store()
     }
 }
@@ -196,6 +206,39 @@ async fn right_password_logs_in_with_full_address_any_case_or_bare_local_part() 
     assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
     assert!(is_ok_for(&auth.verify("Alice@EXAMPLE.com", ALICE_PW, from).await, "alice@example.com"));
     assert!(is_ok_for(&auth.verify("alice", ALICE_PW, from).await, "alice@example.com"), "one domain");
+}
+
+/// A login is recorded in the store (what a MailAccount's status shows), once
+/// per interval however often the client logs in; a failed one is not.
+#[tokio::test]
+async fn logins_are_recorded_once_per_interval_and_failures_not_at_all() {
+    let f = store_with_alice().await;
+    let auth = Authenticator::new(f.store.clone(), local_cache(), config());
+    let from = ip("192.0.2.1");
+    assert_eq!(auth.verify("alice@example.com", "wrong", from).await, AuthOutcome::Failed);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(f.store.account_last_login("alice@example.com").await.unwrap(), None, "a failure is no login");
+    let before = chrono::Utc::now();
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    let first = async {
+        loop {
+            if let Some(at) = f.store.account_last_login("alice@example.com").await.unwrap() {
+                return at;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let first = tokio::time::timeout(Duration::from_secs(5), first).await.expect("the login is recorded");
+    assert!(first >= before - chrono::Duration::milliseconds(1), "{first} {before}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, from).await, "alice@example.com"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        f.store.account_last_login("alice@example.com").await.unwrap(),
+        Some(first),
+        "within {:?} of the last write the process writes nothing",
+        mailcluster_server::auth::LOGIN_RECORD_INTERVAL
+    );
 }
 
 #[tokio::test]

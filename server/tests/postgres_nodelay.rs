@@ -6,7 +6,7 @@
 //! the same process would set it on this test's plain connection as well, and the
 //! first check (that a socket without the option is seen at all) would race them.
 
-use mailcluster_server::store::Directory;
+use mailcluster_server::store::Domains;
 use mailcluster_server::store::Operations;
 use std::str::FromStr;
 use std::time::Duration;

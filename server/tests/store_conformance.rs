@@ -176,6 +176,7 @@ conformance!(
     provisioning_is_idempotent,
     recipients,
     domain_keys,
+    last_login,
     deliver_and_read,
     deliver_errors_store_nothing,
     deliver_stops_at_the_last_uid,
@@ -906,6 +907,28 @@ async fn recipients(ctx: Ctx) {
         let by_reads = store::recipient_by_reads(&**s, address, *user).await.expect("single reads");
         assert_eq!(found, by_reads, "{address}: one answer whichever way it is read");
     }
+}
+
+/// The last login: recorded, never moved backwards, per account.
+async fn last_login(ctx: Ctx) {
+    let s = &ctx.store;
+    let (a, _) = account(s, "a@example.com").await;
+    let (b, _) = account(s, "b@example.com").await;
+    assert_eq!(s.account_last_login("A@example.com").await.expect("read"), None);
+    s.account_record_login(a, ts(1_700_000_100)).await.expect("record");
+    assert_eq!(s.account_last_login("a@example.com").await.expect("read"), Some(ts(1_700_000_100)));
+    s.account_record_login(a, ts(1_700_000_050)).await.expect("an older time");
+    assert_eq!(
+        s.account_last_login("a@example.com").await.expect("read"),
+        Some(ts(1_700_000_100)),
+        "not backwards"
+    );
+    s.account_record_login(a, ts(1_700_000_200)).await.expect("record");
+    assert_eq!(s.account_last_login("a@example.com").await.expect("read"), Some(ts(1_700_000_200)));
+    assert_eq!(s.account_last_login("b@example.com").await.expect("read"), None, "per account");
+    let _ = b;
+    s.account_record_login(i64::MAX, ts(1_700_000_000)).await.expect("an unknown account changes nothing");
+    assert!(is_not_found(s.account_last_login("nobody@example.com").await));
 }
 
 /// A domain's signing key: set, replaced, removed, and gone with its domain.

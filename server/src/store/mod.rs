@@ -98,15 +98,9 @@ pub trait Operations: Send + Sync + 'static {
     async fn lease_count(&self, key: &str) -> StoreResult<u64>;
 }
 
-/// Domains and accounts: who exists, their passwords, state and limits.
+/// Accounts: who exists, their passwords, state, limits and last login.
 #[async_trait]
 pub trait Directory: Send + Sync + 'static {
-    async fn domain_add(&self, domain: &str) -> StoreResult<()>;
-    /// Deleting a domain that still has accounts is refused with `Invalid`.
-    async fn domain_del(&self, domain: &str) -> StoreResult<()>;
-    async fn domain_list(&self) -> StoreResult<Vec<String>>;
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool>;
-
     /// Creates the account (its domain must exist) and its default mailboxes:
     /// INBOX plus the SPECIAL-USE set (Drafts, Sent, Trash, Junk, Archive), all
     /// subscribed. `email` is stored lower-cased.
@@ -122,10 +116,6 @@ pub trait Directory: Send + Sync + 'static {
     async fn account_set_display_name(&self, email: &str, name: Option<&str>) -> StoreResult<()>;
     /// Sets (or with `None` removes) the account's own storage limit in octets.
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()>;
-    /// Sets (or removes) the default storage limit of the domain's accounts.
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()>;
-    /// The domain's default storage limit; `NotFound` for an unknown domain.
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>>;
     /// The account's limits and usage, from its mailboxes' counters.
     async fn quota(&self, account_id: i64) -> StoreResult<Quota>;
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>>;
@@ -134,6 +124,32 @@ pub trait Directory: Send + Sync + 'static {
     /// (a bulk import's batch). Accounts that exist are left alone and listed;
     /// an alias pair that exists is kept.
     async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome>;
+    /// Notes that the account logged in at `at` (later than what is recorded;
+    /// an earlier time is ignored). Servers write it at most every few minutes
+    /// per account.
+    async fn account_record_login(
+        &self,
+        account_id: i64,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<()>;
+    /// When the account last logged in, as recorded; `None` if never. `NotFound`
+    /// for an unknown account.
+    async fn account_last_login(&self, email: &str) -> StoreResult<Option<chrono::DateTime<chrono::Utc>>>;
+}
+
+/// The domains served, with their defaults: quota, catch-all account and the
+/// DKIM key their mail is signed with.
+#[async_trait]
+pub trait Domains: Send + Sync + 'static {
+    async fn domain_add(&self, domain: &str) -> StoreResult<()>;
+    /// Deleting a domain that still has accounts is refused with `Invalid`.
+    async fn domain_del(&self, domain: &str) -> StoreResult<()>;
+    async fn domain_list(&self) -> StoreResult<Vec<String>>;
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool>;
+    /// Sets (or removes) the default storage limit of the domain's accounts.
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()>;
+    /// The domain's default storage limit; `NotFound` for an unknown domain.
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>>;
     /// Sets (or with `None` removes) the account that receives the domain's mail
     /// for local parts that are neither an account nor an alias. `NotFound`
     /// for an unknown domain or a target that is not an account.
@@ -432,15 +448,21 @@ pub trait Queue: Send + Sync + 'static {
 /// The whole store, as the server's parts that use several roles hold it
 /// (`Arc<dyn Store>`); a part that needs one role takes that role, so that a test
 /// double implements only what it fakes. Every type with all the roles is one.
-pub trait Store: Operations + Directory + Addresses + Mailboxes + Messages + Queue {}
+pub trait Store: Operations + Accounts + Addresses + Mailboxes + Messages + Queue {}
 
-impl<T: Operations + Directory + Addresses + Mailboxes + Messages + Queue + ?Sized> Store for T {}
+impl<T: Operations + Accounts + Addresses + Mailboxes + Messages + Queue + ?Sized> Store for T {}
+
+/// Accounts and the domains they are in: what a login reads (an address
+/// without a domain is tried at each domain).
+pub trait Accounts: Directory + Domains {}
+
+impl<T: Directory + Domains + ?Sized> Accounts for T {}
 
 /// [`Addresses::recipient`] made of the single reads: the domain, the account (by
 /// address, then by user), its INBOX and its limits, else the aliases. Four
 /// round trips or more; the SQL stores answer in one, and their conformance
 /// test holds them to this.
-pub async fn recipient_by_reads<S: Directory + Addresses + Mailboxes + ?Sized>(
+pub async fn recipient_by_reads<S: Domains + Directory + Addresses + Mailboxes + ?Sized>(
     store: &S,
     address: &str,
     user: Option<&str>,

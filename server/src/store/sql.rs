@@ -420,48 +420,6 @@ impl<B: Backend> Operations for B {
 
 #[async_trait]
 impl<B: Backend> Directory for B {
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        match self.insert_domain(&d).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
-            Err(e) => Err(db_err(e)),
-        }
-    }
-
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        let d = normalize_domain(domain)?;
-        let mut tx = self.begin().await?;
-        let id = tx
-            .fetch_int(B::DOMAIN_FOR_DELETE, &[Param::Text(&d)])
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
-        let used = "SELECT id FROM accounts WHERE domain_id = $1 LIMIT 1";
-        if tx.fetch_int(used, &[Param::Int(id)]).await?.is_some() {
-            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
-        }
-        // an account created concurrently makes this fail on the foreign key
-        tx.execute("DELETE FROM domains WHERE id = $1", &[Param::Int(id)]).await.map_err(|e| {
-            if is_foreign_key_violation(&e) {
-                StoreError::Invalid("domain still has accounts".into())
-            } else {
-                db_err(e)
-            }
-        })?;
-        tx.commit().await
-    }
-
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        let rows = self.fetch(false, "SELECT name FROM domains ORDER BY name", &[]).await?;
-        rows.iter().map(|r| r.text("name")).collect()
-    }
-
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
-        let rows = self.fetch(false, "SELECT id FROM domains WHERE name = $1", &[Param::Text(&d)]).await?;
-        Ok(!rows.is_empty())
-    }
-
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
         steps::account_create(self.begin(), email, password_hash).await
     }
@@ -522,6 +480,83 @@ impl<B: Backend> Directory for B {
         update_one(self, sql, &params, format!("account {email}")).await
     }
 
+    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
+        let rows = self.fetch(false, QUOTA, &[Param::Int(account_id)]).await?;
+        quota_of(&first(rows, || format!("account {account_id}"))?)
+    }
+
+    async fn account_record_login(&self, account_id: i64, at: DateTime<Utc>) -> StoreResult<()> {
+        let sql = "UPDATE accounts SET last_login_at = $1 WHERE id = $2 \
+             AND (last_login_at IS NULL OR last_login_at < $3)";
+        self.execute(sql, &[B::time(at), Param::Int(account_id), B::time(at)]).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn account_last_login(&self, email: &str) -> StoreResult<Option<DateTime<Utc>>> {
+        let (email, _) = normalize_email(email)?;
+        let rows = self
+            .fetch(false, "SELECT last_login_at FROM accounts WHERE email = $1", &[Param::Text(&email)])
+            .await?;
+        B::opt_date(&first(rows, || format!("account {email}"))?, "last_login_at")
+    }
+
+    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
+        let rows = match domain {
+            Some(d) => {
+                let d = normalize_domain(d)?;
+                let sql = account_select!("WHERE d.name = $1 ORDER BY a.email");
+                self.fetch(false, sql, &[Param::Text(&d)]).await?
+            }
+            None => self.fetch(false, account_select!("ORDER BY a.email"), &[]).await?,
+        };
+        rows.iter().map(account_of::<B>).collect()
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Domains for B {
+    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        match self.insert_domain(&d).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_unique_violation(&e) => Err(StoreError::AlreadyExists(format!("domain {d}"))),
+            Err(e) => Err(db_err(e)),
+        }
+    }
+
+    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
+        let d = normalize_domain(domain)?;
+        let mut tx = self.begin().await?;
+        let id = tx
+            .fetch_int(B::DOMAIN_FOR_DELETE, &[Param::Text(&d)])
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("domain {d}")))?;
+        let used = "SELECT id FROM accounts WHERE domain_id = $1 LIMIT 1";
+        if tx.fetch_int(used, &[Param::Int(id)]).await?.is_some() {
+            return Err(StoreError::Invalid(format!("domain {d} still has accounts")));
+        }
+        // an account created concurrently makes this fail on the foreign key
+        tx.execute("DELETE FROM domains WHERE id = $1", &[Param::Int(id)]).await.map_err(|e| {
+            if is_foreign_key_violation(&e) {
+                StoreError::Invalid("domain still has accounts".into())
+            } else {
+                db_err(e)
+            }
+        })?;
+        tx.commit().await
+    }
+
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        let rows = self.fetch(false, "SELECT name FROM domains ORDER BY name", &[]).await?;
+        rows.iter().map(|r| r.text("name")).collect()
+    }
+
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
+        let Ok(d) = normalize_domain(domain) else { return Ok(false) };
+        let rows = self.fetch(false, "SELECT id FROM domains WHERE name = $1", &[Param::Text(&d)]).await?;
+        Ok(!rows.is_empty())
+    }
+
     async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
         let d = normalize_domain(domain)?;
         let sql = "UPDATE domains SET default_quota_bytes = $1 WHERE name = $2";
@@ -534,11 +569,6 @@ impl<B: Backend> Directory for B {
         let sql = "SELECT default_quota_bytes FROM domains WHERE name = $1";
         let rows = self.fetch(false, sql, &[Param::Text(&d)]).await?;
         Ok(first(rows, || format!("domain {d}"))?.opt_int("default_quota_bytes")?.map(u64_of))
-    }
-
-    async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
-        let rows = self.fetch(false, QUOTA, &[Param::Int(account_id)]).await?;
-        quota_of(&first(rows, || format!("account {account_id}"))?)
     }
 
     async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()> {
@@ -604,18 +634,6 @@ impl<B: Backend> Directory for B {
                 })
             })
             .collect()
-    }
-
-    async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
-        let rows = match domain {
-            Some(d) => {
-                let d = normalize_domain(d)?;
-                let sql = account_select!("WHERE d.name = $1 ORDER BY a.email");
-                self.fetch(false, sql, &[Param::Text(&d)]).await?
-            }
-            None => self.fetch(false, account_select!("ORDER BY a.email"), &[]).await?,
-        };
-        rows.iter().map(account_of::<B>).collect()
     }
 }
 

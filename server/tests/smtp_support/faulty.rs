@@ -82,35 +82,21 @@ impl Operations for FaultyStore {
 
 #[async_trait]
 impl Directory for FaultyStore {
-    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
-        self.inner.domain_add(domain).await
-    }
-    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
-        self.inner.domain_del(domain).await
-    }
-    async fn domain_list(&self) -> StoreResult<Vec<String>> {
-        self.inner.domain_list().await
-    }
-    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
-        self.inner.domain_exists(domain).await
-    }
     async fn account_create(&self, email: &str, password_hash: &str) -> StoreResult<Account> {
         self.inner.account_create(email, password_hash).await
     }
     async fn accounts_import(&self, batch: &[ImportedAccount]) -> StoreResult<ImportOutcome> {
         self.inner.accounts_import(batch).await
     }
-    async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()> {
-        self.inner.domain_set_catch_all(domain, target).await
+    async fn account_record_login(
+        &self,
+        account_id: i64,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<()> {
+        self.inner.account_record_login(account_id, at).await
     }
-    async fn domain_catch_all(&self, domain: &str) -> StoreResult<Option<String>> {
-        self.inner.domain_catch_all(domain).await
-    }
-    async fn domain_key_set(&self, domain: &str, key: Option<&DomainKey>) -> StoreResult<()> {
-        self.inner.domain_key_set(domain, key).await
-    }
-    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
-        self.inner.domain_keys().await
+    async fn account_last_login(&self, email: &str) -> StoreResult<Option<chrono::DateTime<chrono::Utc>>> {
+        self.inner.account_last_login(email).await
     }
     async fn account_delete(&self, email: &str) -> StoreResult<()> {
         self.inner.account_delete(email).await
@@ -127,12 +113,6 @@ impl Directory for FaultyStore {
     async fn account_set_quota(&self, email: &str, limit: Option<u64>) -> StoreResult<()> {
         self.inner.account_set_quota(email, limit).await
     }
-    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
-        self.inner.domain_set_quota(domain, limit).await
-    }
-    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
-        self.inner.domain_quota(domain).await
-    }
     async fn quota(&self, account_id: i64) -> StoreResult<Quota> {
         self.inner.quota(account_id).await
     }
@@ -141,6 +121,40 @@ impl Directory for FaultyStore {
     }
     async fn account_list(&self, domain: Option<&str>) -> StoreResult<Vec<Account>> {
         self.inner.account_list(domain).await
+    }
+}
+
+#[async_trait]
+impl Domains for FaultyStore {
+    async fn domain_add(&self, domain: &str) -> StoreResult<()> {
+        self.inner.domain_add(domain).await
+    }
+    async fn domain_del(&self, domain: &str) -> StoreResult<()> {
+        self.inner.domain_del(domain).await
+    }
+    async fn domain_list(&self) -> StoreResult<Vec<String>> {
+        self.inner.domain_list().await
+    }
+    async fn domain_exists(&self, domain: &str) -> StoreResult<bool> {
+        self.inner.domain_exists(domain).await
+    }
+    async fn domain_set_catch_all(&self, domain: &str, target: Option<&str>) -> StoreResult<()> {
+        self.inner.domain_set_catch_all(domain, target).await
+    }
+    async fn domain_catch_all(&self, domain: &str) -> StoreResult<Option<String>> {
+        self.inner.domain_catch_all(domain).await
+    }
+    async fn domain_key_set(&self, domain: &str, key: Option<&DomainKey>) -> StoreResult<()> {
+        self.inner.domain_key_set(domain, key).await
+    }
+    async fn domain_keys(&self) -> StoreResult<Vec<DomainKey>> {
+        self.inner.domain_keys().await
+    }
+    async fn domain_set_quota(&self, domain: &str, limit: Option<u64>) -> StoreResult<()> {
+        self.inner.domain_set_quota(domain, limit).await
+    }
+    async fn domain_quota(&self, domain: &str) -> StoreResult<Option<u64>> {
+        self.inner.domain_quota(domain).await
     }
 }
 
