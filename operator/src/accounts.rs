@@ -343,14 +343,14 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         let old_dkim = old.dkim.clone().unwrap_or_default();
         let request = domain.annotations().get(ROTATE_DKIM_ANNOTATION).map(String::as_str);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let mut plan = domain_keys::plan(spec, &made, &old_dkim, &published, request, now);
+        let mut plan = domain_keys::plan(spec, &made, &old_dkim, published, request, now);
         if plan.make {
             let taken: Vec<&str> = made.iter().map(|k| k.selector.as_str()).collect();
             let selector = domain_keys::next_selector(&spec.selector, now, &taken);
             match domain_keys::make(&ctx.client, &ns, &domain, &selector, &spec.algorithm).await {
                 Ok(key) => {
                     made.push(key);
-                    plan = domain_keys::plan(spec, &made, &plan.status, &published, request, now);
+                    plan = domain_keys::plan(spec, &made, &plan.status, published, request, now);
                 }
                 Err(e) => tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key"),
             }

@@ -98,7 +98,7 @@ pub fn plan(
             };
             DomainKeyStatus {
                 selector: k.selector.clone(),
-                algorithm: k.algorithm.clone(),
+                algorithm: k.algorithm,
                 secret_name: k.secret_name.clone(),
                 created: k.created.to_string(),
                 state: state.into(),
@@ -208,7 +208,7 @@ pub async fn make(
     tracing::info!(domain = %domain.spec.domain, selector, secret = %name, "made a DKIM key");
     Ok(MadeKey {
         selector: selector.to_string(),
-        algorithm: algorithm.clone(),
+        algorithm: *algorithm,
         secret_name: name,
         created: made.metadata.creation_timestamp.map(|t| t.0).unwrap_or_else(Timestamp::now),
         private_pem: key.private_pem,
