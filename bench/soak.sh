@@ -18,9 +18,12 @@
 # and the server's CPU; pg-waits.txt gets what PostgreSQL's active backends wait
 # on. With the server's log (serve.log) they tell a stall of the machine from
 # one of the server or of PostgreSQL.
+# Another build: MC=BINARY with LIB=that commit's bench/lib.sh (the settings it
+# knows), e.g. `git show COMMIT:bench/lib.sh > /tmp/lib-A.sh; MC=/tmp/mc-A
+# LIB=/tmp/lib-A.sh bench/soak.sh OUT`; the load generator is this checkout's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source bench/lib.sh
+source "${LIB:-bench/lib.sh}"
 OUT=${1:-bench/results/soak}
 DUR=${DUR:-30m}
 DELIVER=${DELIVER:-2000}
