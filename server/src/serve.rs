@@ -77,7 +77,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()).with_mac_key(mac_key));
     auth.register_metrics(&metrics.registry).context("registering authentication metrics")?;
     let mut deliverer = Deliverer::with_options(store.clone(), crate::smtp::delivery_options(&config.smtp));
-    // Group commit across pods (delivery/forward.rs): every pod may both lead
+    // Group commit across pods (delivery/forward/): every pod may both lead
     // and follow; which one leads is the lowest address of the leader's name.
     let smtp = &config.smtp;
     let group_key = if smtp.group_commit_leader.is_empty() && smtp.group_commit_port == 0 {

@@ -38,7 +38,7 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
             c.database.pool_size = spec.postgres.pool_size;
             if names::groups_commits(mc, p) {
                 // Batches formed across the Deployment's pods: fewer, larger
-                // transactions as it scales out (server delivery/forward.rs).
+                // transactions as it scales out (server delivery/forward/).
                 c.smtp.group_commit_port = names::GROUP_COMMIT_PORT as u16;
                 c.smtp.group_commit_leader = format!(
                     "{}.{}.svc:{}",
