@@ -76,6 +76,18 @@ fn administer(cwd: &Path, env: &[(&str, &str)]) {
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(out.error_line().contains("nobody@example.com"), "{}", out.stderr);
 
+    // Catch-all: shown, set to an account only, removed.
+    let out = run(cwd, &["domain", "catch-all", "example.com"], env);
+    assert_eq!(out.ok().stdout, "example.com: catch-all none\n");
+    let out = run(cwd, &["domain", "catch-all", "example.com", "nobody@example.com"], env);
+    assert_eq!(out.code, Some(1), "not an account: {}", out.stderr);
+    run(cwd, &["domain", "catch-all", "example.com", "Alice@example.com"], env).ok();
+    let out = run(cwd, &["domain", "catch-all", "example.com"], env);
+    assert_eq!(out.stdout, "example.com: catch-all alice@example.com\n");
+    run(cwd, &["domain", "catch-all", "example.com", "--none"], env).ok();
+    let out = run(cwd, &["domain", "catch-all", "example.com"], env);
+    assert_eq!(out.stdout, "example.com: catch-all none\n");
+
     // Aliases: to accounts, listed per domain, taken apart a target at a time.
     let out = run(cwd, &["alias", "add", "Team@example.org", "alice@example.com", "bob@example.org"], env);
     out.ok();
