@@ -178,7 +178,8 @@ impl MtaStsMode {
 #[serde(rename_all = "camelCase")]
 pub struct MailDomainStatus {
     /// `Ready`: the domain is in the cluster's store. `DnsPublished`: every
-    /// record of `dnsRecords` is seen by the operator's resolver.
+    /// record of `dnsRecords` is seen by the operator's resolver. `DkimSigning`
+    /// (with keys the operator makes): a made key signs, or why none does.
     #[serde(default)]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

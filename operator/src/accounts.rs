@@ -329,6 +329,7 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
     let mut records = dns_records(&domain.spec, &DnsInputs { mx_host: &mx_host, dkim: dkim_inputs });
     check_records(&ctx, &old.dns_records, &mut records).await;
     let mut dkim_status = None;
+    let mut key_error = None;
     if let Some(spec) = wanted {
         let published = |selector: &str| {
             let name = format!("{selector}._domainkey.");
@@ -345,14 +346,25 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut plan = domain_keys::plan(spec, &made, &old_dkim, published, request, now);
         if plan.make {
-            let taken: Vec<&str> = made.iter().map(|k| k.selector.as_str()).collect();
-            let selector = domain_keys::next_selector(&spec.selector, now, &taken);
-            match domain_keys::make(&ctx.client, &ns, &domain, &selector, &spec.algorithm).await {
-                Ok(key) => {
-                    made.push(key);
-                    plan = domain_keys::plan(spec, &made, &plan.status, published, request, now);
+            let mut taken: Vec<String> = made.iter().map(|k| k.selector.clone()).collect();
+            for _ in 0..8 {
+                let names: Vec<&str> = taken.iter().map(String::as_str).collect();
+                let selector = domain_keys::next_selector(&spec.selector, now, &names);
+                match domain_keys::make(&ctx.client, &ns, &domain, &selector, &spec.algorithm).await {
+                    Ok(key) => {
+                        made.push(key);
+                        plan = domain_keys::plan(spec, &made, &plan.status, published, request, now);
+                        break;
+                    }
+                    // A Secret of that name that is not one of this domain's keys
+                    // (someone else's): the next selector's name.
+                    Err(e) if domain_keys::name_taken(&e) => taken.push(selector),
+                    Err(e) => {
+                        tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key");
+                        key_error = Some(format!("cannot make a DKIM key: {e:#}"));
+                        break;
+                    }
                 }
-                Err(e) => tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key"),
             }
         }
         let txts = made_txt(&made);
@@ -411,7 +423,7 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         Ok::<(), NotReady>(())
     }
     .await;
-    let (condition, action) = match &outcome {
+    let (ready_condition, action) = match &outcome {
         Ok(()) => (
             ready(&old.conditions, generation, true, "Stored", "in the store"),
             Action::requeue(ctx.resync.min(ctx.dns_check)),
@@ -422,8 +434,21 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         ),
     };
     let published = published_condition(&old.conditions, generation, &records);
+    let mut conditions = vec![ready_condition, published];
+    if let Some(dkim) = &dkim_status {
+        let (state, reason, message) = match (&key_error, &dkim.signing) {
+            (Some(e), _) => ("False", "KeyNotMade", e.clone()),
+            (None, Some(selector)) => ("True", "Signing", format!("mail is signed with selector {selector}")),
+            (None, None) => (
+                "False",
+                "NotPublished",
+                "no key's record is seen in DNS yet: publish the DKIM record".into(),
+            ),
+        };
+        conditions.push(condition(&old.conditions, "DkimSigning", generation, state, reason, &message));
+    }
     let status = MailDomainStatus {
-        conditions: vec![condition, published],
+        conditions,
         observed_generation: generation,
         dns_records: records,
         dkim: dkim_status,

@@ -215,6 +215,11 @@ pub async fn make(
     })
 }
 
+/// Whether [`make`] failed because a Secret of the key's name exists already.
+pub fn name_taken(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409)
+}
+
 /// `NAME-dkim-SELECTOR`, cut to a valid object name (253 characters) keeping
 /// the selector, which tells the Secrets apart.
 fn secret_name(domain_name: &str, selector: &str) -> String {

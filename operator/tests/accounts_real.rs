@@ -646,6 +646,9 @@ async fn made_dkim_keys_sign_once_published_and_rotate() {
                      "dkim": {"selector": "mc", "algorithm": "ed25519"}},
         })
     };
+    // Someone's Secret already has the first key's name: the key takes the next one.
+    let today = k8s_openapi::jiff::Timestamp::now().strftime("%Y%m%d").to_string();
+    secret(&setup.ns, &format!("example-org-dkim-mc-{today}"), "note", "not a key").await;
     setup.apply("maildomains", "example-org", &domain(None, None)).await;
     let status = domain_status(&domains, "a key made and checked", |s| {
         s.dkim.as_ref().is_some_and(|d| d.keys.len() == 1)
@@ -655,7 +658,9 @@ async fn made_dkim_keys_sign_once_published_and_rotate() {
     let dkim = status.dkim.clone().unwrap();
     let first = dkim.keys[0].clone();
     assert_eq!((first.state.as_str(), dkim.signing.as_ref()), ("Pending", None), "{dkim:?}");
-    assert!(first.selector.starts_with("mc-20"), "{first:?}");
+    assert_eq!(first.selector, format!("mc-{today}-2"), "{first:?}");
+    let signing = status.conditions.iter().find(|c| c.type_ == "DkimSigning").expect("DkimSigning");
+    assert_eq!((signing.status.as_str(), signing.reason.as_str()), ("False", "NotPublished"));
     let (purpose, first_value) = dkim_record(&status, &first.selector);
     assert_eq!(purpose, "DKIM (next)");
     assert!(setup.store.domain_keys().await.unwrap().is_empty(), "nothing signs before DNS shows the key");
@@ -682,6 +687,8 @@ async fn made_dkim_keys_sign_once_published_and_rotate() {
     })
     .await;
     assert_eq!(dkim_record(&status, &first.selector).0, "DKIM");
+    let signing = status.conditions.iter().find(|c| c.type_ == "DkimSigning").expect("DkimSigning");
+    assert_eq!((signing.status.as_str(), signing.reason.as_str()), ("True", "Signing"));
     let stored = eventually("the key in the store", || async {
         setup.store.domain_keys().await.ok()?.into_iter().find(|k| k.domain == "example.org")
     })
