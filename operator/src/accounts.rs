@@ -321,7 +321,7 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
             .collect()
     };
     // Every made key's record is looked up first; which one signs follows.
-    let txts = made_txt(&made);
+    let mut txts = made_txt(&made);
     let dkim_inputs: Vec<DkimRecord<'_>> = match &cluster_key {
         Some((selector, txt)) => vec![DkimRecord { selector, txt, purpose: "DKIM" }],
         None => txts.iter().map(|(selector, txt)| DkimRecord { selector, txt, purpose: "DKIM" }).collect(),
@@ -346,28 +346,18 @@ async fn reconcile_domain(domain: Arc<MailDomain>, ctx: Arc<AccountContext>) -> 
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut plan = domain_keys::plan(spec, &made, &old_dkim, published, request, now);
         if plan.make {
-            let mut taken: Vec<String> = made.iter().map(|k| k.selector.clone()).collect();
-            for _ in 0..8 {
-                let names: Vec<&str> = taken.iter().map(String::as_str).collect();
-                let selector = domain_keys::next_selector(&spec.selector, now, &names);
-                match domain_keys::make(&ctx.client, &ns, &domain, &selector, &spec.algorithm).await {
-                    Ok(key) => {
-                        made.push(key);
-                        plan = domain_keys::plan(spec, &made, &plan.status, published, request, now);
-                        break;
-                    }
-                    // A Secret of that name that is not one of this domain's keys
-                    // (someone else's): the next selector's name.
-                    Err(e) if domain_keys::name_taken(&e) => taken.push(selector),
-                    Err(e) => {
-                        tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key");
-                        key_error = Some(format!("cannot make a DKIM key: {e:#}"));
-                        break;
-                    }
+            match domain_keys::make_next(&ctx.client, &ns, &domain, spec, &made, now).await {
+                Ok(key) => {
+                    txts.extend(made_txt(std::slice::from_ref(&key)));
+                    made.push(key);
+                    plan = domain_keys::plan(spec, &made, &plan.status, published, request, now);
+                }
+                Err(e) => {
+                    tracing::warn!(domain = %domain.spec.domain, error = %e, "cannot make a DKIM key");
+                    key_error = Some(format!("cannot make a DKIM key: {e:#}"));
                 }
             }
         }
-        let txts = made_txt(&made);
         let listed: Vec<DkimRecord<'_>> = plan
             .status
             .keys

@@ -169,8 +169,31 @@ fn made_key(secret: &Secret, owner_uid: &str) -> Option<MadeKey> {
     })
 }
 
+/// Makes the domain's next key, named by [`next_selector`] after the keys it
+/// has; a name whose Secret exists but is not one of its keys (someone else's)
+/// is passed over for the next one.
+pub async fn make_next(
+    client: &Client,
+    ns: &str,
+    domain: &MailDomain,
+    spec: &DomainDkim,
+    made: &[MadeKey],
+    now: Timestamp,
+) -> anyhow::Result<MadeKey> {
+    let mut taken: Vec<String> = made.iter().map(|k| k.selector.clone()).collect();
+    for _ in 0..8 {
+        let names: Vec<&str> = taken.iter().map(String::as_str).collect();
+        let selector = next_selector(&spec.selector, now, &names);
+        match make(client, ns, domain, &selector, &spec.algorithm).await {
+            Err(e) if name_taken(&e) => taken.push(selector),
+            made => return made,
+        }
+    }
+    anyhow::bail!("the Secrets of the next eight key names exist and are not keys of this MailDomain")
+}
+
 /// Makes a key and its Secret, owned by the MailDomain.
-pub async fn make(
+async fn make(
     client: &Client,
     ns: &str,
     domain: &MailDomain,
@@ -216,7 +239,7 @@ pub async fn make(
 }
 
 /// Whether [`make`] failed because a Secret of the key's name exists already.
-pub fn name_taken(e: &anyhow::Error) -> bool {
+fn name_taken(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409)
 }
 
