@@ -181,6 +181,8 @@ pub(crate) fn addresses(value: &[u8]) -> Vec<String> {
 /// A Date-style field (RFC 5322 §3.3) as a time with its own zone.
 pub(crate) fn date(value: &[u8]) -> Option<chrono::DateTime<chrono::FixedOffset>> {
     let text = decoded(value);
+    // A Received field carries its date after the last semicolon.
+    let text = text.rsplit_once(';').map_or(text.as_str(), |(_, d)| d);
     let d = mail_parser::DateTime::parse_rfc822(text.trim())?;
     if !d.is_valid() {
         return None;
