@@ -28,10 +28,10 @@ struct SelfHost(Option<Arc<Script>>, usize);
 
 impl Host for SelfHost {
     fn mailbox_exists(&mut self, name: &str) -> bool {
-        name.len() % 2 == 0
+        name.len().is_multiple_of(2)
     }
     fn duplicate(&mut self, tracking_key: &str, _period_secs: u64, _last: bool) -> bool {
-        tracking_key.len() % 2 == 0
+        tracking_key.len().is_multiple_of(2)
     }
     fn include(&mut self, _name: &str, _global: bool) -> Option<Arc<Script>> {
         self.1 += 1;
