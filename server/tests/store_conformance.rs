@@ -201,6 +201,11 @@ conformance!(
     tombstones_pruned_past_a_floor,
     sort_rows_match_the_stored_metadata,
     quota_limits_and_usage,
+    sieve_scripts,
+    sieve_script_quota,
+    sieve_scripts_go_with_their_account,
+    sieve_vacation_once_per_period_across_pods,
+    sieve_duplicate_and_prune,
 );
 
 // ---------------------------------------------------------------- helpers
@@ -1935,6 +1940,174 @@ async fn leases_are_exclusive_across_pods(ctx: Ctx) {
     }
     assert_eq!(won, 3, "exactly the limit");
     assert_eq!(ctx.store.lease_count("race").await.expect("count"), 3);
+}
+
+const SIEVE_QUOTA: store::SieveQuota = store::SieveQuota { max_scripts: 3, max_bytes: 100 };
+
+/// RFC 5804: PUTSCRIPT replaces, SETACTIVE keeps one active, DELETESCRIPT
+/// refuses the active script (§2.10), RENAMESCRIPT keeps it active (§2.11.1).
+async fn sieve_scripts(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (acc, _) = account(&s, "sieve@example.com").await;
+    let (other, _) = account(&s, "other@example.com").await;
+    assert!(s.sieve_list(acc).await.expect("list").is_empty());
+    assert_eq!(s.sieve_active(acc).await.expect("active"), None);
+    s.sieve_put(acc, "main", b"keep;", SIEVE_QUOTA).await.expect("put");
+    s.sieve_put(acc, "Main", b"discard;", SIEVE_QUOTA).await.expect("names are case-sensitive");
+    s.sieve_put(acc, "main", b"stop;\r\n", SIEVE_QUOTA).await.expect("replace");
+    assert_eq!(s.sieve_get(acc, "main").await.expect("get").as_deref(), Some(&b"stop;\r\n"[..]));
+    assert_eq!(s.sieve_get(acc, "none").await.expect("get"), None);
+    assert_eq!(s.sieve_get(other, "main").await.expect("get"), None, "scripts are per account");
+    let names =
+        |l: Vec<store::SieveEntry>| l.into_iter().map(|e| (e.name, e.active, e.size)).collect::<Vec<_>>();
+    assert_eq!(
+        names(s.sieve_list(acc).await.expect("list")),
+        [("Main".into(), false, 8), ("main".into(), false, 7)]
+    );
+
+    s.sieve_activate(acc, Some("main")).await.expect("activate");
+    assert_eq!(s.sieve_active(acc).await.expect("active"), Some(("main".into(), b"stop;\r\n".to_vec())));
+    s.sieve_activate(acc, Some("Main")).await.expect("activate another");
+    assert_eq!(
+        names(s.sieve_list(acc).await.expect("list")),
+        [("Main".into(), true, 8), ("main".into(), false, 7)]
+    );
+    assert!(is_not_found(s.sieve_activate(acc, Some("none")).await));
+    assert_eq!(s.sieve_active(acc).await.expect("active").map(|a| a.0).as_deref(), Some("Main"), "unchanged");
+    s.sieve_put(acc, "Main", b"keep;", SIEVE_QUOTA).await.expect("replace the active one");
+    assert_eq!(s.sieve_active(acc).await.expect("active"), Some(("Main".into(), b"keep;".to_vec())));
+
+    assert!(matches!(s.sieve_delete(acc, "Main").await, Err(StoreError::Invalid(_))), "active");
+    assert!(is_not_found(s.sieve_delete(acc, "none").await));
+    assert!(matches!(s.sieve_rename(acc, "Main", "main").await, Err(StoreError::AlreadyExists(_))));
+    assert!(is_not_found(s.sieve_rename(acc, "none", "x").await));
+    s.sieve_rename(acc, "Main", "renamed").await.expect("rename");
+    assert_eq!(s.sieve_active(acc).await.expect("active").map(|a| a.0).as_deref(), Some("renamed"));
+    s.sieve_delete(acc, "main").await.expect("delete");
+    s.sieve_activate(acc, None).await.expect("deactivate");
+    assert_eq!(s.sieve_active(acc).await.expect("active"), None);
+    s.sieve_delete(acc, "renamed").await.expect("an inactive script goes");
+    assert!(s.sieve_list(acc).await.expect("list").is_empty());
+
+    let long: String = "é".repeat(129);
+    for bad in ["", "a\nb", "tab\there", "nul\0", "line\u{2028}sep", "del\u{7f}", "c1\u{85}", &long] {
+        assert!(
+            matches!(s.sieve_put(acc, bad, b"keep;", SIEVE_QUOTA).await, Err(StoreError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+    s.sieve_put(acc, &"é".repeat(128), b"keep;", SIEVE_QUOTA).await.expect("128 characters are a name");
+    s.sieve_put(acc, "with space \"and\" {braces}", b"keep;", SIEVE_QUOTA).await.expect("printable names");
+    assert!(is_not_found(s.sieve_put(9_999_999, "x", b"keep;", SIEVE_QUOTA).await));
+}
+
+/// `sieve.max_scripts` counts new scripts only; `sieve.max_script_bytes` every
+/// write. Concurrent new scripts never pass the count together.
+async fn sieve_script_quota(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (acc, _) = account(&s, "quota@example.com").await;
+    assert!(matches!(
+        s.sieve_put(acc, "big", &[b'#'; 101], SIEVE_QUOTA).await,
+        Err(StoreError::OverQuota(_))
+    ));
+    s.sieve_put(acc, "full", &[b'#'; 100], SIEVE_QUOTA).await.expect("at the size limit");
+    for name in ["b", "c"] {
+        s.sieve_put(acc, name, b"keep;", SIEVE_QUOTA).await.expect("put");
+    }
+    assert!(matches!(s.sieve_put(acc, "d", b"keep;", SIEVE_QUOTA).await, Err(StoreError::OverQuota(_))));
+    s.sieve_put(acc, "c", b"discard;", SIEVE_QUOTA).await.expect("a replacement is no new script");
+    assert!(
+        matches!(s.sieve_put(acc, "c", &[b'#'; 101], SIEVE_QUOTA).await, Err(StoreError::OverQuota(_))),
+        "nor a way past the size"
+    );
+    assert_eq!(s.sieve_get(acc, "c").await.expect("get").as_deref(), Some(&b"discard;"[..]));
+
+    let (racer, _) = account(&s, "racer@example.com").await;
+    let stores = [ctx.store.clone(), ctx.open_again().await];
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            tokio::spawn(async move { store.sieve_put(racer, &format!("s{i}"), b"keep;", SIEVE_QUOTA).await })
+        })
+        .collect();
+    let mut stored = 0;
+    for h in handles {
+        match h.await.expect("writer") {
+            Ok(()) => stored += 1,
+            Err(StoreError::OverQuota(_)) => {}
+            Err(e) => panic!("put: {e}"),
+        }
+    }
+    assert_eq!(stored, 3, "exactly max_scripts");
+    assert_eq!(s.sieve_list(racer).await.expect("list").len(), 3);
+}
+
+async fn sieve_scripts_go_with_their_account(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (acc, _) = account(&s, "leaving@example.com").await;
+    s.sieve_put(acc, "main", b"keep;", SIEVE_QUOTA).await.expect("put");
+    s.sieve_activate(acc, Some("main")).await.expect("activate");
+    assert!(!s.sieve_vacation_seen(acc, "h", "a@example.org", 3600).await.expect("seen"));
+    s.account_delete("leaving@example.com").await.expect("delete account");
+    let (again, _) = account(&s, "leaving@example.com").await;
+    assert!(s.sieve_list(again).await.expect("list").is_empty());
+    assert_eq!(s.sieve_active(acc).await.expect("active"), None);
+    assert!(!s.sieve_vacation_seen(again, "h", "a@example.org", 3600).await.expect("seen"), "forgotten");
+}
+
+/// RFC 5230 §4.2: one reply per sender and handle per period, whichever pod
+/// delivers; senders and handles are apart.
+async fn sieve_vacation_once_per_period_across_pods(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (acc, _) = account(&s, "away@example.com").await;
+    let stores = [ctx.store.clone(), ctx.open_again().await];
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            tokio::spawn(async move {
+                store.sieve_vacation_seen(acc, "holiday", "Friend@Example.org", 3600).await
+            })
+        })
+        .collect();
+    let mut unseen = 0;
+    for h in handles {
+        unseen += usize::from(!h.await.expect("caller").expect("seen"));
+    }
+    assert_eq!(unseen, 1, "one caller records the reply, the others see it");
+    assert!(
+        s.sieve_vacation_seen(acc, "holiday", "friend@example.org", 3600).await.expect("seen"),
+        "any case"
+    );
+    assert!(!s.sieve_vacation_seen(acc, "holiday", "other@example.org", 3600).await.expect("seen"));
+    assert!(!s.sieve_vacation_seen(acc, "work", "friend@example.org", 3600).await.expect("seen"));
+    // A period of one second is over after two.
+    assert!(!s.sieve_vacation_seen(acc, "short", "friend@example.org", 1).await.expect("seen"));
+    assert!(s.sieve_vacation_seen(acc, "short", "friend@example.org", 1).await.expect("seen"));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(
+        !s.sieve_vacation_seen(acc, "short", "friend@example.org", 1).await.expect("seen"),
+        "period over"
+    );
+    assert!(
+        s.sieve_vacation_seen(acc, "short", "friend@example.org", 1).await.expect("seen"),
+        "recorded again"
+    );
+}
+
+async fn sieve_duplicate_and_prune(ctx: Ctx) {
+    let s = ctx.store.clone();
+    let (acc, _) = account(&s, "dup@example.com").await;
+    let id = format!("<{}@example.org>", "x".repeat(10_000));
+    assert!(!s.sieve_duplicate_seen(acc, &id, 1).await.expect("seen"));
+    assert!(s.sieve_duplicate_seen(acc, &id, 1).await.expect("seen"));
+    assert!(!s.sieve_vacation_seen(acc, &id, "", 1).await.expect("seen"), "vacation keys are apart");
+    assert!(!s.sieve_duplicate_seen(acc, "kept", 3600).await.expect("seen"));
+    assert_eq!(s.sieve_seen_prune().await.expect("prune"), 0, "nothing is over yet");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(s.sieve_seen_prune().await.expect("prune"), 2);
+    assert!(s.sieve_duplicate_seen(acc, "kept", 3600).await.expect("seen"), "a live record stays");
+    assert!(!s.sieve_duplicate_seen(acc, &id, 1).await.expect("seen"), "a pruned one is gone");
+    assert!(is_not_found(s.sieve_duplicate_seen(9_999_999, "x", 60).await));
 }
 
 // ------------------------------------------------ backend-specific, outside the macro

@@ -53,6 +53,7 @@ pub fn store_error(e: StoreError) -> Outcome {
         StoreError::NotFound(_) => Outcome::no("[NONEXISTENT] No such mailbox"),
         StoreError::AlreadyExists(_) => Outcome::no("[ALREADYEXISTS] Mailbox already exists"),
         StoreError::Invalid(m) => Outcome::no(format!("[CANNOT] {m}")),
+        StoreError::OverQuota(m) => Outcome::no(format!("[OVERQUOTA] {m}")),
         StoreError::Unavailable(m) | StoreError::Internal(m) => {
             tracing::warn!(error = %m, "imap: store failure");
             Outcome::no("[UNAVAILABLE] Temporary failure, try again")

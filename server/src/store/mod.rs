@@ -20,6 +20,7 @@
 
 pub(crate) mod common;
 pub mod postgres;
+mod scripts;
 mod sql;
 pub mod sqlite;
 pub(crate) mod steps;
@@ -44,6 +45,10 @@ pub enum StoreError {
     AlreadyExists(String),
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A limit of the account's would be exceeded (its Sieve scripts' number
+    /// or size).
+    #[error("over quota: {0}")]
+    OverQuota(String),
     #[error("store unavailable: {0}")]
     Unavailable(String),
     #[error("store error: {0}")]
@@ -445,12 +450,79 @@ pub trait Queue: Send + Sync + 'static {
     async fn queue_stats(&self) -> StoreResult<QueueStats>;
 }
 
+/// One of an account's Sieve scripts, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SieveEntry {
+    pub name: String,
+    pub active: bool,
+    /// Octets of its source.
+    pub size: u64,
+}
+
+/// What an account's Sieve scripts may take (`sieve.max_scripts`,
+/// `sieve.max_script_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SieveQuota {
+    pub max_scripts: usize,
+    pub max_bytes: usize,
+}
+
+pub use scripts::sieve_name_problem;
+
+/// An account's Sieve scripts (RFC 5804: at most one active) and what their
+/// vacation (RFC 5230) and duplicate (RFC 7352) tests remember across pods.
+/// Script names are checked by [`sieve_name_problem`]: `Invalid` otherwise.
+#[async_trait]
+pub trait Scripts: Send + Sync + 'static {
+    /// Creates the script `name` or replaces its source (an active script stays
+    /// active). `OverQuota` when `source` is over `quota.max_bytes`, or the
+    /// script is new and the account has `quota.max_scripts` already;
+    /// `NotFound` for an unknown account.
+    async fn sieve_put(
+        &self,
+        account_id: i64,
+        name: &str,
+        source: &[u8],
+        quota: SieveQuota,
+    ) -> StoreResult<()>;
+    /// The account's scripts by name.
+    async fn sieve_list(&self, account_id: i64) -> StoreResult<Vec<SieveEntry>>;
+    /// A script's source; `None` when there is no such script.
+    async fn sieve_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Vec<u8>>>;
+    /// Deletes a script: `NotFound` without one, `Invalid` when it is the
+    /// active script (RFC 5804 §2.10).
+    async fn sieve_delete(&self, account_id: i64, name: &str) -> StoreResult<()>;
+    /// Renames a script, which stays active if it was (RFC 5804 §2.11.1):
+    /// `NotFound` without `from`, `AlreadyExists` when `to` exists.
+    async fn sieve_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()>;
+    /// Makes `name` the active script (`NotFound` without it), or with `None`
+    /// leaves none active.
+    async fn sieve_activate(&self, account_id: i64, name: Option<&str>) -> StoreResult<()>;
+    /// The active script's name and source: what delivery runs.
+    async fn sieve_active(&self, account_id: i64) -> StoreResult<Option<(String, Vec<u8>)>>;
+    /// Whether a vacation reply to `sender` under `handle` (RFC 5230 §4.2) was
+    /// recorded less than `period_secs` ago; when it was not, records one now.
+    /// One atomic step: of concurrent callers, on any pod, one gets `false`.
+    async fn sieve_vacation_seen(
+        &self,
+        account_id: i64,
+        handle: &str,
+        sender: &str,
+        period_secs: u64,
+    ) -> StoreResult<bool>;
+    /// The same for the duplicate test's unique id `key` (RFC 7352 §3).
+    async fn sieve_duplicate_seen(&self, account_id: i64, key: &str, period_secs: u64) -> StoreResult<bool>;
+    /// Forgets what the two above recorded once its period is over; how many
+    /// records went.
+    async fn sieve_seen_prune(&self) -> StoreResult<u64>;
+}
+
 /// The whole store, as the server's parts that use several roles hold it
 /// (`Arc<dyn Store>`); a part that needs one role takes that role, so that a test
 /// double implements only what it fakes. Every type with all the roles is one.
-pub trait Store: Operations + Accounts + Addresses + Mailboxes + Messages + Queue {}
+pub trait Store: Operations + Accounts + Addresses + Mailboxes + Messages + Queue + Scripts {}
 
-impl<T: Operations + Accounts + Addresses + Mailboxes + Messages + Queue + ?Sized> Store for T {}
+impl<T: Operations + Accounts + Addresses + Mailboxes + Messages + Queue + Scripts + ?Sized> Store for T {}
 
 /// Accounts and the domains they are in: what a login reads (an address
 /// without a domain is tried at each domain).

@@ -42,6 +42,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     const DOMAIN_FOR_DELETE: &'static str;
     /// `SELECT id FROM accounts WHERE email = $1`, locked for a deletion.
     const ACCOUNT_FOR_DELETE: &'static str;
+    /// `SELECT id FROM accounts WHERE id = $1`, locked against the other
+    /// writers of the account's Sieve scripts.
+    const ACCOUNT_SIEVE_LOCK: &'static str;
     /// Locks the mailboxes of account `$1` in ascending id order, where other
     /// writers could hold them.
     const LOCK_ACCOUNT_MAILBOXES: Option<&'static str>;

@@ -360,3 +360,49 @@ impl Queue for FaultyStore {
         self.inner.queue_stats().await
     }
 }
+
+#[async_trait]
+impl Scripts for FaultyStore {
+    async fn sieve_put(
+        &self,
+        account_id: i64,
+        name: &str,
+        source: &[u8],
+        quota: SieveQuota,
+    ) -> StoreResult<()> {
+        self.inner.sieve_put(account_id, name, source, quota).await
+    }
+    async fn sieve_list(&self, account_id: i64) -> StoreResult<Vec<SieveEntry>> {
+        self.inner.sieve_list(account_id).await
+    }
+    async fn sieve_get(&self, account_id: i64, name: &str) -> StoreResult<Option<Vec<u8>>> {
+        self.inner.sieve_get(account_id, name).await
+    }
+    async fn sieve_delete(&self, account_id: i64, name: &str) -> StoreResult<()> {
+        self.inner.sieve_delete(account_id, name).await
+    }
+    async fn sieve_rename(&self, account_id: i64, from: &str, to: &str) -> StoreResult<()> {
+        self.inner.sieve_rename(account_id, from, to).await
+    }
+    async fn sieve_activate(&self, account_id: i64, name: Option<&str>) -> StoreResult<()> {
+        self.inner.sieve_activate(account_id, name).await
+    }
+    async fn sieve_active(&self, account_id: i64) -> StoreResult<Option<(String, Vec<u8>)>> {
+        self.inner.sieve_active(account_id).await
+    }
+    async fn sieve_vacation_seen(
+        &self,
+        account_id: i64,
+        handle: &str,
+        sender: &str,
+        period_secs: u64,
+    ) -> StoreResult<bool> {
+        self.inner.sieve_vacation_seen(account_id, handle, sender, period_secs).await
+    }
+    async fn sieve_duplicate_seen(&self, account_id: i64, key: &str, period_secs: u64) -> StoreResult<bool> {
+        self.inner.sieve_duplicate_seen(account_id, key, period_secs).await
+    }
+    async fn sieve_seen_prune(&self) -> StoreResult<u64> {
+        self.inner.sieve_seen_prune().await
+    }
+}

@@ -145,7 +145,7 @@ pub(super) fn encode_answer(id: u64, outcome: &Outcome) -> Bytes {
         Outcome::Done(Err(e)) => {
             let (code, text) = match e {
                 StoreError::NotFound(t) | StoreError::AlreadyExists(t) => (1, t),
-                StoreError::Invalid(t) => (2, t),
+                StoreError::Invalid(t) | StoreError::OverQuota(t) => (2, t),
                 StoreError::Unavailable(t) => (3, t),
                 StoreError::Internal(t) => (4, t),
             };

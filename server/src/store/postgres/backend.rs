@@ -172,6 +172,8 @@ impl Backend for PgStore {
     const NAME: &'static str = "postgres";
     const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1 FOR UPDATE";
     const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1 FOR UPDATE";
+    // NO KEY: inserts elsewhere that reference the account are not held up.
+    const ACCOUNT_SIEVE_LOCK: &'static str = "SELECT id FROM accounts WHERE id = $1 FOR NO KEY UPDATE";
     const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> =
         Some("SELECT id FROM mailboxes WHERE account_id = $1 ORDER BY id FOR UPDATE");
     // byte order, like SQLite's BINARY collation, whatever the database locale

@@ -453,6 +453,7 @@ impl Backend for SqliteStore {
     // the single writer connection holds the write lock already
     const DOMAIN_FOR_DELETE: &'static str = "SELECT id FROM domains WHERE name = $1";
     const ACCOUNT_FOR_DELETE: &'static str = "SELECT id FROM accounts WHERE email = $1";
+    const ACCOUNT_SIEVE_LOCK: &'static str = "SELECT id FROM accounts WHERE id = $1";
     const LOCK_ACCOUNT_MAILBOXES: Option<&'static str> = None;
     const MAILBOX_LIST: &'static str = "SELECT id, account_id, name, uid_validity, uid_next, highest_modseq, \
          special_use, recent_floor FROM mailboxes WHERE account_id = $1 ORDER BY name";
