@@ -319,10 +319,12 @@ pub enum Listener {
     Imaps,
     Pop3,
     Pop3s,
+    /// ManageSieve (RFC 5804), on the IMAP pods.
+    ManageSieve,
 }
 
 impl Listener {
-    pub const ALL: [Listener; 7] = [
+    pub const ALL: [Listener; 8] = [
         Listener::Smtp,
         Listener::Submission,
         Listener::Submissions,
@@ -330,6 +332,7 @@ impl Listener {
         Listener::Imaps,
         Listener::Pop3,
         Listener::Pop3s,
+        Listener::ManageSieve,
     ];
 
     /// The name used in `MAILCLUSTER_PROTOCOLS`, config and port names.
@@ -342,6 +345,7 @@ impl Listener {
             Listener::Imaps => "imaps",
             Listener::Pop3 => "pop3",
             Listener::Pop3s => "pop3s",
+            Listener::ManageSieve => "managesieve",
         }
     }
 
@@ -355,6 +359,7 @@ impl Listener {
             Listener::Imaps => 993,
             Listener::Pop3 => 110,
             Listener::Pop3s => 995,
+            Listener::ManageSieve => 4190,
         }
     }
 
@@ -391,7 +396,7 @@ impl Protocol {
         match self {
             Protocol::Smtp => &[Listener::Smtp],
             Protocol::Submission => &[Listener::Submission, Listener::Submissions],
-            Protocol::Imap => &[Listener::Imap, Listener::Imaps],
+            Protocol::Imap => &[Listener::Imap, Listener::Imaps, Listener::ManageSieve],
             Protocol::Pop3 => &[Listener::Pop3, Listener::Pop3s],
         }
     }

@@ -28,6 +28,8 @@ pub struct App {
     pub mail: Arc<MailExchange>,
     /// Client input held in flight, for the whole process (`net::budget`).
     pub budget: Arc<TransferBudget>,
+    /// What a Sieve script must pass to be stored (`scripts::checker_for`).
+    pub sieve: Arc<dyn crate::scripts::SieveChecker>,
     /// The cached recipient entries being read again before they expire, so
     /// that one read per entry runs at a time in the process.
     pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -65,6 +67,7 @@ impl App {
     ) -> App {
         let view = View::new(&config, &store, cache.clone(), &metrics);
         let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
+        let sieve = crate::scripts::checker_for(&config);
         App {
             config,
             store,
@@ -76,6 +79,7 @@ impl App {
             imap_leases: Arc::default(),
             mail: Arc::new(MailExchange::disabled()),
             budget,
+            sieve,
             refreshing_recipients: Arc::default(),
         }
     }

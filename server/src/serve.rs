@@ -17,6 +17,7 @@ use crate::cache::{self, Cache};
 use crate::config::{Config, redact_url};
 use crate::delivery::Deliverer;
 use crate::imap::ImapProtocol;
+use crate::managesieve::ManageSieveProtocol;
 use crate::metrics::Metrics;
 use crate::net::{self, Listener, ListenerSpec, Protocol, ShutdownController, TlsMode, TlsProvider};
 use crate::pop3::Pop3Protocol;
@@ -140,6 +141,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if config.imap.tombstone_retention_days > 0 {
         tokio::spawn(prune_tombstones(store.clone(), config.clone()));
     }
+    tokio::spawn(prune_sieve_seen(store.clone(), config.clone()));
 
     let tls =
         TlsProvider::from_app_config(&config, cache.clone(), &metrics).await.context("TLS setup failed")?;
@@ -254,6 +256,7 @@ fn protocol_for(listener: ConfigListener, app: &App) -> (TlsMode, Arc<dyn Protoc
         ConfigListener::Imaps => (TlsMode::Implicit, Arc::new(ImapProtocol::new(app, true))),
         ConfigListener::Pop3 => (TlsMode::Plain, Arc::new(Pop3Protocol::new(app, false))),
         ConfigListener::Pop3s => (TlsMode::Implicit, Arc::new(Pop3Protocol::new(app, true))),
+        ConfigListener::ManageSieve => (TlsMode::Plain, Arc::new(ManageSieveProtocol::new(app))),
     }
 }
 
@@ -368,6 +371,29 @@ async fn prune_tombstones(store: Arc<dyn Store>, config: Arc<Config>) {
             Ok(0) => {}
             Ok(n) => tracing::info!(pruned = n, %before, "expunge tombstones pruned"),
             Err(e) => tracing::warn!(error = %e, "tombstone prune failed"),
+        }
+    }
+}
+
+/// Every hour, the pod that holds the cluster-wide lease forgets the vacation
+/// replies and duplicate ids of Sieve scripts whose period is over.
+async fn prune_sieve_seen(store: Arc<dyn Store>, config: Arc<Config>) {
+    let every = Duration::from_secs(3600);
+    let member = format!("{}:{}", config.hostname, std::process::id());
+    loop {
+        tokio::time::sleep(every).await;
+        match store.lease_acquire("prune:sieve", &member, 1, every).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "sieve prune: cannot take the lease");
+                continue;
+            }
+        }
+        match store.sieve_seen_prune().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pruned = n, "sieve vacation and duplicate records pruned"),
+            Err(e) => tracing::warn!(error = %e, "sieve prune failed"),
         }
     }
 }

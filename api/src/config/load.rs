@@ -148,6 +148,7 @@ fn documented_key(name: &str) -> Option<&'static [&'static str]> {
         "IMAPS_PORT" => &["ports", "imaps"],
         "POP3_PORT" => &["ports", "pop3"],
         "POP3S_PORT" => &["ports", "pop3s"],
+        "MANAGESIEVE_PORT" => &["ports", "managesieve"],
         "ADMIN_PORT" => &["ports", "admin"],
         _ => return None,
     })

@@ -18,12 +18,14 @@ use crate::Listener;
 mod load;
 mod mail;
 mod protocols;
+mod sieve;
 
 pub use load::ConfigError;
 pub use mail::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig, RelayConfig, split_host_port};
 pub use protocols::{
     AuthConfig, ImapConfig, MIN_AUTOLOGOUT_SECS, MIN_GROUP_COMMIT_SECRET, Pop3Config, SmtpConfig,
 };
+pub use sieve::SieveConfig;
 
 /// Most threads `worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;
@@ -36,7 +38,7 @@ pub struct Config {
     /// `MAILCLUSTER_LISTEN_ADDR`.
     pub listen_addr: IpAddr,
     /// `MAILCLUSTER_PROTOCOLS`, e.g. `["smtp", "imap"]`; empty means all.
-    /// Names: smtp, submission, submissions, imap, imaps, pop3, pop3s.
+    /// Names: smtp, submission, submissions, imap, imaps, pop3, pop3s, managesieve.
     pub protocols: Vec<Listener>,
     pub ports: Ports,
     /// `MAILCLUSTER_DATA_DIR`: embedded database and generated dev certificate.
@@ -62,6 +64,7 @@ pub struct Config {
     pub dns: DnsConfig,
     pub dkim: DkimConfig,
     pub inbound: InboundAuthConfig,
+    pub sieve: SieveConfig,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             dns: Default::default(),
             dkim: Default::default(),
             inbound: Default::default(),
+            sieve: Default::default(),
         }
     }
 }
@@ -104,6 +108,7 @@ pub struct Ports {
     pub imaps: u16,
     pub pop3: u16,
     pub pop3s: u16,
+    pub managesieve: u16,
     pub admin: u16,
 }
 
@@ -119,6 +124,7 @@ impl Default for Ports {
             imaps: port(Listener::Imaps),
             pop3: port(Listener::Pop3),
             pop3s: port(Listener::Pop3s),
+            managesieve: port(Listener::ManageSieve),
             admin: 9090,
         }
     }
@@ -451,6 +457,7 @@ impl Config {
         self.relay.problems(&mut problems);
         self.dns.problems(&mut problems);
         self.dkim.problems(&mut problems);
+        self.sieve.problems(&mut problems);
         problems
     }
 
@@ -494,6 +501,7 @@ impl Ports {
             Listener::Imaps => self.imaps,
             Listener::Pop3 => self.pop3,
             Listener::Pop3s => self.pop3s,
+            Listener::ManageSieve => self.managesieve,
         }
     }
 }

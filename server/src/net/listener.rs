@@ -70,6 +70,7 @@ impl ListenerSpec {
         let own = match name {
             "imap" | "imaps" => config.imap.max_connections_per_ip,
             "pop3" | "pop3s" => config.pop3.max_connections_per_ip,
+            "managesieve" => config.sieve.max_connections_per_ip,
             _ => 0,
         };
         let max_connections_per_ip = match (net.max_connections_per_ip, own) {

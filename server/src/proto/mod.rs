@@ -3,5 +3,6 @@
 
 pub mod frame;
 pub mod imap;
+pub mod managesieve;
 pub mod pop3;
 pub mod smtp;

@@ -1,0 +1,127 @@
+//! Accounts' Sieve scripts: the check a script passes before it is stored
+//! (one [`SieveChecker`] per process, `App::sieve`), and the admin operations
+//! of `mailcluster sieve`, by address, over the store's [`Scripts`] role.
+//!
+//! The check is where the Sieve interpreter comes in: [`checker_for`] is the
+//! one place that chooses it. Until then [`BasicChecker`] takes any UTF-8 text
+//! within `sieve.max_script_bytes`.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::store::{Accounts, Scripts, SieveEntry, SieveQuota, StoreError, StoreResult};
+
+/// Whether a script may be stored, and what scripts may use.
+pub trait SieveChecker: Send + Sync + 'static {
+    /// `Err` with the reason, for the user ("line L: message"), when delivery
+    /// could not run `source`.
+    fn check(&self, source: &[u8]) -> Result<(), String>;
+    /// The Sieve extensions a script may require (the SIEVE capability).
+    fn extensions(&self) -> &[&'static str];
+}
+
+/// The check of a process: from its configuration.
+pub fn checker_for(config: &Config) -> Arc<dyn SieveChecker> {
+    Arc::new(BasicChecker { max_bytes: config.sieve.max_script_bytes })
+}
+
+/// The store limits of every account's scripts.
+pub fn quota_of(config: &Config) -> SieveQuota {
+    SieveQuota { max_scripts: config.sieve.max_scripts, max_bytes: config.sieve.max_script_bytes }
+}
+
+/// Size and encoding only (RFC 5804 §1.6 has scripts in UTF-8).
+pub struct BasicChecker {
+    pub max_bytes: usize,
+}
+
+/// What [`BasicChecker`] announces: the extensions of RFC 5228 and the ones
+/// the delivery side is written for.
+const BASIC_EXTENSIONS: &[&str] = &["fileinto", "envelope", "vacation", "duplicate"];
+
+impl SieveChecker for BasicChecker {
+    fn check(&self, source: &[u8]) -> Result<(), String> {
+        if source.len() > self.max_bytes {
+            return Err(format!("the script is over the limit of {} octets", self.max_bytes));
+        }
+        if let Err(e) = std::str::from_utf8(source) {
+            let line = 1 + source[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count();
+            return Err(format!("line {line}: the script is not UTF-8"));
+        }
+        Ok(())
+    }
+
+    fn extensions(&self) -> &[&'static str] {
+        BASIC_EXTENSIONS
+    }
+}
+
+/// An account's id by address; `NotFound` without one.
+async fn account_id<S: Accounts + ?Sized>(store: &S, email: &str) -> StoreResult<i64> {
+    match store.account_get(email).await? {
+        Some(account) => Ok(account.id),
+        None => Err(StoreError::NotFound(format!("account {email}"))),
+    }
+}
+
+/// Stores the script `name` of the account `email` once `checker` accepts it
+/// (`Invalid` with its reason otherwise), and makes it the active one when
+/// `activate`.
+pub async fn put<S: Accounts + Scripts + ?Sized>(
+    store: &S,
+    checker: &dyn SieveChecker,
+    quota: SieveQuota,
+    email: &str,
+    name: &str,
+    source: &[u8],
+    activate: bool,
+) -> StoreResult<()> {
+    let id = account_id(store, email).await?;
+    if let Some(why) = crate::store::sieve_name_problem(name) {
+        return Err(StoreError::Invalid(why.into()));
+    }
+    checker.check(source).map_err(StoreError::Invalid)?;
+    store.sieve_put(id, name, source, quota).await?;
+    if activate {
+        store.sieve_activate(id, Some(name)).await?;
+    }
+    Ok(())
+}
+
+pub async fn list<S: Accounts + Scripts + ?Sized>(store: &S, email: &str) -> StoreResult<Vec<SieveEntry>> {
+    store.sieve_list(account_id(store, email).await?).await
+}
+
+/// The script's source; `NotFound` without it.
+pub async fn get<S: Accounts + Scripts + ?Sized>(store: &S, email: &str, name: &str) -> StoreResult<Vec<u8>> {
+    let id = account_id(store, email).await?;
+    store.sieve_get(id, name).await?.ok_or_else(|| StoreError::NotFound(format!("script {name}")))
+}
+
+/// Makes `name` active, or none with `None`.
+pub async fn activate<S: Accounts + Scripts + ?Sized>(
+    store: &S,
+    email: &str,
+    name: Option<&str>,
+) -> StoreResult<()> {
+    store.sieve_activate(account_id(store, email).await?, name).await
+}
+
+/// Deletes the script; the active one is refused (`Invalid`), as over
+/// ManageSieve.
+pub async fn delete<S: Accounts + Scripts + ?Sized>(store: &S, email: &str, name: &str) -> StoreResult<()> {
+    store.sieve_delete(account_id(store, email).await?, name).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_basic_check_takes_utf8_within_the_limit() {
+        let c = BasicChecker { max_bytes: 16 };
+        assert_eq!(c.check("keep; # é".as_bytes()), Ok(()));
+        assert!(c.check(&[b'#'; 17]).is_err());
+        assert_eq!(c.check(b"keep;\r\n# \xff"), Err("line 2: the script is not UTF-8".into()));
+    }
+}
