@@ -360,7 +360,41 @@ pub struct MailAccountSpec {
     /// keeps its mail, `Delete` removes it with its mail.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// The account's Sieve filter (RFC 5228), run on its mail at delivery. Kept
+    /// in the store as the account's script named `kubernetes`, and active
+    /// while this is set (scripts the user uploads over ManageSieve stay, but
+    /// are not active); removing it removes that script.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sieve: Option<SieveSource>,
 }
+
+/// Where a MailAccount's Sieve script is: exactly one of the two.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.inline) != has(self.configMapRef)").message("give exactly one of inline and configMapRef"))]
+pub struct SieveSource {
+    /// The script itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub inline: Option<String>,
+    /// A key of a ConfigMap in the MailAccount's namespace that holds the
+    /// script; a change of the ConfigMap is stored within seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<ConfigMapKeyRef>,
+}
+
+/// A key of a ConfigMap in the object's namespace.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// The name a MailAccount's script has in the store.
+pub const MANAGED_SIEVE_SCRIPT: &str = "kubernetes";
 
 fn default_true() -> bool {
     true

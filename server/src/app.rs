@@ -28,8 +28,9 @@ pub struct App {
     pub mail: Arc<MailExchange>,
     /// Client input held in flight, for the whole process (`net::budget`).
     pub budget: Arc<TransferBudget>,
-    /// What a Sieve script must pass to be stored (`scripts::checker_for`).
-    pub sieve: Arc<dyn crate::scripts::SieveChecker>,
+    /// Accounts' Sieve scripts: the check one must pass to be stored, and
+    /// the compiled scripts delivery runs (`accept::sieve`).
+    pub sieve: Arc<crate::accept::sieve::Filters>,
     /// The cached recipient entries being read again before they expire, so
     /// that one read per entry runs at a time in the process.
     pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -67,7 +68,7 @@ impl App {
     ) -> App {
         let view = View::new(&config, &store, cache.clone(), &metrics);
         let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
-        let sieve = crate::scripts::checker_for(&config);
+        let sieve = Arc::new(crate::accept::sieve::Filters::from_config(&config));
         App {
             config,
             store,

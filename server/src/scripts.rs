@@ -2,11 +2,9 @@
 //! (one [`SieveChecker`] per process, `App::sieve`), and the admin operations
 //! of `mailcluster sieve`, by address, over the store's [`Scripts`] role.
 //!
-//! The check is where the Sieve interpreter comes in: [`checker_for`] is the
-//! one place that chooses it. Until then [`BasicChecker`] takes any UTF-8 text
-//! within `sieve.max_script_bytes`.
-
-use std::sync::Arc;
+//! The check is the interpreter's compiler (`accept::sieve::Filters`, which
+//! keeps what it compiled for delivery): a script is stored only when the
+//! delivery side could run it.
 
 use crate::config::Config;
 use crate::store::{Accounts, Scripts, SieveEntry, SieveQuota, StoreError, StoreResult};
@@ -20,40 +18,9 @@ pub trait SieveChecker: Send + Sync + 'static {
     fn extensions(&self) -> &[&'static str];
 }
 
-/// The check of a process: from its configuration.
-pub fn checker_for(config: &Config) -> Arc<dyn SieveChecker> {
-    Arc::new(BasicChecker { max_bytes: config.sieve.max_script_bytes })
-}
-
 /// The store limits of every account's scripts.
 pub fn quota_of(config: &Config) -> SieveQuota {
     SieveQuota { max_scripts: config.sieve.max_scripts, max_bytes: config.sieve.max_script_bytes }
-}
-
-/// Size and encoding only (RFC 5804 §1.6 has scripts in UTF-8).
-pub struct BasicChecker {
-    pub max_bytes: usize,
-}
-
-/// What [`BasicChecker`] announces: the extensions of RFC 5228 and the ones
-/// the delivery side is written for.
-const BASIC_EXTENSIONS: &[&str] = &["fileinto", "envelope", "vacation", "duplicate"];
-
-impl SieveChecker for BasicChecker {
-    fn check(&self, source: &[u8]) -> Result<(), String> {
-        if source.len() > self.max_bytes {
-            return Err(format!("the script is over the limit of {} octets", self.max_bytes));
-        }
-        if let Err(e) = std::str::from_utf8(source) {
-            let line = 1 + source[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count();
-            return Err(format!("line {line}: the script is not UTF-8"));
-        }
-        Ok(())
-    }
-
-    fn extensions(&self) -> &[&'static str] {
-        BASIC_EXTENSIONS
-    }
 }
 
 /// An account's id by address; `NotFound` without one.
@@ -111,17 +78,4 @@ pub async fn activate<S: Accounts + Scripts + ?Sized>(
 /// ManageSieve.
 pub async fn delete<S: Accounts + Scripts + ?Sized>(store: &S, email: &str, name: &str) -> StoreResult<()> {
     store.sieve_delete(account_id(store, email).await?, name).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_basic_check_takes_utf8_within_the_limit() {
-        let c = BasicChecker { max_bytes: 16 };
-        assert_eq!(c.check("keep; # é".as_bytes()), Ok(()));
-        assert!(c.check(&[b'#'; 17]).is_err());
-        assert_eq!(c.check(b"keep;\r\n# \xff"), Err("line 2: the script is not UTF-8".into()));
-    }
 }

@@ -135,6 +135,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let relay_wake = Arc::new(tokio::sync::Notify::new());
     let app = App::new(config.clone(), store.clone(), cache.clone(), metrics.clone(), auth, deliverer)
         .with_mail(MailExchange { dns: dns.clone(), signer, relay_wake: relay_wake.clone() });
+    // Which accounts' mail a Sieve script filters, read again every few seconds.
+    tokio::spawn(app.sieve.clone().keep_fresh(store.clone()));
     // The read caches assume the database never goes back in time; they are
     // dropped when it does (restore, failover).
     tokio::spawn(app.view.watch_epoch());

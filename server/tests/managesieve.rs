@@ -108,12 +108,40 @@ async fn bob(s: &Server) -> i64 {
 async fn greeting_capability_and_noop() {
     let s = server(|c| c.tls.allow_plaintext_auth = false).await;
     let (mut c, greeting) = connect(&s).await;
+    // The SIEVE capability: every extension delivery runs (RFC 5804 §1.7),
+    // at least those mail clients' filter editors write.
+    let sieve = greeting.iter().find(|l| l.starts_with("\"SIEVE\" ")).expect("SIEVE capability");
+    let announced: Vec<&str> = sieve["\"SIEVE\" ".len()..].trim_matches('"').split(' ').collect();
+    for wanted in [
+        "fileinto",
+        "reject",
+        "ereject",
+        "envelope",
+        "imap4flags",
+        "copy",
+        "body",
+        "variables",
+        "vacation",
+        "vacation-seconds",
+        "relational",
+        "subaddress",
+        "date",
+        "index",
+        "mailbox",
+        "include",
+        "duplicate",
+        "editheader",
+        "spamtest",
+        "virustest",
+    ] {
+        assert!(announced.contains(&wanted), "{wanted} in {sieve}");
+    }
     assert_eq!(
         greeting,
         [
             "\"IMPLEMENTATION\" \"Mailcluster\"",
             "\"SASL\" \"\"",
-            "\"SIEVE\" \"fileinto envelope vacation duplicate\"",
+            sieve.as_str(),
             "\"STARTTLS\"",
             "\"MAXREDIRECTS\" \"4\"",
             "\"VERSION\" \"1.0\"",

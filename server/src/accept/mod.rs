@@ -16,6 +16,9 @@
 //! becomes of an accepted message and says so as an [`Outcome`], which each
 //! protocol turns into its own reply.
 
+pub mod sieve;
+pub mod vacation;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -77,7 +80,7 @@ pub struct Incoming<'a> {
 }
 
 /// What became of a message; each protocol answers it its own way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Stored and queued as it should be: the client may forget it.
     Accepted,
@@ -85,12 +88,49 @@ pub enum Outcome {
     QuotaExceeded,
     /// Nothing was kept (or what was queued was taken back): the client retries.
     TryLater,
+    /// Refused for good (550 5.7.1), with this text: by the recipient's Sieve
+    /// script when it was the only recipient.
+    Rejected(String),
+}
+
+/// One copy of the message for the group commit: its bytes, the flags it
+/// starts with, and the mailboxes (with their accounts) it goes to.
+struct LocalCopy {
+    raw: Bytes,
+    flags: FlagSet,
+    targets: Vec<(i64, i64)>,
+}
+
+/// Adds `(account_id, mailbox_id)` to the copy with these bytes and flags
+/// (one store write for all of them), or starts one.
+fn add_copy(copies: &mut Vec<LocalCopy>, raw: &Bytes, flags: FlagSet, account_id: i64, mailbox_id: i64) {
+    let same = |c: &LocalCopy| c.flags == flags && c.raw.as_ptr() == raw.as_ptr() && c.raw.len() == raw.len();
+    match copies.iter_mut().find(|c| same(c)) {
+        Some(copy) => {
+            if !copy.targets.iter().any(|(_, m)| *m == mailbox_id) {
+                copy.targets.push((account_id, mailbox_id));
+            }
+        }
+        None => copies.push(LocalCopy { raw: raw.clone(), flags, targets: vec![(account_id, mailbox_id)] }),
+    }
+}
+
+/// A local recipient whose Sieve script ran, and what it said.
+struct Scripted<'m> {
+    address: &'m str,
+    account_id: i64,
+    email: std::sync::Arc<str>,
+    filtered: sieve::Filtered,
 }
 
 /// Stores an accepted message: remote recipients into the outbound queue, local
-/// ones through the group commit; then the events and reports.
+/// ones through the group commit (where their Sieve scripts file them); then
+/// what the scripts asked beyond that, the events and the reports.
 pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
-    let mut locals: Vec<(i64, i64)> = Vec::new();
+    let junk = message.junk;
+    let spam: Option<(u8, u8)> = None;
+    let mut copies: Vec<LocalCopy> = Vec::new();
+    let mut scripted: Vec<Scripted<'_>> = Vec::new();
     let mut remotes: Vec<String> = Vec::new();
     let mut over_quota: Vec<String> = Vec::new();
     for r in message.recipients {
@@ -109,50 +149,102 @@ pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
                         }
                     }
                 }
-                let mailbox_id = if message.junk {
-                    junk_of(app, account_id).await.unwrap_or(mailbox_id)
-                } else {
-                    mailbox_id
+                let keep =
+                    if junk { junk_of(app, account_id).await.unwrap_or(mailbox_id) } else { mailbox_id };
+                let indexed = app.sieve.indexed(app.store.as_ref(), account_id).await;
+                let filtered = match &indexed {
+                    None => None,
+                    Some(entry) => {
+                        let rcpt = sieve::Recipient {
+                            account_id,
+                            account: &entry.email,
+                            address: &r.address,
+                            keep,
+                            digest: entry.digest,
+                        };
+                        let auth: Option<&str> = None;
+                        sieve::filter(app, message.from, auth, spam, &rcpt, &raw).await
+                    }
                 };
-                if !locals.iter().any(|(_, m)| *m == mailbox_id) {
-                    locals.push((account_id, mailbox_id));
+                match (filtered, indexed) {
+                    (Some(filtered), Some(entry)) => {
+                        let content = filtered.edited.as_ref().unwrap_or(&raw);
+                        for (mailbox, flags) in &filtered.stores {
+                            add_copy(&mut copies, content, flags.clone(), account_id, *mailbox);
+                        }
+                        scripted.push(Scripted {
+                            address: &r.address,
+                            account_id,
+                            email: entry.email,
+                            filtered,
+                        });
+                    }
+                    _ => add_copy(&mut copies, &raw, FlagSet::default(), account_id, keep),
                 }
             }
             Target::Remote => remotes.push(r.address.clone()),
         }
     }
+    // A script's refusal of the message's only recipient is the answer to the
+    // client (RFC 5429 §2.1: at the protocol level where it can be).
+    if let [only] = message.recipients
+        && let [s] = scripted.as_slice()
+        && s.address == only.address
+        && let Some(reason) = &s.filtered.reject
+        && copies.is_empty()
+        && s.filtered.redirects.is_empty()
+    {
+        return Outcome::Rejected(sieve::reject_text(reason));
+    }
+    // Copies the scripts send on: to local accounts as copies of their own,
+    // to other domains through the queue.
+    let mut redirected: Vec<NewQueueItem> = Vec::new();
+    for s in &mut scripted {
+        let content = s.filtered.edited.clone().unwrap_or_else(|| raw.clone());
+        let plan = sieve::redirects(app, message, s.account_id, &s.email, &mut s.filtered, &content).await;
+        for (account_id, mailbox_id, copy) in plan.local {
+            add_copy(&mut copies, &copy, FlagSet::default(), account_id, mailbox_id);
+        }
+        if let Some(keep) = plan.keep {
+            add_copy(&mut copies, &content, FlagSet::default(), s.account_id, keep);
+        }
+        redirected.extend(plan.queued);
+    }
     // The header section a DSN quotes (a reference, not a copy).
     let original = (!over_quota.is_empty()).then(|| raw.clone());
     // The local recipients whose sender asked to hear of their delivery (RFC
     // 3461 NOTIFY=SUCCESS), and the message their report quotes.
+    let rejected: Vec<&str> =
+        scripted.iter().filter(|s| s.filtered.reject.is_some()).map(|s| s.address).collect();
     let delivered: Vec<&String> = message
         .recipients
         .iter()
         .filter(|r| {
             matches!(r.target, Target::Local { .. })
                 && !over_quota.contains(&r.address)
+                && !rejected.contains(&r.address.as_str())
                 && message.dsn.wants(&r.address, DsnEvent::Success)
         })
         .map(|r| &r.address)
         .collect();
     let delivered_original = (!delivered.is_empty()).then(|| raw.clone());
-    if !over_quota.is_empty() && locals.is_empty() && remotes.is_empty() {
+    if !over_quota.is_empty() && copies.is_empty() && remotes.is_empty() && scripted.is_empty() {
         // Every recipient is over quota: one answer says it all.
         return Outcome::QuotaExceeded;
     }
     // The queue goes first: if it fails, nothing was stored anywhere and the
     // client's retry duplicates nothing. If the local delivery then fails, the
-    // queued copy is taken back before the 4xx, so the retry does not send the
-    // remote copy twice. Until the local delivery is committed the queued
-    // copy is held back (not due before `LOCAL_FIRST_HOLD`), so no relay
+    // queued copies are taken back before the 4xx, so the retry does not send
+    // the remote copies twice. Until the local delivery is committed the queued
+    // copies are held back (not due before `LOCAL_FIRST_HOLD`), so no relay
     // worker of any pod sends what may yet be answered with an error; a
-    // crash in between leaves it to go out after the hold.
-    let mut queued = None;
+    // crash in between leaves them to go out after the hold.
+    let now = Utc::now();
+    let expiry = chrono::Duration::seconds(app.config.smtp.queue_expiry_secs.min(i64::MAX as u64) as i64);
+    let hold = if copies.is_empty() { chrono::Duration::zero() } else { LOCAL_FIRST_HOLD };
+    let mut items = Vec::new();
     if !remotes.is_empty() {
-        let now = Utc::now();
-        let expiry = chrono::Duration::seconds(app.config.smtp.queue_expiry_secs.min(i64::MAX as u64) as i64);
-        let hold = if locals.is_empty() { chrono::Duration::zero() } else { LOCAL_FIRST_HOLD };
-        let item = NewQueueItem {
+        items.push(NewQueueItem {
             sender: message.from.to_string(),
             dsn: message.dsn.only(&remotes),
             recipients: remotes,
@@ -160,55 +252,76 @@ pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
             account_id: message.account_id,
             not_before: now + hold,
             expires_at: now + expiry,
-        };
-        match app.store.queue_enqueue(&item).await {
-            Ok(id) => queued = Some(id),
+        });
+    }
+    for mut item in redirected {
+        item.not_before = now + hold;
+        item.expires_at = now + expiry;
+        items.push(item);
+    }
+    let mut queued = Vec::new();
+    for item in &items {
+        match app.store.queue_enqueue(item).await {
+            Ok(id) => queued.push(id),
             Err(err) => {
                 tracing::warn!(error = %err, id = %message.id, "queueing failed");
+                withdraw(app, message, &queued).await;
                 return Outcome::TryLater;
             }
         }
     }
-    if !locals.is_empty() {
-        let meta = if raw.len() <= PARSE_INLINE_MAX {
-            mailcluster_model::message::parse_meta(&raw)
-        } else {
-            let r = raw.clone();
-            match tokio::task::spawn_blocking(move || mailcluster_model::message::parse_meta(&r)).await {
-                Ok(meta) => meta,
-                Err(err) => {
-                    tracing::error!(error = %err, "message parsing task failed");
+    if !copies.is_empty() {
+        let mut parsed: Vec<(Bytes, mailcluster_model::MessageMeta)> = Vec::new();
+        for copy in &copies {
+            if parsed.iter().any(|(r, _)| r.as_ptr() == copy.raw.as_ptr() && r.len() == copy.raw.len()) {
+                continue;
+            }
+            match parse_meta(copy.raw.clone()).await {
+                Some(meta) => parsed.push((copy.raw.clone(), meta)),
+                None => {
+                    withdraw(app, message, &queued).await;
                     return Outcome::TryLater;
                 }
             }
-        };
-        let delivery = NewDelivery {
-            raw,
-            meta,
-            internal_date: Utc::now(),
-            targets: locals.iter().map(|(_, m)| *m).collect(),
-            flags: FlagSet::default(),
-        };
-        if let Err(err) = app.deliverer.deliver(delivery).await {
-            tracing::warn!(error = %err, id = %message.id, "delivery failed");
-            if let Some(id) = queued
-                && let Err(err) = app.store.queue_complete(id).await
-            {
-                // The relay worker will send it; the client's retry may then
-                // send a second copy — logged so it can be traced.
-                tracing::error!(error = %err, id = %message.id, queue_id = id, "queued copy not withdrawn");
-            }
-            return Outcome::TryLater;
         }
-        if let Some(id) = queued
-            && let Err(err) = app.store.queue_retry(Some(id)).await
-        {
-            tracing::warn!(error = %err, id = %message.id, queue_id = id, "queued copy goes after its hold");
+        // Each copy is its own durable write; they usually share one group
+        // commit. A failure of any is the client's 4xx: a retry may store a
+        // copy twice, never lose one.
+        let writes = copies.iter().map(|copy| {
+            let meta = parsed
+                .iter()
+                .find(|(r, _)| r.as_ptr() == copy.raw.as_ptr() && r.len() == copy.raw.len())
+                .map(|(_, m)| m.clone())
+                .unwrap_or_default();
+            app.deliverer.deliver(NewDelivery {
+                raw: copy.raw.clone(),
+                meta,
+                internal_date: Utc::now(),
+                targets: copy.targets.iter().map(|(_, m)| *m).collect(),
+                flags: copy.flags.clone(),
+            })
+        });
+        for result in futures::future::join_all(writes).await {
+            if let Err(err) = result {
+                tracing::warn!(error = %err, id = %message.id, "delivery failed");
+                withdraw(app, message, &queued).await;
+                return Outcome::TryLater;
+            }
+        }
+        for &id in &queued {
+            if let Err(err) = app.store.queue_retry(Some(id)).await {
+                tracing::warn!(error = %err, id = %message.id, queue_id = id, "queued copy goes after its hold");
+            }
         }
         // Wake IDLE sessions on every pod. Publishing only queues the event (a
         // serving pod's cache never waits on Redis here), so it needs no task of
         // its own on this path.
-        for (account_id, mailbox_id) in locals {
+        let mut woken: Vec<i64> = Vec::new();
+        for (account_id, mailbox_id) in copies.iter().flat_map(|c| c.targets.iter().copied()) {
+            if woken.contains(&mailbox_id) {
+                continue;
+            }
+            woken.push(mailbox_id);
             // The store does not report the new modseq; 0 means "re-check".
             let event = MailboxEvent { account_id, mailbox_id, modseq: 0 };
             if let Err(err) = app.cache.publish(event).await {
@@ -216,8 +329,14 @@ pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
             }
         }
     }
-    if queued.is_some() {
+    if !queued.is_empty() {
         app.mail.relay_wake.notify_one();
+    }
+    for s in &scripted {
+        sieve::after_delivery(app, message, s.account_id, &s.email, s.address, &s.filtered, &raw).await;
+        if let Some(reason) = &s.filtered.reject {
+            report_rejected(app, message, &raw, s.address, reason).await;
+        }
     }
     if let Some(original) = original {
         report_over_quota(app, message, &original, &over_quota).await;
@@ -228,6 +347,47 @@ pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
         report(app, message, &original, Action::Delivered, delivered.into_iter(), "2.0.0", diagnostic).await;
     }
     Outcome::Accepted
+}
+
+/// The message's metadata, parsed on the blocking pool when it is large.
+async fn parse_meta(raw: Bytes) -> Option<mailcluster_model::MessageMeta> {
+    if raw.len() <= PARSE_INLINE_MAX {
+        return Some(mailcluster_model::message::parse_meta(&raw));
+    }
+    match tokio::task::spawn_blocking(move || mailcluster_model::message::parse_meta(&raw)).await {
+        Ok(meta) => Some(meta),
+        Err(err) => {
+            tracing::error!(error = %err, "message parsing task failed");
+            None
+        }
+    }
+}
+
+/// Takes back what was queued for a message the client is told to send again.
+async fn withdraw(app: &App, message: &Incoming<'_>, queued: &[i64]) {
+    for &id in queued {
+        if let Err(err) = app.store.queue_complete(id).await {
+            // The relay worker will send it; the client's retry may then
+            // send a second copy — logged so it can be traced.
+            tracing::error!(error = %err, id = %message.id, queue_id = id, "queued copy not withdrawn");
+        }
+    }
+}
+
+/// A recipient's script refused the message, but others took it: the sender
+/// hears of it by a DSN (RFC 5429 §2.1.1), within the limits of a sender that
+/// may be forged.
+async fn report_rejected(app: &App, message: &Incoming<'_>, raw: &Bytes, recipient: &str, reason: &str) {
+    let recipient = recipient.to_string();
+    if !message.dsn.wants(&recipient, DsnEvent::Failure) || message.from.is_empty() {
+        return;
+    }
+    if !message.verified && !bounce_allowed(app, message.from).await {
+        message.bounces_dropped.inc();
+        return;
+    }
+    let diagnostic = format!("550 5.7.1 {}", sieve::reject_text(reason));
+    report(app, message, raw, Action::Failed, std::iter::once(&recipient), "5.7.1", &diagnostic).await;
 }
 
 /// Some recipients of an accepted message had no room for it: the others got
@@ -332,6 +492,27 @@ fn outbound_copy(app: &App, raw: &Bytes, signing_domain: Option<&str>) -> Bytes 
         }
         None => content,
     }
+}
+
+/// Sends an automatic message (a vacation reply) with the null reverse path:
+/// into `to`'s INBOX when it is a local account, else queued, DKIM-signed for
+/// `signing_domain` when a key covers it (the reply is from one of our
+/// domains, and other domains check that).
+pub(crate) async fn send_automatic(
+    app: &App,
+    to: &str,
+    message: Vec<u8>,
+    signing_domain: Option<&str>,
+) -> anyhow::Result<()> {
+    let message = match signing_domain.and_then(|d| app.mail.signer.sign(d, &message)) {
+        Some(signature) => {
+            let mut signed = signature.into_bytes();
+            signed.extend_from_slice(&message);
+            signed
+        }
+        None => message,
+    };
+    deliver_dsn(app, &app.mail.relay_wake, to, message).await
 }
 
 /// Stores a DSN for `to`: into its INBOX when it is a local account (quota or

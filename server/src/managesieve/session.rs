@@ -17,6 +17,7 @@ use crate::net::{SessionCtx, SessionStream};
 use crate::proto::frame::{Command as Framed, CommandFramer, Limits, Line, take_octets};
 use crate::proto::managesieve::{Command, ParseError, encode_string, human_text, parse_command};
 use crate::proto::smtp::{SaslPlain, sasl_plain};
+use crate::scripts::SieveChecker;
 use crate::store::{StoreError, sieve_name_problem};
 
 /// After login, a literal over the limit is read and dropped (so the session
@@ -338,7 +339,11 @@ impl Session {
                     return Ok(step);
                 }
                 match store.sieve_put(id, &name, &script, quota).await {
-                    Ok(()) => self.ok("Putscript completed"),
+                    Ok(()) => {
+                        // The active script may be the one replaced.
+                        self.app.sieve.forget(id);
+                        self.ok("Putscript completed")
+                    }
                     Err(StoreError::OverQuota(_)) if script.len() <= quota.max_bytes => {
                         let text = format!("An account may have {} scripts at most", quota.max_scripts);
                         self.no(Some("QUOTA/MAXSCRIPTS"), &text)
@@ -366,7 +371,10 @@ impl Session {
             Command::SetActive(name) => {
                 let name = (!name.is_empty()).then_some(name);
                 match store.sieve_activate(id, name.as_deref()).await {
-                    Ok(()) => self.ok("Setactive completed"),
+                    Ok(()) => {
+                        self.app.sieve.forget(id);
+                        self.ok("Setactive completed")
+                    }
                     Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => {
                         self.no(Some("NONEXISTENT"), "There is no script by that name")
                     }

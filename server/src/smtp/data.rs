@@ -338,6 +338,10 @@ impl Session {
                 self.count_delivery("tempfail");
                 return replies::temp_failure();
             }
+            accept::Outcome::Rejected(text) => {
+                self.count_delivery("rejected");
+                return Reply::new(550, "5.7.1", text);
+            }
         }
         self.count_delivery("ok");
         self.metrics.messages_total.inc();

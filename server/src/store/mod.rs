@@ -459,6 +459,16 @@ pub struct SieveEntry {
     pub size: u64,
 }
 
+/// An account whose mail a Sieve script filters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveScript {
+    pub account_id: i64,
+    /// The account's address.
+    pub email: String,
+    /// A SHA-256 of the script's source.
+    pub digest: [u8; 32],
+}
+
 /// What an account's Sieve scripts may take (`sieve.max_scripts`,
 /// `sieve.max_script_bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -500,6 +510,9 @@ pub trait Scripts: Send + Sync + 'static {
     async fn sieve_activate(&self, account_id: i64, name: Option<&str>) -> StoreResult<()>;
     /// The active script's name and source: what delivery runs.
     async fn sieve_active(&self, account_id: i64) -> StoreResult<Option<(String, Vec<u8>)>>;
+    /// Every account with an active script, with a SHA-256 of its source:
+    /// what each pod reads every few seconds to know whose mail it filters.
+    async fn sieve_active_digests(&self) -> StoreResult<Vec<ActiveScript>>;
     /// Whether a vacation reply to `sender` under `handle` (RFC 5230 §4.2) was
     /// recorded less than `period_secs` ago; when it was not, records one now.
     /// One atomic step: of concurrent callers, on any pod, one gets `false`.

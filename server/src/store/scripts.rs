@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use super::common::{db_err, is_unique_violation, u64_of};
 use super::sql::Backend;
 use super::steps::{Cols, Param, SharedSql};
-use super::{Scripts, SieveEntry, SieveQuota, StoreError, StoreResult};
+use super::{ActiveScript, Scripts, SieveEntry, SieveQuota, StoreError, StoreResult};
 
 /// The longest script name, in characters: RFC 5804 §1.6 has servers take at
 /// least 128, and nothing is gained by taking more.
@@ -130,14 +130,17 @@ impl<B: Backend> Scripts for B {
             }
         }
         let size = i64::try_from(source.len()).unwrap_or(i64::MAX);
-        let sql = "INSERT INTO sieve_scripts (account_id, name, source, size, active) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (account_id, name) DO UPDATE SET source = excluded.source, size = excluded.size";
+        let digest: [u8; 32] = Sha256::digest(source).into();
+        let sql = "INSERT INTO sieve_scripts (account_id, name, source, size, active, digest) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (account_id, name) \
+             DO UPDATE SET source = excluded.source, size = excluded.size, digest = excluded.digest";
         let params = [
             Param::Int(account_id),
             Param::Text(name),
             Param::Bytes(source),
             Param::Int(size),
             Param::Bool(false),
+            Param::Bytes(&digest),
         ];
         tx.run(sql, &params).await?;
         tx.commit().await
@@ -222,6 +225,20 @@ impl<B: Backend> Scripts for B {
         let sql = "SELECT name, source FROM sieve_scripts WHERE account_id = $1 AND active = $2";
         let rows = self.fetch(false, sql, &[Param::Int(account_id), Param::Bool(true)]).await?;
         rows.first().map(|r| Ok((r.text("name")?, r.blob("source")?))).transpose()
+    }
+
+    async fn sieve_active_digests(&self) -> StoreResult<Vec<ActiveScript>> {
+        let sql = "SELECT s.account_id, a.email, s.digest FROM sieve_scripts s \
+             JOIN accounts a ON a.id = s.account_id WHERE s.active = $1";
+        let rows = self.fetch(false, sql, &[Param::Bool(true)]).await?;
+        rows.iter()
+            .map(|r| {
+                // A row written before digests were kept has none: a digest
+                // no script has, so its source is read and compiled.
+                let digest = <[u8; 32]>::try_from(r.blob("digest")?.as_slice()).unwrap_or([0; 32]);
+                Ok(ActiveScript { account_id: r.int("account_id")?, email: r.text("email")?, digest })
+            })
+            .collect()
     }
 
     async fn sieve_vacation_seen(

@@ -390,6 +390,9 @@ impl Scripts for FaultyStore {
     async fn sieve_active(&self, account_id: i64) -> StoreResult<Option<(String, Vec<u8>)>> {
         self.inner.sieve_active(account_id).await
     }
+    async fn sieve_active_digests(&self) -> StoreResult<Vec<mailcluster_server::store::ActiveScript>> {
+        self.inner.sieve_active_digests().await
+    }
     async fn sieve_vacation_seen(
         &self,
         account_id: i64,

@@ -55,6 +55,8 @@ pub struct Harness {
     pub submission: Arc<SmtpProtocol>,
     pub shutdown_tx: tokio::sync::watch::Sender<bool>,
     pub shutdown: Shutdown,
+    /// The database the store is on: another App on it is another pod.
+    pub url: String,
     _pg_db: Option<TestDatabase>,
     _dir: tempfile::TempDir,
 }
@@ -103,7 +105,28 @@ impl Harness {
         let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
         let submission = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Submission));
         let (shutdown_tx, shutdown) = Shutdown::new();
-        Harness { app, store, cache, mx, submission, shutdown_tx, shutdown, _pg_db: pg_db, _dir: dir }
+        Harness { app, store, cache, mx, submission, shutdown_tx, shutdown, url, _pg_db: pg_db, _dir: dir }
+    }
+
+    /// A second pod: its own store connections, cache, group commit and
+    /// sessions over the same database (PostgreSQL: shared as pods share it).
+    pub async fn peer(&self, config: Config) -> (App, Arc<SmtpProtocol>) {
+        let store: Arc<dyn Store> =
+            mailcluster_server::store::open(Some(&self.url), self._dir.path(), 8, Duration::from_secs(10))
+                .await
+                .expect("store opens");
+        let cache: Arc<dyn Cache> = Arc::new(mailcluster_server::cache::local::LocalCache::new());
+        let deliverer = Arc::new(mailcluster_server::delivery::Deliverer::with_options(
+            store.clone(),
+            mailcluster_server::smtp::delivery_options(&config.smtp),
+        ));
+        let metrics = Arc::new(mailcluster_server::metrics::Metrics::new());
+        deliverer.register_metrics(&metrics.registry).expect("group-commit metrics register");
+        let auth =
+            mailcluster_server::auth::Authenticator::new(store.clone(), cache.clone(), config.auth.clone());
+        let app = App::new(Arc::new(config), store, cache, metrics, Arc::new(auth), deliverer);
+        let mx = Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx));
+        (app, mx)
     }
 
     pub async fn add_account(&self, email: &str) {
