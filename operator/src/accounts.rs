@@ -20,13 +20,18 @@
 //! changed account are dropped through the cluster's Redis, as the CLI does.
 //! [`AccountOptions::resync`] reconciles every object again in case a watch
 //! event was missed.
+//!
+//! A MailAccount's `spec.sieve` is the account's script named `kubernetes`,
+//! checked by the interpreter the pods run before it is stored and made the
+//! active one (its condition `SieveScript` says why not); ConfigMaps are
+//! watched by their metadata as password Secrets are.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -35,8 +40,8 @@ use kube::runtime::reflector::{ObjectRef, Store as Reflected};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use mailcluster_api::accounts::{
-    ACCOUNT_FINALIZER, DeletionPolicy, DkimRecord, DnsInputs, DnsRecord, MailAccount, MailAccountStatus,
-    MailDomain, MailDomainStatus, ROTATE_DKIM_ANNOTATION, dns_records,
+    ACCOUNT_FINALIZER, DeletionPolicy, DkimRecord, DnsInputs, DnsRecord, MANAGED_SIEVE_SCRIPT, MailAccount,
+    MailAccountStatus, MailDomain, MailDomainStatus, ROTATE_DKIM_ANNOTATION, SieveSource, dns_records,
 };
 use mailcluster_api::{AccountsPolicy, FIELD_MANAGER, MailCluster, UNMANAGED_LISTED, UnmanagedAccounts};
 use mailcluster_model::DomainKey;
@@ -557,6 +562,8 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
     let mut secret_version = old.password_secret_version.clone();
     let (mut used_bytes, mut quota_bytes, mut last_login) =
         (old.used_bytes, old.quota_bytes, old.last_login.clone());
+    // The SieveScript condition as it was, unless this reconcile gets there.
+    let mut sieve: Option<Result<(), NotReady>> = None;
     let outcome = async {
         let spec = &account.spec;
         let store = ctx.store(&ns, &spec.cluster_ref).await?;
@@ -602,6 +609,7 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
             Ok(at) => last_login = at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             Err(e) => tracing::debug!(account = %spec.address, error = %e, "cannot read the last login"),
         }
+        sieve = sync_sieve(&ctx.client, &ns, &*store, change.account.id, spec.sieve.as_ref()).await;
         Ok::<(), NotReady>(())
     }
     .await;
@@ -614,8 +622,30 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
             Action::requeue(if e.retry { Duration::from_secs(10) } else { ctx.resync }),
         ),
     };
+    let mut conditions = vec![condition];
+    let old_sieve = old.conditions.iter().find(|c| c.type_ == "SieveScript").cloned();
+    match (&account.spec.sieve, sieve) {
+        (None, _) => {}
+        (Some(_), Some(Ok(()))) => conditions.push(crate::accounts::condition(
+            &old.conditions,
+            "SieveScript",
+            generation,
+            "True",
+            "Active",
+            "stored and active",
+        )),
+        (Some(_), Some(Err(e))) => conditions.push(crate::accounts::condition(
+            &old.conditions,
+            "SieveScript",
+            generation,
+            "False",
+            &e.reason,
+            &e.message,
+        )),
+        (Some(_), None) => conditions.extend(old_sieve),
+    }
     let status = MailAccountStatus {
-        conditions: vec![condition],
+        conditions,
         observed_generation: generation,
         password_secret_version: secret_version,
         used_bytes,
@@ -626,6 +656,94 @@ async fn apply_account(account: &MailAccount, ctx: &AccountContext) -> Result<Ac
         apply_status(&api, account, serde_json::to_value(&status).unwrap_or_default()).await?;
     }
     Ok(action)
+}
+
+/// Makes the account's `kubernetes` script what `spec.sieve` says, and the
+/// active one; without `spec.sieve`, removes it. `Err` says why the script
+/// is not in force (its ConfigMap, or the compiler's message): the account
+/// itself is ready either way.
+async fn sync_sieve(
+    client: &Client,
+    ns: &str,
+    store: &dyn Store,
+    account_id: i64,
+    wanted: Option<&SieveSource>,
+) -> Option<Result<(), NotReady>> {
+    let stored = match store.sieve_list(account_id).await {
+        Ok(list) => list.into_iter().find(|e| e.name == MANAGED_SIEVE_SCRIPT),
+        Err(e) => return Some(Err(NotReady::retry("StoreError", e.to_string()))),
+    };
+    let Some(wanted) = wanted else {
+        if let Some(entry) = stored {
+            let removed = async {
+                if entry.active {
+                    store.sieve_activate(account_id, None).await?;
+                }
+                store.sieve_delete(account_id, MANAGED_SIEVE_SCRIPT).await
+            };
+            if let Err(e) = removed.await {
+                tracing::warn!(error = %e, account_id, "the account's script not removed");
+            }
+        }
+        return None;
+    };
+    let source = match (&wanted.inline, &wanted.config_map_ref) {
+        (Some(text), _) => text.clone(),
+        (None, Some(r)) => match config_map_value(client, ns, &r.name, &r.key).await {
+            Ok(text) => text,
+            Err(e) => return Some(Err(e)),
+        },
+        (None, None) => {
+            let message = "give inline or configMapRef".to_string();
+            return Some(Err(NotReady { reason: "InvalidScript".into(), message, retry: false }));
+        }
+    };
+    // The pods' own check: what is stored here, they can run.
+    let config = mailcluster_server::config::Config::default();
+    let checker = mailcluster_server::accept::sieve::Filters::from_config(&config);
+    let quota = mailcluster_server::scripts::quota_of(&config);
+    let current = match store.sieve_get(account_id, MANAGED_SIEVE_SCRIPT).await {
+        Ok(current) => current,
+        Err(e) => return Some(Err(NotReady::retry("StoreError", e.to_string()))),
+    };
+    if current.as_deref() == Some(source.as_bytes()) && stored.as_ref().is_some_and(|e| e.active) {
+        return Some(Ok(()));
+    }
+    let put = mailcluster_server::scripts::put_by_id(
+        store,
+        &checker,
+        quota,
+        account_id,
+        MANAGED_SIEVE_SCRIPT,
+        source.as_bytes(),
+        true,
+    )
+    .await;
+    Some(match put {
+        Ok(()) => Ok(()),
+        Err(StoreError::Invalid(m)) => {
+            Err(NotReady { reason: "InvalidScript".into(), message: m, retry: false })
+        }
+        Err(StoreError::OverQuota(m)) => {
+            Err(NotReady { reason: "OverQuota".into(), message: m, retry: false })
+        }
+        Err(e) => Err(NotReady::retry("StoreError", e.to_string())),
+    })
+}
+
+/// A ConfigMap key's text.
+async fn config_map_value(client: &Client, ns: &str, name: &str, key: &str) -> Result<String, NotReady> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let map = maps
+        .get_opt(name)
+        .await
+        .map_err(|e| NotReady::retry("ConfigMapUnreadable", format!("cannot read ConfigMap {name}: {e}")))?
+        .ok_or_else(|| NotReady::retry("ConfigMapMissing", format!("ConfigMap {name} not found")))?;
+    map.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .cloned()
+        .ok_or_else(|| NotReady::retry("ConfigMapMissing", format!("ConfigMap {name} has no key {key}")))
 }
 
 /// Before the finalizer goes: `Retain` disables the account (no login, mail
@@ -734,6 +852,29 @@ async fn reconcile_unmanaged(mc: Arc<MailCluster>, ctx: Arc<AccountContext>) -> 
     Ok(Action::requeue(ctx.resync))
 }
 
+/// The MailAccounts whose Sieve script is in `map` (same namespace, same name).
+fn accounts_using_config_map(
+    accounts: &Reflected<MailAccount>,
+    map: &PartialObjectMeta<ConfigMap>,
+) -> Vec<ObjectRef<MailAccount>> {
+    let (Some(name), ns) = (map.metadata.name.as_deref(), map.metadata.namespace.as_deref()) else {
+        return Vec::new();
+    };
+    accounts
+        .state()
+        .iter()
+        .filter(|a| {
+            a.namespace().as_deref() == ns
+                && a.spec
+                    .sieve
+                    .as_ref()
+                    .and_then(|s| s.config_map_ref.as_ref())
+                    .is_some_and(|r| r.name == name)
+        })
+        .map(|a| ObjectRef::from_obj(&**a))
+        .collect()
+}
+
 /// The MailAccounts whose password is in `secret` (same namespace, same name):
 /// what a change of that Secret has to reconcile.
 fn accounts_using_secret(
@@ -772,6 +913,10 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let config_maps: Api<PartialObjectMeta<ConfigMap>> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -791,9 +936,13 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
         });
     let account_controller = Controller::new(accounts, watcher::Config::default().any_semantic());
     let known_accounts = account_controller.store();
+    let accounts_for_maps = known_accounts.clone();
     let account_controller = account_controller
         .watches(secrets, watcher::Config::default().any_semantic(), move |secret| {
             accounts_using_secret(&known_accounts, &secret)
+        })
+        .watches(config_maps, watcher::Config::default().any_semantic(), move |map| {
+            accounts_using_config_map(&accounts_for_maps, &map)
         })
         .graceful_shutdown_on(stopped(stop_rx.clone()))
         .run(reconcile_account, error_policy, ctx.clone())

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -766,5 +766,102 @@ async fn made_dkim_keys_sign_once_published_and_rotate() {
     // The rotation request was acted on once: still two keys.
     let keys = domains.get("example-org").await.unwrap().status.unwrap().dkim.unwrap().keys;
     assert_eq!(keys.len(), 2, "{keys:?}");
+    setup.stop().await;
+}
+
+/// The SieveScript condition as (status, reason, message), once it
+/// describes the object's current generation.
+async fn sieve_condition(setup: &Setup, name: &str) -> Option<(String, String, String)> {
+    let api = setup.ns.api::<MailAccount>();
+    eventually(&format!("MailAccount {name} reconciled"), || async {
+        let a = api.get_opt(name).await.ok()??;
+        let status = a.status?;
+        (status.observed_generation == a.metadata.generation).then_some(())?;
+        Some(
+            status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "SieveScript")
+                .map(|c| (c.status, c.reason, c.message)),
+        )
+    })
+    .await
+}
+
+/// The account's active script, as delivery reads it.
+async fn active_script(setup: &Setup, email: &str) -> Option<(String, String)> {
+    let id = setup.store.account_get(email).await.unwrap()?.id;
+    let (name, source) = setup.store.sieve_active(id).await.unwrap()?;
+    Some((name, String::from_utf8(source).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accounts_sieve_script_from_the_resource_or_a_config_map_is_checked_stored_and_removed() {
+    let Some(setup) = Setup::new("sieve", |_| String::new()).await else { return };
+    setup.example_domain().await;
+    secret(&setup.ns, "carol-pw", "password", "carol's password").await;
+    let mut obj = account("carol", "carol@example.com", "carol-pw", "Delete");
+    let filing = "require \"fileinto\";\nif header :contains \"List-Id\" \"dev\" { fileinto \"Lists\"; }\n";
+    obj["spec"]["sieve"] = json!({"inline": filing});
+    setup.apply("mailaccounts", "carol", &obj).await;
+    assert_eq!(setup.account_ready("carol").await, ("True".into(), "Stored".into()));
+    let c = sieve_condition(&setup, "carol").await.expect("a SieveScript condition");
+    assert_eq!((c.0.as_str(), c.1.as_str()), ("True", "Active"), "{c:?}");
+    assert_eq!(active_script(&setup, "carol@example.com").await, Some(("kubernetes".into(), filing.into())));
+
+    // A script the interpreter refuses is not stored; the condition quotes
+    // the compiler, and the account stays ready with its last good script.
+    obj["spec"]["sieve"] = json!({"inline": "require \"fileinto\";\nfileinto;\n"});
+    setup.apply("mailaccounts", "carol", &obj).await;
+    let c = eventually("the refusal", || async {
+        sieve_condition(&setup, "carol").await.filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(c.1, "InvalidScript", "{c:?}");
+    assert!(c.2.contains("line 2"), "the compiler's line: {c:?}");
+    assert_eq!(setup.account_ready("carol").await.0, "True");
+    assert_eq!(active_script(&setup, "carol@example.com").await.map(|s| s.1), Some(filing.into()));
+
+    // From a ConfigMap: stored, and a change of the ConfigMap is stored
+    // through its watch (the resync here is an hour).
+    let config_map = |text: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "carol-sieve"}, "data": {"script": text}
+        }))
+        .unwrap()
+    };
+    let maps = setup.ns.api::<ConfigMap>();
+    let v1 = "require \"vacation\";\nvacation \"Away this week\";\n";
+    maps.patch("carol-sieve", &PatchParams::apply("accounts-test").force(), &Patch::Apply(&config_map(v1)))
+        .await
+        .expect("config map");
+    obj["spec"]["sieve"] = json!({"configMapRef": {"name": "carol-sieve", "key": "script"}});
+    setup.apply("mailaccounts", "carol", &obj).await;
+    eventually("the ConfigMap's script active", || async {
+        (active_script(&setup, "carol@example.com").await?.1 == v1).then_some(())
+    })
+    .await;
+    let v2 = "require \"vacation\";\nvacation \"Away next week too\";\n";
+    maps.patch("carol-sieve", &PatchParams::apply("accounts-test").force(), &Patch::Apply(&config_map(v2)))
+        .await
+        .expect("config map");
+    eventually("the changed ConfigMap's script active", || async {
+        (active_script(&setup, "carol@example.com").await?.1 == v2).then_some(())
+    })
+    .await;
+    // A script the user uploaded beside it stays; removing spec.sieve
+    // removes only the resource's script.
+    let id = setup.store.account_get("carol@example.com").await.unwrap().unwrap().id;
+    let quota = mailcluster_server::store::SieveQuota { max_scripts: 16, max_bytes: 65536 };
+    setup.store.sieve_put(id, "mine", b"keep;", quota).await.unwrap();
+    obj["spec"].as_object_mut().unwrap().remove("sieve");
+    setup.apply("mailaccounts", "carol", &obj).await;
+    eventually("the resource's script removed", || async {
+        let names: Vec<String> = setup.store.sieve_list(id).await.ok()?.into_iter().map(|e| e.name).collect();
+        (names == ["mine"]).then_some(())
+    })
+    .await;
+    assert_eq!(active_script(&setup, "carol@example.com").await, None);
+    assert_eq!(sieve_condition(&setup, "carol").await, None, "no condition without spec.sieve");
     setup.stop().await;
 }

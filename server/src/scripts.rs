@@ -44,13 +44,26 @@ pub async fn put<S: Accounts + Scripts + ?Sized>(
     activate: bool,
 ) -> StoreResult<()> {
     let id = account_id(store, email).await?;
+    put_by_id(store, checker, quota, id, name, source, activate).await
+}
+
+/// [`put`] for the account `account_id` (the operator knows it already).
+pub async fn put_by_id<S: Scripts + ?Sized>(
+    store: &S,
+    checker: &dyn SieveChecker,
+    quota: SieveQuota,
+    account_id: i64,
+    name: &str,
+    source: &[u8],
+    activate: bool,
+) -> StoreResult<()> {
     if let Some(why) = crate::store::sieve_name_problem(name) {
         return Err(StoreError::Invalid(why.into()));
     }
     checker.check(source).map_err(StoreError::Invalid)?;
-    store.sieve_put(id, name, source, quota).await?;
+    store.sieve_put(account_id, name, source, quota).await?;
     if activate {
-        store.sieve_activate(id, Some(name)).await?;
+        store.sieve_activate(account_id, Some(name)).await?;
     }
     Ok(())
 }
