@@ -179,18 +179,58 @@ pub(crate) struct VacationCmd {
 
 #[derive(Debug)]
 pub(crate) enum Cmd {
-    If { branches: Vec<(Test, Vec<Cmd>)>, otherwise: Option<Vec<Cmd>> },
+    If {
+        branches: Vec<(Test, Vec<Cmd>)>,
+        otherwise: Option<Vec<Cmd>>,
+    },
     Stop,
     Return,
-    Keep { flags: Option<Vec<Value>> },
+    Keep {
+        flags: Option<Vec<Value>>,
+    },
     Discard,
-    Redirect { address: Value, copy: bool },
-    FileInto { mailbox: Value, flags: Option<Vec<Value>>, copy: bool, create: bool },
-    Reject { reason: Value, extended: bool },
-    Flags { op: FlagOp, var: Option<Var>, flags: Vec<Value> },
-    Set { var: Var, modifiers: Vec<Modifier>, value: Value },
+    Redirect {
+        address: Value,
+        copy: bool,
+    },
+    FileInto {
+        mailbox: Value,
+        flags: Option<Vec<Value>>,
+        copy: bool,
+        create: bool,
+    },
+    Reject {
+        reason: Value,
+        extended: bool,
+    },
+    Flags {
+        op: FlagOp,
+        var: Option<Var>,
+        flags: Vec<Value>,
+    },
+    Set {
+        var: Var,
+        modifiers: Vec<Modifier>,
+        value: Value,
+    },
     Vacation(Box<VacationCmd>),
-    Include { name: String, global: bool, once: bool, optional: bool },
-    AddHeader { last: bool, name: Value, value: Value },
-    DeleteHeader { index: Option<Index>, m: Match, name: Value, patterns: Vec<Value> },
+    Include {
+        name: String,
+        global: bool,
+        once: bool,
+        optional: bool,
+    },
+    /// RFC 5463 §5: ends the run with an error.
+    Error(Value),
+    AddHeader {
+        last: bool,
+        name: Value,
+        value: Value,
+    },
+    DeleteHeader {
+        index: Option<Index>,
+        m: Match,
+        name: Value,
+        patterns: Vec<Value>,
+    },
 }

@@ -169,11 +169,11 @@ impl Compiler<'_> {
             requires_allowed = false;
             match cmd.name.as_str() {
                 "if" => {
-                    let mut branches = vec![(self.condition(cmd)?, self.body(cmd)?)];
+                    let mut branches = vec![self.branch(cmd)?];
                     let mut otherwise = None;
                     while let Some(next) = commands.get(i) {
                         match next.name.as_str() {
-                            "elsif" => branches.push((self.condition(next)?, self.body(next)?)),
+                            "elsif" => branches.push(self.branch(next)?),
                             "else" => {
                                 Args::new("else", next.pos, &next.args).done()?;
                                 if !next.tests.is_empty() {
@@ -209,11 +209,7 @@ impl Compiler<'_> {
     fn require(&mut self, cmd: &parse::Command) -> Result<(), CompileError> {
         let mut args = Args::new("require", cmd.pos, &cmd.args);
         for (name, pos) in args.list("a list of extensions")? {
-            let known = EXTENSIONS
-                .iter()
-                .chain(&["comparator-i;octet", "comparator-i;ascii-casemap"])
-                .find(|e| **e == name);
-            match known {
+            match known_extension(name) {
                 Some(e) => {
                     self.extensions.insert(e);
                 }
@@ -227,12 +223,44 @@ impl Compiler<'_> {
         Ok(())
     }
 
-    fn condition(&mut self, cmd: &parse::Command) -> Result<Test, CompileError> {
+    /// The test and block of an `if` or `elsif`.
+    fn branch(&mut self, cmd: &parse::Command) -> Result<(Test, Vec<Cmd>), CompileError> {
         Args::new(&cmd.name, cmd.pos, &cmd.args).done()?;
         if cmd.list || cmd.tests.len() != 1 {
             return Err(cmd.pos.error(format!("{} needs one test", cmd.name)));
         }
-        self.test(&cmd.tests[0])
+        let test = &cmd.tests[0];
+        if test.name != "ihave" {
+            return Ok((self.test(test)?, self.body(cmd)?));
+        }
+        // RFC 5463 §4: the block of an ihave test is compiled with the
+        // extensions it names when they are all supported, and not at all
+        // (it may use anything) when they are not.
+        match self.ihave(test)? {
+            None if cmd.block.is_some() => Ok((Test::False, Vec::new())),
+            None => Err(cmd.pos.error(format!("{} needs a block", cmd.name))),
+            Some(extensions) => {
+                let added: Vec<&'static str> =
+                    extensions.into_iter().filter(|e| self.extensions.insert(e)).collect();
+                let body = self.body(cmd);
+                for e in added {
+                    self.extensions.remove(e);
+                }
+                Ok((Test::True, body?))
+            }
+        }
+    }
+
+    /// The extensions an `ihave` test names when all are supported.
+    fn ihave(&self, t: &parse::Test) -> Result<Option<Vec<&'static str>>, CompileError> {
+        self.need("ihave", t.pos, "ihave")?;
+        if !t.tests.is_empty() {
+            return Err(t.pos.error("ihave takes no test"));
+        }
+        let mut args = Args::new("ihave", t.pos, &t.args);
+        let names = args.list("a list of extensions")?;
+        args.done()?;
+        Ok(names.into_iter().map(|(name, _)| known_extension(name)).collect())
     }
 
     fn body(&mut self, cmd: &parse::Command) -> Result<Vec<Cmd>, CompileError> {
@@ -443,6 +471,12 @@ impl Compiler<'_> {
                 }
                 let tests = t.tests.iter().map(|s| self.test(s)).collect::<Result<Vec<_>, _>>()?;
                 if t.name == "allof" { Test::AllOf(tests) } else { Test::AnyOf(tests) }
+            }
+            "ihave" => {
+                return Ok(match self.ihave(t)? {
+                    Some(_) => Test::True,
+                    None => Test::False,
+                });
             }
             name => {
                 no_subtests(t)?;
@@ -773,6 +807,11 @@ impl Compiler<'_> {
                 }
                 Cmd::Include { name: name.to_string(), global, once: once_, optional }
             }
+            "error" => {
+                self.need("ihave", pos, "error")?;
+                let (message, at) = args.string("a message")?;
+                Cmd::Error(self.value(message, at)?)
+            }
             "return" => {
                 self.need("include", pos, "return")?;
                 Cmd::Return
@@ -881,6 +920,14 @@ impl Compiler<'_> {
         v.reason = self.value(reason, at)?;
         Ok(v)
     }
+}
+
+fn known_extension(name: &str) -> Option<&'static str> {
+    EXTENSIONS
+        .iter()
+        .chain(&["comparator-i;octet", "comparator-i;ascii-casemap"])
+        .find(|e| **e == name)
+        .copied()
 }
 
 fn date_part(args: &mut Args<'_>) -> Result<DatePart, CompileError> {

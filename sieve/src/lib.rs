@@ -95,6 +95,7 @@ pub const EXTENSIONS: &[&str] = &[
     "spamtest",
     "spamtestplus",
     "virustest",
+    "ihave",
 ];
 
 /// A compiled script: parsed and checked once, shared (in an `Arc`) by every
@@ -258,4 +259,7 @@ pub enum RuntimeError {
     InvalidMailbox(String),
     #[error("invalid header field name: {0}")]
     InvalidHeader(String),
+    /// The script's own `error` command (RFC 5463 §5).
+    #[error("the script failed: {0}")]
+    Script(String),
 }

@@ -194,6 +194,9 @@ impl Runner<'_, '_> {
                 }
                 self.add(Action::Vacation(vacation))?;
             }
+            Cmd::Error(message) => {
+                return Err(RuntimeError::Script(self.expand(message, frame)?.into_owned()));
+            }
             Cmd::Include { name, global, once, optional } => {
                 return self.include(name, *global, *once, *optional);
             }
