@@ -94,42 +94,58 @@ impl<'m> Message<'m> {
         out
     }
 
-    /// The body's text for the `body` test (RFC 5173): the undecoded body
-    /// (`:raw`), or the decoded text of the parts whose type `wanted` accepts.
-    pub fn body_texts(&self, raw: bool, wanted: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
-        if raw {
-            let body = &self.raw[self.body_start.min(self.raw.len())..];
-            let body = &body[..body.len().min(MAX_BODY_TEXT)];
-            return vec![String::from_utf8_lossy(body).into_owned()];
-        }
+    /// The undecoded body for `body :raw` (RFC 5173 §5.1), its first
+    /// `MAX_BODY_TEXT` bytes.
+    pub fn raw_body(&self) -> String {
+        let body = &self.raw[self.body_start.min(self.raw.len())..];
+        String::from_utf8_lossy(&body[..body.len().min(MAX_BODY_TEXT)]).into_owned()
+    }
+
+    /// The decoded text of each text part, in order, until `MAX_BODY_TEXT`
+    /// bytes of text in all (`body :text` and `:content`).
+    pub fn text_parts(&self) -> Vec<BodyPart> {
         let Some(parsed) = MessageParser::default().parse(self.raw) else { return Vec::new() };
         let mut out = Vec::new();
-        let mut total = 0;
+        let mut room = MAX_BODY_TEXT;
         for part in &parsed.parts {
+            if room == 0 {
+                break;
+            }
             let (ctype, subtype) = match part.content_type() {
                 Some(ct) => {
                     (ct.ctype().to_ascii_lowercase(), ct.subtype().unwrap_or("").to_ascii_lowercase())
                 }
                 None => ("text".to_string(), "plain".to_string()),
             };
-            if !wanted(&ctype, &subtype) {
-                continue;
-            }
             let text = match &part.body {
-                PartType::Text(t) => t.to_string(),
-                PartType::Html(h) => mail_parser::decoders::html::html_to_text(h),
+                PartType::Text(t) => prefix(t, room).to_string(),
+                // Markup takes more bytes than the text it holds; what is
+                // converted is still bounded.
+                PartType::Html(h) => {
+                    truncate(mail_parser::decoders::html::html_to_text(prefix(h, 4 * room)), room)
+                }
                 _ => continue,
             };
-            let room = MAX_BODY_TEXT - total;
-            let text = truncate(text, room);
-            total += text.len();
-            out.push(text);
-            if total >= MAX_BODY_TEXT {
-                break;
-            }
+            room -= text.len();
+            out.push(BodyPart { ctype, subtype, text });
         }
         out
     }
+}
+
+pub(crate) struct BodyPart {
+    pub ctype: String,
+    pub subtype: String,
+    pub text: String,
+}
+
+/// The first `max` bytes of `s`, on a character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 fn trim_eol(line: &[u8]) -> &[u8] {

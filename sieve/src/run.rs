@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::ast::*;
 use crate::compile::{is_field_name, valid_address};
 use crate::matching::{Budget, compare, relate};
-use crate::message::{self, Field, Message, truncate};
+use crate::message::{self, BodyPart, Field, Message, truncate};
 use crate::{Action, Context, Host, Limits, Outcome, RuntimeError, Script, Vacation};
 
 /// `duplicate` without `:seconds` (RFC 7352 §3.3 leaves it to us), and the
@@ -49,6 +49,8 @@ pub fn run(
         edits: 0,
         redirects: 0,
         max_string: limits.max_script_bytes.max(limits.max_variable_bytes),
+        raw_body: None,
+        text_parts: None,
     };
     let mut frame = Frame::default();
     r.block(&script.commands, &mut frame)?;
@@ -88,6 +90,9 @@ struct Runner<'a, 'm> {
     redirects: usize,
     /// The longest string an expansion may produce.
     max_string: usize,
+    /// The body as `body` tests see it, made on first use.
+    raw_body: Option<String>,
+    text_parts: Option<Vec<BodyPart>>,
 }
 
 impl Runner<'_, '_> {
@@ -481,9 +486,12 @@ impl Runner<'_, '_> {
     ) -> Result<Vec<Field>, RuntimeError> {
         let mut out = Vec::new();
         for name in self.expand_all(names, frame)? {
-            let found: Vec<&Field> = self.msg.named(&name).collect();
-            self.budget.charge(1 + found.len() as u64 / 64)?;
-            out.extend(pick(found, index).into_iter().cloned());
+            let found = pick(self.msg.named(&name).collect(), index);
+            // Finding the fields scans the whole header; reading them (the
+            // caller decodes or parses each) is linear in their size.
+            let bytes: usize = found.iter().map(|f: &&Field| f.value.len()).sum();
+            self.budget.charge(1 + self.msg.fields.len() as u64 / 256 + bytes as u64 / 1024)?;
+            out.extend(found.into_iter().cloned());
         }
         Ok(out)
     }
@@ -544,6 +552,7 @@ impl Runner<'_, '_> {
             }
             Test::Exists(names) => {
                 for name in self.expand_all(names, frame)? {
+                    self.budget.charge(1 + self.msg.fields.len() as u64 / 256)?;
                     if self.msg.named(&name).next().is_none() {
                         return Ok(false);
                     }
@@ -556,13 +565,20 @@ impl Runner<'_, '_> {
             }
             Test::Body { m, transform, keys } => {
                 let values = match transform {
-                    BodyTransform::Raw => self.msg.body_texts(true, &|_, _| true),
-                    BodyTransform::Text => self.msg.body_texts(false, &|t, _| t == "text"),
+                    BodyTransform::Raw => {
+                        if self.raw_body.is_none() {
+                            self.budget.charge(1 + self.msg.raw.len() as u64 / 1024)?;
+                            self.raw_body = Some(self.msg.raw_body());
+                        }
+                        vec![self.raw_body.clone().unwrap_or_default()]
+                    }
+                    BodyTransform::Text => self.body_parts(|p| p.ctype == "text")?,
                     BodyTransform::Content(types) => {
                         let types: Vec<String> =
                             self.expand_all(types, frame)?.iter().map(|t| t.to_ascii_lowercase()).collect();
-                        self.msg
-                            .body_texts(false, &|t, s| types.iter().any(|want| content_type_is(want, t, s)))
+                        self.body_parts(|p| {
+                            types.iter().any(|want| content_type_is(want, &p.ctype, &p.subtype))
+                        })?
                     }
                 };
                 self.budget.charge(1 + values.iter().map(|v| v.len() as u64).sum::<u64>() / 1024)?;
@@ -646,6 +662,17 @@ impl Runner<'_, '_> {
                 self.any_match(m, &[value.to_string()], std::slice::from_ref(key), frame)?
             }
         })
+    }
+
+    /// The text of the body parts `wanted` accepts; the message is parsed on
+    /// the first call of a run, and that parse charged by the message's size.
+    fn body_parts(&mut self, wanted: impl Fn(&BodyPart) -> bool) -> Result<Vec<String>, RuntimeError> {
+        if self.text_parts.is_none() {
+            self.budget.charge(1 + self.msg.raw.len() as u64 / 1024)?;
+            self.text_parts = Some(self.msg.text_parts());
+        }
+        let parts = self.text_parts.as_deref().unwrap_or_default();
+        Ok(parts.iter().filter(|p| wanted(p)).map(|p| p.text.clone()).collect())
     }
 
     fn first_value(&self, name: &str) -> Option<String> {

@@ -282,3 +282,33 @@ fn garbage_never_panics() {
         }
     }
 }
+
+#[test]
+fn header_tests_over_a_huge_header_are_charged_by_its_size() {
+    // 200,000 fields: each test scans them all, so a thousand tests are
+    // more work than one run may do.
+    let fields: Vec<String> = (0..200_000).map(|i| format!("X-F{i}: v")).collect();
+    let m = message(&fields.iter().map(String::as_str).collect::<Vec<_>>(), "");
+    let source =
+        "if exists \"subject\" { discard; }\nif header :is \"x-none\" \"v\" { discard; }\n".repeat(500);
+    let started = Instant::now();
+    assert_eq!(try_run(&source, &m), Err(RuntimeError::TooManyInstructions));
+    assert!(started.elapsed() < SLOW * 3, "{:?}", started.elapsed());
+    // One long value read by many tests: each read is charged by its length.
+    let m = message(&[&format!("Subject: {}", "w ".repeat(512 * 1024))], "");
+    let source = "if header :is \"subject\" \"w\" { discard; }\n".repeat(1000);
+    let started = Instant::now();
+    assert_eq!(try_run(&source, &m), Err(RuntimeError::TooManyInstructions));
+    assert!(started.elapsed() < SLOW * 3, "{:?}", started.elapsed());
+}
+
+#[test]
+fn the_body_is_parsed_once_per_run_and_that_parse_is_charged() {
+    let m = message(&["Content-Type: text/plain"], &"word ".repeat(400 * 1024));
+    // Many body tests with short keys: the matching costs little, the parse
+    // of a 2 MiB message is paid once.
+    let source = format!("require \"body\";\n{}", "if body :text :is \"x\" { discard; }\n".repeat(150));
+    let started = Instant::now();
+    assert_eq!(actions(&source, &m), vec![keep()]);
+    assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
+}
