@@ -393,7 +393,7 @@ impl Compiler<'_> {
         match tag {
             "comparator" => {
                 let (name, at) = args.string("a comparator name")?;
-                let comparator = match name {
+                let comparator = match name.to_ascii_lowercase().as_str() {
                     "i;octet" => Comparator::Octet,
                     "i;ascii-casemap" => Comparator::Casemap,
                     "i;ascii-numeric" => {

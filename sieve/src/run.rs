@@ -312,6 +312,19 @@ impl Runner<'_, '_> {
         if self.actions.iter().any(delivers) {
             self.actions.retain(|a| !matches!(a, Action::Discard));
         }
+        // RFC 5228 §2.10.3: keep is filing into INBOX, which happens once;
+        // the flags of both apply.
+        let inbox = self.actions.iter().position(
+            |a| matches!(a, Action::FileInto { mailbox, .. } if mailbox.eq_ignore_ascii_case("INBOX")),
+        );
+        if let Some(inbox) = inbox
+            && self.actions.iter().any(|a| matches!(a, Action::Keep { .. }))
+            && let Action::FileInto { flags: more, .. } = self.actions.remove(inbox)
+            && let Some(Action::Keep { flags }) =
+                self.actions.iter_mut().find(|a| matches!(a, Action::Keep { .. }))
+        {
+            merge_flags(flags, more);
+        }
         let edited_message = self.msg.edited.then(|| self.msg.rebuild());
         Ok(Outcome { actions: self.actions, edited_message })
     }

@@ -321,3 +321,17 @@ fn script_is_send_and_sync() {
     fn shared<T: Send + Sync>() {}
     shared::<Script>();
 }
+
+#[test]
+fn section_2_10_3_keep_and_fileinto_inbox_deliver_once_with_both_flags() {
+    let s = r#"require ["fileinto", "imap4flags"]; fileinto :flags "a" "INBOX"; keep :flags "b";"#;
+    assert_eq!(actions(s, &simple_message()), vec![Action::Keep { flags: vec!["b".into(), "a".into()] }]);
+    let s = r#"require "fileinto"; fileinto "inbox";"#;
+    assert_eq!(actions(s, &simple_message()), vec![fileinto("inbox")]);
+}
+
+#[test]
+fn comparator_names_are_case_insensitive() {
+    let m = message(&["Subject: ABC"], "");
+    assert!(!holds("", "header :is :comparator \"I;OCTET\" \"subject\" \"abc\"", &m));
+}
