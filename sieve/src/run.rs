@@ -107,6 +107,9 @@ impl Runner<'_, '_> {
         Ok(Flow::Next)
     }
 
+    /// The commands that nest (`if`, `include`) here, the others apart: the
+    /// frames of this recursion stay small, so the deepest script the limits
+    /// allow runs on a small thread stack.
     fn command(&mut self, cmd: &Cmd, frame: &mut Frame) -> Result<Flow, RuntimeError> {
         match cmd {
             Cmd::If { branches, otherwise } => {
@@ -115,10 +118,20 @@ impl Runner<'_, '_> {
                         return self.block(block, frame);
                     }
                 }
-                if let Some(block) = otherwise {
-                    return self.block(block, frame);
+                match otherwise {
+                    Some(block) => self.block(block, frame),
+                    None => Ok(Flow::Next),
                 }
             }
+            Cmd::Include { name, global, once, optional } => self.include(name, *global, *once, *optional),
+            _ => self.simple_command(cmd, frame),
+        }
+    }
+
+    #[inline(never)]
+    fn simple_command(&mut self, cmd: &Cmd, frame: &mut Frame) -> Result<Flow, RuntimeError> {
+        match cmd {
+            Cmd::If { .. } | Cmd::Include { .. } => unreachable!("nesting commands are run by command()"),
             Cmd::Stop => return Ok(Flow::Stop),
             Cmd::Return => return Ok(Flow::Return),
             Cmd::Keep { flags } => {
@@ -201,9 +214,6 @@ impl Runner<'_, '_> {
             }
             Cmd::Error(message) => {
                 return Err(RuntimeError::Script(self.expand(message, frame)?.into_owned()));
-            }
-            Cmd::Include { name, global, once, optional } => {
-                return self.include(name, *global, *once, *optional);
             }
             Cmd::AddHeader { last, name, value } => {
                 self.edit()?;
@@ -509,19 +519,20 @@ impl Runner<'_, '_> {
         Ok(out)
     }
 
+    /// The tests that nest here, the others apart (as for commands).
     fn test(&mut self, test: &Test, frame: &Frame) -> Result<bool, RuntimeError> {
         self.budget.charge(1)?;
-        Ok(match test {
-            Test::True => true,
-            Test::False => false,
-            Test::Not(t) => !self.test(t, frame)?,
+        match test {
+            Test::True => Ok(true),
+            Test::False => Ok(false),
+            Test::Not(t) => Ok(!self.test(t, frame)?),
             Test::AllOf(tests) => {
                 for t in tests {
                     if !self.test(t, frame)? {
                         return Ok(false);
                     }
                 }
-                true
+                Ok(true)
             }
             Test::AnyOf(tests) => {
                 for t in tests {
@@ -529,7 +540,17 @@ impl Runner<'_, '_> {
                         return Ok(true);
                     }
                 }
-                false
+                Ok(false)
+            }
+            _ => self.leaf_test(test, frame),
+        }
+    }
+
+    #[inline(never)]
+    fn leaf_test(&mut self, test: &Test, frame: &Frame) -> Result<bool, RuntimeError> {
+        Ok(match test {
+            Test::True | Test::False | Test::Not(_) | Test::AllOf(_) | Test::AnyOf(_) => {
+                unreachable!("nesting tests are run by test()")
             }
             Test::Header { m, names, keys, index } => {
                 let values: Vec<String> =

@@ -312,3 +312,30 @@ fn the_body_is_parsed_once_per_run_and_that_parse_is_charged() {
     assert_eq!(actions(&source, &m), vec![keep()]);
     assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
 }
+
+#[test]
+fn the_deepest_legal_scripts_compile_and_run_on_a_small_stack() {
+    // 32 levels of blocks and tests in each of five scripts, each including
+    // the next (as deep as includes go): what the limits allow must fit a 1 MiB thread stack (tokio's
+    // workers have 2 MiB), even unoptimised.
+    let worker = std::thread::Builder::new().stack_size(1 << 20).spawn(|| {
+        let level = |next: &str| {
+            format!(
+                "require [\"include\", \"fileinto\"];\n{}if {}true {{ include :optional \"{next}\"; fileinto \"deep\"; }}{}",
+                "if true {".repeat(29),
+                "not not ",
+                "}".repeat(29)
+            )
+        };
+        let nots = format!("require \"fileinto\"; if {}true {{ fileinto \"bottom\"; }}", "not not ".repeat(15));
+        let mut host = TestHost::default().with_script("l3", false, &nots);
+        for (name, next) in [("l2", "l3"), ("l1", "l2"), ("l0", "l1")] {
+            host = host.with_script(name, false, &level(next));
+        }
+        let top = Script::compile(level("l0").as_bytes(), &limits()).unwrap();
+        let out = run(&top, &simple_message(), &context(FROM, TO, &[]), &mut host, &limits()).unwrap();
+        assert_eq!(out.actions, vec![fileinto("bottom"), fileinto("deep")]);
+        Script::compile(nots.as_bytes(), &limits()).unwrap();
+    });
+    worker.unwrap().join().unwrap();
+}
