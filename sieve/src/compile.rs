@@ -1018,6 +1018,9 @@ fn decode_one(inside: &str, pos: Pos) -> Result<Option<String>, CompileError> {
     let Some((kind, list)) = inside.split_once(':') else { return Ok(None) };
     let kind = kind.to_ascii_lowercase();
     let words: Vec<&str> = list.split([' ', '\t', '\r', '\n']).filter(|w| !w.is_empty()).collect();
+    if words.is_empty() {
+        return Ok(None);
+    }
     let hex = |w: &&str, max: usize| w.len() <= max && w.bytes().all(|c| c.is_ascii_hexdigit());
     match kind.as_str() {
         "hex" => {

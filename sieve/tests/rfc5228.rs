@@ -226,10 +226,10 @@ fn section_2_4_2_strings_escapes_and_multi_line_dot_stuffing() {
 
 #[test]
 fn section_2_4_2_4_encoded_characters() {
-    let s = r#"require ["encoded-character", "reject"]; reject "${hex: 40 41}${unicode:263a} ${unknown:1} ${hex:zz}";"#;
+    let s = r#"require ["encoded-character", "reject"]; reject "${hex: 40 41}${unicode:263a} ${unknown:1} ${hex:zz} ${hex:}";"#;
     assert_eq!(
         actions(s, &simple_message()),
-        vec![Action::Reject { reason: "@A\u{263a} ${unknown:1} ${hex:zz}".into(), extended: false }]
+        vec![Action::Reject { reason: "@A\u{263a} ${unknown:1} ${hex:zz} ${hex:}".into(), extended: false }]
     );
     // Without the require, the text stays as written.
     let s = r#"require "reject"; reject "${hex:40}";"#;
