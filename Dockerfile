@@ -34,6 +34,6 @@ ENV MAILCLUSTER_DATA_DIR=/var/lib/mailcluster
 USER 65532:65532
 # Mail listeners (standard port + 10000), the admin port, the operator's metrics,
 # the delivering pods' group commit across pods.
-EXPOSE 10025 10587 10465 10143 10993 10110 10995 9090 8080 7025
+EXPOSE 10025 10587 10465 10143 10993 14190 10110 10995 9090 8080 7025
 ENTRYPOINT ["/usr/local/bin/mailcluster"]
 CMD ["serve"]

@@ -35,7 +35,7 @@ USER_ID=65532
 DATA_DIR=/var/lib/mailcluster
 ENTRYPOINT=/usr/local/bin/mailcluster
 CMD=serve
-PORTS=(10025 10587 10465 10143 10993 10110 10995 9090 8080 7025)
+PORTS=(10025 10587 10465 10143 10993 14190 10110 10995 9090 8080 7025)
 PATH_ENV=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 PACKAGES=(libc6 libgcc-s1 ca-certificates tzdata)
 

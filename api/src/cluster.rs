@@ -729,7 +729,7 @@ pub struct TuningSpec {
     /// Redis, relayed mail) take, `"LOW HIGH"`, e.g. `"16384 65535"`. The kernel
     /// refuses a range below 1024, and it must leave out the ports the pods
     /// listen on: 7025, 9090, and 10000 + each mail port (10025, 10110, 10143,
-    /// 10465, 10587, 10993, 10995).
+    /// 10465, 10587, 10993, 10995, 14190).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), regex(pattern = r"^[0-9]{1,5}[ \t]+[0-9]{1,5}$"))]
     pub ip_local_port_range: Option<String>,

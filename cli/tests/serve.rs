@@ -20,7 +20,8 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
 }
 
 /// Every listener the default configuration starts, by name (sorted).
-const EXPECTED: [&str; 7] = ["imap", "imaps", "pop3", "pop3s", "smtp", "submission", "submissions"];
+const EXPECTED: [&str; 8] =
+    ["imap", "imaps", "managesieve", "pop3", "pop3s", "smtp", "submission", "submissions"];
 
 #[test]
 fn embedded_default_serves_health_and_drains_on_sigterm() {

@@ -202,14 +202,22 @@ fn deployment_pod_is_locked_down_and_probed() {
     assert_eq!(live.path.as_deref(), Some("/healthz"));
     let ports: Vec<(String, i32)> =
         c.ports.as_ref().unwrap().iter().map(|p| (p.name.clone().unwrap(), p.container_port)).collect();
-    assert_eq!(ports, [("imap".into(), 10143), ("imaps".into(), 10993), ("admin".into(), 9090)]);
+    assert_eq!(
+        ports,
+        [
+            ("imap".into(), 10143),
+            ("imaps".into(), 10993),
+            ("managesieve".into(), 14190),
+            ("admin".into(), 9090)
+        ]
+    );
     assert_eq!(c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap().sleep.as_ref().unwrap().seconds, 5);
     let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
     assert!(mounts.contains(&"/tmp") && mounts.contains(&"/var/lib/mailcluster"), "{mounts:?}");
 
     let env = c.env.as_ref().unwrap();
     let var = |n: &str| env.iter().find(|e| e.name == n).unwrap_or_else(|| panic!("{n} missing"));
-    assert_eq!(var("MAILCLUSTER_PROTOCOLS").value.as_deref(), Some("imap,imaps"));
+    assert_eq!(var("MAILCLUSTER_PROTOCOLS").value.as_deref(), Some("imap,imaps,managesieve"));
     let db = var("MAILCLUSTER_DATABASE_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
     assert_eq!((db.name.as_str(), db.key.as_str()), ("mail-db", "url"));
     let redis = var("MAILCLUSTER_REDIS_URL").value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
@@ -404,7 +412,7 @@ fn services_map_standard_ports_and_follow_spec() {
     assert_eq!(s.external_traffic_policy, None);
     let ports: Vec<(String, i32)> =
         s.ports.unwrap().iter().map(|p| (p.name.clone().unwrap(), p.port)).collect();
-    assert_eq!(ports, [("imap".into(), 143), ("imaps".into(), 993)]);
+    assert_eq!(ports, [("imap".into(), 143), ("imaps".into(), 993), ("managesieve".into(), 4190)]);
     let pop3: Service = get(&b, ChildKind::Service, "prod-pop3");
     let ports: Vec<i32> = pop3.spec.unwrap().ports.unwrap().iter().map(|p| p.port).collect();
     assert_eq!(ports, [110, 995]);
@@ -524,7 +532,7 @@ fn network_policy_opens_mail_ports_and_guards_admin() {
     let ingress = np.object.data["spec"]["ingress"].as_array().unwrap();
     let mail_ports: Vec<i64> =
         ingress[0]["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()).collect();
-    assert_eq!(mail_ports, [10025, 10587, 10465, 10143, 10993, 10110, 10995]);
+    assert_eq!(mail_ports, [10025, 10587, 10465, 10143, 10993, 14190, 10110, 10995]);
     for port in mail_ports {
         assert_eq!(admitted(&np.object.data, port), Some(vec![]), "mail port {port} is open to all");
     }
@@ -898,8 +906,9 @@ fn tuning_values_the_kernel_would_refuse_are_invalid() {
     assert_eq!(all.lines().count(), 3, "{all}");
     // Within range, and clear of the listening ports on either side.
     for fine in [
-        serde_json::json!({"ipLocalPortRange": "10996 65535", "somaxconn": 65535, "tcpKeepaliveProbes": 1}),
+        serde_json::json!({"ipLocalPortRange": "14191 65535", "somaxconn": 65535, "tcpKeepaliveProbes": 1}),
         serde_json::json!({"ipLocalPortRange": "1024 7024"}),
+        serde_json::json!({"ipLocalPortRange": "10996 14189"}),
         serde_json::json!({"ipLocalPortRange": "10600 10900", "tcpRmem": "1 1 2147483647"}),
     ] {
         assert_eq!(problems(fine.clone()), "", "{fine}");

@@ -114,7 +114,7 @@ pub struct Ports {
 
 impl Default for Ports {
     fn default() -> Self {
-        // Container ports are the standard port + 10000 (at most 10995).
+        // Container ports are the standard port + 10000 (at most 14190).
         let port = |l: Listener| u16::try_from(l.container_port()).unwrap_or(0);
         Ports {
             smtp: port(Listener::Smtp),

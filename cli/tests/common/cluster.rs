@@ -27,6 +27,7 @@ pub fn ephemeral_ports() -> Vec<(&'static str, &'static str)> {
         "MAILCLUSTER_IMAPS_PORT",
         "MAILCLUSTER_POP3_PORT",
         "MAILCLUSTER_POP3S_PORT",
+        "MAILCLUSTER_MANAGESIEVE_PORT",
     ] {
         env.push((var, "0"));
     }
