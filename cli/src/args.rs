@@ -47,6 +47,13 @@ pub enum Command {
         #[command(subcommand)]
         command: AliasCommand,
     },
+    /// Manage accounts' Sieve scripts (as ManageSieve clients do).
+    Sieve {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: SieveCommand,
+    },
     /// Run load scenarios against a server and check them against SLOs
     /// (exit 0 all SLOs met, 3 an SLO missed, 1 the run failed).
     Stress(Box<mailcluster_stress::StressArgs>),
@@ -290,6 +297,34 @@ pub enum AliasCommand {
         #[arg(long)]
         domain: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SieveCommand {
+    /// Store FILE (`-` for stdin) as the user's script NAME, replacing one of
+    /// that name; checked as ManageSieve's PUTSCRIPT checks it.
+    Put {
+        user: String,
+        name: String,
+        file: PathBuf,
+        /// Make it the active script too.
+        #[arg(long)]
+        activate: bool,
+    },
+    /// List the user's scripts, one name per line, the active one followed by ` ACTIVE`.
+    List { user: String },
+    /// Make NAME the active script, or with --none leave none active.
+    Activate {
+        user: String,
+        #[arg(required_unless_present = "none", conflicts_with = "none")]
+        name: Option<String>,
+        #[arg(long)]
+        none: bool,
+    },
+    /// Print a script's source.
+    Get { user: String, name: String },
+    /// Delete a script (not the active one).
+    Delete { user: String, name: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,12 +10,12 @@ use anyhow::Context;
 use mailcluster_model::{DomainKey, Quota};
 use mailcluster_server::config::Config;
 use mailcluster_server::provision::{self, PasswordSource, ProvisionError, WantedAccount};
-use mailcluster_server::store::Store;
+use mailcluster_server::store::{Store, StoreError};
 use mailcluster_stress::StressArgs;
 
 use crate::args::{
     AliasCommand, ConfigArg, DkimCommand, DomainCommand, PasswordArgs, QueueCommand, QuotaSetting,
-    SendersCommand, ServeArgs, UserCommand,
+    SendersCommand, ServeArgs, SieveCommand, UserCommand,
 };
 use crate::failure::Failure;
 
@@ -124,6 +124,67 @@ async fn admin_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
         store.migrate().await.context("migration failed")?;
     }
     Ok(store)
+}
+
+pub async fn sieve(config: &Config, command: &SieveCommand) -> Result<(), Failure> {
+    use mailcluster_server::scripts;
+    let store = admin_store(config).await?;
+    // A refusal of the input (a name, a script, a limit) is the operator's to
+    // fix (exit 2); a missing user or script, or the store failing, is not.
+    let fail = |e: StoreError, doing: String| match e {
+        StoreError::Invalid(_) | StoreError::OverQuota(_) => {
+            Failure::usage(anyhow::Error::from(e).context(doing))
+        }
+        e => Failure::runtime(anyhow::Error::from(e).context(doing)),
+    };
+    match command {
+        SieveCommand::Put { user, name, file, activate } => {
+            let source = if file.as_os_str() == "-" {
+                let mut buf = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut buf)
+                    .context("cannot read stdin")?;
+                buf
+            } else {
+                std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?
+            };
+            let checker = scripts::checker_for(config);
+            scripts::put(&*store, &*checker, scripts::quota_of(config), user, name, &source, *activate)
+                .await
+                .map_err(|e| fail(e, format!("cannot store script {name} of {user}")))?;
+            eprintln!("script {name} of {user} stored{}", if *activate { " and active" } else { "" });
+        }
+        SieveCommand::List { user } => {
+            let list = scripts::list(&*store, user)
+                .await
+                .map_err(|e| fail(e, format!("cannot list {user}'s scripts")))?;
+            let mut out = std::io::stdout().lock();
+            for entry in list {
+                writeln!(out, "{}{}", entry.name, if entry.active { " ACTIVE" } else { "" })?;
+            }
+        }
+        SieveCommand::Activate { user, name, .. } => {
+            scripts::activate(&*store, user, name.as_deref())
+                .await
+                .map_err(|e| fail(e, format!("cannot activate a script of {user}")))?;
+            match name {
+                Some(name) => eprintln!("script {name} of {user} active"),
+                None => eprintln!("no script of {user} active"),
+            }
+        }
+        SieveCommand::Get { user, name } => {
+            let source = scripts::get(&*store, user, name)
+                .await
+                .map_err(|e| fail(e, format!("cannot read script {name} of {user}")))?;
+            std::io::stdout().lock().write_all(&source)?;
+        }
+        SieveCommand::Delete { user, name } => {
+            scripts::delete(&*store, user, name)
+                .await
+                .map_err(|e| fail(e, format!("cannot delete script {name} of {user}")))?;
+            eprintln!("script {name} of {user} deleted");
+        }
+    }
+    Ok(())
 }
 
 pub async fn alias(config: &Config, command: &AliasCommand) -> Result<(), Failure> {

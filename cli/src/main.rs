@@ -101,6 +101,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::User { ref config, .. }
         | Command::Domain { ref config, .. }
         | Command::Alias { ref config, .. }
+        | Command::Sieve { ref config, .. }
         | Command::Queue { ref config, .. } => config,
     };
     let config = commands::load_config(config_arg)?;
@@ -109,7 +110,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
     // lines ("store opened") only when asked for with --log-level or RUST_LOG.
     let admin = matches!(
         cli.command,
-        Command::User { .. } | Command::Domain { .. } | Command::Alias { .. } | Command::Queue { .. }
+        Command::User { .. }
+            | Command::Domain { .. }
+            | Command::Alias { .. }
+            | Command::Sieve { .. }
+            | Command::Queue { .. }
     );
     let default_level = if admin { "warn" } else { config.log.level.as_str() };
     let filter = logging::filter(cli.log_level.as_deref(), rust_log.as_deref(), default_level)
@@ -123,6 +128,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             Command::User { command, .. } => commands::user(&config, command).await,
             Command::Domain { command, .. } => commands::domain(&config, command).await,
             Command::Alias { command, .. } => commands::alias(&config, command).await,
+            Command::Sieve { command, .. } => commands::sieve(&config, command).await,
             Command::Queue { command, .. } => commands::queue(&config, command).await,
             Command::Version
             | Command::Dkim { .. }

@@ -1,4 +1,4 @@
-//! `domain`, `user`, `alias` and `migrate` against real stores: the embedded SQLite default
+//! `domain`, `user`, `alias`, `sieve` and `migrate` against real stores: the embedded SQLite default
 //! in a temporary directory and a fresh PostgreSQL database; and what an operator
 //! sees when the database or Redis cannot be reached.
 
@@ -232,6 +232,73 @@ fn domains_and_users_in_postgres() {
     run(dir.path(), &["migrate"], &env).ok();
     administer(dir.path(), &env);
     assert!(!dir.path().join("mailcluster-data").join("mailcluster.db").exists());
+}
+
+/// `sieve put/list/activate/get/delete`, whatever the backend.
+fn manage_scripts(cwd: &Path, env: &[(&str, &str)]) {
+    run(cwd, &["domain", "add", "example.com"], env).ok();
+    with_password(cwd, &["user", "add", "alice@example.com"], env, "pw").ok();
+    let script = cwd.join("vacation.sieve");
+    std::fs::write(&script, "require \"vacation\";\nvacation \"Away\";\n").unwrap();
+    let file = script.to_str().unwrap();
+    let out = run(cwd, &["sieve", "put", "alice@example.com", "away", file, "--activate"], env);
+    out.ok();
+    assert_eq!(out.stderr, "script away of alice@example.com stored and active\n");
+    let out = run_with(
+        cwd,
+        &["sieve", "put", "alice@example.com", "other", "-"],
+        env,
+        "keep;\n",
+        Duration::from_secs(60),
+    );
+    out.ok();
+    let out = run(cwd, &["sieve", "list", "alice@example.com"], env);
+    assert_eq!(out.stdout, "away ACTIVE\nother\n");
+    let out = run(cwd, &["sieve", "get", "alice@example.com", "away"], env);
+    assert_eq!(out.stdout, "require \"vacation\";\nvacation \"Away\";\n");
+
+    // The active script stays (RFC 5804 §2.10), until another is active or none.
+    let out = run(cwd, &["sieve", "delete", "alice@example.com", "away"], env);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.error_line().contains("active"), "{}", out.stderr);
+    run(cwd, &["sieve", "activate", "alice@example.com", "other"], env).ok();
+    assert_eq!(run(cwd, &["sieve", "list", "alice@example.com"], env).stdout, "away\nother ACTIVE\n");
+    run(cwd, &["sieve", "activate", "alice@example.com", "--none"], env).ok();
+    assert_eq!(run(cwd, &["sieve", "list", "alice@example.com"], env).stdout, "away\nother\n");
+    run(cwd, &["sieve", "delete", "alice@example.com", "away"], env).ok();
+
+    // What ManageSieve refuses, the command refuses: names, scripts, limits.
+    let bad = cwd.join("bad.sieve");
+    std::fs::write(&bad, b"keep;\n\xff\n").unwrap();
+    let out = run(cwd, &["sieve", "put", "alice@example.com", "bad", bad.to_str().unwrap()], env);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.error_line().contains("line 2"), "{}", out.stderr);
+    let out = run(cwd, &["sieve", "put", "alice@example.com", "tab\there", file], env);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    let limited: Vec<(&str, &str)> =
+        env.iter().copied().chain([("MAILCLUSTER_SIEVE__MAX_SCRIPTS", "1")]).collect();
+    let out = run(cwd, &["sieve", "put", "alice@example.com", "second", file], &limited);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.error_line().contains("over quota"), "{}", out.stderr);
+
+    // Unknown users and scripts are runtime errors naming them.
+    let out = run(cwd, &["sieve", "list", "nobody@example.com"], env);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.error_line().contains("nobody@example.com"), "{}", out.stderr);
+    let out = run(cwd, &["sieve", "get", "alice@example.com", "gone"], env);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let out = run(cwd, &["sieve", "activate", "alice@example.com"], env);
+    assert_eq!(out.code, Some(2), "a name or --none: {}", out.stderr);
+    out.assert_no_panic();
+}
+
+#[test]
+fn sieve_scripts_in_the_embedded_store_and_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    manage_scripts(dir.path(), &[]);
+    let db = TestDatabase::create_blocking("mc_cli");
+    let dir = tempfile::tempdir().unwrap();
+    manage_scripts(dir.path(), &[("MAILCLUSTER_DATABASE_URL", db.url.as_str())]);
 }
 
 #[test]
