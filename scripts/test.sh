@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check of the project on a fresh Debian machine that has only Rust:
 #   1. installs what the tests need and is missing (apt-get): PostgreSQL, Redis,
-#      python3, swaks, curl, isync (mbsync), fetchmail, postfix (for
+#      python3, swaks, curl, isync (mbsync), fetchmail, sieve-connect, postfix (for
 #      smtp-sink), and as root iproute2, iptables, prometheus, containerd, runc,
 #      buildah, containernetworking-plugins, binutils; (pip)
 #      kubernetes-validate, helm-python-sdk, lupa;
@@ -40,6 +40,10 @@ done
 # Mail clients run by the IMAP and POP3 client tests (package names differ).
 command -v mbsync >/dev/null 2>&1 || missing+=(isync)
 command -v fetchmail >/dev/null 2>&1 || missing+=(fetchmail)
+# The ManageSieve client of server/tests/managesieve.rs, which fails instead of
+# skipping without it once this is set.
+command -v sieve-connect >/dev/null 2>&1 || missing+=(sieve-connect)
+export MAILCLUSTER_REQUIRE_SIEVE_CONNECT=1
 # swaks speaks TLS through Net::SSLeay, which Debian only recommends (and
 # --no-install-recommends skips).
 perl -MNet::SSLeay -e1 >/dev/null 2>&1 || missing+=(libnet-ssleay-perl)
