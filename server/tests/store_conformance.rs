@@ -2024,7 +2024,7 @@ async fn sieve_script_quota(ctx: Ctx) {
 
     let (racer, _) = account(&s, "racer@example.com").await;
     let stores = [ctx.store.clone(), ctx.open_again().await];
-    let handles: Vec<_> = (0..8)
+    let handles: Vec<_> = (0..24)
         .map(|i| {
             let store = stores[i % 2].clone();
             tokio::spawn(async move { store.sieve_put(racer, &format!("s{i}"), b"keep;", SIEVE_QUOTA).await })
