@@ -32,6 +32,7 @@ use mailcluster_server::net::deflate::Deflate;
 use mailcluster_server::net::proxy::read_header;
 use mailcluster_server::proto::frame::{Command, CommandFramer, Limits, Line, LineFramer};
 use mailcluster_server::proto::imap::parse::{parse, rewritten_criteria, shallow_or_chains};
+use mailcluster_server::proto::managesieve;
 use mailcluster_server::proto::smtp::{DataDecoder, address_literal, foreign_orcpt, parse_command};
 use mailcluster_server::relay::client::Reply;
 use mailcluster_server::relay::client::fuzzing as relay;
@@ -120,6 +121,31 @@ pub fn imap_command(data: &[u8]) {
             }
         }
     }
+}
+
+/// ManageSieve: client bytes through the command framer (as the session frames
+/// them: `{n}` and `{n+}` alike) and the parser: no panic, no script or name
+/// larger than the framer admits; and any string the server sends back
+/// (quoted or as a literal) reads back as the same bytes.
+pub fn managesieve_command(data: &[u8]) {
+    for event in frame_commands(data, std::iter::once(data.len())) {
+        let Command::Complete(cmd) = event else { continue };
+        match managesieve::parse_command(&cmd) {
+            Ok(managesieve::Command::PutScript { script, name }) => {
+                assert!(script.len() <= IMAP_LIMITS.max_literal && name.len() <= IMAP_LIMITS.max_literal);
+            }
+            Ok(managesieve::Command::CheckScript(script)) => assert!(script.len() <= IMAP_LIMITS.max_literal),
+            _ => {}
+        }
+    }
+    let mut out = b"CHECKSCRIPT ".to_vec();
+    managesieve::encode_string(&mut out, data);
+    out.extend_from_slice(b"\r\n");
+    assert_eq!(
+        managesieve::parse_command(&out),
+        Ok(managesieve::Command::CheckScript(data.to_vec())),
+        "a string sent back reads back"
+    );
 }
 
 /// The line framer of the SMTP and POP3 sessions: every line within the limit and

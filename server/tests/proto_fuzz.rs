@@ -245,6 +245,20 @@ fn line_framing() {
     run("lines", &corpus, checks::lines);
 }
 
+const MANAGESIEVE_CORPUS: &[&[u8]] = &[
+    b"CAPABILITY\r\nSTARTTLS\r\nAUTHENTICATE \"PLAIN\" \"AGFsaWNlAHB3\"\r\n",
+    b"AUTHENTICATE \"PLAIN\" {12+}\r\nAGFsaWNlAHB3\r\nNOOP \"tag\"\r\n",
+    b"PUTSCRIPT \"main\" {26+}\r\nrequire \"fileinto\";\r\nkeep;\r\n",
+    b"PUTSCRIPT \"a \\\"b\\\\\" {5}\r\nkeep;\r\nCHECKSCRIPT {6+}\r\nstop;\n\r\n",
+    b"HAVESPACE \"main\" 65536\r\nLISTSCRIPTS\r\nSETACTIVE \"\"\r\nGETSCRIPT \"main\"\r\n",
+    b"RENAMESCRIPT \"main\" {3+}\r\nnew\r\nDELETESCRIPT \"new\"\r\nLOGOUT\r\n",
+];
+
+#[test]
+fn managesieve_commands() {
+    run("managesieve_command", MANAGESIEVE_CORPUS, checks::managesieve_command);
+}
+
 #[test]
 fn smtp_commands_and_data() {
     run("smtp_command", SMTP_CORPUS, checks::smtp);
