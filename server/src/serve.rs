@@ -352,50 +352,52 @@ async fn open_store_once(config: &Config, url: Option<&str>) -> Result<Arc<dyn S
 /// Every `imap.tombstone_prune_interval_secs`, the pod that holds the cluster-wide
 /// lease deletes the expunge tombstones older than `imap.tombstone_retention_days`
 /// (the expunged table would otherwise grow with every message ever deleted).
-/// Failures are logged and retried at the next interval.
 async fn prune_tombstones(store: Arc<dyn Store>, config: Arc<Config>) {
     let every = Duration::from_secs(config.imap.tombstone_prune_interval_secs);
     let retention =
         chrono::Duration::days(i64::try_from(config.imap.tombstone_retention_days).unwrap_or(i64::MAX));
-    let member = format!("{}:{}", config.hostname, std::process::id());
-    loop {
-        tokio::time::sleep(every).await;
-        match store.lease_acquire("prune:tombstones", &member, 1, every).await {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "tombstone prune: cannot take the lease");
-                continue;
-            }
-        }
+    under_lease(store, &config, "tombstones", every, move |store| async move {
         let before = chrono::Utc::now() - retention;
         match store.prune_tombstones(before).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(pruned = n, %before, "expunge tombstones pruned"),
             Err(e) => tracing::warn!(error = %e, "tombstone prune failed"),
         }
-    }
+    })
+    .await
 }
 
 /// Every hour, the pod that holds the cluster-wide lease forgets the vacation
 /// replies and duplicate ids of Sieve scripts whose period is over.
 async fn prune_sieve_seen(store: Arc<dyn Store>, config: Arc<Config>) {
-    let every = Duration::from_secs(3600);
-    let member = format!("{}:{}", config.hostname, std::process::id());
-    loop {
-        tokio::time::sleep(every).await;
-        match store.lease_acquire("prune:sieve", &member, 1, every).await {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "sieve prune: cannot take the lease");
-                continue;
-            }
-        }
+    under_lease(store, &config, "sieve", Duration::from_secs(3600), |store| async move {
         match store.sieve_seen_prune().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(pruned = n, "sieve vacation and duplicate records pruned"),
             Err(e) => tracing::warn!(error = %e, "sieve prune failed"),
+        }
+    })
+    .await
+}
+
+/// Runs `job` every `every` on the one pod that holds the cluster-wide lease
+/// `prune:<name>` for that round. Failures are logged and retried at the next
+/// round.
+async fn under_lease<F: std::future::Future<Output = ()>>(
+    store: Arc<dyn Store>,
+    config: &Config,
+    name: &str,
+    every: Duration,
+    job: impl Fn(Arc<dyn Store>) -> F,
+) {
+    let member = format!("{}:{}", config.hostname, std::process::id());
+    let key = format!("prune:{name}");
+    loop {
+        tokio::time::sleep(every).await;
+        match store.lease_acquire(&key, &member, 1, every).await {
+            Ok(true) => job(store.clone()).await,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, lease = %key, "cannot take the lease"),
         }
     }
 }

@@ -375,9 +375,7 @@ impl Session {
                         self.app.sieve.forget(id);
                         self.ok("Setactive completed")
                     }
-                    Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => {
-                        self.no(Some("NONEXISTENT"), "There is no script by that name")
-                    }
+                    Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => self.nonexistent(),
                     Err(e) => self.store_error(e),
                 }
             }
@@ -388,18 +386,15 @@ impl Session {
                     self.out.extend_from_slice(b"\r\n");
                     self.ok("Getscript completed")
                 }
-                Ok(None) => self.no(Some("NONEXISTENT"), "There is no script by that name"),
+                Ok(None) => self.nonexistent(),
                 Err(e) => self.store_error(e),
             },
             Command::DeleteScript(name) => {
                 if sieve_name_problem(&name).is_some() {
-                    return Ok(self.no(Some("NONEXISTENT"), "There is no script by that name"));
+                    return Ok(self.nonexistent());
                 }
                 match store.sieve_delete(id, &name).await {
                     Ok(()) => self.ok("Deletescript completed"),
-                    Err(StoreError::NotFound(_)) => {
-                        self.no(Some("NONEXISTENT"), "There is no script by that name")
-                    }
                     Err(StoreError::Invalid(_)) => {
                         self.no(Some("ACTIVE"), "The active script cannot be deleted")
                     }
@@ -408,19 +403,13 @@ impl Session {
             }
             Command::RenameScript { from, to } => {
                 if sieve_name_problem(&from).is_some() {
-                    return Ok(self.no(Some("NONEXISTENT"), "There is no script by that name"));
+                    return Ok(self.nonexistent());
                 }
                 if let Some(why) = sieve_name_problem(&to) {
                     return Ok(self.no(None, why));
                 }
                 match store.sieve_rename(id, &from, &to).await {
                     Ok(()) => self.ok("Renamescript completed"),
-                    Err(StoreError::NotFound(_)) => {
-                        self.no(Some("NONEXISTENT"), "There is no script by that name")
-                    }
-                    Err(StoreError::AlreadyExists(_)) => {
-                        self.no(Some("ALREADYEXISTS"), "A script by the new name exists")
-                    }
                     Err(e) => self.store_error(e),
                 }
             }
@@ -438,11 +427,15 @@ impl Session {
         checker.check(script).err().map(|why| self.no(None, &why))
     }
 
+    fn nonexistent(&mut self) -> Step {
+        self.no(Some("NONEXISTENT"), "There is no script by that name")
+    }
+
     fn store_error(&mut self, e: StoreError) -> Step {
         match e {
             StoreError::Invalid(why) => self.no(None, &why),
             StoreError::OverQuota(why) => self.no(Some("QUOTA"), &why),
-            StoreError::NotFound(_) => self.no(Some("NONEXISTENT"), "There is no script by that name"),
+            StoreError::NotFound(_) => self.nonexistent(),
             StoreError::AlreadyExists(_) => self.no(Some("ALREADYEXISTS"), "A script by that name exists"),
             StoreError::Unavailable(m) | StoreError::Internal(m) => {
                 tracing::warn!(error = %m, "managesieve: store failure");
