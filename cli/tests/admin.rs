@@ -329,7 +329,7 @@ fn unreachable_redis_does_not_keep_serve_from_starting() {
         ("MAILCLUSTER_REDIS_URL", "redis://:hunter2@127.0.0.1:1"),
         ("MAILCLUSTER_REDIS__CONNECT_TIMEOUT_SECS", "3"),
     ]);
-    let server = common::cluster::ServeProcess::start(dir.path(), &env, 7);
+    let server = common::cluster::ServeProcess::start(dir.path(), &env, 8);
     let (status, body) = common::wire::http_get(server.admin, "/readyz");
     assert_eq!(status, 200, "{body}");
     let (_, health) = common::wire::http_get(server.admin, "/healthz");

@@ -97,7 +97,7 @@ fn start_configured(
     env.push(("MAILCLUSTER_SMTP_PORT", Box::leak(port.into_boxed_str())));
     env.push(("MAILCLUSTER_CONFIG", Box::leak(cfg.to_string().into_boxed_str())));
     env.push(("MAILCLUSTER_LOG_LEVEL", "info,mailcluster_server::relay=debug"));
-    ServeProcess::start(o.dir.path(), &env, 7)
+    ServeProcess::start(o.dir.path(), &env, 8)
 }
 
 /// Submits a message with swaks, authenticated as `from`; the submission must succeed.
