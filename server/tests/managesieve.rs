@@ -34,6 +34,17 @@ async fn server(tweak: impl FnOnce(&mut Config)) -> Server {
     let (store, dir) = sqlite_store().await;
     let cache: Arc<dyn mailcluster_server::cache::Cache> =
         Arc::new(mailcluster_server::cache::local::LocalCache::new());
+    let s = serve(store, cache, dir, tweak);
+    account(&s.app, "bob@example.org", "pw").await;
+    s
+}
+
+fn serve(
+    store: Arc<dyn mailcluster_server::store::Store>,
+    cache: Arc<dyn mailcluster_server::cache::Cache>,
+    dir: tempfile::TempDir,
+    tweak: impl FnOnce(&mut Config),
+) -> Server {
     let mut config = Config::default();
     config.tls.allow_plaintext_auth = true;
     config.auth.failure_delay_ms = 0;
@@ -43,11 +54,28 @@ async fn server(tweak: impl FnOnce(&mut Config)) -> Server {
     let auth = Arc::new(Authenticator::new(store.clone(), cache.clone(), config.auth.clone()));
     let deliverer = Arc::new(Deliverer::with_options(store.clone(), Default::default()));
     let app = App::new(Arc::new(config), store, cache, Arc::new(Metrics::new()), auth, deliverer);
-    account(&app, "bob@example.org", "pw").await;
     let (tls, pem) = tls_provider_with_pem();
     let proto: Arc<dyn Protocol> = Arc::new(ManageSieveProtocol::new(app.clone()));
     let addr = serve_loopback(&app, tls, vec![("managesieve", TlsMode::Plain, proto)])[0];
     Server { app, addr, pem, _dir: dir }
+}
+
+/// A pod of the PostgreSQL database `url` with its own pool and its own Redis
+/// connection under `prefix`.
+async fn pg_pod(url: &str, prefix: &str) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let connect = Duration::from_secs(10);
+    let store = mailcluster_server::store::open(Some(url), dir.path(), 4, connect).await.expect("open pg");
+    store.migrate().await.expect("migrate");
+    let cache = mailcluster_server::cache::redis::RedisCache::connect(
+        &mailcluster_testkit::redis_url(),
+        prefix,
+        connect,
+        mailcluster_server::config::RedisConfig::default().client_cache_keys,
+    )
+    .await
+    .expect("Redis is reachable");
+    serve(store, Arc::new(cache), dir, |_| {})
 }
 
 /// The lines of one response, up to and including its `OK`, `NO` or `BYE`;
@@ -351,6 +379,39 @@ async fn script_names_follow_rfc_5804_section_1_6() {
     assert_eq!(last(&mut c, "BOGUS").await, "NO \"Unknown command\"");
     assert_eq!(c.line().await, "BYE \"Too many errors\"");
     assert!(c.closed().await);
+}
+
+/// Two pods of one PostgreSQL database and one Redis: a script stored and
+/// activated on one is the other's, and failed logins on one count on the
+/// other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_share_scripts_and_the_login_limiter() {
+    let db = mailcluster_testkit::TestDatabase::create("mc_sieve").await;
+    let prefix = format!("mc_sieve_test_{:08x}:", rand::random::<u32>());
+    let a = pg_pod(&db.url, &prefix).await;
+    let b = pg_pod(&db.url, &prefix).await;
+    a.app.store.domain_add("example.org").await.expect("domain");
+    account(&a.app, "bob@example.org", "pw").await;
+    account(&a.app, "carol@example.org", "pw").await;
+    let mut on_a = logged_in(&a).await;
+    assert_eq!(last(&mut on_a, "PUTSCRIPT \"main\" {5+}\r\nkeep;").await, "OK \"Putscript completed\"");
+    assert_eq!(last(&mut on_a, "SETACTIVE \"main\"").await, "OK \"Setactive completed\"");
+    let mut on_b = logged_in(&b).await;
+    assert_eq!(cmd(&mut on_b, "LISTSCRIPTS").await, ["\"main\" ACTIVE", "OK \"Listscripts completed\""]);
+    assert!(last(&mut on_b, "DELETESCRIPT \"main\"").await.starts_with("NO (ACTIVE)"));
+
+    let (mut guesser, _) = connect(&a).await;
+    for _ in 0..3 {
+        let r =
+            last(&mut guesser, &format!("AUTHENTICATE \"PLAIN\" \"{}\"", plain("carol@example.org", "x")))
+                .await;
+        assert_eq!(r, "NO \"Authentication failed\"");
+    }
+    let (mut c, _) = connect(&b).await;
+    let r = last(&mut c, &format!("AUTHENTICATE \"PLAIN\" \"{}\"", plain("carol@example.org", "pw"))).await;
+    assert!(r.starts_with("NO (TRYLATER)"), "the other pod counts them: {r}");
+    drop((on_a, on_b, guesser, c, a, b));
+    drop(db);
 }
 
 // ------------------------------------------------------------------ hostile clients
