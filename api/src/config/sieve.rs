@@ -70,3 +70,36 @@ impl SieveConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn limits_that_would_refuse_every_script_or_login_are_problems() {
+        let mut config = Config::default();
+        assert!(config.problems().is_empty(), "{:?}", config.problems());
+        config.sieve.max_script_bytes = 0;
+        config.sieve.max_scripts = 0;
+        config.sieve.preauth_max_literal_bytes = 100;
+        config.sieve.max_line_bytes = 10;
+        let problems = config.problems().join("\n");
+        for needle in [
+            "sieve.max_script_bytes must be greater than 0",
+            "sieve.max_scripts must be greater than 0",
+            "sieve.preauth_max_literal_bytes must be at least 1024",
+            "sieve.max_line_bytes must be at least 1024",
+        ] {
+            assert!(problems.contains(needle), "missing {needle:?} in:\n{problems}");
+        }
+    }
+
+    #[test]
+    fn the_section_and_its_port_come_from_the_environment() {
+        let env = [("MAILCLUSTER_SIEVE__MAX_SCRIPTS", "3"), ("MAILCLUSTER_MANAGESIEVE_PORT", "4190")];
+        let config =
+            Config::load(None, env.into_iter().map(|(k, v)| (k.to_string(), v.to_string()))).expect("config");
+        assert_eq!((config.sieve.max_scripts, config.ports.managesieve), (3, 4190));
+        assert_eq!(Config::default().ports.managesieve, 14190);
+    }
+}
