@@ -147,8 +147,9 @@ pub async fn sieve(config: &Config, command: &SieveCommand) -> Result<(), Failur
             } else {
                 std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?
             };
-            let checker = scripts::checker_for(config);
-            scripts::put(&*store, &*checker, scripts::quota_of(config), user, name, &source, *activate)
+            // The pods' own interpreter: a script stored here is one delivery runs.
+            let checker = mailcluster_server::scripts::Filters::from_config(config);
+            scripts::put(&*store, &checker, scripts::quota_of(config), user, name, &source, *activate)
                 .await
                 .map_err(|e| fail(e, format!("cannot store script {name} of {user}")))?;
             eprintln!("script {name} of {user} stored{}", if *activate { " and active" } else { "" });

@@ -125,6 +125,31 @@ impl Quota {
     }
 }
 
+/// The separator of mailbox hierarchy levels (`Lists/dev`).
+pub const MAILBOX_SEPARATOR: char = '/';
+/// The longest mailbox name stored, in octets.
+pub const MAX_MAILBOX_NAME: usize = 512;
+
+/// A mailbox name as the store keeps it, from UTF-8 text whoever wrote it
+/// (an IMAP client, a Sieve script): `INBOX` in any case is `INBOX`, one
+/// trailing separator is dropped; `None` for an empty name, one too long,
+/// with control characters or LIST wildcards, or with an empty, `.` or `..`
+/// level.
+pub fn mailbox_name(text: &str) -> Option<String> {
+    let name = text.strip_suffix(MAILBOX_SEPARATOR).unwrap_or(text);
+    if name.eq_ignore_ascii_case("INBOX") {
+        return Some("INBOX".into());
+    }
+    if name.is_empty()
+        || name.len() > MAX_MAILBOX_NAME
+        || name.chars().any(|c| c.is_control() || c == '*' || c == '%')
+        || name.split(MAILBOX_SEPARATOR).any(|level| level.is_empty() || level == "." || level == "..")
+    {
+        return None;
+    }
+    Some(name.to_string())
+}
+
 /// The key a domain's mail is signed with (DKIM, RFC 6376), as the store holds it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DomainKey {

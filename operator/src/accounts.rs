@@ -700,7 +700,7 @@ async fn sync_sieve(
     };
     // The pods' own check: what is stored here, they can run.
     let config = mailcluster_server::config::Config::default();
-    let checker = mailcluster_server::accept::sieve::Filters::from_config(&config);
+    let checker = mailcluster_server::scripts::Filters::from_config(&config);
     let quota = mailcluster_server::scripts::quota_of(&config);
     let current = match store.sieve_get(account_id, MANAGED_SIEVE_SCRIPT).await {
         Ok(current) => current,

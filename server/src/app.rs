@@ -30,7 +30,7 @@ pub struct App {
     pub budget: Arc<TransferBudget>,
     /// Accounts' Sieve scripts: the check one must pass to be stored, and
     /// the compiled scripts delivery runs (`accept::sieve`).
-    pub sieve: Arc<crate::accept::sieve::Filters>,
+    pub sieve: Arc<crate::scripts::Filters>,
     /// The cached recipient entries being read again before they expire, so
     /// that one read per entry runs at a time in the process.
     pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -68,7 +68,7 @@ impl App {
     ) -> App {
         let view = View::new(&config, &store, cache.clone(), &metrics);
         let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
-        let sieve = Arc::new(crate::accept::sieve::Filters::from_config(&config));
+        let sieve = Arc::new(crate::scripts::Filters::from_config(&config));
         App {
             config,
             store,

@@ -1,11 +1,8 @@
 //! Each account's Sieve filter (RFC 5228), run at delivery once per local
 //! recipient that has an active script, on whichever pod takes the message.
 //!
-//! - Scripts are compiled once per process and kept by the hash of their
-//!   source; which accounts have an active script (and its hash) is read from
-//!   the store every [`REFRESH`], so a delivery to an account without one asks
-//!   nothing. A change made on this pod (ManageSieve, the CLI) takes effect
-//!   here at once ([`Filters::forget`]), on other pods within [`REFRESH`].
+//! - Which accounts have a script, and the compiled scripts, are the
+//!   process's [`Filters`] (`crate::scripts`).
 //! - A script runs on the blocking pool, bounded by the interpreter's limits
 //!   (steps, actions, redirects, variable sizes); the few questions it asks the
 //!   store (does a mailbox exist, was this message seen, an included script)
@@ -18,31 +15,19 @@
 //!   recipient limit and never loop; vacation answers once per sender per
 //!   period across pods, never to lists, robots or bounces.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::Utc;
 use mailcluster_model::{DsnRequest, FlagSet, Flags, NewQueueItem};
 use mailcluster_sieve::{self as sieve, Action, Script};
-use sha2::{Digest, Sha256};
 
 use super::vacation;
 use crate::app::App;
+use crate::scripts::{Digest32, Filters};
 use crate::store::Store;
 use mailcluster_model::Recipient as Lookup;
-
-/// The identity of a script's source.
-pub type Digest32 = [u8; 32];
-
-/// How often a pod re-reads which accounts have an active script.
-pub const REFRESH: Duration = Duration::from_secs(5);
-
-/// Compiled scripts a process keeps (an account's is compiled again after
-/// eviction; nothing is lost).
-const COMPILED_KEPT: usize = 4096;
 
 /// The header a redirected copy carries: a copy that comes back to the same
 /// account is kept rather than sent round again.
@@ -51,163 +36,6 @@ pub const REDIRECTED_HEADER: &str = "X-Sieve-Redirected-From";
 /// Copies of a message redirected through this many accounts are kept by the
 /// next, whatever its script says.
 const MAX_REDIRECT_HOPS: usize = 8;
-
-pub fn digest(source: &[u8]) -> Digest32 {
-    Sha256::digest(source).into()
-}
-
-/// The process's Sieve state: compiled scripts and who has one.
-pub struct Filters {
-    limits: sieve::Limits,
-    compiled: Mutex<hashlink::LruCache<Digest32, Arc<Script>>>,
-    /// Accounts with an active script; `None` until the store was read.
-    index: RwLock<Option<Arc<HashMap<i64, Indexed>>>>,
-    /// A script changed on this pod since the index was read: the next
-    /// delivery that looks reads it again first.
-    stale: AtomicBool,
-    /// One read of the index at a time.
-    reading: tokio::sync::Mutex<()>,
-}
-
-/// An account with an active script.
-#[derive(Debug, Clone)]
-pub struct Indexed {
-    pub email: Arc<str>,
-    pub digest: Digest32,
-}
-
-impl Filters {
-    /// With the limits of `[sieve]`: the largest script, and the redirects a
-    /// run may take (ManageSieve's MAXREDIRECTS).
-    pub fn from_config(config: &crate::config::Config) -> Filters {
-        Filters::new(sieve::Limits {
-            max_script_bytes: config.sieve.max_script_bytes,
-            max_redirects: config.sieve.max_redirects as usize,
-            ..sieve::Limits::default()
-        })
-    }
-
-    pub fn new(limits: sieve::Limits) -> Filters {
-        Filters {
-            limits,
-            compiled: Mutex::new(hashlink::LruCache::new(COMPILED_KEPT)),
-            index: RwLock::new(None),
-            stale: AtomicBool::new(false),
-            reading: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub fn limits(&self) -> &sieve::Limits {
-        &self.limits
-    }
-
-    /// The compiled form of `source`, compiled at most once while it is kept.
-    pub fn compile(&self, source: &[u8]) -> Result<Arc<Script>, sieve::CompileError> {
-        let key = digest(source);
-        if let Some(script) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(script.clone());
-        }
-        let script = Arc::new(Script::compile(source, &self.limits)?);
-        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key, script.clone());
-        Ok(script)
-    }
-
-    /// A script changed here (stored, activated): this pod's next delivery
-    /// reads the index again before it looks.
-    pub fn forget(&self, _account_id: i64) {
-        self.stale.store(true, Ordering::Release);
-    }
-
-    /// Reads which accounts have an active script.
-    pub async fn refresh(&self, store: &dyn Store) -> crate::store::StoreResult<()> {
-        // Cleared before the read: a change made while it runs marks it
-        // stale again.
-        self.stale.store(false, Ordering::Release);
-        let index: HashMap<i64, Indexed> = match store.sieve_active_digests().await {
-            Ok(rows) => rows
-                .into_iter()
-                .map(|a| (a.account_id, Indexed { email: a.email.into(), digest: a.digest }))
-                .collect(),
-            Err(err) => {
-                self.stale.store(true, Ordering::Release);
-                return Err(err);
-            }
-        };
-        *self.index.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(index));
-        Ok(())
-    }
-
-    /// Keeps the index fresh for the life of the process (spawned by `serve`).
-    pub async fn keep_fresh(self: Arc<Self>, store: Arc<dyn Store>) {
-        let mut tick = tokio::time::interval(REFRESH);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let _one = self.reading.lock().await;
-            if let Err(err) = self.refresh(store.as_ref()).await {
-                // The last index stays in use.
-                tracing::warn!(error = %err, "sieve script index not read");
-            }
-        }
-    }
-
-    fn current(&self) -> Option<Arc<HashMap<i64, Indexed>>> {
-        self.index.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The account's entry in the index, read first when it is stale or
-    /// was never read. A store that cannot be read leaves the last index
-    /// (none: no account is filtered, and mail is delivered as without).
-    pub async fn indexed(&self, store: &dyn Store, account_id: i64) -> Option<Indexed> {
-        let index = match self.current() {
-            Some(index) if !self.stale.load(Ordering::Acquire) => index,
-            _ => {
-                let _one = self.reading.lock().await;
-                if (self.stale.load(Ordering::Acquire) || self.current().is_none())
-                    && let Err(err) = self.refresh(store).await
-                {
-                    tracing::warn!(error = %err, "sieve script index not read");
-                }
-                self.current()?
-            }
-        };
-        index.get(&account_id).cloned()
-    }
-
-    /// The account's active script, compiled; `Err` with the compiler's
-    /// message when the stored script no longer compiles.
-    async fn script_of(
-        &self,
-        store: &dyn Store,
-        account_id: i64,
-        digest: &Digest32,
-    ) -> Result<Option<Arc<Script>>, String> {
-        if let Some(s) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(digest) {
-            return Ok(Some(s.clone()));
-        }
-        match store.sieve_active(account_id).await {
-            Ok(None) => Ok(None),
-            Ok(Some((name, source))) => {
-                self.compile(&source).map(Some).map_err(|e| format!("script \"{name}\": {e}"))
-            }
-            Err(err) => Err(format!("script not read: {err}")),
-        }
-    }
-}
-
-impl crate::scripts::SieveChecker for Filters {
-    fn check(&self, source: &[u8]) -> Result<(), String> {
-        if source.len() > self.limits.max_script_bytes {
-            return Err(format!("the script is over the limit of {} octets", self.limits.max_script_bytes));
-        }
-        // Compiled here, it is ready when its first message comes.
-        self.compile(source).map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    fn extensions(&self) -> &[&'static str] {
-        sieve::EXTENSIONS
-    }
-}
 
 /// What a recipient's script made of a message.
 #[derive(Debug, Default)]
@@ -423,7 +251,7 @@ pub fn flag_set(flags: &[String]) -> FlagSet {
 
 /// The mailbox a `fileinto` names, made first with `:create` (RFC 5490 §3.2).
 async fn mailbox_for(store: &dyn Store, account_id: i64, name: &str, create: bool) -> Option<i64> {
-    let name = crate::imap::mailbox::name_from_bytes(name.as_bytes(), true).ok()?;
+    let name = mailcluster_model::mailbox_name(name)?;
     if let Ok(Some(m)) = store.mailbox_get(account_id, &name).await {
         return Some(m.id);
     }

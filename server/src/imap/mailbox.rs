@@ -22,8 +22,7 @@ use crate::view::shared_snapshot::SharedSnapshots;
 use mailcluster_model::{Flags, MailboxIndex, MailboxStatus, SpecialUse};
 
 /// Hierarchy separator, in the store and on the wire.
-pub const SEP: char = '/';
-const MAX_NAME: usize = 512;
+pub const SEP: char = mailcluster_model::MAILBOX_SEPARATOR;
 
 /// A wire mailbox name → validated UTF-8 store name. `utf8`: the client enabled
 /// UTF8=ACCEPT, so names come as UTF-8 rather than modified UTF-7.
@@ -40,18 +39,7 @@ pub fn name_from_bytes(raw: &[u8], utf8: bool) -> Result<String, Outcome> {
     // RFC 9755 §3: once UTF8=ACCEPT is enabled a name is UTF-8 as written, so an
     // `&` stands for itself; before, non-ASCII must arrive as modified UTF-7.
     let name = if utf8 { s.to_owned() } else { utf7::decode(s).ok_or_else(invalid)? };
-    let name = name.strip_suffix(SEP).unwrap_or(&name);
-    if name.eq_ignore_ascii_case("INBOX") {
-        return Ok("INBOX".into());
-    }
-    if name.is_empty()
-        || name.len() > MAX_NAME
-        || name.chars().any(|c| c.is_control() || c == '*' || c == '%')
-        || name.split(SEP).any(|level| level.is_empty() || level == "." || level == "..")
-    {
-        return Err(invalid());
-    }
-    Ok(name.to_string())
+    mailcluster_model::mailbox_name(&name).ok_or_else(invalid)
 }
 
 /// Decoded LIST pattern (wildcards kept). A pattern is not a mailbox name: an `&`
