@@ -533,8 +533,7 @@ async fn sieve_connect_uploads_and_activates_over_starttls() {
     }
     let s = server(|c| c.tls.allow_plaintext_auth = false).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let script =
-        "require [\"fileinto\"];\nif header :contains \"subject\" \"[list]\" {\n  fileinto \"Lists\";\n}\n";
+    let script = "require [\"fileinto\", \"mailbox\"];\nif header :contains \"subject\" \"[list]\" {\n  fileinto :create \"Lists\";\n}\n";
     let local = dir.path().join("filter.sieve");
     std::fs::write(&local, script).expect("write script");
     std::fs::write(dir.path().join("password"), "pw\n").expect("write password");
@@ -562,6 +561,35 @@ async fn sieve_connect_uploads_and_activates_over_starttls() {
     let (ok, out) = run_client(&mut run("--delete --remotesieve filter")).await;
     assert!(!ok && out.contains("NO (ACTIVE)"), "the active script stays: {out}");
     assert!(s.app.store.sieve_active(bob(&s).await).await.expect("active").is_some());
+
+    // Mail then arriving on the same pod's MX is filed by it.
+    let (tls, _) = tls_provider_with_pem();
+    let mx: Arc<dyn Protocol> = Arc::new(mailcluster_server::smtp::SmtpProtocol::new(
+        s.app.clone(),
+        mailcluster_server::smtp::SmtpKind::Mx,
+    ));
+    let smtp = serve_loopback(&s.app, tls, vec![("smtp", TlsMode::Plain, mx)])[0];
+    let send = format!(
+        "import smtplib\nwith smtplib.SMTP('127.0.0.1', {}) as c:\n\
+         \x20   c.sendmail('dev@lists.example', ['bob@example.org'], 'Subject: [list] release\\r\\n\\r\\nx\\r\\n')\n\
+         \x20   c.sendmail('amy@example.net', ['bob@example.org'], 'Subject: lunch\\r\\n\\r\\ny\\r\\n')\n",
+        smtp.port()
+    );
+    let (ok, out) = run_client(tokio::process::Command::new("python3").args(["-c", &send])).await;
+    assert!(ok, "smtplib: {out}");
+    let id = bob(&s).await;
+    let count = |name: &'static str| {
+        let store = s.app.store.clone();
+        async move {
+            let Some(m) = store.mailbox_get(id, name).await.expect("mailbox") else { return 0 };
+            store.mailbox_status(m.id).await.expect("status").messages
+        }
+    };
+    assert_eq!(
+        (count("Lists").await, count("INBOX").await),
+        (1, 1),
+        "the list message filed, the other kept"
+    );
 }
 
 fn which(program: &str) -> Option<std::path::PathBuf> {
