@@ -6,6 +6,7 @@ use crate::auth::Authenticator;
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::delivery::Deliverer;
+use crate::filter::Filter;
 use crate::metrics::Metrics;
 use crate::net::budget::TransferBudget;
 use crate::store::Store;
@@ -31,6 +32,8 @@ pub struct App {
     /// Accounts' Sieve scripts: the check one must pass to be stored, and
     /// the compiled scripts delivery runs (`accept::sieve`).
     pub sieve: Arc<crate::scripts::Filters>,
+    /// The content filter (`[filter]`) the acceptance rules ask.
+    pub filter: Arc<Filter>,
     /// The cached recipient entries being read again before they expire, so
     /// that one read per entry runs at a time in the process.
     pub(crate) refreshing_recipients: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
@@ -69,6 +72,7 @@ impl App {
         let view = View::new(&config, &store, cache.clone(), &metrics);
         let budget = TransferBudget::new(crate::net::budget::budget_bytes(&config), &metrics);
         let sieve = Arc::new(crate::scripts::Filters::from_config(&config));
+        let filter = Arc::new(Filter::new(&config.filter.rspamd, &store, metrics.filter.clone()));
         App {
             config,
             store,
@@ -81,6 +85,7 @@ impl App {
             mail: Arc::new(MailExchange::disabled()),
             budget,
             sieve,
+            filter,
             refreshing_recipients: Arc::default(),
         }
     }

@@ -15,6 +15,7 @@ pub mod delivery;
 pub mod directory;
 pub mod dkim;
 pub mod dns;
+pub mod filter;
 pub mod imap;
 pub mod inbound;
 pub mod managesieve;

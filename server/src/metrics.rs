@@ -49,6 +49,8 @@ pub struct Metrics {
     pub transfer_refusals_total: IntCounterVec,
     pub smtp: SmtpMetricVecs,
     pub imap: ImapMetrics,
+    /// `mail_filter_rspamd_*`: the content filter's series.
+    pub filter: crate::filter::FilterMetrics,
 }
 
 /// SMTP's own series, one per listener (`listener` label: smtp, submission,
@@ -280,6 +282,8 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        let filter = crate::filter::FilterMetrics::new();
+        filter.register(&registry).expect("metric names are unique");
         Metrics {
             registry,
             connections_active,
@@ -299,6 +303,7 @@ impl Metrics {
             transfer_refusals_total,
             smtp,
             imap,
+            filter,
         }
     }
 }

@@ -156,7 +156,8 @@ fn documented_key(name: &str) -> Option<&'static [&'static str]> {
 
 /// Secrets that may instead be read from a file (a mounted Kubernetes Secret):
 /// `MAILCLUSTER_<NAME>_FILE`.
-const FILE_SECRETS: &[&str] = &["DATABASE_URL", "REDIS_URL", "RELAY__SMARTHOST_PASSWORD", "CACHE__MAC_KEY"];
+const FILE_SECRETS: &[&str] =
+    &["DATABASE_URL", "REDIS_URL", "RELAY__SMARTHOST_PASSWORD", "CACHE__MAC_KEY", "FILTER__RSPAMD__PASSWORD"];
 
 /// Kubernetes injects `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT=tcp://…` and
 /// `<SERVICE>_PORT_<n>_TCP…` for every Service in the namespace ("service links"),

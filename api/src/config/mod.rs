@@ -15,11 +15,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::Listener;
 
+mod filter;
 mod load;
 mod mail;
 mod protocols;
 mod sieve;
 
+pub use filter::{FailMode, FilterConfig, RspamdConfig};
 pub use load::ConfigError;
 pub use mail::{DkimConfig, DkimKey, DnsConfig, InboundAuthConfig, RelayConfig, split_host_port};
 pub use protocols::{
@@ -65,6 +67,7 @@ pub struct Config {
     pub dkim: DkimConfig,
     pub inbound: InboundAuthConfig,
     pub sieve: SieveConfig,
+    pub filter: FilterConfig,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             dkim: Default::default(),
             inbound: Default::default(),
             sieve: Default::default(),
+            filter: Default::default(),
         }
     }
 }
@@ -458,6 +462,7 @@ impl Config {
         self.dns.problems(&mut problems);
         self.dkim.problems(&mut problems);
         self.sieve.problems(&mut problems);
+        self.filter.problems(&mut problems);
         problems
     }
 

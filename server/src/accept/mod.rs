@@ -12,6 +12,10 @@
 //!   which the relay also uses);
 //! - the "mailbox changed" events that wake IDLE sessions on every pod.
 //!
+//! - the content filter (`crate::filter`, rspamd) first: its verdict may
+//!   refuse or defer the message, mark it and send it to Junk; the score it
+//!   gave stays beside the message for the steps after it.
+//!
 //! The protocol sessions decide who may send what; this module decides what
 //! becomes of an accepted message and says so as an [`Outcome`], which each
 //! protocol turns into its own reply.
@@ -19,6 +23,7 @@
 pub mod sieve;
 pub mod vacation;
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,6 +33,7 @@ use tokio::sync::Notify;
 
 use crate::app::App;
 use crate::cache::MailboxEvent;
+use crate::filter::{Judged, Scan, SpamScore};
 use crate::relay::dsn::{self, Action, RecipientReport};
 
 /// Messages larger than this are parsed on the blocking pool, so a large
@@ -74,6 +80,14 @@ pub struct Incoming<'a> {
     pub junk: bool,
     /// The domain the outbound copy is DKIM-signed for, if any.
     pub signing_domain: Option<&'a str>,
+    /// The client's address and HELO name, for the content filter (none for
+    /// mail that did not come over SMTP).
+    pub client_ip: Option<IpAddr>,
+    pub helo: Option<&'a str>,
+    /// The submitting account's login name.
+    pub user: Option<&'a str>,
+    /// The `Authentication-Results` field the pod's sender checks added.
+    pub authentication_results: Option<&'a str>,
     /// Counts failure reports not sent to a sender over its limit (the
     /// listener's `mail_smtp_bounces_dropped_total`).
     pub bounces_dropped: &'a prometheus::IntCounter,
@@ -88,9 +102,11 @@ pub enum Outcome {
     QuotaExceeded,
     /// Nothing was kept (or what was queued was taken back): the client retries.
     TryLater,
-    /// Refused for good (550 5.7.1), with this text: by the recipient's Sieve
-    /// script when it was the only recipient.
+    /// Refused for good (550 5.7.1), with this text: by the content filter,
+    /// or by the recipient's Sieve script when it was the only recipient.
     Rejected(String),
+    /// The content filter deferred it (451 4.7.1), with this text.
+    Deferred(String),
 }
 
 /// One copy of the message for the group commit: its bytes, the flags it
@@ -127,8 +143,15 @@ struct Scripted<'m> {
 /// ones through the group commit (where their Sieve scripts file them); then
 /// what the scripts asked beyond that, the events and the reports.
 pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
-    let junk = message.junk;
-    let spam: Option<(u8, u8)> = None;
+    let (raw, junk, spam) = match filtered(app, message, raw).await {
+        Ok(judged) => judged,
+        Err(outcome) => return outcome,
+    };
+    if let Some(spam) = &spam {
+        tracing::info!(id = %message.id, score = spam.spam_score, required = spam.required_score, junk, "scanned");
+    }
+    // What a Sieve spamtest sees (RFC 5235).
+    let spam = spam.map(|s| sieve::spam_values(s.spam_score, s.required_score));
     let mut copies: Vec<LocalCopy> = Vec::new();
     let mut scripted: Vec<Scripted<'_>> = Vec::new();
     let mut remotes: Vec<String> = Vec::new();
@@ -162,7 +185,7 @@ pub async fn accept(app: &App, message: &Incoming<'_>, raw: Bytes) -> Outcome {
                             keep,
                             digest: entry.digest,
                         };
-                        let auth: Option<&str> = None;
+                        let auth = message.account_id.and(message.user);
                         sieve::filter(app, message.from, auth, spam, &rcpt, &raw).await
                     }
                 };
@@ -388,6 +411,35 @@ async fn report_rejected(app: &App, message: &Incoming<'_>, raw: &Bytes, recipie
     }
     let diagnostic = format!("550 5.7.1 {}", sieve::reject_text(reason));
     report(app, message, raw, Action::Failed, std::iter::once(&recipient), "5.7.1", &diagnostic).await;
+}
+
+/// The content filter's judgement of a message that comes from outside (or
+/// from a user, with `filter.rspamd.scan_submission`): the message with the
+/// filter's header fields, whether it goes to Junk (the sender checks may
+/// already have said so), and rspamd's score; or the refusal.
+async fn filtered(
+    app: &App,
+    message: &Incoming<'_>,
+    raw: Bytes,
+) -> Result<(Bytes, bool, Option<SpamScore>), Outcome> {
+    if !app.filter.enabled() || (message.account_id.is_some() && !app.filter.scans_submission()) {
+        return Ok((raw, message.junk, None));
+    }
+    let scan = Scan {
+        queue_id: message.id,
+        from: message.from,
+        recipients: message.recipients.iter().map(|r| r.address.as_str()).collect(),
+        ip: message.client_ip,
+        helo: message.helo,
+        user: message.user,
+        authentication_results: message.authentication_results,
+        header_at: return_path_end(&raw),
+    };
+    match app.filter.judge(&scan, raw).await {
+        Judged::Deliver { raw, junk, score } => Ok((raw, junk || message.junk, score)),
+        Judged::Reject(text) => Err(Outcome::Rejected(text)),
+        Judged::Defer(text) => Err(Outcome::Deferred(text)),
+    }
 }
 
 /// Some recipients of an accepted message had no room for it: the others got

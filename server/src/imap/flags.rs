@@ -170,6 +170,7 @@ impl Session {
             return Outcome::bad("Invalid sequence number");
         };
         let src = sel.mailbox.id;
+        let src_mailbox = sel.mailbox.clone();
         let name = match mailbox_name(dest, self.utf8) {
             Ok(n) => n,
             Err(o) => return o,
@@ -200,6 +201,9 @@ impl Session {
         self.notify(dest.id, 0).await;
         let src_uids: Vec<u32> = pairs.iter().map(|p| p.0).collect();
         let dst_uids: Vec<u32> = pairs.iter().map(|p| p.1).collect();
+        // Filed into or out of Junk: the user's judgement teaches the content
+        // filter (queued, never awaited).
+        self.app.filter.learn(&src_mailbox, &dest, &dst_uids);
         let code = format!(
             "[COPYUID {} {} {}]",
             dest.uid_validity,

@@ -294,10 +294,13 @@ impl Session {
         };
         let mut raw = raw;
         let mut junk = false;
-        let verified = match self.authenticate_sender(&envelope, &mut raw, &mut junk).await {
-            Ok(verified) => verified,
-            Err(reply) => return reply,
-        };
+        let mut authentication_results = None;
+        let verified =
+            match self.authenticate_sender(&envelope, &mut raw, &mut junk, &mut authentication_results).await
+            {
+                Ok(verified) => verified,
+                Err(reply) => return reply,
+            };
         if !verified {
             envelope.dsn.limit_to_unverified_sender();
         }
@@ -324,6 +327,10 @@ impl Session {
             verified,
             junk,
             signing_domain: signing_domain.as_deref(),
+            client_ip: Some(self.conn.remote.ip()),
+            helo: self.helo.as_deref(),
+            user: self.account.as_ref().map(|a| a.email.as_str()),
+            authentication_results: authentication_results.as_deref(),
             bounces_dropped: &self.metrics.bounces_dropped,
         };
         match accept::accept(&self.app, &incoming, Bytes::from(raw)).await {
@@ -341,6 +348,10 @@ impl Session {
             accept::Outcome::Rejected(text) => {
                 self.count_delivery("rejected");
                 return Reply::new(550, "5.7.1", text);
+            }
+            accept::Outcome::Deferred(text) => {
+                self.count_delivery("tempfail");
+                return Reply::new(451, "4.7.1", text);
             }
         }
         self.count_delivery("ok");
@@ -361,6 +372,7 @@ impl Session {
         envelope: &Envelope,
         raw: &mut Vec<u8>,
         junk: &mut bool,
+        authentication_results: &mut Option<String>,
     ) -> Result<bool, Reply> {
         let inbound = &self.app.config.inbound;
         if self.kind != super::SmtpKind::Mx || self.account.is_some() {
@@ -390,7 +402,8 @@ impl Session {
             crate::inbound::Verdict::Accept { header, junk: j, verified } => {
                 // Exactly: a full buffer would otherwise double for one header.
                 raw.reserve_exact(header.len());
-                raw.splice(trace_end..trace_end, header.into_bytes());
+                raw.splice(trace_end..trace_end, header.bytes());
+                *authentication_results = Some(header);
                 *junk = j;
                 Ok(verified)
             }
