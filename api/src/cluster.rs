@@ -110,6 +110,9 @@ pub struct MailClusterSpec {
     /// Sending to other domains: directly to their MX hosts, or through a smarthost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay: Option<RelaySpec>,
+    /// Content checks of incoming mail (rspamd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<FilterSpec>,
     /// In-cluster load test: scheduled and on-demand (`mailcluster.dev/run-stress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stress: Option<ClusterStressSpec>,
@@ -527,6 +530,68 @@ pub struct RelaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub smarthost_secret_name: Option<String>,
+}
+
+/// Content checks of incoming mail.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FilterSpec {
+    /// Every message arriving on the MX is scanned by this rspamd before it is
+    /// stored (docs/filtering.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rspamd: Option<RspamdSpec>,
+}
+
+/// rspamd, run by the user (its own Deployment, Helm chart or host).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RspamdSpec {
+    /// `http://host:port` of rspamd's worker, e.g. `http://rspamd.mail:11334`
+    /// (the controller worker answers scans and learning alike).
+    #[schemars(length(min = 8, max = 260), regex(pattern = r"^http://[^/@\s]+(/[^\s]*)?$"))]
+    pub url: String,
+    /// Secret key holding rspamd's controller password (sent as its
+    /// `Password` header), put into the pods' environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<PasswordSecretRef>,
+    /// `open`: deliver unscanned (marked) when rspamd cannot answer; `closed`:
+    /// 451, the sender retries.
+    #[serde(default)]
+    pub fail_mode: RspamdFailMode,
+    /// Scan mail from authenticated users (submission) too.
+    #[serde(default)]
+    pub scan_submission: bool,
+    /// Longest a scan may take.
+    #[serde(default = "default_rspamd_timeout")]
+    #[schemars(range(min = 100, max = 60000))]
+    pub timeout_ms: u32,
+}
+
+fn default_rspamd_timeout() -> u32 {
+    3000
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RspamdFailMode {
+    #[default]
+    Open,
+    Closed,
+}
+
+/// A key in a Secret holding a password.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PasswordSecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default = "default_password_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_password_key() -> String {
+    "password".into()
 }
 
 /// A key in a Secret in the MailCluster's namespace.

@@ -973,3 +973,62 @@ fn stress_users_given_by_count_are_this_clusters_test_accounts() {
     let users = plan_of(&mc).users.unwrap();
     assert_eq!((users.template.as_str(), users.count), ("load{}@example.net", 3));
 }
+
+/// `spec.filter.rspamd`: its settings in the files of the pods that talk to
+/// rspamd (smtp and submission scan, imap teaches it), its password from the
+/// Secret into their environment only, and the NetworkPolicy's egress open to
+/// its port.
+#[test]
+fn rspamd_reaches_the_pods_that_scan_and_learn() {
+    let mut mc = fixture("full");
+    mc.spec.filter = Some(
+        serde_yaml_ng::from_str(
+            "rspamd:\n  url: http://rspamd.mail.svc:11334\n  passwordSecretRef: {name: rspamd}\n  \
+             failMode: closed\n  scanSubmission: true\n  timeoutMs: 1500\n",
+        )
+        .expect("filter parses"),
+    );
+    let b = steady(&mc);
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-config");
+    let data = cm.data.unwrap();
+    for key in ["smtp.toml", "submission.toml", "imap.toml"] {
+        let r = server_loads(key, &data[key]).filter.rspamd;
+        assert_eq!(r.url, "http://rspamd.mail.svc:11334", "{key}");
+        assert_eq!(r.fail_mode, mailcluster_api::config::FailMode::Closed, "{key}");
+        assert!(r.scan_submission, "{key}");
+        assert_eq!(r.timeout_ms, 1500, "{key}");
+        assert!(r.password.is_none(), "{key}: the password comes from the Secret, not the ConfigMap");
+    }
+    for key in ["pop3.toml", "migrate.toml"] {
+        assert!(server_loads(key, &data[key]).filter.rspamd.url.is_empty(), "{key}");
+    }
+    let password = |name: &str| {
+        let d: Deployment = get(&b, ChildKind::Deployment, name);
+        container(&d).env.unwrap().into_iter().find(|e| e.name == "MAILCLUSTER_FILTER__RSPAMD__PASSWORD").map(
+            |e| {
+                let sel = e.value_from.unwrap().secret_key_ref.unwrap();
+                (sel.name, sel.key)
+            },
+        )
+    };
+    for name in ["prod-smtp", "prod-submission", "prod-imap"] {
+        assert_eq!(password(name), Some(("rspamd".to_string(), "password".to_string())), "{name}");
+    }
+    assert_eq!(password("prod-pop3"), None);
+
+    let egress_ports = |mc: &MailCluster| -> Vec<i64> {
+        let np = steady(mc).get(ChildKind::NetworkPolicy, "prod").expect("NetworkPolicy").object.data.clone();
+        np["spec"]["egress"][0]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["port"].as_i64().unwrap())
+            .collect()
+    };
+    assert!(egress_ports(&mc).contains(&11334));
+    // A URL without a port: HTTP's.
+    mc.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().url = "http://rspamd".into();
+    assert!(egress_ports(&mc).contains(&80));
+    mc.spec.filter = None;
+    assert!(!egress_ports(&mc).contains(&11334));
+}

@@ -9,8 +9,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use mailcluster_api::config::Config;
-use mailcluster_api::{MailCluster, Protocol};
+use mailcluster_api::config::{Config, FailMode};
+use mailcluster_api::{MailCluster, Protocol, RspamdFailMode, RspamdSpec};
 
 use crate::names;
 
@@ -97,9 +97,25 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
     if let Some(relay) = &spec.relay {
         c.relay.smarthost = relay.smarthost.clone();
     }
+    if let Some(r) = rspamd_of(mc, protocol) {
+        c.filter.rspamd.url = r.url.clone();
+        c.filter.rspamd.timeout_ms = u64::from(r.timeout_ms);
+        c.filter.rspamd.scan_submission = r.scan_submission;
+        c.filter.rspamd.fail_mode = match r.fail_mode {
+            RspamdFailMode::Open => FailMode::Open,
+            RspamdFailMode::Closed => FailMode::Closed,
+        };
+    }
     c.log.level = spec.log_level.clone();
     c.log.format = "json".into();
     c
+}
+
+/// The cluster's rspamd, for the pods that talk to it: smtp and submission
+/// scan what they accept, imap teaches it what users file into or out of Junk.
+pub(crate) fn rspamd_of(mc: &MailCluster, protocol: Option<Protocol>) -> Option<&RspamdSpec> {
+    let talks = matches!(protocol, Some(Protocol::Smtp | Protocol::Submission | Protocol::Imap));
+    mc.spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()).filter(|_| talks)
 }
 
 /// The TOML text of [`pod_config`], without the settings left at their defaults.

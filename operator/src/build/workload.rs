@@ -343,6 +343,12 @@ pub fn deployment(
             envs.push(from_secret("MAILCLUSTER_RELAY__SMARTHOST_PASSWORD", "password"));
         }
     }
+    if let Some(secret) =
+        super::pod_config::rspamd_of(mc, Some(p)).and_then(|r| r.password_secret_ref.as_ref())
+    {
+        let r = mailcluster_api::SecretKeyRef { name: secret.name.clone(), key: secret.key.clone() };
+        envs.push(secret_env("MAILCLUSTER_FILTER__RSPAMD__PASSWORD", &r));
+    }
     envs.extend(cluster_key_envs(mc, p));
     let port = |name: &str, number: i32| ContainerPort {
         name: Some(name.into()),
@@ -691,6 +697,12 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             ports.push(tcp(names::GROUP_COMMIT_PORT));
         }
         ports.extend(mc.spec.network_policy.egress_ports.iter().map(|p| tcp(*p)));
+        // The content filter, at the port its URL names.
+        if let Some(port) = mc.spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()).map(|r| url_port(&r.url))
+            && !ports.contains(&tcp(port))
+        {
+            ports.push(tcp(port));
+        }
         vec![NetworkPolicyEgressRule { ports: Some(ports), to: None }]
     });
     NetworkPolicy {
@@ -706,6 +718,15 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
             egress,
         }),
     }
+}
+
+/// The port of an `http://host[:port]/…` URL (80 when it names none).
+fn url_port(url: &str) -> i32 {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let authority = rest.split('/').next().unwrap_or("");
+    // An IPv6 literal's colons are inside its brackets.
+    let after_host = authority.rsplit_once(']').map_or(authority, |(_, tail)| tail);
+    after_host.rsplit_once(':').and_then(|(_, port)| port.parse().ok()).unwrap_or(80)
 }
 
 /// cert-manager's Certificate: a kind of an optional CRD, written as JSON.
