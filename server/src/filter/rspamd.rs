@@ -272,11 +272,25 @@ impl Client {
         if let Some(password) = &self.password {
             request.headers_mut().insert(HeaderName::from_static("password"), password.clone());
         }
-        let mut sender = match self.idle_connection() {
-            Some(sender) => sender,
-            None => self.connect().await?,
+        // A kept connection rspamd closed meanwhile fails before it carries
+        // the request (a scan or a learn may be sent again): once more on a
+        // new one.
+        let (sender, response) = match self.idle_connection() {
+            Some(mut sender) => match sender.try_send_request(request).await {
+                Ok(response) => (sender, response),
+                Err(mut err) => {
+                    let Some(request) = err.take_message() else { return Err(Failure::Connect) };
+                    let mut sender = self.connect().await?;
+                    let response = sender.send_request(request).await.map_err(|_| Failure::Connect)?;
+                    (sender, response)
+                }
+            },
+            None => {
+                let mut sender = self.connect().await?;
+                let response = sender.send_request(request).await.map_err(|_| Failure::Connect)?;
+                (sender, response)
+            }
         };
-        let response = sender.send_request(request).await.map_err(|_| Failure::Connect)?;
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_ANSWER)
             .collect()
