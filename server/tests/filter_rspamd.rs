@@ -181,8 +181,16 @@ impl Drop for Rspamd {
 }
 
 /// A pod (embedded store, bob@example.org) whose filter is rspamd at `url`,
-/// serving the MX and IMAP on loopback: the app and the two addresses.
-async fn pod(url: &str, tweak: impl FnOnce(&mut Config)) -> (App, SocketAddr, SocketAddr, tempfile::TempDir) {
+/// serving the MX, IMAP and submission on loopback.
+struct Pod {
+    app: App,
+    smtp: SocketAddr,
+    imap: SocketAddr,
+    submission: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+async fn pod(url: &str, tweak: impl FnOnce(&mut Config)) -> Pod {
     let (app, dir) = embedded_app(|c| {
         c.hostname = "mx.example.org".into();
         c.tls.allow_plaintext_auth = true;
@@ -198,19 +206,30 @@ async fn pod(url: &str, tweak: impl FnOnce(&mut Config)) -> (App, SocketAddr, So
         vec![
             ("smtp", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Mx))),
             ("imap", TlsMode::Plain, Arc::new(ImapProtocol::new(app.clone(), false))),
+            ("submission", TlsMode::Plain, Arc::new(SmtpProtocol::new(app.clone(), SmtpKind::Submission))),
         ],
     );
-    (app, addrs[0], addrs[1], dir)
+    Pod { app, smtp: addrs[0], imap: addrs[1], submission: addrs[2], _dir: dir }
 }
 
 /// Sends `message` from alice@example.com to bob@example.org with smtplib;
 /// the server's reply to the message: code and text.
 async fn send(smtp: SocketAddr, message: &str) -> (u16, String) {
+    send_as(smtp, message, None).await
+}
+
+/// [`send`], logged in as `login` (user, password) and from that user when
+/// given.
+async fn send_as(smtp: SocketAddr, message: &str, login: Option<(&str, &str)>) -> (u16, String) {
     const SCRIPT: &str = r#"
 import smtplib, sys
 s = smtplib.SMTP("127.0.0.1", int(sys.argv[1]), local_hostname="client.example.net", timeout=60)
+sender = "alice@example.com"
+if len(sys.argv) > 3:
+    s.login(sys.argv[2], sys.argv[3])
+    sender = sys.argv[2]
 try:
-    s.sendmail("alice@example.com", ["bob@example.org"], sys.stdin.buffer.read())
+    s.sendmail(sender, ["bob@example.org"], sys.stdin.buffer.read())
     print("250 accepted")
 except smtplib.SMTPDataError as e:
     print(e.smtp_code, e.smtp_error.decode())
@@ -220,6 +239,7 @@ s.quit()
         .arg("-c")
         .arg(SCRIPT)
         .arg(smtp.port().to_string())
+        .args(login.map(|(user, password)| [user, password]).into_iter().flatten())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -279,7 +299,7 @@ async fn rspamd_actions_decide_reply_and_mailbox() {
         return;
     }
     let rspamd = Rspamd::start().await;
-    let (app, smtp, _, _dir) = pod(&rspamd.url(), |_| {}).await;
+    let Pod { app, smtp, submission, _dir, .. } = pod(&rspamd.url(), |_| {}).await;
 
     // GTUBE: rspamd's action is reject, so is ours, and nothing is stored.
     let (code, text) = send(smtp, &message("hello", GTUBE, "")).await;
@@ -320,12 +340,21 @@ async fn rspamd_actions_decide_reply_and_mailbox() {
 
     // Over `max_size`: not sent to rspamd (GTUBE would be refused) but
     // delivered, and marked unchecked.
-    let (small, smtp_small, _, _dir_small) = pod(&rspamd.url(), |c| c.filter.rspamd.max_size = 1024).await;
-    let (code, text) = send(smtp_small, &message("big", GTUBE, "")).await;
+    let small = pod(&rspamd.url(), |c| c.filter.rspamd.max_size = 1024).await;
+    let (code, text) = send(small.smtp, &message("big", GTUBE, "")).await;
     assert_eq!(code, 250, "{text}");
-    let inbox = mailbox(&small, "INBOX").await;
+    let inbox = mailbox(&small.app, "INBOX").await;
     assert!(header_of(&inbox[0]).contains("X-Spam-Status: unchecked (too large)"), "{}", inbox[0]);
-    assert_eq!(small.metrics.filter.unscanned.with_label_values(&["too_large"]).get(), 1);
+    assert_eq!(small.app.metrics.filter.unscanned.with_label_values(&["too_large"]).get(), 1);
+
+    // Submitted mail is not scanned by default; with `scan_submission` it is.
+    let gtube_from_bob =
+        message("hello", GTUBE, "").replace("From: Alice <alice@example.com>", "From: bob@example.org");
+    let (code, text) = send_as(submission, &gtube_from_bob, Some(("bob@example.org", "pw"))).await;
+    assert_eq!(code, 250, "{text}");
+    let strict = pod(&rspamd.url(), |c| c.filter.rspamd.scan_submission = true).await;
+    let (code, text) = send_as(strict.submission, &gtube_from_bob, Some(("bob@example.org", "pw"))).await;
+    assert_eq!(code, 550, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +363,7 @@ async fn moving_into_and_out_of_junk_teaches_rspamd() {
         return;
     }
     let rspamd = Rspamd::start().await;
-    let (app, smtp, imap, _dir) = pod(&rspamd.url(), |_| {}).await;
+    let Pod { app, smtp, imap, _dir, .. } = pod(&rspamd.url(), |_| {}).await;
     let (code, text) = send(smtp, &message("newsletter", "learn-me", "")).await;
     assert_eq!(code, 250, "{text}");
     let before = rspamd.learned().await;
@@ -389,7 +418,7 @@ async fn stopped_rspamd_fails_open_and_the_breaker_stops_asking() {
         return;
     }
     let mut rspamd = Rspamd::start().await;
-    let (app, smtp, _, _dir) = pod(&rspamd.url(), |c| {
+    let Pod { app, smtp, _dir, .. } = pod(&rspamd.url(), |c| {
         c.filter.rspamd.breaker_failures = 2;
         c.filter.rspamd.breaker_retry_secs = 3600;
     })
@@ -432,7 +461,7 @@ async fn silent_listener() -> (SocketAddr, tokio::task::JoinHandle<()>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_defers_when_rspamd_hangs() {
     let (addr, _peer) = silent_listener().await;
-    let (app, smtp, _, _dir) = pod(&format!("http://{addr}"), |c| {
+    let Pod { app, smtp, _dir, .. } = pod(&format!("http://{addr}"), |c| {
         c.filter.rspamd.fail_mode = FailMode::Closed;
         c.filter.rspamd.timeout_ms = 300;
     })
@@ -472,7 +501,8 @@ async fn an_endless_answer_is_cut_at_its_cap() {
             });
         }
     });
-    let (app, smtp, _, _dir) = pod(&format!("http://{addr}"), |c| c.filter.rspamd.timeout_ms = 20_000).await;
+    let Pod { app, smtp, _dir, .. } =
+        pod(&format!("http://{addr}"), |c| c.filter.rspamd.timeout_ms = 20_000).await;
     let started = Instant::now();
     let (code, text) = send(smtp, &message("hello", "endless", "")).await;
     assert_eq!(code, 250, "fail-open: {text}");
