@@ -513,3 +513,34 @@ async fn an_endless_answer_is_cut_at_its_cap() {
     // What the peer got out is bounded by the cap plus the socket buffers.
     assert!(sent.load(std::sync::atomic::Ordering::Relaxed) < 64 * 1024 * 1024);
 }
+
+/// rspamd's score reaches the recipient's Sieve script as RFC 5235's
+/// `spamtest` value, and the script's `fileinto` decides over Junk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sieve_spamtest_sees_rspamds_score() {
+    if !rspamd_installed() {
+        return;
+    }
+    let rspamd = Rspamd::start().await;
+    let Pod { app, smtp, _dir, .. } = pod(&rspamd.url(), |_| {}).await;
+    let bob = app.store.account_get("bob@example.org").await.expect("lookup").expect("bob").id;
+    let script = br#"require ["spamtest", "relational", "comparator-i;ascii-numeric", "fileinto", "mailbox"];
+        if spamtest :value "ge" :comparator "i;ascii-numeric" "3" { fileinto :create "Suspect"; stop; }
+        if not spamtest :value "ge" :comparator "i;ascii-numeric" "1" { fileinto :create "Unscanned"; }"#;
+    let quota = mailcluster_server::store::SieveQuota { max_scripts: 16, max_bytes: 65536 };
+    app.store.sieve_put(bob, "spam", script, quota).await.expect("stored");
+    app.store.sieve_activate(bob, Some("spam")).await.expect("active");
+    app.sieve.forget(bob);
+
+    let (code, text) = send(smtp, &message("spammy-test offer", "spammy", "")).await;
+    assert_eq!(code, 250, "{text}");
+    let (code, text) = send(smtp, &message("lunch", "clean", "")).await;
+    assert_eq!(code, 250, "{text}");
+    let suspect = mailbox(&app, "Suspect").await;
+    assert_eq!(suspect.len(), 1, "the spammy one, filed by the script rather than Junk");
+    assert!(suspect[0].contains("spammy"));
+    assert!(mailbox(&app, "Junk").await.is_empty());
+    let inbox = mailbox(&app, "INBOX").await;
+    assert_eq!(inbox.len(), 1, "the clean one, scanned (spamtest 1)");
+    assert!(inbox[0].contains("clean"));
+}
