@@ -18,6 +18,8 @@
 # and the server's CPU; pg-waits.txt gets what PostgreSQL's active backends wait
 # on. With the server's log (serve.log) they tell a stall of the machine from
 # one of the server or of PostgreSQL.
+# SIEVE=FILE makes FILE every user's active Sieve script before the load
+# (bench/typical.sieve is a typical filter), so that delivery runs it.
 # Another build: MC=BINARY with LIB=that commit's bench/lib.sh (the settings it
 # knows), e.g. `git show COMMIT:bench/lib.sh > /tmp/lib-A.sh; MC=/tmp/mc-A
 # LIB=/tmp/lib-A.sh bench/soak.sh OUT`; the load generator is this checkout's.
@@ -43,6 +45,13 @@ machine_line | tee "$OUT/machine.txt"
   echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true"
   echo "load: mixed, open loop at $((DELIVER + FETCH + SEARCH + POP3))/s (deliver=$DELIVER fetch=$FETCH search=$SEARCH pop3=$POP3), $C workers, $DUR, 4 KB messages, $USERS users seeded with $SEED each"
 } | tee -a "$OUT/machine.txt"
+if [ -n "${SIEVE:-}" ]; then
+  seq -f "user%04g@example.test" 1 "$USERS" |
+    xargs -P "$(nproc)" -I{} sh -c "'$MC' sieve put {} typical '$SIEVE' --activate 2>/dev/null" || exit 1
+  echo "sieve: $SIEVE active for all $USERS users" | tee -a "$OUT/machine.txt"
+  # Every pod reads which accounts have a script every 5 s.
+  sleep 6
+fi
 COMMON=(--users-count "$USERS" --no-progress -k --message-size 4k)
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$SEED" -c 20 "${COMMON[@]}" >"$OUT/seed.txt" || exit 1
 
