@@ -6,7 +6,6 @@
 //! had one within the period is the store's (one row per account, handle and
 //! sender, shared by every pod).
 
-use base64::Engine;
 use mail_parser::{HeaderName, HeaderValue, MessageParser};
 
 /// Why no reply goes out; `None` from [`refusal`] means one may.
@@ -148,10 +147,13 @@ pub fn build(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
     };
     field("From", &angle(reply.from));
     field("To", &angle(reply.to));
-    field("Subject", &encode_word(&subject));
+    // One line of at most 900 octets, RFC 2047-encoded when not ASCII: the
+    // content filter's rule for the subjects it rewrites.
+    field("Subject", &crate::filter::encoded_subject(&subject));
     field("Date", &chrono::Utc::now().to_rfc2822());
-    let id = format!("<{}.vacation@{}>", uuid_like(), reply.hostname);
-    field("Message-ID", &id);
+    let mut id = Vec::new();
+    mail_builder::headers::message_id::generate_message_id_header(&mut id, reply.hostname);
+    field("Message-ID", &String::from_utf8_lossy(&id));
     if let Some(id) = &message_id {
         field("In-Reply-To", &format!("<{id}>"));
     }
@@ -179,29 +181,6 @@ fn angle(address: &str) -> String {
     format!("<{}>", address.trim_matches(['<', '>']))
 }
 
-/// RFC 2047 B-encoding of a header text that is not plain ASCII, in words
-/// short enough for a 78-column line.
-fn encode_word(text: &str) -> String {
-    let text: String = text.chars().filter(|c| *c != '\r' && *c != '\n').collect();
-    if text.is_ascii() {
-        return text;
-    }
-    let mut words = Vec::new();
-    let mut chunk = String::new();
-    for c in text.chars() {
-        if chunk.len() + c.len_utf8() > 45 {
-            words.push(std::mem::take(&mut chunk));
-        }
-        chunk.push(c);
-    }
-    words.push(chunk);
-    words
-        .iter()
-        .map(|w| format!("=?utf-8?B?{}?=", base64::engine::general_purpose::STANDARD.encode(w)))
-        .collect::<Vec<_>>()
-        .join("\r\n ")
-}
-
 /// Bare LFs as CRLF, so a reason typed on any system is a valid message.
 fn crlf(text: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len() + text.len() / 32);
@@ -214,12 +193,6 @@ fn crlf(text: &[u8]) -> Vec<u8> {
         previous = b;
     }
     out
-}
-
-fn uuid_like() -> String {
-    let mut bytes = [0u8; 16];
-    rand::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

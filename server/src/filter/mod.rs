@@ -468,7 +468,7 @@ fn with_fields(raw: &[u8], at: usize, fields: &str, subject: Option<&str>) -> By
 
 /// A subject as a header field's text: control characters dropped, at most
 /// 998 octets, and RFC 2047-encoded when it is not ASCII.
-fn encoded_subject(subject: &str) -> String {
+pub(crate) fn encoded_subject(subject: &str) -> String {
     use base64::Engine as _;
     let clean: String = subject.chars().filter(|c| !c.is_control()).collect();
     let mut end = clean.len().min(900);
