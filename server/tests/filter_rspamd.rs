@@ -8,9 +8,11 @@
 //! rspamd's configuration: its packaged rules, one controller worker (which
 //! answers `/checkv2` as well as the learning and `/stat` calls), the
 //! `http_headers` module on (so the pod's SPF/DKIM/DMARC results are taken),
-//! actions `add header` at 50 and `reject` at 150, a rule `MC_TEST_SPAMMY`
-//! (score 60) for subjects with "spammy-test", and the Bayes classifier in
-//! this machine's Redis, database 14 (its own keys, never flushed).
+//! actions `greylist` at 30, `add header` at 50, `rewrite subject` at 100 and
+//! `reject` at 150, rules scoring subjects with "grey-test" (35),
+//! "spammy-test" (60) and "rewrite-test" (110), a prefilter answering `soft
+//! reject` to subjects with "tempfail-test", and the Bayes classifier in this
+//! machine's Redis, database 14 (its own keys, never flushed).
 
 mod common;
 
@@ -93,7 +95,7 @@ worker "controller" {{
         std::fs::write(d.join("rspamd.conf"), conf).expect("conf");
         std::fs::write(
             d.join("local.d/actions.conf"),
-            "reject = 150;\nadd_header = 50;\ngreylist = null;\nrewrite_subject = null;\n",
+            "reject = 150;\nrewrite_subject = 100;\nadd_header = 50;\ngreylist = 30;\nsubject = \"[SPAM] %s\";\n",
         )
         .expect("actions");
         std::fs::write(d.join("local.d/http_headers.conf"), "enabled = true;\n").expect("http_headers");
@@ -104,13 +106,27 @@ worker "controller" {{
         .expect("bayes");
         std::fs::write(
             d.join("rspamd.local.lua"),
-            r#"rspamd_config.MC_TEST_SPAMMY = {
+            r#"local function subject_rule(name, pattern, score)
+  rspamd_config[name] = {
+    callback = function(task)
+      return (task:get_subject() or ''):find(pattern) ~= nil
+    end,
+    score = score,
+    description = 'Mailcluster test rule',
+  }
+end
+subject_rule('MC_TEST_GREY', 'grey%-test', 35.0)
+subject_rule('MC_TEST_SPAMMY', 'spammy%-test', 60.0)
+subject_rule('MC_TEST_REWRITE', 'rewrite%-test', 110.0)
+rspamd_config:register_symbol({
+  name = 'MC_TEST_TEMPFAIL',
+  type = 'prefilter',
   callback = function(task)
-    return (task:get_subject() or ''):find('spammy%-test') ~= nil
+    if (task:get_subject() or ''):find('tempfail%-test') then
+      task:set_pre_result('soft reject', 'come back later')
+    end
   end,
-  score = 60.0,
-  description = 'Mailcluster test rule',
-}
+})
 "#,
         )
         .expect("lua");
@@ -355,6 +371,39 @@ async fn rspamd_actions_decide_reply_and_mailbox() {
     let strict = pod(&rspamd.url(), |c| c.filter.rspamd.scan_submission = true).await;
     let (code, text) = send_as(strict.submission, &gtube_from_bob, Some(("bob@example.org", "pw"))).await;
     assert_eq!(code, 550, "{text}");
+}
+
+/// rspamd's other actions, each from rspamd's own scoring: `rewrite subject`
+/// files into Junk under rspamd's subject (the sender's Subject gone, not
+/// kept beside it); `soft reject` from a prefilter and `greylist` from the
+/// score are a temporary refusal the sender retries, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_subject_soft_reject_and_greylist() {
+    if !rspamd_installed() {
+        return;
+    }
+    let rspamd = Rspamd::start().await;
+    let Pod { app, smtp, _dir, .. } = pod(&rspamd.url(), |_| {}).await;
+
+    let (code, text) = send(smtp, &message("rewrite-test offer", "rewrite", "")).await;
+    assert_eq!(code, 250, "{text}");
+    let junk = mailbox(&app, "Junk").await;
+    assert_eq!(junk.len(), 1, "in Junk");
+    let header = header_of(&junk[0]);
+    assert!(header.contains("\r\nX-Spam: Yes\r\n"), "{header}");
+    let subjects: Vec<&str> =
+        header.split("\r\n").filter(|l| l.to_ascii_lowercase().starts_with("subject:")).collect();
+    assert_eq!(subjects, ["Subject: [SPAM] rewrite-test offer"], "{header}");
+    assert!(mailbox(&app, "INBOX").await.is_empty());
+
+    for (subject, action) in [("tempfail-test", "soft_reject"), ("grey-test offer", "greylist")] {
+        let (code, text) = send(smtp, &message(subject, "later", "")).await;
+        assert_eq!(code, 451, "{subject}: {text}");
+        assert!(text.starts_with("4.7.1"), "{subject}: {text}");
+        assert_eq!(app.metrics.filter.checks.with_label_values(&[action]).get(), 1, "{subject}");
+    }
+    assert_eq!(mailbox(&app, "INBOX").await.len() + mailbox(&app, "Junk").await.len(), 1, "nothing more stored");
+    assert_eq!(app.metrics.filter.checks.with_label_values(&["rewrite_subject"]).get(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
