@@ -533,7 +533,7 @@ pub struct RelaySpec {
 }
 
 /// Content checks of incoming mail.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FilterSpec {
     /// Every message arriving on the MX is scanned by this rspamd before it is
@@ -542,14 +542,21 @@ pub struct FilterSpec {
     pub rspamd: Option<RspamdSpec>,
 }
 
-/// rspamd, run by the user (its own Deployment, Helm chart or host).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, KubeSchema)]
+/// rspamd: run by the user (its own Deployment, Helm chart or host; `url`) or
+/// by the operator (`deploy`), never both.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.url) != has(self.deploy)").message("set exactly one of filter.rspamd.url or filter.rspamd.deploy"))]
+#[x_kube(validation = Rule::new("!has(self.deploy) || !has(self.passwordSecretRef)").message("filter.rspamd.deploy makes its own password: leave passwordSecretRef unset"))]
 pub struct RspamdSpec {
     /// `http://host:port` of rspamd's worker, e.g. `http://rspamd.mail:11334`
     /// (the controller worker answers scans and learning alike).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 8, max = 260), regex(pattern = r"^http://[^/@\s]+(/[^\s]*)?$"))]
-    pub url: String,
+    pub url: Option<String>,
+    /// The operator runs rspamd (and a Redis of its own) for this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy: Option<RspamdDeploySpec>,
     /// Secret key holding rspamd's controller password (sent as its
     /// `Password` header), put into the pods' environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -565,6 +572,57 @@ pub struct RspamdSpec {
     #[serde(default = "default_rspamd_timeout")]
     #[schemars(range(min = 100, max = 60000))]
     pub timeout_ms: u32,
+}
+
+/// rspamd run by the operator: a Deployment of `image` whose controller
+/// worker (port 11334) the pods use, with a password the operator generates,
+/// and a Redis Deployment for its statistics, greylisting and rate data.
+/// The image sees every message the MX scans (never the database URL, the
+/// Redis of the mail pods or the cluster's keys).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RspamdDeploySpec {
+    /// An rspamd image whose entrypoint runs rspamd in the foreground with
+    /// its configuration in `configDir`, e.g. `rspamd/rspamd:3.12`.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Where the image's rspamd reads its configuration: the operator mounts
+    /// its files into `local.d/` and `override.d/` there.
+    #[serde(default = "default_rspamd_config_dir")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^/[^\s]*$"))]
+    pub config_dir: String,
+    #[serde(default = "default_rspamd_replicas")]
+    #[schemars(range(min = 1, max = 100))]
+    pub replicas: i32,
+    /// rspamd processes per pod answering scans and learning (its controller
+    /// worker's `count`): about one per core the pod may use.
+    #[serde(default = "default_rspamd_workers")]
+    #[schemars(range(min = 1, max = 64))]
+    pub workers: i32,
+    /// rspamd's container; default requests 500m CPU and 512Mi, limit 1Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// The Redis image rspamd's own Redis runs (one replica; append-only
+    /// file on an emptyDir: kept across container restarts, not rescheduling).
+    #[serde(default = "default_rspamd_redis_image")]
+    #[schemars(length(min = 1, max = 512))]
+    pub redis_image: String,
+}
+
+fn default_rspamd_config_dir() -> String {
+    "/etc/rspamd".into()
+}
+
+fn default_rspamd_replicas() -> i32 {
+    1
+}
+
+fn default_rspamd_workers() -> i32 {
+    2
+}
+
+fn default_rspamd_redis_image() -> String {
+    "redis:7.4-alpine".into()
 }
 
 fn default_rspamd_timeout() -> u32 {

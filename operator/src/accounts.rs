@@ -966,5 +966,25 @@ pub async fn run(client: Client, opts: AccountOptions, shutdown: impl Future<Out
                 tracing::debug!(error = %e, "MailCluster accounts report");
             }
         });
-    tokio::join!(domain_controller, account_controller, cluster_controller);
+    let controllers = async {
+        tokio::join!(domain_controller, account_controller, cluster_controller);
+    };
+    // A controller waits for its kind's first list before it reconciles, and a
+    // graceful shutdown waits for that controller: with the MailDomain or
+    // MailAccount CRD not installed, that is forever. Reconciles in flight get
+    // a bounded time after the signal instead.
+    tokio::select! {
+        _ = controllers => {}
+        _ = async {
+            stopped(stop_rx).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!(
+            grace_secs = SHUTDOWN_GRACE.as_secs(),
+            "store kinds' controllers did not stop in time (are their CRDs installed?)"
+        ),
+    }
 }
+
+/// How long the store kinds' reconciles in flight may take after shutdown is
+/// asked for.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

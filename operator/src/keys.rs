@@ -10,6 +10,11 @@
 //! operator makes a new one) and restart the pods.
 //!
 //! The values are random bytes in hex: environment variables carry text.
+//!
+//! When the operator runs rspamd (`spec.filter.rspamd.deploy`) a second Secret,
+//! made the same way, holds its controller password (the pods' and rspamd's),
+//! its Redis password, and the two configuration fragments rspamd includes
+//! them from (rspamd reads no password from its environment).
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -36,26 +41,71 @@ fn random_hex() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A new Secret with fresh random keys.
-pub fn new_secret(mc: &MailCluster) -> Secret {
-    let data = KEYS.iter().map(|k| (k.to_string(), ByteString(random_hex().into_bytes()))).collect();
+/// rspamd's controller password (`MAILCLUSTER_FILTER__RSPAMD__PASSWORD`).
+pub const RSPAMD_PASSWORD: &str = "password";
+/// The password of rspamd's Redis.
+pub const RSPAMD_REDIS_PASSWORD: &str = "redis-password";
+/// rspamd's controller settings naming its password, included by the
+/// controller's configuration.
+pub const RSPAMD_CONTROLLER_INCLUDE: &str = "controller.inc";
+/// rspamd's Redis settings naming the Redis password.
+pub const RSPAMD_REDIS_INCLUDE: &str = "redis.inc";
+/// Every key of rspamd's Secret.
+pub const RSPAMD_KEYS: [&str; 4] =
+    [RSPAMD_PASSWORD, RSPAMD_REDIS_PASSWORD, RSPAMD_CONTROLLER_INCLUDE, RSPAMD_REDIS_INCLUDE];
+
+fn secret(mc: &MailCluster, name: &str, component: &str, data: Vec<(&str, String)>) -> Secret {
     Secret {
-        metadata: metadata(mc, &names::keys_secret(mc), "keys"),
+        metadata: metadata(mc, name, component),
         type_: Some("Opaque".into()),
-        data: Some(data),
+        data: Some(data.into_iter().map(|(k, v)| (k.to_string(), ByteString(v.into_bytes()))).collect()),
         ..Default::default()
     }
+}
+
+/// A new Secret with fresh random keys.
+pub fn new_secret(mc: &MailCluster) -> Secret {
+    secret(mc, &names::keys_secret(mc), "keys", KEYS.iter().map(|k| (*k, random_hex())).collect())
+}
+
+/// A new Secret of rspamd's passwords (random hex: nothing to quote in the
+/// configuration fragments).
+pub fn new_rspamd_secret(mc: &MailCluster) -> Secret {
+    let (password, redis) = (random_hex(), random_hex());
+    let data = vec![
+        (
+            RSPAMD_CONTROLLER_INCLUDE,
+            format!("password = \"{password}\";\nenable_password = \"{password}\";\n"),
+        ),
+        (RSPAMD_REDIS_INCLUDE, format!("password = \"{redis}\";\n")),
+        (RSPAMD_PASSWORD, password),
+        (RSPAMD_REDIS_PASSWORD, redis),
+    ];
+    secret(mc, &names::rspamd(mc), "rspamd", data)
 }
 
 /// Makes sure the Secret exists, creating it if it does not; never changes one
 /// that does. Returns a problem to report when it exists without a key the pods
 /// need (then nothing is built: the pods would not start).
 pub async fn ensure(mc: &MailCluster, ns: &str, client: &Client) -> Result<Option<String>, kube::Error> {
+    let problem = ensure_one(client, ns, new_secret(mc), &KEYS).await?;
+    if problem.is_some() || crate::build::rspamd::deployed(mc).is_none() {
+        return Ok(problem);
+    }
+    ensure_one(client, ns, new_rspamd_secret(mc), &RSPAMD_KEYS).await
+}
+
+async fn ensure_one(
+    client: &Client,
+    ns: &str,
+    new: Secret,
+    keys: &[&str],
+) -> Result<Option<String>, kube::Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let name = names::keys_secret(mc);
+    let name = new.metadata.name.clone().unwrap_or_default();
     if let Some(found) = api.get_opt(&name).await? {
         let data = found.data.unwrap_or_default();
-        let missing: Vec<&str> = KEYS.iter().copied().filter(|k| !data.contains_key(*k)).collect();
+        let missing: Vec<&str> = keys.iter().copied().filter(|k| !data.contains_key(*k)).collect();
         return Ok((!missing.is_empty()).then(|| {
             format!(
                 "Secret {name} has no key {}; delete it and the operator makes a new one",
@@ -63,9 +113,9 @@ pub async fn ensure(mc: &MailCluster, ns: &str, client: &Client) -> Result<Optio
             )
         }));
     }
-    match api.create(&PostParams::default(), &new_secret(mc)).await {
+    match api.create(&PostParams::default(), &new).await {
         Ok(_) => {
-            info!(secret = %name, "created the cluster's keys");
+            info!(secret = %name, "created a Secret of generated keys");
             Ok(None)
         }
         // Made meanwhile (another reconcile, or a person): that one stands.
@@ -96,5 +146,29 @@ mod tests {
             assert_ne!(a[key], b[key], "{key}: random per Secret");
         }
         assert_ne!(a[GROUP_COMMIT_KEY], a[CACHE_MAC_KEY], "keys differ from each other");
+    }
+
+    #[test]
+    fn rspamds_fragments_name_the_passwords_of_their_secret() {
+        let mc: MailCluster = serde_yaml_ng::from_str(
+            "apiVersion: mailcluster.dev/v1alpha1\nkind: MailCluster\nmetadata: {name: mail, namespace: mail}\n\
+             spec: {image: {tag: '1'}, domains: [example.com], postgres: {urlSecretRef: {name: db}}, \
+             redis: {urlSecretRef: {name: r}}}",
+        )
+        .unwrap();
+        let (a, b) = (new_rspamd_secret(&mc), new_rspamd_secret(&mc));
+        assert_eq!(a.metadata.name.as_deref(), Some("mail-rspamd"));
+        let (a, b) = (a.data.unwrap(), b.data.unwrap());
+        let text = |k: &str| String::from_utf8(a[k].0.clone()).unwrap();
+        let (password, redis) = (text(RSPAMD_PASSWORD), text(RSPAMD_REDIS_PASSWORD));
+        assert_eq!((password.len(), redis.len()), (KEY_BYTES * 2, KEY_BYTES * 2));
+        assert_ne!(password, redis);
+        assert_ne!(a[RSPAMD_PASSWORD], b[RSPAMD_PASSWORD], "random per Secret");
+        assert_eq!(
+            text(RSPAMD_CONTROLLER_INCLUDE),
+            format!("password = \"{password}\";\nenable_password = \"{password}\";\n")
+        );
+        assert_eq!(text(RSPAMD_REDIS_INCLUDE), format!("password = \"{redis}\";\n"));
+        assert_eq!(a.len(), RSPAMD_KEYS.len());
     }
 }

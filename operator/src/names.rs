@@ -118,6 +118,25 @@ pub fn keys_secret(mc: &MailCluster) -> String {
     format!("{}-keys", cluster_name(mc))
 }
 
+/// rspamd run by the operator (`spec.filter.rspamd.deploy`): its Deployment,
+/// Service, ConfigMap and NetworkPolicy, and the Secret of its passwords.
+pub fn rspamd(mc: &MailCluster) -> String {
+    format!("{}-rspamd", cluster_name(mc))
+}
+
+/// The Redis of the operator's rspamd: Deployment, Service and NetworkPolicy.
+pub fn rspamd_redis(mc: &MailCluster) -> String {
+    format!("{}-rspamd-redis", cluster_name(mc))
+}
+
+/// rspamd's controller worker port: scans, learning and its web interface.
+pub const RSPAMD_PORT: i32 = 11334;
+
+/// The URL the pods use for the operator's rspamd.
+pub fn rspamd_url(mc: &MailCluster) -> String {
+    format!("http://{}.{}.svc:{RSPAMD_PORT}", rspamd(mc), namespace(mc))
+}
+
 pub fn metrics_service(mc: &MailCluster) -> String {
     format!("{}-metrics", cluster_name(mc))
 }

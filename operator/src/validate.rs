@@ -197,6 +197,20 @@ pub fn validate(mc: &MailCluster) -> Result<(), ValidationError> {
         p.extend(tuning_problems(tuning));
     }
 
+    if let Some(r) = spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()) {
+        if r.url.is_some() == r.deploy.is_some() {
+            p.push("set exactly one of filter.rspamd.url or filter.rspamd.deploy".into());
+        }
+        if r.deploy.is_some() && r.password_secret_ref.is_some() {
+            p.push("filter.rspamd.deploy makes its own password: leave passwordSecretRef unset".into());
+        }
+        if let Some(d) = &r.deploy
+            && d.image.trim().is_empty()
+        {
+            p.push("filter.rspamd.deploy.image is required".into());
+        }
+    }
+
     if p.is_empty() { Ok(()) } else { Err(ValidationError { problems: p }) }
 }
 

@@ -730,7 +730,13 @@ fn migration_holds_deployments_on_the_old_image() {
     assert_eq!(b.rollout, Rollout::HeldForMigration { running: old.clone(), wanted: new.clone() });
     for d in b.of_kind(ChildKind::Deployment) {
         let d: Deployment = d.to_typed().unwrap();
-        assert_eq!(container(&d).image.as_deref(), Some(old.as_str()));
+        // rspamd and its Redis run their own images, untouched by the schema.
+        let expected = match d.metadata.name.as_deref() {
+            Some("prod-rspamd") => "rspamd/rspamd:3.12",
+            Some("prod-rspamd-redis") => "redis:7.4-alpine",
+            _ => old.as_str(),
+        };
+        assert_eq!(container(&d).image.as_deref(), Some(expected));
     }
     let job: Job = get(&b, ChildKind::Job, &b.migration_job);
     let pod = job.spec.unwrap().template.spec.unwrap();
@@ -756,11 +762,12 @@ fn migration_holds_deployments_on_the_old_image() {
     assert_ne!(again.migration_job, b.migration_job);
     assert_eq!(again.rollout, Rollout::Current);
 
-    // First install: nothing runs until the schema exists.
+    // First install: no mail pod runs until the schema exists (rspamd, which
+    // does not use it, starts meanwhile).
     let ctx = BuildContext { migrated_image: None, ..BuildContext::steady_state(&mc) };
     let b = build(&mc, &ctx).unwrap();
     assert!(matches!(b.rollout, Rollout::AwaitingFirstMigration { .. }));
-    assert_eq!(b.of_kind(ChildKind::Deployment).count(), 0);
+    assert_eq!(names_of(&b, ChildKind::Deployment), ["prod-rspamd", "prod-rspamd-redis"]);
     assert_eq!(b.of_kind(ChildKind::HorizontalPodAutoscaler).count(), 0);
     assert!(b.get(ChildKind::Job, &b.migration_job).is_some());
     assert!(b.get(ChildKind::Service, "prod-smtp").is_some());
@@ -1027,8 +1034,132 @@ fn rspamd_reaches_the_pods_that_scan_and_learn() {
     };
     assert!(egress_ports(&mc).contains(&11334));
     // A URL without a port: HTTP's.
-    mc.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().url = "http://rspamd".into();
+    mc.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().url = Some("http://rspamd".into());
     assert!(egress_ports(&mc).contains(&80));
     mc.spec.filter = None;
     assert!(!egress_ports(&mc).contains(&11334));
+}
+
+/// `spec.filter.rspamd.deploy`: the operator runs the user's rspamd image and
+/// a Redis of its own; the pods that scan and learn are pointed at its
+/// Service with the password from the Secret the operator makes; passwords
+/// never appear in a ConfigMap; each of the two takes connections only from
+/// who needs it.
+#[test]
+fn rspamd_run_by_the_operator() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let mc = fixture("full");
+    let b = steady(&mc);
+    let ns = names::namespace(&mc);
+
+    // The pods that talk to rspamd find it at its Service, with the generated password.
+    let cm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-config");
+    let data = cm.data.unwrap();
+    for key in ["smtp.toml", "submission.toml", "imap.toml"] {
+        assert_eq!(
+            server_loads(key, &data[key]).filter.rspamd.url,
+            format!("http://prod-rspamd.{ns}.svc:11334")
+        );
+    }
+    for name in ["prod-smtp", "prod-submission", "prod-imap"] {
+        let d: Deployment = get(&b, ChildKind::Deployment, name);
+        let env = container(&d).env.unwrap();
+        let sel = env
+            .iter()
+            .find(|e| e.name == "MAILCLUSTER_FILTER__RSPAMD__PASSWORD")
+            .and_then(|e| e.value_from.clone())
+            .and_then(|v| v.secret_key_ref)
+            .unwrap_or_else(|| panic!("{name}: rspamd's password from a Secret"));
+        assert_eq!((sel.name.as_str(), sel.key.as_str()), ("prod-rspamd", "password"), "{name}");
+    }
+
+    // rspamd: the user's image, the operator's files mounted one by one over
+    // the image's configuration, the passwords included from the Secret.
+    let d: Deployment = get(&b, ChildKind::Deployment, "prod-rspamd");
+    let c = container(&d);
+    assert_eq!(c.image.as_deref(), Some("rspamd/rspamd:3.12"));
+    let mounts: Vec<(String, Option<String>)> =
+        c.volume_mounts.unwrap().into_iter().map(|m| (m.mount_path, m.sub_path)).collect();
+    for (path, key) in [
+        ("/etc/rspamd/override.d/worker-controller.inc", "worker-controller.inc"),
+        ("/etc/rspamd/local.d/redis.conf", "redis.conf"),
+        ("/etc/rspamd/local.d/http_headers.conf", "http_headers.conf"),
+    ] {
+        assert!(mounts.contains(&(path.to_string(), Some(key.to_string()))), "{path}: {mounts:?}");
+    }
+    assert!(mounts.contains(&("/etc/mailcluster-rspamd".to_string(), None)), "{mounts:?}");
+    let pod = d.spec.as_ref().unwrap().template.spec.clone().unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let secret = pod.volumes.unwrap().into_iter().find_map(|v| v.secret).expect("Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("prod-rspamd"));
+    let rcm: ConfigMap = get(&b, ChildKind::ConfigMap, "prod-rspamd");
+    let files = rcm.data.unwrap();
+    let controller = &files["worker-controller.inc"];
+    assert!(controller.contains("bind_socket = \"*:11334\";"), "{controller}");
+    assert!(controller.contains("count = 3;"), "workers: {controller}");
+    assert!(controller.contains("secure_ip = [];"), "no password-free address: {controller}");
+    assert!(controller.contains(".include \"/etc/mailcluster-rspamd/controller.inc\""), "{controller}");
+    assert!(
+        files["redis.conf"].contains("servers = \"prod-rspamd-redis:6379\";"),
+        "{:?}",
+        files["redis.conf"]
+    );
+    assert!(
+        files.values().all(|f| !f.contains("password =") && !f.contains("requirepass")),
+        "no password in the ConfigMap: {files:?}"
+    );
+    let svc: Service = get(&b, ChildKind::Service, "prod-rspamd");
+    assert_eq!(svc.spec.unwrap().ports.unwrap()[0].port, 11334);
+
+    // Its Redis: a password from the same Secret, no root, append-only file.
+    let r: Deployment = get(&b, ChildKind::Deployment, "prod-rspamd-redis");
+    let rc = container(&r);
+    assert_eq!(rc.image.as_deref(), Some("redis:7.4-alpine"));
+    let args = rc.args.unwrap();
+    assert_eq!(args, ["/etc/mailcluster-redis/redis-server.conf", "--requirepass", "$(REDIS_PASSWORD)"]);
+    assert!(files["redis-server.conf"].contains("appendonly yes\n"), "{:?}", files["redis-server.conf"]);
+    let pw = rc.env.unwrap().into_iter().find(|e| e.name == "REDIS_PASSWORD").unwrap();
+    let sel = pw.value_from.unwrap().secret_key_ref.unwrap();
+    assert_eq!((sel.name.as_str(), sel.key.as_str()), ("prod-rspamd", "redis-password"));
+    assert_eq!(rc.security_context.unwrap().run_as_non_root, Some(true));
+    let svc: Service = get(&b, ChildKind::Service, "prod-rspamd-redis");
+    assert_eq!(svc.spec.unwrap().ports.unwrap()[0].port, 6379);
+
+    // Who may connect: the mail pods to rspamd, rspamd to its Redis.
+    let from = |name: &str| {
+        let np: NetworkPolicy = get(&b, ChildKind::NetworkPolicy, name);
+        let spec = np.spec.unwrap();
+        let rule = spec.ingress.unwrap().remove(0);
+        let peer = rule.from.unwrap().remove(0).pod_selector.unwrap().match_labels.unwrap();
+        let port = rule.ports.unwrap()[0].port.clone();
+        (spec.pod_selector.unwrap().match_labels.unwrap(), peer, port)
+    };
+    let (target, peer, port) = from("prod-rspamd");
+    assert_eq!(target[names::COMPONENT_LABEL], "rspamd");
+    assert_eq!(peer.get("mailcluster.dev/role").map(String::as_str), Some("server"), "{peer:?}");
+    assert_eq!(port, Some(IntOrString::Int(11334)));
+    let (target, peer, port) = from("prod-rspamd-redis");
+    assert_eq!(target[names::COMPONENT_LABEL], "rspamd-redis");
+    assert_eq!(peer[names::COMPONENT_LABEL], "rspamd");
+    assert_eq!(port, Some(IntOrString::Int(6379)));
+
+    // Without `deploy` none of it is built.
+    let mut plain = mc.clone();
+    plain.spec.filter = None;
+    let b = steady(&plain);
+    for kind in [ChildKind::Deployment, ChildKind::Service, ChildKind::ConfigMap, ChildKind::NetworkPolicy] {
+        assert!(names_of(&b, kind).iter().all(|n| !n.contains("rspamd")), "{kind:?}");
+    }
+
+    // Exactly one of url and deploy; deploy brings its own password.
+    let mut both = mc.clone();
+    both.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().url = Some("http://rspamd:11334".into());
+    assert!(build(&both, &BuildContext::steady_state(&both)).is_err());
+    let mut neither = mc.clone();
+    neither.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().deploy = None;
+    assert!(build(&neither, &BuildContext::steady_state(&neither)).is_err());
+    let mut own_password = mc;
+    own_password.spec.filter.as_mut().unwrap().rspamd.as_mut().unwrap().password_secret_ref =
+        serde_yaml_ng::from_str("{name: mine}").unwrap();
+    assert!(build(&own_password, &BuildContext::steady_state(&own_password)).is_err());
 }

@@ -786,3 +786,81 @@ async fn status_follows_secrets_budget_and_the_stress_verdict() {
     op.stop().await;
     drop(ns);
 }
+
+/// `spec.filter.rspamd.deploy` on a real API server: the operator makes the
+/// Secret of rspamd's passwords once (the include file rspamd reads names the
+/// same password the pods send), runs rspamd and its Redis with their
+/// Services and ConfigMap, points the scanning pods at them, and removes them
+/// when the spec names an rspamd of the user's instead. The API server itself
+/// refuses a spec naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_rspamd_comes_and_goes_with_the_spec() {
+    init_logs();
+    let Some(ns) = TestNamespace::create("rspamd").await else { return };
+    let client = ns.client.clone();
+    put_secrets(&client).await;
+    let mcs: Api<MailCluster> = Api::default_namespaced(client.clone());
+
+    let mut both = cluster();
+    both.spec.filter = Some(
+        serde_yaml_ng::from_str(
+            "rspamd: {url: 'http://rspamd:11334', deploy: {image: 'rspamd/rspamd:3.12'}}",
+        )
+        .unwrap(),
+    );
+    let refused = mcs.create(&PostParams::default(), &both).await.expect_err("url and deploy refused");
+    assert!(
+        refused.to_string().contains("exactly one of filter.rspamd.url or filter.rspamd.deploy"),
+        "{refused}"
+    );
+
+    let op = Operator::start(&client, None);
+    let mut mc = cluster();
+    mc.spec.filter =
+        Some(serde_yaml_ng::from_str("rspamd: {deploy: {image: 'rspamd/rspamd:3.12'}}").unwrap());
+    mcs.create(&PostParams::default(), &mc).await.expect("create MailCluster");
+
+    let secret = eventually("rspamd's Secret", || get::<Secret>(&client, "mail-rspamd")).await;
+    let data = secret.data.clone().unwrap();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+    let password = text("password");
+    assert_eq!(password.len(), 64);
+    assert!(text("controller.inc").contains(&format!("password = \"{password}\";")));
+    assert!(text("redis.inc").contains(&format!("password = \"{}\";", text("redis-password"))));
+    eventually("rspamd, its Redis and their Services", || async {
+        let want = ["mail-rspamd", "mail-rspamd-redis"];
+        (names::<Deployment>(&client).await == want
+            && get::<Service>(&client, "mail-rspamd").await.is_some()
+            && get::<Service>(&client, "mail-rspamd-redis").await.is_some()
+            && get::<ConfigMap>(&client, "mail-rspamd").await.is_some())
+        .then_some(())
+    })
+    .await;
+    let config = eventually("the pods' config", || get::<ConfigMap>(&client, "mail-config")).await;
+    let smtp = &config.data.unwrap()["smtp.toml"];
+    assert!(smtp.contains(&format!("url = \"http://mail-rspamd.{}.svc:11334\"", ns.name)), "{smtp}");
+
+    // The user's rspamd instead: the operator's goes, its Secret stays (the
+    // MailCluster owns it) and is the same when `deploy` comes back.
+    let change =
+        json!({"spec": {"filter": {"rspamd": {"deploy": null, "url": "http://rspamd.elsewhere:11334"}}}});
+    mcs.patch("mail", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap();
+    eventually("rspamd's objects deleted", || async {
+        (names::<Deployment>(&client).await.iter().all(|n| !n.contains("rspamd"))
+            && get::<Service>(&client, "mail-rspamd").await.is_none()
+            && get::<Service>(&client, "mail-rspamd-redis").await.is_none()
+            && get::<ConfigMap>(&client, "mail-rspamd").await.is_none())
+        .then_some(())
+    })
+    .await;
+    let config = eventually("the pods' config", || async {
+        let cm = get::<ConfigMap>(&client, "mail-config").await?;
+        let smtp = cm.data?.remove("smtp.toml")?;
+        smtp.contains("http://rspamd.elsewhere:11334").then_some(smtp)
+    })
+    .await;
+    assert!(!config.contains("mail-rspamd"), "{config}");
+    let kept = get::<Secret>(&client, "mail-rspamd").await.expect("Secret kept");
+    assert_eq!(kept.data, secret.data, "never rewritten");
+    op.stop().await;
+}

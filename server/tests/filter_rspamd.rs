@@ -402,7 +402,11 @@ async fn rewrite_subject_soft_reject_and_greylist() {
         assert!(text.starts_with("4.7.1"), "{subject}: {text}");
         assert_eq!(app.metrics.filter.checks.with_label_values(&[action]).get(), 1, "{subject}");
     }
-    assert_eq!(mailbox(&app, "INBOX").await.len() + mailbox(&app, "Junk").await.len(), 1, "nothing more stored");
+    assert_eq!(
+        mailbox(&app, "INBOX").await.len() + mailbox(&app, "Junk").await.len(),
+        1,
+        "nothing more stored"
+    );
     assert_eq!(app.metrics.filter.checks.with_label_values(&["rewrite_subject"]).get(), 1);
 }
 

@@ -9,6 +9,7 @@
 
 mod jobs;
 pub mod pod_config;
+pub mod rspamd;
 mod workload;
 
 use mailcluster_api::{MailCluster, RUN_STRESS_ANNOTATION, Scaler};
@@ -138,6 +139,18 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
     }
     if mc.spec.network_policy.enabled {
         out.push((ChildKind::NetworkPolicy, value(&workload::network_policy(mc))));
+    }
+    if let Some(d) = rspamd::deployed(mc) {
+        let config_map = rspamd::config_map(mc, d);
+        out.push((ChildKind::Deployment, value(&rspamd::deployment(mc, d, &config_map))));
+        out.push((ChildKind::ConfigMap, value(&config_map)));
+        out.push((ChildKind::Service, value(&rspamd::rspamd_service(mc))));
+        out.push((ChildKind::Deployment, value(&rspamd::redis_deployment(mc, d))));
+        out.push((ChildKind::Service, value(&rspamd::redis_service(mc))));
+        if mc.spec.network_policy.enabled {
+            out.push((ChildKind::NetworkPolicy, value(&rspamd::rspamd_network_policy(mc))));
+            out.push((ChildKind::NetworkPolicy, value(&rspamd::redis_network_policy(mc))));
+        }
     }
 
     if stress_enabled {

@@ -98,7 +98,7 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
         c.relay.smarthost = relay.smarthost.clone();
     }
     if let Some(r) = rspamd_of(mc, protocol) {
-        c.filter.rspamd.url = r.url.clone();
+        c.filter.rspamd.url = rspamd_url(mc, r);
         c.filter.rspamd.timeout_ms = u64::from(r.timeout_ms);
         c.filter.rspamd.scan_submission = r.scan_submission;
         c.filter.rspamd.fail_mode = match r.fail_mode {
@@ -116,6 +116,11 @@ pub fn pod_config(mc: &MailCluster, protocol: Option<Protocol>) -> Config {
 pub(crate) fn rspamd_of(mc: &MailCluster, protocol: Option<Protocol>) -> Option<&RspamdSpec> {
     let talks = matches!(protocol, Some(Protocol::Smtp | Protocol::Submission | Protocol::Imap));
     mc.spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()).filter(|_| talks)
+}
+
+/// Where the pods find rspamd: the URL given, or the operator's rspamd.
+pub(crate) fn rspamd_url(mc: &MailCluster, r: &RspamdSpec) -> String {
+    r.url.clone().unwrap_or_else(|| names::rspamd_url(mc))
 }
 
 /// The TOML text of [`pod_config`], without the settings left at their defaults.

@@ -343,11 +343,21 @@ pub fn deployment(
             envs.push(from_secret("MAILCLUSTER_RELAY__SMARTHOST_PASSWORD", "password"));
         }
     }
-    if let Some(secret) =
-        super::pod_config::rspamd_of(mc, Some(p)).and_then(|r| r.password_secret_ref.as_ref())
-    {
-        let r = mailcluster_api::SecretKeyRef { name: secret.name.clone(), key: secret.key.clone() };
-        envs.push(secret_env("MAILCLUSTER_FILTER__RSPAMD__PASSWORD", &r));
+    if let Some(r) = super::pod_config::rspamd_of(mc, Some(p)) {
+        // The operator's rspamd: the password it made; the user's: theirs.
+        let secret = match (&r.deploy, &r.password_secret_ref) {
+            (Some(_), _) => Some(mailcluster_api::SecretKeyRef {
+                name: names::rspamd(mc),
+                key: keys::RSPAMD_PASSWORD.into(),
+            }),
+            (None, Some(s)) => {
+                Some(mailcluster_api::SecretKeyRef { name: s.name.clone(), key: s.key.clone() })
+            }
+            (None, None) => None,
+        };
+        if let Some(secret) = secret {
+            envs.push(secret_env("MAILCLUSTER_FILTER__RSPAMD__PASSWORD", &secret));
+        }
     }
     envs.extend(cluster_key_envs(mc, p));
     let port = |name: &str, number: i32| ContainerPort {
@@ -698,7 +708,12 @@ pub fn network_policy(mc: &MailCluster) -> NetworkPolicy {
         }
         ports.extend(mc.spec.network_policy.egress_ports.iter().map(|p| tcp(*p)));
         // The content filter, at the port its URL names.
-        if let Some(port) = mc.spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()).map(|r| url_port(&r.url))
+        if let Some(port) = mc
+            .spec
+            .filter
+            .as_ref()
+            .and_then(|f| f.rspamd.as_ref())
+            .map(|r| url_port(&config::rspamd_url(mc, r)))
             && !ports.contains(&tcp(port))
         {
             ports.push(tcp(port));
