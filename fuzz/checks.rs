@@ -579,7 +579,11 @@ pub fn dsn(data: &[u8]) {
         .collect();
     assert_eq!(names, DSN_FIELDS, "{head}");
     let text_all = String::from_utf8_lossy(&message);
-    let boundary = head.split("boundary=\"").nth(1).and_then(|b| b.split('"').next()).expect("a boundary");
+    // The boundary from the Content-Type field (the last one, after the check
+    // above): the sender's address in To: may read `boundary="` too.
+    let content_type = head.rsplit("\r\nContent-Type:").next().expect("a Content-Type field");
+    let boundary =
+        content_type.split("boundary=\"").nth(1).and_then(|b| b.split('"').next()).expect("a boundary");
     let status_part = text_all
         .split(&format!("--{boundary}\r\nContent-Type: message/delivery-status\r\n\r\n"))
         .nth(1)

@@ -335,6 +335,8 @@ From: alice@org-a.test\r\nTo: bob@org-b.test\r\nSubject: hello\r\n\r\nthe body\r
 Subject: no body",
     b"\x4e250 2.0.0 Ok\r\n\0d\xc3\xa9@org-d.test\0utf-8; d\\x{E9}@org-d.test\0\0\0Subject: x\n\nbare LF body\n",
     b"\x00garbage\0x\r\ny\0\0\0a\rb\0\r\n\r\n",
+    // A sender whose address reads like a MIME parameter (in the report's To:).
+    b"\x04550 5.1.1 no\r\n\0caq\0\0\0org-cboundary=\"ice@org-a.test\0Subject: no\r\n\r\nbody\r\n",
 ];
 
 /// Flags byte (remote address, MAIL FROM), then a message.
