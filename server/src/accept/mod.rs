@@ -45,6 +45,15 @@ const PARSE_INLINE_MAX: usize = 256 * 1024;
 /// leaves it to go out after this).
 const LOCAL_FIRST_HOLD: chrono::Duration = chrono::Duration::minutes(5);
 
+/// The window of an account's outbound limits (messages and recipients per hour).
+pub const SENT_WINDOW: Duration = Duration::from_secs(3600);
+
+/// The shared counter of what an account sent in the current window: `what`
+/// is `msg` or `rcpt`. Submission and Sieve redirects count on the same one.
+pub fn sent_counter_key(what: &str, account_id: i64) -> String {
+    format!("smtp:sent:{what}:{account_id}")
+}
+
 /// One recipient of a message and where its mail goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recipient {

@@ -416,8 +416,8 @@ async fn within_hourly_limit(app: &App, account_id: i64) -> bool {
     if limit == 0 {
         return true;
     }
-    let key = format!("smtp:sent:rcpt:{account_id}");
-    match app.cache.counter_incr(&key, Duration::from_secs(3600)).await {
+    let key = super::sent_counter_key("rcpt", account_id);
+    match app.cache.counter_incr(&key, super::SENT_WINDOW).await {
         Ok(n) => n <= limit,
         // Cannot count: no copy leaves unbounded.
         Err(_) => false,

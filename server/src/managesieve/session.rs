@@ -280,32 +280,13 @@ impl Session {
     }
 
     async fn dispatch(&mut self, cmd: Command) -> std::io::Result<Step> {
-        match cmd {
-            Command::Capability => {
-                self.capabilities();
-                return Ok(self.ok("Capability completed"));
-            }
-            Command::Noop(tag) => {
-                return Ok(match tag {
-                    Some(tag) => {
-                        let mut code = b"TAG ".to_vec();
-                        encode_string(&mut code, tag.as_bytes());
-                        self.respond("OK", Some(&String::from_utf8_lossy(&code)), "Done");
-                        Step::Ok
-                    }
-                    None => self.ok("Done"),
-                });
-            }
-            Command::Logout => {
-                self.ok("Logout completed");
-                return Ok(Step::Close);
-            }
-            _ => {}
-        }
         let Some(account) = self.account.clone() else {
             return match cmd {
                 Command::StartTls => self.starttls().await,
                 Command::Authenticate { mechanism, initial } => self.authenticate(&mechanism, initial).await,
+                Command::Capability => Ok(self.capability()),
+                Command::Noop(tag) => Ok(self.noop(tag)),
+                Command::Logout => Ok(self.logout()),
                 _ => Ok(self.strike("Authenticate first")),
             };
         };
@@ -413,8 +394,33 @@ impl Session {
                     Err(e) => self.store_error(e),
                 }
             }
-            Command::Capability | Command::Noop(_) | Command::Logout => unreachable!("answered above"),
+            Command::Capability => self.capability(),
+            Command::Noop(tag) => self.noop(tag),
+            Command::Logout => self.logout(),
         })
+    }
+
+    /// CAPABILITY, NOOP and LOGOUT: the same in every state.
+    fn capability(&mut self) -> Step {
+        self.capabilities();
+        self.ok("Capability completed")
+    }
+
+    fn noop(&mut self, tag: Option<String>) -> Step {
+        match tag {
+            Some(tag) => {
+                let mut code = b"TAG ".to_vec();
+                encode_string(&mut code, tag.as_bytes());
+                self.respond("OK", Some(&String::from_utf8_lossy(&code)), "Done");
+                Step::Ok
+            }
+            None => self.ok("Done"),
+        }
+    }
+
+    fn logout(&mut self) -> Step {
+        self.ok("Logout completed");
+        Step::Close
     }
 
     /// The checker's verdict on a script: `None` when it passes.

@@ -6,15 +6,10 @@
 //! address in `From:`, and the message would leave DKIM-signed by the domain,
 //! passing DMARC for the forgery.
 
-use std::time::Duration;
-
 use mail_parser::{HeaderName, HeaderValue, MessageParser};
 
 use super::session::Session;
 use crate::proto::smtp::{Reply, replies};
-
-/// The window of the per-account sending limits.
-const RATE_WINDOW: Duration = Duration::from_secs(3600);
 
 /// The header fields that name a message's author or sender (RFC 5322 §3.6.2,
 /// §3.6.6): what a recipient is shown, and what DMARC aligns with.
@@ -136,8 +131,8 @@ impl Session {
         if limit == 0 {
             return None;
         }
-        let key = format!("smtp:sent:{what}:{}", account.id);
-        match self.app.cache.counter_incr(&key, RATE_WINDOW).await {
+        let key = crate::accept::sent_counter_key(what, account.id);
+        match self.app.cache.counter_incr(&key, crate::accept::SENT_WINDOW).await {
             Ok(n) if n > limit => {
                 tracing::info!(account = %account.email, limit, "submission refused: hourly {what} limit");
                 self.count_refusal(reason);
