@@ -415,6 +415,11 @@ impl MailClusterSpec {
         }
     }
 
+    /// The rspamd the operator runs for this cluster, if it runs one.
+    pub fn rspamd_deploy(&self) -> Option<&RspamdDeploySpec> {
+        self.filter.as_ref().and_then(|f| f.rspamd.as_ref()).and_then(|r| r.deploy.as_ref())
+    }
+
     /// Enabled protocols in a fixed order.
     pub fn enabled_protocols(&self) -> Vec<Protocol> {
         Protocol::ALL.into_iter().filter(|p| self.protocol(*p).enabled).collect()

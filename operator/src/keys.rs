@@ -89,7 +89,7 @@ pub fn new_rspamd_secret(mc: &MailCluster) -> Secret {
 /// need (then nothing is built: the pods would not start).
 pub async fn ensure(mc: &MailCluster, ns: &str, client: &Client) -> Result<Option<String>, kube::Error> {
     let problem = ensure_one(client, ns, new_secret(mc), &KEYS).await?;
-    if problem.is_some() || crate::build::rspamd::deployed(mc).is_none() {
+    if problem.is_some() || mc.spec.rspamd_deploy().is_none() {
         return Ok(problem);
     }
     ensure_one(client, ns, new_rspamd_secret(mc), &RSPAMD_KEYS).await

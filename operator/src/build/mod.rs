@@ -140,7 +140,7 @@ pub fn build(mc: &MailCluster, ctx: &BuildContext) -> Result<Built, ValidationEr
     if mc.spec.network_policy.enabled {
         out.push((ChildKind::NetworkPolicy, value(&workload::network_policy(mc))));
     }
-    if let Some(d) = rspamd::deployed(mc) {
+    if let Some(d) = mc.spec.rspamd_deploy() {
         let config_map = rspamd::config_map(mc, d);
         out.push((ChildKind::Deployment, value(&rspamd::deployment(mc, d, &config_map))));
         out.push((ChildKind::ConfigMap, value(&config_map)));

@@ -47,11 +47,6 @@ const REDIS_CONFIG_DIR: &str = "/etc/mailcluster-redis";
 /// user from the start, so it needs no capability to switch to it.
 const REDIS_USER: i64 = 999;
 
-/// The rspamd of `mc` when the operator runs it.
-pub fn deployed(mc: &MailCluster) -> Option<&RspamdDeploySpec> {
-    mc.spec.filter.as_ref().and_then(|f| f.rspamd.as_ref()).and_then(|r| r.deploy.as_ref())
-}
-
 /// The files mounted over the image's configuration: ConfigMap key and its
 /// path under the configuration directory.
 fn files(mc: &MailCluster, d: &RspamdDeploySpec) -> Vec<(&'static str, &'static str, String)> {

@@ -20,6 +20,7 @@
 //! becomes of an accepted message and says so as an [`Outcome`], which each
 //! protocol turns into its own reply.
 
+pub mod append;
 pub mod sieve;
 pub mod vacation;
 

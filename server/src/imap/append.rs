@@ -3,12 +3,12 @@
 use super::mailbox::name_from_bytes;
 use super::quota::over_quota;
 use super::session::{Outcome, Session, store_error};
+use crate::accept::{self, append::Filed, append::Refused};
 use crate::proto::imap::encode;
 use crate::proto::imap::parse::AppendMessage;
 use crate::store::StoreResult;
 use crate::store::common::normalize_flagset;
-use mailcluster_model::message::parse_meta;
-use mailcluster_model::{FlagRow, NewDelivery};
+use mailcluster_model::FlagRow;
 
 impl Session {
     pub(crate) async fn cmd_append(
@@ -32,12 +32,6 @@ impl Session {
             Ok(None) => return Outcome::no("[TRYCREATE] No such mailbox"),
             Err(e) => return store_error(e),
         };
-        // RFC 9208 §5.2: the whole APPEND (every message of a MULTIAPPEND) fits, or
-        // none of it is stored.
-        let octets: u64 = messages.iter().map(|m| m.data.len() as u64).sum();
-        if !quota.fits(octets) {
-            return over_quota();
-        }
         // The flags as stored, should the session add the messages to its view.
         let mut stored_flags = Vec::with_capacity(messages.len());
         for m in &messages {
@@ -46,35 +40,14 @@ impl Session {
                 Err(e) => return store_error(e),
             }
         }
-        let now = chrono::Utc::now();
-        let deliveries: Vec<NewDelivery> = messages
+        let filed = messages
             .into_iter()
-            .map(|m| {
-                let mut meta = parse_meta(m.data);
-                meta.internal_offset_minutes = m.date.map(|d| d.offset().local_minus_utc() / 60);
-                NewDelivery {
-                    raw: shared_or_copied(&self.command, m.data),
-                    meta,
-                    internal_date: m.date.map(|d| d.to_utc()).unwrap_or(now),
-                    targets: vec![mb.id],
-                    flags: m.flags,
-                }
-            })
+            .map(|m| Filed { raw: shared_or_copied(&self.command, m.data), flags: m.flags, date: m.date })
             .collect();
-        // One message goes through the group-committing deliverer like SMTP mail;
-        // several go in one batch so that MULTIAPPEND is all-or-nothing.
-        let result = if deliveries.len() == 1 {
-            let d = deliveries.into_iter().next().map(|d| (d, ()));
-            match d {
-                Some((d, ())) => self.app.deliverer.deliver(d).await.map(|v| vec![v]),
-                None => Ok(Vec::new()),
-            }
-        } else {
-            self.app.store.deliver_batch(&deliveries).await
-        };
-        let delivered = match result {
+        let delivered = match accept::append::append(&self.app, mb.id, &quota, filed).await {
             Ok(d) => d,
-            Err(e) => return store_error(e),
+            Err(Refused::OverQuota) => return over_quota(),
+            Err(Refused::Store(e)) => return store_error(e),
         };
         // One row per message, in APPEND order (its UIDs ascend in that order).
         let rows: Vec<FlagRow> = delivered
