@@ -183,6 +183,11 @@ pub struct Authenticator {
     auth_total: prometheus::IntCounterVec,
     /// `mail_auth_delayed`: failed logins waiting out their delay.
     delayed_gauge: prometheus::IntGauge,
+    /// `mail_auth_hash_waiting`: logins whose password waits for an argon2
+    /// permit (a burst of cold credentials queues here, not in the sessions).
+    hash_waiting: prometheus::IntGauge,
+    /// `mail_auth_hash_wait_seconds`: how long they waited for it.
+    hash_wait: prometheus::Histogram,
     /// When this process last recorded each account's login.
     logins_recorded: Mutex<std::collections::HashMap<i64, Instant>>,
 }
@@ -208,6 +213,19 @@ impl Authenticator {
         let delayed_gauge =
             prometheus::IntGauge::new("mail_auth_delayed", "Failed logins waiting out their delay")
                 .expect("static metric definition is valid");
+        let hash_waiting = prometheus::IntGauge::new(
+            "mail_auth_hash_waiting",
+            "Logins waiting for an argon2 permit (auth.max_concurrent_hashes)",
+        )
+        .expect("static metric definition is valid");
+        let hash_wait = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "mail_auth_hash_wait_seconds",
+                "Time a login waited for an argon2 permit before its password was hashed",
+            )
+            .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+        )
+        .expect("static metric definition is valid");
         Authenticator {
             store,
             cache,
@@ -222,6 +240,8 @@ impl Authenticator {
             delayed: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             auth_total,
             delayed_gauge,
+            hash_waiting,
+            hash_wait,
             logins_recorded: Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -237,6 +257,8 @@ impl Authenticator {
     /// server's registry.
     pub fn register_metrics(&self, registry: &prometheus::Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.auth_total.clone()))?;
+        registry.register(Box::new(self.hash_waiting.clone()))?;
+        registry.register(Box::new(self.hash_wait.clone()))?;
         registry.register(Box::new(self.delayed_gauge.clone()))
     }
 
@@ -540,7 +562,12 @@ impl Authenticator {
     /// argon2 on the blocking pool (it is 20-50 ms of CPU that would otherwise
     /// stall this runtime worker), at most `max_concurrent_hashes` at once.
     async fn argon2_verify(&self, password: &str, phc: &str) -> anyhow::Result<bool> {
-        let _permit = self.hashing.clone().acquire_owned().await?;
+        let asked = Instant::now();
+        self.hash_waiting.inc();
+        let permit = self.hashing.clone().acquire_owned().await;
+        self.hash_waiting.dec();
+        let _permit = permit?;
+        self.hash_wait.observe(asked.elapsed().as_secs_f64());
         self.argon2_runs.fetch_add(1, Ordering::Relaxed);
         let (password, phc) = (password.to_owned(), phc.to_owned());
         tokio::task::spawn_blocking(move || {

@@ -693,3 +693,58 @@ async fn outcomes_are_counted_in_the_metric() {
     assert!(text.contains("mail_auth_total{result=\"ok\"} 1\n"), "{text}");
     assert!(text.contains("mail_auth_total{result=\"failed\"} 2\n"), "{text}");
 }
+
+/// A burst of cold credentials (every user's first login after a rollout)
+/// queues for the argon2 permits: every login succeeds, the queue is visible
+/// while it lasts (`mail_auth_hash_waiting`), and each wait is recorded
+/// (`mail_auth_hash_wait_seconds`) beside the argon2 runs it preceded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_cold_logins_queues_for_argon2_and_the_queue_shows() {
+    let f = store_with_alice().await;
+    const USERS: usize = 12;
+    for i in 0..USERS {
+        f.store
+            .account_create(&format!("user{i}@example.com"), &cheap_hash(&format!("pw{i}")))
+            .await
+            .unwrap();
+    }
+    let auth = Arc::new(Authenticator::new(
+        f.store.clone(),
+        local_cache(),
+        AuthConfig { max_concurrent_hashes: 1, ..config() },
+    ));
+    let registry = prometheus::Registry::new();
+    auth.register_metrics(&registry).unwrap();
+    let gauge = |registry: &prometheus::Registry, name: &str| -> f64 {
+        let families = registry.gather();
+        let family =
+            families.iter().find(|m| m.name() == name).unwrap_or_else(|| panic!("{name} registered"));
+        let metric = &family.get_metric()[0];
+        match family.get_field_type() {
+            prometheus::proto::MetricType::HISTOGRAM => metric.get_histogram().get_sample_count() as f64,
+            _ => metric.get_gauge().value(),
+        }
+    };
+    let logins = (0..USERS).map(|i| {
+        let auth = auth.clone();
+        tokio::spawn(async move {
+            let email = format!("user{i}@example.com");
+            let outcome = auth.verify(&email, &format!("pw{i}"), ip("192.0.2.7")).await;
+            (email, outcome)
+        })
+    });
+    let burst = tokio::spawn(futures::future::join_all(logins));
+    let mut most_waiting = 0.0f64;
+    while !burst.is_finished() {
+        most_waiting = most_waiting.max(gauge(&registry, "mail_auth_hash_waiting"));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for joined in burst.await.unwrap() {
+        let (email, outcome) = joined.unwrap();
+        assert!(is_ok_for(&outcome, &email), "{email}: {outcome:?}");
+    }
+    assert_eq!(auth.argon2_runs(), USERS as u64, "each cold credential hashed once");
+    assert_eq!(gauge(&registry, "mail_auth_hash_wait_seconds"), USERS as f64, "every wait recorded");
+    assert_eq!(gauge(&registry, "mail_auth_hash_waiting"), 0.0, "the queue is empty after the burst");
+    assert!(most_waiting >= 1.0, "the queue was seen while {USERS} logins shared one permit");
+}
