@@ -80,6 +80,69 @@ mc_start() {
   port_open "$(mc_port admin)" || { echo "mailcluster did not start"; cat "$MC_DIR/serve.log"; exit 1; }
 }
 
+# rspamd for the benchmarks that scan (bench/rspamd.sh, bench/rspamd-sizing.sh,
+# bench/soak.sh RSPAMD=): Debian's /usr/bin/rspamd from a configuration directory
+# of its own under /var/tmp, its normal worker on 127.0.0.1:RS_PORT and controller
+# on RS_CONTROLLER, no name server (rules that look names up fail at once).
+#   rs_start PROFILE WORKERS → RS_PID, RS_URL, RS_DESC (the configuration, one line)
+#     packaged: Debian's rules as installed, http_headers on
+#     lean: plus bench/rspamd-lean/local.d (its README.md says what is off and
+#           why), Bayes in Redis database 13 of REDIS
+#   rs_stop; rs_cpu_secs: CPU seconds of rspamd's processes so far
+RSPAMD_BIN=${RSPAMD_BIN:-/usr/bin/rspamd}
+RS_PORT=${RS_PORT:-12333}
+RS_CONTROLLER=${RS_CONTROLLER:-12334}
+rs_start() {
+  local profile=$1 workers=$2 hostport
+  [ -x "$RSPAMD_BIN" ] || { echo "$RSPAMD_BIN is missing (apt-get install rspamd)"; return 1; }
+  RS_DIR=$(mktemp -d -p /var/tmp)
+  mkdir -p "$RS_DIR/local.d" /var/tmp/mailcluster-rspamd-hs-cache
+  cat >"$RS_DIR/rspamd.conf" <<CONF
+.include "\$CONFDIR/common.conf"
+options {
+  .include "\$CONFDIR/options.inc"
+  hs_cache_dir = "/var/tmp/mailcluster-rspamd-hs-cache/";
+  dns { nameserver = ["127.0.0.1:9"]; timeout = 0.1s; retransmits = 1; }
+}
+logging { type = "file"; filename = "$RS_DIR/rspamd.log"; level = "error"; }
+worker "normal" { bind_socket = "127.0.0.1:$RS_PORT"; count = $workers; }
+worker "controller" { bind_socket = "127.0.0.1:$RS_CONTROLLER"; count = 1; secure_ip = ["127.0.0.1"]; static_dir = "\${WWWDIR}"; }
+CONF
+  echo "enabled = true;" >"$RS_DIR/local.d/http_headers.conf"
+  case $profile in
+  packaged) RS_DESC="packaged rules, http_headers on" ;;
+  lean)
+    cp bench/rspamd-lean/local.d/*.conf "$RS_DIR/local.d/"
+    hostport=${REDIS#redis://}
+    hostport=${hostport%%/*}
+    # A database of its own: rspamd's keys never meet the pods' or the tests'.
+    printf 'servers = "%s";\ndb = "13";\n' "$hostport" >"$RS_DIR/local.d/redis.conf"
+    RS_DESC="lean (bench/rspamd-lean; off: $(grep -l 'enabled = false' bench/rspamd-lean/local.d/*.conf |
+      xargs -n1 basename | sed 's/\.conf$//' | paste -sd, -)), Bayes in Redis db 13"
+    ;;
+  *) echo "rspamd profile $profile: packaged or lean"; return 1 ;;
+  esac
+  RS_DESC="rspamd $("$RSPAMD_BIN" --version | awk '{print $NF}') $RS_DESC; normal worker x $workers, no name server"
+  "$RSPAMD_BIN" -f -u root -g root -c "$RS_DIR/rspamd.conf" --var=LOCAL_CONFDIR="$RS_DIR" --var=DBDIR="$RS_DIR" \
+    --var=RUNDIR="$RS_DIR" >"$RS_DIR/stdout.log" 2>&1 &
+  RS_PID=$!
+  RS_URL=http://127.0.0.1:$RS_PORT
+  for _ in $(seq 1 600); do curl -sf "$RS_URL/ping" >/dev/null && return 0; sleep 0.2; done
+  echo "rspamd did not start"
+  cat "$RS_DIR"/*.log
+  rs_stop
+  return 1
+}
+rs_stop() {
+  [ -n "${RS_PID:-}" ] && kill "$RS_PID" 2>/dev/null && wait "$RS_PID" 2>/dev/null
+  [ -n "${RS_DIR:-}" ] && rm -rf "$RS_DIR"
+  RS_PID= RS_DIR=
+}
+rs_cpu_secs() {
+  local p
+  for p in "$RS_PID" $(pgrep -P "$RS_PID"); do cpu_secs "$p" && echo; done | awk '{s += $1} END {printf "%.1f", s}'
+}
+
 # mc_pod NAME ADMIN_PORT [NAME=value…] [-- WRAPPER…]: another pod of mc_start's
 # database and Redis prefix (the same binary and MAILCLUSTER_* environment, plus
 # the settings given: its own listener ports among them), run under WRAPPER (e.g.

@@ -13,7 +13,8 @@
 # failures (fail-open deliveries) and the scan time histogram.
 #
 # Usage: bench/rspamd.sh   (env: RATE=2000 SECS=60 LOW=200 LOW_SECS=30 S=50
-#                           SIZE=4096 WORKERS=nproc TIMEOUT_MS=3000)
+#                           SIZE=4096 WORKERS=nproc TIMEOUT_MS=3000
+#                           PROFILE=packaged or lean: bench/lib.sh rs_start)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-2000}
@@ -25,47 +26,23 @@ SIZE=${SIZE:-4096}
 WORKERS=${WORKERS:-$(nproc)}
 TIMEOUT_MS=${TIMEOUT_MS:-3000}
 CLI=target/release/examples/smtp_bench_client
-RSPAMD=/usr/bin/rspamd
-RS_PORT=12333
-RS_CONTROLLER=12334
+PROFILE=${PROFILE:-packaged}
 source bench/lib.sh
 
-[ -x "$RSPAMD" ] || { echo "$RSPAMD is missing (apt-get install rspamd)"; exit 1; }
 nice cargo build -q --release -p mailcluster-server --example smtp_bench_client || exit 1
 machine_line
 
-RS_DIR=$(mktemp -d -p /var/tmp)
-mkdir -p "$RS_DIR/local.d" /var/tmp/mailcluster-rspamd-hs-cache
-cat >"$RS_DIR/rspamd.conf" <<EOF
-.include "\$CONFDIR/common.conf"
-options {
-  .include "\$CONFDIR/options.inc"
-  hs_cache_dir = "/var/tmp/mailcluster-rspamd-hs-cache/";
-  dns { nameserver = ["127.0.0.1:9"]; timeout = 0.1s; retransmits = 1; }
-}
-logging { type = "file"; filename = "$RS_DIR/rspamd.log"; level = "error"; }
-worker "normal" { bind_socket = "127.0.0.1:$RS_PORT"; count = $WORKERS; }
-worker "controller" { bind_socket = "127.0.0.1:$RS_CONTROLLER"; count = 1; secure_ip = ["127.0.0.1"]; static_dir = "\${WWWDIR}"; }
-EOF
-echo "enabled = true;" >"$RS_DIR/local.d/http_headers.conf"
-"$RSPAMD" -f -u root -g root -c "$RS_DIR/rspamd.conf" --var=LOCAL_CONFDIR="$RS_DIR" --var=DBDIR="$RS_DIR" \
-  --var=RUNDIR="$RS_DIR" >"$RS_DIR/stdout.log" 2>&1 &
-RS_PID=$!
-rs_stop() {
-  kill "$RS_PID" 2>/dev/null && wait "$RS_PID" 2>/dev/null
-  rm -rf "$RS_DIR"
-}
-for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$RS_PORT/ping" >/dev/null && break; sleep 0.2; done
-curl -sf "http://127.0.0.1:$RS_PORT/ping" >/dev/null || { echo "rspamd did not start"; cat "$RS_DIR"/*.log; rs_stop; exit 1; }
+rs_start "$PROFILE" "$WORKERS" || exit 1
+trap rs_stop EXIT
 
 mc_start 1000 smtp
 trap 'mc_cleanup; rs_stop' EXIT
 PLAIN=$(mc_port smtp)
 SCANNED=13025
-mc_pod rspamd 19091 MAILCLUSTER_SMTP_PORT=$SCANNED MAILCLUSTER_FILTER__RSPAMD__URL="http://127.0.0.1:$RS_PORT" \
+mc_pod rspamd 19091 MAILCLUSTER_SMTP_PORT=$SCANNED MAILCLUSTER_FILTER__RSPAMD__URL="$RS_URL" \
   MAILCLUSTER_FILTER__RSPAMD__TIMEOUT_MS="$TIMEOUT_MS"
 echo "## mailcluster $("$MC" version 2>/dev/null | head -n 1) at $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes'), two pods over one PostgreSQL database and Redis"
-echo "## rspamd $("$RSPAMD" --version | awk '{print $NF}'): packaged rules, normal worker x $WORKERS, http_headers on, no name server; filter.rspamd.timeout_ms=$TIMEOUT_MS, fail_mode=open"
+echo "## $RS_DESC; filter.rspamd.timeout_ms=$TIMEOUT_MS, fail_mode=open"
 echo "## load: $S sessions, $SIZE-byte messages to 1,000 recipients on the MX port, open loop"
 
 run() { # label port rate secs

@@ -20,6 +20,10 @@
 # one of the server or of PostgreSQL.
 # SIEVE=FILE makes FILE every user's active Sieve script before the load
 # (bench/typical.sieve is a typical filter), so that delivery runs it.
+# RSPAMD=lean|packaged (1: lean) starts rspamd (bench/lib.sh rs_start) with
+# RS_WORKERS normal workers (default: one per core) and points the server's
+# filter.rspamd.url at it, so that every MX message is scanned; its processes'
+# CPU goes beside the server's in minutes.csv and seconds.csv.
 # Another build: MC=BINARY with LIB=that commit's bench/lib.sh (the settings it
 # knows), e.g. `git show COMMIT:bench/lib.sh > /tmp/lib-A.sh; MC=/tmp/mc-A
 # LIB=/tmp/lib-A.sh bench/soak.sh OUT`; the load generator is this checkout's.
@@ -39,10 +43,21 @@ mkdir -p "$OUT"
 
 # LOGIN and USER/PASS on the plain ports (the load comes from 127.0.0.1).
 export MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true
+SETTINGS="MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true"
+RSPAMD=${RSPAMD:-}
+[ "$RSPAMD" = 1 ] && RSPAMD=lean
+if [ -n "$RSPAMD" ]; then
+  rs_start "$RSPAMD" "${RS_WORKERS:-$(nproc)}" || exit 1
+  trap rs_stop EXIT
+  export MAILCLUSTER_FILTER__RSPAMD__URL=$RS_URL
+  SETTINGS+=" MAILCLUSTER_FILTER__RSPAMD__URL=$RS_URL"
+fi
 mc_start "$USERS" smtp,imap,pop3
+trap 'mc_cleanup; rs_stop' EXIT
 machine_line | tee "$OUT/machine.txt"
 {
-  echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus MAILCLUSTER_TLS__ALLOW_PLAINTEXT_AUTH=true"
+  echo "mailcluster: $MC serve over PostgreSQL + Redis; configuration: bench/lib.sh mc_start plus $SETTINGS"
+  [ -n "$RSPAMD" ] && echo "rspamd: $RS_DESC; the filter's other settings at their defaults (timeout_ms 3000, fail_mode open)"
   echo "load: mixed, open loop at $((DELIVER + FETCH + SEARCH + POP3))/s (deliver=$DELIVER fetch=$FETCH search=$SEARCH pop3=$POP3), $C workers, $DUR, 4 KB messages, $USERS users seeded with $SEED each"
 } | tee -a "$OUT/machine.txt"
 if [ -n "${SIEVE:-}" ]; then
@@ -56,16 +71,18 @@ COMMON=(--users-count "$USERS" --no-progress -k --message-size 4k)
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" -s seed --messages-per-user "$SEED" -c 20 "${COMMON[@]}" >"$OUT/seed.txt" || exit 1
 
 TK=$(getconf CLK_TCK)
+# rspamd's CPU seconds so far (0 without it).
+rspamd_secs() { if [ -n "$RSPAMD" ]; then rs_cpu_secs; else echo 0; fi; }
 sample() {
-  local minute=0 c0 p0 c1 p1
-  echo "minute,rss_mb,server_cpu_s,postgres_cpu_s" >"$OUT/minutes.csv"
-  c0=$(cpu_secs "$MC_PID") p0=$(pg_ticks)
+  local minute=0 c0 p0 r0 c1 p1 r1
+  echo "minute,rss_mb,server_cpu_s,postgres_cpu_s,rspamd_cpu_s" >"$OUT/minutes.csv"
+  c0=$(cpu_secs "$MC_PID") p0=$(pg_ticks) r0=$(rspamd_secs)
   while kill -0 "$MC_PID" 2>/dev/null; do
     sleep 60
     minute=$((minute + 1))
-    c1=$(cpu_secs "$MC_PID") p1=$(pg_ticks)
-    echo "$minute,$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$MC_PID/status"),$(echo "$c1 - $c0" | bc),$(echo "scale=1; ($p1 - $p0) / $TK" | bc)" >>"$OUT/minutes.csv"
-    c0=$c1 p0=$p1
+    c1=$(cpu_secs "$MC_PID") p1=$(pg_ticks) r1=$(rspamd_secs)
+    echo "$minute,$(awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$MC_PID/status"),$(echo "$c1 - $c0" | bc),$(echo "scale=1; ($p1 - $p0) / $TK" | bc),$(echo "$r1 - $r0" | bc)" >>"$OUT/minutes.csv"
+    c0=$c1 p0=$p1 r0=$r1
   done
 }
 sample &
@@ -74,12 +91,12 @@ SAMPLER=$!
 pressure() { awk '{split($5, t, "="); printf "%s ", t[2]}' "/proc/pressure/$1"; }
 per_second() {
   local prev now
-  echo "epoch,io_some_us,io_full_us,cpu_some_us,dirty_kb,writeback_kb,server_cpu_s" >"$OUT/seconds.csv"
-  prev=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")")
+  echo "epoch,io_some_us,io_full_us,cpu_some_us,dirty_kb,writeback_kb,server_cpu_s,rspamd_cpu_s" >"$OUT/seconds.csv"
+  prev=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")" "$(rspamd_secs)")
   while kill -0 "$MC_PID" 2>/dev/null; do
     sleep 1
-    now=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")")
-    echo "$(date +%s),$((now[0] - prev[0])),$((now[1] - prev[1])),$((now[2] - prev[2])),$(awk '/^Dirty:/{d=$2} /^Writeback:/{w=$2} END {print d "," w}' /proc/meminfo),$(echo "${now[4]} - ${prev[4]}" | bc)" >>"$OUT/seconds.csv"
+    now=($(pressure io) $(pressure cpu) "$(cpu_secs "$MC_PID")" "$(rspamd_secs)")
+    echo "$(date +%s),$((now[0] - prev[0])),$((now[1] - prev[1])),$((now[2] - prev[2])),$(awk '/^Dirty:/{d=$2} /^Writeback:/{w=$2} END {print d "," w}' /proc/meminfo),$(echo "${now[4]} - ${prev[4]}" | bc),$(echo "${now[5]} - ${prev[5]}" | bc)" >>"$OUT/seconds.csv"
     prev=("${now[@]}")
   done
 }
@@ -103,7 +120,7 @@ pg_stats() {
 STATS=
 [ -n "${PG_STATS:-}" ] && { pg_stats "$PG_STATS" & STATS=$!; }
 [ -n "${PERF:-}" ] && { (sleep $((PERF * 60 - 60 + 20)); perf record -a -g -o "$OUT/perf-minute-$PERF.data" -- sleep 15 >/dev/null 2>&1) & }
-trap 'kill "$SAMPLER" "$PER_SECOND" "$PG_WAITS" $STATS 2>/dev/null; cp "$MC_DIR/serve.log" "$OUT/serve.log"; gzip -f "$OUT/pg-waits.txt"; mc_cleanup' EXIT
+trap 'kill "$SAMPLER" "$PER_SECOND" "$PG_WAITS" $STATS 2>/dev/null; cp "$MC_DIR/serve.log" "$OUT/serve.log"; gzip -f "$OUT/pg-waits.txt"; mc_cleanup; rs_stop' EXIT
 echo "stress started at epoch $(date +%s) (second 1 of its series)" | tee -a "$OUT/machine.txt"
 
 "$STRESS" --smtp "127.0.0.1:$(mc_port smtp)" --imap "127.0.0.1:$(mc_port imap)" --pop3 "127.0.0.1:$(mc_port pop3)" \
@@ -111,6 +128,10 @@ echo "stress started at epoch $(date +%s) (second 1 of its series)" | tee -a "$O
   -c "$C" -d "$DUR" --ramp-up 30s "${COMMON[@]}" \
   --json "$OUT/soak.json" --html "$OUT/soak.html" --csv "$OUT/soak.csv" >"$OUT/soak.txt" 2>&1
 echo "stress exit $?" | tee -a "$OUT/soak.txt"
+# Scans that got no verdict were delivered unchecked (fail_mode open): a run
+# with any is no run with rspamd.
+[ -n "$RSPAMD" ] && curl -s "http://127.0.0.1:$(mc_port admin)/metrics" | grep -E '^mail_filter_rspamd_' |
+  tee "$OUT/filter-metrics.txt" | grep -E '_(checks|failures|unscanned)_total'
 tail -n 30 "$OUT/soak.txt"
 python3 - "$OUT/soak.json" "$OUT/minutes.csv" <<'PY' | tee "$OUT/minutes.txt"
 import csv, json, sys
@@ -129,7 +150,7 @@ for p in s.get("minutes", []):
     minute_p95[((p["second"] - 1) // 60 + 1, p["op"])] = p["p95_ms"]
 rows = {int(r["minute"]): r for r in csv.DictReader(open(sys.argv[2]))}
 ops = ["deliver", "fetch-body", "fetch-header", "search", "pop3-session"]
-print("minute | RSS MB | server CPU s | PostgreSQL CPU s | " + " | ".join(f"{o} ok/err, P95 ms of the minute / of its worst second" for o in ops))
+print("minute | RSS MB | server CPU s | PostgreSQL CPU s | rspamd CPU s | " + " | ".join(f"{o} ok/err, P95 ms of the minute / of its worst second" for o in ops))
 for m in sorted(per):
     r = rows.get(m, {})
     cells = []
@@ -137,7 +158,7 @@ for m in sorted(per):
         ok, err, p95 = per[m].get(o, [0, 0, 0.0])
         mp = minute_p95.get((m, o))
         cells.append(f"{ok}/{err}, {'-' if mp is None else f'{mp:.1f}'} / {p95:.1f}")
-    print(f"{m} | {r.get('rss_mb', '-')} | {r.get('server_cpu_s', '-')} | {r.get('postgres_cpu_s', '-')} | " + " | ".join(cells))
+    print(f"{m} | {r.get('rss_mb', '-')} | {r.get('server_cpu_s', '-')} | {r.get('postgres_cpu_s', '-')} | {r.get('rspamd_cpu_s', '-')} | " + " | ".join(cells))
 print(f"verdict {d['verdict']}, success {d['success_rate']:.3f} %")
 PY
 # The raw reports are large and compress tenfold: kept gzipped beside the tables.
