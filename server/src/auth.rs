@@ -14,7 +14,10 @@
 //!    connections at once). Counting before checking is what makes the limit hold
 //!    under parallel attempts: checking first and counting after let every
 //!    attempt in flight through (60 parallel guesses were all evaluated against
-//!    a limit of 10);
+//!    a limit of 10). An attempt over a limit whose password is a credential
+//!    verified before (step 3's cache hit, which only the right password makes)
+//!    is let in without waiting: the limits slow guessers, not the owner, and a
+//!    storm of returning users behind one address is not held back by them;
 //! 3. look the credential up in the cache under HMAC-SHA256(key, secret ‖ user ‖
 //!    0 ‖ password ‖ 0 ‖ stored hash): the secret is shared by all pods through
 //!    the cache and rotated there, the key is the pod's cache MAC key
@@ -190,6 +193,16 @@ pub struct Authenticator {
     hash_wait: prometheus::Histogram,
     /// When this process last recorded each account's login.
     logins_recorded: Mutex<std::collections::HashMap<i64, Instant>>,
+}
+
+/// What the store and the credential cache say of a login before any argon2.
+enum Lookup {
+    /// No such account, or a disabled one.
+    Unknown,
+    /// The password is a credential verified before.
+    Verified(Account),
+    /// The account, and the cache key its credential would have.
+    Unverified(Account, [u8; 32]),
 }
 
 /// Why a login attempt stopped early with `Unavailable`.
@@ -372,6 +385,7 @@ impl Authenticator {
         let flight_key = format!("authflight:{network}");
         let over = |count: u64, max: u64| max > 0 && count > self.share(max);
         let waiting_until = Instant::now() + ADMISSION_WAIT;
+        let mut looked_up = false;
         let (pair_count, net_count) = loop {
             // The attempt is marked in flight in the same round trip as its
             // reservations: a login costs no extra wait on the cache for it.
@@ -385,12 +399,28 @@ impl Authenticator {
             {
                 break (pair_count, net_count);
             }
-            // Over a limit, but reservations of this client's attempts still
-            // being checked may be right passwords, which give theirs back: a
-            // mail client that opens many connections at once must not be
-            // refused for its own logins. Wait for those; refuse once only
-            // failures hold the limit. (An attempt between its increments and
-            // this release counts as in flight: one more wait, never a refusal.)
+            // Over a limit, but this may be a credential verified before: only
+            // the right password matches one, so it is no guess to hold back,
+            // and a storm of returning users behind one address (a NAT, a
+            // proxy) goes through without waiting on the others' checks. Asked
+            // once per attempt: no argon2, one account row and one cache read.
+            if !looked_up
+                && let Some(email) = &email
+                && !password.is_empty()
+                && password.len() <= MAX_PASSWORD_LEN
+            {
+                looked_up = true;
+                if let Lookup::Verified(account) = self.lookup(email, password).await? {
+                    self.release(&[&pair_key, &net_key, &flight_key]).await;
+                    return Ok(AuthOutcome::Ok(account));
+                }
+            }
+            // Reservations of this client's attempts still being checked may
+            // be right passwords, which give theirs back: a mail client that
+            // opens many connections at once must not be refused for its own
+            // logins. Wait for those; refuse once only failures hold the
+            // limit. (An attempt between its increments and this release
+            // counts as in flight: one more wait, never a refusal.)
             self.release(&[&pair_key, &net_key, &flight_key]).await;
             let in_flight = self.cache.counter_get(&flight_key).await.unwrap_or(0);
             if in_flight == 0 || Instant::now() >= waiting_until {
@@ -456,8 +486,10 @@ impl Authenticator {
         self.delayed.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// The account if `email`/`password` are right, `None` if not.
-    async fn check(&self, email: &str, password: &str) -> Result<Option<Account>, Trouble> {
+    /// The account of `email` and whether `password` is a credential verified
+    /// before (a hit in the credential cache, which only the right password can
+    /// produce).
+    async fn lookup(&self, email: &str, password: &str) -> Result<Lookup, Trouble> {
         // The account row first (one indexed lookup): sessions get a current
         // `Account`, and the cache key covers the stored hash, so an entry can only
         // ever match the hash it was verified against. A password change thus ends
@@ -465,25 +497,37 @@ impl Authenticator {
         // reach Redis; a deleted or recreated account never matches either. A
         // disabled account answers as an unknown one, cached credentials included.
         let Some(account) = self.store.account_get(email).await?.filter(|a| a.enabled) else {
-            // Same work as a wrong password, so timing does not tell which it was.
-            let _ = self.argon2_verify(password, dummy_hash()).await;
-            return Ok(None);
+            return Ok(Lookup::Unknown);
         };
         let key = self.credential_key(email, password, &account.password_hash).await?;
-        let ttl = Duration::from_secs(self.config.credential_cache_secs);
-        if self.cache.credential_get(&key).await? == Some(account.id) {
-            // The lifetime runs from the last use, not from the argon2 run: a fixed
-            // one sent every user who logged in during the same minute back to
-            // argon2 together when it ran out (a pod's cores full for two minutes
-            // of the soak, five minutes after start). Safe because the key is bound
-            // to the hash. A touch that fails costs only a later argon2 run, so it
-            // does not fail the login.
-            if let Err(e) = self.cache.credential_touch(&key, account.id, ttl).await {
-                tracing::debug!(error = %e, "credential touch failed");
-            }
-            return Ok(Some(account));
+        if self.cache.credential_get(&key).await? != Some(account.id) {
+            return Ok(Lookup::Unverified(account, key));
         }
+        // The lifetime runs from the last use, not from the argon2 run: a fixed
+        // one sent every user who logged in during the same minute back to
+        // argon2 together when it ran out (a pod's cores full for two minutes
+        // of the soak, five minutes after start). Safe because the key is bound
+        // to the hash. A touch that fails costs only a later argon2 run, so it
+        // does not fail the login.
+        let ttl = Duration::from_secs(self.config.credential_cache_secs);
+        if let Err(e) = self.cache.credential_touch(&key, account.id, ttl).await {
+            tracing::debug!(error = %e, "credential touch failed");
+        }
+        Ok(Lookup::Verified(account))
+    }
 
+    /// The account if `email`/`password` are right, `None` if not.
+    async fn check(&self, email: &str, password: &str) -> Result<Option<Account>, Trouble> {
+        let (account, key) = match self.lookup(email, password).await? {
+            Lookup::Unknown => {
+                // Same work as a wrong password, so timing does not tell which it was.
+                let _ = self.argon2_verify(password, dummy_hash()).await;
+                return Ok(None);
+            }
+            Lookup::Verified(account) => return Ok(Some(account)),
+            Lookup::Unverified(account, key) => (account, key),
+        };
+        let ttl = Duration::from_secs(self.config.credential_cache_secs);
         match self.argon2_verify(password, &account.password_hash).await {
             Ok(true) => {}
             Ok(false) => return Ok(None),

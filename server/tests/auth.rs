@@ -524,12 +524,10 @@ async fn a_zero_limit_disables_that_limit() {
         auth.verify("alice@example.com", ALICE_PW, ip("198.51.100.9")).await,
         AuthOutcome::Ok(_)
     ));
-    // The per-network limit still applies.
+    // The per-network limit still applies to guesses (a credential verified
+    // before is no guess: it passes, see below).
     assert_eq!(auth.verify("alice@example.com", "x", ip("198.51.100.1")).await, AuthOutcome::Failed);
-    assert_eq!(
-        auth.verify("alice@example.com", ALICE_PW, ip("198.51.100.1")).await,
-        AuthOutcome::RateLimited
-    );
+    assert_eq!(auth.verify("alice@example.com", "y", ip("198.51.100.1")).await, AuthOutcome::RateLimited);
 }
 
 #[tokio::test]
@@ -747,4 +745,33 @@ async fn a_burst_of_cold_logins_queues_for_argon2_and_the_queue_shows() {
     assert_eq!(gauge(&registry, "mail_auth_hash_wait_seconds"), USERS as f64, "every wait recorded");
     assert_eq!(gauge(&registry, "mail_auth_hash_waiting"), 0.0, "the queue is empty after the burst");
     assert!(most_waiting >= 1.0, "the queue was seen while {USERS} logins shared one permit");
+}
+
+/// The failure limits slow guessers, not owners: from an address whose
+/// failures hold its limit, a password verified before (the credential cache,
+/// which no guess can hit) still logs in, at once; a guess, and a first login
+/// not verified yet, are refused there until the window passes.
+#[tokio::test]
+async fn a_verified_credential_logs_in_from_an_address_at_its_failure_limit() {
+    let cfg = AuthConfig { max_failures_per_user: 10, max_failures_per_ip: 3, ..config() };
+    let f = store_with_alice().await;
+    f.store.account_create("carol@example.com", &cheap_hash("carol pw")).await.unwrap();
+    let auth = Authenticator::new(f.store.clone(), local_cache(), cfg);
+    let nat = ip("192.0.2.1");
+    assert!(is_ok_for(
+        &auth.verify("alice@example.com", ALICE_PW, ip("198.51.100.7")).await,
+        "alice@example.com"
+    ));
+    for i in 0..3 {
+        assert_eq!(auth.verify("bob@example.com", &format!("guess {i}"), nat).await, AuthOutcome::Failed);
+    }
+    assert_eq!(auth.verify("bob@example.com", "guess 3", nat).await, AuthOutcome::RateLimited);
+    let runs = auth.argon2_runs();
+    let started = std::time::Instant::now();
+    assert!(is_ok_for(&auth.verify("alice@example.com", ALICE_PW, nat).await, "alice@example.com"));
+    assert!(started.elapsed() < Duration::from_secs(2), "no admission wait: {:?}", started.elapsed());
+    assert_eq!(auth.argon2_runs(), runs, "answered from the credential cache");
+    assert_eq!(auth.verify("alice@example.com", "a guess", nat).await, AuthOutcome::RateLimited);
+    assert_eq!(auth.verify("carol@example.com", "carol pw", nat).await, AuthOutcome::RateLimited);
+    assert_eq!(auth.argon2_runs(), runs, "nothing over the limit reached argon2");
 }
