@@ -376,6 +376,21 @@ fn every_cel_rule_rejects_its_violation_with_its_message() {
             "stress.slo.successRate is a percentage (0..100)",
             json!({"spec": {"stress": {"slo": {"successRate": 120.0}}}}),
         ),
+        (
+            "set exactly one of filter.rspamd.url or filter.rspamd.deploy",
+            json!({"spec": {"filter": {"rspamd": {"url": "http://rspamd:11334", "deploy": {"image": "rspamd/rspamd:3.12"}}}}}),
+        ),
+        (
+            "set exactly one of filter.rspamd.url or filter.rspamd.deploy",
+            json!({"spec": {"filter": {"rspamd": {}}}}),
+        ),
+        (
+            "filter.rspamd.deploy makes its own password: leave passwordSecretRef unset",
+            json!({"spec": {"filter": {"rspamd": {
+                "deploy": {"image": "rspamd/rspamd:3.12"},
+                "passwordSecretRef": {"name": "mine"}
+            }}}}),
+        ),
     ];
     let mut covered = std::collections::BTreeSet::new();
     for (message, patch) in &cases {
