@@ -134,9 +134,11 @@ async fn evaluate(
     if config.enforce_dmarc && matches!(dmarc_result, DmarcResult::Fail(_)) {
         match dmarc.policy() {
             Policy::Reject => {
+                // The domain comes from the message's From: field, where a bare
+                // CR or other control characters may sit: the reply is one line.
+                let domain: String = dmarc.domain().chars().filter(|c| !c.is_control()).take(253).collect();
                 return Verdict::Reject(format!(
-                    "Message rejected by the DMARC policy of {} (RFC 7489)",
-                    dmarc.domain()
+                    "Message rejected by the DMARC policy of {domain} (RFC 7489)"
                 ));
             }
             Policy::Quarantine => return Verdict::Accept { header, junk: true, verified },

@@ -354,6 +354,8 @@ From: alice@org-a.test\r\nSubject: [list] hi\r\n\r\n",
     b"\x00From: =?utf-8?q?J=C3=B6rg?= <j@org-a.test>, other@org-b.test\r\nContent-Type: multipart/mixed; boundary=b\r\n\r\n\
 --b\r\n\r\none\r\n--b--\r\n",
     b"\x02Subject: no from\n\nbody\n",
+    // A From: domain with a bare CR and a BEL, under p=reject: the refusal is one line.
+    b"\x03ARC-Seal: i=1; a=rs.test\x0dcation1; r=as\x00.mailFrom: rg-a.te\x0d\x0aFrom: alice@ttttttttttorg-a.testotbgst\x0d04l-aa.testtt\x07ttttttttttttttttttttttttttttttttt.org-a.test\x0d\x0aSu\xd2\xd3\x9d\x95\x9a\x9c\x8b\xc5 ",
 ];
 
 /// Request and answer bodies as the other side writes them, and a stream of
