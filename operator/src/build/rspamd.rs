@@ -17,10 +17,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction,
+    KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -28,10 +27,10 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use mailcluster_api::{MailCluster, RspamdDeploySpec};
+use mailcluster_api::{MailCluster, RspamdDeploySpec, SecretKeyRef};
 
 use super::metadata;
-use super::workload::resources;
+use super::workload::{container_security_context, resources, runtime_default_seccomp, secret_env};
 use crate::keys;
 use crate::names::{self, RSPAMD_PORT};
 
@@ -110,21 +109,6 @@ fn pod_meta(mc: &MailCluster, component: &str, config_hash: Option<String>) -> O
     }
 }
 
-fn seccomp() -> Option<k8s_openapi::api::core::v1::SeccompProfile> {
-    Some(k8s_openapi::api::core::v1::SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() })
-}
-
-fn secret_env(name: &str, secret: String, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret, key: key.into(), ..Default::default() }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 pub fn deployment(mc: &MailCluster, d: &RspamdDeploySpec, config_map: &ConfigMap) -> Deployment {
     let files = files(mc, d);
     let config_hash = names::hash_hex(&format!("{:?}", config_map.data));
@@ -170,7 +154,7 @@ pub fn deployment(mc: &MailCluster, d: &RspamdDeploySpec, config_map: &ConfigMap
         // to their own user): no escalation beyond what it starts with.
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
-            seccomp_profile: seccomp(),
+            seccomp_profile: runtime_default_seccomp(),
             ..Default::default()
         }),
         ..Default::default()
@@ -213,7 +197,7 @@ pub fn deployment(mc: &MailCluster, d: &RspamdDeploySpec, config_map: &ConfigMap
                     containers: vec![container],
                     volumes: Some(volumes),
                     security_context: Some(PodSecurityContext {
-                        seccomp_profile: seccomp(),
+                        seccomp_profile: runtime_default_seccomp(),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -237,7 +221,10 @@ pub fn redis_deployment(mc: &MailCluster, d: &RspamdDeploySpec) -> Deployment {
             "--requirepass".into(),
             "$(REDIS_PASSWORD)".into(),
         ]),
-        env: Some(vec![secret_env("REDIS_PASSWORD", names::rspamd(mc), keys::RSPAMD_REDIS_PASSWORD)]),
+        env: Some(vec![secret_env(
+            "REDIS_PASSWORD",
+            &SecretKeyRef { name: names::rspamd(mc), key: keys::RSPAMD_REDIS_PASSWORD.into() },
+        )]),
         ports: Some(vec![tcp_port("redis", REDIS_PORT)]),
         volume_mounts: Some(vec![
             VolumeMount { name: "data".into(), mount_path: "/data".into(), ..Default::default() },
@@ -257,15 +244,11 @@ pub fn redis_deployment(mc: &MailCluster, d: &RspamdDeploySpec) -> Deployment {
             period_seconds: Some(10),
             ..Default::default()
         }),
+        // The mail pods' restrictions, as the image's own user.
         security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
             run_as_user: Some(REDIS_USER),
             run_as_group: Some(REDIS_USER),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-            seccomp_profile: seccomp(),
-            ..Default::default()
+            ..container_security_context()
         }),
         ..Default::default()
     };
@@ -309,7 +292,7 @@ pub fn redis_deployment(mc: &MailCluster, d: &RspamdDeploySpec) -> Deployment {
                     ]),
                     security_context: Some(PodSecurityContext {
                         fs_group: Some(REDIS_USER),
-                        seccomp_profile: seccomp(),
+                        seccomp_profile: runtime_default_seccomp(),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -42,7 +42,7 @@ pub const PRE_STOP_SLEEP_SECONDS: i64 = 5;
 /// Non-root user of the image (distroless `nonroot`).
 pub const RUN_AS_USER: i64 = 65532;
 
-fn runtime_default_seccomp() -> Option<SeccompProfile> {
+pub(crate) fn runtime_default_seccomp() -> Option<SeccompProfile> {
     Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() })
 }
 
@@ -80,7 +80,7 @@ pub(crate) fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
 }
 
-fn secret_env(name: &str, r: &mailcluster_api::SecretKeyRef) -> EnvVar {
+pub(crate) fn secret_env(name: &str, r: &mailcluster_api::SecretKeyRef) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
