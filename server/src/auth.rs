@@ -404,6 +404,8 @@ impl Authenticator {
             // and a storm of returning users behind one address (a NAT, a
             // proxy) goes through without waiting on the others' checks. Asked
             // once per attempt: no argon2, one account row and one cache read.
+            // The check after any wait reads the row again: a password changed
+            // meanwhile must not be verified against the old hash.
             if !looked_up
                 && let Some(email) = &email
                 && !password.is_empty()
